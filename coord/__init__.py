@@ -1,0 +1,1 @@
+"""ZooKeeper recipes for latchwork: session, membership, leader latch, task locks, slots."""

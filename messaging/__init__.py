@@ -1,0 +1,1 @@
+"""RabbitMQ paradigms for latchwork: MASTER (unicast, master only), MODEL (fanout), API."""

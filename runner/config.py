@@ -1,0 +1,71 @@
+"""Node configuration: a TOML file plus ``LATCHWORK_*`` environment variables (pydantic-settings).
+
+Precedence, highest first: keyword arguments, the environment, the TOML file, the defaults.
+An unknown key in the file or an invalid value raises :class:`ConfigError` naming the key.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from runner.devservers import DEFAULT_AMQP_PORT, DEFAULT_ZK_PORT
+
+ENV_PREFIX = "LATCHWORK_"
+
+
+class ConfigError(ValueError):
+    """The configuration file or environment holds something latchwork cannot use."""
+
+
+class Settings(BaseSettings):
+    """Everything a latchwork node or client needs to find its cluster."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", frozen=True)
+
+    cluster: str = Field("default", pattern=r"^[A-Za-z0-9_.-]+$",
+                         description="cluster name; the ZooKeeper root is /latchwork/<cluster>")
+    zk_hosts: str = Field(f"127.0.0.1:{DEFAULT_ZK_PORT}",
+                          description="ZooKeeper connection string, host:port[,host:port...]")
+    session_timeout: float = Field(10.0, gt=0, description="ZooKeeper session timeout, seconds")
+    zk_auth: str | None = Field(None, description="digest credentials user:password, optional")
+    amqp_url: str = Field(f"amqp://guest:guest@127.0.0.1:{DEFAULT_AMQP_PORT}/%2F",
+                          description="RabbitMQ URL")
+    graph: str = Field(".latchwork/graph.db",
+                       description="graph store: a SQLite path (gremlite) or ws://host:8182/gremlin")
+    workers: int = Field(4, ge=1, le=256, description="task worker threads per node")
+    scan_interval: float = Field(5.0, gt=0, description="seconds between task scans")
+
+    @classmethod
+    def load(cls, path: Path | None = None, **overrides: Any) -> Settings:
+        """Read ``path`` (TOML, optional), let the environment override it, then ``overrides``."""
+        values: dict[str, Any] = {}
+        if path is not None:
+            try:
+                values = tomllib.loads(Path(path).read_text())
+            except OSError as exc:
+                raise ConfigError(f"cannot read configuration file {path}: {exc}") from exc
+            except tomllib.TOMLDecodeError as exc:
+                raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
+            # The environment wins over the file: drop file keys the environment sets.
+            values = {k: v for k, v in values.items()
+                      if f"{ENV_PREFIX}{k.upper()}" not in os.environ}
+        values.update(overrides)
+        try:
+            return cls(**values)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or '?'}: {err['msg']}"
+                for err in exc.errors()
+            )
+            raise ConfigError(f"invalid configuration: {problems}") from exc
+
+    @classmethod
+    def env_names(cls) -> set[str]:
+        """The environment variable of every setting, e.g. ``LATCHWORK_ZK_HOSTS``."""
+        return {f"{ENV_PREFIX}{name.upper()}" for name in cls.model_fields}

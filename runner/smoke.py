@@ -1,0 +1,75 @@
+"""A real round trip through ZooKeeper (kazoo) and RabbitMQ (pika), for ``latchwork dev check``."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+
+import pika
+from kazoo.client import KazooClient
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    service: str
+    detail: str
+
+
+class SmokeCheckFailed(RuntimeError):
+    """A server did not complete its round trip."""
+
+
+def check_zookeeper(hosts: str, timeout: float = 10.0) -> CheckResult:
+    """Create an ephemeral node, read it back, delete it."""
+    client = KazooClient(hosts=hosts, timeout=timeout)
+    try:
+        started = time.monotonic()
+        client.start(timeout=timeout)
+        path = f"/latchwork-smoke/{uuid.uuid4().hex}"
+        token = uuid.uuid4().bytes
+        client.create(path, token, ephemeral=True, makepath=True)
+        data, stat = client.get(path)
+        if data != token:
+            raise SmokeCheckFailed(f"ZooKeeper returned {data!r} for {path}")
+        client.delete(path)
+        elapsed = (time.monotonic() - started) * 1000
+        return CheckResult("zookeeper", f"ephemeral create/read/delete ok in {elapsed:.0f} ms "
+                                        f"(czxid {stat.czxid})")
+    except SmokeCheckFailed:
+        raise
+    except Exception as exc:
+        raise SmokeCheckFailed(f"zookeeper at {hosts}: {type(exc).__name__}: {exc}") from exc
+    finally:
+        client.stop()
+        client.close()
+
+
+def check_rabbitmq(url: str, timeout: float = 10.0) -> CheckResult:
+    """Publish one persistent message with a publisher confirm, get it back, ack it."""
+    params = pika.URLParameters(url)
+    params.socket_timeout = timeout
+    params.blocked_connection_timeout = timeout
+    try:
+        started = time.monotonic()
+        connection = pika.BlockingConnection(params)
+        try:
+            channel = connection.channel()
+            channel.confirm_delivery()
+            queue = channel.queue_declare("", exclusive=True).method.queue
+            body = uuid.uuid4().bytes
+            channel.basic_publish("", queue, body,
+                                  pika.BasicProperties(delivery_mode=2), mandatory=True)
+            method, _, got = channel.basic_get(queue, auto_ack=False)
+            if method is None or got != body:
+                raise SmokeCheckFailed(f"RabbitMQ returned {got!r} from {queue}")
+            channel.basic_ack(method.delivery_tag)
+        finally:
+            connection.close()
+        elapsed = (time.monotonic() - started) * 1000
+        return CheckResult("rabbitmq", f"confirmed publish/get/ack ok in {elapsed:.0f} ms")
+    except SmokeCheckFailed:
+        raise
+    except Exception as exc:
+        raise SmokeCheckFailed(f"rabbitmq at {params.host}:{params.port}: "
+                               f"{type(exc).__name__}: {exc}") from exc

@@ -1,0 +1,125 @@
+"""`latchwork dev up | status | check | down` against the real Debian servers."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from runner.devservers import LOOPBACK, DevEnvironment, free_ports, port_is_listening
+
+
+def latchwork(*args: str, env: dict[str, str] | None = None,
+              timeout: float = 150) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "runner.cli", *args], capture_output=True,
+                          text=True, timeout=timeout, env=env, check=False)
+
+
+def test_up_status_check_down_leaves_no_process_or_listener(tmp_path: Path) -> None:
+    zk_port = free_ports(1)[0]
+    amqp_port = free_ports(1)[0]
+    d = str(tmp_path / "dev")
+    up = latchwork("dev", "up", "--dir", d, "--zk-ensemble", "3", "--zk-port", str(zk_port),
+                   "--amqp-port", str(amqp_port), "--tick-time", "500")
+    env = DevEnvironment.load(Path(d))
+    try:
+        assert up.returncode == 0, up.stderr
+        zk_hosts = ",".join(f"{LOOPBACK}:{zk_port + i}" for i in range(3))
+        assert f"export LATCHWORK_ZK_HOSTS={zk_hosts}" in up.stdout.splitlines()
+        assert (f"export LATCHWORK_AMQP_URL=amqp://guest:guest@{LOOPBACK}:{amqp_port}/%2F"
+                in up.stdout.splitlines())
+
+        again = latchwork("dev", "up", "--dir", d)
+        assert again.returncode == 1
+        assert "already running" in again.stderr
+
+        status = latchwork("dev", "status", "--dir", d, "--json")
+        assert status.returncode == 0, status.stdout + status.stderr
+        services = json.loads(status.stdout)["services"]
+        assert [s["name"] for s in services] == [
+            "zookeeper-1", "zookeeper-2", "zookeeper-3", "rabbitmq"]
+        assert all(s["running"] and s["ready"] for s in services)
+        modes = sorted(s["detail"].split("mode=")[1] for s in services[:3])
+        assert modes == ["follower", "follower", "leader"]
+
+        check = latchwork("dev", "check", "--dir", d)
+        assert check.returncode == 0, check.stderr
+        assert "zookeeper: ephemeral create/read/delete ok" in check.stdout
+        assert "rabbitmq: confirmed publish/get/ack ok" in check.stdout
+
+        assert env is not None
+        records = [s.record for s in env.zookeeper.servers] + [env.rabbitmq.record,
+                                                               env.rabbitmq.launcher]
+        ports = {**env.zookeeper.ports(), **env.rabbitmq.ports()}
+        assert all(r is not None and r.is_ours() for r in records)
+    finally:
+        down = latchwork("dev", "down", "--dir", d)
+    assert down.returncode == 0, down.stderr
+    assert not any(r is not None and r.is_ours() for r in records)
+    listening = [name for name, port in ports.items() if port_is_listening(port)]
+    assert listening == []
+    assert not (Path(d) / "state.json").exists()
+    status = latchwork("dev", "status", "--dir", d)
+    assert status.returncode == 1
+    assert "nothing was started" in status.stderr
+
+
+def _one_line(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.strip()]
+    # click prints "Error: <reason>"; the progress line before it is informational
+    errors = [line for line in lines if line.startswith("Error:")]
+    assert len(errors) == 1, text
+    return errors[0]
+
+
+def test_up_refuses_a_port_in_use_and_starts_nothing(tmp_path: Path) -> None:
+    zk_port, amqp_port = free_ports(2)
+    with socket.socket() as squatter:
+        squatter.bind((LOOPBACK, amqp_port + 2))  # the broker's private epmd port
+        squatter.listen()
+        up = latchwork("dev", "up", "--dir", str(tmp_path), "--zk-port", str(zk_port),
+                       "--amqp-port", str(amqp_port))
+    assert up.returncode == 1
+    assert f"port {amqp_port + 2}" in _one_line(up.stderr)
+    assert "already in use" in up.stderr
+    assert not port_is_listening(zk_port)
+    assert not (tmp_path / "state.json").exists()
+
+
+def test_up_names_a_missing_package_and_how_to_install_it(tmp_path: Path) -> None:
+    env = {**os.environ, "LATCHWORK_DEV_ZOOKEEPER_CLASSPATH": "/nonexistent/zookeeper.jar"}
+    up = latchwork("dev", "up", "--dir", str(tmp_path), "--zk-port", str(free_ports(1)[0]),
+                   env=env)
+    assert up.returncode == 1
+    line = _one_line(up.stderr)
+    assert "'zookeeper' is missing" in line
+    assert "apt-get install -y zookeeper" in line
+    assert not (tmp_path / "state.json").exists()
+
+
+def test_failure_after_zookeeper_started_stops_it_again(tmp_path: Path) -> None:
+    """RabbitMQ dies at start: the ZooKeeper that was already running is stopped too."""
+    fake_bin = tmp_path / "fake-rabbitmq"
+    fake_bin.mkdir()
+    script = fake_bin / "rabbitmq-server"
+    script.write_text("#!/bin/sh\necho 'broken broker' >&2\nexit 1\n")
+    script.chmod(0o755)
+    zk_port, amqp_port = free_ports(2)
+    env = {**os.environ, "LATCHWORK_DEV_RABBITMQ_BIN": str(fake_bin)}
+    up = latchwork("dev", "up", "--dir", str(tmp_path / "dev"), "--zk-port", str(zk_port),
+                   "--amqp-port", str(amqp_port), env=env)
+    assert up.returncode == 1
+    assert "rabbitmq" in up.stderr and "broken broker" in up.stderr
+    assert not port_is_listening(zk_port)
+    assert not (tmp_path / "dev" / "state.json").exists()
+
+
+def test_help_explains_the_commands() -> None:
+    out = latchwork("dev", "up", "--help")
+    assert out.returncode == 0
+    assert "--zk-ensemble" in out.stdout and "Refuses to start twice" in out.stdout
+    bad = latchwork("dev", "up", "--zk-ensemble", "zero")
+    assert bad.returncode == 2
