@@ -1,0 +1,61 @@
+# The developer loop. `make demo` and `make test` work on a fresh Debian 12 machine: they install
+# the Debian packages (when missing), a .venv and the Python dependencies first.
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+APT_PACKAGES := zookeeper rabbitmq-server default-jre-headless
+# As root use apt-get directly; otherwise through sudo.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: help setup apt-packages venv test lint pytest demo bench clean
+
+help:
+	@echo "make setup  - Debian packages (zookeeper, rabbitmq-server, JDK) + .venv + pip install -e .[dev]"
+	@echo "make test   - setup, then ruff, mypy --strict and pytest against real servers"
+	@echo "make demo   - setup, then start the dev servers, smoke-check them, stop them"
+	@echo "make lint   - ruff and mypy only"
+	@echo "make bench  - the benchmarks in bench/ (each prints its ratio last)"
+
+setup: apt-packages venv
+
+apt-packages:
+	@missing=""; for p in $(APT_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \
+	done; \
+	if ! $(PYTHON) -c 'import venv, ensurepip' >/dev/null 2>&1; then missing="$$missing python3-venv"; fi; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  $(SUDO) apt-get update && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y --no-install-recommends $$missing; \
+	fi
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+pytest: setup
+	$(VENV)/bin/pytest
+
+test: lint pytest
+
+demo: setup
+	PATH="$(abspath $(VENV))/bin:$$PATH" ./scripts/demo.sh
+
+bench: setup
+	@set -e; for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b; done
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info

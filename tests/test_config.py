@@ -1,0 +1,61 @@
+"""Configuration: TOML file + LATCHWORK_* environment, and the compose file that uses it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from runner.config import ConfigError, Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_file_then_environment_then_overrides(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "node.toml"
+    config.write_text('cluster = "from-file"\nworkers = 7\nzk_hosts = "zk:1"\n')
+    monkeypatch.setenv("LATCHWORK_WORKERS", "9")
+    settings = Settings.load(config, zk_hosts="zk:2")
+    assert settings.cluster == "from-file"
+    assert settings.workers == 9
+    assert settings.zk_hosts == "zk:2"
+
+
+def test_bad_configuration_is_a_typed_error_naming_the_key(tmp_path: Path) -> None:
+    config = tmp_path / "node.toml"
+    config.write_text("wokers = 3\n")
+    with pytest.raises(ConfigError, match="wokers"):
+        Settings.load(config)
+    config.write_text("workers = 0\n")
+    with pytest.raises(ConfigError, match="workers"):
+        Settings.load(config)
+    config.write_text("workers = [\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        Settings.load(config)
+    with pytest.raises(ConfigError, match="cannot read"):
+        Settings.load(tmp_path / "missing.toml")
+
+
+def test_compose_passes_only_settings_the_code_reads() -> None:
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    nodes = {name: s for name, s in services.items() if s.get("image") == "latchwork:dev"}
+    assert sorted(nodes) == ["node1", "node2", "node3"]
+    zookeepers = [name for name, s in services.items()
+                  if str(s.get("image", "")).startswith("zookeeper:")]
+    assert len(zookeepers) == 3
+    for service in nodes.values():
+        env = service["environment"]
+        unknown = {k for k in env if k.startswith("LATCHWORK_")} - Settings.env_names()
+        assert unknown == set()
+        # Every value is one the config model accepts.
+        Settings(**{k.removeprefix("LATCHWORK_").lower(): v for k, v in env.items()})
+        hosts = [h.split(":")[0] for h in env["LATCHWORK_ZK_HOSTS"].split(",")]
+        assert sorted(hosts) == sorted(zookeepers)
+        assert "@rabbitmq:5672/" in env["LATCHWORK_AMQP_URL"]
+        assert env["LATCHWORK_GRAPH"].startswith("ws://gremlin:")
+        assert service["command"][0] == "latchwork"
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert 'CMD ["latchwork", "node", "start"]' in dockerfile
