@@ -1,1 +1,31 @@
-"""ZooKeeper recipes for latchwork: session, membership, leader latch, task locks, slots."""
+"""ZooKeeper recipes for latchwork: session, membership, leader latch, task locks, slots.
+
+Each recipe is a small class over a :class:`Session` with ``start()``/``close()`` (or
+``try_*``/``release()``) and a context manager; their docstrings state what happens on
+connection loss. Errors are in :mod:`coord.errors`.
+"""
+
+from coord.errors import (
+    ConnectionLost,
+    CoordError,
+    LifecycleError,
+    LockNotHeld,
+    MemberIdTaken,
+    NotLeader,
+    SessionExpired,
+    VersionConflict,
+)
+from coord.leader import LeaderLatch, read_leader
+from coord.lock import HeldLock, TaskLock, force_release, held_locks, lock_owner
+from coord.membership import MemberInfo, Membership, read_members
+from coord.register import VersionedRegister
+from coord.session import Session, SessionState
+from coord.slots import Booking, SlotLevel, Slots
+
+__all__ = [
+    "Booking", "ConnectionLost", "CoordError", "HeldLock", "LeaderLatch", "LifecycleError",
+    "LockNotHeld", "MemberIdTaken", "MemberInfo", "Membership", "NotLeader", "Session",
+    "SessionExpired", "SessionState", "SlotLevel", "Slots", "TaskLock", "VersionConflict",
+    "VersionedRegister", "force_release", "held_locks", "lock_owner", "read_leader",
+    "read_members",
+]

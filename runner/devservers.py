@@ -150,6 +150,21 @@ def _spawn(name: str, argv: Sequence[str], log: Path, env: Mapping[str, str] | N
         raise ServerNotReady(f"{name} exited at once; log tail:\n{tail(log)}") from None
 
 
+def _reap(proc: subprocess.Popen[bytes] | None, timeout: float = 10.0) -> None:
+    """Collect the exit status of a child we started and then signalled.
+
+    ``/proc/<pid>/stat`` may stop being readable while a killed process is still exiting, so
+    :meth:`ProcessRecord.wait_gone` can return before the child is a zombie; ``wait`` here
+    closes that gap. A child that is not ours (a state file from another run) has no Popen.
+    """
+    if proc is None or proc.poll() is not None:
+        return
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        pass  # still running: the caller decides (it only reaps what it has signalled)
+
+
 def tail(path: Path, lines: int = 30) -> str:
     try:
         text = path.read_text(errors="replace")
@@ -341,8 +356,7 @@ class ZooKeeperServer:
                              f"{tail(self.log_path)}")
 
     def _reap(self) -> None:
-        if self._proc is not None:
-            self._proc.poll()
+        _reap(self._proc)
 
     def stop(self) -> None:
         if self.record is not None:
@@ -631,8 +645,7 @@ class RabbitMQServer:
         self.wait_ready()
 
     def _reap(self) -> None:
-        if self._proc is not None:
-            self._proc.poll()
+        _reap(self._proc)
 
     def kill_epmd(self) -> None:
         """Stop the private epmd the node started (it outlives the node)."""

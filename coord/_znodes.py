@@ -1,0 +1,66 @@
+"""Helpers shared by the recipes: retry-safe sequential creates and sequence ordering."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
+from kazoo.protocol.states import ZnodeStat
+from kazoo.retry import KazooRetry
+
+SEQ_DIGITS = 10
+
+
+def seq_of(name: str) -> int:
+    """The sequence number ZooKeeper appended to ``name``."""
+    return int(name[-SEQ_DIGITS:])
+
+
+def sort_by_seq(children: list[str]) -> list[str]:
+    return sorted(children, key=seq_of)
+
+
+def retry_policy(deadline: float = 30.0) -> KazooRetry:
+    """Retries on connection loss / operation timeout only, with jittered backoff."""
+    return KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=1.0, deadline=deadline,
+                      ignore_expire=False)
+
+
+def find_own(client: KazooClient, parent: str, prefix: str) -> str | None:
+    """The child of ``parent`` whose name starts with our unique ``prefix``, if any."""
+    try:
+        children = client.get_children(parent)
+    except NoNodeError:
+        return None
+    for child in children:
+        if child.startswith(prefix):
+            return f"{parent}/{child}"
+    return None
+
+
+def create_protected(client: KazooClient, parent: str, prefix: str, data: bytes,
+                     retry: KazooRetry | None = None, **create_args: Any) -> tuple[str, ZnodeStat]:
+    """Create ``parent/<prefix>…`` (ephemeral sequential), safe to retry after a lost reply.
+
+    ``prefix`` must be unique to this caller (it starts with a uuid). The first attempt just
+    creates; an attempt after a connection loss first looks for a node with our prefix, because
+    the lost reply may belong to a create that succeeded (the orphan of kazoo issue 732).
+    """
+    attempts = 0
+
+    def attempt() -> tuple[str, ZnodeStat]:
+        nonlocal attempts
+        attempts += 1
+        if attempts > 1:
+            existing = find_own(client, parent, prefix)
+            if existing is not None:
+                stat = client.exists(existing)
+                if stat is not None:
+                    return existing, stat
+        path, stat = client.create(f"{parent}/{prefix}", data, ephemeral=True, sequence=True,
+                                   include_data=True, **create_args)
+        return str(path), stat
+
+    result: tuple[str, ZnodeStat] = (retry or retry_policy())(attempt)
+    return result

@@ -1,0 +1,321 @@
+"""TaskLock: a non-blocking per-task lock with an owner and a fencing token.
+
+Layout: ``locks/tasks/<task-id>/<uuid>-lock-<seq>`` (ephemeral sequential), data = owner member
+id. The lowest node holds the lock. The fencing token is the holder node's czxid: ZooKeeper's
+transaction ids only grow, so successive owners of a task get strictly increasing tokens, and
+a store can refuse writes that carry an older token than the last one it saw.
+
+``try_acquire()`` never waits for another owner: a contender that is not lowest removes its own
+node at once and returns None. Creating the parent and the node is one multi-op transaction, and
+releasing deletes both in one transaction, so an uncontended cycle costs three round trips
+(the same as kazoo's blocking ``Lock``), and no empty parent is left behind.
+
+Failure behaviour:
+
+* a lost reply (connection blip) during a try: the retry looks for our uuid-prefixed node
+  before creating another, and cleanup of a failed try retries until the node is gone, so no
+  orphan contender node is left (kazoo issue 732); errors other than connection loss propagate;
+* session LOST: the node is gone; lost listeners are told; ``release()`` is then a no-op;
+* the node deleted under us (``force_release`` by the master): lost listeners are told;
+* SUSPENDED: the lock is in doubt; the Session turns a long suspension into LOST.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kazoo.exceptions import (
+    KazooException,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+)
+from kazoo.protocol.states import EventType, WatchedEvent
+
+from coord._znodes import create_protected, retry_policy, sort_by_seq
+from coord.errors import ConnectionLost, LockNotHeld
+from coord.session import Session, SessionState
+
+log = logging.getLogger(__name__)
+TASK_LOCKS = "/locks/tasks"
+
+LockLostListener = Callable[[str], None]
+
+
+def lock_path(task_id: str) -> str:
+    if not task_id or "/" in task_id:
+        raise ValueError(f"invalid task id {task_id!r}")
+    return f"{TASK_LOCKS}/{task_id}"
+
+
+@dataclass(frozen=True)
+class HeldLock:
+    task_id: str
+    owner: str
+    token: int
+    since: float  # epoch seconds when the holder's node was created
+
+
+class TaskLock:
+    """The lock of one task, tried on behalf of ``owner`` (a member id)."""
+
+    def __init__(self, session: Session, task_id: str, owner: str) -> None:
+        self.session = session
+        self.task_id = task_id
+        self.owner = owner
+        self.parent = lock_path(task_id)
+        self._node: str | None = None
+        self._token: int | None = None
+        self._lost_listeners: list[LockLostListener] = []
+        self._mutex = threading.Lock()
+
+    @property
+    def is_held(self) -> bool:
+        return self._node is not None
+
+    @property
+    def token(self) -> int:
+        if self._token is None:
+            raise LockNotHeld(f"lock of task {self.task_id} is not held by {self.owner}")
+        return self._token
+
+    def add_lost_listener(self, listener: LockLostListener) -> None:
+        """``listener(task_id)`` when a held lock is lost; called on kazoo's or the session's
+        thread: hand work to another thread rather than block there."""
+        self._lost_listeners.append(listener)
+
+    # -- acquire ---------------------------------------------------------------------------
+
+    def try_acquire(self) -> int | None:
+        """The fencing token if this owner now holds the lock, None if someone else does."""
+        with self._mutex:
+            if self._node is not None:
+                return self._token
+            self.session.require_connected()
+            try:
+                return self._try_acquire()
+            except NoNodeError:
+                return None  # lost a race with a concurrent release twice over: someone runs it
+            except KazooException as exc:
+                raise ConnectionLost(f"task lock {self.task_id}: {exc!r}") from exc
+
+    def _try_acquire(self) -> int | None:
+        client = self.session.client
+        prefix = f"{uuid.uuid4().hex}-lock-"
+        data = self.owner.encode()
+        for _ in range(3):
+            node = self._create_with_parent(prefix, data)
+            if node is not None:
+                return self._held(node)
+            try:
+                node, _ = create_protected(client, self.parent, prefix, data, retry_policy())
+            except NoNodeError:
+                continue  # the parent was released between our two creates: start over
+            children = sort_by_seq(client.retry(client.get_children, self.parent))
+            if children and f"{self.parent}/{children[0]}" == node:
+                return self._held(node)
+            self._remove(node)
+            return None
+        raise NoNodeError(self.parent)
+
+    def _create_with_parent(self, prefix: str, data: bytes) -> str | None:
+        """Create the parent and our node in one transaction; None when the parent exists."""
+        client = self.session.client
+        attempts = 0
+
+        def attempt() -> str | None:
+            nonlocal attempts
+            attempts += 1
+            if attempts > 1:  # the last reply was lost: did that transaction commit?
+                children = []
+                try:
+                    children = client.get_children(self.parent)
+                except NoNodeError:
+                    pass
+                for child in children:
+                    if child.startswith(prefix):
+                        return f"{self.parent}/{child}"
+                if children:
+                    return None
+            tx = client.transaction()
+            tx.create(self.parent, b"")
+            tx.create(f"{self.parent}/{prefix}", data, ephemeral=True, sequence=True)
+            results = tx.commit()
+            if isinstance(results[0], NodeExistsError):
+                return None
+            if isinstance(results[0], NoNodeError):
+                client.ensure_path(TASK_LOCKS)  # first lock ever in this cluster
+                raise _Again()
+            for result in results:
+                if isinstance(result, Exception):
+                    raise result
+            return str(results[1])
+
+        policy = retry_policy()
+        for _ in range(3):
+            try:
+                node: str | None = policy(attempt)
+                return node
+            except _Again:
+                attempts = 0
+        raise ConnectionLost(f"cannot create {TASK_LOCKS}")
+
+    def _held(self, node: str) -> int:
+        client = self.session.client
+        stat = client.retry(client.exists, node, watch=self._on_node_event)
+        if stat is None:
+            raise NoNodeError(node)
+        self._node, self._token = node, stat.czxid
+        self.session.add_listener(self._on_session)
+        return int(stat.czxid)
+
+    # -- release ---------------------------------------------------------------------------
+
+    def release(self) -> None:
+        """Delete our node and, when no one else contends, the task's lock parent.
+
+        A lock already lost (session LOST, force-released) is released without error.
+        """
+        with self._mutex:
+            node, self._node, self._token = self._node, None, None
+            if node is None:
+                return
+            self.session.remove_listener(self._on_session)
+            if self.session.state is SessionState.LOST:
+                return  # the node went with the session
+            try:
+                self._remove(node, with_parent=True)
+            except KazooException as exc:
+                raise ConnectionLost(f"task lock {self.task_id}: release failed: {exc!r}") \
+                    from exc
+
+    def _remove(self, node: str, with_parent: bool = False) -> None:
+        """Delete ``node`` (and the parent if empty), retrying on connection loss."""
+        client = self.session.client
+
+        def attempt() -> None:
+            if with_parent:
+                tx = client.transaction()
+                tx.delete(node)
+                tx.delete(self.parent)
+                if not any(isinstance(r, Exception) for r in tx.commit()):
+                    return
+                # Someone contends (NotEmpty) or a retried commit already removed ours (NoNode):
+                # delete just our node; any other error surfaces from this delete.
+            try:
+                client.delete(node)
+            except NoNodeError:
+                pass
+
+        retry_policy()(attempt)
+
+    def __enter__(self) -> TaskLock:
+        if self.try_acquire() is None:
+            raise LockNotHeld(f"lock of task {self.task_id} is held by someone else")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    # -- loss ------------------------------------------------------------------------------
+
+    def _on_node_event(self, event: WatchedEvent) -> None:
+        if event.type == EventType.DELETED and self._node == event.path:
+            self._lost("its node was deleted")
+
+    def _on_session(self, state: SessionState) -> None:
+        if state is SessionState.LOST and self._node is not None:
+            self._lost("the ZooKeeper session was lost")
+
+    def _lost(self, why: str) -> None:
+        with self._mutex:
+            if self._node is None:
+                return
+            self._node, self._token = None, None
+        self.session.remove_listener(self._on_session)
+        log.warning("task %s: lock of %s lost: %s", self.task_id, self.owner, why)
+        for listener in list(self._lost_listeners):
+            try:
+                listener(self.task_id)
+            except Exception:
+                log.exception("lock-lost listener %r failed for task %s", listener, self.task_id)
+
+
+class _Again(Exception):
+    """Internal: the locks root was missing and has been created; try the transaction again."""
+
+
+# -- anyone's view of the locks -----------------------------------------------------------------
+
+
+def _holder(session: Session, task_id: str) -> tuple[str, bytes, float, int] | None:
+    client = session.client
+    parent = lock_path(task_id)
+    try:
+        children = sort_by_seq(client.get_children(parent))
+    except NoNodeError:
+        return None
+    for child in children:
+        try:
+            data, stat = client.get(f"{parent}/{child}")
+        except NoNodeError:
+            continue
+        return f"{parent}/{child}", data, stat.ctime / 1000.0, stat.czxid
+    return None
+
+
+def lock_owner(session: Session, task_id: str) -> str | None:
+    """The member id holding the task's lock, or None."""
+    try:
+        holder = _holder(session, task_id)
+    except KazooException as exc:
+        raise ConnectionLost(f"cannot read the lock of {task_id}: {exc!r}") from exc
+    return None if holder is None else bytes(holder[1]).decode()
+
+
+def held_locks(session: Session) -> list[HeldLock]:
+    """Every held task lock with owner, token and age (for the master and ``cluster status``)."""
+    client = session.client
+    try:
+        tasks = client.get_children(TASK_LOCKS)
+    except NoNodeError:
+        return []
+    except KazooException as exc:
+        raise ConnectionLost(f"cannot list task locks: {exc!r}") from exc
+    held = []
+    for task_id in sorted(tasks):
+        holder = _holder(session, task_id)
+        if holder is not None:
+            _, data, since, token = holder
+            held.append(HeldLock(task_id, bytes(data).decode(), token, since))
+    return held
+
+
+def force_release(session: Session, task_id: str) -> str | None:
+    """Delete the holder's node (the master frees a dead member's lock); returns its owner.
+
+    The holder, if it is somehow alive, is told through its lost listeners.
+    """
+    client = session.client
+    try:
+        holder = _holder(session, task_id)
+        if holder is None:
+            return None
+        path, data, _, _ = holder
+        try:
+            client.retry(client.delete, path)
+        except NoNodeError:
+            pass
+        try:
+            client.delete(lock_path(task_id))
+        except (NoNodeError, NotEmptyError):
+            pass
+    except KazooException as exc:
+        raise ConnectionLost(f"cannot force-release {task_id}: {exc!r}") from exc
+    log.warning("task %s: lock of %s force-released", task_id, bytes(data).decode())
+    return bytes(data).decode()
+

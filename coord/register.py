@@ -1,0 +1,82 @@
+"""VersionedRegister: a JSON value in one znode, changed only by compare-and-set.
+
+``get()`` returns ``(value, version)``; version -1 means "no value yet". ``compare_and_set(v,
+value)`` writes only if the register is still at version ``v`` and returns the new version, or
+raises :class:`VersionConflict`.
+
+Retry-safety: a CAS whose reply is lost (connection blip) is retried; the retry would see a
+newer version and look like a conflict. Every write carries a unique write id, and the node
+keeps the ids of its last writes, so the retry recognises its own write and reports success
+instead of a false conflict (the CAS_versioned primitive the batch coordinator builds on).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
+
+from coord._znodes import retry_policy
+from coord.errors import ConnectionLost, VersionConflict
+from coord.session import Session
+
+RECENT_WRITES = 32
+
+
+class VersionedRegister:
+    """A register at ``path`` (relative to the cluster root)."""
+
+    def __init__(self, session: Session, path: str) -> None:
+        self.session = session
+        self.path = path
+
+    def _read(self) -> tuple[dict[str, Any] | None, int]:
+        client = self.session.client
+        try:
+            data, stat = client.get(self.path)
+        except NoNodeError:
+            return None, -1
+        envelope: dict[str, Any] = json.loads(data) if data else {"value": None, "writes": []}
+        return envelope, int(stat.version)
+
+    def get(self) -> tuple[Any, int]:
+        try:
+            envelope, version = retry_policy()(self._read)
+        except KazooException as exc:
+            raise ConnectionLost(f"cannot read {self.path}: {exc!r}") from exc
+        return (None if envelope is None else envelope["value"]), version
+
+    def compare_and_set(self, expected_version: int, value: Any) -> int:
+        """Write ``value`` if the register is at ``expected_version`` (-1: absent)."""
+        write_id = uuid.uuid4().hex
+        client = self.session.client
+        attempts = 0
+
+        def attempt() -> int:
+            nonlocal attempts
+            attempts += 1
+            envelope, version = self._read()
+            if attempts > 1 and envelope is not None and write_id in envelope["writes"]:
+                return version  # our earlier attempt committed; its reply was lost
+            if version != expected_version:
+                raise VersionConflict(self.path, expected_version,
+                                      None if envelope is None else version)
+            writes = ([] if envelope is None else envelope["writes"])[-(RECENT_WRITES - 1):]
+            data = json.dumps({"value": value, "writes": [*writes, write_id]}).encode()
+            try:
+                if expected_version == -1:
+                    client.create(self.path, data, makepath=True)
+                    return 0
+                stat = client.set(self.path, data, version=expected_version)
+                return int(stat.version)
+            except (BadVersionError, NodeExistsError):
+                _, now = self._read()
+                raise VersionConflict(self.path, expected_version, now) from None
+
+        try:
+            result: int = retry_policy()(attempt)
+        except KazooException as exc:
+            raise ConnectionLost(f"cannot write {self.path}: {exc!r}") from exc
+        return result

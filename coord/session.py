@@ -1,0 +1,312 @@
+"""Session: one kazoo client under a cluster root, with connection state as a first-class thing.
+
+States (:class:`SessionState`):
+
+* CONNECTED: the session is live and the connection up;
+* SUSPENDED: the connection dropped; the session may still be alive on the server. Recipes stop
+  acting (no new tasks, no master duties) until it is CONNECTED again;
+* LOST: the session is gone: ephemeral nodes (members, latch nodes, locks) are gone with it.
+
+kazoo reports LOST only once it reconnects and learns that the session expired; while ZooKeeper
+stays unreachable it stays SUSPENDED forever. So a client-side timer reports LOST when SUSPENDED
+has lasted the negotiated session timeout: by then the server has expired the session, or will
+as soon as it is back. If the old session does come back after that (a whole ensemble restarted
+and revived it), the Session closes it and opens a new one, so nothing keeps running on a session
+every recipe already treated as lost.
+
+Listeners are called one at a time on the Session's own dispatch thread, never on kazoo's
+connection thread, so they may do blocking ZooKeeper I/O. A listener that raises is logged and
+the others still run.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import KazooException
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.security import make_digest_acl
+
+from coord.errors import ConnectionLost, LifecycleError
+
+log = logging.getLogger(__name__)
+ROOT_PREFIX = "/latchwork"
+BLATHER = 5  # kazoo's most verbose level; it logs the negotiated timeout there
+
+
+class SessionState(enum.Enum):
+    CONNECTED = "CONNECTED"
+    SUSPENDED = "SUSPENDED"
+    LOST = "LOST"
+
+
+SessionListener = Callable[[SessionState], None]
+
+
+class _Lifecycle(enum.Enum):
+    LATENT = "LATENT"
+    STARTED = "STARTED"
+    CLOSED = "CLOSED"
+
+
+class _NegotiatedTimeout(logging.Filter):
+    """Reads the negotiated session timeout from kazoo's "Session created" log record.
+
+    kazoo computes it on connect but keeps only the requested value. The record is dropped here
+    (it is BLATHER noise); every other record passes on to kazoo's usual handlers.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ms: int | None = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.DEBUG:
+            return True
+        if isinstance(record.msg, str) and record.msg.startswith("Session created") \
+                and isinstance(record.args, tuple) and len(record.args) >= 3:
+            try:
+                self.ms = int(str(record.args[2]))
+            except (TypeError, ValueError):
+                pass
+        return False
+
+
+def cluster_root(cluster: str) -> str:
+    return f"{ROOT_PREFIX}/{cluster}"
+
+
+class Session:
+    """A kazoo client chrooted at ``/latchwork/<cluster>`` (below any chroot already in ``hosts``).
+
+    ``auth`` is ``"user:password"``: the client authenticates with digest and every znode it
+    creates gets an ACL that gives that user all rights and nobody else anything.
+
+    Failure: ``start()`` raises :class:`ConnectionLost` when ZooKeeper cannot be reached within
+    ``connect_timeout``; a second ``start()`` raises :class:`LifecycleError`.
+    """
+
+    def __init__(self, hosts: str, cluster: str = "default", timeout: float = 10.0,
+                 auth: str | None = None, connect_timeout: float = 30.0) -> None:
+        self.hosts = hosts
+        self.cluster = cluster
+        self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        self.root = cluster_root(cluster)
+        self._auth = auth
+        self._lifecycle = _Lifecycle.LATENT
+        self._state = SessionState.LOST
+        self._session_id: int | None = None
+        self._listeners: list[SessionListener] = []
+        self._events: queue.Queue[tuple[str, Any] | None] = queue.Queue()
+        self._dispatcher: threading.Thread | None = None
+        self._timer: threading.Timer | None = None
+        self._lost_locally: int | None = None  # session id we declared LOST ourselves
+        self._timeout_probe = _NegotiatedTimeout()
+        self._logger = logging.getLogger(f"kazoo.client.latchwork.{id(self):x}")
+        self._logger.setLevel(BLATHER)
+        self._logger.addFilter(self._timeout_probe)
+        self._changed = threading.Condition()
+        self._client: KazooClient | None = None
+
+    # -- configuration ---------------------------------------------------------------------
+
+    def _client_options(self) -> dict[str, Any]:
+        options: dict[str, Any] = {"timeout": self.timeout, "logger": self._logger,
+                                   # reconnect forever; the expiry timer decides when it is LOST
+                                   "connection_retry": {"max_tries": -1, "max_delay": 1.0}}
+        if self._auth is not None:
+            user, _, password = self._auth.partition(":")
+            options["auth_data"] = [("digest", self._auth)]
+            options["default_acl"] = [make_digest_acl(user, password, all=True)]
+        return options
+
+    def _ensure_root(self) -> None:
+        """kazoo needs the chroot to exist before it connects to it."""
+        bootstrap = KazooClient(hosts=self.hosts, **self._client_options())
+        try:
+            bootstrap.start(timeout=self.connect_timeout)
+            bootstrap.ensure_path(self.root)
+        except (KazooTimeoutError, KazooException) as exc:
+            raise ConnectionLost(f"cannot reach ZooKeeper at {self.hosts}: {exc!r}") from exc
+        finally:
+            bootstrap.stop()
+            bootstrap.close()
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> Session:
+        if self._lifecycle is not _Lifecycle.LATENT:
+            raise LifecycleError(f"session is {self._lifecycle.value}; start() works once")
+        self._lifecycle = _Lifecycle.STARTED
+        self._ensure_root()
+        self._client = KazooClient(hosts=f"{self.hosts}{self.root}", **self._client_options())
+        self._client.add_listener(self._on_kazoo_state)
+        self._dispatcher = threading.Thread(target=self._dispatch, daemon=True,
+                                            name=f"coord-session-{self.cluster}")
+        self._dispatcher.start()
+        try:
+            self._client.start(timeout=self.connect_timeout)
+        except KazooTimeoutError as exc:
+            self.close()
+            raise ConnectionLost(f"cannot reach ZooKeeper at {self.hosts} within "
+                                 f"{self.connect_timeout}s") from exc
+        # kazoo's CONNECTED event may still be in the queue; the state is CONNECTED now.
+        self._set_state(SessionState.CONNECTED, notify=False)
+        self._session_id = self._client.client_id[0]
+        return self
+
+    def close(self) -> None:
+        """Close the session: ephemeral nodes go at once (not after the timeout)."""
+        if self._lifecycle is _Lifecycle.CLOSED:
+            return
+        self._lifecycle = _Lifecycle.CLOSED
+        self._cancel_timer()
+        if self._client is not None:
+            self._client.remove_listener(self._on_kazoo_state)
+            self._client.stop()
+            self._client.close()
+        self._events.put(None)
+        if self._dispatcher is not None and self._dispatcher is not threading.current_thread():
+            self._dispatcher.join(10)
+        self._set_state(SessionState.LOST, notify=False)
+        self._logger.removeFilter(self._timeout_probe)
+
+    def __enter__(self) -> Session:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- accessors -------------------------------------------------------------------------
+
+    @property
+    def client(self) -> KazooClient:
+        if self._client is None or self._lifecycle is not _Lifecycle.STARTED:
+            raise LifecycleError("session is not started")
+        return self._client
+
+    @property
+    def state(self) -> SessionState:
+        return self._state
+
+    @property
+    def session_id(self) -> int | None:
+        """The id of the current ZooKeeper session (a new one after LOST)."""
+        return self._session_id
+
+    @property
+    def negotiated_timeout(self) -> float:
+        """Seconds, as granted by the server (the requested value until the first connect)."""
+        ms = self._timeout_probe.ms
+        return self.timeout if ms is None else ms / 1000.0
+
+    def add_listener(self, listener: SessionListener) -> None:
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: SessionListener) -> None:
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
+    def require_connected(self) -> None:
+        """Raise :class:`ConnectionLost` unless the session is CONNECTED."""
+        if self._state is not SessionState.CONNECTED:
+            raise ConnectionLost(f"ZooKeeper session is {self._state.value}")
+
+    def wait_for(self, state: SessionState, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while self._state is not state:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._changed.wait(remaining)
+        return True
+
+    # -- state machine (kazoo thread -> queue -> dispatch thread) ----------------------------
+
+    def _on_kazoo_state(self, state: str) -> None:
+        # kazoo's connection thread: never block here.
+        client = self._client
+        session_id = client.client_id[0] if client is not None and client.client_id else None
+        self._events.put(("kazoo", (state, session_id)))
+
+    def _dispatch(self) -> None:
+        while True:
+            event = self._events.get()
+            if event is None:
+                return
+            kind, payload = event
+            try:
+                if kind == "kazoo":
+                    self._handle_kazoo(*payload)
+                elif kind == "timer":
+                    self._handle_timer(payload)
+            except Exception:
+                log.exception("session %s: error while handling %s", self.cluster, event)
+
+    def _handle_kazoo(self, state: str, session_id: int | None) -> None:
+        if self._lifecycle is not _Lifecycle.STARTED:
+            return
+        if state == KazooState.SUSPENDED:
+            if self._state is SessionState.CONNECTED:
+                self._start_timer(self._session_id)
+                self._set_state(SessionState.SUSPENDED)
+        elif state == KazooState.LOST:
+            self._cancel_timer()
+            self._set_state(SessionState.LOST)
+        elif state == KazooState.CONNECTED:
+            self._cancel_timer()
+            if self._lost_locally is not None and session_id == self._lost_locally:
+                # The session we declared lost came back: close it (its ephemeral nodes go)
+                # and start a fresh one. kazoo then reports LOST and CONNECTED again.
+                log.warning("session 0x%x came back after it was declared lost; replacing it",
+                            session_id)
+                self._lost_locally = None
+                self.client.restart()
+                return
+            self._lost_locally = None
+            self._session_id = session_id
+            self._set_state(SessionState.CONNECTED)
+
+    def _handle_timer(self, session_id: int | None) -> None:
+        if self._state is SessionState.SUSPENDED and session_id == self._session_id:
+            log.warning("session 0x%x suspended for %.1fs (the session timeout): treating it "
+                        "as LOST", session_id or 0, self.negotiated_timeout)
+            self._lost_locally = session_id
+            self._set_state(SessionState.LOST)
+
+    def _start_timer(self, session_id: int | None) -> None:
+        self._cancel_timer()
+        timer = threading.Timer(self.negotiated_timeout,
+                                lambda: self._events.put(("timer", session_id)))
+        timer.daemon = True
+        timer.start()
+        self._timer = timer
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _set_state(self, state: SessionState, notify: bool = True) -> None:
+        with self._changed:
+            if self._state is state:
+                return
+            self._state = state
+            self._changed.notify_all()
+        if not notify:
+            return
+        log.info("session %s (0x%x): %s", self.cluster, self._session_id or 0, state.value)
+        for listener in list(self._listeners):
+            try:
+                listener(state)
+            except Exception:
+                log.exception("session listener %r failed on %s", listener, state.value)

@@ -1,0 +1,265 @@
+"""coord recipes against a real ZooKeeper: lifecycle, ownership, tokens, session loss."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from kazoo.client import KazooClient
+
+from coord import (
+    LeaderLatch,
+    LifecycleError,
+    LockNotHeld,
+    MemberIdTaken,
+    Membership,
+    NotLeader,
+    Session,
+    SessionState,
+    TaskLock,
+    VersionConflict,
+    VersionedRegister,
+    force_release,
+    held_locks,
+    lock_owner,
+    read_leader,
+)
+from runner.testing import expire_session
+from runner.testing.plugin import ZkNamespace
+
+
+@pytest.fixture
+def session(zk_namespace: ZkNamespace) -> Iterator[Session]:
+    with Session(zk_namespace.hosts, "c1", timeout=2.0) as s:
+        yield s
+
+
+def other_session(zk_namespace: ZkNamespace) -> Session:
+    return Session(zk_namespace.hosts, "c1", timeout=2.0).start()
+
+
+def test_session_lifecycle_chroot_and_negotiated_timeout(zk_namespace: ZkNamespace) -> None:
+    s = Session(zk_namespace.hosts, "c1", timeout=2.0)
+    with pytest.raises(LifecycleError):
+        _ = s.client
+    s.start()
+    try:
+        with pytest.raises(LifecycleError):
+            s.start()
+        assert s.state is SessionState.CONNECTED
+        assert s.negotiated_timeout == 2.0
+        s.client.create("/probe", b"x")
+        raw = KazooClient(hosts=zk_namespace.hosts)
+        raw.start()
+        assert raw.get("/latchwork/c1/probe")[0] == b"x"
+        raw.stop()
+        raw.close()
+    finally:
+        s.close()
+    assert s.state is SessionState.LOST
+
+
+def test_session_digest_auth_protects_every_node(zk_namespace: ZkNamespace) -> None:
+    from kazoo.exceptions import NoAuthError
+    with Session(zk_namespace.hosts, "secure", timeout=2.0, auth="svc:pw") as s:
+        s.client.create("/guarded", b"secret")
+        intruder = KazooClient(hosts=zk_namespace.hosts + "/latchwork/secure")
+        intruder.start()
+        try:
+            with pytest.raises(NoAuthError):
+                intruder.get("/guarded")
+        finally:
+            intruder.stop()
+            intruder.close()
+    owner = KazooClient(hosts=zk_namespace.hosts, auth_data=[("digest", "svc:pw")])
+    owner.start()
+    owner.delete("/latchwork", recursive=True)  # every node we made is guarded, /latchwork too
+    owner.stop()
+    owner.close()
+
+
+def test_listeners_see_suspended_and_lost_on_expiry_and_may_do_io(session: Session) -> None:
+    seen: list[tuple[SessionState, bool]] = []
+    connected_again = threading.Event()
+
+    def listener(state: SessionState) -> None:
+        # blocking ZooKeeper I/O is allowed here: this runs on the session's own thread
+        seen.append((state, session.client.exists("/") is not None
+                     if state is SessionState.CONNECTED else False))
+        if state is SessionState.CONNECTED:
+            connected_again.set()
+
+    session.add_listener(listener)
+    first = session.session_id
+    expire_session(session.client)
+    assert connected_again.wait(10)
+    states = [state for state, _ in seen]
+    assert SessionState.LOST in states
+    assert states[-1] is SessionState.CONNECTED and seen[-1][1] is True
+    assert session.session_id != first
+
+
+def test_membership_join_leave_and_reregistration(zk_namespace: ZkNamespace,
+                                                  session: Session) -> None:
+    joined: list[str] = []
+    left: list[str] = []
+    observer = Membership(session, "observer:1:aaaa").start()
+    observer.add_listener(joined.append, left.append)
+    other = other_session(zk_namespace)
+    member = Membership(other, "node-b:2:bbbb").start()
+    try:
+        deadline = time.monotonic() + 5
+        while "node-b:2:bbbb" not in joined and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert "node-b:2:bbbb" in joined
+        info = observer.members()["node-b:2:bbbb"]
+        assert info.host == "node-b" and info.pid > 0 and info.version
+        with pytest.raises(MemberIdTaken):
+            Membership(session, "node-b:2:bbbb").start()
+        expire_session(other.client)
+        assert other.wait_for(SessionState.CONNECTED, 10)
+        deadline = time.monotonic() + 5
+        while not observer.is_alive("node-b:2:bbbb") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert observer.is_alive("node-b:2:bbbb"), "not registered again after a new session"
+        assert "node-b:2:bbbb" in left
+    finally:
+        member.close()
+        other.close()
+    assert not observer.is_alive("node-b:2:bbbb")
+
+
+def test_leader_latch_handover_on_close_and_readable_by_anyone(
+        zk_namespace: ZkNamespace, session: Session) -> None:
+    s2 = other_session(zk_namespace)
+    reader = other_session(zk_namespace)
+    gained = threading.Event()
+    a = LeaderLatch(session, "a").start()
+    b = LeaderLatch(s2, "b")
+    b.add_listener(on_gain=gained.set)
+    b.start()
+    try:
+        assert a.await_leadership(5)
+        assert a.check_leadership() and not b.is_leader
+        with pytest.raises(NotLeader):
+            b.require_leadership()
+        assert read_leader(reader) == "a" == b.leader_id()
+        with pytest.raises(LifecycleError):
+            a.start()
+        started = time.monotonic()
+        a.close()
+        assert gained.wait(5)
+        assert time.monotonic() - started < 1.0
+        assert b.check_leadership()
+        assert read_leader(reader) == "b"
+    finally:
+        b.close()
+        s2.close()
+        reader.close()
+
+
+def test_latch_drops_leadership_on_lost_and_rejoins(session: Session) -> None:
+    lost = threading.Event()
+    latch = LeaderLatch(session, "solo")
+    latch.add_listener(on_loss=lost.set)
+    latch.start()
+    try:
+        assert latch.await_leadership(5)
+        expire_session(session.client)
+        assert lost.wait(5)
+        assert latch.await_leadership(10), "did not rejoin after a new session"
+        assert latch.check_leadership()
+    finally:
+        latch.close()
+
+
+def test_task_lock_owner_tokens_release_and_no_leftovers(zk_namespace: ZkNamespace,
+                                                         session: Session) -> None:
+    s2 = other_session(zk_namespace)
+    try:
+        a = TaskLock(session, "task-1", "member-a")
+        b = TaskLock(s2, "task-1", "member-b")
+        t1 = a.try_acquire()
+        assert t1 is not None and a.is_held
+        assert b.try_acquire() is None
+        assert lock_owner(s2, "task-1") == "member-a"
+        assert [h.owner for h in held_locks(s2)] == ["member-a"]
+        # the loser left no contender node behind
+        assert len(session.client.get_children("/locks/tasks/task-1")) == 1
+        a.release()
+        assert session.client.exists("/locks/tasks/task-1") is None
+        t2 = b.try_acquire()
+        assert t2 is not None and t2 > t1
+        b.release()
+        with pytest.raises(LockNotHeld):
+            _ = b.token
+        assert session.client.get_children("/locks/tasks") == []
+    finally:
+        s2.close()
+
+
+def test_lock_loss_is_reported_on_force_release_and_on_session_loss(
+        zk_namespace: ZkNamespace, session: Session) -> None:
+    master = other_session(zk_namespace)
+    lost: list[str] = []
+    try:
+        lock = TaskLock(session, "task-2", "member-a")
+        lock.add_lost_listener(lost.append)
+        assert lock.try_acquire() is not None
+        assert force_release(master, "task-2") == "member-a"
+        deadline = time.monotonic() + 5
+        while not lost and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert lost == ["task-2"] and not lock.is_held
+        assert lock_owner(master, "task-2") is None
+        lock.release()  # a lost lock releases without error
+
+        again = TaskLock(session, "task-3", "member-a")
+        again.add_lost_listener(lost.append)
+        assert again.try_acquire() is not None
+        expire_session(session.client)
+        deadline = time.monotonic() + 5
+        while "task-3" not in lost and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert "task-3" in lost
+        assert lock_owner(master, "task-3") is None
+    finally:
+        master.close()
+
+
+def test_versioned_register_cas(session: Session) -> None:
+    reg = VersionedRegister(session, "/series/s1/state")
+    assert reg.get() == (None, -1)
+    assert reg.compare_and_set(-1, {"n": 1}) == 0
+    with pytest.raises(VersionConflict):
+        reg.compare_and_set(-1, {"n": 2})
+    assert reg.compare_and_set(0, {"n": 2}) == 1
+    with pytest.raises(VersionConflict) as info:
+        reg.compare_and_set(0, {"n": 3})
+    assert info.value.actual == 1
+    assert reg.get() == ({"n": 2}, 1)
+
+
+def test_register_recognises_its_own_write_after_a_lost_reply(
+        session: Session, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server applies the write, the reply is lost, the retry must not see a conflict."""
+    from kazoo.exceptions import ConnectionLoss
+    reg = VersionedRegister(session, "/reg")
+    reg.compare_and_set(-1, 0)
+    client = session.client
+    real_set = client.set
+    calls = {"n": 0}
+
+    def set_then_lose_reply(*args: object, **kwargs: object) -> object:
+        calls["n"] += 1
+        result = real_set(*args, **kwargs)
+        if calls["n"] == 1:
+            raise ConnectionLoss("reply lost")
+        return result
+
+    monkeypatch.setattr(client, "set", set_then_lose_reply)
+    assert reg.compare_and_set(0, 1) == 1
+    assert calls["n"] == 1  # applied once, recognised on retry
+    assert reg.get() == (1, 1)
