@@ -188,27 +188,34 @@ class TaskLock:
             if self.session.state is SessionState.LOST:
                 return  # the node went with the session
             try:
-                self._remove(node, with_parent=True)
+                self._remove(node)
             except KazooException as exc:
                 raise ConnectionLost(f"task lock {self.task_id}: release failed: {exc!r}") \
                     from exc
 
-    def _remove(self, node: str, with_parent: bool = False) -> None:
-        """Delete ``node`` (and the parent if empty), retrying on connection loss."""
+    def _remove(self, node: str) -> None:
+        """Delete ``node`` and then, if it is empty, the task's lock parent; retried on
+        connection loss. Whoever removes the last child removes the parent: a contender that
+        leaves after the holder's release found it busy deletes it then.
+        """
         client = self.session.client
 
         def attempt() -> None:
-            if with_parent:
-                tx = client.transaction()
-                tx.delete(node)
-                tx.delete(self.parent)
-                if not any(isinstance(r, Exception) for r in tx.commit()):
-                    return
-                # Someone contends (NotEmpty) or a retried commit already removed ours (NoNode):
-                # delete just our node; any other error surfaces from this delete.
+            tx = client.transaction()
+            tx.delete(node)
+            tx.delete(self.parent)
+            if not any(isinstance(r, Exception) for r in tx.commit()):
+                return
+            # Someone else's node is there (NotEmpty), or a retried commit already removed ours
+            # (NoNode): delete ours alone, then the parent if it emptied meanwhile. Any other
+            # error surfaces from these calls.
             try:
                 client.delete(node)
             except NoNodeError:
+                pass
+            try:
+                client.delete(self.parent)
+            except (NoNodeError, NotEmptyError):
                 pass
 
         retry_policy()(attempt)

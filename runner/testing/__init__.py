@@ -11,10 +11,12 @@ from runner.testing.faults import (
     expire_session,
     kill_ensemble_leader,
 )
+from runner.testing.proxy import TcpProxy
 
 __all__ = [
     "FaultInjectionFailed",
     "NodeProcess",
+    "TcpProxy",
     "broker_outage",
     "expire_session",
     "kill_ensemble_leader",

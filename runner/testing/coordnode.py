@@ -9,7 +9,8 @@
   the check passes: the "act as master" of a real node.
 * ``locker TASKS PASSES LOG``: tries the locks of task ``t0 .. t<TASKS-1>`` round-robin for PASSES
   passes, recording ``task token acquired released`` lines (CLOCK_MONOTONIC, comparable across
-  processes on one host) in LOG; prints ``READY`` at start and ``DONE <acquired>`` at the end.
+  processes on one host) in LOG; prints ``READY``, starts once ``LOG.go`` exists, and prints
+  ``DONE <acquired>`` at the end.
 
 SIGTERM closes everything cleanly and exits 0.
 """
@@ -20,6 +21,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 
 from coord import LeaderLatch, Membership, Session, TaskLock
 
@@ -49,7 +51,10 @@ def main(argv: list[str]) -> int:
             latch.close()
         elif mode == "locker":
             tasks, passes, log_path = int(argv[4]), int(argv[5]), argv[6]
+            go = Path(log_path + ".go")
             print("READY", flush=True)
+            while not go.exists():  # all lockers start together
+                time.sleep(0.01)
             acquired = 0
             with open(log_path, "w") as log:
                 for _ in range(passes):

@@ -124,6 +124,20 @@ class NodeProcess:
             if line.startswith(prefix):
                 return line
 
+    def drain(self) -> list[str]:
+        """Every stdout line printed so far that no wait consumed (also kept in ``lines``)."""
+        new: list[str] = []
+        while True:
+            try:
+                line = self._queue.get_nowait()
+            except queue.Empty:
+                return new
+            if line is None:
+                self._queue.put(None)
+                return new
+            self.lines.append(line)
+            new.append(line)
+
     def stderr_tail(self, lines: int = 30) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])

@@ -1,0 +1,97 @@
+"""A loopback TCP proxy whose connections a test can cut: connection blips on demand.
+
+Clients connect to ``proxy.port``; bytes are relayed to ``target_port``. ``drop_connections()``
+closes every relayed connection at once (the client sees a dropped socket and reconnects; its
+ZooKeeper session survives if it reconnects within the session timeout).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import selectors
+import socket
+import threading
+
+from runner.devservers import LOOPBACK
+
+
+class TcpProxy:
+    def __init__(self, target_port: int, target_host: str = LOOPBACK) -> None:
+        self.target = (target_host, target_port)
+        self._listener = socket.create_server((LOOPBACK, 0))
+        self.port = int(self._listener.getsockname()[1])
+        self._pairs: set[tuple[socket.socket, socket.socket]] = set()
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._accept, daemon=True, name="tcp-proxy")
+        self.drops = 0
+
+    def start(self) -> TcpProxy:
+        self._thread.start()
+        return self
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            pair = (client, upstream)
+            with self._lock:
+                self._pairs.add(pair)
+            threading.Thread(target=self._relay, args=(pair,), daemon=True).start()
+
+    def _relay(self, pair: tuple[socket.socket, socket.socket]) -> None:
+        a, b = pair
+        selector = selectors.DefaultSelector()
+        try:
+            selector.register(a, selectors.EVENT_READ, b)
+            selector.register(b, selectors.EVENT_READ, a)
+            while True:
+                for key, _ in selector.select(timeout=0.5):
+                    source: socket.socket = key.fileobj  # type: ignore[assignment]
+                    data = source.recv(65536)
+                    if not data:
+                        return
+                    key.data.sendall(data)
+                if self._closed.is_set():
+                    return
+        except (OSError, ValueError):
+            return
+        finally:
+            selector.close()
+            self._close_pair(pair)
+
+    def _close_pair(self, pair: tuple[socket.socket, socket.socket]) -> None:
+        with self._lock:
+            self._pairs.discard(pair)
+        for sock in pair:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def drop_connections(self) -> int:
+        """Cut every relayed connection; returns how many were cut."""
+        with self._lock:
+            pairs = list(self._pairs)
+        for pair in pairs:
+            self._close_pair(pair)
+        self.drops += len(pairs)
+        return len(pairs)
+
+    def close(self) -> None:
+        self._closed.set()
+        self._listener.close()
+        self.drop_connections()
+        self._thread.join(5)
+
+    def __enter__(self) -> TcpProxy:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
