@@ -164,6 +164,44 @@ def dev_check(directory: Path | None) -> None:
         raise _fail(str(exc)) from exc
 
 
+# ---------------------------------------------------------------------------------------------
+# node
+
+
+@cli.group()
+def node() -> None:
+    """Run a latchwork cluster node."""
+
+
+@node.command("start")
+@click.option("--config", "config", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help="TOML file with settings; LATCHWORK_* variables override it")
+@click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]),
+              default="INFO", show_default=True)
+def node_start(config: Path | None, log_level: str) -> None:
+    """Join the cluster (membership, master election) and stay until SIGTERM or SIGINT.
+
+    On SIGTERM/SIGINT the node leaves at once (its master role, if any, passes on in
+    milliseconds) and exits 0. Connection settings: LATCHWORK_ZK_HOSTS, LATCHWORK_CLUSTER,
+    LATCHWORK_SESSION_TIMEOUT, LATCHWORK_ZK_AUTH (or the same keys in --config).
+    """
+    import logging
+
+    from coord import ConnectionLost
+    from runner.node import run
+
+    logging.basicConfig(level=log_level,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = Settings.load(config)
+    except ConfigError as exc:
+        raise _fail(str(exc)) from exc
+    try:
+        sys.exit(run(settings))
+    except ConnectionLost as exc:
+        raise _fail(str(exc)) from exc
+
+
 def main() -> None:
     cli(prog_name="latchwork")
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import click
 import pytest
 import yaml
 
+from runner.cli import cli
 from runner.config import ConfigError, Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,3 +61,11 @@ def test_compose_passes_only_settings_the_code_reads() -> None:
         assert service["command"][0] == "latchwork"
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert 'CMD ["latchwork", "node", "start"]' in dockerfile
+    # the command the nodes run is a real one
+    ctx = click.Context(cli)
+    for service in nodes.values():
+        command: click.Command | None = cli
+        for word in service["command"][1:]:
+            assert isinstance(command, click.Group)
+            command = command.get_command(ctx, word)
+        assert command is not None and not isinstance(command, click.Group)

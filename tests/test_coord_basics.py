@@ -137,11 +137,11 @@ def test_leader_latch_handover_on_close_and_readable_by_anyone(
     reader = other_session(zk_namespace)
     gained = threading.Event()
     a = LeaderLatch(session, "a").start()
+    assert a.await_leadership(5)  # start() is asynchronous: let "a" lead before "b" joins
     b = LeaderLatch(s2, "b")
     b.add_listener(on_gain=gained.set)
     b.start()
     try:
-        assert a.await_leadership(5)
         assert a.check_leadership() and not b.is_leader
         with pytest.raises(NotLeader):
             b.require_leadership()

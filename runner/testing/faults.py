@@ -63,8 +63,9 @@ def expire_session(client: KazooClient, timeout: float = 15.0) -> None:
 class NodeProcess:
     """A Python subprocess under test, to kill -9 or freeze.
 
-    It is started with ``python -u <argv>``; it must print ``READY <anything>`` on stdout once it
-    is ready. Every stdout line is kept (see :meth:`wait_for_line`); stderr goes to ``log_path``.
+    It is started with ``python -u <argv>``; it must print a line starting with ``READY`` (or the
+    ``ready_prefix`` given to :meth:`start`) on stdout once it is ready. Every stdout line is
+    kept (see :meth:`wait_for_line`); stderr goes to ``log_path``.
     """
 
     def __init__(self, argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None,
@@ -84,8 +85,8 @@ class NodeProcess:
             raise FaultInjectionFailed(f"{self.name} was not started")
         return self._proc.pid
 
-    def start(self, ready_timeout: float = 30.0) -> str:
-        """Start the process and return what it printed after ``READY``."""
+    def start(self, ready_timeout: float = 30.0, ready_prefix: str = "READY") -> str:
+        """Start the process and return what it printed after ``ready_prefix``."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as stderr:  # the child keeps its own copy of the fd
             self._proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL,
@@ -93,8 +94,8 @@ class NodeProcess:
                                           env=self.env)
         self._reader = threading.Thread(target=self._read, name=f"{self.name}-stdout", daemon=True)
         self._reader.start()
-        line = self.wait_for_line("READY", ready_timeout)
-        return line[len("READY"):].strip()
+        line = self.wait_for_line(ready_prefix, ready_timeout)
+        return line[len(ready_prefix):].strip()
 
     def _read(self) -> None:
         assert self._proc is not None and self._proc.stdout is not None

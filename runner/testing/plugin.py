@@ -72,11 +72,11 @@ class NodeSpawner:
     nodes: list[NodeProcess] = field(default_factory=list)
 
     def __call__(self, argv: Sequence[str], name: str = "node", ready_timeout: float = 30.0,
-                 env: dict[str, str] | None = None) -> NodeProcess:
+                 env: dict[str, str] | None = None, ready_prefix: str = "READY") -> NodeProcess:
         log = self.directory / f"{name}-{len(self.nodes)}.stderr.log"
         node = NodeProcess(argv, log, env=env, name=name)
         self.nodes.append(node)
-        node.start(ready_timeout)
+        node.start(ready_timeout, ready_prefix)
         return node
 
 

@@ -1,0 +1,51 @@
+"""`latchwork node start`: joins membership and the election; SIGTERM leaves at once, exit 0."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+from coord import Session, read_leader, read_members
+from runner.testing import NodeProcess
+from runner.testing.plugin import ZkNamespace
+
+
+def test_nodes_join_elect_a_master_and_leave_cleanly_on_sigterm(
+        zk_namespace: ZkNamespace, spawn_node: Callable[..., NodeProcess]) -> None:
+    env = {**os.environ, "LATCHWORK_ZK_HOSTS": zk_namespace.hosts, "LATCHWORK_CLUSTER": "demo",
+           "LATCHWORK_SESSION_TIMEOUT": "4"}
+    nodes = {}
+    for i in range(2):
+        node = spawn_node(["-m", "runner.cli", "node", "start"], name=f"node{i}", env=env,
+                          ready_prefix="latchwork node")
+        nodes[node.lines[-1].split()[2]] = node
+    with Session(zk_namespace.hosts, "demo") as reader:
+        assert set(read_members(reader)) == set(nodes)
+        deadline = time.monotonic() + 5
+        while read_leader(reader) not in nodes and time.monotonic() < deadline:
+            time.sleep(0.02)
+        master = read_leader(reader)
+        assert master in nodes
+        stopped = time.monotonic()
+        assert nodes[master].terminate(timeout=10) == 0
+        (other,) = [m for m in nodes if m != master]
+        while read_leader(reader) != other and time.monotonic() - stopped < 2:
+            time.sleep(0.01)
+        # handed over well before the 4 s session timeout could have expired anything
+        assert read_leader(reader) == other
+        assert time.monotonic() - stopped < 2
+        assert set(read_members(reader)) == {other}
+        assert "became master" in nodes[master].stderr_tail(50)
+        assert nodes[other].terminate(timeout=10) == 0
+        assert read_members(reader) == {}
+
+
+def test_node_start_rejects_bad_configuration(tmp_path: os.PathLike[str]) -> None:
+    import subprocess
+    import sys
+    env = {**os.environ, "LATCHWORK_WORKERS": "zero"}
+    result = subprocess.run([sys.executable, "-m", "runner.cli", "node", "start"], env=env,
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 1
+    assert "workers" in result.stderr and "invalid configuration" in result.stderr
