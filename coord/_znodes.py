@@ -2,14 +2,35 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoNodeError
+from kazoo.exceptions import KazooException, NoNodeError, SessionExpiredError
+from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import ZnodeStat
 from kazoo.retry import KazooRetry
 
+from coord.errors import ConnectionLost, SessionExpired
+
 SEQ_DIGITS = 10
+
+
+@contextmanager
+def zk_errors(what: str) -> Iterator[None]:
+    """Translate kazoo's exceptions at the recipe boundary, so callers never import kazoo.
+
+    An expired session becomes :class:`SessionExpired`; every other driver error (connection
+    loss, timeouts, an operation the server refused) becomes :class:`ConnectionLost`. Errors the
+    recipe raises itself (coord's own) pass through unchanged.
+    """
+    try:
+        yield
+    except SessionExpiredError as exc:
+        raise SessionExpired(f"{what}: the ZooKeeper session expired") from exc
+    except (KazooException, KazooTimeoutError) as exc:
+        raise ConnectionLost(f"{what}: {exc!r}") from exc
 
 
 def seq_of(name: str) -> int:

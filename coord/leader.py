@@ -30,8 +30,8 @@ from collections.abc import Callable
 
 from kazoo.exceptions import KazooException, NoNodeError
 
-from coord._znodes import create_protected, retry_policy, sort_by_seq
-from coord.errors import ConnectionLost, LifecycleError, NotLeader
+from coord._znodes import create_protected, retry_policy, sort_by_seq, zk_errors
+from coord.errors import LifecycleError, NotLeader
 from coord.session import Session, SessionState
 
 log = logging.getLogger(__name__)
@@ -49,18 +49,17 @@ class LatchState(enum.Enum):
 def read_leader(session: Session, path: str = MASTER) -> str | None:
     """The current leader's participant id, for any client (participant or not)."""
     client = session.client
-    try:
-        children = sort_by_seq(client.get_children(path))
-    except NoNodeError:
-        return None
-    except KazooException as exc:
-        raise ConnectionLost(f"cannot read {path}: {exc!r}") from exc
-    for child in children:  # the lowest may vanish while we read: take the next one
+    with zk_errors(f"cannot read {path}"):
         try:
-            data, _ = client.get(f"{path}/{child}")
+            children = sort_by_seq(client.get_children(path))
         except NoNodeError:
-            continue
-        return bytes(data).decode()
+            return None
+        for child in children:  # the lowest may vanish while we read: take the next one
+            try:
+                data, _ = client.get(f"{path}/{child}")
+            except NoNodeError:
+                continue
+            return bytes(data).decode()
     return None
 
 

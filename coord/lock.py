@@ -29,15 +29,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kazoo.exceptions import (
-    KazooException,
     NodeExistsError,
     NoNodeError,
     NotEmptyError,
 )
 from kazoo.protocol.states import EventType, WatchedEvent
 
-from coord._znodes import create_protected, retry_policy, sort_by_seq
-from coord.errors import ConnectionLost, LockNotHeld
+from coord._znodes import create_protected, find_own, retry_policy, sort_by_seq, zk_errors
+from coord.errors import LockNotHeld
 from coord.session import Session, SessionState
 
 log = logging.getLogger(__name__)
@@ -96,12 +95,11 @@ class TaskLock:
             if self._node is not None:
                 return self._token
             self.session.require_connected()
-            try:
-                return self._try_acquire()
-            except NoNodeError:
-                return None  # lost a race with a concurrent release twice over: someone runs it
-            except KazooException as exc:
-                raise ConnectionLost(f"task lock {self.task_id}: {exc!r}") from exc
+            with zk_errors(f"task lock {self.task_id}"):
+                try:
+                    return self._try_acquire()
+                except NoNodeError:
+                    return None  # lost a race with concurrent releases twice: someone runs it
 
     def _try_acquire(self) -> int | None:
         client = self.session.client
@@ -127,42 +125,33 @@ class TaskLock:
         client = self.session.client
         attempts = 0
 
+        def commit() -> list[object]:
+            tx = client.transaction()
+            tx.create(self.parent, b"")
+            tx.create(f"{self.parent}/{prefix}", data, ephemeral=True, sequence=True)
+            results: list[object] = tx.commit()
+            return results
+
         def attempt() -> str | None:
             nonlocal attempts
             attempts += 1
             if attempts > 1:  # the last reply was lost: did that transaction commit?
-                children = []
-                try:
-                    children = client.get_children(self.parent)
-                except NoNodeError:
-                    pass
-                for child in children:
-                    if child.startswith(prefix):
-                        return f"{self.parent}/{child}"
-                if children:
-                    return None
-            tx = client.transaction()
-            tx.create(self.parent, b"")
-            tx.create(f"{self.parent}/{prefix}", data, ephemeral=True, sequence=True)
-            results = tx.commit()
+                existing = find_own(client, self.parent, prefix)
+                if existing is not None:
+                    return existing
+            results = commit()
+            if isinstance(results[0], NoNodeError):  # the first lock ever in this cluster
+                client.ensure_path(TASK_LOCKS)
+                results = commit()
             if isinstance(results[0], NodeExistsError):
                 return None
-            if isinstance(results[0], NoNodeError):
-                client.ensure_path(TASK_LOCKS)  # first lock ever in this cluster
-                raise _Again()
             for result in results:
                 if isinstance(result, Exception):
                     raise result
             return str(results[1])
 
-        policy = retry_policy()
-        for _ in range(3):
-            try:
-                node: str | None = policy(attempt)
-                return node
-            except _Again:
-                attempts = 0
-        raise ConnectionLost(f"cannot create {TASK_LOCKS}")
+        node: str | None = retry_policy()(attempt)
+        return node
 
     def _held(self, node: str) -> int:
         client = self.session.client
@@ -187,11 +176,8 @@ class TaskLock:
             self.session.remove_listener(self._on_session)
             if self.session.state is SessionState.LOST:
                 return  # the node went with the session
-            try:
+            with zk_errors(f"task lock {self.task_id}: release"):
                 self._remove(node)
-            except KazooException as exc:
-                raise ConnectionLost(f"task lock {self.task_id}: release failed: {exc!r}") \
-                    from exc
 
     def _remove(self, node: str) -> None:
         """Delete ``node`` and then, if it is empty, the task's lock parent; retried on
@@ -252,10 +238,6 @@ class TaskLock:
                 log.exception("lock-lost listener %r failed for task %s", listener, self.task_id)
 
 
-class _Again(Exception):
-    """Internal: the locks root was missing and has been created; try the transaction again."""
-
-
 # -- anyone's view of the locks -----------------------------------------------------------------
 
 
@@ -277,28 +259,25 @@ def _holder(session: Session, task_id: str) -> tuple[str, bytes, float, int] | N
 
 def lock_owner(session: Session, task_id: str) -> str | None:
     """The member id holding the task's lock, or None."""
-    try:
+    with zk_errors(f"cannot read the lock of {task_id}"):
         holder = _holder(session, task_id)
-    except KazooException as exc:
-        raise ConnectionLost(f"cannot read the lock of {task_id}: {exc!r}") from exc
     return None if holder is None else bytes(holder[1]).decode()
 
 
 def held_locks(session: Session) -> list[HeldLock]:
     """Every held task lock with owner, token and age (for the master and ``cluster status``)."""
     client = session.client
-    try:
-        tasks = client.get_children(TASK_LOCKS)
-    except NoNodeError:
-        return []
-    except KazooException as exc:
-        raise ConnectionLost(f"cannot list task locks: {exc!r}") from exc
     held = []
-    for task_id in sorted(tasks):
-        holder = _holder(session, task_id)
-        if holder is not None:
-            _, data, since, token = holder
-            held.append(HeldLock(task_id, bytes(data).decode(), token, since))
+    with zk_errors("cannot list task locks"):
+        try:
+            tasks = client.get_children(TASK_LOCKS)
+        except NoNodeError:
+            return []
+        for task_id in sorted(tasks):
+            holder = _holder(session, task_id)
+            if holder is not None:
+                _, data, since, token = holder
+                held.append(HeldLock(task_id, bytes(data).decode(), token, since))
     return held
 
 
@@ -308,7 +287,7 @@ def force_release(session: Session, task_id: str) -> str | None:
     The holder, if it is somehow alive, is told through its lost listeners.
     """
     client = session.client
-    try:
+    with zk_errors(f"cannot force-release {task_id}"):
         holder = _holder(session, task_id)
         if holder is None:
             return None
@@ -321,8 +300,6 @@ def force_release(session: Session, task_id: str) -> str | None:
             client.delete(lock_path(task_id))
         except (NoNodeError, NotEmptyError):
             pass
-    except KazooException as exc:
-        raise ConnectionLost(f"cannot force-release {task_id}: {exc!r}") from exc
     log.warning("task %s: lock of %s force-released", task_id, bytes(data).decode())
     return bytes(data).decode()
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 from kazoo.recipe.watchers import ChildrenWatch
 
+from coord._znodes import zk_errors
 from coord.errors import ConnectionLost, LifecycleError, MemberIdTaken
 from coord.session import Session, SessionState
 
@@ -130,10 +131,8 @@ class Membership:
                                         f"live session (0x{stat.ephemeralOwner:x})") from None
                 # ours: a retried create whose first reply was lost
 
-        try:
+        with zk_errors(f"cannot register member {self.member_id}"):
             client.retry(create)
-        except KazooException as exc:
-            raise ConnectionLost(f"cannot register member {self.member_id}: {exc!r}") from exc
 
     def _on_session(self, state: SessionState) -> None:
         # Runs on the session's dispatch thread: I/O is allowed here.
@@ -153,10 +152,8 @@ class Membership:
         return read_members(self.session)
 
     def is_alive(self, member_id: str) -> bool:
-        try:
+        with zk_errors("cannot read membership"):
             return self.session.client.exists(f"{MEMBERS}/{member_id}") is not None
-        except KazooException as exc:
-            raise ConnectionLost(f"cannot read membership: {exc!r}") from exc
 
     # -- listeners -------------------------------------------------------------------------
 
@@ -192,17 +189,16 @@ def _call(listener: MembershipListener, member_id: str) -> None:
 def read_members(session: Session) -> dict[str, MemberInfo]:
     """Live members as any client sees them (a participant or not)."""
     client = session.client
-    try:
-        children = client.get_children(MEMBERS)
-    except NoNodeError:
-        return {}
-    except KazooException as exc:
-        raise ConnectionLost(f"cannot read membership: {exc!r}") from exc
     members = {}
-    for member_id in children:
+    with zk_errors("cannot read membership"):
         try:
-            data, _ = client.get(f"{MEMBERS}/{member_id}")
+            children = client.get_children(MEMBERS)
         except NoNodeError:
-            continue  # left while we were reading
-        members[member_id] = MemberInfo.from_json(member_id, data)
+            return {}
+        for member_id in children:
+            try:
+                data, _ = client.get(f"{MEMBERS}/{member_id}")
+            except NoNodeError:
+                continue  # left while we were reading
+            members[member_id] = MemberInfo.from_json(member_id, data)
     return members

@@ -16,10 +16,10 @@ import json
 import uuid
 from typing import Any
 
-from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
-from coord._znodes import retry_policy
-from coord.errors import ConnectionLost, VersionConflict
+from coord._znodes import retry_policy, zk_errors
+from coord.errors import VersionConflict
 from coord.session import Session
 
 RECENT_WRITES = 32
@@ -42,10 +42,8 @@ class VersionedRegister:
         return envelope, int(stat.version)
 
     def get(self) -> tuple[Any, int]:
-        try:
+        with zk_errors(f"cannot read {self.path}"):
             envelope, version = retry_policy()(self._read)
-        except KazooException as exc:
-            raise ConnectionLost(f"cannot read {self.path}: {exc!r}") from exc
         return (None if envelope is None else envelope["value"]), version
 
     def compare_and_set(self, expected_version: int, value: Any) -> int:
@@ -75,8 +73,6 @@ class VersionedRegister:
                 _, now = self._read()
                 raise VersionConflict(self.path, expected_version, now) from None
 
-        try:
+        with zk_errors(f"cannot write {self.path}"):
             result: int = retry_policy()(attempt)
-        except KazooException as exc:
-            raise ConnectionLost(f"cannot write {self.path}: {exc!r}") from exc
         return result

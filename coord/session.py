@@ -30,10 +30,10 @@ from collections.abc import Callable
 from typing import Any
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.security import make_digest_acl
 
+from coord._znodes import zk_errors
 from coord.errors import ConnectionLost, LifecycleError
 
 log = logging.getLogger(__name__)
@@ -110,8 +110,10 @@ class Session:
         self._timer: threading.Timer | None = None
         self._lost_locally: int | None = None  # session id we declared LOST ourselves
         self._timeout_probe = _NegotiatedTimeout()
-        self._logger = logging.getLogger(f"kazoo.client.latchwork.{id(self):x}")
-        self._logger.setLevel(BLATHER)
+        # A logger of our own for kazoo, not registered with logging (it goes with the Session);
+        # its records still reach kazoo's handlers through the parent.
+        self._logger = logging.Logger(f"kazoo.client.latchwork.{id(self):x}", BLATHER)
+        self._logger.parent = logging.getLogger("kazoo.client")
         self._logger.addFilter(self._timeout_probe)
         self._changed = threading.Condition()
         self._client: KazooClient | None = None
@@ -132,10 +134,9 @@ class Session:
         """kazoo needs the chroot to exist before it connects to it."""
         bootstrap = KazooClient(hosts=self.hosts, **self._client_options())
         try:
-            bootstrap.start(timeout=self.connect_timeout)
-            bootstrap.ensure_path(self.root)
-        except (KazooTimeoutError, KazooException) as exc:
-            raise ConnectionLost(f"cannot reach ZooKeeper at {self.hosts}: {exc!r}") from exc
+            with zk_errors(f"cannot reach ZooKeeper at {self.hosts}"):
+                bootstrap.start(timeout=self.connect_timeout)
+                bootstrap.ensure_path(self.root)
         finally:
             bootstrap.stop()
             bootstrap.close()
@@ -177,7 +178,6 @@ class Session:
         if self._dispatcher is not None and self._dispatcher is not threading.current_thread():
             self._dispatcher.join(10)
         self._set_state(SessionState.LOST, notify=False)
-        self._logger.removeFilter(self._timeout_probe)
 
     def __enter__(self) -> Session:
         return self.start()

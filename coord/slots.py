@@ -20,10 +20,9 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kazoo.exceptions import BadVersionError, KazooException, NoNodeError
+from kazoo.exceptions import BadVersionError, NoNodeError
 
-from coord._znodes import retry_policy
-from coord.errors import ConnectionLost
+from coord._znodes import retry_policy, zk_errors
 from coord.session import Session
 
 log = logging.getLogger(__name__)
@@ -73,10 +72,8 @@ class Booking:
                 except NoNodeError:
                     pass
 
-        try:
+        with zk_errors("cannot release slot leases"):
             retry_policy()(attempt)
-        except KazooException as exc:
-            raise ConnectionLost(f"cannot release slot leases: {exc!r}") from exc
 
     def __enter__(self) -> Booking:
         return self
@@ -101,7 +98,7 @@ class Slots:
         self.session.require_connected()
         client = self.session.client
         lease_name = f"{uuid.uuid4().hex}-lease"
-        try:
+        with zk_errors("slot booking failed"):
             for level in levels:
                 if level.path not in self._ensured:
                     client.retry(client.ensure_path, level.path)
@@ -111,8 +108,6 @@ class Slots:
                 if outcome is None or isinstance(outcome, Booking):
                     return outcome
                 time.sleep(random.uniform(0, min(0.05, 0.002 * 2 ** attempt)))
-        except KazooException as exc:
-            raise ConnectionLost(f"slot booking failed: {exc!r}") from exc
         log.warning("slots %s: gave up after %d conflicting attempts",
                     [lv.name for lv in levels], self.max_attempts)
         return None
@@ -142,12 +137,11 @@ class Slots:
         return _CONFLICT
 
     def usage(self, level: SlotLevel) -> int:
-        try:
-            return len(self.session.client.get_children(level.path))
-        except NoNodeError:
-            return 0
-        except KazooException as exc:
-            raise ConnectionLost(f"cannot read slot usage: {exc!r}") from exc
+        with zk_errors("cannot read slot usage"):
+            try:
+                return len(self.session.client.get_children(level.path))
+            except NoNodeError:
+                return 0
 
 
 _CONFLICT = object()

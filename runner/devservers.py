@@ -177,13 +177,6 @@ def tail(path: Path, lines: int = 30) -> str:
 # ports
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        return int(sock.getsockname()[1])
-
-
 def free_ports(count: int) -> list[int]:
     """``count`` distinct free ports (held open together so they differ)."""
     socks = []

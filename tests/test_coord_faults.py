@@ -148,34 +148,30 @@ def test_frozen_leader_never_acts_again_after_waking(
 
 @pytest.mark.slow
 def test_ensemble_leader_death_keeps_sessions_leadership_and_locks(
-        zookeeper_ensemble: ZooKeeperCluster) -> None:
-    from runner.testing.plugin import _drop_namespace, _make_namespace
-    ns = _make_namespace(zookeeper_ensemble.hosts)
-    try:
-        with Session(ns.hosts, "c1", timeout=8.0) as s, Session(ns.hosts, "c1", timeout=8.0) as r:
-            latch = LeaderLatch(s, "m1").start()
-            assert latch.await_leadership(5)
-            lock = TaskLock(s, "task-e", "m1")
-            token = lock.try_acquire()
-            lost: list[str] = []
-            lock.add_lost_listener(lost.append)
-            first_session = s.session_id
-            victim = kill_ensemble_leader(zookeeper_ensemble)
-            try:
-                assert s.wait_for(SessionState.CONNECTED, 10)
-                assert latch.await_leadership(10)
-                assert latch.check_leadership()
-                assert s.session_id == first_session
-                assert read_leader(r) == "m1"
-                assert lost == [] and lock.is_held and lock.token == token
-                assert lock_owner(r, "task-e") == "m1"
-            finally:
-                victim.start()
-                victim.wait_ready()
-            lock.release()
-            latch.close()
-    finally:
-        _drop_namespace(ns)
+        zookeeper_ensemble: ZooKeeperCluster, ensemble_namespace: ZkNamespace) -> None:
+    ns = ensemble_namespace
+    with Session(ns.hosts, "c1", timeout=8.0) as s, Session(ns.hosts, "c1", timeout=8.0) as r:
+        latch = LeaderLatch(s, "m1").start()
+        assert latch.await_leadership(5)
+        lock = TaskLock(s, "task-e", "m1")
+        token = lock.try_acquire()
+        lost: list[str] = []
+        lock.add_lost_listener(lost.append)
+        first_session = s.session_id
+        victim = kill_ensemble_leader(zookeeper_ensemble)
+        try:
+            assert s.wait_for(SessionState.CONNECTED, 10)
+            assert latch.await_leadership(10)
+            assert latch.check_leadership()
+            assert s.session_id == first_session
+            assert read_leader(r) == "m1"
+            assert lost == [] and lock.is_held and lock.token == token
+            assert lock_owner(r, "task-e") == "m1"
+        finally:
+            victim.start()
+            victim.wait_ready()
+        lock.release()
+        latch.close()
 
 
 def test_processes_racing_for_1000_task_locks(

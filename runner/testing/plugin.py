@@ -9,7 +9,8 @@ the first time a test asks for them:
 
 Per-test namespaces, so tests never see each other's state:
 
-* ``zk_namespace``: a uuid root (chroot) on ``zookeeper``, deleted after the test;
+* ``zk_namespace``: a uuid root (chroot) on ``zookeeper``, deleted after the test
+  (``ensemble_namespace``: the same on ``zookeeper_ensemble``);
 * ``zk_client``: a started kazoo client inside that root;
 * ``amqp_vhost``: a fresh RabbitMQ vhost, deleted after the test;
 * ``spawn_node``: starts :class:`~runner.testing.faults.NodeProcess` subprocesses and makes sure
@@ -132,6 +133,14 @@ def _drop_namespace(namespace: ZkNamespace) -> None:
 @pytest.fixture
 def zk_namespace(zookeeper: ZooKeeperCluster) -> Iterator[ZkNamespace]:
     namespace = _make_namespace(zookeeper.hosts)
+    yield namespace
+    _drop_namespace(namespace)
+
+
+@pytest.fixture
+def ensemble_namespace(zookeeper_ensemble: ZooKeeperCluster) -> Iterator[ZkNamespace]:
+    """Like ``zk_namespace``, on the 3-server ensemble."""
+    namespace = _make_namespace(zookeeper_ensemble.hosts)
     yield namespace
     _drop_namespace(namespace)
 
