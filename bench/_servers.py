@@ -1,4 +1,4 @@
-"""Shared by the benchmarks: a private ZooKeeper started for one run, stopped afterwards."""
+"""Shared by the benchmarks: private ZooKeeper and RabbitMQ servers for one run, stopped after."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from runner.devservers import ZooKeeperCluster
+from runner.devservers import RabbitMQServer, ZooKeeperCluster
 
 
 @contextmanager
@@ -19,3 +19,15 @@ def zookeeper(tick_ms: int = 500) -> Iterator[ZooKeeperCluster]:
             yield cluster
         finally:
             cluster.stop()
+
+
+@contextmanager
+def rabbitmq() -> Iterator[RabbitMQServer]:
+    with tempfile.TemporaryDirectory(prefix="latchwork-bench-") as tmp:
+        server = RabbitMQServer.on_free_ports(Path(tmp) / "rabbitmq")
+        server.start()
+        try:
+            server.wait_ready()
+            yield server
+        finally:
+            server.stop()

@@ -1,1 +1,48 @@
-"""RabbitMQ paradigms for latchwork: MASTER (unicast, master only), MODEL (fanout), API."""
+"""RabbitMQ paradigms for latchwork: MASTER (unicast, master only), MODEL (fanout), API.
+
+Start with :class:`MessageBus` (a node's registries, publisher and consumers) and
+:class:`ApiClient` (request/reply from anywhere). Errors are in :mod:`messaging.errors`; what
+happens to a message on each failure is in :mod:`messaging.consumer`.
+"""
+
+from messaging.bus import ApiClient, MessageBus, declare_topology, send_master
+from messaging.connection import Backoff, Connector
+from messaging.consumer import (
+    ApiResponder,
+    Consumer,
+    MasterConsumer,
+    ModelConsumer,
+    Outcome,
+)
+from messaging.delivery import Delivery, DeliveryState
+from messaging.envelope import Envelope, Paradigm, decode
+from messaging.errors import (
+    BrokerUnavailable,
+    DeliveryAlreadySettled,
+    EnvelopeError,
+    HandlerOutcome,
+    InvalidEnvelope,
+    LifecycleError,
+    MessagingError,
+    PublishFailed,
+    Reject,
+    RemoteError,
+    RequestTimeout,
+    Retry,
+    UndecodableMessage,
+    UnknownCommand,
+)
+from messaging.processed import ProcessedLog, ZkProcessedLog
+from messaging.publisher import Publisher
+from messaging.registry import HandlerContext, HandlerRegistry
+from messaging.topology import RetryPolicy, Topology
+
+__all__ = [
+    "ApiClient", "ApiResponder", "Backoff", "BrokerUnavailable", "Connector", "Consumer",
+    "Delivery", "DeliveryAlreadySettled", "DeliveryState", "Envelope", "EnvelopeError",
+    "HandlerContext", "HandlerOutcome", "HandlerRegistry", "InvalidEnvelope", "LifecycleError",
+    "MasterConsumer", "MessageBus", "MessagingError", "ModelConsumer", "Outcome", "Paradigm",
+    "ProcessedLog", "PublishFailed", "Publisher", "Reject", "RemoteError", "RequestTimeout",
+    "Retry", "RetryPolicy", "Topology", "UndecodableMessage", "UnknownCommand",
+    "ZkProcessedLog", "declare_topology", "decode", "send_master",
+]

@@ -30,7 +30,7 @@ from coord import (
     read_leader,
 )
 from runner.devservers import ZooKeeperCluster
-from runner.testing import NodeProcess, TcpProxy, kill_ensemble_leader
+from runner.testing import NodeProcess, TcpProxy, kill_ensemble_leader, wait_until
 from runner.testing.plugin import TEST_TICK_MS, ZkNamespace
 
 TICK = TEST_TICK_MS / 1000
@@ -38,15 +38,6 @@ TICK = TEST_TICK_MS / 1000
 
 def coordnode(ns: ZkNamespace, mode: str, timeout: float, *args: str) -> list[str]:
     return ["-m", "runner.testing.coordnode", mode, ns.hosts, "c1", str(timeout), *args]
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float, step: float = 0.02) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step)
-    return predicate()
 
 
 def test_killed_member_disappears_within_timeout_plus_tick(

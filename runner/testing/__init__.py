@@ -10,6 +10,7 @@ from runner.testing.faults import (
     broker_outage,
     expire_session,
     kill_ensemble_leader,
+    wait_until,
 )
 from runner.testing.proxy import TcpProxy
 
@@ -20,4 +21,5 @@ __all__ = [
     "broker_outage",
     "expire_session",
     "kill_ensemble_leader",
+    "wait_until",
 ]

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -238,3 +238,17 @@ def kill_ensemble_leader(cluster: ZooKeeperCluster, timeout: float = 30.0) -> Zo
         time.sleep(0.05)
     raise FaultInjectionFailed(f"no new ZooKeeper leader within {timeout}s of killing "
                                f"{victim.name}")
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, step: float = 0.02) -> bool:
+    """Poll ``predicate`` until it is true or ``timeout`` passes; returns its last value.
+
+    For conditions no event announces (a znode appearing, a queue draining); prefer an event
+    or a join when the code under test offers one.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step)
+    return predicate()

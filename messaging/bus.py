@@ -1,0 +1,206 @@
+"""The messaging facade a node uses, and the API client anyone can use.
+
+``MessageBus`` holds the three handler registries, a shared :class:`Publisher`, and (after
+``start``) the MASTER, MODEL and API consumers. ``ApiClient`` sends requests and waits for the
+reply of whichever node answers.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import pika
+
+from coord import LeaderLatch
+from messaging.connection import CONNECTION_ERRORS, Connector, translated
+from messaging.consumer import (
+    ApiResponder,
+    Consumer,
+    MasterConsumer,
+    ModelConsumer,
+    OutcomeHook,
+    ReceiveHook,
+)
+from messaging.envelope import Envelope, Paradigm, decode
+from messaging.errors import EnvelopeError, LifecycleError, RemoteError, RequestTimeout
+from messaging.processed import ProcessedLog
+from messaging.publisher import Publisher
+from messaging.registry import HandlerRegistry
+from messaging.topology import Topology
+
+log = logging.getLogger("latchwork.messaging")
+
+
+def declare_topology(connector: Connector, topology: Topology) -> None:
+    """Declare the cluster's shared exchanges and queues (idempotent)."""
+    connection = connector.connect()
+    try:
+        with translated("declaring the messaging topology"):
+            topology.declare(connection.channel())
+    finally:
+        if connection.is_open:
+            connection.close()
+
+
+class MessageBus:
+    """A node's messaging: registries, publishing, and the consumers it runs."""
+
+    def __init__(self, connector: Connector, topology: Topology, member_id: str, *,
+                 workers: int = 4, on_receive: list[ReceiveHook] | None = None,
+                 on_outcome: list[OutcomeHook] | None = None) -> None:
+        self.connector = connector
+        self.topology = topology
+        self.member_id = member_id
+        self.workers = workers
+        self.master = HandlerRegistry(Paradigm.MASTER)
+        self.model = HandlerRegistry(Paradigm.MODEL)
+        self.api = HandlerRegistry(Paradigm.API)
+        self.publisher = Publisher(connector)
+        self.on_receive = on_receive or []
+        self.on_outcome = on_outcome or []
+        self.consumers: list[Consumer] = []
+        self._started = False
+
+    def start(self, latch: LeaderLatch, processed: ProcessedLog) -> MessageBus:
+        """Declare the topology and start the MASTER (latch-driven), MODEL and API consumers."""
+        if self._started:
+            raise LifecycleError("message bus already started")
+        self._started = True
+        declare_topology(self.connector, self.topology)
+        common: dict[str, Any] = {"workers": self.workers, "on_receive": self.on_receive,
+                                  "on_outcome": self.on_outcome}
+        self.consumers = [
+            MasterConsumer(self.connector, self.topology, self.master, self.member_id,
+                           self.publisher, latch, processed, **common),
+            ModelConsumer(self.connector, self.topology, self.model, self.member_id,
+                          self.publisher, **common),
+            ApiResponder(self.connector, self.topology, self.api, self.member_id,
+                         self.publisher, **common),
+        ]
+        for consumer in self.consumers:
+            consumer.start()
+        return self
+
+    def close(self) -> None:
+        for consumer in self.consumers:
+            consumer.close()
+        self.publisher.close()
+
+    def __enter__(self) -> MessageBus:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def send_master(self, command: str, payload: dict[str, Any] | None = None) -> Envelope:
+        """Queue a MASTER command (persistent, confirmed); returns the envelope sent."""
+        return send_master(self.publisher, self.topology, self.member_id, command, payload)
+
+    def broadcast(self, command: str, payload: dict[str, Any] | None = None) -> Envelope:
+        """Send a MODEL command to every live node (confirmed by the broker)."""
+        envelope = Envelope(paradigm=Paradigm.MODEL, command=command, sender=self.member_id,
+                            payload=payload or {})
+        self.publisher.publish(self.topology.model_exchange, "", envelope, persistent=False,
+                               mandatory=False)
+        return envelope
+
+
+def send_master(publisher: Publisher, topology: Topology, sender: str, command: str,
+                payload: dict[str, Any] | None = None) -> Envelope:
+    envelope = Envelope(paradigm=Paradigm.MASTER, command=command, sender=sender,
+                        payload=payload or {})
+    publisher.publish("", topology.master_queue, envelope, persistent=True, mandatory=True)
+    return envelope
+
+
+class ApiClient:
+    """Request/reply through whichever node answers. Use from one thread.
+
+    ``request`` publishes a persistent, confirmed request that expires from the queue after the
+    timeout (so a late node never acts on a request its client gave up on), then waits for the
+    reply with the same correlation id. No reply in time raises :class:`RequestTimeout`; an
+    error reply raises :class:`RemoteError`; no broker raises ``BrokerUnavailable``.
+    """
+
+    def __init__(self, connector: Connector, topology: Topology, sender: str = "client") -> None:
+        self.connector = connector
+        self.topology = topology
+        self.sender = sender
+        self._connection: pika.BlockingConnection | None = None
+        self._channel: Any = None
+        self._reply_queue = ""
+        self._replies: dict[str, Envelope] = {}
+
+    def _open(self) -> None:
+        if self._connection is not None and self._connection.is_open:
+            return
+        self._connection = self.connector.connect()
+        with translated("opening the API client channel"):
+            channel = self._connection.channel()
+            self.topology.declare(channel)
+            channel.confirm_delivery()
+            result = channel.queue_declare("", exclusive=True, auto_delete=True)
+            self._reply_queue = result.method.queue
+            channel.basic_consume(self._reply_queue, self._on_reply, auto_ack=True)
+        self._channel = channel
+
+    def _on_reply(self, channel: Any, method: Any, properties: Any, body: bytes) -> None:
+        try:
+            envelope = decode(body)
+        except EnvelopeError as exc:
+            log.warning("ignoring an undecodable API reply: %s", exc)
+            return
+        if properties.correlation_id:
+            self._replies[properties.correlation_id] = envelope
+
+    def request(self, command: str, payload: dict[str, Any] | None = None,
+                timeout: float = 10.0) -> Any:
+        envelope = Envelope(paradigm=Paradigm.API, command=command, sender=self.sender,
+                            payload=payload or {})
+        correlation = str(envelope.id)
+        try:
+            self._open()
+            assert self._connection is not None
+            with translated(f"sending API request {command}"):
+                self._channel.basic_publish(
+                    "", self.topology.api_queue, envelope.encode(),
+                    pika.BasicProperties(content_type="application/json", delivery_mode=2,
+                                         reply_to=self._reply_queue,
+                                         correlation_id=correlation,
+                                         message_id=correlation,
+                                         expiration=str(max(1, int(timeout * 1000)))),
+                    mandatory=True)
+                deadline = time.monotonic() + timeout
+                while correlation not in self._replies:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise RequestTimeout(
+                            f"no node answered API request {command} ({correlation}) within "
+                            f"{timeout:g}s; is any latchwork node running for cluster "
+                            f"{self.topology.cluster!r}?")
+                    self._connection.process_data_events(time_limit=min(remaining, 0.2))
+        except CONNECTION_ERRORS:
+            self.close()
+            raise
+        reply = self._replies.pop(correlation).payload
+        if reply.get("ok"):
+            return reply.get("result")
+        error = reply.get("error") or {}
+        raise RemoteError(str(error.get("kind", "error")), str(error.get("detail", "")))
+
+    def close(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            try:
+                if connection.is_open:
+                    connection.close()
+            except CONNECTION_ERRORS:
+                pass  # already broken
+
+    def __enter__(self) -> ApiClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

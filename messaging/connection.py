@@ -1,0 +1,108 @@
+"""Connections to RabbitMQ: parameters, connect with backoff, error translation.
+
+pika's BlockingConnection is not thread-safe, so latchwork keeps one connection per thread: each
+consumer owns a thread and its connection; publishers keep one per calling thread. The only
+cross-thread call is ``connection.add_callback_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import pika
+import pika.exceptions as pe
+
+from messaging.errors import BrokerUnavailable
+
+log = logging.getLogger("latchwork.messaging")
+
+#: pika errors that mean "the connection or channel is gone; reconnect and try again"
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    pe.AMQPConnectionError, pe.ConnectionClosed, pe.ChannelClosed, pe.ChannelWrongStateError,
+    pe.StreamLostError, pe.ConnectionWrongStateError, ConnectionError, OSError,
+)
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Exponential backoff with full jitter (AWS style)."""
+
+    first: float = 0.1
+    factor: float = 2.0
+    cap: float = 5.0
+
+    def delays(self) -> Iterator[float]:
+        attempt = 0
+        while True:
+            yield random.uniform(0, min(self.cap, self.first * self.factor ** attempt))
+            attempt += 1
+
+
+@dataclass(frozen=True)
+class Connector:
+    """How to reach the broker. ``heartbeat`` (seconds) overrides the broker's proposal."""
+
+    url: str
+    heartbeat: int = 30
+    connect_deadline: float = 30.0
+    backoff: Backoff = Backoff()
+    name: str = "latchwork"
+
+    def parameters(self) -> pika.URLParameters:
+        params = pika.URLParameters(self.url)
+        params.heartbeat = self.heartbeat
+        params.connection_attempts = 1
+        params.socket_timeout = 5.0
+        params.blocked_connection_timeout = 60.0
+        params.client_properties = {"connection_name": self.name}
+        return params
+
+    def connect(self, deadline: float | None = None,
+                stop: threading.Event | None = None) -> pika.BlockingConnection:
+        """Connect, retrying with backoff until ``deadline`` seconds have passed.
+
+        Raises :class:`BrokerUnavailable` with the last error when the deadline passes (or at
+        once when ``stop`` is set).
+        """
+        limit = time.monotonic() + (self.connect_deadline if deadline is None else deadline)
+        last: BaseException | None = None
+        for delay in self.backoff.delays():
+            if stop is not None and stop.is_set():
+                break
+            try:
+                return pika.BlockingConnection(self.parameters())
+            except CONNECTION_ERRORS as exc:
+                last = exc
+            if time.monotonic() + delay >= limit:
+                break
+            if stop is not None:
+                stop.wait(delay)
+            else:
+                time.sleep(delay)
+        raise BrokerUnavailable(f"cannot connect to RabbitMQ at {_redact(self.url)}: "
+                                f"{last!r}") from last
+
+
+def _redact(url: str) -> str:
+    """The URL without its password, for messages and logs."""
+    if "@" not in url or "://" not in url:
+        return url
+    scheme, rest = url.split("://", 1)
+    creds, host = rest.rsplit("@", 1)
+    user = creds.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}"
+
+
+@contextmanager
+def translated(what: str) -> Iterator[None]:
+    """Turn pika's connection errors into :class:`BrokerUnavailable`."""
+    try:
+        yield
+    except CONNECTION_ERRORS as exc:
+        raise BrokerUnavailable(f"{what}: {exc!r}") from exc

@@ -1,0 +1,100 @@
+"""messaging's exceptions, one root, split by cause::
+
+    MessagingError
+    ├── BrokerUnavailable         no connection to RabbitMQ within the deadline
+    ├── PublishFailed             the broker nacked or could not route a confirmed publish
+    ├── EnvelopeError             a message body is not a valid envelope (poison)
+    │   ├── UndecodableMessage    not UTF-8 JSON
+    │   └── InvalidEnvelope       JSON, but the schema or the payload does not validate
+    ├── UnknownCommand            no handler is registered for the command (poison)
+    ├── DeliveryAlreadySettled    a delivery was acked, rejected or requeued twice
+    ├── RequestTimeout            an API request got no reply in time
+    ├── RemoteError               the API responder answered with an error
+    └── LifecycleError            start() twice, or use after close()
+
+    HandlerOutcome (control flow, raised by handlers; never logged as errors)
+    ├── Retry                     transient failure: try again later, with backoff
+    └── Reject                    poison: dead-letter now with this reason
+
+pika's exceptions are translated at the boundary; callers never import pika to handle errors.
+"""
+
+from __future__ import annotations
+
+
+class MessagingError(Exception):
+    """Root of every error raised by messaging."""
+
+
+class BrokerUnavailable(MessagingError):
+    """RabbitMQ could not be reached (or kept dropping the connection) until the deadline."""
+
+
+class PublishFailed(MessagingError):
+    """The broker refused a confirmed publish (nack) or could not route it (mandatory)."""
+
+
+class EnvelopeError(MessagingError):
+    """The body is not a valid envelope; ``reason`` is the dead-letter reason code."""
+
+    reason = "invalid"
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+class UndecodableMessage(EnvelopeError):
+    """The body is not UTF-8 JSON."""
+
+    reason = "undecodable"
+
+
+class InvalidEnvelope(EnvelopeError):
+    """The body is JSON but does not match the envelope schema or the command's payload model."""
+
+    reason = "invalid"
+
+
+class UnknownCommand(MessagingError):
+    """No handler is registered for this command on this paradigm."""
+
+    reason = "unknown-command"
+
+    def __init__(self, paradigm: str, command: str) -> None:
+        super().__init__(f"no {paradigm} handler for command {command!r}")
+        self.paradigm = paradigm
+        self.command = command
+
+
+class DeliveryAlreadySettled(MessagingError):
+    """A second ack/reject/requeue decision on one delivery."""
+
+
+class RequestTimeout(MessagingError):
+    """An API request got no reply within its timeout (no node answered)."""
+
+
+class RemoteError(MessagingError):
+    """The node that handled an API request answered with an error."""
+
+    def __init__(self, kind: str, detail: str) -> None:
+        super().__init__(f"{kind}: {detail}")
+        self.kind = kind
+        self.detail = detail
+
+
+class LifecycleError(MessagingError):
+    """A component was started twice, or used before start / after close."""
+
+
+class HandlerOutcome(Exception):
+    """Raised by a handler to choose what happens to its message."""
+
+
+class Retry(HandlerOutcome):
+    """A transient failure: redeliver later through the delay queue (bounded)."""
+
+
+class Reject(HandlerOutcome):
+    """A poison message: dead-letter it now with this reason."""

@@ -1,0 +1,93 @@
+"""Handler registries: per paradigm, a command maps to one typed handler.
+
+A handler is ``handler(ctx, payload)``; when registered with a pydantic ``payload_model`` the
+payload is validated into that model first (a failure is :class:`InvalidEnvelope`, poison). An
+unregistered command raises :class:`UnknownCommand` (poison: dead-lettered with its reason).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ValidationError
+
+from messaging.envelope import COMMAND_PATTERN, Envelope, Paradigm
+from messaging.errors import InvalidEnvelope, UnknownCommand
+
+if TYPE_CHECKING:
+    from messaging.processed import ProcessedLog
+    from messaging.publisher import Publisher
+
+
+@dataclass
+class HandlerContext:
+    """What a handler gets besides its payload."""
+
+    envelope: Envelope
+    redelivered: bool
+    retries: int
+    member_id: str
+    publisher: Publisher
+    #: set when the handler should stop early (node shutdown, MASTER leadership lost)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    processed: ProcessedLog | None = None  # MASTER only
+
+    @property
+    def message_id(self) -> uuid.UUID:
+        return self.envelope.id
+
+
+Handler = Callable[[HandlerContext, Any], Any]
+
+
+@dataclass(frozen=True)
+class Route:
+    command: str
+    handler: Handler
+    payload_model: type[BaseModel] | None
+
+    def parse(self, payload: dict[str, Any]) -> Any:
+        if self.payload_model is None:
+            return payload
+        try:
+            return self.payload_model.model_validate(payload)
+        except ValidationError as exc:
+            details = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(root)'}: {e['msg']}"
+                                for e in exc.errors()[:5])
+            raise InvalidEnvelope(f"payload of {self.command}: {details}") from exc
+
+
+class HandlerRegistry:
+    def __init__(self, paradigm: Paradigm) -> None:
+        self.paradigm = paradigm
+        self._routes: dict[str, Route] = {}
+
+    def register(self, command: str, handler: Handler,
+                 payload_model: type[BaseModel] | None = None) -> None:
+        if not re.match(COMMAND_PATTERN, command):
+            raise ValueError(f"invalid command name {command!r}")
+        if command in self._routes:
+            raise ValueError(f"{self.paradigm} command {command!r} is already registered")
+        self._routes[command] = Route(command, handler, payload_model)
+
+    def handler(self, command: str, payload_model: type[BaseModel] | None = None
+                ) -> Callable[[Handler], Handler]:
+        """Decorator form of :meth:`register`."""
+        def wrap(fn: Handler) -> Handler:
+            self.register(command, fn, payload_model)
+            return fn
+        return wrap
+
+    def resolve(self, command: str) -> Route:
+        try:
+            return self._routes[command]
+        except KeyError:
+            raise UnknownCommand(self.paradigm.value, command) from None
+
+    def commands(self) -> list[str]:
+        return sorted(self._routes)

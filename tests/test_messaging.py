@@ -1,0 +1,448 @@
+"""messaging against a real RabbitMQ and ZooKeeper: paradigms, poison, retries, faults."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pika
+import pytest
+from kazoo.client import KazooClient
+from pydantic import BaseModel
+
+from coord import LeaderLatch, Session
+from messaging import (
+    ApiClient,
+    ApiResponder,
+    Connector,
+    Delivery,
+    Envelope,
+    HandlerContext,
+    HandlerRegistry,
+    MasterConsumer,
+    MessageBus,
+    Outcome,
+    Paradigm,
+    Publisher,
+    Reject,
+    RemoteError,
+    RequestTimeout,
+    Retry,
+    RetryPolicy,
+    Topology,
+    ZkProcessedLog,
+    declare_topology,
+    send_master,
+)
+from runner.testing import NodeProcess, TcpProxy, broker_outage, wait_until
+from runner.testing.plugin import AmqpNamespace, ZkNamespace
+
+CLUSTER = "m1"
+FAST_RETRY = RetryPolicy(max_retries=2, first_delay=0.2, factor=2.0)
+
+
+class Recorder:
+    """Collects consumer outcomes; tests wait on it instead of sleeping."""
+
+    def __init__(self) -> None:
+        self.outcomes: list[tuple[Outcome, str, str]] = []
+        self.received: list[tuple[str, bool]] = []
+        self._cond = threading.Condition()
+
+    def on_receive(self, delivery: Delivery, envelope: Envelope) -> None:
+        with self._cond:
+            self.received.append((str(envelope.id), delivery.redelivered))
+            self._cond.notify_all()
+
+    def on_outcome(self, delivery: Delivery, envelope: Envelope | None, outcome: Outcome,
+                   detail: str) -> None:
+        with self._cond:
+            self.outcomes.append((outcome, str(envelope.id) if envelope else "-", detail))
+            self._cond.notify_all()
+
+    def wait(self, predicate: Callable[[Recorder], bool], timeout: float = 30.0) -> None:
+        with self._cond:
+            assert self._cond.wait_for(lambda: predicate(self), timeout), self.outcomes
+
+    def of(self, outcome: Outcome) -> list[str]:
+        return [i for o, i, _ in self.outcomes if o is outcome]
+
+
+@pytest.fixture
+def session(zk_namespace: ZkNamespace) -> Iterator[Session]:
+    with Session(zk_namespace.hosts, CLUSTER, timeout=4.0) as s:
+        yield s
+
+
+@pytest.fixture
+def topology() -> Topology:
+    return Topology(CLUSTER, retry=FAST_RETRY)
+
+
+@contextmanager
+def running_master(url: str, session: Session, topology: Topology, registry: HandlerRegistry,
+                   recorder: Recorder, connector: Connector | None = None,
+                   ) -> Iterator[MasterConsumer]:
+    connector = connector or Connector(url)
+    declare_topology(Connector(url), topology)
+    latch = LeaderLatch(session, "member-a").start()
+    assert latch.await_leadership(10)
+    publisher = Publisher(connector)
+    consumer = MasterConsumer(connector, topology, registry, "member-a", publisher, latch,
+                              ZkProcessedLog(session), on_receive=[recorder.on_receive],
+                              on_outcome=[recorder.on_outcome])
+    consumer.start()
+    try:
+        assert consumer.wait_consuming(30)
+        yield consumer
+    finally:
+        consumer.close()
+        publisher.close()
+        latch.close()
+
+
+def raw_channel(url: str) -> tuple[pika.BlockingConnection, Any]:
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    return connection, connection.channel()
+
+
+def dead_letters(url: str, topology: Topology) -> list[tuple[dict[str, Any], bytes]]:
+    connection, channel = raw_channel(url)
+    found = []
+    try:
+        while True:
+            method, props, body = channel.basic_get(topology.dead_queue, auto_ack=True)
+            if method is None:
+                return found
+            found.append((props.headers or {}, body))
+    finally:
+        connection.close()
+
+
+def depth(url: str, queue: str) -> int:
+    connection, channel = raw_channel(url)
+    try:
+        return int(channel.queue_declare(queue, passive=True).method.message_count)
+    finally:
+        connection.close()
+
+
+def envelope(command: str, payload: dict[str, Any] | None = None,
+             paradigm: Paradigm = Paradigm.MASTER) -> Envelope:
+    return Envelope(paradigm=paradigm, command=command, sender="test", payload=payload or {})
+
+
+class Seconds(BaseModel):
+    seconds: float
+
+
+def test_poison_messages_are_dead_lettered_with_their_reason_and_consumption_goes_on(
+        amqp_vhost: AmqpNamespace, session: Session, topology: Topology) -> None:
+    registry = HandlerRegistry(Paradigm.MASTER)
+    registry.register("test.count", lambda ctx, p: None)
+    registry.register("test.typed", lambda ctx, p: None, Seconds)
+    recorder = Recorder()
+    url = amqp_vhost.url
+    with running_master(url, session, topology, registry, recorder):
+        connection, channel = raw_channel(url)
+        q = topology.master_queue
+        bodies = {
+            "undecodable": b"\x00\xffgarbage",
+            "wrong schema": b'{"paradigm": "MASTER", "command": 7}',
+            "unknown command": envelope("no.such.command").encode(),
+            "bad payload": envelope("test.typed", {"seconds": "soon"}).encode(),
+            "wrong paradigm": envelope("test.count", paradigm=Paradigm.MODEL).encode(),
+        }
+        for body in bodies.values():
+            channel.basic_publish("", q, body)
+        good = envelope("test.count")
+        channel.basic_publish("", q, good.encode())
+        connection.close()
+        recorder.wait(lambda r: str(good.id) in r.of(Outcome.HANDLED)
+                      and len(r.of(Outcome.DEAD_LETTERED)) == 5)
+    dead = dead_letters(url, topology)
+    assert sorted(body for _, body in dead) == sorted(bodies.values())
+    reasons = {body: headers["x-latchwork-reason"] for headers, body in dead}
+    assert reasons[bodies["undecodable"]] == "undecodable"
+    assert reasons[bodies["unknown command"]] == "unknown-command"
+    assert {reasons[bodies[k]] for k in ("wrong schema", "bad payload", "wrong paradigm")} == {
+        "invalid"}
+    details = {body: headers["x-latchwork-detail"] for headers, body in dead}
+    assert "seconds" in details[bodies["bad payload"]]
+    assert "no.such.command" in details[bodies["unknown command"]]
+    assert all(h["x-latchwork-queue"] == topology.master_queue for h, _ in dead)
+    assert depth(url, topology.master_queue) == 0
+
+
+def test_transient_failures_are_retried_with_backoff_then_dead_lettered(
+        amqp_vhost: AmqpNamespace, session: Session, topology: Topology) -> None:
+    registry = HandlerRegistry(Paradigm.MASTER)
+    seen_retries: list[int] = []
+
+    def flaky(ctx: HandlerContext, payload: dict[str, Any]) -> None:
+        seen_retries.append(ctx.retries)
+        if ctx.retries < 2:
+            raise Retry("graph store busy")
+
+    def broken(ctx: HandlerContext, payload: dict[str, Any]) -> None:
+        raise RuntimeError("bug in handler")
+
+    def poison(ctx: HandlerContext, payload: dict[str, Any]) -> None:
+        raise Reject("payload names a deleted ontology")
+
+    registry.register("flaky", flaky)
+    registry.register("broken", broken)
+    registry.register("poison", poison)
+    recorder = Recorder()
+    url = amqp_vhost.url
+    with running_master(url, session, topology, registry, recorder), \
+            Publisher(Connector(url)) as publisher:
+        sent = {c: send_master(publisher, topology, "test", c) for c in ("flaky", "broken",
+                                                                          "poison")}
+        recorder.wait(lambda r: str(sent["flaky"].id) in r.of(Outcome.HANDLED)
+                      and len(r.of(Outcome.DEAD_LETTERED)) == 2)
+    assert seen_retries == [0, 1, 2]
+    assert recorder.of(Outcome.RETRIED).count(str(sent["flaky"].id)) == 2
+    assert recorder.of(Outcome.RETRIED).count(str(sent["broken"].id)) == 2
+    assert str(sent["poison"].id) not in recorder.of(Outcome.RETRIED)
+    dead = {Envelope.model_validate_json(b).command: h for h, b in dead_letters(url, topology)}
+    assert dead["broken"]["x-latchwork-reason"] == "retries-exhausted"
+    assert dead["broken"]["x-latchwork-retries"] == 2
+    assert "RuntimeError: bug in handler" in dead["broken"]["x-latchwork-detail"]
+    assert dead["poison"]["x-latchwork-reason"] == "rejected"
+    assert "deleted ontology" in dead["poison"]["x-latchwork-detail"]
+
+
+def test_a_handler_running_three_heartbeats_keeps_its_connection(
+        amqp_vhost: AmqpNamespace, session: Session, topology: Topology) -> None:
+    heartbeat = 1
+    registry = HandlerRegistry(Paradigm.MASTER)
+    finished = threading.Event()
+
+    def slow(ctx: HandlerContext, payload: dict[str, Any]) -> None:
+        # block this worker thread well past the point where a silent connection is closed
+        # by the broker (two missed heartbeats)
+        threading.Event().wait(3.5 * heartbeat)
+        finished.set()
+
+    registry.register("slow", slow)
+    recorder = Recorder()
+    url = amqp_vhost.url
+    connector = Connector(url, heartbeat=heartbeat)
+    with running_master(url, session, topology, registry, recorder, connector) as consumer, \
+            Publisher(Connector(url)) as publisher:
+        sent = send_master(publisher, topology, "test", "slow")
+        recorder.wait(lambda r: str(sent.id) in r.of(Outcome.HANDLED))
+        assert finished.is_set()
+        assert consumer.connections_opened == 1
+        assert recorder.received == [(str(sent.id), False)]
+    assert depth(url, topology.master_queue) == 0
+
+
+def test_a_decision_on_a_delivery_from_a_lost_channel_is_dropped_not_sent(
+        amqp_vhost: AmqpNamespace, session: Session, topology: Topology,
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "latchwork.messaging")
+    port = amqp_vhost.server.node_port
+    registry = HandlerRegistry(Paradigm.MASTER)
+    gate = threading.Event()
+    registry.register("gated", lambda ctx, p: gate.wait(30))
+    recorder = Recorder()
+    url = amqp_vhost.url
+    with TcpProxy(port) as proxy:
+        proxied = Connector(url.replace(f":{port}/", f":{proxy.port}/"))
+        with running_master(url, session, topology, registry, recorder, proxied) as consumer, \
+                Publisher(Connector(url)) as publisher:
+            sent = send_master(publisher, topology, "test", "gated")
+            recorder.wait(lambda r: len(r.received) == 1)
+            proxy.drop_connections()
+            # the broker requeues the unacked message and redelivers it on the new channel
+            recorder.wait(lambda r: (str(sent.id), True) in r.received)
+            gate.set()
+            recorder.wait(lambda r: len(r.outcomes) == 2)
+            other = send_master(publisher, topology, "test", "gated")
+            recorder.wait(lambda r: str(other.id) in r.of(Outcome.HANDLED))
+            # a stale tag acked on the new channel would have closed it (or acked the wrong
+            # message): the consumer would have reconnected a third time
+            assert consumer.connections_opened == 2
+    assert "dropped: its channel is gone" in caplog.text
+    outcomes = sorted(o.value for o, i, _ in recorder.outcomes if i == str(sent.id))
+    assert outcomes in (["duplicate", "handled"], ["handled", "handled"])
+    assert depth(url, topology.master_queue) == 0
+
+
+def test_broker_restart_loses_no_confirmed_message_and_nothing_needs_a_restart(
+        amqp_vhost: AmqpNamespace, session: Session, topology: Topology) -> None:
+    registry = HandlerRegistry(Paradigm.MASTER)
+    gate = threading.Event()
+    handled: set[str] = set()
+    lock = threading.Lock()
+
+    def record(ctx: HandlerContext, payload: dict[str, Any]) -> None:
+        gate.wait(60)
+        with lock:
+            handled.add(str(ctx.message_id))
+
+    registry.register("record", record)
+    recorder = Recorder()
+    url = amqp_vhost.url
+    with running_master(url, session, topology, registry, recorder) as consumer, \
+            Publisher(Connector(url), deadline=90) as publisher:
+        ids = {str(send_master(publisher, topology, "test", "record").id) for _ in range(20)}
+        during: list[str] = []
+        with broker_outage(amqp_vhost.server):
+            # a publisher that starts while the broker is down waits for it and then succeeds
+            thread = threading.Thread(target=lambda: during.extend(
+                str(send_master(publisher, topology, "test", "record").id) for _ in range(5)))
+            thread.start()
+        thread.join(90)
+        assert len(during) == 5
+        ids |= set(during)
+        ids |= {str(send_master(publisher, topology, "test", "record").id) for _ in range(5)}
+        gate.set()
+        assert wait_until(lambda: ids <= handled, 60), ids - handled
+        assert consumer.connections_opened >= 2
+    assert depth(url, topology.master_queue) == 0
+
+
+def test_api_request_without_any_node_times_out_and_expires(
+        amqp_vhost: AmqpNamespace, topology: Topology) -> None:
+    with ApiClient(Connector(amqp_vhost.url), topology) as client, \
+            pytest.raises(RequestTimeout, match="no node answered API request status"):
+        client.request("status", timeout=1.0)
+    # the request expires from the queue, so a node started later never acts on it
+    assert wait_until(lambda: depth(amqp_vhost.url, topology.api_queue) == 0, 10)
+
+
+def test_api_requests_are_answered_and_errors_come_back_typed(
+        amqp_vhost: AmqpNamespace, topology: Topology) -> None:
+    url = amqp_vhost.url
+    registry = HandlerRegistry(Paradigm.API)
+    registry.register("echo", lambda ctx, p: {"echo": p, "by": ctx.member_id})
+
+    def boom(ctx: HandlerContext, payload: dict[str, Any]) -> None:
+        raise ValueError("no such task t-42")
+
+    registry.register("boom", boom)
+    with Publisher(Connector(url)) as publisher:
+        responder = ApiResponder(Connector(url), topology, registry, "member-a", publisher)
+        with responder, ApiClient(Connector(url), topology) as client:
+            assert responder.wait_consuming(30)
+            assert client.request("echo", {"x": 1}) == {"echo": {"x": 1}, "by": "member-a"}
+            with pytest.raises(RemoteError, match="no such task t-42") as info:
+                client.request("boom")
+            assert info.value.kind == "ValueError"
+            with pytest.raises(RemoteError) as unknown:
+                client.request("nope")
+            assert unknown.value.kind == "unknown-command"
+
+
+# -- nodes as processes -------------------------------------------------------------------------
+
+def msgnode(zk: ZkNamespace, amqp: AmqpNamespace) -> list[str]:
+    return ["-m", "runner.testing.msgnode", zk.hosts, CLUSTER, "2.0", amqp.url]
+
+
+def spawn_msgnodes(zk: ZkNamespace, amqp: AmqpNamespace,
+                   spawn_node: Callable[..., NodeProcess], count: int) -> list[NodeProcess]:
+    nodes = []
+    for i in range(count):
+        node = spawn_node(msgnode(zk, amqp), name=f"msgnode{i}")
+        if i == 0:
+            node.wait_for_line("LEADER", 15)
+        nodes.append(node)
+    return nodes
+
+
+def lines_with(node: NodeProcess, fragment: str) -> list[str]:
+    node.drain()
+    return [line for line in node.lines if fragment in line]
+
+
+def test_only_the_master_consumes_and_consumption_follows_leadership(
+        zk_namespace: ZkNamespace, amqp_vhost: AmqpNamespace,
+        spawn_node: Callable[..., NodeProcess]) -> None:
+    first, second = spawn_msgnodes(zk_namespace, amqp_vhost, spawn_node, 2)
+    topology = Topology(CLUSTER)
+    with Publisher(Connector(amqp_vhost.url)) as publisher:
+        before = [send_master(publisher, topology, "test", "test.count") for _ in range(5)]
+        for env in before:
+            first.wait_for_line(f"HANDLED {env.id}", 15)
+        assert first.terminate(timeout=20) == 0
+        second.wait_for_line("LEADER", 15)
+        after = [send_master(publisher, topology, "test", "test.count") for _ in range(5)]
+        for env in after:
+            second.wait_for_line(f"HANDLED {env.id}", 15)
+    assert lines_with(second, "RECEIVED") == [
+        f"RECEIVED test.count {env.id} redelivered=0" for env in after]
+    assert not any(str(env.id) in line for env in after for line in first.lines)
+
+
+def test_master_killed_mid_message_the_next_master_gets_it_and_the_effect_happens_once(
+        zk_namespace: ZkNamespace, amqp_vhost: AmqpNamespace,
+        spawn_node: Callable[..., NodeProcess], zk_client: KazooClient) -> None:
+    first, second = spawn_msgnodes(zk_namespace, amqp_vhost, spawn_node, 2)
+    topology = Topology(CLUSTER)
+    with Publisher(Connector(amqp_vhost.url)) as publisher:
+        sent = send_master(publisher, topology, "test", "test.effect", {"hold": 120})
+    first.wait_for_line(f"EFFECT {sent.id}", 15)
+    first.kill()
+    second.wait_for_line("LEADER", 15)
+    second.wait_for_line(f"RECEIVED test.effect {sent.id} redelivered=1", 15)
+    second.wait_for_line(f"OUTCOME duplicate {sent.id}", 15)
+    effects = zk_client.get_children(f"/latchwork/{CLUSTER}/effects")
+    assert len(effects) == 1
+    assert lines_with(second, "EFFECT") == []
+    assert depth(amqp_vhost.url, topology.master_queue) == 0
+
+
+def test_master_killed_before_the_effect_the_next_master_does_it_once(
+        zk_namespace: ZkNamespace, amqp_vhost: AmqpNamespace,
+        spawn_node: Callable[..., NodeProcess], zk_client: KazooClient) -> None:
+    first, second = spawn_msgnodes(zk_namespace, amqp_vhost, spawn_node, 2)
+    first.pause()  # frozen before it can receive anything
+    topology = Topology(CLUSTER)
+    with Publisher(Connector(amqp_vhost.url)) as publisher:
+        sent = send_master(publisher, topology, "test", "test.effect", {"hold": 0})
+    first.kill()
+    second.wait_for_line("LEADER", 15)
+    second.wait_for_line(f"EFFECT {sent.id}", 15)
+    second.wait_for_line(f"OUTCOME handled {sent.id}", 15)
+    assert len(zk_client.get_children(f"/latchwork/{CLUSTER}/effects")) == 1
+
+
+def test_model_broadcast_reaches_every_live_node_exactly_once(
+        zk_namespace: ZkNamespace, amqp_vhost: AmqpNamespace,
+        spawn_node: Callable[..., NodeProcess]) -> None:
+    nodes = spawn_msgnodes(zk_namespace, amqp_vhost, spawn_node, 3)
+    bus = MessageBus(Connector(amqp_vhost.url), Topology(CLUSTER), "test")
+    with bus:
+        first = bus.broadcast("UPDATE_CACHE")
+        for node in nodes:
+            node.wait_for_line(f"MODEL UPDATE_CACHE {first.id}", 15)
+        nodes[2].kill()
+        second = bus.broadcast("UPDATE_CACHE")
+        for node in nodes[:2]:
+            node.wait_for_line(f"MODEL UPDATE_CACHE {second.id}", 15)
+        # a third broadcast, as a barrier: once it arrived, a duplicate of the first two would
+        # have arrived before it (one queue per node, delivered in order)
+        third = bus.broadcast("UPDATE_CACHE")
+        for node in nodes[:2]:
+            node.wait_for_line(f"MODEL UPDATE_CACHE {third.id}", 15)
+    for node in nodes[:2]:
+        got = lines_with(node, "MODEL UPDATE_CACHE")
+        assert got == [f"MODEL UPDATE_CACHE {e.id}" for e in (first, second, third)]
+    assert lines_with(nodes[2], "MODEL UPDATE_CACHE") == [f"MODEL UPDATE_CACHE {first.id}"]
+
+
+def test_a_node_answers_api_requests_through_the_broker(
+        zk_namespace: ZkNamespace, amqp_vhost: AmqpNamespace,
+        spawn_node: Callable[..., NodeProcess]) -> None:
+    (node,) = spawn_msgnodes(zk_namespace, amqp_vhost, spawn_node, 1)
+    (member,) = [line.split()[1] for line in node.lines if line.startswith("READY")]
+    with ApiClient(Connector(amqp_vhost.url), Topology(CLUSTER)) as client:
+        answer = client.request("ping", timeout=10)
+    assert answer == {"member": member}
