@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -124,6 +124,32 @@ class NodeProcess:
             self.lines.append(line)
             if line.startswith(prefix):
                 return line
+
+    def wait_for_all(self, prefixes: Iterable[str], timeout: float) -> list[str]:
+        """Wait until, for every prefix, some stdout line (seen before or now) starts with it.
+
+        For lines whose order is not fixed (a worker pool handling several messages).
+        """
+        pending = set(prefixes)
+        deadline = time.monotonic() + timeout
+        found = []
+        for line in [*self.lines, *self.drain()]:
+            hit = next((p for p in pending if line.startswith(p)), None)
+            if hit is not None:
+                pending.discard(hit)
+                found.append(line)
+        while pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise FaultInjectionFailed(
+                    f"{self.name} printed no lines starting with {sorted(pending)} within "
+                    f"{timeout}s; stderr tail:\n{self.stderr_tail()}")
+            line = self.wait_for_line("", remaining)
+            hit = next((p for p in pending if line.startswith(p)), None)
+            if hit is not None:
+                pending.discard(hit)
+                found.append(line)
+        return found
 
     def drain(self) -> list[str]:
         """Every stdout line printed so far that no wait consumed (also kept in ``lines``)."""

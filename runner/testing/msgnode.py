@@ -44,8 +44,12 @@ class Hold(BaseModel):
     hold: float = 0.0
 
 
+_stdout = threading.Lock()
+
+
 def say(line: str) -> None:
-    print(line, flush=True)
+    with _stdout:  # handlers print from several worker threads
+        print(line, flush=True)
 
 
 def main(argv: list[str]) -> int:
