@@ -1,0 +1,56 @@
+"""runner.store's exceptions, one root, split by cause::
+
+    StoreError
+    ├── StoreUnavailable       the graph could not be reached (or stayed busy) until the deadline
+    ├── TaskNotFound           no task (or attempt) with this id
+    ├── CommitConflict         the task changed since it was read (version); retry with backoff
+    ├── StaleFencingToken      the writer's lock token is older than the task's: it lost the lock
+    ├── AttemptAlreadyFinished the attempt was already closed (by its owner or the reaper)
+    └── InvalidValue           a value the store cannot encode (e.g. a bad aspect name)
+
+``CommitConflict`` is the retryable one; ``StaleFencingToken`` must never be retried: it means
+another owner holds the task now.
+"""
+
+from __future__ import annotations
+
+
+class StoreError(Exception):
+    """Root of every error raised by runner.store."""
+
+
+class StoreUnavailable(StoreError):
+    """The graph backend could not be reached, or stayed locked past the deadline."""
+
+
+class TaskNotFound(StoreError, LookupError):
+    """No task or attempt with this id."""
+
+
+class CommitConflict(StoreError):
+    """A conditional update met another version than the one it expected."""
+
+    def __init__(self, task_id: str, expected: int, actual: int | None) -> None:
+        super().__init__(f"task {task_id}: expected version {expected}, found {actual}")
+        self.task_id = task_id
+        self.expected = expected
+        self.actual = actual
+
+
+class StaleFencingToken(StoreError):
+    """A write carried a fencing token older than the one recorded on the task."""
+
+    def __init__(self, task_id: str, token: int, recorded: int) -> None:
+        super().__init__(f"task {task_id}: fencing token {token} is older than {recorded}; "
+                         f"another owner took the task")
+        self.task_id = task_id
+        self.token = token
+        self.recorded = recorded
+
+
+class AttemptAlreadyFinished(StoreError):
+    """finish() on an attempt that is no longer RUNNING."""
+
+
+class InvalidValue(StoreError, ValueError):
+    """A value that cannot be stored as given."""

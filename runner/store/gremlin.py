@@ -1,0 +1,509 @@
+"""The store as gremlinpython traversals, in the subset gremlite and Gremlin Server share.
+
+Every query here sticks to the portable subset listed in docs/graph.md: no mergeV, hasNot,
+dedup, range, group; no numeric ``P.gt/lt/between`` (gremlite returns nothing for them); edges
+added only between ``as_`` labels; property writes with explicit ``Cardinality.single``. Lookups
+are property equality or ``P.within`` on a property that only one kind of vertex has, which both
+backends can answer from an index. Bulk writes chain many steps into one traversal (one round
+trip per batch, not per row).
+
+Vertex kinds and their properties (prefixes keep keys unique to a kind):
+
+* ``task``: task_id, task_type, task_payload (JSON), task_active, task_status, task_finished,
+  task_priority, task_created, task_updated (time), task_version, task_fence (big),
+  task_unique, task_owner, task_queue ("open" while active and unfinished, else "closed": the
+  unfinished-task scan reads only the "open" index entries, so its cost does not grow with
+  finished tasks);
+* ``attempt`` (edge ``has_attempt`` from its task): attempt_id, attempt_task, attempt_seq,
+  attempt_status, attempt_executor, attempt_started, attempt_ended, attempt_duration_ms,
+  attempt_error, attempt_stack, attempt_fence;
+* ``ontology``: ontology_iri, ontology_version, ontology_checksum, ontology_loaded;
+* ``class`` (edges ``subClassOf`` to its parents): class_iri, class_label, class_defined_by;
+* ``avatar``: avatar_id, avatar_class, avatar_props (JSON), and ``aspect.<name>`` (JSON) per
+  aspect.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
+
+from gremlin_python.process.graph_traversal import __
+from gremlin_python.process.traversal import Cardinality, P
+
+from runner.store import codec
+from runner.store.errors import (
+    AttemptAlreadyFinished,
+    CommitConflict,
+    InvalidValue,
+    StaleFencingToken,
+    TaskNotFound,
+)
+from runner.store.graph import Graph
+from runner.store.model import (
+    Attempt,
+    AttemptStatus,
+    Avatar,
+    LoadResult,
+    Ontology,
+    OntologyRecord,
+    Task,
+    TaskStatus,
+)
+
+BATCH = 200  # rows per bulk traversal
+EDGE_BATCH = 50  # edges per traversal (four steps each)
+ASPECT_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+X = TypeVar("X")
+
+
+def _chunks(items: Sequence[X], size: int) -> Iterator[Sequence[X]]:
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+def _set(t: Any, props: Mapping[str, Any]) -> Any:
+    for key, value in props.items():
+        t = t.property(Cardinality.single, key, value)
+    return t
+
+
+def _add(g: Any, label: str, props: Mapping[str, Any]) -> Any:
+    t = g.add_v(label)
+    for key, value in props.items():
+        t = t.property(key, value)
+    return t
+
+
+# -- tasks ------------------------------------------------------------------------------------
+
+_TASK_CHANGES = {"status", "finished", "active", "payload", "owner", "priority"}
+
+
+def _task_props(task: Task) -> dict[str, Any]:
+    props = {
+        "task_id": task.id, "task_type": task.type,
+        "task_payload": codec.encode_json(task.payload), "task_active": task.active,
+        "task_status": task.status.value, "task_finished": task.finished,
+        "task_priority": task.priority, "task_created": codec.encode_time(task.created_at),
+        "task_updated": codec.encode_time(task.updated_at), "task_version": task.version,
+        "task_fence": codec.encode_big(task.fence), "task_owner": task.owner or "",
+        "task_queue": "open" if task.open else "closed",
+    }
+    if task.unique_key is not None:
+        props["task_unique"] = task.unique_key
+    return props
+
+
+def _task(row: Mapping[Any, Any]) -> Task:
+    return Task(
+        id=row["task_id"], type=row["task_type"],
+        payload=codec.decode_json(row["task_payload"]), active=bool(row["task_active"]),
+        status=TaskStatus(row["task_status"]), finished=bool(row["task_finished"]),
+        priority=int(row["task_priority"]), created_at=codec.decode_time(row["task_created"]),
+        updated_at=codec.decode_time(row["task_updated"]), version=int(row["task_version"]),
+        fence=codec.decode_big(row["task_fence"]), unique_key=row.get("task_unique"),
+        owner=row.get("task_owner") or None)
+
+
+class GremlinTaskStore:
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+
+    def create(self, type: str, payload: Mapping[str, Any] | None = None, *,
+               unique_key: str | None = None, priority: int = 0) -> Task:
+        if not type:
+            raise InvalidValue("a task needs a type")
+        created = codec.now()
+        task = Task(id=str(uuid.uuid4()), type=type, payload=dict(payload or {}), active=True,
+                    status=TaskStatus.WAITING, finished=False, priority=priority,
+                    created_at=created, updated_at=created, version=0, fence=0,
+                    unique_key=unique_key)
+        props = _task_props(task)
+
+        def run(g: Any) -> Any:
+            if unique_key is None:
+                return _add(g, "task", props).element_map().next()
+            # one traversal: find the task with this key or create it
+            return (g.V().has("task_unique", unique_key).fold()
+                    .coalesce(__.unfold(), _add(__, "task", props))
+                    .element_map().next())
+
+        return _task(self.graph.write(run))
+
+    def get(self, task_id: str) -> Task:
+        rows = self.graph.read(lambda g: g.V().has("task_id", task_id).element_map().to_list())
+        if not rows:
+            raise TaskNotFound(f"no task {task_id}")
+        return _task(rows[0])
+
+    def unfinished(self) -> list[Task]:
+        rows = self.graph.read(
+            lambda g: g.V().has("task_queue", "open").element_map().to_list())
+        tasks = [_task(row) for row in rows]
+        tasks.sort(key=lambda t: (-t.priority, t.created_at, t.id))
+        return tasks
+
+    def update(self, task_id: str, expected_version: int, fence_token: int | None,
+               **changes: Any) -> Task:
+        unknown = set(changes) - _TASK_CHANGES
+        if unknown:
+            raise InvalidValue(f"cannot change {sorted(unknown)} of a task")
+        if "status" in changes:
+            changes["status"] = TaskStatus(changes["status"])
+
+        def run(g: Any) -> Any:
+            rows = g.V().has("task_id", task_id).element_map().to_list()
+            if not rows:
+                raise TaskNotFound(f"no task {task_id}")
+            current = _task(rows[0])
+            if current.version != expected_version:
+                raise CommitConflict(task_id, expected_version, current.version)
+            if fence_token is not None and fence_token < current.fence:
+                raise StaleFencingToken(task_id, fence_token, current.fence)
+            fields = {**current.__dict__, **changes, "version": current.version + 1,
+                      "updated_at": codec.now(),
+                      "fence": max(current.fence, fence_token or 0)}
+            props = _task_props(Task(**fields))
+            del props["task_id"], props["task_created"]
+            props.pop("task_unique", None)
+            # the version guard in the same traversal: a concurrent writer that got there first
+            # leaves nothing to match
+            t = g.V().has("task_id", task_id).has("task_version", expected_version)
+            done = _set(t, props).element_map().to_list()
+            if not done:
+                raise CommitConflict(task_id, expected_version, None)
+            return done[0]
+
+        return _task(self.graph.write(run))
+
+    def _flip(self, task_id: str, active: bool) -> Task:
+        for _ in range(20):
+            task = self.get(task_id)
+            if task.active is active:
+                return task
+            try:
+                return self.update(task_id, task.version, None, active=active)
+            except CommitConflict:
+                continue
+        raise CommitConflict(task_id, -1, None)
+
+    def deactivate(self, task_id: str) -> Task:
+        """Stop the task (the task loop no longer picks it); kept forever, like every task."""
+        return self._flip(task_id, False)
+
+    def reactivate(self, task_id: str) -> Task:
+        return self._flip(task_id, True)
+
+
+# -- attempts ---------------------------------------------------------------------------------
+
+def _attempt(row: Mapping[Any, Any]) -> Attempt:
+    ended = row.get("attempt_ended") or None
+    duration = row.get("attempt_duration_ms")
+    return Attempt(
+        id=row["attempt_id"], task_id=row["attempt_task"], seq=int(row["attempt_seq"]),
+        status=AttemptStatus(row["attempt_status"]), executor=row["attempt_executor"],
+        started_at=codec.decode_time(row["attempt_started"]),
+        fence=codec.decode_big(row["attempt_fence"]),
+        ended_at=codec.decode_time(ended) if ended else None,
+        duration_ms=None if duration in (None, -1) else int(duration),
+        error=row.get("attempt_error") or None, stack_trace=row.get("attempt_stack") or None)
+
+
+class GremlinAttemptLog:
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+
+    def start(self, task_id: str, executor: str, fence_token: int = 0) -> Attempt:
+        """Write a RUNNING attempt (before the handler runs, so a crash still leaves it)."""
+        attempt_id = str(uuid.uuid4())
+
+        def run(g: Any) -> Any:
+            vertices = g.V().has("task_id", task_id).id_().to_list()
+            if not vertices:
+                raise TaskNotFound(f"no task {task_id}")
+            seq = g.V().has("attempt_task", task_id).count().next() + 1
+            props = {
+                "attempt_id": attempt_id, "attempt_task": task_id, "attempt_seq": seq,
+                "attempt_status": AttemptStatus.RUNNING.value, "attempt_executor": executor,
+                "attempt_started": codec.encode_time(codec.now()),
+                "attempt_fence": codec.encode_big(fence_token), "attempt_ended": "",
+                "attempt_duration_ms": -1, "attempt_error": "", "attempt_stack": "",
+            }
+            t = _add(g.V(vertices[0]).as_("t"), "attempt", props).as_("a")
+            return (t.add_e("has_attempt").from_("t").to("a").select("a")
+                    .element_map().next())
+
+        return _attempt(self.graph.write(run))
+
+    def finish(self, attempt_id: str, status: AttemptStatus, error: str | None = None,
+               stack_trace: str | None = None) -> Attempt:
+        """Close a RUNNING attempt; a second finish raises :class:`AttemptAlreadyFinished`."""
+        status = AttemptStatus(status)
+        if status is AttemptStatus.RUNNING:
+            raise InvalidValue("finish() needs a final status")
+
+        def run(g: Any) -> Any:
+            rows = g.V().has("attempt_id", attempt_id).element_map().to_list()
+            if not rows:
+                raise TaskNotFound(f"no attempt {attempt_id}")
+            current = _attempt(rows[0])
+            if current.status is not AttemptStatus.RUNNING:
+                raise AttemptAlreadyFinished(f"attempt {attempt_id} is already "
+                                             f"{current.status.value}")
+            ended = codec.now()
+            props = {
+                "attempt_status": status.value, "attempt_ended": codec.encode_time(ended),
+                "attempt_duration_ms": int((ended - current.started_at).total_seconds() * 1000),
+                "attempt_error": error or "", "attempt_stack": stack_trace or "",
+            }
+            t = g.V().has("attempt_id", attempt_id).has("attempt_status", "RUNNING")
+            done = _set(t, props).element_map().to_list()
+            if not done:
+                raise AttemptAlreadyFinished(f"attempt {attempt_id} was finished meanwhile")
+            return done[0]
+
+        return _attempt(self.graph.write(run))
+
+    def for_task(self, task_id: str) -> list[Attempt]:
+        rows = self.graph.read(
+            lambda g: g.V().has("attempt_task", task_id).element_map().to_list())
+        return sorted((_attempt(r) for r in rows), key=lambda a: a.seq)
+
+    def running(self) -> list[Attempt]:
+        rows = self.graph.read(
+            lambda g: g.V().has("attempt_status", "RUNNING").element_map().to_list())
+        return sorted((_attempt(r) for r in rows), key=lambda a: (a.task_id, a.seq))
+
+
+# -- ontologies -------------------------------------------------------------------------------
+
+def _ontology(row: Mapping[Any, Any], classes: int) -> OntologyRecord:
+    return OntologyRecord(iri=row["ontology_iri"], version=row["ontology_version"],
+                          checksum=row["ontology_checksum"],
+                          loaded_at=codec.decode_time(row["ontology_loaded"]),
+                          class_count=classes)
+
+
+class GremlinOntologyStore:
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+
+    def load(self, ontology: Ontology) -> LoadResult:
+        """Insert the ontology's classes and subClassOf edges; idempotent.
+
+        Loading the same IRI and checksum again changes nothing. A new checksum updates the
+        ontology vertex and adds what is missing. Parents in other ontologies get a class vertex
+        without ``class_defined_by`` until their own ontology is loaded.
+        """
+        return self.graph.write(lambda g: self._load(g, ontology))
+
+    def _load(self, g: Any, onto: Ontology) -> LoadResult:
+        existing = g.V().has("ontology_iri", onto.iri).element_map().to_list()
+        if existing and existing[0]["ontology_checksum"] == onto.checksum:
+            return LoadResult(onto.iri, 0, 0, changed=False)
+        meta = {"ontology_version": onto.version, "ontology_checksum": onto.checksum,
+                "ontology_loaded": codec.encode_time(codec.now())}
+        if existing:
+            _set(g.V().has("ontology_iri", onto.iri), meta).iterate()
+        else:
+            _add(g, "ontology", {"ontology_iri": onto.iri, **meta}).iterate()
+
+        defined = {c.iri: c for c in onto.classes}
+        iris = sorted(set(defined) | {p for c in onto.classes for p in c.parents})
+        known = self._class_ids(g, iris)
+        missing = [iri for iri in iris if iri not in known]
+        for chunk in _chunks(missing, BATCH):
+            t = g
+            for iri in chunk:
+                cls = defined.get(iri)
+                t = _add(t, "class", {
+                    "class_iri": iri, "class_label": (cls.label if cls else None) or "",
+                    "class_defined_by": onto.iri if cls else ""})
+            t.iterate()
+        if missing:
+            known.update(self._class_ids(g, missing))
+        # claim placeholders created earlier by other ontologies' references
+        adopt = [iri for iri in defined if iri not in missing and not known[iri][1]]
+        for chunk in _chunks(adopt, BATCH):
+            t = g
+            for iri in chunk:
+                t = _set(t.V(known[iri][0]), {"class_defined_by": onto.iri,
+                                              "class_label": defined[iri].label or ""})
+            t.iterate()
+
+        present = self._edges_from(g, sorted(defined))
+        wanted = [(c.iri, p) for c in onto.classes for p in c.parents
+                  if p not in present.get(c.iri, set())]
+        for pairs in _chunks(wanted, EDGE_BATCH):
+            t = g
+            for n, (child, parent) in enumerate(pairs):
+                t = (t.V(known[child][0]).as_(f"c{n}").V(known[parent][0]).as_(f"p{n}")
+                     .add_e("subClassOf").from_(f"c{n}").to(f"p{n}"))
+            t.iterate()
+        return LoadResult(onto.iri, len(missing), len(wanted), changed=True)
+
+    @staticmethod
+    def _class_ids(g: Any, iris: Sequence[str]) -> dict[str, tuple[Any, str]]:
+        found: dict[str, tuple[Any, str]] = {}
+        for chunk in _chunks(iris, BATCH):
+            rows = (g.V().has("class_iri", P.within(list(chunk)))
+                    .project("iri", "id", "by").by("class_iri").by(__.id_())
+                    .by("class_defined_by").to_list())
+            for row in rows:
+                found[row["iri"]] = (row["id"], row["by"])
+        return found
+
+    @staticmethod
+    def _edges_from(g: Any, iris: Sequence[str]) -> dict[str, set[str]]:
+        edges: dict[str, set[str]] = {}
+        for chunk in _chunks(iris, BATCH):
+            rows = (g.V().has("class_iri", P.within(list(chunk)))
+                    .project("c", "ps").by("class_iri")
+                    .by(__.out("subClassOf").values("class_iri").fold()).to_list())
+            for row in rows:
+                edges[row["c"]] = set(row["ps"])
+        return edges
+
+    def get(self, iri: str) -> OntologyRecord | None:
+        def run(g: Any) -> tuple[list[Any], int]:
+            rows = g.V().has("ontology_iri", iri).element_map().to_list()
+            count = g.V().has("class_defined_by", iri).count().next() if rows else 0
+            return rows, count
+
+        rows, count = self.graph.read(run)
+        return _ontology(rows[0], count) if rows else None
+
+    def all(self) -> list[OntologyRecord]:
+        def run(g: Any) -> list[OntologyRecord]:
+            rows = g.V().has_label("ontology").element_map().to_list()
+            return [_ontology(r, g.V().has("class_defined_by", r["ontology_iri"]).count()
+                              .next()) for r in rows]
+
+        return sorted(self.graph.read(run), key=lambda o: o.iri)
+
+    def ancestors(self, class_iri: str) -> set[str]:
+        """Every class reachable over subClassOf (not the class itself), cycle-safe."""
+        def run(g: Any) -> set[str]:
+            seen: set[str] = set()
+            frontier = [class_iri]
+            while frontier:
+                parents: set[str] = set()
+                for chunk in _chunks(frontier, BATCH):
+                    parents.update(g.V().has("class_iri", P.within(list(chunk)))
+                                   .out("subClassOf").values("class_iri").to_list())
+                frontier = sorted(parents - seen - {class_iri})
+                seen.update(frontier)
+            return seen
+
+        return self.graph.read(run)
+
+    def subclass_edges(self) -> list[tuple[str, str]]:
+        rows = self.graph.read(
+            lambda g: g.E().has_label("subClassOf").project("c", "p")
+            .by(__.out_v().values("class_iri")).by(__.in_v().values("class_iri")).to_list())
+        return sorted((r["c"], r["p"]) for r in rows)
+
+
+# -- avatars ----------------------------------------------------------------------------------
+
+def aspect_key(aspect: str) -> str:
+    if not ASPECT_NAME.match(aspect):
+        raise InvalidValue(f"invalid aspect name {aspect!r} (lower case, digits, _ and -)")
+    return f"aspect.{aspect}"
+
+
+def _avatar(row: Mapping[Any, Any]) -> Avatar:
+    aspects = {k[len("aspect."):]: codec.decode_json(v) for k, v in row.items()
+               if isinstance(k, str) and k.startswith("aspect.")}
+    return Avatar(id=row["avatar_id"], class_iri=row["avatar_class"],
+                  properties=codec.decode_json(row["avatar_props"]), aspects=aspects)
+
+
+class GremlinAvatarStore:
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+
+    @staticmethod
+    def _ids(g: Any, avatar_ids: Sequence[str]) -> dict[str, Any]:
+        rows = (g.V().has("avatar_id", P.within(list(avatar_ids)))
+                .project("a", "id").by("avatar_id").by(__.id_()).to_list())
+        return {r["a"]: r["id"] for r in rows}
+
+    def _batched(self, avatar_ids: Sequence[str],
+                 step: Callable[[Any, Any, str], Any]) -> int:
+        """For each batch: look the vertices up, then one traversal chaining ``step``."""
+        written = 0
+        for chunk in _chunks(avatar_ids, BATCH):
+            def run(g: Any, chunk: Sequence[str] = chunk) -> int:
+                ids = self._ids(g, chunk)
+                t = g
+                for avatar_id in chunk:
+                    if avatar_id in ids:
+                        t = step(t.V(ids[avatar_id]), ids[avatar_id], avatar_id)
+                if ids:
+                    t.iterate()
+                return len(ids)
+            written += self.graph.write(run)
+        return written
+
+    def upsert(self, avatars: Sequence[Avatar]) -> int:
+        """Create or update avatars (class and properties; aspects are left alone)."""
+        by_id = {a.id: a for a in avatars}
+        for chunk in _chunks(list(by_id), BATCH):
+            def run(g: Any, chunk: Sequence[str] = chunk) -> None:
+                ids = self._ids(g, chunk)
+                t = g
+                for avatar_id in chunk:
+                    a = by_id[avatar_id]
+                    props = {"avatar_class": a.class_iri,
+                             "avatar_props": codec.encode_json(a.properties)}
+                    if avatar_id in ids:
+                        t = _set(t.V(ids[avatar_id]), props)
+                    else:
+                        t = _add(t, "avatar", {"avatar_id": avatar_id, **props})
+                t.iterate()
+            self.graph.write(run)
+        return len(by_id)
+
+    def get(self, avatar_id: str) -> Avatar:
+        rows = self.graph.read(
+            lambda g: g.V().has("avatar_id", avatar_id).element_map().to_list())
+        if not rows:
+            raise TaskNotFound(f"no avatar {avatar_id}")
+        return _avatar(rows[0])
+
+    def upsert_aspect(self, aspect: str, values: Mapping[str, Any]) -> int:
+        """Set one aspect on many avatars; returns how many avatars exist and were written."""
+        key = aspect_key(aspect)
+        encoded = {avatar_id: codec.encode_json(v) for avatar_id, v in values.items()}
+        return self._batched(list(encoded), lambda t, vid, avatar_id: t.property(
+            Cardinality.single, key, encoded[avatar_id]))
+
+    def remove_aspect(self, aspect: str, avatar_ids: Iterable[str] | None = None) -> int:
+        """Remove an aspect from the given avatars (all when None); returns how many had it."""
+        key = aspect_key(aspect)
+        if avatar_ids is None:
+            def run(g: Any) -> int:
+                count = int(g.V().has(key).count().next())
+                g.V().has(key).properties(key).drop().iterate()
+                return count
+            return self.graph.write(run)
+        removed = 0
+        ids = sorted(set(avatar_ids))
+        for chunk in _chunks(ids, BATCH):
+            def run_chunk(g: Any, chunk: Sequence[str] = chunk) -> int:
+                t = g.V().has("avatar_id", P.within(list(chunk))).has(key)
+                count = int(t.count().next())
+                g.V().has("avatar_id", P.within(list(chunk))).properties(key).drop().iterate()
+                return count
+            removed += self.graph.write(run_chunk)
+        return removed
+
+    def count(self) -> int:
+        return int(self.graph.read(lambda g: g.V().has_label("avatar").count().next()))
+
+

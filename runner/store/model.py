@@ -1,0 +1,99 @@
+"""The store's records: tasks, attempts, ontologies, avatars (frozen dataclasses)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+
+class TaskStatus(enum.StrEnum):
+    WAITING = "WAITING"
+    RUNNING = "RUNNING"
+
+
+class AttemptStatus(enum.StrEnum):
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED_BY_SYSTEM = "CANCELLED_BY_SYSTEM"
+
+
+@dataclass(frozen=True)
+class Task:
+    id: str
+    type: str
+    payload: dict[str, Any]
+    active: bool
+    status: TaskStatus
+    finished: bool
+    priority: int
+    created_at: datetime
+    updated_at: datetime
+    version: int
+    fence: int  # fencing token of the last owner that wrote it (0: never locked)
+    unique_key: str | None = None
+    owner: str | None = None  # member id of the last owner
+
+    @property
+    def open(self) -> bool:
+        """Unfinished and active: what the task loop looks at."""
+        return self.active and not self.finished
+
+
+@dataclass(frozen=True)
+class Attempt:
+    id: str
+    task_id: str
+    seq: int  # 1, 2, ... per task
+    status: AttemptStatus
+    executor: str
+    started_at: datetime
+    fence: int = 0
+    ended_at: datetime | None = None
+    duration_ms: int | None = None
+    error: str | None = None
+    stack_trace: str | None = None
+
+
+@dataclass(frozen=True)
+class OntologyClass:
+    iri: str
+    label: str | None = None
+    parents: tuple[str, ...] = ()  # rdfs:subClassOf targets, possibly in other ontologies
+
+
+@dataclass(frozen=True)
+class Ontology:
+    """An ontology to load: its IRI, version, source checksum and classes."""
+
+    iri: str
+    version: str
+    checksum: str
+    classes: tuple[OntologyClass, ...] = ()
+
+
+@dataclass(frozen=True)
+class OntologyRecord:
+    iri: str
+    version: str
+    checksum: str
+    loaded_at: datetime
+    class_count: int
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    ontology: str
+    added_classes: int
+    added_edges: int
+    changed: bool  # False: the same IRI and checksum were loaded already
+
+
+@dataclass(frozen=True)
+class Avatar:
+    id: str
+    class_iri: str
+    properties: dict[str, Any] = field(default_factory=dict)
+    aspects: dict[str, Any] = field(default_factory=dict)

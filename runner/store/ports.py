@@ -1,0 +1,74 @@
+"""The narrow ports the runner depends on; :mod:`runner.store.gremlin` implements them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+from runner.store.model import (
+    Attempt,
+    AttemptStatus,
+    Avatar,
+    LoadResult,
+    Ontology,
+    OntologyRecord,
+    Task,
+)
+
+
+class TaskStore(Protocol):
+    def create(self, type: str, payload: Mapping[str, Any] | None = None, *,
+               unique_key: str | None = None, priority: int = 0) -> Task:
+        """A new WAITING task, or the existing one with the same ``unique_key``."""
+        ...
+
+    def get(self, task_id: str) -> Task: ...
+
+    def unfinished(self) -> list[Task]:
+        """Active, unfinished tasks, highest priority first, then oldest first."""
+        ...
+
+    def update(self, task_id: str, expected_version: int, fence_token: int | None,
+               **changes: Any) -> Task:
+        """Apply ``changes`` if the task is still at ``expected_version`` and ``fence_token`` is
+        not older than the task's; raises CommitConflict / StaleFencingToken otherwise."""
+        ...
+
+    def deactivate(self, task_id: str) -> Task: ...
+
+    def reactivate(self, task_id: str) -> Task: ...
+
+
+class AttemptLog(Protocol):
+    def start(self, task_id: str, executor: str, fence_token: int = 0) -> Attempt: ...
+
+    def finish(self, attempt_id: str, status: AttemptStatus, error: str | None = None,
+               stack_trace: str | None = None) -> Attempt: ...
+
+    def for_task(self, task_id: str) -> list[Attempt]: ...
+
+    def running(self) -> list[Attempt]: ...
+
+
+class OntologyStore(Protocol):
+    def load(self, ontology: Ontology) -> LoadResult: ...
+
+    def get(self, iri: str) -> OntologyRecord | None: ...
+
+    def all(self) -> list[OntologyRecord]: ...
+
+    def ancestors(self, class_iri: str) -> set[str]: ...
+
+    def subclass_edges(self) -> list[tuple[str, str]]: ...
+
+
+class AvatarStore(Protocol):
+    def upsert(self, avatars: Sequence[Avatar]) -> int: ...
+
+    def get(self, avatar_id: str) -> Avatar: ...
+
+    def upsert_aspect(self, aspect: str, values: Mapping[str, Any]) -> int: ...
+
+    def remove_aspect(self, aspect: str, avatar_ids: Iterable[str] | None = None) -> int: ...
+
+    def count(self) -> int: ...

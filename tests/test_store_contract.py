@@ -1,0 +1,274 @@
+"""The graph store's contract, run against every available backend.
+
+The embedded backend (gremlite on a SQLite file) always runs. A remote Gremlin Server runs when
+``LATCHWORK_TEST_GREMLIN_URL`` is set (it must be a disposable server: the suite drops its graph
+before each test); otherwise those cases are skipped and say why.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from rdflib import RDFS, Graph, URIRef
+
+from coord import Session, TaskLock, force_release
+from runner.ontology import parse_ontology
+from runner.store import (
+    AttemptAlreadyFinished,
+    AttemptStatus,
+    Avatar,
+    CommitConflict,
+    GraphStore,
+    InvalidValue,
+    Ontology,
+    OntologyClass,
+    StaleFencingToken,
+    TaskNotFound,
+    TaskStatus,
+    open_store,
+)
+from runner.testing.plugin import ZkNamespace
+
+REMOTE_URL = os.environ.get("LATCHWORK_TEST_GREMLIN_URL")
+BRICK = Path(importlib.util.find_spec("brickschema").submodule_search_locations[0]) / (  # type: ignore[union-attr,index]
+    "ontologies")
+
+
+@pytest.fixture(params=["gremlite", "remote"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[GraphStore]:
+    if request.param == "remote":
+        if not REMOTE_URL:
+            pytest.skip("no remote Gremlin Server: set LATCHWORK_TEST_GREMLIN_URL=ws://host:8182/"
+                        "gremlin (a disposable one) to run the contract against it")
+        s = open_store(REMOTE_URL)
+        s.graph.write(lambda g: g.V().drop().iterate())
+    else:
+        s = open_store(str(tmp_path / "graph.db"))
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def counts(store: GraphStore) -> tuple[int, int]:
+    return store.graph.read(lambda g: (g.V().count().next(), g.E().count().next()))
+
+
+# -- tasks --------------------------------------------------------------------------------------
+
+def test_create_and_get_round_trip_every_field(store: GraphStore) -> None:
+    payload = {"iri": "https://brickschema.org/schema/Brick", "files": ["a.ttl", "b.ttl"],
+               "nested": {"n": 2**70, "ok": True}}
+    task = store.tasks.create("ontology.load", payload, priority=5)
+    got = store.tasks.get(task.id)
+    assert got == task
+    assert got.payload == payload and got.status is TaskStatus.WAITING
+    assert got.active and not got.finished and got.version == 0 and got.fence == 0
+    assert got.created_at.tzinfo is not None
+    with pytest.raises(TaskNotFound):
+        store.tasks.get("no-such-task")
+
+
+def test_a_uniqueness_key_returns_the_existing_task(store: GraphStore) -> None:
+    first = store.tasks.create("aspect.create", {"aspect": "geo"}, unique_key="aspect:geo")
+    second = store.tasks.create("aspect.create", {"aspect": "geo"}, unique_key="aspect:geo")
+    other = store.tasks.create("aspect.create", {"aspect": "ts"}, unique_key="aspect:ts")
+    assert second.id == first.id and other.id != first.id
+    assert len(store.tasks.unfinished()) == 2
+
+
+def test_unfinished_lists_active_open_tasks_by_priority_then_age(store: GraphStore) -> None:
+    low = store.tasks.create("t", priority=0)
+    high = store.tasks.create("t", priority=9)
+    low2 = store.tasks.create("t", priority=0)
+    done = store.tasks.create("t")
+    store.tasks.update(done.id, 0, None, finished=True)
+    stopped = store.tasks.create("t")
+    store.tasks.deactivate(stopped.id)
+    assert [t.id for t in store.tasks.unfinished()] == [high.id, low.id, low2.id]
+    store.tasks.reactivate(stopped.id)
+    assert stopped.id in {t.id for t in store.tasks.unfinished()}
+    assert store.tasks.get(done.id).finished  # never deleted
+
+
+def test_conditional_update_needs_the_current_version(store: GraphStore) -> None:
+    task = store.tasks.create("t")
+    claimed = store.tasks.update(task.id, 0, 7, status=TaskStatus.RUNNING, owner="m1")
+    assert (claimed.version, claimed.fence, claimed.owner) == (1, 7, "m1")
+    with pytest.raises(CommitConflict) as info:
+        store.tasks.update(task.id, 0, 7, status=TaskStatus.WAITING)
+    assert info.value.actual == 1
+    assert store.tasks.get(task.id) == claimed
+    with pytest.raises(InvalidValue, match="type"):
+        store.tasks.update(task.id, 1, 7, type="other")
+
+
+def test_a_stale_fencing_token_is_rejected_and_changes_nothing(store: GraphStore) -> None:
+    task = store.tasks.create("t")
+    big = 2**63 - 5  # ZooKeeper zxids are 64-bit; gremlite cannot hold this natively
+    owned = store.tasks.update(task.id, 0, big, status=TaskStatus.RUNNING, owner="new")
+    assert store.tasks.get(task.id).fence == big
+    with pytest.raises(StaleFencingToken):
+        store.tasks.update(task.id, owned.version, big - 1, finished=True, owner="old")
+    assert store.tasks.get(task.id) == owned
+
+
+def test_stale_owner_of_a_real_task_lock_is_stopped(store: GraphStore,
+                                                    zk_namespace: ZkNamespace) -> None:
+    task = store.tasks.create("ontology.load")
+    with Session(zk_namespace.hosts, "s1", timeout=4.0) as session:
+        old_lock = TaskLock(session, task.id, "member-old")
+        old_token = old_lock.try_acquire()
+        assert old_token is not None
+        v1 = store.tasks.update(task.id, 0, old_token, status=TaskStatus.RUNNING,
+                                owner="member-old")
+        # the master decides member-old is dead and frees its lock; another member takes it
+        force_release(session, task.id)
+        new_token = TaskLock(session, task.id, "member-new").try_acquire()
+        assert new_token is not None and new_token > old_token
+        v2 = store.tasks.update(task.id, v1.version, new_token, owner="member-new")
+        with pytest.raises(StaleFencingToken):
+            store.tasks.update(task.id, v2.version, old_token, finished=True)
+    assert store.tasks.get(task.id) == v2
+
+
+# -- attempts -----------------------------------------------------------------------------------
+
+def test_attempts_are_written_closed_once_and_listed_in_order(store: GraphStore) -> None:
+    task = store.tasks.create("t")
+    first = store.attempts.start(task.id, "host:1:a", fence_token=2**62 + 1)
+    assert first.status is AttemptStatus.RUNNING and first.seq == 1 and first.ended_at is None
+    assert first.fence == 2**62 + 1
+    assert [a.id for a in store.attempts.running()] == [first.id]
+    failed = store.attempts.finish(first.id, AttemptStatus.FAILED, "boom",
+                                   "Traceback ...\nValueError: boom")
+    assert failed.ended_at is not None and failed.duration_ms is not None
+    assert (failed.error, failed.stack_trace) == ("boom", "Traceback ...\nValueError: boom")
+    with pytest.raises(AttemptAlreadyFinished):
+        store.attempts.finish(first.id, AttemptStatus.CANCELLED_BY_SYSTEM)
+    second = store.attempts.start(task.id, "host:2:b")
+    store.attempts.finish(second.id, AttemptStatus.CANCELLED_BY_SYSTEM, "owner died")
+    third = store.attempts.start(task.id, "host:3:c")
+    store.attempts.finish(third.id, AttemptStatus.SUCCEEDED)
+    listed = store.attempts.for_task(task.id)
+    assert [(a.seq, a.status, a.executor) for a in listed] == [
+        (1, AttemptStatus.FAILED, "host:1:a"), (2, AttemptStatus.CANCELLED_BY_SYSTEM, "host:2:b"),
+        (3, AttemptStatus.SUCCEEDED, "host:3:c")]
+    assert store.attempts.running() == []
+    with pytest.raises(TaskNotFound):
+        store.attempts.start("no-such-task", "m")
+    with pytest.raises(InvalidValue):
+        store.attempts.finish(third.id, AttemptStatus.RUNNING)
+
+
+# -- ontologies ---------------------------------------------------------------------------------
+
+BASE = "https://example.org/base#"
+EXT = "https://example.org/ext#"
+
+
+def small_ontologies() -> tuple[Ontology, Ontology]:
+    base = Ontology("https://example.org/base", "1", "sum-1", (
+        OntologyClass(BASE + "Thing", "Thing"),
+        OntologyClass(BASE + "Equipment", "Equipment", (BASE + "Thing",)),
+        OntologyClass(BASE + "AHU", "AHU", (BASE + "Equipment",)),
+    ))
+    ext = Ontology("https://example.org/ext", "1", "sum-x", (
+        OntologyClass(EXT + "SmartAHU", "Smart AHU", (BASE + "AHU", EXT + "Smart")),
+        OntologyClass(EXT + "Smart", "Smart", (EXT + "Cyclic",)),
+        OntologyClass(EXT + "Cyclic", "Cyclic", (EXT + "Smart",)),  # cycles exist in the wild
+    ))
+    return base, ext
+
+
+def test_ontology_load_is_idempotent_and_links_across_ontologies(store: GraphStore) -> None:
+    base, ext = small_ontologies()
+    loaded = store.ontologies.load(ext)  # its parent AHU arrives as a placeholder
+    assert loaded.changed and loaded.added_classes == 4 and loaded.added_edges == 4
+    store.ontologies.load(base)
+    before = counts(store)
+    again = store.ontologies.load(ext)
+    assert not again.changed and counts(store) == before
+    new_checksum = Ontology(ext.iri, "2", "sum-x2", ext.classes)
+    assert store.ontologies.load(new_checksum).changed
+    assert counts(store) == before  # same content: nothing new
+    assert store.ontologies.ancestors(EXT + "SmartAHU") == {
+        BASE + "AHU", BASE + "Equipment", BASE + "Thing", EXT + "Smart", EXT + "Cyclic"}
+    assert store.ontologies.ancestors(BASE + "Thing") == set()
+    records = {o.iri: o for o in store.ontologies.all()}
+    assert records[base.iri].class_count == 3  # the placeholder AHU was adopted by base
+    assert records[ext.iri].version == "2"
+    assert store.ontologies.get("https://example.org/none") is None
+    assert (EXT + "SmartAHU", BASE + "AHU") in store.ontologies.subclass_edges()
+
+
+def test_brick_loads_idempotently_with_correct_ancestors(store: GraphStore) -> None:
+    path = BRICK / "1.2" / "Brick.ttl"
+    brick = parse_ontology(path)
+    result = store.ontologies.load(brick)
+    assert result.added_classes >= len(brick.classes)
+    before = counts(store)
+    assert not store.ontologies.load(parse_ontology(path)).changed
+    assert counts(store) == before
+    # the oracle: rdflib's own transitive closure over the same file
+    rdf = Graph().parse(path)
+    for name in ("AHU", "Supply_Air_Temperature_Sensor", "Room", "Chiller"):
+        cls = URIRef(f"https://brickschema.org/schema/Brick#{name}")
+        expected = {str(o) for o in rdf.transitive_objects(cls, RDFS.subClassOf)
+                    if isinstance(o, URIRef) and o != cls}
+        assert store.ontologies.ancestors(str(cls)) == expected
+        assert expected
+    ahu = store.ontologies.ancestors("https://brickschema.org/schema/Brick#AHU")
+    assert "https://brickschema.org/schema/Brick#Equipment" in ahu
+
+
+# -- avatars ------------------------------------------------------------------------------------
+
+def test_aspect_bulk_upsert_is_idempotent_and_removable(store: GraphStore) -> None:
+    avatars = [Avatar(f"av{i:04d}", BASE + "AHU", {"lat": 52.0 + i / 1000, "lon": 4.0})
+               for i in range(450)]  # more than two batches
+    assert store.avatars.upsert(avatars) == 450
+    assert store.avatars.upsert(avatars) == 450 and store.avatars.count() == 450
+    geo = {a.id: {"type": "Point", "coordinates": [a.properties["lon"], a.properties["lat"]]}
+           for a in avatars}
+    assert store.avatars.upsert_aspect("geo", {**geo, "missing-avatar": {}}) == 450
+    before = counts(store)
+    assert store.avatars.upsert_aspect("geo", geo) == 450
+    assert counts(store) == before
+    got = store.avatars.get("av0007")
+    assert got.aspects == {"geo": geo["av0007"]} and got.properties["lon"] == 4.0
+    assert store.avatars.remove_aspect("geo", ["av0000", "av0001", "nope"]) == 2
+    assert store.avatars.get("av0000").aspects == {}
+    assert store.avatars.remove_aspect("geo") == 448
+    assert store.avatars.get("av0007").aspects == {}
+    with pytest.raises(InvalidValue):
+        store.avatars.upsert_aspect("Bad Name", {})
+
+
+# -- the portable subset ------------------------------------------------------------------------
+
+FORBIDDEN = re.compile(r"\.(merge_v|merge_e|has_not|dedup|range_|group|group_count)\(|"
+                       r"P\.(gt|gte|lt|lte|between|inside|outside)\(")
+
+
+def test_the_store_uses_only_the_portable_subset() -> None:
+    sources = Path(__file__).resolve().parent.parent / "runner" / "store"
+    offenders = [f"{p.name}:{n}: {line.strip()}" for p in sorted(sources.glob("*.py"))
+                 for n, line in enumerate(p.read_text().splitlines(), 1)
+                 if FORBIDDEN.search(line) and not line.lstrip().startswith("#")]
+    assert offenders == []
+
+
+def test_gremlite_still_silently_ignores_numeric_comparisons(tmp_path: Path) -> None:
+    """Why the subset matters: a numeric P.gt returns nothing instead of failing."""
+    from gremlin_python.process.traversal import P
+
+    with open_store(str(tmp_path / "g.db")) as s:
+        s.graph.write(lambda g: g.add_v("n").property("x", 5).iterate())
+        found = s.graph.read(lambda g: g.V().has("x", P.gt(1)).count().next())
+    assert found == 0
