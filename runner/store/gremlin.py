@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from gremlin_python.process.graph_traversal import __
@@ -53,8 +53,10 @@ from runner.store.model import (
     TaskStatus,
 )
 
-BATCH = 200  # rows per bulk traversal
-EDGE_BATCH = 50  # edges per traversal (four steps each)
+# gremlite evaluates a traversal recursively, one Python frame per step, so a chained bulk
+# traversal must stay well under the interpreter's recursion limit (1000): at most ~400 steps
+BATCH = 100  # rows per bulk traversal (at most 4 steps per row)
+EDGE_BATCH = 50  # edges per traversal (5 steps each)
 ASPECT_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 X = TypeVar("X")
 
@@ -433,23 +435,6 @@ class GremlinAvatarStore:
                 .project("a", "id").by("avatar_id").by(__.id_()).to_list())
         return {r["a"]: r["id"] for r in rows}
 
-    def _batched(self, avatar_ids: Sequence[str],
-                 step: Callable[[Any, Any, str], Any]) -> int:
-        """For each batch: look the vertices up, then one traversal chaining ``step``."""
-        written = 0
-        for chunk in _chunks(avatar_ids, BATCH):
-            def run(g: Any, chunk: Sequence[str] = chunk) -> int:
-                ids = self._ids(g, chunk)
-                t = g
-                for avatar_id in chunk:
-                    if avatar_id in ids:
-                        t = step(t.V(ids[avatar_id]), ids[avatar_id], avatar_id)
-                if ids:
-                    t.iterate()
-                return len(ids)
-            written += self.graph.write(run)
-        return written
-
     def upsert(self, avatars: Sequence[Avatar]) -> int:
         """Create or update avatars (class and properties; aspects are left alone)."""
         by_id = {a.id: a for a in avatars}
@@ -477,11 +462,34 @@ class GremlinAvatarStore:
         return _avatar(rows[0])
 
     def upsert_aspect(self, aspect: str, values: Mapping[str, Any]) -> int:
-        """Set one aspect on many avatars; returns how many avatars exist and were written."""
+        """Set one aspect on many avatars; returns how many avatars exist and were written.
+
+        Per batch: one count of the batch's avatars (an index lookup), then one traversal
+        chaining ``V().has('avatar_id', id).property(...)`` per avatar. A missing avatar would
+        end such a chain (no traverser left), so a batch whose count falls short first looks up
+        which avatars exist and chains only those.
+        """
         key = aspect_key(aspect)
         encoded = {avatar_id: codec.encode_json(v) for avatar_id, v in values.items()}
-        return self._batched(list(encoded), lambda t, vid, avatar_id: t.property(
-            Cardinality.single, key, encoded[avatar_id]))
+        written = 0
+        for chunk in _chunks(list(encoded), BATCH):
+            def run(g: Any, chunk: Sequence[str] = chunk) -> int:
+                present = list(chunk)
+                found = int(g.V().has("avatar_id", P.within(present)).count().next())
+                if found < len(present):
+                    exists = set(g.V().has("avatar_id", P.within(present))
+                                 .values("avatar_id").to_list())
+                    present = [a for a in present if a in exists]
+                if not present:
+                    return 0
+                t = g
+                for avatar_id in present:
+                    t = (t.V().has("avatar_id", avatar_id)
+                         .property(Cardinality.single, key, encoded[avatar_id]))
+                t.iterate()
+                return len(present)
+            written += self.graph.write(run)
+        return written
 
     def remove_aspect(self, aspect: str, avatar_ids: Iterable[str] | None = None) -> int:
         """Remove an aspect from the given avatars (all when None); returns how many had it."""
