@@ -60,7 +60,9 @@ class _NegotiatedTimeout(logging.Filter):
     """Reads the negotiated session timeout from kazoo's "Session created" log record.
 
     kazoo computes it on connect but keeps only the requested value. The record is dropped here
-    (it is BLATHER noise); every other record passes on to kazoo's usual handlers.
+    (it is BLATHER noise); every other record passes on to kazoo's usual handlers if the level
+    configured for ``kazoo.client`` lets it through (our logger itself must stay at BLATHER to
+    see that record, so it cannot do the level check).
     """
 
     def __init__(self) -> None:
@@ -69,7 +71,7 @@ class _NegotiatedTimeout(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno >= logging.DEBUG:
-            return True
+            return record.levelno >= logging.getLogger("kazoo.client").getEffectiveLevel()
         if isinstance(record.msg, str) and record.msg.startswith("Session created") \
                 and isinstance(record.args, tuple) and len(record.args) >= 3:
             try:

@@ -179,11 +179,16 @@ def node() -> None:
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]),
               default="INFO", show_default=True)
 def node_start(config: Path | None, log_level: str) -> None:
-    """Join the cluster (membership, master election) and stay until SIGTERM or SIGINT.
+    """Join the cluster and run tasks until SIGTERM or SIGINT.
 
-    On SIGTERM/SIGINT the node leaves at once (its master role, if any, passes on in
-    milliseconds) and exits 0. Connection settings: LATCHWORK_ZK_HOSTS, LATCHWORK_CLUSTER,
-    LATCHWORK_SESSION_TIMEOUT, LATCHWORK_ZK_AUTH (or the same keys in --config).
+    The node joins membership and the master election, runs the task loop, consumes MASTER
+    commands while it is master (and frees the locks of dead members), consumes MODEL
+    broadcasts, and answers API requests. On SIGTERM/SIGINT it stops taking tasks, cancels the
+    running ones (attempts end "cancelled by system"), releases their locks, leaves and exits 0.
+
+    Settings: LATCHWORK_CLUSTER, LATCHWORK_ZK_HOSTS, LATCHWORK_AMQP_URL, LATCHWORK_GRAPH,
+    LATCHWORK_WORKERS, LATCHWORK_SCAN_INTERVAL, LATCHWORK_SESSION_TIMEOUT,
+    LATCHWORK_ONTOLOGY_SOURCE, ... (or the same keys in --config).
     """
     import logging
 
@@ -192,14 +197,200 @@ def node_start(config: Path | None, log_level: str) -> None:
 
     logging.basicConfig(level=log_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if log_level != "DEBUG":  # libraries that narrate every query or job run at INFO
+        for noisy in ("gremlite", "gremlinpython", "apscheduler", "pika", "kazoo"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        settings = Settings.load(config)
+    except ConfigError as exc:
+        raise _fail(str(exc)) from exc
+    from messaging import BrokerUnavailable
+    from runner.store import StoreError
+
+    try:
+        sys.exit(run(settings))
+    except (ConnectionLost, BrokerUnavailable, StoreError) as exc:
+        raise _fail(str(exc)) from exc
+
+
+# ---------------------------------------------------------------------------------------------
+# clients: task, cluster, ontology (through the API paradigm: any node answers)
+
+config_option = click.option(
+    "--config", "config", type=click.Path(dir_okay=False, path_type=Path), default=None,
+    help="TOML file with settings; LATCHWORK_AMQP_URL and LATCHWORK_CLUSTER override it")
+json_option = click.option("--json", "as_json", is_flag=True, help="print JSON instead of text")
+timeout_option = click.option("--timeout", type=click.FloatRange(0.1, 3600), default=10.0,
+                              show_default=True, help="seconds to wait for a node's answer")
+
+#: error kinds a node answers with that mean "you asked for something invalid" (exit 2)
+USAGE_KINDS = {"UnknownTaskType", "InvalidPayload", "InvalidValue", "invalid", "unknown-command"}
+
+
+def _request(config: Path | None, command: str, payload: dict[str, object] | None,
+             timeout: float) -> object:
+    from messaging import (
+        ApiClient,
+        BrokerUnavailable,
+        Connector,
+        RemoteError,
+        RequestTimeout,
+        Topology,
+    )
+
     try:
         settings = Settings.load(config)
     except ConfigError as exc:
         raise _fail(str(exc)) from exc
     try:
-        sys.exit(run(settings))
-    except ConnectionLost as exc:
+        with ApiClient(Connector(settings.amqp_url, connect_deadline=min(timeout, 10.0),
+                                 name="latchwork cli"),
+                       Topology(settings.cluster), sender="cli") as client:
+            return client.request(command, payload, timeout=timeout)
+    except RemoteError as exc:
+        if exc.kind in USAGE_KINDS:
+            raise click.UsageError(exc.detail) from exc
+        if exc.kind == "TaskNotFound":
+            raise _fail(exc.detail) from exc
+        raise _fail(f"the node answered with an error: {exc}") from exc
+    except (RequestTimeout, BrokerUnavailable) as exc:
         raise _fail(str(exc)) from exc
+
+
+def _print_json(value: object) -> None:
+    click.echo(json.dumps(value, indent=2, sort_keys=True))
+
+
+@cli.group()
+def task() -> None:
+    """Submit, list, inspect, stop and restart tasks (through any running node)."""
+
+
+@task.command("submit")
+@click.argument("task_type", metavar="TYPE")
+@click.option("--payload", default="{}", show_default=True,
+              help='the task payload as a JSON object, e.g. \'{"seconds": 5}\'')
+@click.option("--priority", type=int, default=0, show_default=True,
+              help="higher runs first")
+@click.option("--unique-key", default=None,
+              help="submitting again with the same key returns the existing task")
+@config_option
+@json_option
+@timeout_option
+def task_submit(task_type: str, payload: str, priority: int, unique_key: str | None,
+                config: Path | None, as_json: bool, timeout: float) -> None:
+    """Submit a task of TYPE; prints its id. Built-in types: diag.sleep, diag.fail,
+    diag.conflict, ontology.load."""
+    try:
+        body = json.loads(payload)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not valid JSON: {exc}", param_hint="--payload") from exc
+    if not isinstance(body, dict):
+        raise click.BadParameter("must be a JSON object", param_hint="--payload")
+    result = _request(config, "task.submit", {"type": task_type, "payload": body,
+                                              "priority": priority,
+                                              "unique_key": unique_key}, timeout)
+    assert isinstance(result, dict)
+    if as_json:
+        _print_json(result)
+    else:
+        click.echo(result["id"])
+
+
+@task.command("list")
+@click.option("--unfinished", is_flag=True, help="only active, unfinished tasks")
+@click.option("--type", "task_type", default=None, help="only tasks of this type")
+@config_option
+@json_option
+@timeout_option
+def task_list(unfinished: bool, task_type: str | None, config: Path | None, as_json: bool,
+              timeout: float) -> None:
+    """List tasks (newest first; --unfinished: in the order nodes pick them)."""
+    from runner.console import render_task_list
+
+    result = _request(config, "task.list", {"unfinished": unfinished, "type": task_type},
+                      timeout)
+    assert isinstance(result, list)
+    if as_json:
+        _print_json(result)
+    else:
+        render_task_list(result)
+
+
+@task.command("show")
+@click.argument("task_id")
+@config_option
+@json_option
+@timeout_option
+def task_show(task_id: str, config: Path | None, as_json: bool, timeout: float) -> None:
+    """The attempt report of one task: status, every attempt, errors and stack traces."""
+    from runner.console import render_task_report
+
+    result = _request(config, "task.get", {"id": task_id}, timeout)
+    assert isinstance(result, dict)
+    if as_json:
+        _print_json(result)
+    else:
+        render_task_report(result)
+
+
+@task.command("deactivate")
+@click.argument("task_id")
+@config_option
+@timeout_option
+def task_deactivate(task_id: str, config: Path | None, timeout: float) -> None:
+    """Stop a task: nodes no longer pick it (it is kept, like every task)."""
+    _request(config, "task.deactivate", {"id": task_id}, timeout)
+    click.echo(f"task {task_id} deactivated")
+
+
+@task.command("reactivate")
+@click.argument("task_id")
+@config_option
+@timeout_option
+def task_reactivate(task_id: str, config: Path | None, timeout: float) -> None:
+    """Let nodes pick a stopped task again."""
+    _request(config, "task.reactivate", {"id": task_id}, timeout)
+    click.echo(f"task {task_id} reactivated")
+
+
+@cli.group()
+def cluster() -> None:
+    """Look at the cluster."""
+
+
+@cluster.command("status")
+@config_option
+@json_option
+@timeout_option
+def cluster_status(config: Path | None, as_json: bool, timeout: float) -> None:
+    """Members, the master, and held task locks with owner and age."""
+    from runner.console import render_cluster_status
+
+    result = _request(config, "cluster.status", None, timeout)
+    assert isinstance(result, dict)
+    if as_json:
+        _print_json(result)
+    else:
+        render_cluster_status(result)
+
+
+@cli.group()
+def ontology() -> None:
+    """Ontology synchronisation."""
+
+
+@ontology.command("sync")
+@config_option
+@json_option
+@timeout_option
+def ontology_sync(config: Path | None, as_json: bool, timeout: float) -> None:
+    """Ask the master to compare the ontology source with the graph and load what changed."""
+    result = _request(config, "ontology.sync", None, timeout)
+    if as_json:
+        _print_json(result)
+    else:
+        click.echo("synchronisation requested from the master")
 
 
 def main() -> None:

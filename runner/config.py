@@ -40,6 +40,12 @@ class Settings(BaseSettings):
                        description="graph store: a SQLite path (gremlite) or ws://host:8182/gremlin")
     workers: int = Field(4, ge=1, le=256, description="task worker threads per node")
     scan_interval: float = Field(5.0, gt=0, description="seconds between task scans")
+    reap_interval: float = Field(2.0, gt=0,
+                                 description="seconds between the master's dead-owner lock scans")
+    shutdown_timeout: float = Field(20.0, gt=0,
+                                    description="seconds SIGTERM waits for cancelled tasks")
+    ontology_source: str | None = Field(
+        None, description="ontology source: a directory of OWL/Turtle files or an OLS URL")
 
     @classmethod
     def load(cls, path: Path | None = None, **overrides: Any) -> Settings:

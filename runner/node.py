@@ -1,12 +1,20 @@
-"""The latchwork node process (so far: membership and the leader latch).
+"""The latchwork node process.
 
-A node joins the cluster's membership and the master election, logs every connection and
-leadership change with its member id, and on SIGTERM or SIGINT leaves at once: it closes the
-latch (a successor takes over in milliseconds), removes its member node and closes its session,
-then exits 0. The task loop, master duties and messaging are added by the runner issue.
+A node joins membership and the master election, opens the graph store, and runs:
 
-Failure behaviour: killed -9, its member and latch nodes go when the server expires its session;
-a LOST session is logged, and membership and latch register again on the next session.
+* the TaskProcessHandler (every node): the task loop of :mod:`runner.processor`;
+* the MASTER consumer while it is master, plus the master duties (:mod:`runner.master`);
+* the MODEL consumer (TRIGGER_SCAN: scan now; UPDATE_CACHE: reload the ontology cache);
+* the API responder: ``task.submit``, ``task.list``, ``task.get``, ``task.deactivate``,
+  ``task.reactivate``, ``cluster.status``, ``ontology.sync``.
+
+SIGTERM or SIGINT: it stops taking tasks, cancels the running ones (their attempts end
+CANCELLED_BY_SYSTEM), releases their locks after the attempts are written, hands over the
+latch, leaves membership and exits 0, within ``shutdown_timeout`` plus a few seconds.
+
+Failure behaviour: killed -9, its member and latch nodes go when the server expires its session
+and the master frees its task locks and closes its RUNNING attempts; a LOST session cancels its
+running tasks, and membership and latch register again on the next session.
 """
 
 from __future__ import annotations
@@ -14,24 +22,74 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from types import FrameType
+from typing import Any
 
-from coord import LeaderLatch, Membership, Session, SessionState
+from pydantic import BaseModel, Field
+
+from coord import (
+    LeaderLatch,
+    Membership,
+    Session,
+    SessionState,
+    held_locks,
+    read_leader,
+    read_members,
+)
+from messaging import Connector, HandlerContext, MessageBus, Topology, ZkProcessedLog
 from runner import __version__
 from runner.config import Settings
+from runner.diag import register_diagnostics
+from runner.master import MasterDuties
+from runner.ontology_sync import OntologyCache, OntologySync, register_ontology_tasks
+from runner.processor import TaskProcessHandler
+from runner.store import GraphStore, open_store
+from runner.tasks import TaskRegistry
+from runner.views import attempt_view, task_view
 
 log = logging.getLogger("latchwork.node")
+
+
+class Submit(BaseModel):
+    type: str = Field(min_length=1)
+    payload: dict[str, Any] = Field(default_factory=dict)
+    priority: int = 0
+    unique_key: str | None = None
+
+
+class TaskRef(BaseModel):
+    id: str = Field(min_length=1)
+
+
+class TaskQuery(BaseModel):
+    unfinished: bool = False
+    type: str | None = None
+
+
+def default_registry() -> TaskRegistry:
+    registry = TaskRegistry()
+    register_diagnostics(registry)
+    register_ontology_tasks(registry)
+    return registry
 
 
 class Node:
     """One cluster node built from :class:`Settings`; ``start()`` then ``close()``."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, registry: TaskRegistry | None = None) -> None:
         self.settings = settings
+        self.registry = registry or default_registry()
         self.session = Session(settings.zk_hosts, settings.cluster,
                                timeout=settings.session_timeout, auth=settings.zk_auth)
         self.membership: Membership | None = None
         self.latch: LeaderLatch | None = None
+        self.store: GraphStore | None = None
+        self.bus: MessageBus | None = None
+        self.processor: TaskProcessHandler | None = None
+        self.master: MasterDuties | None = None
+        self.cache = OntologyCache()
+        self.sync: OntologySync | None = None
 
     @property
     def member_id(self) -> str:
@@ -40,29 +98,138 @@ class Node:
         return self.membership.member_id
 
     def start(self) -> Node:
-        self.session.start()
         try:
-            self.membership = Membership(self.session, version=__version__).start()
-            member = self.membership.member_id
-            self.session.add_listener(
-                lambda state: log.log(logging.INFO if state is SessionState.CONNECTED
-                                      else logging.WARNING,
-                                      "member %s: ZooKeeper session %s", member, state.value))
-            self.latch = LeaderLatch(self.session, member)
-            self.latch.add_listener(
-                on_gain=lambda: log.info("member %s: became master", member),
-                on_loss=lambda: log.warning("member %s: no longer master", member))
-            self.latch.start()
+            self._start()
         except BaseException:
             self.close()
             raise
         return self
 
+    def _start(self) -> None:
+        s = self.settings
+        self.session.start()
+        self.membership = Membership(self.session, version=__version__).start()
+        member = self.membership.member_id
+        self.session.add_listener(
+            lambda state: log.log(logging.INFO if state is SessionState.CONNECTED
+                                  else logging.WARNING,
+                                  "member %s: ZooKeeper session %s", member, state.value))
+        self.store = open_store(s.graph)
+        self.cache.reload(self.store)
+        self.latch = LeaderLatch(self.session, member)
+        self.latch.add_listener(
+            on_gain=lambda: log.info("member %s: became master", member),
+            on_loss=lambda: log.warning("member %s: no longer master", member))
+        self.bus = MessageBus(Connector(s.amqp_url, name=f"latchwork {member}"),
+                              Topology(s.cluster), member)
+        latch = self.latch
+        self.sync = OntologySync(s.ontology_source, self.store, self.bus, member,
+                                 is_master=lambda: latch.is_leader)
+        self.processor = TaskProcessHandler(
+            self.session, member, self.store, self.registry, workers=s.workers,
+            scan_interval=s.scan_interval, services={"bus": self.bus, "sync": self.sync})
+        self._register_messages(self.bus)
+        bus = self.bus
+        self.master = MasterDuties(
+            self.session, self.latch, member, self.store, reap_interval=s.reap_interval,
+            on_master=lambda: bus.send_master("SYNCHRONIZE_MODEL", {"reason": "new master"}),
+            on_freed=lambda ids: bus.broadcast("TRIGGER_SCAN", {"freed": ids}))
+        self.bus.start(self.latch, ZkProcessedLog(self.session))
+        self.latch.start()
+        self.master.start()
+        self.processor.start()
+        self.sync.start_watching()
+
+    def _register_messages(self, bus: MessageBus) -> None:
+        assert self.store is not None and self.processor is not None
+        store, processor = self.store, self.processor
+
+        @bus.model.handler("TRIGGER_SCAN")
+        def trigger_scan(ctx: HandlerContext, payload: dict[str, Any]) -> None:
+            processor.trigger()
+
+        @bus.model.handler("UPDATE_CACHE")
+        def update_cache(ctx: HandlerContext, payload: dict[str, Any]) -> None:
+            self.cache.reload(store)
+            log.info("member %s: ontology cache reloaded (%d classes)", self.member_id,
+                     self.cache.size)
+
+        @bus.master.handler("SYNCHRONIZE_MODEL")
+        def synchronize(ctx: HandlerContext, payload: dict[str, Any]) -> None:
+            assert self.sync is not None
+            self.sync.synchronize(message_id=str(ctx.message_id))
+
+        @bus.master.handler("ONTOLOGY_CHANGED")
+        def changed(ctx: HandlerContext, payload: dict[str, Any]) -> None:
+            assert self.sync is not None
+            self.sync.synchronize(message_id=str(ctx.message_id))
+
+        @bus.api.handler("task.submit", Submit)
+        def submit(ctx: HandlerContext, req: Submit) -> dict[str, Any]:
+            self.registry.validate(req.type, req.payload)  # typed error reply if bad
+            task = store.tasks.create(req.type, req.payload, unique_key=req.unique_key,
+                                      priority=req.priority)
+            bus.broadcast("TRIGGER_SCAN", {"task": task.id})
+            log.info("member %s: task %s (%s) submitted by %s", self.member_id, task.id,
+                     task.type, ctx.envelope.sender)
+            return task_view(task)
+
+        @bus.api.handler("task.list", TaskQuery)
+        def list_tasks(ctx: HandlerContext, q: TaskQuery) -> list[dict[str, Any]]:
+            tasks = store.tasks.unfinished() if q.unfinished else store.tasks.all(q.type)
+            return [task_view(t) for t in tasks if q.type is None or t.type == q.type]
+
+        @bus.api.handler("task.get", TaskRef)
+        def get_task(ctx: HandlerContext, ref: TaskRef) -> dict[str, Any]:
+            return {"task": task_view(store.tasks.get(ref.id)),
+                    "attempts": [attempt_view(a) for a in store.attempts.for_task(ref.id)]}
+
+        @bus.api.handler("task.deactivate", TaskRef)
+        def deactivate(ctx: HandlerContext, ref: TaskRef) -> dict[str, Any]:
+            return task_view(store.tasks.deactivate(ref.id))
+
+        @bus.api.handler("task.reactivate", TaskRef)
+        def reactivate(ctx: HandlerContext, ref: TaskRef) -> dict[str, Any]:
+            task = store.tasks.reactivate(ref.id)
+            bus.broadcast("TRIGGER_SCAN", {"task": task.id})
+            return task_view(task)
+
+        @bus.api.handler("cluster.status")
+        def status(ctx: HandlerContext, payload: dict[str, Any]) -> dict[str, Any]:
+            now = time.time()
+            return {
+                "cluster": self.settings.cluster,
+                "answered_by": self.member_id,
+                "master": read_leader(self.session),
+                "members": [{"id": m.member_id, "host": m.host, "pid": m.pid,
+                             "version": m.version}
+                            for m in read_members(self.session).values()],
+                "locks": [{"task": h.task_id, "owner": h.owner, "token": h.token,
+                           "age_s": round(now - h.since, 1)}
+                          for h in held_locks(self.session)],
+            }
+
+        @bus.api.handler("ontology.sync")
+        def ontology_sync(ctx: HandlerContext, payload: dict[str, Any]) -> dict[str, Any]:
+            sent = bus.send_master("SYNCHRONIZE_MODEL", {"reason": "requested"})
+            return {"message_id": str(sent.id)}
+
     def close(self) -> None:
+        timeout = self.settings.shutdown_timeout
+        if self.sync is not None:
+            self.sync.close()
+        if self.processor is not None:
+            self.processor.close(timeout)  # attempts written, locks released
+        if self.master is not None:
+            self.master.close()
         if self.latch is not None:
             self.latch.close()
+        if self.bus is not None:
+            self.bus.close()
         if self.membership is not None:
             self.membership.close()
+        if self.store is not None:
+            self.store.close()
         self.session.close()
 
     def __enter__(self) -> Node:
@@ -88,6 +255,7 @@ def run(settings: Settings, ready: threading.Event | None = None) -> int:
             if ready is not None:
                 ready.set()
             stop.wait()
+            log.info("member %s: stopping", node.member_id)
         log.info("node stopped cleanly")
         return 0
     finally:

@@ -31,18 +31,26 @@ def checksum_of(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def format_of(name: str) -> str:
+    return FORMATS.get(Path(name).suffix.lower(), "turtle")
+
+
 def parse_ontology(path: str | Path, fmt: str | None = None) -> Ontology:
     path = Path(path)
-    data = path.read_bytes()
+    return parse_ontology_bytes(path.read_bytes(), path.name, fmt)
+
+
+def parse_ontology_bytes(data: bytes, name: str, fmt: str | None = None) -> Ontology:
+    """Parse ``data`` (``name`` picks the format from its suffix unless ``fmt`` is given)."""
     graph = Graph()
     try:
-        graph.parse(data=data, format=fmt or FORMATS.get(path.suffix.lower(), "turtle"))
+        graph.parse(data=data, format=fmt or format_of(name))
     except Exception as exc:  # rdflib raises many unrelated types for bad syntax
-        raise OntologyError(f"{path.name}: cannot parse: {exc}") from exc
+        raise OntologyError(f"{name}: cannot parse: {exc}") from exc
     ontologies = sorted(str(s) for s in graph.subjects(RDF.type, OWL.Ontology)
                         if isinstance(s, URIRef))
     if not ontologies:
-        raise OntologyError(f"{path.name}: no owl:Ontology declared")
+        raise OntologyError(f"{name}: no owl:Ontology declared")
     iri = ontologies[0]
     node = URIRef(iri)
     version = next((str(v) for v in graph.objects(node, OWL.versionInfo)), "") or next(
@@ -58,5 +66,7 @@ def parse_ontology(path: str | Path, fmt: str | None = None) -> Ontology:
         label = next((str(lbl) for lbl in graph.objects(cls, RDFS.label)
                       if isinstance(lbl, Literal)), None)
         classes.append(OntologyClass(str(cls), label, tuple(parents)))
+    if not classes:
+        raise OntologyError(f"{name}: ontology {iri} declares no classes")
     return Ontology(iri=iri, version=version, checksum=checksum_of(data),
                     classes=tuple(classes))

@@ -94,6 +94,9 @@ def test_unfinished_lists_active_open_tasks_by_priority_then_age(store: GraphSto
     store.tasks.reactivate(stopped.id)
     assert stopped.id in {t.id for t in store.tasks.unfinished()}
     assert store.tasks.get(done.id).finished  # never deleted
+    assert {t.id for t in store.tasks.all()} == {low.id, high.id, low2.id, done.id, stopped.id}
+    other = store.tasks.create("other")
+    assert [t.id for t in store.tasks.all(type="other")] == [other.id]
 
 
 def test_conditional_update_needs_the_current_version(store: GraphStore) -> None:

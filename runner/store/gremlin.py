@@ -148,6 +148,17 @@ class GremlinTaskStore:
         tasks.sort(key=lambda t: (-t.priority, t.created_at, t.id))
         return tasks
 
+    def all(self, type: str | None = None) -> list[Task]:
+        """Every task (finished ones too), newest first; optionally of one type."""
+        if type is None:
+            rows = self.graph.read(lambda g: g.V().has_label("task").element_map().to_list())
+        else:
+            rows = self.graph.read(
+                lambda g: g.V().has("task_type", type).element_map().to_list())
+        tasks = [_task(row) for row in rows]
+        tasks.sort(key=lambda t: (t.created_at, t.id), reverse=True)
+        return tasks
+
     def update(self, task_id: str, expected_version: int, fence_token: int | None,
                **changes: Any) -> Task:
         unknown = set(changes) - _TASK_CHANGES

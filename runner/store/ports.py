@@ -28,6 +28,10 @@ class TaskStore(Protocol):
         """Active, unfinished tasks, highest priority first, then oldest first."""
         ...
 
+    def all(self, type: str | None = None) -> list[Task]:
+        """Every task, newest first (an operator's listing, not the task loop's scan)."""
+        ...
+
     def update(self, task_id: str, expected_version: int, fence_token: int | None,
                **changes: Any) -> Task:
         """Apply ``changes`` if the task is still at ``expected_version`` and ``fence_token`` is

@@ -1,0 +1,102 @@
+"""Rich console reports: task lists, attempt reports, cluster status."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+STATUS_STYLE = {"SUCCEEDED": "green", "FAILED": "bold red", "RUNNING": "yellow",
+                "CANCELLED_BY_SYSTEM": "magenta"}
+STATUS_TEXT = {"CANCELLED_BY_SYSTEM": "cancelled by system", "SUCCEEDED": "succeeded",
+               "FAILED": "failed", "RUNNING": "running"}
+
+
+def _when(value: str | None) -> str:
+    if not value:
+        return "-"
+    return datetime.fromisoformat(value).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _duration(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return f"{ms / 1000:.2f} s" if ms < 60_000 else f"{ms / 60_000:.1f} min"
+
+
+def _state(task: dict[str, Any]) -> Text:
+    if task["finished"]:
+        return Text("finished", style="green")
+    if not task["active"]:
+        return Text("stopped", style="bold red")
+    if task["status"] == "RUNNING":
+        return Text(f"running on {task['owner']}", style="yellow")
+    return Text("waiting", style="cyan")
+
+
+def render_task_list(tasks: list[dict[str, Any]], console: Console | None = None) -> None:
+    console = console or Console()
+    table = Table(title=f"{len(tasks)} task(s)")
+    for column in ("id", "type", "state", "priority", "created", "updated"):
+        table.add_column(column)
+    for task in tasks:
+        table.add_row(task["id"], task["type"], _state(task), str(task["priority"]),
+                      _when(task["created_at"]), _when(task["updated_at"]))
+    console.print(table)
+
+
+def render_task_report(report: dict[str, Any], console: Console | None = None) -> None:
+    console = console or Console()
+    task, attempts = report["task"], report["attempts"]
+    head = Table.grid(padding=(0, 2))
+    head.add_column(style="bold")
+    head.add_column()
+    head.add_row("type", task["type"])
+    head.add_row("state", _state(task))
+    head.add_row("payload", Text(str(task["payload"])))
+    head.add_row("priority", str(task["priority"]))
+    if task.get("unique_key"):
+        head.add_row("unique key", task["unique_key"])
+    head.add_row("created", _when(task["created_at"]))
+    head.add_row("updated", _when(task["updated_at"]))
+    head.add_row("attempts", str(len(attempts)))
+    console.print(Panel(head, title=f"task {task['id']}", expand=False))
+    table = Table(title="attempts")
+    for column in ("#", "status", "executor", "start", "end", "duration", "error"):
+        table.add_column(column)
+    for a in attempts:
+        status = a["status"]
+        table.add_row(str(a["seq"]), Text(STATUS_TEXT.get(status, status),
+                                          style=STATUS_STYLE.get(status, "")),
+                      a["executor"], _when(a["started_at"]), _when(a["ended_at"]),
+                      _duration(a["duration_ms"]), Text(a["error"] or ""))
+    console.print(table)
+    for a in attempts:
+        if a["status"] == "FAILED" and a.get("stack_trace"):
+            console.print(Panel(Group(Text(a["error"] or "", style="bold red"),
+                                      Text(a["stack_trace"])),
+                                title=f"attempt {a['seq']} failed on {a['executor']}",
+                                border_style="red", expand=False))
+
+
+def render_cluster_status(status: dict[str, Any], console: Console | None = None) -> None:
+    console = console or Console()
+    console.print(f"cluster [bold]{status['cluster']}[/bold], master "
+                  f"[bold green]{status['master'] or 'none'}[/bold green]")
+    members = Table(title=f"{len(status['members'])} member(s)")
+    for column in ("member", "host", "pid", "version", "role"):
+        members.add_column(column)
+    for m in sorted(status["members"], key=lambda m: m["id"]):
+        members.add_row(m["id"], m["host"], str(m["pid"]), m["version"],
+                        "master" if m["id"] == status["master"] else "")
+    console.print(members)
+    locks = Table(title=f"{len(status['locks'])} held task lock(s)")
+    for column in ("task", "owner", "token", "age"):
+        locks.add_column(column)
+    for lock in status["locks"]:
+        locks.add_row(lock["task"], lock["owner"], str(lock["token"]), f"{lock['age_s']} s")
+    console.print(locks)

@@ -1,0 +1,369 @@
+"""Ontology synchronisation: sources, the SYNCHRONIZE_MODEL diff, load tasks, the node cache.
+
+* An **ontology source** lists entries (a reference, the checksum of its bytes, and the IRI when
+  the file parses) and fetches bytes. :class:`DirectorySource` reads OWL/Turtle files from a
+  directory (change detection by checksum; while this node is master a watcher notices new or
+  changed files and notifies the master with ONTOLOGY_CHANGED); :class:`OlsSource` reads an
+  OLS-compatible HTTP API (``/api/ontologies`` and each ontology's ``config.fileLocation``).
+* **SYNCHRONIZE_MODEL** (on master election, on notification, on ``latchwork ontology sync``)
+  diffs the source against the graph and creates one ``ontology.load`` task per missing or
+  changed ontology, with the uniqueness key ``ontology:<iri or reference>:<checksum>``: a second
+  sync with nothing new creates no task. A file that does not parse still gets its task, which
+  fails with the parser's message; the others load.
+* The **ontology.load** task fetches, checks the checksum, parses with rdflib, validates, loads
+  classes and subClassOf edges (idempotent), then broadcasts MODEL UPDATE_CACHE; every node
+  reloads its :class:`OntologyCache` under a write lock.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from pydantic import BaseModel
+
+from runner.ontology import FORMATS, OntologyError, checksum_of, parse_ontology_bytes
+from runner.store import GraphStore
+from runner.tasks import TaskContext, TaskRegistry
+
+if TYPE_CHECKING:
+    from messaging import MessageBus
+
+log = logging.getLogger("latchwork.ontology")
+
+LOAD_TASK = "ontology.load"
+
+
+class SourceError(Exception):
+    """The ontology source cannot be read (missing directory, HTTP error)."""
+
+
+@dataclass(frozen=True)
+class SourceEntry:
+    ref: str  # file path or download URL
+    checksum: str
+    iri: str | None  # None when the bytes do not parse as an ontology
+    version: str = ""
+
+
+class OntologySource(Protocol):
+    def entries(self) -> list[SourceEntry]: ...
+
+    def fetch(self, ref: str) -> bytes: ...
+
+
+class _ParsedCache:
+    """IRI and version per checksum, so an unchanged file is parsed once."""
+
+    def __init__(self) -> None:
+        self._known: dict[str, tuple[str | None, str]] = {}
+
+    def identify(self, data: bytes, name: str) -> tuple[str, str | None, str]:
+        checksum = checksum_of(data)
+        if checksum not in self._known:
+            try:
+                onto = parse_ontology_bytes(data, name)
+                self._known[checksum] = (onto.iri, onto.version)
+            except OntologyError:
+                self._known[checksum] = (None, "")
+        iri, version = self._known[checksum]
+        return checksum, iri, version
+
+
+class DirectorySource:
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+        self._parsed = _ParsedCache()
+
+    def files(self) -> list[Path]:
+        if not self.directory.is_dir():
+            raise SourceError(f"ontology directory {self.directory} does not exist")
+        return sorted(p for p in self.directory.rglob("*")
+                      if p.is_file() and p.suffix.lower() in FORMATS)
+
+    def fingerprint(self) -> dict[str, tuple[int, int]]:
+        """Cheap change detection: size and mtime per file."""
+        return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in self.files()}
+
+    def entries(self) -> list[SourceEntry]:
+        found = []
+        for path in self.files():
+            checksum, iri, version = self._parsed.identify(path.read_bytes(), path.name)
+            found.append(SourceEntry(str(path), checksum, iri, version))
+        return found
+
+    def fetch(self, ref: str) -> bytes:
+        try:
+            return Path(ref).read_bytes()
+        except OSError as exc:
+            raise SourceError(f"cannot read {ref}: {exc}") from exc
+
+
+class OlsSource:
+    """An OLS-compatible API: ``GET {base}/api/ontologies`` lists ontologies whose
+    ``config.fileLocation`` is downloaded (and hashed) to detect changes."""
+
+    def __init__(self, base_url: str, timeout: float = 30.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self._parsed = _ParsedCache()
+
+    def _get(self, url: str) -> bytes:
+        try:
+            with urllib.request.urlopen(url, timeout=self.timeout) as response:
+                return bytes(response.read())
+        except (urllib.error.URLError, OSError) as exc:
+            raise SourceError(f"GET {url}: {exc}") from exc
+
+    def entries(self) -> list[SourceEntry]:
+        found = []
+        url: str | None = f"{self.base_url}/api/ontologies?page=0&size=500"
+        while url:
+            try:
+                page = json.loads(self._get(url))
+                ontologies = page.get("_embedded", {}).get("ontologies", [])
+            except (ValueError, AttributeError) as exc:
+                raise SourceError(f"{url}: not an OLS ontology listing: {exc}") from exc
+            for item in ontologies:
+                location = (item.get("config") or {}).get("fileLocation")
+                if not location:
+                    log.warning("OLS ontology %s has no fileLocation; skipped",
+                                item.get("ontologyId"))
+                    continue
+                checksum, iri, version = self._parsed.identify(self._get(location), location)
+                found.append(SourceEntry(location, checksum, iri, version))
+            url = (page.get("_links", {}).get("next") or {}).get("href")
+        return found
+
+    def fetch(self, ref: str) -> bytes:
+        return self._get(ref)
+
+
+def open_source(location: str) -> OntologySource:
+    if location.startswith(("http://", "https://")):
+        return OlsSource(location)
+    return DirectorySource(location)
+
+
+class ReadWriteLock:
+    """Many readers or one writer (the writer waits for readers to leave)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._writing = False
+
+    @contextmanager
+    def reading(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._writing)
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                self._cond.notify_all()
+
+    @contextmanager
+    def writing(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._writing)
+            self._writing = True
+            self._cond.wait_for(lambda: self._readers == 0)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writing = False
+                self._cond.notify_all()
+
+
+class OntologyCache:
+    """A node's in-memory class hierarchy, reloaded on UPDATE_CACHE."""
+
+    def __init__(self) -> None:
+        self._lock = ReadWriteLock()
+        self._parents: dict[str, frozenset[str]] = {}
+        self.generation = 0
+
+    def reload(self, store: GraphStore) -> None:
+        parents: dict[str, set[str]] = {}
+        for child, parent in store.ontologies.subclass_edges():
+            parents.setdefault(child, set()).add(parent)
+            parents.setdefault(parent, set())
+        with self._lock.writing():
+            self._parents = {k: frozenset(v) for k, v in parents.items()}
+            self.generation += 1
+
+    @property
+    def size(self) -> int:
+        with self._lock.reading():
+            return len(self._parents)
+
+    def ancestors(self, class_iri: str) -> set[str]:
+        with self._lock.reading():
+            seen: set[str] = set()
+            frontier = [class_iri]
+            while frontier:
+                nxt = [p for c in frontier for p in self._parents.get(c, ()) if p not in seen]
+                seen.update(nxt)
+                frontier = nxt
+            seen.discard(class_iri)
+            return seen
+
+    def descendants_or_self(self, class_iris: set[str]) -> set[str]:
+        """Every class that is one of ``class_iris`` or below one (eligibility checks)."""
+        with self._lock.reading():
+            children: dict[str, set[str]] = {}
+            for child, parents in self._parents.items():
+                for parent in parents:
+                    children.setdefault(parent, set()).add(child)
+            found = set(class_iris)
+            frontier = list(class_iris)
+            while frontier:
+                nxt = [c for p in frontier for c in children.get(p, ()) if c not in found]
+                found.update(nxt)
+                frontier = nxt
+            return found
+
+
+class LoadPayload(BaseModel):
+    ref: str
+    checksum: str
+    iri: str | None = None
+
+
+class OntologySync:
+    """The master's synchronisation and the loader tasks' access to the source."""
+
+    def __init__(self, location: str | None, store: GraphStore, bus: MessageBus,
+                 member_id: str, is_master: Callable[[], bool] | None = None,
+                 watch_interval: float = 2.0) -> None:
+        self.location = location
+        self.source = open_source(location) if location else None
+        self.store = store
+        self.bus = bus
+        self.member_id = member_id
+        self.is_master = is_master
+        self.watch_interval = watch_interval
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
+
+    def synchronize(self, message_id: str = "") -> list[str]:
+        """Create load tasks for what the graph lacks; returns the ids of new tasks."""
+        if self.source is None:
+            log.info("member %s: no ontology source configured; nothing to synchronise",
+                     self.member_id)
+            return []
+        entries = self.source.entries()
+        by_iri: dict[str, SourceEntry] = {}
+        invalid = []
+        for entry in entries:
+            if entry.iri is None:
+                invalid.append(entry)
+            elif entry.iri in by_iri:
+                kept = max(by_iri[entry.iri], entry, key=lambda e: (e.version, e.ref))
+                log.warning("two files declare ontology %s (%s, %s); loading %s", entry.iri,
+                            by_iri[entry.iri].ref, entry.ref, kept.ref)
+                by_iri[entry.iri] = kept
+            else:
+                by_iri[entry.iri] = entry
+        created = []
+        for entry in [*by_iri.values(), *invalid]:
+            if entry.iri is not None:
+                record = self.store.ontologies.get(entry.iri)
+                if record is not None and record.checksum == entry.checksum:
+                    continue
+            key = f"ontology:{entry.iri or entry.ref}:{entry.checksum}"
+            before = self.store.tasks.all(LOAD_TASK)
+            task = self.store.tasks.create(
+                LOAD_TASK, {"ref": entry.ref, "checksum": entry.checksum, "iri": entry.iri},
+                unique_key=key, priority=10)
+            if all(t.id != task.id for t in before):
+                created.append(task.id)
+        log.info("member %s: model synchronisation (%s): %d source entries, %d new load tasks",
+                 self.member_id, message_id or "direct", len(entries), len(created))
+        if created:
+            self.bus.broadcast("TRIGGER_SCAN", {"tasks": created})
+        return created
+
+    def load(self, ctx: TaskContext, payload: LoadPayload) -> None:
+        if self.source is None:
+            raise SourceError("this node has no ontology source configured")
+        data = self.source.fetch(payload.ref)
+        if checksum_of(data) != payload.checksum:
+            raise SourceError(f"{payload.ref} changed since it was synchronised; the next "
+                              "synchronisation creates a task for the new content")
+        ctx.cancel.raise_if_cancelled()
+        ontology = parse_ontology_bytes(data, Path(payload.ref).name)  # OntologyError: stop
+        if payload.iri is not None and ontology.iri != payload.iri:
+            raise OntologyError(f"{payload.ref} now declares {ontology.iri}, not {payload.iri}")
+        result = self.store.ontologies.load(ontology)
+        log.info("member %s: loaded %s %s from %s: %d classes, %d edges added", self.member_id,
+                 ontology.iri, ontology.version, payload.ref, result.added_classes,
+                 result.added_edges)
+        self.bus.broadcast("UPDATE_CACHE", {"ontology": ontology.iri})
+
+    # -- watching a directory source -----------------------------------------------------------
+    def start_watching(self) -> None:
+        """Poll the directory for changes; the baseline is taken now, so a file added before
+        the first poll still counts as a change."""
+        if isinstance(self.source, DirectorySource) and self._watcher is None:
+            try:
+                baseline: dict[str, tuple[int, int]] | None = self.source.fingerprint()
+            except (SourceError, OSError) as exc:
+                log.warning("ontology watch: %s", exc)
+                baseline = None
+            self._watcher = threading.Thread(target=self._watch, args=(baseline,),
+                                             name="ontology-watch", daemon=True)
+            self._watcher.start()
+
+    def _watch(self, last: dict[str, tuple[int, int]] | None) -> None:
+        assert isinstance(self.source, DirectorySource)
+        while not self._stop.wait(self.watch_interval):
+            try:
+                current = self.source.fingerprint()
+            except (SourceError, OSError) as exc:
+                log.warning("ontology watch: %s", exc)
+                continue
+            if last is not None and current != last and not (
+                    self.is_master is None or self.is_master()):
+                log.info("member %s: ontology files changed; the master will report it",
+                         self.member_id)
+            elif last is not None and current != last:
+                changed = sorted(set(current.items()) ^ set(last.items()))
+                log.info("member %s: ontology files changed (%d); notifying the master",
+                         self.member_id, len(changed))
+                try:
+                    self.bus.send_master("ONTOLOGY_CHANGED",
+                                         {"files": sorted({c[0] for c in changed})})
+                except Exception as exc:
+                    log.warning("could not notify the master: %s", exc)
+                    continue
+            last = current
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._watcher is not None:
+            self._watcher.join(5)
+
+
+def _load(ctx: TaskContext, payload: LoadPayload) -> None:
+    sync: Any = ctx.services.get("sync")
+    if sync is None:
+        raise SourceError("no ontology synchroniser on this node")
+    sync.load(ctx, payload)
+
+
+def register_ontology_tasks(registry: TaskRegistry) -> None:
+    registry.register(LOAD_TASK, _load, LoadPayload,
+                      description="load one ontology file into the graph")

@@ -1,0 +1,353 @@
+"""TaskProcessHandler: the task loop every node runs.
+
+Every ``scan_interval`` seconds (an APScheduler interval job), and at once when :meth:`trigger`
+is called (a MODEL TRIGGER_SCAN after a submission), it lists the unfinished active tasks
+(highest priority first), and for each while a worker is free: books a slot for the task's type
+(when the type has a cluster-wide limit), tries the task's lock without waiting, re-reads the
+task, claims it with a version- and token-guarded update, writes a RUNNING attempt, and runs the
+handler in the bounded worker pool with a cancellation token.
+
+Failure behaviour:
+
+* a lock or slot it cannot take: someone else runs the task; it moves on;
+* SUSPENDED session: no new tasks until CONNECTED again; LOST session or a lost lock: the
+  affected handlers are cancelled, their attempts end CANCELLED_BY_SYSTEM and only then are the
+  locks released (a LOST session has dropped them already);
+* a commit conflict: a new attempt after a backoff, up to ``max_conflict_retries``; any other
+  error: the attempt FAILED with error and stack trace, the task deactivated;
+* :meth:`close`: no new tasks, running ones cancelled, attempts written, locks released, within
+  ``shutdown_timeout``.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from coord import (
+    Booking,
+    CoordError,
+    LockNotHeld,
+    Session,
+    SessionState,
+    SlotLevel,
+    Slots,
+    TaskLock,
+)
+from runner.store import (
+    AttemptAlreadyFinished,
+    AttemptStatus,
+    CommitConflict,
+    GraphStore,
+    StaleFencingToken,
+    StoreError,
+    Task,
+    TaskStatus,
+)
+from runner.tasks import (
+    CancelToken,
+    TaskCancelled,
+    TaskConflict,
+    TaskContext,
+    TaskError,
+    TaskRegistry,
+)
+
+log = logging.getLogger("latchwork.tasks")
+
+#: before-attempt hooks get the context; after-attempt hooks also the final status and error
+BeforeHook = Callable[[TaskContext], None]
+AfterHook = Callable[[TaskContext, AttemptStatus, str | None], None]
+
+
+@dataclass
+class _Running:
+    task: Task
+    lock: TaskLock
+    token: int
+    booking: Booking | None
+    cancel: CancelToken = field(default_factory=CancelToken)
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class TaskProcessHandler:
+    def __init__(self, session: Session, member_id: str, store: GraphStore,
+                 registry: TaskRegistry, *, workers: int = 4, scan_interval: float = 5.0,
+                 before: Sequence[BeforeHook] = (), after: Sequence[AfterHook] = (),
+                 services: Mapping[str, Any] | None = None, max_conflict_retries: int = 10,
+                 conflict_backoff: tuple[float, float] = (0.1, 5.0)) -> None:
+        self.session = session
+        self.member_id = member_id
+        self.store = store
+        self.registry = registry
+        self.workers = workers
+        self.scan_interval = scan_interval
+        self.before = list(before)
+        self.after = list(after)
+        self.services = dict(services or {})
+        self.max_conflict_retries = max_conflict_retries
+        self.conflict_backoff = conflict_backoff
+        self._running: dict[str, _Running] = {}
+        self._lock = threading.Lock()
+        self._scan_lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="task-worker")
+        self._scheduler = BackgroundScheduler(timezone=UTC)
+        self._skipped_types: set[str] = set()
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> TaskProcessHandler:
+        self.session.add_listener(self._on_session)
+        self._scheduler.add_job(self.scan, "interval", seconds=self.scan_interval, id="scan",
+                                max_instances=1, coalesce=True,
+                                next_run_time=datetime.now(UTC))
+        self._scheduler.start()
+        return self
+
+    def trigger(self) -> None:
+        """Scan now (thread-safe), instead of waiting for the interval."""
+        if self._stopping.is_set() or not self._scheduler.running:
+            return
+        try:
+            self._scheduler.modify_job("scan", next_run_time=datetime.now(UTC))
+        except Exception:  # the scheduler is shutting down
+            log.debug("trigger ignored: scheduler stopping")
+
+    def close(self, timeout: float = 20.0) -> None:
+        """Stop taking tasks, cancel the running ones and wait for their attempts and locks."""
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        self.session.remove_listener(self._on_session)
+        if self._scheduler.running:
+            self._scheduler.shutdown(wait=False)
+        with self._scan_lock:  # a scan in progress finishes its claims first
+            running = self._snapshot()
+        for r in running:
+            r.cancel.cancel("node shutting down")
+        deadline = threading.Event()
+        timer = threading.Timer(timeout, deadline.set)
+        timer.start()
+        for r in running:
+            while not r.done.wait(0.05):
+                if deadline.is_set():
+                    log.error("member %s: task %s did not stop within %gs", self.member_id,
+                              r.task.id, timeout)
+                    break
+        timer.cancel()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def running_tasks(self) -> list[str]:
+        return [r.task.id for r in self._snapshot()]
+
+    def _snapshot(self) -> list[_Running]:
+        with self._lock:
+            return list(self._running.values())
+
+    # -- connection state ----------------------------------------------------------------------
+    def _on_session(self, state: SessionState) -> None:
+        if state is SessionState.LOST:
+            for r in self._snapshot():
+                r.cancel.cancel("the ZooKeeper session was lost")
+        elif state is SessionState.CONNECTED:
+            self.trigger()
+
+    # -- the scan -------------------------------------------------------------------------------
+    def scan(self) -> int:
+        """One pass; returns how many tasks it started."""
+        if self._stopping.is_set() or self.session.state is not SessionState.CONNECTED:
+            return 0
+        started = 0
+        with self._scan_lock:
+            try:
+                tasks = self.store.tasks.unfinished()
+            except StoreError as exc:
+                log.error("member %s: cannot list tasks: %s", self.member_id, exc)
+                return 0
+            for task in tasks:
+                with self._lock:
+                    free = self.workers - len(self._running)
+                    mine = task.id in self._running
+                if free <= 0 or self._stopping.is_set():
+                    break
+                if mine:
+                    continue
+                try:
+                    if self._try_start(task):
+                        started += 1
+                except (CoordError, StoreError) as exc:
+                    log.warning("member %s: task %s not started: %s", self.member_id, task.id,
+                                exc)
+        return started
+
+    def _try_start(self, task: Task) -> bool:
+        try:
+            kind = self.registry.get(task.type)
+        except TaskError:
+            if task.type not in self._skipped_types:
+                self._skipped_types.add(task.type)
+                log.warning("member %s: no handler for task type %r here; leaving %s to nodes "
+                            "that have one", self.member_id, task.type, task.id)
+            return False
+        booking = None
+        if kind.slot_limit is not None:
+            booking = Slots(self.session, self.member_id).try_book(
+                [SlotLevel(f"type/{task.type}", kind.slot_limit)])
+            if booking is None:
+                return False
+        lock = TaskLock(self.session, task.id, self.member_id)
+        try:
+            token = lock.try_acquire()
+        except BaseException:
+            self._release(lock, booking)
+            raise
+        if token is None:  # someone else runs it
+            self._release(lock, booking)
+            return False
+        try:
+            fresh = self.store.tasks.get(task.id)
+            claimed = None
+            if fresh.open:
+                claimed = self.store.tasks.update(fresh.id, fresh.version, token,
+                                                  status=TaskStatus.RUNNING,
+                                                  owner=self.member_id)
+        except (CommitConflict, StaleFencingToken):
+            claimed = None
+        except BaseException:
+            self._release(lock, booking)
+            raise
+        if claimed is None:
+            self._release(lock, booking)
+            return False
+        running = _Running(claimed, lock, token, booking)
+        lock.add_lost_listener(lambda _task: running.cancel.cancel("its task lock was lost"))
+        with self._lock:
+            self._running[task.id] = running
+        self._pool.submit(self._execute, running)
+        return True
+
+    def _release(self, lock: TaskLock, booking: Booking | None) -> None:
+        try:
+            lock.release()
+        except (LockNotHeld, CoordError) as exc:
+            log.info("member %s: lock of task %s already gone: %s", self.member_id,
+                     lock.task_id, exc)
+        if booking is not None:
+            try:
+                booking.release()
+            except CoordError as exc:
+                log.info("member %s: slot booking already gone: %s", self.member_id, exc)
+
+    # -- running a task --------------------------------------------------------------------------
+    def _execute(self, r: _Running) -> None:
+        task = r.task
+        outcome = "cancelled"
+        try:
+            kind = self.registry.get(task.type)
+            retries = 0
+            while True:
+                status, error = self._attempt(r, kind)
+                if status is AttemptStatus.SUCCEEDED:
+                    outcome = "finished"
+                    break
+                if status is AttemptStatus.CANCELLED_BY_SYSTEM:
+                    outcome = "cancelled"
+                    break
+                if error is not None and error.startswith("commit conflict") \
+                        and retries < self.max_conflict_retries:
+                    retries += 1
+                    first, cap = self.conflict_backoff
+                    delay = random.uniform(0, min(cap, first * 2 ** retries))
+                    log.info("member %s: task %s (%s): %s; retry %d in %.2fs", self.member_id,
+                             task.id, task.type, error, retries, delay)
+                    if r.cancel.wait(delay):
+                        outcome = "cancelled"
+                        break
+                    continue
+                outcome = "stopped"
+                break
+            self._close_task(r, outcome)
+        except Exception:
+            log.exception("member %s: task %s: unexpected failure in the task loop",
+                          self.member_id, task.id)
+        finally:
+            # locks go only after the attempt and the task are written
+            self._release(r.lock, r.booking)
+            with self._lock:
+                self._running.pop(task.id, None)
+            r.done.set()
+            if outcome != "cancelled" and not self._stopping.is_set():
+                self.trigger()  # a worker is free
+
+    def _attempt(self, r: _Running, kind: Any) -> tuple[AttemptStatus, str | None]:
+        task = r.task
+        attempt = self.store.attempts.start(task.id, self.member_id, r.token)
+        ctx = TaskContext(task=task, attempt=attempt, member_id=self.member_id,
+                          fence_token=r.token, cancel=r.cancel, store=self.store,
+                          services=self.services)
+        log.info("member %s: task %s (%s) attempt %d started", self.member_id, task.id,
+                 task.type, attempt.seq)
+        status, error, stack = AttemptStatus.SUCCEEDED, None, None
+        entered: list[AfterHook] = []
+        try:
+            for hook in self.before:
+                hook(ctx)
+            entered = list(self.after)
+            r.cancel.raise_if_cancelled()
+            kind.handler(ctx, kind.parse(task.payload))
+            if r.cancel.cancelled:
+                raise TaskCancelled(r.cancel.reason)
+        except TaskCancelled:
+            status = AttemptStatus.CANCELLED_BY_SYSTEM
+            error = f"cancelled by system: {r.cancel.reason}"
+        except (TaskConflict, CommitConflict) as exc:
+            status, error = AttemptStatus.FAILED, f"commit conflict: {exc}"
+        except Exception as exc:
+            if r.cancel.cancelled:
+                status = AttemptStatus.CANCELLED_BY_SYSTEM
+                error = f"cancelled by system: {r.cancel.reason} ({exc!r})"
+            else:
+                status, error = AttemptStatus.FAILED, f"{type(exc).__name__}: {exc}"
+                stack = "".join(traceback.format_exception(exc))
+        for after_hook in reversed(entered):  # unwound in reverse order
+            try:
+                after_hook(ctx, status, error)
+            except Exception:
+                log.exception("after-attempt hook failed for task %s", task.id)
+        try:
+            self.store.attempts.finish(attempt.id, status, error, stack)
+        except AttemptAlreadyFinished:
+            log.warning("member %s: attempt %s of task %s was closed by the master meanwhile",
+                        self.member_id, attempt.id, task.id)
+        level = logging.INFO if status is AttemptStatus.SUCCEEDED else logging.WARNING
+        log.log(level, "member %s: task %s (%s) attempt %d %s%s", self.member_id, task.id,
+                task.type, attempt.seq, status.value, f": {error}" if error else "")
+        return status, error
+
+    def _close_task(self, r: _Running, outcome: str) -> None:
+        changes: dict[str, Any] = {"status": TaskStatus.WAITING}
+        if outcome == "finished":
+            changes["finished"] = True
+        elif outcome == "stopped":
+            changes["active"] = False
+        for _ in range(10):
+            try:
+                current = self.store.tasks.get(r.task.id)
+                self.store.tasks.update(current.id, current.version, r.token, **changes)
+                return
+            except CommitConflict:
+                continue
+            except StaleFencingToken:
+                log.warning("member %s: task %s was taken over by another owner; leaving it",
+                            self.member_id, r.task.id)
+                return
+        log.error("member %s: could not record the end of task %s", self.member_id, r.task.id)

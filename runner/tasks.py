@@ -1,0 +1,125 @@
+"""Task types: a typed registry of handlers, the context and cancellation token they get.
+
+A handler is ``handler(ctx, payload)``; ``payload`` is validated into the type's pydantic model
+first. What the task loop does with the outcome:
+
+* returns: the attempt SUCCEEDED and the task is finished;
+* raises :class:`TaskConflict` (or the store's ``CommitConflict``): the attempt FAILED with
+  "commit conflict", and the task is tried again with backoff (a new attempt each time);
+* raises anything else: the attempt FAILED with the error and stack trace, the task stops
+  (active = false) until someone reactivates it;
+* the token is cancelled (shutdown, lost lock or session): CANCELLED_BY_SYSTEM; the task is
+  left for another node. Handlers should check ``ctx.cancel`` in long loops and sleep with
+  ``ctx.cancel.wait(seconds)``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from runner.store import Attempt, GraphStore, Task
+
+
+class TaskError(Exception):
+    """Root of the task-definition errors."""
+
+
+class UnknownTaskType(TaskError, LookupError):
+    """No handler is registered for this task type."""
+
+
+class InvalidPayload(TaskError, ValueError):
+    """The payload does not validate against the task type's model."""
+
+
+class TaskConflict(Exception):
+    """A commit conflict inside a handler: retried automatically with backoff."""
+
+
+class TaskCancelled(Exception):
+    """The handler noticed its cancellation token and stopped."""
+
+
+class CancelToken:
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.reason = ""
+
+    def cancel(self, reason: str) -> None:
+        if not self._event.is_set():
+            self.reason = reason
+            self._event.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``; True as soon as the token is cancelled."""
+        return self._event.wait(seconds)
+
+    def raise_if_cancelled(self) -> None:
+        if self._event.is_set():
+            raise TaskCancelled(self.reason)
+
+
+@dataclass
+class TaskContext:
+    task: Task
+    attempt: Attempt
+    member_id: str
+    fence_token: int
+    cancel: CancelToken
+    store: GraphStore
+    services: Mapping[str, Any] = field(default_factory=dict)
+
+
+Handler = Callable[[TaskContext, Any], None]
+
+
+@dataclass(frozen=True)
+class TaskType:
+    name: str
+    handler: Handler
+    payload_model: type[BaseModel] | None = None
+    slot_limit: int | None = None  # cluster-wide concurrency of this type
+    description: str = ""
+
+    def parse(self, payload: Mapping[str, Any]) -> Any:
+        if self.payload_model is None:
+            return dict(payload)
+        try:
+            return self.payload_model.model_validate(dict(payload))
+        except ValidationError as exc:
+            details = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(root)'}: {e['msg']}"
+                                for e in exc.errors()[:5])
+            raise InvalidPayload(f"payload of {self.name}: {details}") from exc
+
+
+class TaskRegistry:
+    def __init__(self) -> None:
+        self._types: dict[str, TaskType] = {}
+
+    def register(self, name: str, handler: Handler, payload_model: type[BaseModel] | None = None,
+                 *, slot_limit: int | None = None, description: str = "") -> None:
+        if name in self._types:
+            raise ValueError(f"task type {name!r} is already registered")
+        self._types[name] = TaskType(name, handler, payload_model, slot_limit, description)
+
+    def get(self, name: str) -> TaskType:
+        try:
+            return self._types[name]
+        except KeyError:
+            known = ", ".join(sorted(self._types)) or "none"
+            raise UnknownTaskType(f"unknown task type {name!r} (known: {known})") from None
+
+    def validate(self, name: str, payload: Mapping[str, Any]) -> Any:
+        return self.get(name).parse(payload)
+
+    def names(self) -> list[str]:
+        return sorted(self._types)

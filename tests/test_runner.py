@@ -1,0 +1,262 @@
+"""The runner end to end: node processes, the task loop, master duties, CLI reports.
+
+Real ZooKeeper, RabbitMQ and an embedded graph file shared by the nodes; nodes run as
+subprocesses (``latchwork node start``) so they can be killed -9 or stopped with SIGTERM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+from kazoo.client import KazooClient
+
+from runner.cli import cli
+from runner.devservers import ZooKeeperCluster
+from runner.store import AttemptStatus, GraphStore, Task, TaskStatus, open_store
+from runner.testing import NodeProcess, wait_until
+from runner.testing.plugin import TEST_TICK_MS, AmqpNamespace, ZkNamespace
+
+CLUSTER = "r1"
+SESSION = 2.0
+
+
+class Cluster:
+    """Node processes of one test cluster, a store view and a CLI."""
+
+    def __init__(self, zk_hosts: str, amqp: AmqpNamespace, directory: Path,
+                 spawn: Callable[..., NodeProcess], **settings: str) -> None:
+        self.graph = str(directory / "graph.db")
+        self.env = {**os.environ, "LATCHWORK_CLUSTER": CLUSTER, "LATCHWORK_ZK_HOSTS": zk_hosts,
+                    "LATCHWORK_AMQP_URL": amqp.url, "LATCHWORK_GRAPH": self.graph,
+                    "LATCHWORK_SESSION_TIMEOUT": str(SESSION), "LATCHWORK_SCAN_INTERVAL": "1",
+                    "LATCHWORK_REAP_INTERVAL": "0.5", "LATCHWORK_WORKERS": "2",
+                    "LATCHWORK_SHUTDOWN_TIMEOUT": "10", "COLUMNS": "200",
+                    **{f"LATCHWORK_{k.upper()}": v for k, v in settings.items()}}
+        self.spawn = spawn
+        self.nodes: dict[str, NodeProcess] = {}
+        self.store: GraphStore = open_store(self.graph)
+
+    def start_node(self) -> str:
+        node = self.spawn(["-m", "runner.cli", "node", "start"], name=f"node{len(self.nodes)}",
+                          env=self.env, ready_prefix="latchwork node")
+        member = node.lines[-1].split()[2]
+        self.nodes[member] = node
+        return member
+
+    def cli(self, *args: str) -> Result:
+        return CliRunner().invoke(cli, list(args), env=self.env, catch_exceptions=False)
+
+    def submit(self, task_type: str, payload: dict[str, object], *extra: str) -> str:
+        result = self.cli("task", "submit", task_type, "--payload", json.dumps(payload), *extra)
+        assert result.exit_code == 0, result.output
+        return result.output.strip()
+
+    def task(self, task_id: str) -> Task:
+        return self.store.tasks.get(task_id)
+
+    def wait_finished(self, task_id: str, timeout: float = 30) -> Task:
+        assert wait_until(lambda: self.task(task_id).finished, timeout, 0.1), self.task(task_id)
+        return self.task(task_id)
+
+    def wait_running_on(self, task_id: str, timeout: float = 30) -> str:
+        def running() -> bool:
+            return any(a.status is AttemptStatus.RUNNING
+                       for a in self.store.attempts.for_task(task_id))
+        assert wait_until(running, timeout, 0.05)
+        (attempt,) = [a for a in self.store.attempts.for_task(task_id)
+                      if a.status is AttemptStatus.RUNNING]
+        return attempt.executor
+
+
+@pytest.fixture
+def cluster(zk_namespace: ZkNamespace, amqp_vhost: AmqpNamespace, tmp_path: Path,
+            spawn_node: Callable[..., NodeProcess]) -> Iterator[Cluster]:
+    c = Cluster(zk_namespace.hosts, amqp_vhost, tmp_path, spawn_node)
+    yield c
+    c.store.close()
+
+
+def log_of(node: NodeProcess) -> str:
+    return node.log_path.read_text(errors="replace")
+
+
+def locks_held(zk_client: KazooClient) -> list[str]:
+    path = f"/latchwork/{CLUSTER}/locks/tasks"
+    return zk_client.get_children(path) if zk_client.exists(path) else []
+
+
+def test_tasks_run_once_retry_conflicts_stop_on_errors_and_report(cluster: Cluster) -> None:
+    cluster.start_node()
+    cluster.start_node()
+    first = cluster.submit("diag.sleep", {"seconds": 0.2}, "--unique-key", "once")
+    again = cluster.submit("diag.sleep", {"seconds": 0.2}, "--unique-key", "once")
+    assert again == first
+    conflict = cluster.submit("diag.conflict", {"conflicts": 2})
+    failing = cluster.submit("diag.fail", {"message": "the ontology file is gone"})
+    assert [a.status for a in cluster.store.attempts.for_task(
+        cluster.wait_finished(first).id)] == [AttemptStatus.SUCCEEDED]
+    cluster.wait_finished(conflict)
+    assert [a.status for a in cluster.store.attempts.for_task(conflict)] == [
+        AttemptStatus.FAILED, AttemptStatus.FAILED, AttemptStatus.SUCCEEDED]
+    assert all("commit conflict" in (a.error or "")
+               for a in cluster.store.attempts.for_task(conflict)[:2])
+    assert wait_until(lambda: not cluster.task(failing).active, 30, 0.1)
+    stopped = cluster.task(failing)
+    assert not stopped.finished and stopped.status is TaskStatus.WAITING
+    (attempt,) = cluster.store.attempts.for_task(failing)
+    assert attempt.status is AttemptStatus.FAILED
+    assert "RuntimeError: the ontology file is gone" in (attempt.stack_trace or "")
+
+    report = cluster.cli("task", "show", failing)
+    assert report.exit_code == 0
+    for expected in ("diag.fail", "stopped", "failed", "RuntimeError: the ontology file is gone",
+                     "Traceback", attempt.executor):
+        assert expected in report.output, expected
+    as_json = json.loads(cluster.cli("task", "show", conflict, "--json").output)
+    assert [a["status"] for a in as_json["attempts"]] == ["FAILED", "FAILED", "SUCCEEDED"]
+    listing = cluster.cli("task", "list")
+    assert all(t in listing.output for t in (first, conflict, failing))
+    assert cluster.cli("task", "list", "--unfinished", "--json").output.strip() == "[]"
+
+    assert cluster.cli("task", "reactivate", failing).exit_code == 0
+    assert wait_until(lambda: len(cluster.store.attempts.for_task(failing)) == 2, 30, 0.1)
+
+    status = cluster.cli("cluster", "status")
+    assert status.exit_code == 0 and "2 member(s)" in status.output
+    assert all(member in status.output for member in cluster.nodes)
+
+
+def test_cli_rejects_bad_input_with_usage_errors(cluster: Cluster) -> None:
+    cluster.start_node()
+    bad_json = cluster.cli("task", "submit", "diag.sleep", "--payload", "{not json")
+    assert bad_json.exit_code == 2 and "not valid JSON" in bad_json.output
+    not_object = cluster.cli("task", "submit", "diag.sleep", "--payload", "[1]")
+    assert not_object.exit_code == 2 and "JSON object" in not_object.output
+    unknown = cluster.cli("task", "submit", "no.such.type")
+    assert unknown.exit_code == 2 and "unknown task type 'no.such.type'" in unknown.output
+    invalid = cluster.cli("task", "submit", "diag.sleep", "--payload", '{"seconds": -1}')
+    assert invalid.exit_code == 2 and "seconds" in invalid.output
+    missing = cluster.cli("task", "show", "no-such-task")
+    assert missing.exit_code == 1 and "no task no-such-task" in missing.output
+    assert cluster.store.tasks.all() == []
+
+
+def test_killed_node_mid_task_is_freed_by_the_master_and_finished_elsewhere(
+        cluster: Cluster, zk_client: KazooClient) -> None:
+    for _ in range(3):
+        cluster.start_node()
+    task_id = cluster.submit("diag.sleep", {"seconds": 3})
+    victim = cluster.wait_running_on(task_id)
+    cluster.nodes[victim].kill()
+    done = cluster.wait_finished(task_id, timeout=60)
+    attempts = cluster.store.attempts.for_task(task_id)
+    assert [a.status for a in attempts] == [AttemptStatus.CANCELLED_BY_SYSTEM,
+                                            AttemptStatus.SUCCEEDED]
+    assert attempts[0].executor == victim and attempts[1].executor != victim
+    assert f"executor {victim} left the cluster" in (attempts[0].error or "")
+    assert attempts[1].fence > attempts[0].fence  # the new owner's token is newer
+    assert done.finished and done.owner == attempts[1].executor
+    assert wait_until(lambda: locks_held(zk_client) == [], 10)
+    report = cluster.cli("task", "show", task_id)
+    assert "cancelled by system" in report.output
+
+
+def test_sigterm_cancels_running_tasks_and_leaves_no_running_attempt_or_lock(
+        cluster: Cluster, zk_client: KazooClient) -> None:
+    member = cluster.start_node()
+    tasks = [cluster.submit("diag.sleep", {"seconds": 60}) for _ in range(2)]
+    for task_id in tasks:
+        assert cluster.wait_running_on(task_id) == member
+    assert cluster.nodes[member].terminate(timeout=30) == 0
+    for task_id in tasks:
+        (attempt,) = cluster.store.attempts.for_task(task_id)
+        assert attempt.status is AttemptStatus.CANCELLED_BY_SYSTEM
+        assert attempt.ended_at is not None and "node shutting down" in (attempt.error or "")
+        task = cluster.task(task_id)
+        assert task.active and not task.finished and task.status is TaskStatus.WAITING
+    assert cluster.store.attempts.running() == []
+    assert locks_held(zk_client) == []
+
+
+def test_zookeeper_stopped_cancels_the_task_and_writes_the_attempt_before_the_lock_goes(
+        amqp_vhost: AmqpNamespace, tmp_path: Path,
+        spawn_node: Callable[..., NodeProcess]) -> None:
+    zk = ZooKeeperCluster(tmp_path / "zk", 1, TEST_TICK_MS)
+    zk.start()
+    try:
+        c = Cluster(zk.hosts, amqp_vhost, tmp_path, spawn_node)
+        member = c.start_node()
+        task_id = c.submit("diag.sleep", {"seconds": 120})
+        assert c.wait_running_on(task_id) == member
+        zk.servers[0].stop()
+        # the node's own timer declares the session lost; the attempt is written at once,
+        # while ZooKeeper is still down, so before the server can expire the lock node
+        assert wait_until(lambda: c.store.attempts.running() == [], 4 * SESSION, 0.05)
+        (attempt,) = c.store.attempts.for_task(task_id)
+        assert attempt.status is AttemptStatus.CANCELLED_BY_SYSTEM
+        assert "session was lost" in (attempt.error or "")
+        zk.servers[0].start()
+        zk.servers[0].wait_ready()
+        # back online with a new session, the node takes the task up again with a newer token
+        assert wait_until(lambda: len(c.store.attempts.for_task(task_id)) == 2, 30, 0.1)
+        first, second = c.store.attempts.for_task(task_id)
+        assert second.status is AttemptStatus.RUNNING and second.fence > first.fence
+        c.store.close()
+    finally:
+        zk.stop()
+
+
+BRICK = Path(__import__("importlib.util").util.find_spec("brickschema")
+             .submodule_search_locations[0]) / "ontologies" / "1.2"
+
+
+def test_ontology_sync_on_master_election_loads_once_and_reports_bad_files(
+        zk_namespace: ZkNamespace, amqp_vhost: AmqpNamespace, tmp_path: Path,
+        spawn_node: Callable[..., NodeProcess]) -> None:
+    source = tmp_path / "ontologies"
+    source.mkdir()
+    c = Cluster(zk_namespace.hosts, amqp_vhost, tmp_path, spawn_node,
+                ontology_source=str(source))
+    try:
+        first = c.start_node()
+        second = c.start_node()
+
+        def loads() -> list[Task]:
+            return c.store.tasks.all("ontology.load")
+
+        # the first master synchronised on election: nothing in the source yet
+        assert wait_until(lambda: "0 new load tasks" in log_of(c.nodes[first]), 30)
+        for name in ("Brick-BOT-alignment.ttl", "Brick-REC-alignment.ttl"):
+            shutil.copy(BRICK / "alignments" / name, source / name)
+        (source / "broken.ttl").write_text("@prefix ex: <http://example.org/> .\nex:a ex:b \n")
+        assert c.cli("ontology", "sync").exit_code == 0
+        assert wait_until(lambda: len(loads()) == 3 and all(
+            t.finished or not t.active for t in loads()), 60, 0.2), loads()
+        by_ref = {t.payload["ref"]: t for t in loads()}
+        broken = by_ref[str(source / "broken.ttl")]
+        assert not broken.active and not broken.finished
+        (failed,) = c.store.attempts.for_task(broken.id)
+        assert "broken.ttl: cannot parse" in (failed.error or "")
+        loaded = {o.iri for o in c.store.ontologies.all()}
+        assert loaded == {"https://w3id.org/bot/BRICKAlignment",
+                          "https://w3id.org/rec/alignments/BrickSchema"}
+        for node in c.nodes.values():  # UPDATE_CACHE reached every node
+            assert wait_until(lambda n=node: "ontology cache reloaded" in log_of(n), 20)
+        # failover: the new master synchronises again and finds nothing new
+        assert c.nodes[first].terminate(timeout=30) == 0
+        assert wait_until(lambda: "0 new load tasks" in log_of(c.nodes[second]), 30)
+        assert len(loads()) == 3
+        # a new file is noticed by the master's watcher and loaded without anyone asking
+        shutil.copy(BRICK / "Brick.ttl", source / "Brick.ttl")
+        assert wait_until(lambda: "https://brickschema.org/schema/1.2/Brick" in {
+            o.iri for o in c.store.ontologies.all()}, 60, 0.2)
+        assert len(loads()) == 4
+        assert c.store.ontologies.ancestors("https://brickschema.org/schema/Brick#AHU")
+    finally:
+        c.store.close()
