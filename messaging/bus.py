@@ -85,6 +85,8 @@ class MessageBus:
 
     def close(self) -> None:
         for consumer in self.consumers:
+            consumer.request_stop()  # all at once; each then drains its own handlers
+        for consumer in self.consumers:
             consumer.close()
         self.publisher.close()
 

@@ -103,6 +103,7 @@ class Consumer:
         self.on_outcome = list(on_outcome)
         self.shutdown_grace = shutdown_grace
         self._stop = threading.Event()
+        self._closed = False
         self._consuming = threading.Event()
         self._lock = threading.Lock()
         self._connection: pika.BlockingConnection | None = None
@@ -150,16 +151,21 @@ class Consumer:
         self._thread.start()
         return self
 
+    def request_stop(self) -> None:
+        """Begin :meth:`close` without waiting (to stop several consumers at once)."""
+        self._stop.set()
+        self.wake()
+
     def close(self) -> None:
         """Stop consuming, give running handlers ``shutdown_grace`` seconds, then disconnect.
 
         Handlers still running after the grace period are cancelled; their messages are
         requeued by the broker when the connection closes.
         """
-        if self._stop.is_set():
+        if self._closed:
             return
-        self._stop.set()
-        self.wake()
+        self._closed = True
+        self.request_stop()
         if self._thread is not None:
             self._thread.join(self.shutdown_grace + 10)
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -57,7 +57,8 @@ class MasterDuties:
     def close(self) -> None:
         self._stop.set()
         self._wake.set()
-        self._thread.join(10)
+        if self._thread.ident is not None:
+            self._thread.join(10)
 
     def _gained(self) -> None:
         self._wake.set()

@@ -8,13 +8,15 @@ from collections.abc import Callable
 
 from coord import Session, read_leader, read_members
 from runner.testing import NodeProcess
-from runner.testing.plugin import ZkNamespace
+from runner.testing.plugin import AmqpNamespace, ZkNamespace
 
 
 def test_nodes_join_elect_a_master_and_leave_cleanly_on_sigterm(
-        zk_namespace: ZkNamespace, spawn_node: Callable[..., NodeProcess]) -> None:
+        zk_namespace: ZkNamespace, amqp_vhost: AmqpNamespace, tmp_path: os.PathLike[str],
+        spawn_node: Callable[..., NodeProcess]) -> None:
     env = {**os.environ, "LATCHWORK_ZK_HOSTS": zk_namespace.hosts, "LATCHWORK_CLUSTER": "demo",
-           "LATCHWORK_SESSION_TIMEOUT": "4"}
+           "LATCHWORK_SESSION_TIMEOUT": "4", "LATCHWORK_AMQP_URL": amqp_vhost.url,
+           "LATCHWORK_GRAPH": os.path.join(tmp_path, "graph.db")}
     nodes = {}
     for i in range(2):
         node = spawn_node(["-m", "runner.cli", "node", "start"], name=f"node{i}", env=env,

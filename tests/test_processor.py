@@ -1,0 +1,115 @@
+"""TaskProcessHandler in-process against real ZooKeeper and an embedded graph file:
+priorities, per-type slots across nodes, hooks, cancellation."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from coord import Session
+from runner.processor import TaskProcessHandler
+from runner.store import AttemptStatus, GraphStore, open_store
+from runner.tasks import TaskContext, TaskRegistry
+from runner.testing import wait_until
+from runner.testing.plugin import ZkNamespace
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[GraphStore]:
+    with open_store(str(tmp_path / "graph.db")) as s:
+        yield s
+
+
+def session(ns: ZkNamespace) -> Session:
+    """Not started: ``with session(ns) as s`` starts it."""
+    return Session(ns.hosts, "p1", timeout=4.0)
+
+
+def test_higher_priority_first_and_hooks_unwind_in_reverse(
+        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+    order: list[str] = []
+    registry = TaskRegistry()
+    registry.register("t", lambda ctx, p: order.append(f"run {p['name']}"))
+    for name, priority in (("low", 0), ("high", 9), ("mid", 5)):
+        store.tasks.create("t", {"name": name}, priority=priority)
+
+    def before(tag: str):  # type: ignore[no-untyped-def]
+        return lambda ctx: order.append(f"before {tag}")
+
+    def after(tag: str):  # type: ignore[no-untyped-def]
+        return lambda ctx, status, error: order.append(f"after {tag} {status.value}")
+
+    with session(zk_namespace) as s:
+        processor = TaskProcessHandler(s, "m1", store, registry, workers=1, scan_interval=60,
+                                       before=[before("a"), before("b")],
+                                       after=[after("a"), after("b")]).start()
+        try:
+            assert wait_until(lambda: len(store.tasks.unfinished()) == 0, 30)
+        finally:
+            processor.close()
+    runs = [line for line in order if line.startswith("run")]
+    assert runs == ["run high", "run mid", "run low"]
+    assert order[:5] == ["before a", "before b", "run high", "after b SUCCEEDED",
+                         "after a SUCCEEDED"]
+
+
+def test_a_type_slot_limits_concurrency_across_nodes(
+        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+    running = 0
+    peak = 0
+    lock = threading.Lock()
+
+    def limited(ctx: TaskContext, payload: dict[str, object]) -> None:
+        nonlocal running, peak
+        with lock:
+            running += 1
+            peak = max(peak, running)
+        ctx.cancel.wait(0.3)
+        with lock:
+            running -= 1
+
+    for _ in range(4):
+        store.tasks.create("limited")
+    processors = []
+    sessions = [session(zk_namespace).start() for _ in range(2)]
+    try:
+        for i, s in enumerate(sessions):
+            registry = TaskRegistry()
+            registry.register("limited", limited, slot_limit=1)
+            processors.append(TaskProcessHandler(s, f"m{i}", store, registry, workers=3,
+                                                 scan_interval=0.2).start())
+        assert wait_until(lambda: len(store.tasks.unfinished()) == 0, 60)
+    finally:
+        for p in processors:
+            p.close()
+        for s in sessions:
+            s.close()
+    assert peak == 1
+    executors = {a.executor for t in store.tasks.all() for a in store.attempts.for_task(t.id)}
+    assert executors <= {"m0", "m1"}
+
+
+def test_close_cancels_running_handlers_and_writes_their_attempts(
+        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+    started = threading.Event()
+
+    def slow(ctx: TaskContext, payload: dict[str, object]) -> None:
+        started.set()
+        ctx.cancel.wait(60)
+        ctx.cancel.raise_if_cancelled()
+
+    registry = TaskRegistry()
+    registry.register("slow", slow)
+    task = store.tasks.create("slow")
+    with session(zk_namespace) as s:
+        processor = TaskProcessHandler(s, "m1", store, registry, scan_interval=60).start()
+        assert started.wait(30)
+        processor.close(timeout=10)
+        assert s.client.get_children("/locks/tasks") == []
+    (attempt,) = store.attempts.for_task(task.id)
+    assert attempt.status is AttemptStatus.CANCELLED_BY_SYSTEM
+    assert attempt.error == "cancelled by system: node shutting down"
+    assert store.tasks.get(task.id).open
