@@ -17,7 +17,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 help:
 	@echo "make setup  - Debian packages (zookeeper, rabbitmq-server, JDK) + .venv + pip install -e .[dev]"
 	@echo "make test   - setup, then ruff, mypy --strict and pytest against real servers"
-	@echo "make demo   - setup, then start the dev servers, smoke-check them, stop them"
+	@echo "make demo   - setup, then a 3-node cluster: ontology sync, kill -9 failover, reports"
 	@echo "make lint   - ruff and mypy only"
 	@echo "make bench  - the benchmarks in bench/ (each prints its ratio last)"
 

@@ -44,6 +44,7 @@ from coord import (
     TaskLock,
 )
 from runner.store import (
+    Attempt,
     AttemptAlreadyFinished,
     AttemptStatus,
     CommitConflict,
@@ -75,6 +76,7 @@ class _Running:
     lock: TaskLock
     token: int
     booking: Booking | None
+    attempt: Attempt
     cancel: CancelToken = field(default_factory=CancelToken)
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -103,6 +105,7 @@ class TaskProcessHandler:
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="task-worker")
         self._scheduler = BackgroundScheduler(timezone=UTC)
         self._skipped_types: set[str] = set()
+        self._backlog: list[Task] = []
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> TaskProcessHandler:
@@ -162,25 +165,33 @@ class TaskProcessHandler:
             self.trigger()
 
     # -- the scan -------------------------------------------------------------------------------
-    def scan(self) -> int:
-        """One pass; returns how many tasks it started."""
+    def scan(self, relist: bool = True) -> int:
+        """One pass; returns how many tasks it started.
+
+        ``relist=False`` (a worker just finished) first works through the candidates left from
+        the previous listing, which may be stale (their claims then fail cheaply), and lists
+        again only when none are left: listing every open task after every finished one would
+        cost more than the tasks themselves when thousands are queued.
+        """
         if self._stopping.is_set() or self.session.state is not SessionState.CONNECTED:
             return 0
         started = 0
         with self._scan_lock:
-            try:
-                tasks = self.store.tasks.unfinished()
-            except StoreError as exc:
-                log.error("member %s: cannot list tasks: %s", self.member_id, exc)
+            if self._free() <= 0:
                 return 0
-            for task in tasks:
-                with self._lock:
-                    free = self.workers - len(self._running)
-                    mine = task.id in self._running
-                if free <= 0 or self._stopping.is_set():
+            if relist or not self._backlog:
+                try:
+                    self._backlog = self._candidates(self.store.tasks.unfinished())
+                except StoreError as exc:
+                    log.error("member %s: cannot list tasks: %s", self.member_id, exc)
+                    return 0
+            while self._backlog:
+                if self._free() <= 0 or self._stopping.is_set():
                     break
-                if mine:
-                    continue
+                task = self._backlog.pop(0)
+                with self._lock:
+                    if task.id in self._running:
+                        continue
                 try:
                     if self._try_start(task):
                         started += 1
@@ -188,6 +199,29 @@ class TaskProcessHandler:
                     log.warning("member %s: task %s not started: %s", self.member_id, task.id,
                                 exc)
         return started
+
+    def _free(self) -> int:
+        with self._lock:
+            return self.workers - len(self._running)
+
+    def _candidates(self, tasks: list[Task]) -> list[Task]:
+        """Priority order, but the head of each priority is shuffled per node.
+
+        Every node reads the same list; walking it in the same order would make all nodes
+        contend for the same first tasks and lose most lock tries. Shuffling a window a few
+        times the free workers wide keeps priorities strict and first-come roughly first-served.
+        """
+        window = max(8, 4 * self._free())
+        ordered: list[Task] = []
+        by_priority: dict[int, list[Task]] = {}
+        for task in tasks:
+            by_priority.setdefault(task.priority, []).append(task)
+        for priority in sorted(by_priority, reverse=True):
+            group = by_priority[priority]
+            head = group[:window]
+            random.shuffle(head)
+            ordered.extend(head + group[window:])
+        return ordered
 
     def _try_start(self, task: Task) -> bool:
         try:
@@ -214,21 +248,17 @@ class TaskProcessHandler:
             self._release(lock, booking)
             return False
         try:
-            fresh = self.store.tasks.get(task.id)
-            claimed = None
-            if fresh.open:
-                claimed = self.store.tasks.update(fresh.id, fresh.version, token,
-                                                  status=TaskStatus.RUNNING,
-                                                  owner=self.member_id)
+            # the version read by the scan guards the claim: if the task changed since (another
+            # node finished it, an operator stopped it), the claim is a conflict and we move on.
+            # The RUNNING attempt is written in the same transaction, before the handler runs.
+            claimed, attempt = self.store.claim(task.id, task.version, token, self.member_id)
         except (CommitConflict, StaleFencingToken):
-            claimed = None
+            self._release(lock, booking)
+            return False
         except BaseException:
             self._release(lock, booking)
             raise
-        if claimed is None:
-            self._release(lock, booking)
-            return False
-        running = _Running(claimed, lock, token, booking)
+        running = _Running(claimed, lock, token, booking, attempt)
         lock.add_lost_listener(lambda _task: running.cancel.cancel("its task lock was lost"))
         with self._lock:
             self._running[task.id] = running
@@ -251,34 +281,41 @@ class TaskProcessHandler:
     def _execute(self, r: _Running) -> None:
         task = r.task
         outcome = "cancelled"
+        attempt = r.attempt
         try:
             kind = self.registry.get(task.type)
             retries = 0
             while True:
-                status, error = self._attempt(r, kind)
-                if status is AttemptStatus.SUCCEEDED:
-                    outcome = "finished"
-                    break
-                if status is AttemptStatus.CANCELLED_BY_SYSTEM:
-                    outcome = "cancelled"
-                    break
-                if error is not None and error.startswith("commit conflict") \
+                status, error, stack = self._run_handler(r, kind, attempt)
+                if status is AttemptStatus.FAILED and error is not None \
+                        and error.startswith("commit conflict") \
                         and retries < self.max_conflict_retries:
+                    self._finish(attempt, status, error, stack)
                     retries += 1
                     first, cap = self.conflict_backoff
                     delay = random.uniform(0, min(cap, first * 2 ** retries))
                     log.info("member %s: task %s (%s): %s; retry %d in %.2fs", self.member_id,
                              task.id, task.type, error, retries, delay)
-                    if r.cancel.wait(delay):
-                        outcome = "cancelled"
-                        break
-                    continue
-                outcome = "stopped"
+                    if not r.cancel.wait(delay):
+                        attempt = self.store.attempts.start(task.id, self.member_id, r.token)
+                        continue
+                    # cancelled while waiting to retry: no new attempt, the task goes back
+                    outcome = "cancelled"
+                    self._conclude(r, None, status, error, stack, outcome)
+                    break
+                outcome = {AttemptStatus.SUCCEEDED: "finished",
+                           AttemptStatus.CANCELLED_BY_SYSTEM: "cancelled"}.get(status, "stopped")
+                self._conclude(r, attempt, status, error, stack, outcome)
                 break
-            self._close_task(r, outcome)
-        except Exception:
+        except Exception as exc:
             log.exception("member %s: task %s: unexpected failure in the task loop",
                           self.member_id, task.id)
+            try:  # leave no RUNNING attempt behind; the task stays open for another try
+                self.store.attempts.finish(attempt.id, AttemptStatus.FAILED,
+                                           f"internal error in the task loop: {exc!r}",
+                                           "".join(traceback.format_exception(exc)))
+            except StoreError:
+                pass  # already finished, or the store is gone: the reaper cannot help here
         finally:
             # locks go only after the attempt and the task are written
             self._release(r.lock, r.booking)
@@ -286,11 +323,14 @@ class TaskProcessHandler:
                 self._running.pop(task.id, None)
             r.done.set()
             if outcome != "cancelled" and not self._stopping.is_set():
-                self.trigger()  # a worker is free
+                try:
+                    self.scan(relist=False)  # a worker is free
+                except Exception:
+                    log.exception("member %s: follow-up scan failed", self.member_id)
 
-    def _attempt(self, r: _Running, kind: Any) -> tuple[AttemptStatus, str | None]:
+    def _run_handler(self, r: _Running, kind: Any, attempt: Attempt
+                     ) -> tuple[AttemptStatus, str | None, str | None]:
         task = r.task
-        attempt = self.store.attempts.start(task.id, self.member_id, r.token)
         ctx = TaskContext(task=task, attempt=attempt, member_id=self.member_id,
                           fence_token=r.token, cancel=r.cancel, store=self.store,
                           services=self.services)
@@ -323,22 +363,42 @@ class TaskProcessHandler:
                 after_hook(ctx, status, error)
             except Exception:
                 log.exception("after-attempt hook failed for task %s", task.id)
+        level = logging.INFO if status is AttemptStatus.SUCCEEDED else logging.WARNING
+        log.log(level, "member %s: task %s (%s) attempt %d %s%s", self.member_id, task.id,
+                task.type, attempt.seq, status.value, f": {error}" if error else "")
+        return status, error, stack
+
+    def _finish(self, attempt: Attempt, status: AttemptStatus, error: str | None,
+                stack: str | None) -> None:
         try:
             self.store.attempts.finish(attempt.id, status, error, stack)
         except AttemptAlreadyFinished:
             log.warning("member %s: attempt %s of task %s was closed by the master meanwhile",
-                        self.member_id, attempt.id, task.id)
-        level = logging.INFO if status is AttemptStatus.SUCCEEDED else logging.WARNING
-        log.log(level, "member %s: task %s (%s) attempt %d %s%s", self.member_id, task.id,
-                task.type, attempt.seq, status.value, f": {error}" if error else "")
-        return status, error
+                        self.member_id, attempt.id, attempt.task_id)
 
-    def _close_task(self, r: _Running, outcome: str) -> None:
+    def _conclude(self, r: _Running, attempt: Attempt | None, status: AttemptStatus,
+                  error: str | None, stack: str | None, outcome: str) -> None:
+        """Write the attempt's end (unless already written) and the task's new state, in one
+        transaction when possible."""
         changes: dict[str, Any] = {"status": TaskStatus.WAITING}
         if outcome == "finished":
             changes["finished"] = True
         elif outcome == "stopped":
             changes["active"] = False
+        try:
+            if attempt is not None:
+                self.store.conclude(attempt.id, status, error, stack, r.task, r.token,
+                                    changes)
+                return
+        except StaleFencingToken:
+            log.warning("member %s: task %s was taken over by another owner; leaving it",
+                        self.member_id, r.task.id)
+            return
+        except CommitConflict:
+            pass  # the attempt is finished; update the task from its current version below
+        except AttemptAlreadyFinished:
+            log.warning("member %s: the last attempt of task %s was closed by the master "
+                        "meanwhile", self.member_id, r.task.id)
         for _ in range(10):
             try:
                 current = self.store.tasks.get(r.task.id)

@@ -8,6 +8,8 @@ Errors are in :mod:`runner.store.errors`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from runner.store.errors import (
     AttemptAlreadyFinished,
     CommitConflict,
@@ -47,6 +49,37 @@ class GraphStore:
         self.attempts: AttemptLog = GremlinAttemptLog(graph)
         self.ontologies: OntologyStore = GremlinOntologyStore(graph)
         self.avatars: AvatarStore = GremlinAvatarStore(graph)
+
+    def claim(self, task_id: str, expected_version: int, fence_token: int,
+              member_id: str) -> tuple[Task, Attempt]:
+        """Claim a task (RUNNING, owner, token; version-guarded) and write its RUNNING attempt,
+        in one transaction on the embedded graph (two traversals on a remote one)."""
+        def both(_: object) -> tuple[Task, Attempt]:
+            task = self.tasks.update(task_id, expected_version, fence_token,
+                                     status=TaskStatus.RUNNING, owner=member_id)
+            return task, self.attempts.start(task_id, member_id, fence_token)
+        return self.graph.write(both)
+
+    def conclude(self, attempt_id: str, attempt_status: AttemptStatus, error: str | None,
+                 stack_trace: str | None, task: Task, fence_token: int,
+                 changes: Mapping[str, object]) -> Task:
+        """Finish the attempt and update the task in one transaction when both succeed.
+
+        If the task update fails (another owner's newer token, a concurrent change), the
+        attempt is still finished on its own and the task error is raised; the attempt is
+        never lost with it.
+        """
+        def both(_: object) -> Task:
+            self.attempts.finish(attempt_id, attempt_status, error, stack_trace)
+            return self.tasks.update(task.id, task.version, fence_token, **changes)
+        try:
+            return self.graph.write(both)
+        except (CommitConflict, StaleFencingToken):
+            try:
+                self.attempts.finish(attempt_id, attempt_status, error, stack_trace)
+            except AttemptAlreadyFinished:
+                pass
+            raise
 
     def close(self) -> None:
         self.graph.close()
