@@ -22,9 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kazoo.client import KazooClient
-
 from bench._servers import rabbitmq, zookeeper
+from bench.bench_task_lock import raw_kazoo
 from messaging import ApiClient, Connector, Topology
 from runner.store import AttemptStatus, GraphStore, open_store
 
@@ -32,22 +31,6 @@ SESSION = 2.0
 SCAN = 1.0
 LATENCY_TASKS = 60
 THROUGHPUT_TASKS = 300
-LOCK_CYCLES = 1000
-
-
-def raw_lock_rate(hosts: str) -> float:
-    client = KazooClient(hosts=hosts)
-    client.start()
-    client.ensure_path("/raw")
-    started = time.perf_counter()
-    for i in range(LOCK_CYCLES):
-        lock = client.Lock(f"/raw/t{i}", "member")
-        lock.acquire()
-        lock.release()
-    rate = LOCK_CYCLES / (time.perf_counter() - started)
-    client.stop()
-    client.close()
-    return rate
 
 
 def wait(predicate, timeout: float, step: float = 0.05) -> None:  # type: ignore[no-untyped-def]
@@ -65,7 +48,7 @@ def first_start(store: GraphStore, task_id: str) -> float | None:
 
 def main() -> None:
     with zookeeper() as zk, rabbitmq() as mq, tempfile.TemporaryDirectory() as tmp:
-        raw = raw_lock_rate(zk.hosts)
+        raw = raw_kazoo(zk.hosts)  # the same baseline as bench_task_lock.py
         graph = str(Path(tmp) / "graph.db")
         env = {**os.environ, "LATCHWORK_ZK_HOSTS": zk.hosts, "LATCHWORK_AMQP_URL": mq.url,
                "LATCHWORK_GRAPH": graph, "LATCHWORK_CLUSTER": "bench",

@@ -84,9 +84,9 @@ def main() -> int:
                     "LATCHWORK_REAP_INTERVAL": "1"})
         say("three nodes: latchwork node start (logs in .latchwork/demo/node-N.log)")
         for i in range(3):
-            log = open(ROOT / f"node-{i}.log", "wb")
-            nodes.append(subprocess.Popen([*LATCHWORK, "node", "start"], env=env,
-                                          stdout=log, stderr=subprocess.STDOUT))
+            with open(ROOT / f"node-{i}.log", "wb") as log:  # the child keeps its own copy
+                nodes.append(subprocess.Popen([*LATCHWORK, "node", "start"], env=env,
+                                              stdout=log, stderr=subprocess.STDOUT))
         wait("three members", lambda: len(json.loads(cli(
             "cluster", "status", "--json", env=env, check=False) or "{}").get(
                 "members", [])) == 3, 60)

@@ -260,3 +260,23 @@ def test_ontology_sync_on_master_election_loads_once_and_reports_bad_files(
         assert c.store.ontologies.ancestors("https://brickschema.org/schema/Brick#AHU")
     finally:
         c.store.close()
+
+
+def test_a_frozen_owner_wakes_up_and_cannot_overwrite_the_new_owners_result(
+        cluster: Cluster, zk_client: KazooClient) -> None:
+    for _ in range(2):
+        cluster.start_node()
+    task_id = cluster.submit("diag.sleep", {"seconds": 3})
+    victim = cluster.wait_running_on(task_id)
+    cluster.nodes[victim].pause()  # a long GC pause: its session expires, its lock is freed
+    done = cluster.wait_finished(task_id, timeout=60)
+    cluster.nodes[victim].resume()
+    log = cluster.nodes[victim].log_path
+    assert wait_until(lambda: "closed by the master meanwhile" in log.read_text(), 30)
+    first, second = cluster.store.attempts.for_task(task_id)
+    assert (first.executor, first.status) == (victim, AttemptStatus.CANCELLED_BY_SYSTEM)
+    assert second.status is AttemptStatus.SUCCEEDED and second.executor != victim
+    # the woken owner's late write was refused by its stale fencing token
+    assert wait_until(lambda: "taken over by another owner" in log.read_text(), 30)
+    assert cluster.task(task_id) == done
+    assert wait_until(lambda: locks_held(zk_client) == [], 10)
