@@ -205,11 +205,12 @@ class TaskProcessHandler:
             return self.workers - len(self._running)
 
     def _candidates(self, tasks: list[Task]) -> list[Task]:
-        """Priority order, but the head of each priority is shuffled per node.
+        """Priority order; within a priority, first-come order by windows shuffled per node.
 
         Every node reads the same list; walking it in the same order would make all nodes
-        contend for the same first tasks and lose most lock tries. Shuffling a window a few
-        times the free workers wide keeps priorities strict and first-come roughly first-served.
+        contend for the same tasks and lose most of their claims (a lost claim costs a lock
+        try and a store read). Shuffling each consecutive window, a few times the free workers
+        wide, keeps priorities strict and first-come roughly first-served.
         """
         window = max(8, 4 * self._free())
         ordered: list[Task] = []
@@ -218,9 +219,10 @@ class TaskProcessHandler:
             by_priority.setdefault(task.priority, []).append(task)
         for priority in sorted(by_priority, reverse=True):
             group = by_priority[priority]
-            head = group[:window]
-            random.shuffle(head)
-            ordered.extend(head + group[window:])
+            for start in range(0, len(group), window):
+                chunk = group[start:start + window]
+                random.shuffle(chunk)
+                ordered.extend(chunk)
         return ordered
 
     def _try_start(self, task: Task) -> bool:
