@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._servers import rabbitmq, zookeeper
 from bench.bench_task_lock import raw_kazoo
 from messaging import ApiClient, Connector, Topology
+from runner.devservers import terminate_all
 from runner.store import AttemptStatus, GraphStore, open_store
 
 SESSION = 2.0
@@ -107,14 +108,7 @@ def main() -> None:
             client.close()
             store.close()
         finally:
-            for node in nodes:
-                if node.poll() is None:
-                    node.send_signal(signal.SIGTERM)
-            for node in nodes:
-                try:
-                    node.wait(30)
-                except subprocess.TimeoutExpired:
-                    node.kill()
+            terminate_all(nodes)
     budget = SESSION + SCAN
     print(f"submit->start latency: p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms "
           f"({LATENCY_TASKS} tasks, target p50 <= 50 ms)")

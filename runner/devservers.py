@@ -27,6 +27,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 ZOOKEEPER_CLASSPATH = os.environ.get(
     "LATCHWORK_DEV_ZOOKEEPER_CLASSPATH",
@@ -824,3 +825,17 @@ class DevEnvironment:
     def exports(self) -> dict[str, str]:
         """Connection settings, named as :class:`runner.config.Settings` reads them."""
         return {"LATCHWORK_ZK_HOSTS": self.zookeeper.hosts, "LATCHWORK_AMQP_URL": self.rabbitmq.url}
+
+
+def terminate_all(procs: Sequence[subprocess.Popen[Any]], timeout: float = 30.0) -> None:
+    """SIGTERM every process still running (all at once), wait, and kill what is left."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -278,17 +278,17 @@ class OntologySync:
             else:
                 by_iri[entry.iri] = entry
         created = []
+        known_tasks = {t.id for t in self.store.tasks.all(LOAD_TASK)}
         for entry in [*by_iri.values(), *invalid]:
             if entry.iri is not None:
                 record = self.store.ontologies.get(entry.iri)
                 if record is not None and record.checksum == entry.checksum:
                     continue
             key = f"ontology:{entry.iri or entry.ref}:{entry.checksum}"
-            before = self.store.tasks.all(LOAD_TASK)
             task = self.store.tasks.create(
                 LOAD_TASK, {"ref": entry.ref, "checksum": entry.checksum, "iri": entry.iri},
                 unique_key=key, priority=10)
-            if all(t.id != task.id for t in before):
+            if task.id not in known_tasks:  # the uniqueness key returned an existing task
                 created.append(task.id)
         log.info("member %s: model synchronisation (%s): %d source entries, %d new load tasks",
                  self.member_id, message_id or "direct", len(entries), len(created))

@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from runner.devservers import terminate_all
+
 ROOT = Path(".latchwork/demo")
 ZK_PORT = os.environ.get("LATCHWORK_DEMO_ZK_PORT", "22181")
 AMQP_PORT = os.environ.get("LATCHWORK_DEMO_AMQP_PORT", "25673")
@@ -138,14 +140,7 @@ def main() -> int:
         show("cluster", "status", env=env)
     finally:
         say("stopping the nodes (SIGTERM) and the servers")
-        for node in nodes:
-            if node.poll() is None:
-                node.send_signal(signal.SIGTERM)
-        for node in nodes:
-            try:
-                node.wait(30)
-            except subprocess.TimeoutExpired:
-                node.kill()
+        terminate_all(nodes)
         subprocess.run([*LATCHWORK, "dev", "down", "--dir", str(dev_dir)], check=False)
     print("\ndemo finished")
     return 0
