@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -261,6 +263,14 @@ def _print_json(value: object) -> None:
     click.echo(json.dumps(value, indent=2, sort_keys=True))
 
 
+def _output(result: object, as_json: bool, render: Callable[[Any], None]) -> None:
+    """``--json`` prints the node's answer as is; otherwise ``render`` shows it."""
+    if as_json:
+        _print_json(result)
+    else:
+        render(result)
+
+
 @cli.group()
 def task() -> None:
     """Submit, list, inspect, stop and restart tasks (through any running node)."""
@@ -310,11 +320,7 @@ def task_list(unfinished: bool, task_type: str | None, config: Path | None, as_j
 
     result = _request(config, "task.list", {"unfinished": unfinished, "type": task_type},
                       timeout)
-    assert isinstance(result, list)
-    if as_json:
-        _print_json(result)
-    else:
-        render_task_list(result)
+    _output(result, as_json, render_task_list)
 
 
 @task.command("show")
@@ -326,12 +332,7 @@ def task_show(task_id: str, config: Path | None, as_json: bool, timeout: float) 
     """The attempt report of one task: status, every attempt, errors and stack traces."""
     from runner.console import render_task_report
 
-    result = _request(config, "task.get", {"id": task_id}, timeout)
-    assert isinstance(result, dict)
-    if as_json:
-        _print_json(result)
-    else:
-        render_task_report(result)
+    _output(_request(config, "task.get", {"id": task_id}, timeout), as_json, render_task_report)
 
 
 @task.command("deactivate")
@@ -367,12 +368,7 @@ def cluster_status(config: Path | None, as_json: bool, timeout: float) -> None:
     """Members, the master, and held task locks with owner and age."""
     from runner.console import render_cluster_status
 
-    result = _request(config, "cluster.status", None, timeout)
-    assert isinstance(result, dict)
-    if as_json:
-        _print_json(result)
-    else:
-        render_cluster_status(result)
+    _output(_request(config, "cluster.status", None, timeout), as_json, render_cluster_status)
 
 
 @cli.group()
@@ -386,11 +382,8 @@ def ontology() -> None:
 @timeout_option
 def ontology_sync(config: Path | None, as_json: bool, timeout: float) -> None:
     """Ask the master to compare the ontology source with the graph and load what changed."""
-    result = _request(config, "ontology.sync", None, timeout)
-    if as_json:
-        _print_json(result)
-    else:
-        click.echo("synchronisation requested from the master")
+    _output(_request(config, "ontology.sync", None, timeout), as_json,
+            lambda _: click.echo("synchronisation requested from the master"))
 
 
 def main() -> None:
