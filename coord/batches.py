@@ -99,6 +99,7 @@ class Batch:
     finished_at: float | None = None
     rows: int = 0
     errors: tuple[str, ...] = ()
+    failures: int = 0  # failed attempts (aborts that count, timeouts)
 
     @property
     def open_ended(self) -> bool:
@@ -108,14 +109,15 @@ class Batch:
         return {"no": self.no, "start": self.start, "end": self.end, "state": self.state.value,
                 "owner": self.owner, "attempt": self.attempt, "deadline": self.deadline,
                 "started_at": self.started_at, "finished_at": self.finished_at,
-                "rows": self.rows, "errors": list(self.errors)}
+                "rows": self.rows, "errors": list(self.errors), "failures": self.failures}
 
     @classmethod
     def from_json(cls, series: str, d: Mapping[str, Any]) -> Batch:
         return cls(series=series, no=d["no"], start=d["start"], end=d["end"],
                    state=BatchState(d["state"]), owner=d["owner"], attempt=d["attempt"],
                    deadline=d["deadline"], started_at=d["started_at"],
-                   finished_at=d["finished_at"], rows=d["rows"], errors=tuple(d["errors"]))
+                   finished_at=d["finished_at"], rows=d["rows"], errors=tuple(d["errors"]),
+                   failures=d.get("failures", 0))
 
 
 @dataclass(frozen=True)
@@ -213,8 +215,8 @@ class BatchCoordinator:
             raise InvalidBatch(f"series end {end} < 0")
         value, _ = self.register.get()
         while value is None:
-            doc = SeriesStatus(self.series_id, SeriesState.OPEN, end, self.clock(),
-                               meta=dict(meta or {}))
+            doc = self._maybe_complete(SeriesStatus(self.series_id, SeriesState.OPEN, end,
+                                                    self.clock(), meta=dict(meta or {})))
             try:
                 self.register.compare_and_set(-1, doc.to_json())
                 return doc
@@ -250,16 +252,19 @@ class BatchCoordinator:
             retrying = sum(1 for b in running if b.attempt > 1)
             if retryable and retrying < self.max_retrying:
                 old = retryable[0]
-                errors = old.errors
+                errors, failures = old.errors, old.failures
                 if old.state is BatchState.IN_PROGRESS:  # timed out: that attempt failed
                     errors = (*errors, f"attempt {old.attempt} by {old.owner} timed out")
-                if old.attempt >= self.max_attempts:
-                    failed = replace(old, state=BatchState.ABORTED, errors=errors)
+                    failures += 1
+                if failures >= self.max_attempts:
+                    failed = replace(old, state=BatchState.ABORTED, errors=errors,
+                                     failures=failures)
                     s = self._fail(s, failed)
                     return s, SeriesFailed(s.id, list(s.failure))
                 batch = replace(old, state=BatchState.IN_PROGRESS, owner=owner,
                                 attempt=old.attempt + 1, deadline=now + self.timeout,
-                                started_at=now, finished_at=None, rows=0, errors=errors)
+                                started_at=now, finished_at=None, rows=0, errors=errors,
+                                failures=failures)
                 return self._put(s, batch), batch
             last = s.batches[-1] if s.batches else None
             if last is not None and last.end is None:
@@ -318,15 +323,18 @@ class BatchCoordinator:
         result: Batch = self._update(decide)
         return result
 
-    def abort(self, batch: Batch, reason: str) -> Batch:
-        """Give the batch up; it is retried later, or the series FAILS after max_attempts."""
+    def abort(self, batch: Batch, reason: str, count: bool = True) -> Batch:
+        """Give the batch up; it is retried later, or the series FAILS after max_attempts
+        failed attempts. ``count=False``: the attempt did not fail (its worker was cancelled,
+        e.g. on shutdown); it is retried without counting against the limit."""
         def decide(s: SeriesStatus) -> tuple[SeriesStatus | None, Batch]:
             current = self._owned(s, batch)
             aborted = replace(current, state=BatchState.ABORTED, finished_at=self.clock(),
                               errors=(*current.errors,
                                       f"attempt {current.attempt} by {current.owner}: "
-                                      f"{reason}"[:500]))
-            if aborted.attempt >= self.max_attempts:
+                                      f"{reason}"[:500]),
+                              failures=current.failures + (1 if count else 0))
+            if aborted.failures >= self.max_attempts:
                 return self._fail(s, aborted), aborted
             return self._put(s, aborted), aborted
         result: Batch = self._update(decide)
@@ -397,7 +405,7 @@ class BatchCoordinator:
 
     def _fail(self, s: SeriesStatus, batch: Batch) -> SeriesStatus:
         reasons = (*s.failure, f"batch {batch.no} [{batch.start}, {batch.end}) failed "
-                               f"{batch.attempt} times", *batch.errors[-self.max_attempts:])
+                               f"{batch.failures} times", *batch.errors[-self.max_attempts:])
         return replace(self._put(s, batch), state=SeriesState.FAILED, failure=reasons)
 
     def _update(self, decide: Callable[[SeriesStatus], tuple[SeriesStatus | None, Any]]) -> Any:

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import click
 
@@ -226,7 +227,8 @@ timeout_option = click.option("--timeout", type=click.FloatRange(0.1, 3600), def
                               show_default=True, help="seconds to wait for a node's answer")
 
 #: error kinds a node answers with that mean "you asked for something invalid" (exit 2)
-USAGE_KINDS = {"UnknownTaskType", "InvalidPayload", "InvalidValue", "invalid", "unknown-command"}
+USAGE_KINDS = {"UnknownTaskType", "InvalidPayload", "InvalidValue", "invalid", "unknown-command",
+               "UnknownAspect"}
 
 
 def _request(config: Path | None, command: str, payload: dict[str, object] | None,
@@ -252,7 +254,7 @@ def _request(config: Path | None, command: str, payload: dict[str, object] | Non
     except RemoteError as exc:
         if exc.kind in USAGE_KINDS:
             raise click.UsageError(exc.detail) from exc
-        if exc.kind == "TaskNotFound":
+        if exc.kind in ("TaskNotFound", "AspectBusy"):
             raise _fail(exc.detail) from exc
         raise _fail(f"the node answered with an error: {exc}") from exc
     except (RequestTimeout, BrokerUnavailable) as exc:
@@ -384,6 +386,153 @@ def ontology_sync(config: Path | None, as_json: bool, timeout: float) -> None:
     """Ask the master to compare the ontology source with the graph and load what changed."""
     _output(_request(config, "ontology.sync", None, timeout), as_json,
             lambda _: click.echo("synchronisation requested from the master"))
+
+
+@cli.group()
+def aspect() -> None:
+    """Aspects on avatars: create (simple at once, heavy through a Spark pipeline task),
+    delete, and show their state and progress."""
+
+
+def _wait_aspect(name: str, config: Path | None, timeout: float, done: set[str]) -> dict[str, Any]:
+    """Poll ``aspect.get`` with a rich progress bar until the state is one of ``done``."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[rate]}")) as bar:
+        job = bar.add_task(f"aspect {name}", total=None, rate="")
+        while True:
+            result = cast(dict[str, Any], _request(config, "aspect.get", {"name": name},
+                                                   timeout))
+            p = result.get("progress") or {}
+            bar.update(job, total=p.get("batches_total"), completed=p.get("batches_done", 0),
+                       description=f"aspect {name} {result['state']}",
+                       rate=f"{p.get('rows_per_s', 0):,.0f} rows/s" if p else "")
+            if result["state"] in done:
+                return result
+            task = result.get("task") or {}
+            if task and not task.get("active", True):
+                return result  # the task stopped with an error: report it
+            time.sleep(0.5)
+
+
+def _aspect_outcome(result: dict[str, Any], as_json: bool, want: str) -> None:
+    from runner.console import render_aspect
+    _output(result, as_json, render_aspect)
+    if result["state"] != want:
+        raise _fail(f"aspect {result['name']} is {result['state']}"
+                    + (f": {result['error']}" if result.get("error") else ""))
+
+
+@aspect.command("create")
+@click.argument("name")
+@click.option("--wait", is_flag=True, help="follow the creation with a progress bar until it "
+                                           "is READY (exit 1 if it fails)")
+@click.option("--batch-rows", type=click.IntRange(1), default=None,
+              help="avatars per batch (default: the node's batch_rows)")
+@click.option("--pause", type=click.FloatRange(0, 3600), default=0.0, hidden=True,
+              help="seconds each batch waits before committing (throttling, tests)")
+@config_option
+@json_option
+@timeout_option
+def aspect_create(name: str, wait: bool, batch_rows: int | None, pause: float,
+                  config: Path | None, as_json: bool, timeout: float) -> None:
+    """Create aspect NAME on every eligible avatar (the same request twice: one task)."""
+    from runner.console import render_aspect
+    result = cast(dict[str, Any], _request(
+        config, "aspect.create", {"name": name, "batch_rows": batch_rows, "pause": pause},
+        timeout))
+    if not wait:
+        _output(result, as_json, render_aspect)
+        return
+    _aspect_outcome(_wait_aspect(name, config, timeout, {"READY", "FAILED"}), as_json, "READY")
+
+
+@aspect.command("delete")
+@click.argument("name")
+@click.option("--wait", is_flag=True, help="wait until the aspect is removed everywhere")
+@config_option
+@json_option
+@timeout_option
+def aspect_delete(name: str, wait: bool, config: Path | None, as_json: bool,
+                  timeout: float) -> None:
+    """Remove aspect NAME from every avatar (through a task)."""
+    from runner.console import render_aspect
+    result = cast(dict[str, Any], _request(config, "aspect.delete", {"name": name}, timeout))
+    if not wait:
+        _output(result, as_json, render_aspect)
+        return
+    _aspect_outcome(_wait_aspect(name, config, timeout, {"DELETED", "ABSENT", "FAILED"}),
+                    as_json, "DELETED")
+
+
+@aspect.command("show")
+@click.argument("name")
+@config_option
+@json_option
+@timeout_option
+def aspect_show(name: str, config: Path | None, as_json: bool, timeout: float) -> None:
+    """State, task and progress of aspect NAME."""
+    from runner.console import render_aspect
+    _output(_request(config, "aspect.get", {"name": name}, timeout), as_json, render_aspect)
+
+
+@aspect.command("list")
+@config_option
+@json_option
+@timeout_option
+def aspect_list(config: Path | None, as_json: bool, timeout: float) -> None:
+    """Every defined aspect with its state."""
+    from runner.console import render_aspect_list
+    _output(_request(config, "aspect.list", None, timeout), as_json, render_aspect_list)
+
+
+@cli.group()
+def avatars() -> None:
+    """Avatars between the graph (the node configuration's `graph`) and Parquet files."""
+
+
+def _local_store(config: Path | None) -> Any:
+    from runner.store import open_store
+    try:
+        settings = Settings.load(config)
+    except ConfigError as exc:
+        raise _fail(str(exc)) from exc
+    return open_store(settings.graph)
+
+
+@avatars.command("import")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@config_option
+def avatars_import(path: Path, config: Path | None) -> None:
+    """Upsert the avatars of a Parquet file (columns id, class_iri, properties as JSON).
+
+    The whole file is validated first; a malformed row exits 2 and writes nothing."""
+    from runner.pipeline.avatars_io import InvalidAvatars, import_avatars
+    store = _local_store(config)
+    try:
+        count = import_avatars(store, path)
+    except InvalidAvatars as exc:
+        raise click.UsageError(str(exc)) from exc
+    finally:
+        store.close()
+    click.echo(f"imported {count} avatars from {path}")
+
+
+@avatars.command("export")
+@click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--class", "classes", multiple=True, help="only avatars of this class IRI "
+                                                        "(repeatable)")
+@config_option
+def avatars_export(path: Path, classes: tuple[str, ...], config: Path | None) -> None:
+    """Write avatars with their aspects to a Parquet file (atomically replaced)."""
+    from runner.pipeline.avatars_io import export_avatars
+    store = _local_store(config)
+    try:
+        count = export_avatars(store, path, list(classes) or None)
+    finally:
+        store.close()
+    click.echo(f"exported {count} avatars to {path}")
 
 
 def main() -> None:

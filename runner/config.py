@@ -46,6 +46,21 @@ class Settings(BaseSettings):
                                     description="seconds SIGTERM waits for cancelled tasks")
     ontology_source: str | None = Field(
         None, description="ontology source: a directory of OWL/Turtle files or an OLS URL")
+    data_dir: str = Field(".latchwork/data",
+                          description="pipeline data (snapshots, batch outputs): a path or a "
+                                      "Hadoop URI every node reaches (file://, hdfs://, s3a://)")
+    spark_master: str = Field("local[*]", description="Spark master URL for pipeline tasks")
+    spark_driver_memory: str = Field("1g", description="Spark driver memory, e.g. 2g")
+    spark_conf: dict[str, str] = Field(default_factory=dict,
+                                       description="extra Spark settings (JSON object in the "
+                                                   "environment)")
+    batch_rows: int = Field(100_000, ge=1, description="avatars per pipeline batch")
+    batch_timeout: float = Field(120.0, gt=0,
+                                 description="seconds a pipeline batch lives without renewal")
+    batch_workers: int = Field(2, ge=0, le=64,
+                               description="helper tasks per aspect creation (besides its own)")
+    aspects: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="aspect definitions: name -> {kind, classes, compute}")
 
     @classmethod
     def load(cls, path: Path | None = None, **overrides: Any) -> Settings:

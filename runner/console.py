@@ -64,6 +64,8 @@ def render_task_report(report: dict[str, Any], console: Console | None = None) -
     head.add_row("created", _when(task["created_at"]))
     head.add_row("updated", _when(task["updated_at"]))
     head.add_row("attempts", str(len(attempts)))
+    if report.get("progress"):
+        head.add_row("progress", progress_text(report["progress"]))
     console.print(Panel(head, title=f"task {task['id']}", expand=False))
     table = Table(title="attempts")
     for column in ("#", "status", "executor", "start", "end", "duration", "error"):
@@ -100,3 +102,53 @@ def render_cluster_status(status: dict[str, Any], console: Console | None = None
     for lock in status["locks"]:
         locks.add_row(lock["task"], lock["owner"], str(lock["token"]), f"{lock['age_s']} s")
     console.print(locks)
+
+
+def progress_text(p: dict[str, Any]) -> Text:
+    """``7/10 batches, 7,000/10,000 rows, 1,234.5 rows/s`` (plus retries and failures)."""
+    total = "?" if p.get("batches_total") is None else str(p["batches_total"])
+    rows_total = "?" if p.get("rows_total") is None else f"{p['rows_total']:,}"
+    text = Text(f"{p['batches_done']}/{total} batches, {p['rows_done']:,}/{rows_total} rows, "
+                f"{p['rows_per_s']:,.1f} rows/s ({p['state']})")
+    if p.get("retries"):
+        text.append(f", {p['retries']} retried", style="yellow")
+    for reason in p.get("failure") or []:
+        text.append(f"\n{reason}", style="red")
+    return text
+
+
+ASPECT_STYLE = {"READY": "green", "CREATING": "cyan", "DELETING": "cyan", "FAILED": "bold red",
+                "DELETED": "dim", "ABSENT": "dim"}
+
+
+def render_aspect(aspect: dict[str, Any], console: Console | None = None) -> None:
+    console = console or Console()
+    head = Table.grid(padding=(0, 2))
+    head.add_column(style="bold")
+    head.add_column()
+    head.add_row("state", Text(aspect["state"], style=ASPECT_STYLE.get(aspect["state"], "")))
+    head.add_row("kind", aspect["kind"])
+    head.add_row("generation", str(aspect["generation"]))
+    head.add_row("classes", "\n".join(aspect["classes"]))
+    if aspect.get("task"):
+        t = aspect["task"]
+        head.add_row("task", f"{t['id']} ({t['type']}, {t['status']}"
+                             f"{', finished' if t['finished'] else ''}"
+                             f"{'' if t['active'] else ', STOPPED'})")
+    if aspect.get("progress"):
+        head.add_row("progress", progress_text(aspect["progress"]))
+    if aspect.get("error"):
+        head.add_row("error", Text(aspect["error"], style="red"))
+    console.print(Panel(head, title=f"aspect {aspect['name']}", expand=False))
+
+
+def render_aspect_list(aspects: list[dict[str, Any]], console: Console | None = None) -> None:
+    console = console or Console()
+    table = Table(title=f"{len(aspects)} aspect(s)")
+    for column in ("name", "kind", "state", "generation", "task"):
+        table.add_column(column)
+    for a in aspects:
+        table.add_row(a["name"], a["kind"],
+                      Text(a["state"], style=ASPECT_STYLE.get(a["state"], "")),
+                      str(a["generation"]), (a.get("task") or {}).get("id", ""))
+    console.print(table)

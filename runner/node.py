@@ -6,7 +6,8 @@ A node joins membership and the master election, opens the graph store, and runs
 * the MASTER consumer while it is master, plus the master duties (:mod:`runner.master`);
 * the MODEL consumer (TRIGGER_SCAN: scan now; UPDATE_CACHE: reload the ontology cache);
 * the API responder: ``task.submit``, ``task.list``, ``task.get``, ``task.deactivate``,
-  ``task.reactivate``, ``cluster.status``, ``ontology.sync``.
+  ``task.reactivate``, ``cluster.status``, ``ontology.sync``, ``aspect.create``,
+  ``aspect.delete``, ``aspect.get``, ``aspect.list``.
 
 SIGTERM or SIGINT: it stops taking tasks, cancels the running ones (their attempts end
 CANCELLED_BY_SYSTEM), releases their locks after the attempts are written, hands over the
@@ -43,6 +44,9 @@ from runner.config import Settings
 from runner.diag import register_diagnostics
 from runner.master import MasterDuties
 from runner.ontology_sync import OntologyCache, OntologySync, register_ontology_tasks
+from runner.pipeline.aspects import ASPECT_PATTERN, AspectRegistry
+from runner.pipeline.spark import stop_spark
+from runner.pipeline.tasks import Pipeline, register_pipeline_tasks
 from runner.processor import TaskProcessHandler
 from runner.store import GraphStore, open_store
 from runner.tasks import TaskRegistry
@@ -62,6 +66,15 @@ class TaskRef(BaseModel):
     id: str = Field(min_length=1)
 
 
+class AspectRef(BaseModel):
+    name: str = Field(pattern=ASPECT_PATTERN)
+
+
+class AspectCreate(AspectRef):
+    batch_rows: int | None = Field(None, ge=1)
+    pause: float = Field(0.0, ge=0, le=3600)
+
+
 class TaskQuery(BaseModel):
     unfinished: bool = False
     type: str | None = None
@@ -71,6 +84,7 @@ def default_registry() -> TaskRegistry:
     registry = TaskRegistry()
     register_diagnostics(registry)
     register_ontology_tasks(registry)
+    register_pipeline_tasks(registry)
     return registry
 
 
@@ -90,6 +104,8 @@ class Node:
         self.master: MasterDuties | None = None
         self.cache = OntologyCache()
         self.sync: OntologySync | None = None
+        self.aspects = AspectRegistry(settings.aspects)  # a bad definition fails the start
+        self.pipeline: Pipeline | None = None
 
     @property
     def member_id(self) -> str:
@@ -125,9 +141,12 @@ class Node:
         latch = self.latch
         self.sync = OntologySync(s.ontology_source, self.store, self.bus, member,
                                  is_master=lambda: latch.is_leader)
+        self.pipeline = Pipeline(s, self.session, self.store, self.cache, self.aspects,
+                                 submit=self._submit, member=member)
         self.processor = TaskProcessHandler(
             self.session, member, self.store, self.registry, workers=s.workers,
-            scan_interval=s.scan_interval, services={"bus": self.bus, "sync": self.sync})
+            scan_interval=s.scan_interval,
+            services={"bus": self.bus, "sync": self.sync, "pipeline": self.pipeline})
         self._register_messages(self.bus)
         bus = self.bus
         self.master = MasterDuties(
@@ -140,9 +159,20 @@ class Node:
         self.processor.start()
         self.sync.start_watching()
 
+    def _submit(self, task_type: str, payload: dict[str, Any], unique_key: str | None = None,
+                priority: int = 0) -> Any:
+        """Create a task (validated) and tell every node to scan now."""
+        assert self.store is not None and self.bus is not None
+        self.registry.validate(task_type, payload)
+        task = self.store.tasks.create(task_type, payload, unique_key=unique_key,
+                                       priority=priority)
+        self.bus.broadcast("TRIGGER_SCAN", {"task": task.id})
+        return task
+
     def _register_messages(self, bus: MessageBus) -> None:
         assert self.store is not None and self.processor is not None
-        store, processor = self.store, self.processor
+        assert self.pipeline is not None
+        store, processor, pipeline = self.store, self.processor, self.pipeline
 
         @bus.model.handler("TRIGGER_SCAN")
         def trigger_scan(ctx: HandlerContext, payload: dict[str, Any]) -> None:
@@ -166,10 +196,7 @@ class Node:
 
         @bus.api.handler("task.submit", Submit)
         def submit(ctx: HandlerContext, req: Submit) -> dict[str, Any]:
-            self.registry.validate(req.type, req.payload)  # typed error reply if bad
-            task = store.tasks.create(req.type, req.payload, unique_key=req.unique_key,
-                                      priority=req.priority)
-            bus.broadcast("TRIGGER_SCAN", {"task": task.id})
+            task = self._submit(req.type, req.payload, req.unique_key, req.priority)
             log.info("member %s: task %s (%s) submitted by %s", self.member_id, task.id,
                      task.type, ctx.envelope.sender)
             return task_view(task)
@@ -181,8 +208,26 @@ class Node:
 
         @bus.api.handler("task.get", TaskRef)
         def get_task(ctx: HandlerContext, ref: TaskRef) -> dict[str, Any]:
-            return {"task": task_view(store.tasks.get(ref.id)),
-                    "attempts": [attempt_view(a) for a in store.attempts.for_task(ref.id)]}
+            task = store.tasks.get(ref.id)
+            return {"task": task_view(task),
+                    "attempts": [attempt_view(a) for a in store.attempts.for_task(ref.id)],
+                    "progress": pipeline.progress_of(task)}
+
+        @bus.api.handler("aspect.create", AspectCreate)
+        def aspect_create(ctx: HandlerContext, req: AspectCreate) -> dict[str, Any]:
+            return pipeline.create(req.name, batch_rows=req.batch_rows, pause=req.pause)
+
+        @bus.api.handler("aspect.delete", AspectRef)
+        def aspect_delete(ctx: HandlerContext, req: AspectRef) -> dict[str, Any]:
+            return pipeline.delete(req.name)
+
+        @bus.api.handler("aspect.get", AspectRef)
+        def aspect_get(ctx: HandlerContext, req: AspectRef) -> dict[str, Any]:
+            return pipeline.describe(req.name)
+
+        @bus.api.handler("aspect.list")
+        def aspect_list(ctx: HandlerContext, payload: dict[str, Any]) -> list[dict[str, Any]]:
+            return [pipeline.describe(d.name) for d in self.aspects.all()]
 
         @bus.api.handler("task.deactivate", TaskRef)
         def deactivate(ctx: HandlerContext, ref: TaskRef) -> dict[str, Any]:
@@ -230,6 +275,7 @@ class Node:
             self.membership.close()
         if self.store is not None:
             self.store.close()
+        stop_spark()
         self.session.close()
 
     def __enter__(self) -> Node:

@@ -48,12 +48,35 @@ class TaskCancelled(Exception):
 class CancelToken:
     def __init__(self) -> None:
         self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[str], None]] = []
         self.reason = ""
 
     def cancel(self, reason: str) -> None:
-        if not self._event.is_set():
+        with self._lock:
+            if self._event.is_set():
+                return
             self.reason = reason
             self._event.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback(reason)
+
+    def on_cancel(self, callback: Callable[[str], None]) -> Callable[[], None]:
+        """Call ``callback(reason)`` on cancellation (at once if cancelled already); the
+        returned function unregisters it. Used to reach work outside Python, e.g. a Spark job
+        group."""
+        with self._lock:
+            if not self._event.is_set():
+                self._callbacks.append(callback)
+                return lambda: self._discard(callback)
+        callback(self.reason)
+        return lambda: None
+
+    def _discard(self, callback: Callable[[str], None]) -> None:
+        with self._lock:
+            if callback in self._callbacks:
+                self._callbacks.remove(callback)
 
     @property
     def cancelled(self) -> bool:

@@ -7,71 +7,18 @@ subprocesses (``latchwork node start``) so they can be killed -9 or stopped with
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner, Result
 from kazoo.client import KazooClient
 
-from runner.cli import cli
 from runner.devservers import ZooKeeperCluster
-from runner.store import AttemptStatus, GraphStore, Task, TaskStatus, open_store
+from runner.store import AttemptStatus, Task, TaskStatus
 from runner.testing import NodeProcess, wait_until
+from runner.testing.cluster import CLUSTER, SESSION, Cluster
 from runner.testing.plugin import TEST_TICK_MS, AmqpNamespace, ZkNamespace
-
-CLUSTER = "r1"
-SESSION = 2.0
-
-
-class Cluster:
-    """Node processes of one test cluster, a store view and a CLI."""
-
-    def __init__(self, zk_hosts: str, amqp: AmqpNamespace, directory: Path,
-                 spawn: Callable[..., NodeProcess], **settings: str) -> None:
-        self.graph = str(directory / "graph.db")
-        self.env = {**os.environ, "LATCHWORK_CLUSTER": CLUSTER, "LATCHWORK_ZK_HOSTS": zk_hosts,
-                    "LATCHWORK_AMQP_URL": amqp.url, "LATCHWORK_GRAPH": self.graph,
-                    "LATCHWORK_SESSION_TIMEOUT": str(SESSION), "LATCHWORK_SCAN_INTERVAL": "1",
-                    "LATCHWORK_REAP_INTERVAL": "0.5", "LATCHWORK_WORKERS": "2",
-                    "LATCHWORK_SHUTDOWN_TIMEOUT": "10", "COLUMNS": "200",
-                    **{f"LATCHWORK_{k.upper()}": v for k, v in settings.items()}}
-        self.spawn = spawn
-        self.nodes: dict[str, NodeProcess] = {}
-        self.store: GraphStore = open_store(self.graph)
-
-    def start_node(self) -> str:
-        node = self.spawn(["-m", "runner.cli", "node", "start"], name=f"node{len(self.nodes)}",
-                          env=self.env, ready_prefix="latchwork node")
-        member = node.lines[-1].split()[2]
-        self.nodes[member] = node
-        return member
-
-    def cli(self, *args: str) -> Result:
-        return CliRunner().invoke(cli, list(args), env=self.env, catch_exceptions=False)
-
-    def submit(self, task_type: str, payload: dict[str, object], *extra: str) -> str:
-        result = self.cli("task", "submit", task_type, "--payload", json.dumps(payload), *extra)
-        assert result.exit_code == 0, result.output
-        return result.output.strip()
-
-    def task(self, task_id: str) -> Task:
-        return self.store.tasks.get(task_id)
-
-    def wait_finished(self, task_id: str, timeout: float = 30) -> Task:
-        assert wait_until(lambda: self.task(task_id).finished, timeout, 0.1), self.task(task_id)
-        return self.task(task_id)
-
-    def wait_running_on(self, task_id: str, timeout: float = 30) -> str:
-        def running() -> bool:
-            return any(a.status is AttemptStatus.RUNNING
-                       for a in self.store.attempts.for_task(task_id))
-        assert wait_until(running, timeout, 0.05)
-        (attempt,) = [a for a in self.store.attempts.for_task(task_id)
-                      if a.status is AttemptStatus.RUNNING]
-        return attempt.executor
 
 
 @pytest.fixture

@@ -525,4 +525,28 @@ class GremlinAvatarStore:
     def count(self) -> int:
         return int(self.graph.read(lambda g: g.V().has_label("avatar").count().next()))
 
+    def scan(self, class_iris: Iterable[str] | None = None) -> Iterator[list[Avatar]]:
+        """Avatars in pages: those of ``class_iris`` (all when None), one read per page of
+        classes; each page is one consistent read, pages may see later writes."""
+        if class_iris is None:
+            rows = self.graph.read(
+                lambda g: g.V().has_label("avatar").element_map().to_list())
+            for chunk in _chunks(rows, 1000):
+                yield [_avatar(r) for r in chunk]
+            return
+        for classes in _chunks(sorted(set(class_iris)), BATCH):
+            def run(g: Any, classes: Sequence[str] = classes) -> list[Any]:
+                return list(g.V().has("avatar_class", P.within(list(classes)))
+                            .element_map().to_list())
+            rows = self.graph.read(run)
+            if rows:
+                yield [_avatar(r) for r in rows]
+
+    def with_aspect(self, aspect: str) -> dict[str, Any]:
+        """``avatar id -> value`` of every avatar that has the aspect."""
+        key = aspect_key(aspect)
+        rows = self.graph.read(
+            lambda g: g.V().has(key).project("a", "v").by("avatar_id").by(key).to_list())
+        return {r["a"]: codec.decode_json(r["v"]) for r in rows}
+
 

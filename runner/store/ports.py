@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from runner.store.model import (
@@ -76,3 +76,7 @@ class AvatarStore(Protocol):
     def remove_aspect(self, aspect: str, avatar_ids: Iterable[str] | None = None) -> int: ...
 
     def count(self) -> int: ...
+
+    def scan(self, class_iris: Iterable[str] | None = None) -> Iterator[list[Avatar]]: ...
+
+    def with_aspect(self, aspect: str) -> dict[str, Any]: ...

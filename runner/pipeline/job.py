@@ -1,0 +1,378 @@
+"""The enrichment job: a Spark driver that works the batches of one series.
+
+Per series (``<data_dir>/series/<series id>/``):
+
+* ``snapshot/``: the eligible avatars (``pos``, ``id``, ``class_iri``, ``props``), written once
+  by the creating task and committed by rename; positions ``[0, n)`` are the stream the batch
+  coordinator cuts into batches;
+* ``batches/<no>/``: one batch's output (``id``, ``value``), computed with Spark built-in
+  expressions, written to ``batches/_tmp-<no>-<uuid>/`` and published with one Hadoop
+  FileSystem rename. A committed batch is never recomputed: a retry only re-applies it;
+* the graph apply: the batch's rows are upserted as ``aspect.<name>`` keyed by avatar id, which
+  is idempotent, so a batch applied twice (a worker died between apply and finish) leaves the
+  same graph.
+
+One driver per task loops over batches (:func:`work_series`); a lease thread renews the batch
+while it runs. Cancelling the task cancels its Spark job group. The module also runs under
+``spark-submit`` (see :func:`main`) to work a series from a real Spark cluster's driver.
+
+Failure behaviour: a driver killed -9 stops renewing; the batch times out and another worker
+retries it; a half-written ``_tmp`` directory is ignored (Spark skips ``_``-prefixed paths) and
+left for cleanup. A batch whose job fails is aborted with the error and retried elsewhere, up to
+the series' attempt limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from coord import ConnectionLost, Session
+from coord.batches import (
+    Batch,
+    BatchCoordinator,
+    BatchLost,
+    SeriesFailed,
+    SeriesState,
+    SeriesStatus,
+)
+from runner.pipeline.aspects import COMPUTATIONS, AspectDefinition
+from runner.store import GraphStore
+from runner.tasks import CancelToken, TaskCancelled
+
+log = logging.getLogger("latchwork.pipeline")
+
+APPLY_CHUNK = 500
+
+
+class PipelineError(RuntimeError):
+    """The pipeline's storage did something it must not (e.g. a rename that did not happen)."""
+
+
+def data_uri(data_dir: str) -> str:
+    """``data_dir`` as a Hadoop URI: local paths become absolute ``file://`` URIs."""
+    if urlparse(data_dir).scheme:
+        return data_dir.rstrip("/")
+    return Path(data_dir).resolve().as_uri()
+
+
+@dataclass(frozen=True)
+class SeriesPaths:
+    root: str
+
+    @classmethod
+    def of(cls, data_dir: str, series_id: str) -> SeriesPaths:
+        return cls(f"{data_uri(data_dir)}/series/{series_id}")
+
+    @property
+    def snapshot(self) -> str:
+        return f"{self.root}/snapshot"
+
+    @property
+    def batches(self) -> str:
+        return f"{self.root}/batches"
+
+    def batch(self, no: int) -> str:
+        return f"{self.batches}/{no:06d}"
+
+    def tmp(self, name: str) -> str:
+        return f"{self.root}/_tmp-{name}-{uuid.uuid4().hex[:12]}"
+
+
+class HadoopFS:
+    """The Hadoop FileSystem API of the session's JVM (local files, HDFS, S3A alike)."""
+
+    def __init__(self, spark: Any) -> None:
+        self._jvm = spark.sparkContext._jvm
+        self._conf = spark.sparkContext._jsc.hadoopConfiguration()
+
+    def _path(self, uri: str) -> tuple[Any, Any]:
+        path = self._jvm.org.apache.hadoop.fs.Path(uri)
+        return path, path.getFileSystem(self._conf)
+
+    def exists(self, uri: str) -> bool:
+        path, fs = self._path(uri)
+        return bool(fs.exists(path))
+
+    def delete(self, uri: str) -> None:
+        path, fs = self._path(uri)
+        fs.delete(path, True)
+
+    def commit(self, tmp: str, final: str) -> bool:
+        """Publish ``tmp`` as ``final`` with one rename; False if ``final`` existed already.
+
+        Hadoop's rename into an existing directory would nest ``tmp`` inside it; ``tmp`` names
+        start with ``_`` so such a nested leftover is invisible to Spark readers.
+        """
+        src, fs = self._path(tmp)
+        dst, _ = self._path(final)
+        if fs.exists(dst):
+            fs.delete(src, True)
+            return False
+        fs.mkdirs(dst.getParent())
+        if not fs.rename(src, dst):
+            fs.delete(src, True)
+            if not fs.exists(dst):
+                raise PipelineError(f"rename {tmp} -> {final} failed")
+            return False
+        return True
+
+
+def write_snapshot(spark: Any, store: GraphStore, classes: Iterable[str],
+                   paths: SeriesPaths) -> int:
+    """Export the avatars of ``classes`` once; returns the committed snapshot's row count."""
+    import pyarrow as pa
+    fs = HadoopFS(spark)
+    if not fs.exists(paths.snapshot):
+        rows = [(a.id, a.class_iri, json.dumps(a.properties, sort_keys=True))
+                for page in store.avatars.scan(classes) for a in page]
+        rows.sort()
+        table = pa.table({
+            "pos": pa.array(range(len(rows)), pa.int64()),
+            "id": pa.array([r[0] for r in rows], pa.string()),
+            "class_iri": pa.array([r[1] for r in rows], pa.string()),
+            "props": pa.array([r[2] for r in rows], pa.string()),
+        })
+        tmp = paths.tmp("snapshot")
+        spark.createDataFrame(table).coalesce(1).write.parquet(tmp)
+        if fs.commit(tmp, paths.snapshot):
+            log.info("snapshot %s: %d avatars", paths.snapshot, len(rows))
+            return len(rows)
+    return int(spark.read.parquet(paths.snapshot).count())
+
+
+def compute(spark: Any, snapshot: Any, definition: AspectDefinition) -> Any:
+    """``snapshot`` rows -> (id, value) rows of the aspect, with built-in expressions only."""
+    if definition.compute is None:
+        raise ValueError(f"aspect {definition.name} is simple: nothing to compute")
+    value = COMPUTATIONS[definition.compute](snapshot)
+    return snapshot.select(snapshot["id"], value.alias("value")).where("value IS NOT NULL")
+
+
+class Lease:
+    """Renews a batch every ``timeout / 3`` seconds until closed; reports a lost batch."""
+
+    def __init__(self, coordinator: BatchCoordinator, batch: Batch,
+                 on_lost: Callable[[str], None]) -> None:
+        self.coordinator = coordinator
+        self.batch = batch
+        self.lost: str | None = None
+        self._on_lost = on_lost
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name=f"lease-{batch.series}-{batch.no}")
+
+    def __enter__(self) -> Lease:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.coordinator.timeout / 3):
+            try:
+                self.batch = self.coordinator.renew(self.batch)
+            except BatchLost as exc:
+                self.lost = str(exc)
+                self._on_lost(self.lost)
+                return
+            except (ConnectionLost, SeriesFailed) as exc:
+                log.warning("batch %d of %s: renewal failed: %s", self.batch.no,
+                            self.batch.series, exc)
+
+
+@dataclass
+class BatchWorker:
+    """One driver working one series for one task (or one spark-submit)."""
+
+    spark: Any
+    store: GraphStore
+    coordinator: BatchCoordinator
+    definition: AspectDefinition
+    paths: SeriesPaths
+    member: str
+    cancel: CancelToken
+    group: str  # the Spark job group: cancelling the task cancels it
+    batch_rows: int
+    pause: float = 0.0  # seconds to wait before each commit (throttling; tests kill here)
+    poll: float = 0.5
+
+    def run(self) -> SeriesStatus:
+        """Work batches until the series is COMPLETED; raises SeriesFailed or TaskCancelled."""
+        sc = self.spark.sparkContext
+        unhook = self.cancel.on_cancel(lambda reason: sc.cancelJobGroup(self.group))
+        try:
+            while True:
+                self.cancel.raise_if_cancelled()
+                status = self.coordinator.status()
+                if status.state is SeriesState.COMPLETED:
+                    return status
+                if status.state is SeriesState.FAILED:
+                    raise SeriesFailed(status.id, list(status.failure))
+                batch = self.coordinator.start_batch(self.member, self.batch_rows)
+                if batch is None:
+                    self.cancel.wait(self.poll)  # others hold the remaining batches
+                    continue
+                self._attempt(batch)
+        finally:
+            unhook()
+
+    def _attempt(self, batch: Batch) -> None:
+        started = time.monotonic()
+        sc = self.spark.sparkContext
+        with Lease(self.coordinator, batch,
+                   on_lost=lambda why: sc.cancelJobGroup(self.group)) as lease:
+            try:
+                rows = self.process(batch)
+            except Exception as exc:
+                if lease.lost is not None:
+                    log.warning("member %s: batch %d of %s lost: %s", self.member, batch.no,
+                                batch.series, lease.lost)
+                    return
+                if self.cancel.cancelled:
+                    self._release(lease.batch, f"cancelled: {self.cancel.reason}")
+                    raise TaskCancelled(self.cancel.reason) from exc
+                log.exception("member %s: batch %d of %s failed", self.member, batch.no,
+                              batch.series)
+                self._release(lease.batch, f"{type(exc).__name__}: {exc}", count=True)
+                return
+        try:
+            self.coordinator.finish(lease.batch, rows=rows)
+        except BatchLost as exc:
+            log.warning("member %s: batch %d of %s: %s", self.member, batch.no, batch.series,
+                        exc)
+            return
+        log.info("member %s: batch %d of %s [%d, %s) done: %d rows in %.1f s", self.member,
+                 batch.no, batch.series, batch.start, batch.end, rows,
+                 time.monotonic() - started)
+
+    def _release(self, batch: Batch, reason: str, count: bool = False) -> None:
+        try:
+            self.coordinator.abort(batch, reason, count=count)
+        except (BatchLost, SeriesFailed, ConnectionLost) as exc:
+            log.warning("batch %d of %s: abort not recorded (%s); it will time out",
+                        batch.no, batch.series, exc)
+
+    def process(self, batch: Batch) -> int:
+        """Compute and commit the batch's output (unless committed already), then apply it."""
+        fs = HadoopFS(self.spark)
+        final = self.paths.batch(batch.no)
+        sc = self.spark.sparkContext
+        sc.setJobGroup(self.group, f"{self.definition.name} batch {batch.no}", True)
+        if batch.end is None:
+            raise ValueError(f"batch {batch.no} of {batch.series} is open-ended")
+        if not fs.exists(final):
+            from pyspark.sql import functions as F
+            snapshot = self.spark.read.parquet(self.paths.snapshot)
+            part = snapshot.where((F.col("pos") >= batch.start) & (F.col("pos") < batch.end))
+            tmp = self.paths.tmp(f"batch-{batch.no:06d}")
+            compute(self.spark, part, self.definition).write.parquet(tmp)
+            if self.pause and self.cancel.wait(self.pause):
+                fs.delete(tmp)
+                raise TaskCancelled(self.cancel.reason)
+            self.cancel.raise_if_cancelled()
+            fs.commit(tmp, final)
+        return self.apply(final)
+
+    def apply(self, uri: str) -> int:
+        """Upsert the committed batch into the graph (idempotent; keyed by avatar id)."""
+        applied = 0
+        chunk: dict[str, Any] = {}
+        rows = self.spark.read.parquet(uri).select("id", "value").toLocalIterator()
+        for row in rows:
+            chunk[row["id"]] = json.loads(row["value"])
+            if len(chunk) >= APPLY_CHUNK:
+                self.cancel.raise_if_cancelled()
+                applied += self.store.avatars.upsert_aspect(self.definition.name, chunk)
+                chunk = {}
+        if chunk:
+            applied += self.store.avatars.upsert_aspect(self.definition.name, chunk)
+        return applied
+
+
+def coordinator_for(session: Session, series_id: str,
+                    meta: dict[str, Any] | None = None) -> BatchCoordinator:
+    """The coordinator with the series' own settings (stored in its meta at creation)."""
+    if meta is None:
+        meta = BatchCoordinator(session, series_id).status().meta
+    return BatchCoordinator(session, series_id, timeout=float(meta["timeout"]),
+                            max_in_progress=int(meta.get("max_in_progress", 8)),
+                            max_attempts=int(meta.get("max_attempts", 3)))
+
+
+def progress(status: SeriesStatus) -> dict[str, Any]:
+    """Batches done/total and rows/s of a series, for reports."""
+    size = int(status.meta.get("batch_rows", 1))
+    done = status.finished
+    first = min((b.started_at for b in status.batches), default=status.created_at)
+    last = max((b.finished_at or 0.0 for b in done), default=0.0)
+    elapsed = max(last - first, 1e-9) if done else 0.0
+    return {
+        "series": status.id,
+        "state": status.state.value,
+        "batches_done": len(done),
+        "batches_total": status.expected_batches(size),
+        "rows_total": status.end,
+        "rows_done": status.rows_done,
+        "rows_per_s": round(status.rows_done / elapsed, 1) if elapsed else 0.0,
+        "retries": sum(max(b.attempt - 1, 0) for b in status.batches),
+        "failure": list(status.failure),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``spark-submit --py-files latchwork.zip runner/pipeline/job.py --series ID ...``
+
+    Works the batches of an existing series from this driver, with the node configuration
+    (``--config`` TOML and ``LATCHWORK_*`` variables) for ZooKeeper, the graph and data_dir.
+    SIGTERM cancels the Spark job group and releases the current batch.
+    """
+    from runner.config import Settings
+    from runner.pipeline.aspects import AspectRegistry
+    from runner.store import open_store
+
+    parser = argparse.ArgumentParser(prog="latchwork-pipeline-job", description=main.__doc__)
+    parser.add_argument("--series", required=True, help="the series to work")
+    parser.add_argument("--config", type=Path, help="TOML configuration file")
+    parser.add_argument("--member", default=f"spark-submit:{uuid.uuid4().hex[:8]}",
+                        help="worker id recorded as the owner of its batches")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
+                                                   "%(message)s")
+    from pyspark.sql import SparkSession
+    settings = Settings.load(args.config)
+    spark = SparkSession.builder.appName(f"latchwork {args.series}").getOrCreate()
+    cancel = CancelToken()
+    signal.signal(signal.SIGTERM, lambda *_: cancel.cancel("SIGTERM"))
+    with Session(settings.zk_hosts, settings.cluster, timeout=settings.session_timeout,
+                 auth=settings.zk_auth) as session:
+        coordinator = coordinator_for(session, args.series)
+        meta = coordinator.status().meta
+        store = open_store(settings.graph)
+        try:
+            worker = BatchWorker(
+                spark, store, coordinator, AspectRegistry(settings.aspects).get(meta["aspect"]),
+                SeriesPaths(meta["root"]), args.member, cancel,
+                group=f"latchwork-{args.series}", batch_rows=int(meta["batch_rows"]))
+            status = worker.run()
+        finally:
+            store.close()
+    print(json.dumps(progress(status)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,282 @@
+"""Aspect operations (the API side) and the pipeline's task types.
+
+Task types:
+
+* ``aspect.create`` (one per aspect generation, uniqueness key ``aspect:<name>:g<gen>:create``):
+  freezes the eligible classes (one read of the ontology cache under its read lock), writes the
+  avatar snapshot, creates the batch series, submits ``batch_workers`` helper tasks, works
+  batches itself, and marks the aspect READY when the series completes (FAILED with the
+  reasons when it fails). Rerun after a crash, every step finds its earlier result.
+* ``aspect.batches``: a helper; works batches of the series until it completes.
+* ``aspect.delete``: removes the aspect from every avatar in chunks, then marks it DELETED.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from coord import Session
+from coord.batches import BatchCoordinator, SeriesNotFound, SeriesState
+from runner.config import Settings
+from runner.ontology_sync import OntologyCache
+from runner.pipeline.aspects import (
+    ASPECT_PATTERN,
+    AspectBusy,
+    AspectDefinition,
+    AspectRegistry,
+    AspectState,
+    AspectStates,
+    Kind,
+    State,
+)
+from runner.pipeline.job import (
+    BatchWorker,
+    SeriesPaths,
+    coordinator_for,
+    progress,
+    write_snapshot,
+)
+from runner.pipeline.spark import spark_session
+from runner.store import GraphStore, Task
+from runner.tasks import TaskContext, TaskRegistry
+
+log = logging.getLogger("latchwork.pipeline")
+
+DELETE_CHUNK = 1000
+
+
+class AspectPayload(BaseModel):
+    aspect: str = Field(pattern=ASPECT_PATTERN)
+    generation: int = Field(ge=1)
+    batch_rows: int | None = Field(None, ge=1)
+    pause: float = Field(0.0, ge=0, le=3600)
+
+
+class HelperPayload(AspectPayload):
+    worker: int = Field(ge=1)
+
+
+def series_id(aspect: str, generation: int) -> str:
+    return f"aspect-{aspect}-g{generation}"
+
+
+def eligible_classes(definition: AspectDefinition, cache: OntologyCache) -> set[str]:
+    """The definition's classes and all below them: one consistent read of the cache."""
+    return cache.descendants_or_self(set(definition.classes))
+
+
+@dataclass
+class Pipeline:
+    """What the pipeline's handlers and API operations need from the node."""
+
+    settings: Settings
+    session: Session
+    store: GraphStore
+    cache: OntologyCache
+    aspects: AspectRegistry
+    submit: Any  # callable(type, payload, unique_key) -> Task; notifies the cluster
+    member: str
+
+    @property
+    def states(self) -> AspectStates:
+        return AspectStates(self.session)
+
+    # -- API operations ---------------------------------------------------------------------
+
+    def create(self, name: str, batch_rows: int | None = None, pause: float = 0.0
+               ) -> dict[str, Any]:
+        """Create an aspect: READY at once (simple) or through one task (heavy).
+
+        The state moves first (CAS to CREATING with a new generation), then the task is
+        submitted with the generation in its uniqueness key, then its id is recorded. Racing
+        requests all end on the one task; a request that finds CREATING without a task id (its
+        submitter died in between) submits it again, which the uniqueness key makes harmless.
+        """
+        definition = self.aspects.get(name)
+        states = self.states
+        while True:
+            current, _ = states.get(name)
+            if current.state is State.CREATING and current.task_id is None:
+                payload = AspectPayload(aspect=name, generation=current.generation,
+                                        batch_rows=batch_rows, pause=pause)
+                self._attach(name, current, "aspect.create", payload, "create")
+                return self.describe(name)
+            if current.state in (State.CREATING, State.READY):
+                return self.describe(name)  # created or being created: the same task
+            if current.state is State.DELETING:
+                raise AspectBusy(f"aspect {name} is being deleted by task {current.task_id}; "
+                                 "create it again once that task finished")
+            target = State.READY if definition.kind is Kind.SIMPLE else State.CREATING
+            new = AspectState(name, target, current.generation + 1, None, time.time())
+            if self._move(name, current, new):
+                log.info("member %s: aspect %s generation %d -> %s", self.member, name,
+                         new.generation, target.value)
+            # loop: attach the task (heavy) or report (simple), on whatever state won
+
+    def delete(self, name: str) -> dict[str, Any]:
+        """Delete an aspect through a task that removes it from every avatar."""
+        self.aspects.get(name)
+        states = self.states
+        while True:
+            current, _ = states.get(name)
+            if current.state is State.DELETING and current.task_id is None:
+                payload = AspectPayload(aspect=name, generation=current.generation,
+                                        batch_rows=None, pause=0.0)
+                self._attach(name, current, "aspect.delete", payload, "delete")
+                return self.describe(name)
+            if current.state in (State.ABSENT, State.DELETED, State.DELETING):
+                return self.describe(name)
+            if current.state is State.CREATING:
+                raise AspectBusy(f"aspect {name} is being created by task {current.task_id}; "
+                                 "deactivate that task or wait for it")
+            self._move(name, current,
+                       AspectState(name, State.DELETING, current.generation, None, time.time()))
+
+    def _move(self, name: str, seen: AspectState, new: AspectState) -> bool:
+        """CAS ``seen`` -> ``new``; False if another node changed the aspect first."""
+        return self.states.change(name, lambda cur: new if cur == seen else None) == new
+
+    def _attach(self, name: str, current: AspectState, task_type: str,
+                payload: AspectPayload, verb: str) -> None:
+        task = self.submit(task_type, payload.model_dump(),
+                           f"aspect:{name}:g{current.generation}:{verb}")
+
+        def decide(cur: AspectState) -> AspectState | None:
+            if cur.state is current.state and cur.generation == current.generation \
+                    and cur.task_id is None:
+                return AspectState(name, cur.state, cur.generation, task.id, time.time())
+            return None
+        self.states.change(name, decide)
+
+    def describe(self, name: str) -> dict[str, Any]:
+        definition = self.aspects.get(name)
+        state, _ = self.states.get(name)
+        out: dict[str, Any] = {
+            **state.to_json(), "kind": definition.kind.value,
+            "classes": list(definition.classes), "description": definition.description,
+            "progress": None, "task": None,
+        }
+        if state.task_id is not None:
+            task = self.store.tasks.get(state.task_id)
+            out["task"] = {"id": task.id, "type": task.type, "status": task.status.value,
+                           "finished": task.finished, "active": task.active}
+            if task.type == "aspect.create":
+                out["progress"] = self.progress_of(task)
+        return out
+
+    def progress_of(self, task: Task) -> dict[str, Any] | None:
+        payload = task.payload
+        if task.type not in ("aspect.create", "aspect.batches"):
+            return None
+        try:
+            status = BatchCoordinator(
+                self.session, series_id(payload["aspect"], payload["generation"])).status()
+        except SeriesNotFound:
+            return {"series": series_id(payload["aspect"], payload["generation"]),
+                    "state": "PREPARING", "batches_done": 0, "batches_total": None,
+                    "rows_total": None, "rows_done": 0, "rows_per_s": 0.0, "retries": 0,
+                    "failure": []}
+        return progress(status)
+
+    # -- task handlers ----------------------------------------------------------------------
+
+    def _worker(self, ctx: TaskContext, payload: AspectPayload, definition: AspectDefinition,
+                sid: str) -> BatchWorker:
+        meta = BatchCoordinator(self.session, sid).status().meta
+        spark = spark_session(self.settings, app_name=f"latchwork {self.member}")
+        return BatchWorker(spark, self.store, coordinator_for(self.session, sid, meta),
+                           definition, SeriesPaths(meta["root"]), self.member, ctx.cancel,
+                           group=f"latchwork-task-{ctx.task.id}",
+                           batch_rows=int(meta["batch_rows"]), pause=float(meta["pause"]))
+
+    def _current(self, ctx: TaskContext, payload: AspectPayload, state: State) -> bool:
+        """Whether the aspect still is in ``state`` at this task's generation."""
+        current, _ = self.states.get(payload.aspect)
+        if current.state is state and current.generation == payload.generation:
+            return True
+        log.warning("member %s: task %s: aspect %s is %s at generation %d, not %s at %d: "
+                    "nothing to do", self.member, ctx.task.id, payload.aspect,
+                    current.state.value, current.generation, state.value, payload.generation)
+        return False
+
+    def run_create(self, ctx: TaskContext, payload: AspectPayload) -> None:
+        definition = self.aspects.get(payload.aspect)
+        if not self._current(ctx, payload, State.CREATING):
+            return
+        sid = series_id(payload.aspect, payload.generation)
+        coordinator = BatchCoordinator(self.session, sid)
+        if not coordinator.exists():
+            classes = eligible_classes(definition, self.cache)
+            paths = SeriesPaths.of(self.settings.data_dir, sid)
+            spark = spark_session(self.settings, app_name=f"latchwork {self.member}")
+            rows = write_snapshot(spark, self.store, classes, paths)
+            digest = hashlib.sha256("\n".join(sorted(classes)).encode()).hexdigest()[:16]
+            coordinator.create(end=rows, meta={
+                "aspect": payload.aspect, "generation": payload.generation, "root": paths.root,
+                "batch_rows": payload.batch_rows or self.settings.batch_rows,
+                "timeout": self.settings.batch_timeout, "max_attempts": 3,
+                "pause": payload.pause, "classes": len(classes), "classes_sha": digest,
+                "task": ctx.task.id})
+            log.info("member %s: task %s: series %s over %d avatars of %d eligible classes",
+                     self.member, ctx.task.id, sid, rows, len(classes))
+        for i in range(1, self.settings.batch_workers + 1):
+            self.submit("aspect.batches", HelperPayload(**payload.model_dump(), worker=i)
+                        .model_dump(), f"{sid}:worker:{i}")
+        try:
+            self._worker(ctx, payload, definition, sid).run()
+        except Exception as exc:
+            if BatchCoordinator(self.session, sid).status().state is SeriesState.FAILED:
+                self.states.transition(payload.aspect, payload.generation, State.CREATING,
+                                       State.FAILED, error=str(exc))
+            raise
+        self.states.transition(payload.aspect, payload.generation, State.CREATING, State.READY)
+        log.info("member %s: task %s: aspect %s is READY", self.member, ctx.task.id,
+                 payload.aspect)
+
+    def run_helper(self, ctx: TaskContext, payload: HelperPayload) -> None:
+        definition = self.aspects.get(payload.aspect)
+        sid = series_id(payload.aspect, payload.generation)
+        coordinator = BatchCoordinator(self.session, sid)
+        while not coordinator.exists():  # the creating task has not made the series yet
+            state, _ = self.states.get(payload.aspect)
+            if state.state is not State.CREATING or state.generation != payload.generation:
+                return  # that creation is over (or failed before it made a series)
+            ctx.cancel.wait(0.5)
+            ctx.cancel.raise_if_cancelled()
+        self._worker(ctx, payload, definition, sid).run()
+
+    def run_delete(self, ctx: TaskContext, payload: AspectPayload) -> None:
+        if not self._current(ctx, payload, State.DELETING):
+            return
+        removed = 0
+        while ids := sorted(self.store.avatars.with_aspect(payload.aspect)):
+            for start in range(0, len(ids), DELETE_CHUNK):
+                ctx.cancel.raise_if_cancelled()
+                removed += self.store.avatars.remove_aspect(
+                    payload.aspect, ids[start:start + DELETE_CHUNK])
+        self.states.transition(payload.aspect, payload.generation, State.DELETING,
+                               State.DELETED)
+        log.info("member %s: task %s: aspect %s removed from %d avatars", self.member,
+                 ctx.task.id, payload.aspect, removed)
+
+
+def _pipeline(ctx: TaskContext) -> Pipeline:
+    pipeline = ctx.services.get("pipeline")
+    if not isinstance(pipeline, Pipeline):
+        raise RuntimeError("this node runs no pipeline (no 'pipeline' service)")
+    return pipeline
+
+
+def register_pipeline_tasks(registry: TaskRegistry) -> None:
+    registry.register("aspect.create", lambda ctx, p: _pipeline(ctx).run_create(ctx, p),
+                      AspectPayload, description="enrich every eligible avatar with an aspect")
+    registry.register("aspect.batches", lambda ctx, p: _pipeline(ctx).run_helper(ctx, p),
+                      HelperPayload, description="work the batches of an aspect's series")
+    registry.register("aspect.delete", lambda ctx, p: _pipeline(ctx).run_delete(ctx, p),
+                      AspectPayload, description="remove an aspect from every avatar")

@@ -1,0 +1,435 @@
+"""The aspects pipeline end to end: node subprocesses with Spark local[2], real ZooKeeper,
+RabbitMQ and a shared embedded graph; plus in-process checks of the Spark job, cancellation,
+spark-submit, eligibility under cache reloads and Parquet import/export."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import zipfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from coord import Session
+from coord.batches import BatchCoordinator, BatchState, SeriesState
+from runner.config import Settings
+from runner.ontology_sync import OntologyCache
+from runner.pipeline.aspects import COMPUTATIONS, AspectDefinition, AspectRegistry, Kind
+from runner.pipeline.job import BatchWorker, SeriesPaths, compute, write_snapshot
+from runner.pipeline.spark import TEST_CONF
+from runner.pipeline.tasks import eligible_classes, series_id
+from runner.store import Avatar, GraphStore, Ontology, OntologyClass, open_store
+from runner.tasks import CancelToken, TaskCancelled
+from runner.testing import NodeProcess, wait_until
+from runner.testing.cluster import CLUSTER, Cluster
+from runner.testing.plugin import AmqpNamespace, ZkNamespace
+
+EX = "http://example.org/plant#"
+ONTOLOGY = f"""@prefix owl: <http://www.w3.org/2002/07/owl#> .
+@prefix rdfs: <http://www.w3.org/2000/01/rdf-schema#> .
+@prefix ex: <{EX}> .
+<http://example.org/plant> a owl:Ontology .
+ex:Asset a owl:Class .
+ex:Equipment a owl:Class ; rdfs:subClassOf ex:Asset .
+ex:Pump a owl:Class ; rdfs:subClassOf ex:Equipment .
+ex:Room a owl:Class ; rdfs:subClassOf ex:Asset .
+"""
+ASPECTS = json.dumps({"geo": {"classes": [f"{EX}Equipment"]}})
+CLASSES = [f"{EX}Pump", f"{EX}Equipment", f"{EX}Room"]
+
+
+def avatars_file(path: Path, n: int) -> Path:
+    """``n`` avatars cycling through Pump, Equipment, Room; every 10th has no coordinates."""
+    ids = [f"av-{i:05d}" for i in range(n)]
+    props = [json.dumps({} if i % 10 == 9 else {"lat": 40 + i / 1000, "lon": -3 - i / 1000})
+             for i in range(n)]
+    pq.write_table(pa.table({"id": ids, "class_iri": [CLASSES[i % 3] for i in range(n)],
+                             "properties": props}), path)
+    return path
+
+
+def expected_geo(n: int) -> dict[str, Any]:
+    return {f"av-{i:05d}": {"type": "Point", "coordinates": [-3 - i / 1000, 40 + i / 1000]}
+            for i in range(n) if i % 3 != 2 and i % 10 != 9}
+
+
+def checksum(values: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(sorted(values.items()), sort_keys=True).encode()
+                          ).hexdigest()
+
+
+@pytest.fixture
+def plant(zk_namespace: ZkNamespace, amqp_vhost: AmqpNamespace, tmp_path: Path,
+          spawn_node: Callable[..., NodeProcess]) -> Iterator[Cluster]:
+    onto = tmp_path / "ontologies"
+    onto.mkdir()
+    (onto / "plant.ttl").write_text(ONTOLOGY)
+    c = Cluster(zk_namespace.hosts, amqp_vhost, tmp_path, spawn_node,
+                ontology_source=str(onto), aspects=ASPECTS, data_dir=str(tmp_path / "data"),
+                spark_master="local[2]", spark_conf=json.dumps(TEST_CONF),
+                spark_driver_memory="512m", batch_timeout="3", batch_workers="1")
+    yield c
+    c.store.close()
+
+
+def start_plant(c: Cluster, nodes: int, avatars: int, tmp_path: Path) -> list[str]:
+    members = [c.start_node() for _ in range(nodes)]
+    # the master loads the ontology, then every node reloads its cache
+    assert wait_until(lambda: all("ontology cache reloaded" in n.log_path.read_text()
+                                  for n in c.nodes.values()), 60, 0.2)
+    result = c.cli("avatars", "import", str(avatars_file(tmp_path / "in.parquet", avatars)))
+    assert result.exit_code == 0, result.output
+    assert f"imported {avatars} avatars" in result.output
+    return members
+
+
+def aspect(c: Cluster, name: str = "geo") -> dict[str, Any]:
+    result = c.cli("aspect", "show", name, "--json")
+    assert result.exit_code == 0, result.output
+    value: dict[str, Any] = json.loads(result.output)
+    return value
+
+
+def cli_subprocess(c: Cluster, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "runner.cli", *args], env=c.env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def committed_ids(c: Cluster, sid: str) -> list[str]:
+    """Every avatar id in the series' committed batch outputs (duplicates kept)."""
+    with Session(c.env["LATCHWORK_ZK_HOSTS"], CLUSTER) as s:
+        meta = BatchCoordinator(s, sid).status().meta
+    batches = Path(meta["root"].removeprefix("file://")) / "batches"
+    ids: list[str] = []
+    for d in sorted(batches.iterdir()):
+        if d.name.startswith("_"):
+            continue
+        ids.extend(pq.read_table(d, columns=["id"]).column("id").to_pylist())
+    return ids
+
+
+def test_create_twice_from_two_nodes_reports_progress_then_delete(
+        plant: Cluster, tmp_path: Path) -> None:
+    n = 240
+    start_plant(plant, 2, n, tmp_path)
+    # the same aspect requested at once from two clients (answered by any node): one task
+    procs = [cli_subprocess(plant, "aspect", "create", "geo", "--batch-rows", "30", "--pause",
+                            "0.4", "--json") for _ in range(2)]
+    answers = []
+    for p in procs:
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err
+        answers.append(json.loads(out))
+    assert answers[0]["generation"] == answers[1]["generation"] == 1
+    task_ids = {a["task_id"] for a in answers} - {None}
+    creates = plant.store.tasks.all("aspect.create")
+    assert len(creates) == 1 and task_ids <= {creates[0].id}
+    task_id = creates[0].id
+
+    # state and progress while it runs, through the API and in `task show`
+    assert wait_until(lambda: (aspect(plant)["progress"] or {}).get("batches_total") == 8,
+                      90, 0.3), aspect(plant)
+    running = aspect(plant)
+    assert running["state"] == "CREATING" and running["task"]["id"] == task_id
+    assert running["progress"]["rows_total"] == 160  # Pump + Equipment avatars
+    shown = plant.cli("task", "show", task_id)
+    assert shown.exit_code == 0 and "batches" in shown.output and "rows/s" in shown.output
+
+    done = plant.cli("aspect", "create", "geo", "--wait", "--timeout", "20")
+    assert done.exit_code == 0, done.output
+    assert "READY" in done.output and "8/8 batches" in done.output
+    final = aspect(plant)
+    assert final["state"] == "READY" and final["progress"]["batches_done"] == 8
+    got = plant.store.avatars.with_aspect("geo")
+    assert got == expected_geo(n)
+    (create,) = plant.store.tasks.all("aspect.create")
+    attempts = plant.store.attempts.for_task(create.id)
+    assert create.finished and [a.status.value for a in attempts] == ["SUCCEEDED"]  # run once
+    helpers = plant.store.tasks.all("aspect.batches")
+    assert len(helpers) == 1 and wait_until(lambda: plant.task(helpers[0].id).finished, 30)
+    with Session(plant.env["LATCHWORK_ZK_HOSTS"], CLUSTER) as s:
+        history = BatchCoordinator(s, series_id("geo", 1)).history()
+    assert len({b.owner for b in history}) >= 1 and all(
+        b.state is BatchState.FINISHED for b in history)
+    ids = committed_ids(plant, series_id("geo", 1))
+    assert len(ids) == len(set(ids)) == len(expected_geo(n))
+
+    again = plant.cli("aspect", "create", "geo", "--json")  # READY: nothing new
+    assert json.loads(again.output)["generation"] == 1
+    assert len(plant.store.tasks.all("aspect.create")) == 1
+
+    deleted = plant.cli("aspect", "delete", "geo", "--wait", "--timeout", "20")
+    assert deleted.exit_code == 0, deleted.output
+    assert aspect(plant)["state"] == "DELETED"
+    assert plant.store.avatars.with_aspect("geo") == {}
+
+    unknown = plant.cli("aspect", "create", "nosuch")
+    assert unknown.exit_code == 2 and "unknown aspect 'nosuch'" in unknown.output
+    simple = plant.cli("aspect", "create", "timeseries", "--json")
+    assert json.loads(simple.output)["state"] == "READY"  # simple: no task
+    assert json.loads(simple.output)["task"] is None
+
+
+def child_pids(pid: int) -> list[int]:
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            children.append(int(stat.parent.name))
+    return children
+
+
+def test_node_killed_mid_batch_its_batch_is_retried_and_the_result_is_exact(
+        plant: Cluster, tmp_path: Path, spark: Any) -> None:
+    n = 300
+    start_plant(plant, 2, n, tmp_path)
+    result = plant.cli("aspect", "create", "geo", "--batch-rows", "20", "--pause", "1.5")
+    assert result.exit_code == 0, result.output
+    sid = series_id("geo", 1)
+    zk = plant.env["LATCHWORK_ZK_HOSTS"]
+    with Session(zk, CLUSTER) as s:
+        coordinator = BatchCoordinator(s, sid)
+
+        def victim() -> str | None:
+            if not coordinator.exists():
+                return None
+            status = coordinator.status()
+            if not status.finished:
+                return None
+            busy = [b.owner for b in status.batches if b.state is BatchState.IN_PROGRESS]
+            return busy[0] if busy else None
+
+        assert wait_until(lambda: victim() is not None, 120, 0.1)
+        member = victim()
+        assert member is not None
+        node = plant.nodes[member]
+        jvms = child_pids(node.pid)
+        assert jvms, "the node has no Spark driver JVM child"
+        lost = [b.no for b in coordinator.status().batches
+                if b.state is BatchState.IN_PROGRESS and b.owner == member]
+        node.kill()
+        assert wait_until(lambda: not any(Path(f"/proc/{p}").exists() for p in jvms), 20, 0.2), \
+            "the killed node's Spark JVM outlived it"
+
+        assert wait_until(lambda: aspect(plant)["state"] == "READY", 180, 0.5), aspect(plant)
+        status = coordinator.status()
+    assert status.state is SeriesState.COMPLETED
+    retried = [b for b in status.batches if b.no in lost]
+    assert all(b.attempt >= 2 and any("timed out" in e for e in b.errors) for b in retried), \
+        retried
+    assert all(b.owner != member for b in retried)
+
+    # exactly once: no duplicate or missing avatar in the committed outputs or the graph
+    ids = committed_ids(plant, sid)
+    assert len(ids) == len(set(ids)) == len(expected_geo(n))
+    got = plant.store.avatars.with_aspect("geo")
+    # a clean run: one plain Spark job over the same snapshot
+    clean_rows = compute(spark, spark.read.parquet(status.meta["root"] + "/snapshot"),
+                         AspectRegistry(json.loads(ASPECTS)).get("geo")).collect()
+    clean = {r["id"]: json.loads(r["value"]) for r in clean_rows}
+    assert checksum(got) == checksum(clean) == checksum(expected_geo(n))
+
+
+def _store_with(path: Path, edges: list[tuple[str, str]]) -> GraphStore:
+    store = open_store(str(path))
+    classes = {c for e in edges for c in e}
+    store.ontologies.load(Ontology(
+        iri="http://example.org/plant", version="1", checksum=str(len(edges)),
+        classes=tuple(OntologyClass(iri=c, label=c.rsplit("#", 1)[1],
+                                    parents=tuple(p for ch, p in edges if ch == c))
+                      for c in sorted(classes))))
+    return store
+
+
+def test_eligible_classes_are_one_consistent_view_while_the_cache_reloads(
+        tmp_path: Path) -> None:
+    before = [(f"{EX}Equipment", f"{EX}Asset"), (f"{EX}Pump", f"{EX}Equipment")]
+    after = [*before, (f"{EX}Fan", f"{EX}Equipment"), (f"{EX}JetFan", f"{EX}Fan"),
+             (f"{EX}DeepPump", f"{EX}Pump")]
+    stores = [_store_with(tmp_path / "a.db", before), _store_with(tmp_path / "b.db", after)]
+    cache = OntologyCache()
+    cache.reload(stores[0])
+    definition = AspectDefinition(name="geo", kind=Kind.HEAVY, compute="geojson-point",
+                                  classes=(f"{EX}Equipment",))
+    views = {frozenset(eligible_classes(definition, cache))}
+    cache.reload(stores[1])
+    views.add(frozenset(eligible_classes(definition, cache)))
+    assert len(views) == 2 and {len(v) for v in views} == {2, 5}
+    stop = threading.Event()
+
+    def synchronise() -> None:
+        i = 0
+        while not stop.is_set():
+            cache.reload(stores[i % 2])
+            i += 1
+
+    sync = threading.Thread(target=synchronise)
+    sync.start()
+    try:
+        seen: list[frozenset[str]] = []
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and (len(seen) < 300 or len(set(seen)) < 2):
+            seen.append(frozenset(eligible_classes(definition, cache)))
+    finally:
+        stop.set()
+        sync.join()
+        for s in stores:
+            s.close()
+    assert set(seen) <= views, "a mixed set of eligible classes"
+    assert len(set(seen)) == 2, "the reloads never interleaved with the reads"
+
+
+def _snapshot_series(spark: Any, session: Session, store: GraphStore, tmp_path: Path,
+                     sid: str, n: int, batch_rows: int, timeout: float = 30.0
+                     ) -> tuple[BatchCoordinator, SeriesPaths]:
+    store.avatars.upsert([Avatar(id=f"av-{i:05d}", class_iri=CLASSES[i % 3],
+                                 properties={"lat": 40 + i / 1000, "lon": -3 - i / 1000})
+                          for i in range(n)])
+    paths = SeriesPaths.of(str(tmp_path / "data"), sid)
+    rows = write_snapshot(spark, store, [f"{EX}Pump", f"{EX}Equipment"], paths)
+    coordinator = BatchCoordinator(session, sid, timeout=timeout)
+    coordinator.create(end=rows, meta={"aspect": "geo", "root": paths.root,
+                                       "batch_rows": batch_rows, "timeout": timeout,
+                                       "pause": 0})
+    return coordinator, paths
+
+
+def test_cancelling_the_task_cancels_its_spark_job_group(
+        spark: Any, zk_namespace: ZkNamespace, tmp_path: Path) -> None:
+    from pyspark.sql import functions as F
+    COMPUTATIONS["test-slow"] = lambda df: F.when(  # a built-in loop, ~forever per row
+        F.aggregate(F.sequence(F.lit(0), F.lit(50_000_000)), F.lit(0).cast("long"),
+                    lambda acc, x: acc + x) >= 0, F.lit('"slow"'))
+    try:
+        slow = AspectDefinition(name="slow", kind=Kind.HEAVY, compute="test-slow",
+                                classes=(f"{EX}Equipment",))
+        store = open_store(str(tmp_path / "g.db"))
+        with Session(zk_namespace.hosts, "c1") as session:
+            coordinator, paths = _snapshot_series(spark, session, store, tmp_path, "slow-1",
+                                                  40, 20)
+            cancel = CancelToken()
+            worker = BatchWorker(spark, store, coordinator, slow, paths, "w1", cancel,
+                                 group="latchwork-task-t1", batch_rows=20)
+            errors: list[BaseException] = []
+
+            def run() -> None:
+                try:
+                    worker.run()
+                except BaseException as exc:
+                    errors.append(exc)
+
+            thread = threading.Thread(target=run)
+            thread.start()
+            assert wait_until(lambda: spark.sparkContext.statusTracker()
+                              .getActiveJobsIds() != [], 30, 0.1)
+            time.sleep(1.0)
+            asked = time.monotonic()
+            cancel.cancel("operator deactivated the task")
+            thread.join(60)
+            assert not thread.is_alive()
+            assert time.monotonic() - asked < 30
+            assert len(errors) == 1 and isinstance(errors[0], TaskCancelled)
+            assert spark.sparkContext.statusTracker().getActiveJobsIds() == []
+            (batch, *_) = coordinator.history()
+            assert batch.state is BatchState.ABORTED and batch.failures == 0  # not its fault
+            assert "cancelled" in batch.errors[-1]
+        store.close()
+    finally:
+        del COMPUTATIONS["test-slow"]
+
+
+def test_the_job_module_runs_under_spark_submit_with_py_files(
+        spark: Any, zk_namespace: ZkNamespace, tmp_path: Path) -> None:
+    store = open_store(str(tmp_path / "g.db"))
+    with Session(zk_namespace.hosts, "c1") as session:
+        _snapshot_series(spark, session, store, tmp_path, "submit-1", 60,
+                         25)
+    store.close()
+    root = Path(__file__).resolve().parents[1]
+    bundle = tmp_path / "latchwork.zip"
+    with zipfile.ZipFile(bundle, "w") as z:
+        for package in ("coord", "messaging", "runner"):
+            for f in (root / package).rglob("*.py"):
+                z.write(f, f.relative_to(root))
+    submit = Path(sys.executable).parent / "spark-submit"
+    env = {**os.environ, "LATCHWORK_ZK_HOSTS": zk_namespace.hosts, "LATCHWORK_CLUSTER": "c1",
+           "LATCHWORK_GRAPH": str(tmp_path / "g.db"), "PYSPARK_PYTHON": sys.executable,
+           "LATCHWORK_ASPECTS": ASPECTS}
+    proc = subprocess.run(
+        [str(submit), "--master", "local[2]", "--conf", "spark.ui.enabled=false",
+         "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
+         "--py-files", str(bundle), str(root / "runner/pipeline/job.py"),
+         "--series", "submit-1", "--member", "submitted"],
+        env=env, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
+    assert report["state"] == "COMPLETED" and report["batches_done"] == 2
+    assert report["rows_done"] == 40
+    with Session(zk_namespace.hosts, "c1") as session:
+        assert {b.owner for b in BatchCoordinator(session, "submit-1").history()} == {
+            "submitted"}
+    store = open_store(str(tmp_path / "g.db"))
+    try:
+        assert len(store.avatars.with_aspect("geo")) == 40
+    finally:
+        store.close()
+
+
+def test_avatars_import_validates_first_and_export_round_trips(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from runner.cli import cli
+    env = {"LATCHWORK_GRAPH": str(tmp_path / "g.db")}
+    good = avatars_file(tmp_path / "good.parquet", 30)
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"id": ["a", "b", "c"], "class_iri": [f"{EX}Pump"] * 3,
+                             "properties": ['{"lat": 1}', "{not json", "{}"]}), bad)
+    runner = CliRunner()
+    refused = runner.invoke(cli, ["avatars", "import", str(bad)], env=env)
+    assert refused.exit_code == 2 and "row 1 (b): properties is not JSON" in refused.output
+    nocol = tmp_path / "nocol.parquet"
+    pq.write_table(pa.table({"name": ["a"]}), nocol)
+    refused = runner.invoke(cli, ["avatars", "import", str(nocol)], env=env)
+    assert refused.exit_code == 2 and "missing column(s) class_iri, id" in refused.output
+    store = open_store(env["LATCHWORK_GRAPH"])
+    try:
+        assert store.avatars.count() == 0  # nothing written from the bad files
+        assert runner.invoke(cli, ["avatars", "import", str(good)], env=env).exit_code == 0
+        store.avatars.upsert_aspect("geo", {"av-00000": {"type": "Point"}})
+    finally:
+        store.close()
+    out = tmp_path / "out" / "all.parquet"
+    exported = runner.invoke(cli, ["avatars", "export", str(out), "--class", f"{EX}Pump"],
+                             env=env)
+    assert exported.exit_code == 0 and "exported 10 avatars" in exported.output
+    table = pq.read_table(out).to_pylist()
+    assert [r["id"] for r in table] == [f"av-{i:05d}" for i in range(0, 30, 3)]
+    assert json.loads(table[0]["aspects"]) == {"geo": {"type": "Point"}}
+    assert json.loads(table[1]["properties"]) == {"lat": 40.003, "lon": -3.003}
+
+
+def test_aspect_definitions_from_configuration_are_validated() -> None:
+    from runner.pipeline.aspects import InvalidAspect
+    registry = AspectRegistry({"geo": {"classes": [f"{EX}Equipment"]},
+                               "tags": {"kind": "simple", "classes": [f"{EX}Asset"]}})
+    assert registry.get("geo").classes == (f"{EX}Equipment",)
+    assert registry.get("geo").compute == "geojson-point"
+    assert registry.get("tags").kind is Kind.SIMPLE
+    with pytest.raises(InvalidAspect, match="needs compute"):
+        AspectRegistry({"heavy1": {"kind": "heavy", "classes": ["x"]}})
+    with pytest.raises(InvalidAspect):
+        AspectRegistry({"Bad Name": {"kind": "simple", "classes": ["x"]}})
+    assert Settings(aspects={"geo": {"classes": ["x"]}}).aspects["geo"]["classes"] == ["x"]
