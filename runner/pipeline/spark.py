@@ -12,6 +12,7 @@ close and exits with it (PySpark's gateway does that), taking its running jobs a
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from typing import Any
 
@@ -24,6 +25,7 @@ DEFAULT_CONF = {
     "spark.driver.bindAddress": "127.0.0.1",
     "spark.driver.host": "127.0.0.1",
     "spark.sql.session.timeZone": "UTC",
+    "spark.ui.showConsoleProgress": "false",
 }
 
 _lock = threading.Lock()
@@ -35,6 +37,8 @@ def spark_session(settings: Settings, app_name: str = "latchwork") -> Any:
     global _session
     with _lock:
         if _session is None:
+            # loopback unless told otherwise (Spark would pick the first interface)
+            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
             from pyspark.sql import SparkSession
             builder = (SparkSession.builder.master(settings.spark_master).appName(app_name)
                        .config("spark.driver.memory", settings.spark_driver_memory))
