@@ -320,9 +320,12 @@ def _snapshot_series(spark: Any, session: Session, store: GraphStore, tmp_path: 
 def test_cancelling_the_task_cancels_its_spark_job_group(
         spark: Any, zk_namespace: ZkNamespace, tmp_path: Path) -> None:
     from pyspark.sql import functions as F
-    COMPUTATIONS["test-slow"] = lambda df: F.when(  # a built-in loop, ~forever per row
-        F.aggregate(F.sequence(F.lit(0), F.lit(50_000_000)), F.lit(0).cast("long"),
-                    lambda acc, x: acc + x) >= 0, F.lit('"slow"'))
+    seq = F.sequence(F.lit(0), F.lit(20_000))  # nested built-in loops: slow, little memory
+    COMPUTATIONS["test-slow"] = lambda df: F.when(
+        F.aggregate(seq, F.lit(0).cast("long"),
+                    lambda acc, x: acc + F.aggregate(seq, F.lit(0).cast("long"),
+                                                     lambda a, y: a + y)) >= 0,
+        F.lit('"slow"'))
     try:
         slow = AspectDefinition(name="slow", kind=Kind.HEAVY, compute="test-slow",
                                 classes=(f"{EX}Equipment",))

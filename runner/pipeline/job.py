@@ -209,6 +209,7 @@ class BatchWorker:
     batch_rows: int
     pause: float = 0.0  # seconds to wait before each commit (throttling; tests kill here)
     poll: float = 0.5
+    apply_to_graph: bool = True  # False: compute and commit only (benchmarks, dry runs)
 
     def run(self) -> SeriesStatus:
         """Work batches until the series is COMPLETED; raises SeriesFailed or TaskCancelled."""
@@ -285,21 +286,23 @@ class BatchWorker:
                 raise TaskCancelled(self.cancel.reason)
             self.cancel.raise_if_cancelled()
             fs.commit(tmp, final)
-        return self.apply(final)
+        return self.apply(final) if self.apply_to_graph else 0
 
     def apply(self, uri: str) -> int:
-        """Upsert the committed batch into the graph (idempotent; keyed by avatar id)."""
+        """Upsert the committed batch into the graph (idempotent; keyed by avatar id).
+
+        The batch comes to the driver as one Arrow table (a batch is sized to fit); the JSON
+        text Spark produced is stored as is."""
+        table = self.spark.read.parquet(uri).select("id", "value").toArrow()
+        ids = table.column("id").to_pylist()
+        values = table.column("value").to_pylist()
         applied = 0
-        chunk: dict[str, Any] = {}
-        rows = self.spark.read.parquet(uri).select("id", "value").toLocalIterator()
-        for row in rows:
-            chunk[row["id"]] = json.loads(row["value"])
-            if len(chunk) >= APPLY_CHUNK:
-                self.cancel.raise_if_cancelled()
-                applied += self.store.avatars.upsert_aspect(self.definition.name, chunk)
-                chunk = {}
-        if chunk:
-            applied += self.store.avatars.upsert_aspect(self.definition.name, chunk)
+        for start in range(0, len(ids), APPLY_CHUNK):
+            self.cancel.raise_if_cancelled()
+            applied += self.store.avatars.upsert_aspect(
+                self.definition.name,
+                dict(zip(ids[start:start + APPLY_CHUNK], values[start:start + APPLY_CHUNK],
+                         strict=True)), encoded=True)
         return applied
 
 

@@ -472,7 +472,7 @@ class GremlinAvatarStore:
             raise TaskNotFound(f"no avatar {avatar_id}")
         return _avatar(rows[0])
 
-    def upsert_aspect(self, aspect: str, values: Mapping[str, Any]) -> int:
+    def upsert_aspect(self, aspect: str, values: Mapping[str, Any], encoded: bool = False) -> int:
         """Set one aspect on many avatars; returns how many avatars exist and were written.
 
         Per batch: one count of the batch's avatars (an index lookup), then one traversal
@@ -481,9 +481,14 @@ class GremlinAvatarStore:
         which avatars exist and chains only those.
         """
         key = aspect_key(aspect)
-        encoded = {avatar_id: codec.encode_json(v) for avatar_id, v in values.items()}
+        if encoded:  # JSON text already (e.g. Spark's to_json): stored as is
+            texts = {k: v for k, v in values.items() if isinstance(v, str)}
+            if len(texts) != len(values):
+                raise InvalidValue(f"aspect {aspect}: encoded values must be JSON strings")
+        else:
+            texts = {avatar_id: codec.encode_json(v) for avatar_id, v in values.items()}
         written = 0
-        for chunk in _chunks(list(encoded), BATCH):
+        for chunk in _chunks(list(texts), BATCH):
             def run(g: Any, chunk: Sequence[str] = chunk) -> int:
                 present = list(chunk)
                 found = int(g.V().has("avatar_id", P.within(present)).count().next())
@@ -496,7 +501,7 @@ class GremlinAvatarStore:
                 t = g
                 for avatar_id in present:
                     t = (t.V().has("avatar_id", avatar_id)
-                         .property(Cardinality.single, key, encoded[avatar_id]))
+                         .property(Cardinality.single, key, texts[avatar_id]))
                 t.iterate()
                 return len(present)
             written += self.graph.write(run)

@@ -203,7 +203,7 @@ def spark() -> Iterator[Any]:
     """The test run's one SparkSession (local[2], UI off, 2 shuffle partitions)."""
     from runner.config import Settings
     from runner.pipeline.spark import TEST_CONF, spark_session, stop_spark
-    session = spark_session(Settings(spark_master="local[2]", spark_conf=TEST_CONF,
-                                     spark_driver_memory="1g"), "latchwork-tests")
+    session = spark_session(Settings.load(spark_master="local[2]", spark_conf=TEST_CONF,
+                                          spark_driver_memory="1g"), "latchwork-tests")
     yield session
     stop_spark()
