@@ -12,7 +12,7 @@ APT_PACKAGES := zookeeper rabbitmq-server default-jre-headless
 # As root use apt-get directly; otherwise through sudo.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help setup apt-packages venv test lint pytest demo bench clean
+.PHONY: help setup apt-packages venv test lint pytest demo bench pyfiles clean
 
 help:
 	@echo "make setup  - Debian packages (zookeeper, rabbitmq-server, JDK) + .venv + pip install -e .[dev]"
@@ -20,6 +20,7 @@ help:
 	@echo "make demo   - setup, then a 3-node cluster: ontology sync, kill -9 failover, reports"
 	@echo "make lint   - ruff and mypy only"
 	@echo "make bench  - the benchmarks in bench/ (each prints its ratio last)"
+	@echo "make pyfiles - dist/latchwork-pyfiles.zip for spark-submit --py-files"
 
 setup: apt-packages venv
 
@@ -56,6 +57,9 @@ demo: setup
 
 bench: setup
 	@set -e; for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b; done
+
+pyfiles: setup
+	$(PY) -m runner.pipeline.bundle dist/latchwork-pyfiles.zip
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info

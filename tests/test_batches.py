@@ -127,6 +127,22 @@ def test_a_batch_failing_max_attempts_fails_the_series_with_reasons(session: Ses
     assert "failed 2 times" in str(info.value)
 
 
+def test_an_abort_that_does_not_count_never_fails_the_series(session: Session) -> None:
+    c = BatchCoordinator(session, "s-nocount", timeout=5, max_attempts=1)
+    c.create(end=10)
+    for owner in ("w1", "w2", "w3"):  # three workers shut down mid-batch
+        b = c.start_batch(owner, 10)
+        assert b is not None
+        c.abort(b, "cancelled: SIGTERM", count=False)
+    status = c.status()
+    assert status.state is SeriesState.OPEN and status.batches[0].failures == 0
+    assert status.batches[0].attempt == 3
+    b = c.start_batch("w4", 10)
+    assert b is not None
+    c.abort(b, "a real failure")
+    assert c.status().state is SeriesState.FAILED
+
+
 def test_a_timed_out_last_attempt_fails_the_series(session: Session) -> None:
     clock = Clock()
     c = BatchCoordinator(session, "s-timeout-fail", timeout=5, max_attempts=1, clock=clock)

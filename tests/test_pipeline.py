@@ -25,6 +25,7 @@ from coord.batches import BatchCoordinator, BatchState, SeriesState
 from runner.config import Settings
 from runner.ontology_sync import OntologyCache
 from runner.pipeline.aspects import COMPUTATIONS, AspectDefinition, AspectRegistry, Kind
+from runner.pipeline.bundle import build
 from runner.pipeline.job import BatchWorker, SeriesPaths, compute, write_snapshot
 from runner.pipeline.spark import TEST_CONF
 from runner.pipeline.tasks import eligible_classes, series_id
@@ -238,7 +239,8 @@ def test_node_killed_mid_batch_its_batch_is_retried_and_the_result_is_exact(
         status = coordinator.status()
     assert status.state is SeriesState.COMPLETED
     retried = [b for b in status.batches if b.no in lost]
-    assert retried and all(b.attempt >= 2 and any("timed out" in e for e in b.errors) for b in retried), \
+    assert retried, lost
+    assert all(b.attempt >= 2 and any("timed out" in e for e in b.errors) for b in retried), \
         retried
     assert all(b.owner != member for b in retried)
 
@@ -372,11 +374,8 @@ def test_the_job_module_runs_under_spark_submit_with_py_files(
                          25)
     store.close()
     root = Path(__file__).resolve().parents[1]
-    bundle = tmp_path / "latchwork.zip"
-    with zipfile.ZipFile(bundle, "w") as z:
-        for package in ("coord", "messaging", "runner"):
-            for f in (root / package).rglob("*.py"):
-                z.write(f, f.relative_to(root))
+    bundle = build(tmp_path / "latchwork.zip")
+    assert "runner/pipeline/job.py" in zipfile.ZipFile(bundle).namelist()
     submit = Path(sys.executable).parent / "spark-submit"
     env = {**os.environ, "LATCHWORK_ZK_HOSTS": zk_namespace.hosts, "LATCHWORK_CLUSTER": "c1",
            "LATCHWORK_GRAPH": str(tmp_path / "g.db"), "PYSPARK_PYTHON": sys.executable,
