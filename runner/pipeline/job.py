@@ -291,9 +291,14 @@ class BatchWorker:
     def apply(self, uri: str) -> int:
         """Upsert the committed batch into the graph (idempotent; keyed by avatar id).
 
-        The batch comes to the driver as one Arrow table (a batch is sized to fit); the JSON
+        The batch comes to the driver as one Arrow table (a batch is sized to fit): read by
+        pyarrow straight from local files, through Spark from any other file system; the JSON
         text Spark produced is stored as is."""
-        table = self.spark.read.parquet(uri).select("id", "value").toArrow()
+        if uri.startswith("file:"):
+            import pyarrow.parquet as pq
+            table = pq.read_table(urlparse(uri).path, columns=["id", "value"])
+        else:
+            table = self.spark.read.parquet(uri).select("id", "value").toArrow()
         ids = table.column("id").to_pylist()
         values = table.column("value").to_pylist()
         applied = 0
