@@ -286,12 +286,15 @@ class Node:
 
 
 def run(settings: Settings, ready: threading.Event | None = None) -> int:
-    """Run a node until SIGTERM/SIGINT; returns the exit code."""
-    stop = threading.Event()
+    """Run a node until SIGTERM/SIGINT; returns the exit code.
+
+    The signal handler only records the signal: taking a lock (Event.set, a log record) inside
+    a handler can deadlock with the code it interrupted. The main thread polls the flag.
+    """
+    received: list[int] = []
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
-        log.info("signal %s: leaving the cluster", signal.Signals(signum).name)
-        stop.set()
+        received.append(signum)
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
@@ -300,8 +303,10 @@ def run(settings: Settings, ready: threading.Event | None = None) -> int:
                   f"at {settings.zk_hosts}", flush=True)
             if ready is not None:
                 ready.set()
-            stop.wait()
-            log.info("member %s: stopping", node.member_id)
+            while not received:
+                time.sleep(0.1)
+            log.info("member %s: signal %s: leaving the cluster", node.member_id,
+                     signal.Signals(received[0]).name)
         log.info("node stopped cleanly")
         return 0
     finally:

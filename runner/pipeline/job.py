@@ -364,20 +364,37 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings.load(args.config)
     spark = SparkSession.builder.appName(f"latchwork {args.series}").getOrCreate()
     cancel = CancelToken()
-    signal.signal(signal.SIGTERM, lambda *_: cancel.cancel("SIGTERM"))
+    received: list[int] = []  # the handler only records; the main thread acts on it
+    signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
     with Session(settings.zk_hosts, settings.cluster, timeout=settings.session_timeout,
                  auth=settings.zk_auth) as session:
         coordinator = coordinator_for(session, args.series)
         meta = coordinator.status().meta
         store = open_store(settings.graph)
+        outcome: list[SeriesStatus | BaseException] = []
         try:
             worker = BatchWorker(
                 spark, store, coordinator, AspectRegistry(settings.aspects).get(meta["aspect"]),
                 SeriesPaths(meta["root"]), args.member, cancel,
                 group=f"latchwork-{args.series}", batch_rows=int(meta["batch_rows"]))
-            status = worker.run()
+
+            def work() -> None:
+                try:
+                    outcome.append(worker.run())
+                except BaseException as exc:
+                    outcome.append(exc)
+
+            thread = threading.Thread(target=work, name="batch-worker")
+            thread.start()
+            while thread.is_alive():
+                thread.join(0.2)
+                if received:
+                    cancel.cancel("SIGTERM")
         finally:
             store.close()
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    status = outcome[0]
     print(json.dumps(progress(status)), flush=True)
     return 0
 

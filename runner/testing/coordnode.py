@@ -36,7 +36,8 @@ def main(argv: list[str]) -> int:
     try:
         if mode == "member":
             print(f"READY {member_id}", flush=True)
-            stop.wait()
+            while not stop.wait(0.1):  # a timed wait: a signal taken by another thread wakes it
+                pass
         elif mode == "latch":
             latch = LeaderLatch(session, member_id)
             latch.add_listener(on_gain=lambda: print("LEADER", flush=True),
@@ -70,7 +71,8 @@ def main(argv: list[str]) -> int:
                         log.write(f"t{i} {token} {got:.9f} {released:.9f}\n")
                         acquired += 1
             print(f"DONE {acquired}", flush=True)
-            stop.wait()
+            while not stop.wait(0.1):  # a timed wait: a signal taken by another thread wakes it
+                pass
         else:
             print(f"unknown mode {mode}", file=sys.stderr)
             return 2

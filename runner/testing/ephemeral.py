@@ -23,7 +23,8 @@ def main(argv: list[str]) -> int:
     client.start(timeout=30)
     client.create(path, b"ephemeral", ephemeral=True, makepath=True)
     print(f"READY 0x{client.client_id[0]:x}", flush=True)
-    stop.wait()
+    while not stop.wait(0.1):  # a timed wait: a signal taken by another thread wakes it
+        pass
     client.stop()
     client.close()
     return 0

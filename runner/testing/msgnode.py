@@ -104,7 +104,8 @@ def main(argv: list[str]) -> int:
             consumer.wait_consuming(30)
         say(f"READY {member}")
         latch.start()
-        stop.wait()
+        while not stop.wait(0.1):  # a timed wait: a signal taken by another thread wakes it
+            pass
     finally:
         latch.close()
         bus.close()
