@@ -55,10 +55,14 @@ def main() -> None:
                "LATCHWORK_GRAPH": graph, "LATCHWORK_CLUSTER": "bench",
                "LATCHWORK_SESSION_TIMEOUT": str(SESSION), "LATCHWORK_SCAN_INTERVAL": str(SCAN),
                "LATCHWORK_REAP_INTERVAL": "0.5", "LATCHWORK_WORKERS": "4"}
+        # LATCHWORK_BENCH_LOGS=DIR keeps the nodes' INFO logs (claim statistics at exit)
+        logs = os.environ.get("LATCHWORK_BENCH_LOGS")
         nodes = [subprocess.Popen([sys.executable, "-m", "runner.cli", "node", "start",
-                                   "--log-level", "WARNING"], env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-                 for _ in range(3)]
+                                   "--log-level", "INFO" if logs else "WARNING"], env=env,
+                                  stdout=subprocess.PIPE,
+                                  stderr=open(Path(logs) / f"node{i}.log", "w")  # noqa: SIM115
+                                  if logs else subprocess.DEVNULL)
+                 for i in range(3)]
         try:
             for node in nodes:
                 assert node.stdout is not None

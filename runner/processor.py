@@ -25,6 +25,7 @@ import logging
 import random
 import threading
 import traceback
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -106,6 +107,8 @@ class TaskProcessHandler:
         self._scheduler = BackgroundScheduler(timezone=UTC)
         self._skipped_types: set[str] = set()
         self._backlog: list[Task] = []
+        # how claims went: started / lock held elsewhere / stale listing (claim conflict)
+        self.stats: Counter[str] = Counter()
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> TaskProcessHandler:
@@ -148,6 +151,10 @@ class TaskProcessHandler:
                     break
         timer.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        log.info("member %s: task loop stopped; claims: %d started, %d locked elsewhere, "
+                 "%d stale; %d changed tasks skipped before locking", self.member_id,
+                 self.stats["started"], self.stats["lock_busy"], self.stats["stale"],
+                 self.stats["skipped_stale"])
 
     def running_tasks(self) -> list[str]:
         return [r.task.id for r in self._snapshot()]
@@ -169,8 +176,9 @@ class TaskProcessHandler:
         """One pass; returns how many tasks it started.
 
         ``relist=False`` (a worker just finished) first works through the candidates left from
-        the previous listing, which may be stale (their claims then fail cheaply), and lists
-        again only when none are left: listing every open task after every finished one would
+        the previous listing, which may be stale: a chunk at a time, one read of their versions
+        drops those another node claimed or finished since, and lists again only when none are
+        left: listing every open task after every finished one would
         cost more than the tasks themselves when thousands are queued.
         """
         if self._stopping.is_set() or self.session.state is not SessionState.CONNECTED:
@@ -179,15 +187,31 @@ class TaskProcessHandler:
         with self._scan_lock:
             if self._free() <= 0:
                 return 0
+            validated: set[str] = set()
             if relist or not self._backlog:
                 try:
                     self._backlog = self._candidates(self.store.tasks.unfinished())
                 except StoreError as exc:
                     log.error("member %s: cannot list tasks: %s", self.member_id, exc)
                     return 0
+                validated = {t.id for t in self._backlog}
             while self._backlog:
                 if self._free() <= 0 or self._stopping.is_set():
                     break
+                if self._backlog[0].id not in validated:
+                    # an older listing: other nodes have claimed or finished many of these;
+                    # one read drops the changed ones before a lock and a claim are spent
+                    chunk = self._backlog[:max(4, 2 * self._free())]
+                    try:
+                        current = self.store.tasks.versions([t.id for t in chunk])
+                    except StoreError as exc:
+                        log.error("member %s: cannot check tasks: %s", self.member_id, exc)
+                        return started
+                    fresh = [t for t in chunk if current.get(t.id) == t.version]
+                    self.stats["skipped_stale"] += len(chunk) - len(fresh)
+                    self._backlog = fresh + self._backlog[len(chunk):]
+                    validated.update(t.id for t in fresh)
+                    continue
                 task = self._backlog.pop(0)
                 with self._lock:
                     if task.id in self._running:
@@ -247,6 +271,7 @@ class TaskProcessHandler:
             self._release(lock, booking)
             raise
         if token is None:  # someone else runs it
+            self.stats["lock_busy"] += 1
             self._release(lock, booking)
             return False
         try:
@@ -255,11 +280,13 @@ class TaskProcessHandler:
             # The RUNNING attempt is written in the same transaction, before the handler runs.
             claimed, attempt = self.store.claim(task.id, task.version, token, self.member_id)
         except (CommitConflict, StaleFencingToken):
+            self.stats["stale"] += 1
             self._release(lock, booking)
             return False
         except BaseException:
             self._release(lock, booking)
             raise
+        self.stats["started"] += 1
         running = _Running(claimed, lock, token, booking, attempt)
         lock.add_lost_listener(lambda _task: running.cancel.cancel("its task lock was lost"))
         with self._lock:

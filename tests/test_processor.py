@@ -113,3 +113,26 @@ def test_close_cancels_running_handlers_and_writes_their_attempts(
     assert attempt.status is AttemptStatus.CANCELLED_BY_SYSTEM
     assert attempt.error == "cancelled by system: node shutting down"
     assert store.tasks.get(task.id).open
+
+
+def test_an_old_listing_is_rechecked_before_locking(
+        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+    """Tasks another node claimed since the listing are dropped by one read, not by a lock
+    and a failed claim each."""
+    ran: list[str] = []
+    registry = TaskRegistry()
+    registry.register("t", lambda ctx, payload: ran.append(ctx.task.id))
+    tasks = [store.tasks.create("t") for _ in range(6)]
+    with session(zk_namespace) as s:
+        processor = TaskProcessHandler(s, "m1", store, registry, workers=2, scan_interval=600)
+        processor._backlog = processor._candidates(store.tasks.unfinished())  # the old listing
+        for task in tasks[:4]:  # meanwhile another node claimed four of them
+            store.tasks.update(task.id, 0, 9, owner="m2")
+        try:
+            assert processor.scan(relist=False) == 2  # works through the old listing
+            assert wait_until(lambda: len(ran) == 2, 30)
+        finally:
+            processor.close()
+    assert sorted(ran) == sorted(t.id for t in tasks[4:])
+    assert processor.stats["skipped_stale"] == 4
+    assert processor.stats["stale"] == 0 and processor.stats["lock_busy"] == 0

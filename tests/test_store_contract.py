@@ -111,6 +111,13 @@ def test_conditional_update_needs_the_current_version(store: GraphStore) -> None
         store.tasks.update(task.id, 1, 7, type="other")
 
 
+def test_versions_reports_current_versions_of_existing_tasks(store: GraphStore) -> None:
+    a, b = store.tasks.create("t"), store.tasks.create("t")
+    store.tasks.update(a.id, 0, 3, status=TaskStatus.RUNNING, owner="m1")
+    assert store.tasks.versions([a.id, b.id, "no-such-task"]) == {a.id: 1, b.id: 0}
+    assert store.tasks.versions([]) == {}
+
+
 def test_a_stale_fencing_token_is_rejected_and_changes_nothing(store: GraphStore) -> None:
     task = store.tasks.create("t")
     big = 2**63 - 5  # ZooKeeper zxids are 64-bit; gremlite cannot hold this natively

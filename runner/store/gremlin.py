@@ -148,6 +148,16 @@ class GremlinTaskStore:
         tasks.sort(key=lambda t: (-t.priority, t.created_at, t.id))
         return tasks
 
+    def versions(self, task_ids: Sequence[str]) -> dict[str, int]:
+        """The current version of each task that exists (one read): a cheap freshness check
+        of a listing before paying for a lock and a claim."""
+        if not task_ids:
+            return {}
+        rows = self.graph.read(
+            lambda g: g.V().has("task_id", P.within(list(task_ids)))
+            .project("i", "v").by("task_id").by("task_version").to_list())
+        return {r["i"]: int(r["v"]) for r in rows}
+
     def all(self, type: str | None = None) -> list[Task]:
         """Every task (finished ones too), newest first; optionally of one type."""
         if type is None:

@@ -28,6 +28,10 @@ class TaskStore(Protocol):
         """Active, unfinished tasks, highest priority first, then oldest first."""
         ...
 
+    def versions(self, task_ids: Sequence[str]) -> dict[str, int]:
+        """The current version of each of these tasks that exists (one read)."""
+        ...
+
     def all(self, type: str | None = None) -> list[Task]:
         """Every task, newest first (an operator's listing, not the task loop's scan)."""
         ...
