@@ -78,7 +78,8 @@ def plant(zk_namespace: ZkNamespace, amqp_vhost: AmqpNamespace, tmp_path: Path,
     c = Cluster(zk_namespace.hosts, amqp_vhost, tmp_path, spawn_node,
                 ontology_source=str(onto), aspects=ASPECTS, data_dir=str(tmp_path / "data"),
                 spark_master="local[2]", spark_conf=json.dumps(TEST_CONF),
-                spark_driver_memory="512m", batch_timeout="3", batch_workers="1")
+                spark_driver_memory="512m", batch_timeout="3", batch_workers="1",
+                workers="1")  # one task per node: the creator and its helper on two nodes
     yield c
     c.store.close()
 
@@ -166,8 +167,8 @@ def test_create_twice_from_two_nodes_reports_progress_then_delete(
     assert len(helpers) == 1 and wait_until(lambda: plant.task(helpers[0].id).finished, 30)
     with Session(plant.env["LATCHWORK_ZK_HOSTS"], CLUSTER) as s:
         history = BatchCoordinator(s, series_id("geo", 1)).history()
-    assert len({b.owner for b in history}) >= 1 and all(
-        b.state is BatchState.FINISHED for b in history)
+    assert all(b.state is BatchState.FINISHED for b in history)
+    assert len({b.owner for b in history}) == 2, history  # both nodes worked the series
     ids = committed_ids(plant, series_id("geo", 1))
     assert len(ids) == len(set(ids)) == len(expected_geo(n))
 
@@ -364,6 +365,27 @@ def test_cancelling_the_task_cancels_its_spark_job_group(
         store.close()
     finally:
         del COMPUTATIONS["test-slow"]
+
+
+def test_a_committed_batch_is_not_recomputed_and_reapplying_it_changes_nothing(
+        spark: Any, zk_namespace: ZkNamespace, tmp_path: Path) -> None:
+    import shutil
+    store = open_store(str(tmp_path / "g.db"))
+    definition = AspectRegistry(json.loads(ASPECTS)).get("geo")
+    with Session(zk_namespace.hosts, "c1") as session:
+        coordinator, paths = _snapshot_series(spark, session, store, tmp_path, "rerun-1", 30, 30)
+        worker = BatchWorker(spark, store, coordinator, definition, paths, "w1", CancelToken(),
+                             group="g", batch_rows=30)
+        batch = coordinator.start_batch("w1", 30)
+        assert batch is not None
+        assert worker.process(batch) == 20  # Pump + Equipment avatars of 30
+        first = store.avatars.with_aspect("geo")
+        shutil.rmtree(paths.snapshot.removeprefix("file://"))  # a recompute would now fail
+        assert worker.process(batch) == 20  # the committed output is applied again
+        assert store.avatars.with_aspect("geo") == first
+        outputs = [p for p in Path(paths.batches.removeprefix("file://")).iterdir()]
+        assert [p.name for p in outputs] == ["000000"]  # one commit, no leftovers
+    store.close()
 
 
 def test_the_job_module_runs_under_spark_submit_with_py_files(
