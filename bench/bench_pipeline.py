@@ -62,7 +62,7 @@ def generate(spark: Any, path: str) -> None:
 
 def plain(spark: Any, snapshot: str, out: str, definition: Any) -> float:
     started = time.perf_counter()
-    compute(spark, spark.read.parquet(snapshot), definition).write.parquet(out)
+    compute(spark.read.parquet(snapshot), definition).write.parquet(out)
     return time.perf_counter() - started
 
 

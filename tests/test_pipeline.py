@@ -250,7 +250,7 @@ def test_node_killed_mid_batch_its_batch_is_retried_and_the_result_is_exact(
     assert len(ids) == len(set(ids)) == len(expected_geo(n))
     got = plant.store.avatars.with_aspect("geo")
     # a clean run: one plain Spark job over the same snapshot
-    clean_rows = compute(spark, spark.read.parquet(status.meta["root"] + "/snapshot"),
+    clean_rows = compute(spark.read.parquet(status.meta["root"] + "/snapshot"),
                          AspectRegistry(json.loads(ASPECTS)).get("geo")).collect()
     clean = {r["id"]: json.loads(r["value"]) for r in clean_rows}
     assert checksum(got) == checksum(clean) == checksum(expected_geo(n))

@@ -152,7 +152,7 @@ def write_snapshot(spark: Any, store: GraphStore, classes: Iterable[str],
     return int(spark.read.parquet(paths.snapshot).count())
 
 
-def compute(spark: Any, snapshot: Any, definition: AspectDefinition) -> Any:
+def compute(snapshot: Any, definition: AspectDefinition) -> Any:
     """``snapshot`` rows -> (id, value) rows of the aspect, with built-in expressions only."""
     if definition.compute is None:
         raise ValueError(f"aspect {definition.name} is simple: nothing to compute")
@@ -280,7 +280,7 @@ class BatchWorker:
             snapshot = self.spark.read.parquet(self.paths.snapshot)
             part = snapshot.where((F.col("pos") >= batch.start) & (F.col("pos") < batch.end))
             tmp = self.paths.tmp(f"batch-{batch.no:06d}")
-            compute(self.spark, part, self.definition).write.parquet(tmp)
+            compute(part, self.definition).write.parquet(tmp)
             if self.pause and self.cancel.wait(self.pause):
                 fs.delete(tmp)
                 raise TaskCancelled(self.cancel.reason)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,7 +81,7 @@ class Pipeline:
     store: GraphStore
     cache: OntologyCache
     aspects: AspectRegistry
-    submit: Any  # callable(type, payload, unique_key) -> Task; notifies the cluster
+    submit: Callable[[str, dict[str, Any], str | None], Task]  # creates + notifies
     member: str
 
     @property
