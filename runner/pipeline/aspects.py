@@ -7,8 +7,10 @@ ontology cache) and whether it is
 * **simple** (e.g. ``timeseries``): creating it only marks it READY; values arrive later with
   the avatars' own writes, so no task runs;
 * **heavy** (e.g. ``geo``, a GeoJSON point from each avatar's ``lat``/``lon`` properties):
-  creating it runs a pipeline task that enriches every eligible avatar, deleting it runs a task
-  that removes it from every avatar.
+  creating it runs a pipeline task that enriches every eligible avatar.
+
+Deleting an aspect of either kind runs an ``aspect.delete`` task that removes it from every
+avatar (a simple aspect's values may be on many avatars too).
 
 The state of each aspect (``/aspects/<name>`` in ZooKeeper, a :class:`VersionedRegister`) goes
 ABSENT -> CREATING -> READY -> DELETING -> DELETED (or FAILED), with a generation number that
