@@ -30,6 +30,7 @@ from coord.batches import (
     SeriesStatus,
 )
 from runner.testing.batchworker import work
+from runner.testing.faults import lose_first_set_reply
 from runner.testing.plugin import ZkNamespace
 
 
@@ -205,20 +206,9 @@ def test_an_open_ended_batch_blocks_the_next_and_closes_once(session: Session) -
 
 def test_a_cas_repeated_after_a_lost_reply_is_recognised(
         session: Session, monkeypatch: pytest.MonkeyPatch) -> None:
-    from kazoo.exceptions import ConnectionLoss
     c = BatchCoordinator(session, "s-lost-reply", timeout=30)
     c.create(end=20)
-    real_set = session.client.set
-    calls = {"n": 0}
-
-    def set_then_lose_reply(*args: object, **kwargs: object) -> object:
-        calls["n"] += 1
-        result = real_set(*args, **kwargs)
-        if calls["n"] == 1:
-            raise ConnectionLoss("reply lost")
-        return result
-
-    monkeypatch.setattr(session.client, "set", set_then_lose_reply)
+    calls = lose_first_set_reply(monkeypatch, session.client)
     b = c.start_batch("w1", 10)
     assert b is not None and (b.no, b.start) == (0, 0)
     assert calls["n"] == 1

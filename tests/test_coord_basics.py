@@ -27,6 +27,7 @@ from coord import (
     read_leader,
 )
 from runner.testing import expire_session
+from runner.testing.faults import lose_first_set_reply
 from runner.testing.plugin import ZkNamespace
 
 
@@ -245,21 +246,9 @@ def test_versioned_register_cas(session: Session) -> None:
 def test_register_recognises_its_own_write_after_a_lost_reply(
         session: Session, monkeypatch: pytest.MonkeyPatch) -> None:
     """The server applies the write, the reply is lost, the retry must not see a conflict."""
-    from kazoo.exceptions import ConnectionLoss
     reg = VersionedRegister(session, "/reg")
     reg.compare_and_set(-1, 0)
-    client = session.client
-    real_set = client.set
-    calls = {"n": 0}
-
-    def set_then_lose_reply(*args: object, **kwargs: object) -> object:
-        calls["n"] += 1
-        result = real_set(*args, **kwargs)
-        if calls["n"] == 1:
-            raise ConnectionLoss("reply lost")
-        return result
-
-    monkeypatch.setattr(client, "set", set_then_lose_reply)
+    calls = lose_first_set_reply(monkeypatch, session.client)
     assert reg.compare_and_set(0, 1) == 1
     assert calls["n"] == 1  # applied once, recognised on retry
     assert reg.get() == (1, 1)

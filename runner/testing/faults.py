@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from kazoo.client import KazooClient, KazooState
 
@@ -278,3 +279,21 @@ def wait_until(predicate: Callable[[], bool], timeout: float, step: float = 0.02
             return True
         time.sleep(step)
     return predicate()
+
+
+def lose_first_set_reply(monkeypatch: Any, client: Any) -> dict[str, int]:
+    """Make the next ``client.set`` reach the server but raise ConnectionLoss, as a reply lost
+    on the wire would; later calls behave. Returns the call counter (``calls["n"]``)."""
+    from kazoo.exceptions import ConnectionLoss
+    real_set = client.set
+    calls = {"n": 0}
+
+    def set_then_lose_reply(*args: object, **kwargs: object) -> object:
+        calls["n"] += 1
+        result = real_set(*args, **kwargs)
+        if calls["n"] == 1:
+            raise ConnectionLoss("reply lost")
+        return result
+
+    monkeypatch.setattr(client, "set", set_then_lose_reply)
+    return calls
