@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 import traceback
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -87,7 +88,8 @@ class TaskProcessHandler:
                  registry: TaskRegistry, *, workers: int = 4, scan_interval: float = 5.0,
                  before: Sequence[BeforeHook] = (), after: Sequence[AfterHook] = (),
                  services: Mapping[str, Any] | None = None, max_conflict_retries: int = 10,
-                 conflict_backoff: tuple[float, float] = (0.1, 5.0)) -> None:
+                 conflict_backoff: tuple[float, float] = (0.1, 5.0),
+                 fresh_for: float = 0.05) -> None:
         self.session = session
         self.member_id = member_id
         self.store = store
@@ -99,6 +101,7 @@ class TaskProcessHandler:
         self.services = dict(services or {})
         self.max_conflict_retries = max_conflict_retries
         self.conflict_backoff = conflict_backoff
+        self.fresh_for = fresh_for
         self._running: dict[str, _Running] = {}
         self._lock = threading.Lock()
         self._scan_lock = threading.Lock()
@@ -106,7 +109,8 @@ class TaskProcessHandler:
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="task-worker")
         self._scheduler = BackgroundScheduler(timezone=UTC)
         self._skipped_types: set[str] = set()
-        self._backlog: list[Task] = []
+        # candidates from the last listing, with when their version was last confirmed
+        self._backlog: list[tuple[Task, float]] = []
         # how claims went: started / lock held elsewhere / stale listing (claim conflict)
         self.stats: Counter[str] = Counter()
 
@@ -176,10 +180,12 @@ class TaskProcessHandler:
         """One pass; returns how many tasks it started.
 
         ``relist=False`` (a worker just finished) first works through the candidates left from
-        the previous listing, which may be stale: a chunk at a time, one read of their versions
-        drops those another node claimed or finished since, and lists again only when none are
-        left: listing every open task after every finished one would
-        cost more than the tasks themselves when thousands are queued.
+        the previous listing and lists again only when none are left: listing every open task
+        after every finished one would cost more than the tasks themselves when thousands are
+        queued. A listing goes stale fast (short tasks finish while one scan walks it, and
+        other nodes claim from the same list), so before a lock and a claim are spent on a
+        candidate whose version was last seen more than ``fresh_for`` seconds ago, one read of
+        the versions of the next few candidates drops those that changed since.
         """
         if self._stopping.is_set() or self.session.state is not SessionState.CONNECTED:
             return 0
@@ -187,32 +193,33 @@ class TaskProcessHandler:
         with self._scan_lock:
             if self._free() <= 0:
                 return 0
-            validated: set[str] = set()
             if relist or not self._backlog:
                 try:
-                    self._backlog = self._candidates(self.store.tasks.unfinished())
+                    listing = self.store.tasks.unfinished()
                 except StoreError as exc:
                     log.error("member %s: cannot list tasks: %s", self.member_id, exc)
                     return 0
-                validated = {t.id for t in self._backlog}
+                seen = time.monotonic()
+                self._backlog = [(t, seen) for t in self._candidates(listing)]
             while self._backlog:
                 if self._free() <= 0 or self._stopping.is_set():
                     break
-                if self._backlog[0].id not in validated:
-                    # an older listing: other nodes have claimed or finished many of these;
-                    # one read drops the changed ones before a lock and a claim are spent
+                task, seen = self._backlog[0]
+                if time.monotonic() - seen > self.fresh_for:
                     chunk = self._backlog[:max(4, 2 * self._free())]
                     try:
-                        current = self.store.tasks.versions([t.id for t in chunk])
+                        current = self.store.tasks.versions([t.id for t, _ in chunk])
                     except StoreError as exc:
                         log.error("member %s: cannot check tasks: %s", self.member_id, exc)
                         return started
-                    fresh = [t for t in chunk if current.get(t.id) == t.version]
+                    seen = time.monotonic()
+                    fresh = [(t, seen) for t, _ in chunk if current.get(t.id) == t.version]
                     self.stats["skipped_stale"] += len(chunk) - len(fresh)
-                    self._backlog = fresh + self._backlog[len(chunk):]
-                    validated.update(t.id for t in fresh)
-                    continue
-                task = self._backlog.pop(0)
+                    self._backlog[:len(chunk)] = fresh
+                    if not fresh:
+                        continue
+                    task = fresh[0][0]  # just confirmed
+                self._backlog.pop(0)
                 with self._lock:
                     if task.id in self._running:
                         continue

@@ -4,6 +4,7 @@ priorities, per-type slots across nodes, hooks, cancellation."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 
 from coord import Session
 from runner.processor import TaskProcessHandler
-from runner.store import AttemptStatus, GraphStore, open_store
+from runner.store import AttemptStatus, GraphStore, Task, open_store
 from runner.tasks import TaskContext, TaskRegistry
 from runner.testing import wait_until
 from runner.testing.plugin import ZkNamespace
@@ -125,13 +126,46 @@ def test_an_old_listing_is_rechecked_before_locking(
     tasks = [store.tasks.create("t") for _ in range(6)]
     with session(zk_namespace) as s:
         processor = TaskProcessHandler(s, "m1", store, registry, workers=2, scan_interval=600)
-        processor._backlog = processor._candidates(store.tasks.unfinished())  # the old listing
+        listed = time.monotonic() - 1.0  # the old listing, a second ago
+        processor._backlog = [(t, listed) for t in processor._candidates(store.tasks.unfinished())]
         for task in tasks[:4]:  # meanwhile another node claimed four of them
             store.tasks.update(task.id, 0, 9, owner="m2")
         try:
             assert processor.scan(relist=False) == 2  # works through the old listing
             assert wait_until(lambda: len(ran) == 2, 30)
         finally:
+            processor.close()
+    assert sorted(ran) == sorted(t.id for t in tasks[4:])
+    assert processor.stats["skipped_stale"] == 4
+    assert processor.stats["stale"] == 0 and processor.stats["lock_busy"] == 0
+
+
+def test_a_listing_that_goes_stale_during_the_scan_is_rechecked(
+        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+    """Right after this node listed the open tasks another node claimed four of them: one scan
+    walking its listing drops them by a version read, not by a lock and a failed claim each."""
+    ran: list[str] = []
+    registry = TaskRegistry()
+    registry.register("t", lambda ctx, payload: ran.append(ctx.task.id))
+    tasks = [store.tasks.create("t") for _ in range(6)]
+    taken = {t.id for t in tasks[:4]}
+    real_unfinished = store.tasks.unfinished
+
+    def listing_then_others_claim() -> list[Task]:
+        listing = real_unfinished()
+        for task_id in taken:
+            store.tasks.update(task_id, 0, 9, owner="m2")
+        return listing
+
+    with session(zk_namespace) as s:
+        processor = TaskProcessHandler(s, "m1", store, registry, workers=6, scan_interval=600,
+                                       fresh_for=0.0)
+        store.tasks.unfinished = listing_then_others_claim  # type: ignore[method-assign]
+        try:
+            assert processor.scan() == 2
+            assert wait_until(lambda: len(ran) == 2, 30)
+        finally:
+            store.tasks.unfinished = real_unfinished  # type: ignore[method-assign]
             processor.close()
     assert sorted(ran) == sorted(t.id for t in tasks[4:])
     assert processor.stats["skipped_stale"] == 4

@@ -192,13 +192,15 @@ class GremlinTaskStore:
             props = _task_props(Task(**fields))
             del props["task_id"], props["task_created"]
             props.pop("task_unique", None)
+            # only what changed is written (a claim touches 4 of 13 properties), and the result
+            # is the row read above with the changes, not a second read
+            changed = {k: v for k, v in props.items() if rows[0].get(k) != v}
             # the version guard in the same traversal: a concurrent writer that got there first
             # leaves nothing to match
             t = g.V().has("task_id", task_id).has("task_version", expected_version)
-            done = _set(t, props).element_map().to_list()
-            if not done:
+            if not _set(t, changed).id_().to_list():
                 raise CommitConflict(task_id, expected_version, None)
-            return done[0]
+            return {**rows[0], **changed}
 
         return _task(self.graph.write(run))
 
@@ -257,8 +259,8 @@ class GremlinAttemptLog:
                 "attempt_duration_ms": -1, "attempt_error": "", "attempt_stack": "",
             }
             t = _add(g.V(vertices[0]).as_("t"), "attempt", props).as_("a")
-            return (t.add_e("has_attempt").from_("t").to("a").select("a")
-                    .element_map().next())
+            t.add_e("has_attempt").from_("t").to("a").iterate()
+            return props
 
         return _attempt(self.graph.write(run))
 
@@ -284,10 +286,9 @@ class GremlinAttemptLog:
                 "attempt_error": error or "", "attempt_stack": stack_trace or "",
             }
             t = g.V().has("attempt_id", attempt_id).has("attempt_status", "RUNNING")
-            done = _set(t, props).element_map().to_list()
-            if not done:
+            if not _set(t, props).id_().to_list():
                 raise AttemptAlreadyFinished(f"attempt {attempt_id} was finished meanwhile")
-            return done[0]
+            return {**rows[0], **props}
 
         return _attempt(self.graph.write(run))
 
