@@ -45,20 +45,29 @@ class GraphStore:
 
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
-        self.tasks: TaskStore = GremlinTaskStore(graph)
-        self.attempts: AttemptLog = GremlinAttemptLog(graph)
+        self._tasks = GremlinTaskStore(graph)
+        self._attempts = GremlinAttemptLog(graph)
+        self.tasks: TaskStore = self._tasks
+        self.attempts: AttemptLog = self._attempts
         self.ontologies: OntologyStore = GremlinOntologyStore(graph)
         self.avatars: AvatarStore = GremlinAvatarStore(graph)
 
     def claim(self, task_id: str, expected_version: int, fence_token: int,
               member_id: str) -> tuple[Task, Attempt]:
         """Claim a task (RUNNING, owner, token; version-guarded) and write its RUNNING attempt,
-        in one transaction on the embedded graph (two traversals on a remote one)."""
-        def both(_: object) -> tuple[Task, Attempt]:
-            task = self.tasks.update(task_id, expected_version, fence_token,
-                                     status=TaskStatus.RUNNING, owner=member_id)
-            return task, self.attempts.start(task_id, member_id, fence_token)
-        return self.graph.write(both)
+        in one transaction on the embedded graph (two traversals on a remote one). The reads
+        and checks happen before the write transaction."""
+        claim, task = self._tasks.prepare_update(
+            task_id, expected_version, fence_token,
+            {"status": TaskStatus.RUNNING, "owner": member_id})
+        start, attempt = self._attempts.prepare_start(task_id, member_id, fence_token)
+
+        def both(g: object) -> None:
+            claim(g)
+            start(g)
+
+        self.graph.write(both)
+        return task, attempt
 
     def conclude(self, attempt_id: str, attempt_status: AttemptStatus, error: str | None,
                  stack_trace: str | None, task: Task, fence_token: int,
@@ -69,11 +78,18 @@ class GraphStore:
         attempt is still finished on its own and the task error is raised; the attempt is
         never lost with it.
         """
-        def both(_: object) -> Task:
-            self.attempts.finish(attempt_id, attempt_status, error, stack_trace)
-            return self.tasks.update(task.id, task.version, fence_token, **changes)
+        finish, _ = self._attempts.prepare_finish(attempt_id, attempt_status, error,
+                                                  stack_trace)
         try:
-            return self.graph.write(both)
+            update, concluded = self._tasks.prepare_update(task.id, task.version, fence_token,
+                                                           changes)
+
+            def both(g: object) -> None:
+                finish(g)
+                update(g)
+
+            self.graph.write(both)
+            return concluded
         except (CommitConflict, StaleFencingToken):
             try:
                 self.attempts.finish(attempt_id, attempt_status, error, stack_trace)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from gremlin_python.process.graph_traversal import __
@@ -57,6 +57,8 @@ from runner.store.model import (
 # traversal must stay well under the interpreter's recursion limit (1000): at most ~400 steps
 BATCH = 100  # rows per bulk traversal (at most 4 steps per row)
 EDGE_BATCH = 50  # edges per traversal (5 steps each)
+#: a prepared write: run inside a write transaction, it applies a change checked beforehand
+Write = Callable[[Any], None]
 ASPECT_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 X = TypeVar("X")
 
@@ -171,38 +173,47 @@ class GremlinTaskStore:
 
     def update(self, task_id: str, expected_version: int, fence_token: int | None,
                **changes: Any) -> Task:
+        write, task = self.prepare_update(task_id, expected_version, fence_token, changes)
+        self.graph.write(write)
+        return task
+
+    def prepare_update(self, task_id: str, expected_version: int, fence_token: int | None,
+                       changes: Mapping[str, Any]) -> tuple[Write, Task]:
+        """Read and check the task now; return the write and the task it leaves.
+
+        The write sets only what changed (a claim touches 4 of 13 properties) and carries the
+        version guard in its own traversal, so it can run later inside any write transaction:
+        a writer that got there first leaves nothing to match and it raises
+        :class:`CommitConflict`. Reading before the write transaction keeps the embedded
+        graph's single writer slot short.
+        """
         unknown = set(changes) - _TASK_CHANGES
         if unknown:
             raise InvalidValue(f"cannot change {sorted(unknown)} of a task")
+        changes = dict(changes)
         if "status" in changes:
             changes["status"] = TaskStatus(changes["status"])
+        rows = self.graph.read(lambda g: g.V().has("task_id", task_id).element_map().to_list())
+        if not rows:
+            raise TaskNotFound(f"no task {task_id}")
+        current = _task(rows[0])
+        if current.version != expected_version:
+            raise CommitConflict(task_id, expected_version, current.version)
+        if fence_token is not None and fence_token < current.fence:
+            raise StaleFencingToken(task_id, fence_token, current.fence)
+        fields = {**current.__dict__, **changes, "version": current.version + 1,
+                  "updated_at": codec.now(), "fence": max(current.fence, fence_token or 0)}
+        props = _task_props(Task(**fields))
+        del props["task_id"], props["task_created"]
+        props.pop("task_unique", None)
+        changed = {k: v for k, v in props.items() if rows[0].get(k) != v}
 
-        def run(g: Any) -> Any:
-            rows = g.V().has("task_id", task_id).element_map().to_list()
-            if not rows:
-                raise TaskNotFound(f"no task {task_id}")
-            current = _task(rows[0])
-            if current.version != expected_version:
-                raise CommitConflict(task_id, expected_version, current.version)
-            if fence_token is not None and fence_token < current.fence:
-                raise StaleFencingToken(task_id, fence_token, current.fence)
-            fields = {**current.__dict__, **changes, "version": current.version + 1,
-                      "updated_at": codec.now(),
-                      "fence": max(current.fence, fence_token or 0)}
-            props = _task_props(Task(**fields))
-            del props["task_id"], props["task_created"]
-            props.pop("task_unique", None)
-            # only what changed is written (a claim touches 4 of 13 properties), and the result
-            # is the row read above with the changes, not a second read
-            changed = {k: v for k, v in props.items() if rows[0].get(k) != v}
-            # the version guard in the same traversal: a concurrent writer that got there first
-            # leaves nothing to match
+        def write(g: Any) -> None:
             t = g.V().has("task_id", task_id).has("task_version", expected_version)
             if not _set(t, changed).id_().to_list():
                 raise CommitConflict(task_id, expected_version, None)
-            return {**rows[0], **changed}
 
-        return _task(self.graph.write(run))
+        return write, _task({**rows[0], **changed})
 
     def _flip(self, task_id: str, active: bool) -> Task:
         for _ in range(20):
@@ -244,53 +255,75 @@ class GremlinAttemptLog:
 
     def start(self, task_id: str, executor: str, fence_token: int = 0) -> Attempt:
         """Write a RUNNING attempt (before the handler runs, so a crash still leaves it)."""
-        attempt_id = str(uuid.uuid4())
+        write, attempt = self.prepare_start(task_id, executor, fence_token)
+        self.graph.write(write)
+        return attempt
 
-        def run(g: Any) -> Any:
-            vertices = g.V().has("task_id", task_id).id_().to_list()
-            if not vertices:
-                raise TaskNotFound(f"no task {task_id}")
-            seq = g.V().has("attempt_task", task_id).count().next() + 1
-            props = {
-                "attempt_id": attempt_id, "attempt_task": task_id, "attempt_seq": seq,
-                "attempt_status": AttemptStatus.RUNNING.value, "attempt_executor": executor,
-                "attempt_started": codec.encode_time(codec.now()),
-                "attempt_fence": codec.encode_big(fence_token), "attempt_ended": "",
-                "attempt_duration_ms": -1, "attempt_error": "", "attempt_stack": "",
-            }
+    def prepare_start(self, task_id: str, executor: str, fence_token: int = 0
+                      ) -> tuple[Write, Attempt]:
+        """Read the task and its attempt count now; return the write and the attempt.
+
+        Only the task's lock holder starts attempts, so the count cannot move before the
+        write; when the write runs with a claim, the claim's version guard decides anyway.
+        """
+        def read(g: Any) -> tuple[list[Any], int]:
+            return (g.V().has("task_id", task_id).id_().to_list(),
+                    g.V().has("attempt_task", task_id).count().next())
+
+        vertices, count = self.graph.read(read)
+        if not vertices:
+            raise TaskNotFound(f"no task {task_id}")
+        # the end, duration, error and stack are written when the attempt ends
+        props = {
+            "attempt_id": str(uuid.uuid4()), "attempt_task": task_id, "attempt_seq": count + 1,
+            "attempt_status": AttemptStatus.RUNNING.value, "attempt_executor": executor,
+            "attempt_started": codec.encode_time(codec.now()),
+            "attempt_fence": codec.encode_big(fence_token),
+        }
+
+        def write(g: Any) -> None:
             t = _add(g.V(vertices[0]).as_("t"), "attempt", props).as_("a")
             t.add_e("has_attempt").from_("t").to("a").iterate()
-            return props
 
-        return _attempt(self.graph.write(run))
+        return write, _attempt(props)
 
     def finish(self, attempt_id: str, status: AttemptStatus, error: str | None = None,
                stack_trace: str | None = None) -> Attempt:
         """Close a RUNNING attempt; a second finish raises :class:`AttemptAlreadyFinished`."""
+        write, attempt = self.prepare_finish(attempt_id, status, error, stack_trace)
+        self.graph.write(write)
+        return attempt
+
+    def prepare_finish(self, attempt_id: str, status: AttemptStatus, error: str | None = None,
+                       stack_trace: str | None = None) -> tuple[Write, Attempt]:
+        """Read and check the attempt now; the write is guarded by its RUNNING status."""
         status = AttemptStatus(status)
         if status is AttemptStatus.RUNNING:
             raise InvalidValue("finish() needs a final status")
+        rows = self.graph.read(
+            lambda g: g.V().has("attempt_id", attempt_id).element_map().to_list())
+        if not rows:
+            raise TaskNotFound(f"no attempt {attempt_id}")
+        current = _attempt(rows[0])
+        if current.status is not AttemptStatus.RUNNING:
+            raise AttemptAlreadyFinished(f"attempt {attempt_id} is already "
+                                         f"{current.status.value}")
+        ended = codec.now()
+        props: dict[str, Any] = {
+            "attempt_status": status.value, "attempt_ended": codec.encode_time(ended),
+            "attempt_duration_ms": int((ended - current.started_at).total_seconds() * 1000),
+        }
+        if error:
+            props["attempt_error"] = error
+        if stack_trace:
+            props["attempt_stack"] = stack_trace
 
-        def run(g: Any) -> Any:
-            rows = g.V().has("attempt_id", attempt_id).element_map().to_list()
-            if not rows:
-                raise TaskNotFound(f"no attempt {attempt_id}")
-            current = _attempt(rows[0])
-            if current.status is not AttemptStatus.RUNNING:
-                raise AttemptAlreadyFinished(f"attempt {attempt_id} is already "
-                                             f"{current.status.value}")
-            ended = codec.now()
-            props = {
-                "attempt_status": status.value, "attempt_ended": codec.encode_time(ended),
-                "attempt_duration_ms": int((ended - current.started_at).total_seconds() * 1000),
-                "attempt_error": error or "", "attempt_stack": stack_trace or "",
-            }
+        def write(g: Any) -> None:
             t = g.V().has("attempt_id", attempt_id).has("attempt_status", "RUNNING")
             if not _set(t, props).id_().to_list():
                 raise AttemptAlreadyFinished(f"attempt {attempt_id} was finished meanwhile")
-            return {**rows[0], **props}
 
-        return _attempt(self.graph.write(run))
+        return write, _attempt({**rows[0], **props})
 
     def for_task(self, task_id: str) -> list[Attempt]:
         rows = self.graph.read(
