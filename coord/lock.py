@@ -5,8 +5,9 @@ id. The lowest node holds the lock. The fencing token is the holder node's czxid
 transaction ids only grow, so successive owners of a task get strictly increasing tokens, and
 a store can refuse writes that carry an older token than the last one it saw.
 
-``try_acquire()`` never waits for another owner: a contender that is not lowest removes its own
-node at once and returns None. Creating the parent and the node is one multi-op transaction, and
+``try_acquire()`` never waits for another owner: when the task's lock parent has children it
+returns None after one read; a contender that is not lowest (it raced into an empty parent)
+removes its own node at once and returns None. Creating the parent and the node is one multi-op transaction, and
 releasing deletes both in one transaction, so an uncontended cycle costs three round trips
 (the same as kazoo's blocking ``Lock``), and no empty parent is left behind.
 
@@ -109,6 +110,13 @@ class TaskLock:
             node = self._create_with_parent(prefix, data)
             if node is not None:
                 return self._held(node)
+            # the parent exists: a holder or contender is there (one read, no node of ours to
+            # create and remove), or it is empty (its holder's session expired)
+            try:
+                if client.retry(client.get_children, self.parent):
+                    return None
+            except NoNodeError:
+                continue  # released meanwhile: start over
             try:
                 node, _ = create_protected(client, self.parent, prefix, data, retry_policy())
             except NoNodeError:

@@ -226,6 +226,12 @@ def test_lock_loss_is_reported_on_force_release_and_on_session_loss(
             time.sleep(0.02)
         assert "task-3" in lost
         assert lock_owner(master, "task-3") is None
+        # the expired holder's node is gone but the lock's parent stays, empty: it is free
+        assert master.client.get_children("/locks/tasks/task-3") == []
+        successor = TaskLock(master, "task-3", "member-b")
+        assert successor.try_acquire() is not None
+        successor.release()
+        assert master.client.exists("/locks/tasks/task-3") is None
     finally:
         master.close()
 
