@@ -17,7 +17,7 @@ from coord.errors import (
 )
 from coord.leader import LeaderLatch, read_leader
 from coord.lock import HeldLock, TaskLock, force_release, held_locks, lock_owner
-from coord.membership import MemberInfo, Membership, read_members
+from coord.membership import MemberInfo, Membership, live_member_ids, read_members
 from coord.register import VersionedRegister
 from coord.session import Session, SessionState
 from coord.slots import Booking, SlotLevel, Slots
@@ -27,5 +27,6 @@ __all__ = [
     "LockNotHeld", "MemberIdTaken", "MemberInfo", "Membership", "NotLeader", "Session",
     "SessionExpired", "SessionState", "SlotLevel", "Slots", "TaskLock", "VersionConflict",
     "VersionedRegister", "force_release", "held_locks", "lock_owner", "read_leader",
+    "live_member_ids",
     "read_members",
 ]

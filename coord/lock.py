@@ -7,9 +7,9 @@ a store can refuse writes that carry an older token than the last one it saw.
 
 ``try_acquire()`` never waits for another owner: when the task's lock parent has children it
 returns None after one read; a contender that is not lowest (it raced into an empty parent)
-removes its own node at once and returns None. Creating the parent and the node is one multi-op transaction, and
-releasing deletes both in one transaction, so an uncontended cycle costs three round trips
-(the same as kazoo's blocking ``Lock``), and no empty parent is left behind.
+removes its own node at once and returns None. Creating the parent and the node is one multi-op
+transaction, and releasing deletes both in one transaction, so an uncontended cycle costs three
+round trips (the same as kazoo's blocking ``Lock``), and no empty parent is left behind.
 
 Failure behaviour:
 

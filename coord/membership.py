@@ -186,6 +186,16 @@ def _call(listener: MembershipListener, member_id: str) -> None:
         log.exception("membership listener %r failed for %s", listener, member_id)
 
 
+def live_member_ids(session: Session) -> set[str]:
+    """The ids of the live members (one read, without their data)."""
+    client = session.client
+    with zk_errors("cannot read membership"):
+        try:
+            return set(client.get_children(MEMBERS))
+        except NoNodeError:
+            return set()
+
+
 def read_members(session: Session) -> dict[str, MemberInfo]:
     """Live members as any client sees them (a participant or not)."""
     client = session.client

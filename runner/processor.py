@@ -44,6 +44,7 @@ from coord import (
     SlotLevel,
     Slots,
     TaskLock,
+    live_member_ids,
 )
 from runner.store import (
     Attempt,
@@ -200,7 +201,7 @@ class TaskProcessHandler:
                     log.error("member %s: cannot list tasks: %s", self.member_id, exc)
                     return 0
                 seen = time.monotonic()
-                self._backlog = [(t, seen) for t in self._candidates(listing)]
+                self._backlog = [(t, seen) for t in self._candidates(self._unowned(listing))]
             while self._backlog:
                 if self._free() <= 0 or self._stopping.is_set():
                     break
@@ -235,15 +236,31 @@ class TaskProcessHandler:
         with self._lock:
             return self.workers - len(self._running)
 
+    def _unowned(self, tasks: list[Task]) -> list[Task]:
+        """Drop tasks RUNNING under another live member: their lock is held, and trying it costs
+        two round trips each. A RUNNING task whose owner left stays (the master frees its lock
+        and puts it back to WAITING), and so does one owned by this member that it does not run
+        (its end could not be written): this member takes it up again."""
+        running = [t for t in tasks if t.status is TaskStatus.RUNNING and t.owner
+                   and t.owner != self.member_id]
+        if not running:
+            return tasks
+        try:
+            live = live_member_ids(self.session)
+        except CoordError:
+            return tasks  # unknown: try them all, the locks decide
+        skip = {t.id for t in running if t.owner in live}
+        return [t for t in tasks if t.id not in skip]
+
     def _candidates(self, tasks: list[Task]) -> list[Task]:
         """Priority order; within a priority, first-come order by windows shuffled per node.
 
         Every node reads the same list; walking it in the same order would make all nodes
         contend for the same tasks and lose most of their claims (a lost claim costs a lock
-        try and a store read). Shuffling each consecutive window, a few times the free workers
-        wide, keeps priorities strict and first-come roughly first-served.
+        try and a store read). Shuffling each consecutive window, a few times the workers wide,
+        keeps priorities strict and first-come roughly first-served.
         """
-        window = max(8, 4 * self._free())
+        window = max(8, 4 * self.workers)
         ordered: list[Task] = []
         by_priority: dict[int, list[Task]] = {}
         for task in tasks:
@@ -285,7 +302,7 @@ class TaskProcessHandler:
             # the version read by the scan guards the claim: if the task changed since (another
             # node finished it, an operator stopped it), the claim is a conflict and we move on.
             # The RUNNING attempt is written in the same transaction, before the handler runs.
-            claimed, attempt = self.store.claim(task.id, task.version, token, self.member_id)
+            claimed, attempt = self.store.claim(task, token, self.member_id)
         except (CommitConflict, StaleFencingToken):
             self.stats["stale"] += 1
             self._release(lock, booking)
@@ -423,7 +440,7 @@ class TaskProcessHandler:
             changes["active"] = False
         try:
             if attempt is not None:
-                self.store.conclude(attempt.id, status, error, stack, r.task, r.token,
+                self.store.conclude(attempt, status, error, stack, r.task, r.token,
                                     changes)
                 return
         except StaleFencingToken:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -174,6 +175,36 @@ def test_latch_drops_leadership_on_lost_and_rejoins(session: Session) -> None:
         assert latch.check_leadership()
     finally:
         latch.close()
+
+
+def test_kazoo_records_reach_handlers_only_at_kazoos_configured_level(
+        zk_namespace: ZkNamespace) -> None:
+    """The session reads the negotiated timeout from kazoo's BLATHER record, yet kazoo's
+    per-request narration is dropped before a record is built unless ``kazoo.client`` asks
+    for it."""
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    kazoo_log = logging.getLogger("kazoo.client")
+    handler, level = Keep(logging.NOTSET), kazoo_log.level
+    kazoo_log.addHandler(handler)
+    try:
+        kazoo_log.setLevel(logging.WARNING)
+        with Session(zk_namespace.hosts, "c1", timeout=3.0) as s:
+            s.client.exists("/")
+            assert s.negotiated_timeout == 3.0  # read from a record nobody asked for
+        assert [r for r in records if r.levelno < logging.WARNING] == []
+        kazoo_log.setLevel(logging.DEBUG)
+        with Session(zk_namespace.hosts, "c1", timeout=2.0) as s:
+            s.client.exists("/")
+            assert s.negotiated_timeout == 2.0
+        assert any(r.levelno == logging.DEBUG for r in records)
+    finally:
+        kazoo_log.removeHandler(handler)
+        kazoo_log.setLevel(level)
 
 
 def test_task_lock_owner_tokens_release_and_no_leftovers(zk_namespace: ZkNamespace,

@@ -12,7 +12,7 @@ import pytest
 
 from coord import Session
 from runner.processor import TaskProcessHandler
-from runner.store import AttemptStatus, GraphStore, Task, open_store
+from runner.store import AttemptStatus, GraphStore, Task, TaskStatus, open_store
 from runner.tasks import TaskContext, TaskRegistry
 from runner.testing import wait_until
 from runner.testing.plugin import ZkNamespace
@@ -170,3 +170,26 @@ def test_a_listing_that_goes_stale_during_the_scan_is_rechecked(
     assert sorted(ran) == sorted(t.id for t in tasks[4:])
     assert processor.stats["skipped_stale"] == 4
     assert processor.stats["stale"] == 0 and processor.stats["lock_busy"] == 0
+
+
+def test_tasks_running_under_another_live_member_are_not_tried(
+        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+    """A listed RUNNING task of a live member is skipped without a lock try; one whose owner
+    left, and one this member owns but does not run (its end was never written), are run."""
+    ran: list[str] = []
+    registry = TaskRegistry()
+    registry.register("t", lambda ctx, payload: ran.append(ctx.task.id))
+    live, gone, mine = (store.tasks.create("t") for _ in range(3))
+    for task, owner in ((live, "m2"), (gone, "m9"), (mine, "m1")):
+        store.tasks.update(task.id, 0, None, status=TaskStatus.RUNNING, owner=owner)
+    with session(zk_namespace) as s:
+        s.client.create("/members/m2", b"{}", ephemeral=True, makepath=True)
+        processor = TaskProcessHandler(s, "m1", store, registry, workers=4, scan_interval=600)
+        try:
+            assert processor.scan() == 2
+            assert wait_until(lambda: len(ran) == 2, 30)
+        finally:
+            processor.close()
+    assert sorted(ran) == sorted([gone.id, mine.id])
+    assert processor.stats["lock_busy"] == 0
+    assert store.tasks.get(live.id).status is TaskStatus.RUNNING

@@ -176,6 +176,54 @@ def test_attempts_are_written_closed_once_and_listed_in_order(store: GraphStore)
         store.attempts.finish(third.id, AttemptStatus.RUNNING)
 
 
+def test_claim_and_conclude_write_together_or_say_why(store: GraphStore) -> None:
+    """The task loop's two writes: a claim from a listing, and the attempt's end with the
+    task's new state. Neither reads first, so the guards decide; what they refuse is left
+    unchanged, and the attempt is never lost with a refused task update."""
+    listed = store.tasks.create("t")
+    task, attempt = store.claim(listed, 7, "m1")
+    assert (task.status, task.owner, task.fence, task.version) == (TaskStatus.RUNNING, "m1", 7, 1)
+    assert store.tasks.get(listed.id) == task
+    assert store.attempts.for_task(listed.id) == [attempt]
+    assert (attempt.seq, attempt.status, attempt.fence) == (1, AttemptStatus.RUNNING, 7)
+    before = counts(store)
+    with pytest.raises(CommitConflict):  # listed before the claim above: stale
+        store.claim(listed, 8, "m2")
+    with pytest.raises(StaleFencingToken):  # current version, older token
+        store.claim(task, 6, "m2")
+    assert counts(store) == before and store.tasks.get(listed.id) == task
+
+    done = store.conclude(attempt, AttemptStatus.SUCCEEDED, None, None, task, 7,
+                          {"status": TaskStatus.WAITING, "finished": True})
+    assert store.tasks.get(listed.id) == done and done.finished and not done.open
+    (ended,) = store.attempts.for_task(listed.id)
+    assert ended.status is AttemptStatus.SUCCEEDED and ended.ended_at is not None
+    assert (ended.error, ended.stack_trace) == (None, None)
+
+    # the task moved on (an operator deactivated it): the attempt still ends, the error says so
+    other = store.tasks.create("t")
+    task, attempt = store.claim(other, 9, "m1")
+    moved = store.tasks.deactivate(other.id)
+    with pytest.raises(CommitConflict):
+        store.conclude(attempt, AttemptStatus.FAILED, "boom", "Traceback", task, 9,
+                       {"status": TaskStatus.WAITING})
+    (ended,) = store.attempts.for_task(other.id)
+    assert (ended.status, ended.error, ended.stack_trace) == (AttemptStatus.FAILED, "boom",
+                                                              "Traceback")
+    assert store.tasks.get(other.id) == moved
+
+    # the master closed the attempt meanwhile: nothing changes, and the caller is told
+    third = store.tasks.create("t")
+    task, attempt = store.claim(third, 10, "m1")
+    store.attempts.finish(attempt.id, AttemptStatus.CANCELLED_BY_SYSTEM, "owner left")
+    with pytest.raises(AttemptAlreadyFinished):
+        store.conclude(attempt, AttemptStatus.SUCCEEDED, None, None, task, 10,
+                       {"status": TaskStatus.WAITING, "finished": True})
+    assert store.tasks.get(third.id) == task
+    (closed,) = store.attempts.for_task(third.id)
+    assert closed.status is AttemptStatus.CANCELLED_BY_SYSTEM
+
+
 # -- ontologies ---------------------------------------------------------------------------------
 
 BASE = "https://example.org/base#"

@@ -25,6 +25,8 @@ from runner.store.gremlin import (
     GremlinAvatarStore,
     GremlinOntologyStore,
     GremlinTaskStore,
+    attempt_end,
+    task_change,
 )
 from runner.store.model import (
     Attempt,
@@ -40,6 +42,10 @@ from runner.store.model import (
 from runner.store.ports import AttemptLog, AvatarStore, OntologyStore, TaskStore
 
 
+class _Unmatched(Exception):
+    """A guarded write matched nothing: rolled back, then told apart by a fresh check."""
+
+
 class GraphStore:
     """The four stores over one graph connection; ``close()`` when done."""
 
@@ -52,47 +58,58 @@ class GraphStore:
         self.ontologies: OntologyStore = GremlinOntologyStore(graph)
         self.avatars: AvatarStore = GremlinAvatarStore(graph)
 
-    def claim(self, task_id: str, expected_version: int, fence_token: int,
-              member_id: str) -> tuple[Task, Attempt]:
-        """Claim a task (RUNNING, owner, token; version-guarded) and write its RUNNING attempt,
-        in one transaction on the embedded graph (two traversals on a remote one). The reads
-        and checks happen before the write transaction."""
-        claim, task = self._tasks.prepare_update(
-            task_id, expected_version, fence_token,
-            {"status": TaskStatus.RUNNING, "owner": member_id})
-        start, attempt = self._attempts.prepare_start(task_id, member_id, fence_token)
+    def claim(self, task: Task, fence_token: int, member_id: str) -> tuple[Task, Attempt]:
+        """Claim ``task`` as listed (RUNNING, owner, token; guarded by its version) and add its
+        RUNNING attempt, in one traversal after one read (the attempt count).
 
-        def both(g: object) -> None:
-            claim(g)
-            start(g)
+        A task that moved on since it was listed raises :class:`CommitConflict`, one whose
+        newer token was recorded :class:`StaleFencingToken`, and nothing is written.
+        """
+        change = task_change(task, fence_token,
+                             {"status": TaskStatus.RUNNING, "owner": member_id})
+        start = self._attempts.prepare_start(task.id, member_id, fence_token)
 
-        self.graph.write(both)
-        return task, attempt
+        def write(g: object) -> None:
+            if not start.extend(change.traverse(g)).id_().to_list():
+                raise _Unmatched
 
-    def conclude(self, attempt_id: str, attempt_status: AttemptStatus, error: str | None,
+        try:
+            self.graph.write(write)
+        except _Unmatched:
+            # moved on since it was listed: a fresh read says how (or it is a plain conflict)
+            self._tasks.prepare_update(task.id, task.version, fence_token, {})
+            raise CommitConflict(task.id, task.version, None) from None
+        return change.task, start.attempt
+
+    def conclude(self, attempt: Attempt, attempt_status: AttemptStatus, error: str | None,
                  stack_trace: str | None, task: Task, fence_token: int,
                  changes: Mapping[str, object]) -> Task:
-        """Finish the attempt and update the task in one transaction when both succeed.
+        """End ``attempt`` and update ``task`` (both as this owner last wrote them) in one
+        traversal, with no read when both still hold.
 
         If the task update fails (another owner's newer token, a concurrent change), the
         attempt is still finished on its own and the task error is raised; the attempt is
-        never lost with it.
+        never lost with it. An attempt closed meanwhile (by the master) raises
+        :class:`AttemptAlreadyFinished` and changes nothing.
         """
-        finish, _ = self._attempts.prepare_finish(attempt_id, attempt_status, error,
-                                                  stack_trace)
+        end = attempt_end(attempt, attempt_status, error, stack_trace)
         try:
-            update, concluded = self._tasks.prepare_update(task.id, task.version, fence_token,
-                                                           changes)
+            change = task_change(task, fence_token, changes)
 
-            def both(g: object) -> None:
-                finish(g)
-                update(g)
+            def write(g: object) -> None:
+                if not change.traverse(end.traverse(g)).id_().to_list():
+                    raise _Unmatched
 
-            self.graph.write(both)
-            return concluded
+            try:
+                self.graph.write(write)
+            except _Unmatched:
+                self.graph.write(end.write)  # AttemptAlreadyFinished if that was the reason
+                self._tasks.prepare_update(task.id, task.version, fence_token, {})
+                raise CommitConflict(task.id, task.version, None) from None
+            return change.task
         except (CommitConflict, StaleFencingToken):
             try:
-                self.attempts.finish(attempt_id, attempt_status, error, stack_trace)
+                self.attempts.finish(attempt.id, attempt_status, error, stack_trace)
             except AttemptAlreadyFinished:
                 pass
             raise

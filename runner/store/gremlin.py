@@ -25,9 +25,11 @@ Vertex kinds and their properties (prefixes keep keys unique to a kind):
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from gremlin_python.process.graph_traversal import __
@@ -57,8 +59,6 @@ from runner.store.model import (
 # traversal must stay well under the interpreter's recursion limit (1000): at most ~400 steps
 BATCH = 100  # rows per bulk traversal (at most 4 steps per row)
 EDGE_BATCH = 50  # edges per traversal (5 steps each)
-#: a prepared write: run inside a write transaction, it applies a change checked beforehand
-Write = Callable[[Any], None]
 ASPECT_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 X = TypeVar("X")
 
@@ -79,6 +79,107 @@ def _add(g: Any, label: str, props: Mapping[str, Any]) -> Any:
     for key, value in props.items():
         t = t.property(key, value)
     return t
+
+
+# -- prepared writes ----------------------------------------------------------------------
+# The store reads and checks first, outside any write transaction, and then writes one guarded
+# traversal: the embedded graph's single writer slot is held only for the write, and a change
+# that is no longer true (someone else wrote first) matches nothing. ``traverse(src)`` builds the
+# guarded write from ``g`` or from a traversal (mid-traversal ``V()``), so several changes can
+# go out as one traversal.
+
+@dataclass(frozen=True)
+class TaskChange:
+    """A checked task update: what changed, and the task it leaves."""
+    task_id: str
+    expected_version: int
+    props: Mapping[str, Any]
+    task: Task
+
+    def traverse(self, src: Any) -> Any:
+        return _set(src.V().has("task_id", self.task_id)
+                    .has("task_version", self.expected_version), self.props)
+
+    def write(self, g: Any) -> None:
+        if not self.traverse(g).id_().to_list():
+            raise CommitConflict(self.task_id, self.expected_version, None)
+
+
+@dataclass(frozen=True)
+class AttemptStart:
+    """A RUNNING attempt to add to a task vertex."""
+    task_vertex: Any
+    props: Mapping[str, Any]
+    attempt: Attempt
+
+    def extend(self, at_task: Any) -> Any:
+        """Add the attempt and its edge after a traversal that stands on the task vertex."""
+        t = _add(at_task.as_("t"), "attempt", self.props).as_("a")
+        return t.add_e("has_attempt").from_("t").to("a")
+
+    def write(self, g: Any) -> None:
+        self.extend(g.V(self.task_vertex)).iterate()
+
+
+@dataclass(frozen=True)
+class AttemptEnd:
+    """The end of a RUNNING attempt, and the attempt it leaves."""
+    attempt_id: str
+    props: Mapping[str, Any]
+    attempt: Attempt
+
+    def traverse(self, src: Any) -> Any:
+        return _set(src.V().has("attempt_id", self.attempt_id)
+                    .has("attempt_status", AttemptStatus.RUNNING.value), self.props)
+
+    def write(self, g: Any) -> None:
+        if not self.traverse(g).id_().to_list():
+            raise AttemptAlreadyFinished(f"attempt {self.attempt_id} was finished meanwhile")
+
+
+def task_change(task: Task, fence_token: int | None, changes: Mapping[str, Any]) -> TaskChange:
+    """The change of ``task`` as it was read (at ``task.version``), without reading it again:
+    the version guard of the write refuses it if the task moved on since."""
+    unknown = set(changes) - _TASK_CHANGES
+    if unknown:
+        raise InvalidValue(f"cannot change {sorted(unknown)} of a task")
+    changes = dict(changes)
+    if "status" in changes:
+        changes["status"] = TaskStatus(changes["status"])
+    if fence_token is not None and fence_token < task.fence:
+        raise StaleFencingToken(task.id, fence_token, task.fence)
+    fields = {**task.__dict__, **changes, "version": task.version + 1,
+              "updated_at": codec.now(), "fence": max(task.fence, fence_token or 0)}
+    old = _task_props(task)
+    new = _task_props(Task(**fields))
+    changed = {k: v for k, v in new.items()
+               if k not in ("task_id", "task_created", "task_unique") and old.get(k) != v}
+    return TaskChange(task.id, task.version, changed, _task({**old, **changed}))
+
+
+def attempt_end(attempt: Attempt, status: AttemptStatus, error: str | None = None,
+                stack_trace: str | None = None) -> AttemptEnd:
+    """The end of ``attempt`` as it was read, without reading it again: the write is guarded
+    by its RUNNING status."""
+    status = AttemptStatus(status)
+    if status is AttemptStatus.RUNNING:
+        raise InvalidValue("finish() needs a final status")
+    if attempt.status is not AttemptStatus.RUNNING:
+        raise AttemptAlreadyFinished(f"attempt {attempt.id} is already {attempt.status.value}")
+    ended = codec.now()
+    props: dict[str, Any] = {
+        "attempt_status": status.value, "attempt_ended": codec.encode_time(ended),
+        "attempt_duration_ms": int((ended - attempt.started_at).total_seconds() * 1000),
+    }
+    if error:
+        props["attempt_error"] = error
+    if stack_trace:
+        props["attempt_stack"] = stack_trace
+    ended_attempt = dataclasses.replace(
+        attempt, status=status, ended_at=codec.decode_time(props["attempt_ended"]),
+        duration_ms=props["attempt_duration_ms"], error=error or None,
+        stack_trace=stack_trace or None)
+    return AttemptEnd(attempt.id, props, ended_attempt)
 
 
 # -- tasks ------------------------------------------------------------------------------------
@@ -155,10 +256,11 @@ class GremlinTaskStore:
         of a listing before paying for a lock and a claim."""
         if not task_ids:
             return {}
+        # element_map of two keys: half the cost of project().by().by() on gremlite
         rows = self.graph.read(
             lambda g: g.V().has("task_id", P.within(list(task_ids)))
-            .project("i", "v").by("task_id").by("task_version").to_list())
-        return {r["i"]: int(r["v"]) for r in rows}
+            .element_map("task_id", "task_version").to_list())
+        return {r["task_id"]: int(r["task_version"]) for r in rows}
 
     def all(self, type: str | None = None) -> list[Task]:
         """Every task (finished ones too), newest first; optionally of one type."""
@@ -173,47 +275,21 @@ class GremlinTaskStore:
 
     def update(self, task_id: str, expected_version: int, fence_token: int | None,
                **changes: Any) -> Task:
-        write, task = self.prepare_update(task_id, expected_version, fence_token, changes)
-        self.graph.write(write)
-        return task
+        change = self.prepare_update(task_id, expected_version, fence_token, changes)
+        self.graph.write(change.write)
+        return change.task
 
     def prepare_update(self, task_id: str, expected_version: int, fence_token: int | None,
-                       changes: Mapping[str, Any]) -> tuple[Write, Task]:
-        """Read and check the task now; return the write and the task it leaves.
-
-        The write sets only what changed (a claim touches 4 of 13 properties) and carries the
-        version guard in its own traversal, so it can run later inside any write transaction:
-        a writer that got there first leaves nothing to match and it raises
-        :class:`CommitConflict`. Reading before the write transaction keeps the embedded
-        graph's single writer slot short.
-        """
-        unknown = set(changes) - _TASK_CHANGES
-        if unknown:
-            raise InvalidValue(f"cannot change {sorted(unknown)} of a task")
-        changes = dict(changes)
-        if "status" in changes:
-            changes["status"] = TaskStatus(changes["status"])
+                       changes: Mapping[str, Any]) -> TaskChange:
+        """Read and check the task now (TaskNotFound, CommitConflict, StaleFencingToken);
+        the returned change is written later, guarded by the version."""
         rows = self.graph.read(lambda g: g.V().has("task_id", task_id).element_map().to_list())
         if not rows:
             raise TaskNotFound(f"no task {task_id}")
         current = _task(rows[0])
         if current.version != expected_version:
             raise CommitConflict(task_id, expected_version, current.version)
-        if fence_token is not None and fence_token < current.fence:
-            raise StaleFencingToken(task_id, fence_token, current.fence)
-        fields = {**current.__dict__, **changes, "version": current.version + 1,
-                  "updated_at": codec.now(), "fence": max(current.fence, fence_token or 0)}
-        props = _task_props(Task(**fields))
-        del props["task_id"], props["task_created"]
-        props.pop("task_unique", None)
-        changed = {k: v for k, v in props.items() if rows[0].get(k) != v}
-
-        def write(g: Any) -> None:
-            t = g.V().has("task_id", task_id).has("task_version", expected_version)
-            if not _set(t, changed).id_().to_list():
-                raise CommitConflict(task_id, expected_version, None)
-
-        return write, _task({**rows[0], **changed})
+        return task_change(current, fence_token, changes)
 
     def _flip(self, task_id: str, active: bool) -> Task:
         for _ in range(20):
@@ -255,17 +331,15 @@ class GremlinAttemptLog:
 
     def start(self, task_id: str, executor: str, fence_token: int = 0) -> Attempt:
         """Write a RUNNING attempt (before the handler runs, so a crash still leaves it)."""
-        write, attempt = self.prepare_start(task_id, executor, fence_token)
-        self.graph.write(write)
-        return attempt
+        start = self.prepare_start(task_id, executor, fence_token)
+        self.graph.write(start.write)
+        return start.attempt
 
     def prepare_start(self, task_id: str, executor: str, fence_token: int = 0
-                      ) -> tuple[Write, Attempt]:
-        """Read the task and its attempt count now; return the write and the attempt.
-
-        Only the task's lock holder starts attempts, so the count cannot move before the
-        write; when the write runs with a claim, the claim's version guard decides anyway.
-        """
+                      ) -> AttemptStart:
+        """Read the task and its attempt count now (only the task's lock holder starts
+        attempts, so the count cannot move before the write; with a claim, the claim's version
+        guard decides anyway)."""
         def read(g: Any) -> tuple[list[Any], int]:
             return (g.V().has("task_id", task_id).id_().to_list(),
                     g.V().has("attempt_task", task_id).count().next())
@@ -280,50 +354,24 @@ class GremlinAttemptLog:
             "attempt_started": codec.encode_time(codec.now()),
             "attempt_fence": codec.encode_big(fence_token),
         }
-
-        def write(g: Any) -> None:
-            t = _add(g.V(vertices[0]).as_("t"), "attempt", props).as_("a")
-            t.add_e("has_attempt").from_("t").to("a").iterate()
-
-        return write, _attempt(props)
+        return AttemptStart(vertices[0], props, _attempt(props))
 
     def finish(self, attempt_id: str, status: AttemptStatus, error: str | None = None,
                stack_trace: str | None = None) -> Attempt:
         """Close a RUNNING attempt; a second finish raises :class:`AttemptAlreadyFinished`."""
-        write, attempt = self.prepare_finish(attempt_id, status, error, stack_trace)
-        self.graph.write(write)
-        return attempt
+        end = self.prepare_finish(attempt_id, status, error, stack_trace)
+        self.graph.write(end.write)
+        return end.attempt
 
     def prepare_finish(self, attempt_id: str, status: AttemptStatus, error: str | None = None,
-                       stack_trace: str | None = None) -> tuple[Write, Attempt]:
-        """Read and check the attempt now; the write is guarded by its RUNNING status."""
-        status = AttemptStatus(status)
-        if status is AttemptStatus.RUNNING:
-            raise InvalidValue("finish() needs a final status")
+                       stack_trace: str | None = None) -> AttemptEnd:
+        """Read and check the attempt now; the end is written later, guarded by RUNNING."""
+        AttemptStatus(status)
         rows = self.graph.read(
             lambda g: g.V().has("attempt_id", attempt_id).element_map().to_list())
         if not rows:
             raise TaskNotFound(f"no attempt {attempt_id}")
-        current = _attempt(rows[0])
-        if current.status is not AttemptStatus.RUNNING:
-            raise AttemptAlreadyFinished(f"attempt {attempt_id} is already "
-                                         f"{current.status.value}")
-        ended = codec.now()
-        props: dict[str, Any] = {
-            "attempt_status": status.value, "attempt_ended": codec.encode_time(ended),
-            "attempt_duration_ms": int((ended - current.started_at).total_seconds() * 1000),
-        }
-        if error:
-            props["attempt_error"] = error
-        if stack_trace:
-            props["attempt_stack"] = stack_trace
-
-        def write(g: Any) -> None:
-            t = g.V().has("attempt_id", attempt_id).has("attempt_status", "RUNNING")
-            if not _set(t, props).id_().to_list():
-                raise AttemptAlreadyFinished(f"attempt {attempt_id} was finished meanwhile")
-
-        return write, _attempt({**rows[0], **props})
+        return attempt_end(_attempt(rows[0]), status, error, stack_trace)
 
     def for_task(self, task_id: str) -> list[Attempt]:
         rows = self.graph.read(
