@@ -157,9 +157,10 @@ class TaskProcessHandler:
         timer.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
         log.info("member %s: task loop stopped; claims: %d started, %d locked elsewhere, "
-                 "%d stale; %d changed tasks skipped before locking", self.member_id,
-                 self.stats["started"], self.stats["lock_busy"], self.stats["stale"],
-                 self.stats["skipped_stale"])
+                 "%d stale; %d changed tasks skipped before locking, %d running elsewhere "
+                 "skipped; %d listings", self.member_id, self.stats["started"],
+                 self.stats["lock_busy"], self.stats["stale"], self.stats["skipped_stale"],
+                 self.stats["skipped_running"], self.stats["listings"])
 
     def running_tasks(self) -> list[str]:
         return [r.task.id for r in self._snapshot()]
@@ -197,6 +198,7 @@ class TaskProcessHandler:
             if relist or not self._backlog:
                 try:
                     listing = self.store.tasks.unfinished()
+                    self.stats["listings"] += 1
                 except StoreError as exc:
                     log.error("member %s: cannot list tasks: %s", self.member_id, exc)
                     return 0
@@ -250,6 +252,7 @@ class TaskProcessHandler:
         except CoordError:
             return tasks  # unknown: try them all, the locks decide
         skip = {t.id for t in running if t.owner in live}
+        self.stats["skipped_running"] += len(skip)
         return [t for t in tasks if t.id not in skip]
 
     def _candidates(self, tasks: list[Task]) -> list[Task]:

@@ -103,9 +103,13 @@ class GraphStore:
             try:
                 self.graph.write(write)
             except _Unmatched:
-                self.graph.write(end.write)  # AttemptAlreadyFinished if that was the reason
+                # the task moved on (CommitConflict / StaleFencingToken from a fresh read: the
+                # attempt is ended alone below), or else the attempt was closed meanwhile. (A
+                # remote server may have applied the attempt's end already: ending it alone
+                # then finds it ended, which is fine.)
                 self._tasks.prepare_update(task.id, task.version, fence_token, {})
-                raise CommitConflict(task.id, task.version, None) from None
+                raise AttemptAlreadyFinished(f"attempt {attempt.id} was finished meanwhile"
+                                             ) from None
             return change.task
         except (CommitConflict, StaleFencingToken):
             try:
