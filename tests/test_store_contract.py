@@ -222,6 +222,20 @@ def test_claim_and_conclude_write_together_or_say_why(store: GraphStore) -> None
     assert store.tasks.get(third.id) == task
     (closed,) = store.attempts.for_task(third.id)
     assert closed.status is AttemptStatus.CANCELLED_BY_SYSTEM
+    assert store.attempts.get(closed.id) == closed
+
+    # both: the master closed the attempt and put the task back (a frozen owner wakes up); the
+    # closed attempt is what the owner hears of first, as before
+    fourth = store.tasks.create("t")
+    task, attempt = store.claim(fourth, 11, "m1")
+    store.attempts.finish(attempt.id, AttemptStatus.CANCELLED_BY_SYSTEM, "owner left")
+    back = store.tasks.update(fourth.id, task.version, None, status=TaskStatus.WAITING)
+    with pytest.raises(AttemptAlreadyFinished):
+        store.conclude(attempt, AttemptStatus.SUCCEEDED, None, None, task, 11,
+                       {"status": TaskStatus.WAITING, "finished": True})
+    assert store.tasks.get(fourth.id) == back
+    with pytest.raises(TaskNotFound):
+        store.attempts.get("no-such-attempt")
 
 
 # -- ontologies ---------------------------------------------------------------------------------

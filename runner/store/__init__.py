@@ -90,7 +90,8 @@ class GraphStore:
         If the task update fails (another owner's newer token, a concurrent change), the
         attempt is still finished on its own and the task error is raised; the attempt is
         never lost with it. An attempt closed meanwhile (by the master) raises
-        :class:`AttemptAlreadyFinished` and changes nothing.
+        :class:`AttemptAlreadyFinished` and changes nothing, whether or not the task moved on
+        too (the caller then updates the task from its current version).
         """
         end = attempt_end(attempt, attempt_status, error, stack_trace)
         try:
@@ -103,13 +104,18 @@ class GraphStore:
             try:
                 self.graph.write(write)
             except _Unmatched:
-                # the task moved on (CommitConflict / StaleFencingToken from a fresh read: the
-                # attempt is ended alone below), or else the attempt was closed meanwhile. (A
-                # remote server may have applied the attempt's end already: ending it alone
-                # then finds it ended, which is fine.)
+                # the attempt was closed meanwhile (by the master), or else the task moved on
+                # (a fresh read raises CommitConflict / StaleFencingToken, and the attempt is
+                # ended alone below). A server without transactions may have applied our end
+                # of the attempt before the task's guard refused: that end is ours, not a close.
+                current = self._attempts.get(attempt.id)
+                ours = (current.status is end.attempt.status
+                        and current.ended_at == end.attempt.ended_at)
+                if current.status is not AttemptStatus.RUNNING and not ours:
+                    raise AttemptAlreadyFinished(
+                        f"attempt {attempt.id} is already {current.status.value}") from None
                 self._tasks.prepare_update(task.id, task.version, fence_token, {})
-                raise AttemptAlreadyFinished(f"attempt {attempt.id} was finished meanwhile"
-                                             ) from None
+                raise CommitConflict(task.id, task.version, None) from None
             return change.task
         except (CommitConflict, StaleFencingToken):
             try:

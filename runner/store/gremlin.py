@@ -367,11 +367,14 @@ class GremlinAttemptLog:
                        stack_trace: str | None = None) -> AttemptEnd:
         """Read and check the attempt now; the end is written later, guarded by RUNNING."""
         AttemptStatus(status)
+        return attempt_end(self.get(attempt_id), status, error, stack_trace)
+
+    def get(self, attempt_id: str) -> Attempt:
         rows = self.graph.read(
             lambda g: g.V().has("attempt_id", attempt_id).element_map().to_list())
         if not rows:
             raise TaskNotFound(f"no attempt {attempt_id}")
-        return attempt_end(_attempt(rows[0]), status, error, stack_trace)
+        return _attempt(rows[0])
 
     def for_task(self, task_id: str) -> list[Attempt]:
         rows = self.graph.read(
