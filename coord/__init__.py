@@ -26,7 +26,6 @@ __all__ = [
     "Booking", "ConnectionLost", "CoordError", "HeldLock", "LeaderLatch", "LifecycleError",
     "LockNotHeld", "MemberIdTaken", "MemberInfo", "Membership", "NotLeader", "Session",
     "SessionExpired", "SessionState", "SlotLevel", "Slots", "TaskLock", "VersionConflict",
-    "VersionedRegister", "force_release", "held_locks", "lock_owner", "read_leader",
-    "live_member_ids",
-    "read_members",
+    "VersionedRegister", "force_release", "held_locks", "live_member_ids", "lock_owner",
+    "read_leader", "read_members",
 ]

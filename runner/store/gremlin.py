@@ -366,7 +366,6 @@ class GremlinAttemptLog:
     def prepare_finish(self, attempt_id: str, status: AttemptStatus, error: str | None = None,
                        stack_trace: str | None = None) -> AttemptEnd:
         """Read and check the attempt now; the end is written later, guarded by RUNNING."""
-        AttemptStatus(status)
         return attempt_end(self.get(attempt_id), status, error, stack_trace)
 
     def get(self, attempt_id: str) -> Attempt:
