@@ -24,13 +24,15 @@ from __future__ import annotations
 import enum
 import logging
 import queue
+import selectors
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.handlers.threading import KazooTimeoutError, SequentialThreadingHandler
+from kazoo.handlers.utils import selector_select
 from kazoo.security import make_digest_acl
 
 from coord._znodes import zk_errors
@@ -85,6 +87,23 @@ class _KazooLogger(logging.Logger):
         super().log(level, msg, *args, **kwargs)
 
 
+class _PollSelectors:
+    """The ``selectors`` names kazoo's ``selector_select`` uses, with poll(2) as the selector."""
+
+    EVENT_READ = selectors.EVENT_READ
+    EVENT_WRITE = selectors.EVENT_WRITE
+    DefaultSelector = selectors.PollSelector
+
+
+class _PollHandler(SequentialThreadingHandler):  # type: ignore[misc]
+    """kazoo's threading handler, waiting on its socket with poll(2) instead of a new epoll
+    instance per wait (create, register, wait, close: four system calls where poll needs one).
+    Its connection loop waits dozens of times per task; like epoll, poll has no fd limit."""
+
+    def select(self, *args: Any, **kwargs: Any) -> Any:
+        return selector_select(*args, selectors_module=_PollSelectors, **kwargs)
+
+
 def cluster_root(cluster: str) -> str:
     return f"{ROOT_PREFIX}/{cluster}"
 
@@ -125,6 +144,7 @@ class Session:
 
     def _client_options(self) -> dict[str, Any]:
         options: dict[str, Any] = {"timeout": self.timeout, "logger": self._logger,
+                                   "handler": _PollHandler(),
                                    # reconnect forever; the expiry timer decides when it is LOST
                                    "connection_retry": {"max_tries": -1, "max_delay": 1.0}}
         if self._auth is not None:
