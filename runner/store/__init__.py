@@ -8,7 +8,8 @@ Errors are in :mod:`runner.store.errors`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from runner.store.errors import (
     AttemptAlreadyFinished,
@@ -43,7 +44,7 @@ from runner.store.ports import AttemptLog, AvatarStore, OntologyStore, TaskStore
 
 
 class _Unmatched(Exception):
-    """A guarded write matched nothing: rolled back, then told apart by a fresh check."""
+    """A guarded write matched nothing: raised to roll its transaction back."""
 
 
 class GraphStore:
@@ -68,17 +69,10 @@ class GraphStore:
         change = task_change(task, fence_token,
                              {"status": TaskStatus.RUNNING, "owner": member_id})
         start = self._attempts.prepare_start(task.id, member_id, fence_token)
-
-        def write(g: object) -> None:
-            if not start.extend(change.traverse(g)).id_().to_list():
-                raise _Unmatched
-
-        try:
-            self.graph.write(write)
-        except _Unmatched:
+        if not self._matched(lambda g: start.extend(change.traverse(g))):
             # moved on since it was listed: a fresh read says how (or it is a plain conflict)
             self._tasks.prepare_update(task.id, task.version, fence_token, {})
-            raise CommitConflict(task.id, task.version, None) from None
+            raise CommitConflict(task.id, task.version, None)
         return change.task, start.attempt
 
     def conclude(self, attempt: Attempt, attempt_status: AttemptStatus, error: str | None,
@@ -96,33 +90,38 @@ class GraphStore:
         end = attempt_end(attempt, attempt_status, error, stack_trace)
         try:
             change = task_change(task, fence_token, changes)
-
-            def write(g: object) -> None:
-                if not change.traverse(end.traverse(g)).id_().to_list():
-                    raise _Unmatched
-
-            try:
-                self.graph.write(write)
-            except _Unmatched:
-                # the attempt was closed meanwhile (by the master), or else the task moved on
-                # (a fresh read raises CommitConflict / StaleFencingToken, and the attempt is
-                # ended alone below). A server without transactions may have applied our end
-                # of the attempt before the task's guard refused: that end is ours, not a close.
-                current = self._attempts.get(attempt.id)
-                ours = (current.status is end.attempt.status
-                        and current.ended_at == end.attempt.ended_at)
-                if current.status is not AttemptStatus.RUNNING and not ours:
-                    raise AttemptAlreadyFinished(
-                        f"attempt {attempt.id} is already {current.status.value}") from None
-                self._tasks.prepare_update(task.id, task.version, fence_token, {})
-                raise CommitConflict(task.id, task.version, None) from None
-            return change.task
+            if self._matched(lambda g: change.traverse(end.traverse(g))):
+                return change.task
+            # the attempt was closed meanwhile (by the master), or else the task moved on (a
+            # fresh read raises CommitConflict / StaleFencingToken, and the attempt is ended
+            # alone below). A server without transactions may have applied our end of the
+            # attempt before the task's guard refused: that end is ours, not a close.
+            current = self._attempts.get(attempt.id)
+            ours = (current.status is end.attempt.status
+                    and current.ended_at == end.attempt.ended_at)
+            if current.status is not AttemptStatus.RUNNING and not ours:
+                raise AttemptAlreadyFinished(
+                    f"attempt {attempt.id} is already {current.status.value}")
+            self._tasks.prepare_update(task.id, task.version, fence_token, {})
+            raise CommitConflict(task.id, task.version, None)
         except (CommitConflict, StaleFencingToken):
             try:
                 self.attempts.finish(attempt.id, attempt_status, error, stack_trace)
             except AttemptAlreadyFinished:
                 pass
             raise
+
+    def _matched(self, guarded: Callable[[Any], Any]) -> bool:
+        """Write one guarded traversal; False, rolled back, when its guards matched nothing."""
+        def write(g: Any) -> None:
+            if not guarded(g).id_().to_list():
+                raise _Unmatched
+
+        try:
+            self.graph.write(write)
+        except _Unmatched:
+            return False
+        return True
 
     def close(self) -> None:
         self.graph.close()

@@ -359,14 +359,9 @@ class GremlinAttemptLog:
     def finish(self, attempt_id: str, status: AttemptStatus, error: str | None = None,
                stack_trace: str | None = None) -> Attempt:
         """Close a RUNNING attempt; a second finish raises :class:`AttemptAlreadyFinished`."""
-        end = self.prepare_finish(attempt_id, status, error, stack_trace)
+        end = attempt_end(self.get(attempt_id), status, error, stack_trace)
         self.graph.write(end.write)
         return end.attempt
-
-    def prepare_finish(self, attempt_id: str, status: AttemptStatus, error: str | None = None,
-                       stack_trace: str | None = None) -> AttemptEnd:
-        """Read and check the attempt now; the end is written later, guarded by RUNNING."""
-        return attempt_end(self.get(attempt_id), status, error, stack_trace)
 
     def get(self, attempt_id: str) -> Attempt:
         rows = self.graph.read(
