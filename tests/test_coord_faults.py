@@ -193,38 +193,80 @@ def test_processes_racing_for_1000_task_locks(
 
 def test_no_contender_left_behind_under_connection_blips(
         zookeeper: ZooKeeperCluster, zk_namespace: ZkNamespace) -> None:
+    """Two members try one task's lock over connections a proxy keeps cutting (lost requests
+    and lost replies at every step): first while a third member holds it, then racing each
+    other. No try wins a held lock, no two hold it at once, and no node of theirs is left."""
     port = zookeeper.servers[0].client_port
-    with TcpProxy(port) as proxy, Session(zk_namespace.hosts, "c1", timeout=4.0) as holder:
-        held = TaskLock(holder, "contended", "holder")
-        assert held.try_acquire() is not None
-        flaky_hosts = f"127.0.0.1:{proxy.port}{zk_namespace.root}"
-        with Session(flaky_hosts, "c1", timeout=4.0) as flaky:
-            stop = threading.Event()
+    with TcpProxy(port) as proxy, Session(zk_namespace.hosts, "c1", timeout=4.0) as steady, \
+            Session(f"127.0.0.1:{proxy.port}{zk_namespace.root}", "c1", timeout=4.0) as a, \
+            Session(f"127.0.0.1:{proxy.port}{zk_namespace.root}", "c1", timeout=4.0) as b:
+        outcomes: dict[str, int] = defaultdict(int)
+        holding: dict[str, threading.Event] = {}  # racer -> set when its lock was lost
+        overlaps: list[tuple[str, str]] = []
+        guard = threading.Lock()
 
-            def blip() -> None:
-                while not stop.wait(random.uniform(0.002, 0.02)):
-                    proxy.drop_connections()
-
-            blipper = threading.Thread(target=blip)
-            blipper.start()
-            outcomes: dict[str, int] = defaultdict(int)
-            try:
-                for _ in range(150):
-                    try:
-                        token = TaskLock(flaky, "contended", "flaky").try_acquire()
-                        outcomes["refused" if token is None else "acquired"] += 1
-                    except ConnectionLost:
+        def race(session: Session, name: str, stop: threading.Event) -> None:
+            while not stop.is_set():
+                lock = TaskLock(session, "contended", name)
+                lost = threading.Event()
+                lock.add_lost_listener(lambda _task: lost.set())
+                try:
+                    token = lock.try_acquire()
+                except ConnectionLost:
+                    with guard:
                         outcomes["connection lost"] += 1
+                    session.wait_for(SessionState.CONNECTED, 5)  # as a scan would
+                    continue
+                with guard:
+                    if token is None:
+                        outcomes["refused"] += 1
+                        continue
+                    outcomes["acquired"] += 1
+                    overlaps.extend((name, other) for other, other_lost in holding.items()
+                                    if not other_lost.is_set())
+                    holding[name] = lost
+                time.sleep(random.uniform(0, 0.003))
+                with guard:
+                    del holding[name]
+                lock.release()
+
+        def blips_until(done: Callable[[], bool], also: Callable[[], object] = lambda: None,
+                        ) -> None:
+            stop = threading.Event()
+            racers = [threading.Thread(target=race, args=(s, n, stop)) for s, n in
+                      ((a, "a"), (b, "b"))]
+            for racer in racers:
+                racer.start()
+            deadline = time.monotonic() + 60
+            try:
+                while not done() and time.monotonic() < deadline:
+                    time.sleep(random.uniform(0.002, 0.02))
+                    proxy.drop_connections()
+                    also()
             finally:
                 stop.set()
-                blipper.join()
-            assert flaky.wait_for(SessionState.CONNECTED, 10)
-            assert outcomes["acquired"] == 0
-            assert proxy.drops > 10
-            children = holder.client.get_children("/locks/tasks/contended")
-            owners = {holder.client.get(f"/locks/tasks/contended/{c}")[0] for c in children}
-            assert owners == {b"holder"}, (outcomes, children)
+                for racer in racers:
+                    racer.join(40)
+            assert done(), (proxy.drops, dict(outcomes))
+
+        held = TaskLock(steady, "contended", "steady")
+        assert held.try_acquire() is not None
+        blips_until(lambda: proxy.drops >= 20 and outcomes["refused"] >= 50)
+        assert outcomes["acquired"] == 0, dict(outcomes)
+        owners = lock_owner(steady, "contended")
+        children = steady.client.get_children("/locks/tasks/contended")
+        assert owners == "steady" and len(children) == 1, (outcomes, children)
         held.release()
+
+        # the racers also keep meeting an empty lock parent (what a holder whose session
+        # expired leaves), so they take the contender path too, not only the one-create path
+        drops = proxy.drops
+        blips_until(lambda: proxy.drops >= drops + 20 and outcomes["acquired"] >= 30,
+                    also=lambda: steady.client.ensure_path("/locks/tasks/contended"))
+        assert overlaps == []
+        assert a.wait_for(SessionState.CONNECTED, 10) and b.wait_for(SessionState.CONNECTED, 10)
+        if steady.client.exists("/locks/tasks/contended"):
+            assert steady.client.get_children("/locks/tasks/contended") == []
 
 
 def test_slots_never_exceed_any_level(zk_namespace: ZkNamespace) -> None:
