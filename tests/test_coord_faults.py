@@ -209,7 +209,7 @@ def test_no_contender_left_behind_under_connection_blips(
             while not stop.is_set():
                 lock = TaskLock(session, "contended", name)
                 lost = threading.Event()
-                lock.add_lost_listener(lambda _task: lost.set())
+                lock.add_lost_listener(lambda _task, lost=lost: lost.set())
                 try:
                     token = lock.try_acquire()
                 except ConnectionLost:
