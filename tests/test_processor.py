@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -27,6 +27,15 @@ def store(tmp_path: Path) -> Iterator[GraphStore]:
 def session(ns: ZkNamespace) -> Session:
     """Not started: ``with session(ns) as s`` starts it."""
     return Session(ns.hosts, "p1", timeout=4.0)
+
+
+def held_until_close(ran: list[str]) -> Callable[[TaskContext, object], None]:
+    """A handler that records its task and then holds its worker until the processor closes:
+    a finished worker would scan again and could take the tasks the test left to others."""
+    def handler(ctx: TaskContext, payload: object) -> None:
+        ran.append(ctx.task.id)
+        ctx.cancel.wait(60)
+    return handler
 
 
 def test_higher_priority_first_and_hooks_unwind_in_reverse(
@@ -122,10 +131,11 @@ def test_an_old_listing_is_rechecked_before_locking(
     and a failed claim each."""
     ran: list[str] = []
     registry = TaskRegistry()
-    registry.register("t", lambda ctx, payload: ran.append(ctx.task.id))
+    registry.register("t", held_until_close(ran))
     tasks = [store.tasks.create("t") for _ in range(6)]
     with session(zk_namespace) as s:
-        processor = TaskProcessHandler(s, "m1", store, registry, workers=2, scan_interval=600)
+        # six workers: the first version read covers the whole old listing
+        processor = TaskProcessHandler(s, "m1", store, registry, workers=6, scan_interval=600)
         listed = time.monotonic() - 1.0  # the old listing, a second ago
         processor._backlog = [(t, listed) for t in processor._candidates(store.tasks.unfinished())]
         for task in tasks[:4]:  # meanwhile another node claimed four of them
@@ -146,7 +156,7 @@ def test_a_listing_that_goes_stale_during_the_scan_is_rechecked(
     walking its listing drops them by a version read, not by a lock and a failed claim each."""
     ran: list[str] = []
     registry = TaskRegistry()
-    registry.register("t", lambda ctx, payload: ran.append(ctx.task.id))
+    registry.register("t", held_until_close(ran))
     tasks = [store.tasks.create("t") for _ in range(6)]
     taken = {t.id for t in tasks[:4]}
     real_unfinished = store.tasks.unfinished
