@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -178,18 +179,67 @@ def tail(path: Path, lines: int = 30) -> str:
 # ports
 
 
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct free ports (held open together so they differ)."""
-    socks = []
+def _ephemeral_floor() -> int:
+    """The lowest port the kernel hands to outgoing connections."""
     try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind((LOOPBACK, 0))
-            socks.append(sock)
-        return [int(s.getsockname()[1]) for s in socks]
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+# Servers started on picked ports get them from below the kernel's ephemeral range: a port
+# picked there by binding port 0 can be handed to an outgoing connection (a client's local
+# port) before the server binds it, which CI saw as "already in use".
+_PICK_FROM = 20000
+
+
+def _pick(count: int, block: int) -> list[int]:
+    """``count`` bases of ``block`` consecutive free ports each, all distinct, held bound until
+    every one is picked."""
+    high = _ephemeral_floor() - block
+    socks: list[socket.socket] = []
+    picked: list[int] = []
+    try:
+        if high <= _PICK_FROM:  # an unusual ephemeral range: let the kernel choose
+            for _ in range(count * block):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sock.bind((LOOPBACK, 0))
+                socks.append(sock)
+            ports = [int(sock.getsockname()[1]) for sock in socks]
+            if block == 1:
+                return ports
+            raise DevServerError(f"no block of {block} ports below the ephemeral range")
+        for _ in range(500):
+            if len(picked) == count:
+                return picked
+            base = random.randrange(_PICK_FROM, high)
+            taken: list[socket.socket] = []
+            try:
+                for port in range(base, base + block):
+                    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                    taken.append(sock)
+                    sock.bind((LOOPBACK, port))
+            except OSError:
+                for sock in taken:
+                    sock.close()
+                continue
+            socks.extend(taken)
+            picked.append(base)
+        raise DevServerError(f"found no {count} free block(s) of {block} port(s) on {LOOPBACK}")
     finally:
         for sock in socks:
             sock.close()
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free loopback ports, below the kernel's ephemeral range."""
+    return _pick(count, 1)
+
+
+def free_port_block(size: int) -> int:
+    """The first of ``size`` consecutive free loopback ports (e.g. ``latchwork dev up
+    --zk-port BASE`` with an ensemble of ``size``), below the kernel's ephemeral range."""
+    return _pick(1, size)[0]
 
 
 def port_is_free(port: int) -> bool:

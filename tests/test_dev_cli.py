@@ -9,7 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from runner.devservers import LOOPBACK, DevEnvironment, free_ports, port_is_listening
+from runner.devservers import (
+    LOOPBACK,
+    DevEnvironment,
+    free_port_block,
+    free_ports,
+    port_is_listening,
+)
 
 
 def latchwork(*args: str, env: dict[str, str] | None = None,
@@ -19,8 +25,8 @@ def latchwork(*args: str, env: dict[str, str] | None = None,
 
 
 def test_up_status_check_down_leaves_no_process_or_listener(tmp_path: Path) -> None:
-    zk_port = free_ports(1)[0]
-    amqp_port = free_ports(1)[0]
+    zk_port = free_port_block(3)  # an ensemble of 3 takes zk_port .. zk_port + 2
+    amqp_port = free_port_block(3)  # the AMQP, distribution and epmd ports
     d = str(tmp_path / "dev")
     up = latchwork("dev", "up", "--dir", d, "--zk-ensemble", "3", "--zk-port", str(zk_port),
                    "--amqp-port", str(amqp_port), "--tick-time", "500")
@@ -76,7 +82,7 @@ def _one_line(text: str) -> str:
 
 
 def test_up_refuses_a_port_in_use_and_starts_nothing(tmp_path: Path) -> None:
-    zk_port, amqp_port = free_ports(2)
+    zk_port, amqp_port = free_ports(1)[0], free_port_block(3)
     with socket.socket() as squatter:
         squatter.bind((LOOPBACK, amqp_port + 2))  # the broker's private epmd port
         squatter.listen()
@@ -107,7 +113,7 @@ def test_failure_after_zookeeper_started_stops_it_again(tmp_path: Path) -> None:
     script = fake_bin / "rabbitmq-server"
     script.write_text("#!/bin/sh\necho 'broken broker' >&2\nexit 1\n")
     script.chmod(0o755)
-    zk_port, amqp_port = free_ports(2)
+    zk_port, amqp_port = free_ports(1)[0], free_port_block(3)
     env = {**os.environ, "LATCHWORK_DEV_RABBITMQ_BIN": str(fake_bin)}
     up = latchwork("dev", "up", "--dir", str(tmp_path / "dev"), "--zk-port", str(zk_port),
                    "--amqp-port", str(amqp_port), env=env)
