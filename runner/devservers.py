@@ -211,7 +211,7 @@ def _pick(count: int, block: int) -> list[int]:
             raise DevServerError(f"no block of {block} ports below the ephemeral range")
         for _ in range(500):
             if len(picked) == count:
-                return picked
+                break
             base = random.randrange(_PICK_FROM, high)
             taken: list[socket.socket] = []
             try:
@@ -225,7 +225,10 @@ def _pick(count: int, block: int) -> list[int]:
                 continue
             socks.extend(taken)
             picked.append(base)
-        raise DevServerError(f"found no {count} free block(s) of {block} port(s) on {LOOPBACK}")
+        if len(picked) < count:
+            raise DevServerError(f"found no {count} free block(s) of {block} port(s) on "
+                                 f"{LOOPBACK}")
+        return picked
     finally:
         for sock in socks:
             sock.close()

@@ -129,3 +129,16 @@ def test_help_explains_the_commands() -> None:
     assert "--zk-ensemble" in out.stdout and "Refuses to start twice" in out.stdout
     bad = latchwork("dev", "up", "--zk-ensemble", "zero")
     assert bad.returncode == 2
+
+
+def test_picked_ports_are_free_and_below_the_ephemeral_range() -> None:
+    """Outgoing connections take their local ports from the ephemeral range; a server port
+    picked there could be gone before the server binds it."""
+    floor = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    base = free_port_block(3)
+    ports = free_ports(4)
+    assert len(set(ports)) == 4
+    for port in [base, base + 1, base + 2, *ports]:
+        assert port < floor
+        with socket.socket() as sock:
+            sock.bind((LOOPBACK, port))  # free: binds without SO_REUSEADDR
