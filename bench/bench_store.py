@@ -24,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gremlin_python.process.traversal import Cardinality
 
-from runner.store import AttemptStatus, Avatar, EmbeddedGraph, GraphStore, codec
+from runner.store import AttemptStatus, Avatar, EmbeddedGraph, GraphStore, Task, TaskStatus, codec
+from runner.store.gremlin import task_props
 
 CREATES = 1000
 ATTEMPTS = 500
@@ -48,19 +49,19 @@ def raw_add_v(graph: EmbeddedGraph, n: int) -> float:
 
 
 def bulk_finished(graph: EmbeddedGraph, n: int) -> None:
-    """Finished tasks, written in chained batches (setup only, not measured)."""
-    stamp = codec.encode_time(codec.now())
-    for start in range(0, n, 25):  # 14 steps per vertex; gremlite recurses per step
+    """Finished tasks in the store's own format, written in chained batches (setup only, not
+    measured)."""
+    created = codec.now()
+    for start in range(0, n, 25):  # 10 steps per vertex; gremlite recurses per step
         def run(g: Any, start: int = start) -> None:
             t = g
             for i in range(start, min(n, start + 25)):
-                t = (t.add_v("task").property("task_id", f"done-{i}").property("task_type", "t")
-                     .property("task_payload", "{}").property("task_active", True)
-                     .property("task_status", "WAITING").property("task_finished", True)
-                     .property("task_priority", 0).property("task_created", stamp)
-                     .property("task_updated", stamp).property("task_version", 1)
-                     .property("task_fence", codec.encode_big(0)).property("task_owner", "")
-                     .property("task_queue", "closed"))
+                done = Task(id=f"done-{i}", type="t", payload={}, active=True,
+                            status=TaskStatus.WAITING, finished=True, priority=0,
+                            created_at=created, updated_at=created, version=1, fence=0)
+                t = t.add_v("task")
+                for key, value in task_props(done).items():
+                    t = t.property(key, value)
             t.iterate()
         graph.write(run)
 

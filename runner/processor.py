@@ -353,9 +353,17 @@ class TaskProcessHandler:
                     log.info("member %s: task %s (%s): %s; retry %d in %.2fs", self.member_id,
                              task.id, task.type, error, retries, delay)
                     if not r.cancel.wait(delay):
-                        attempt = self.store.attempts.start(task.id, self.member_id, r.token)
-                        continue
-                    # cancelled while waiting to retry: no new attempt, the task goes back
+                        # the next attempt: a claim of the task as this owner last wrote it
+                        try:
+                            r.task, attempt = self.store.claim(r.task, r.token, self.member_id)
+                            continue
+                        except (CommitConflict, StaleFencingToken) as exc:
+                            # changed meanwhile (an operator stopped it, another owner): no new
+                            # attempt here; the task goes back as it now stands
+                            log.warning("member %s: task %s (%s) not retried: %s",
+                                        self.member_id, task.id, task.type, exc)
+                    # cancelled while waiting to retry, or changed: no new attempt, the task
+                    # goes back
                     outcome = "cancelled"
                     self._conclude(r, None, status, error, stack, outcome)
                     break

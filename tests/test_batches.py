@@ -289,6 +289,12 @@ def test_racing_processes_and_threads_never_overlap_or_miss_batches(
              series, str(seed), "0.4"], stdout=subprocess.PIPE, text=True)
             for seed in (11, 12)]
         results: list[dict[str, Any]] = []
+        # the threads join once a process works (an interpreter starting on a busy box can
+        # take seconds, and the threads alone could reach the end before it: a local run did)
+        deadline = time.monotonic() + 30
+        while not any(b.owner.startswith("proc-") for b in c.status().batches):
+            assert time.monotonic() < deadline, "no worker process started a batch in 30 s"
+            time.sleep(0.02)
         threads = [threading.Thread(target=lambda seed=seed: results.append(
             work(s, series, seed, 0.4, f"thread-{seed}"))) for seed in (13, 14)]
         for t in threads:

@@ -30,6 +30,7 @@ from runner.store import (
     StaleFencingToken,
     TaskNotFound,
     TaskStatus,
+    UnknownStoreFormat,
     open_store,
 )
 from runner.testing.plugin import ZkNamespace
@@ -174,6 +175,34 @@ def test_attempts_are_written_closed_once_and_listed_in_order(store: GraphStore)
         store.attempts.start("no-such-task", "m")
     with pytest.raises(InvalidValue):
         store.attempts.finish(third.id, AttemptStatus.RUNNING)
+
+
+def test_attempts_are_numbered_by_their_task_whoever_starts_them(store: GraphStore) -> None:
+    """The task counts its attempts (a claim reads nothing): a standalone start counts too and
+    moves the task on, so a claim from a listing older than that start is a conflict."""
+    listed = store.tasks.create("t")
+    first = store.attempts.start(listed.id, "m0")
+    assert first.seq == 1 and store.tasks.get(listed.id).attempts == 1
+    with pytest.raises(CommitConflict):
+        store.claim(listed, 3, "m1")
+    task, second = store.claim(store.tasks.get(listed.id), 3, "m1")
+    assert (second.seq, task.attempts) == (2, 2)
+    task, third = store.claim(task, 3, "m1")  # the owner's retry: a claim of what it wrote
+    assert (third.seq, task.attempts) == (3, 3) and store.tasks.get(listed.id) == task
+    assert [a.seq for a in store.attempts.for_task(listed.id)] == [1, 2, 3]
+
+
+def test_vertices_of_an_unknown_format_are_refused_by_name(store: GraphStore) -> None:
+    """A task or attempt without the properties this version writes (an older, unreleased
+    format) is a typed error naming it, not a guess or a KeyError."""
+    store.graph.write(lambda g: g.add_v("task").property("task_id", "old-1")
+                      .property("task_type", "t").property("task_status", "WAITING")
+                      .add_v("attempt").property("attempt_id", "old-a")
+                      .property("attempt_status", "RUNNING").iterate())
+    with pytest.raises(UnknownStoreFormat, match="old-1"):
+        store.tasks.get("old-1")
+    with pytest.raises(UnknownStoreFormat, match="old-a"):
+        store.attempts.get("old-a")
 
 
 def test_claim_and_conclude_write_together_or_say_why(store: GraphStore) -> None:

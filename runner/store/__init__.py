@@ -19,6 +19,7 @@ from runner.store.errors import (
     StoreError,
     StoreUnavailable,
     TaskNotFound,
+    UnknownStoreFormat,
 )
 from runner.store.graph import EmbeddedGraph, Graph, RemoteGraph, open_graph
 from runner.store.gremlin import (
@@ -27,6 +28,8 @@ from runner.store.gremlin import (
     GremlinOntologyStore,
     GremlinTaskStore,
     attempt_end,
+    attempt_start,
+    matched_write,
     task_change,
 )
 from runner.store.model import (
@@ -43,10 +46,6 @@ from runner.store.model import (
 from runner.store.ports import AttemptLog, AvatarStore, OntologyStore, TaskStore
 
 
-class _Unmatched(Exception):
-    """A guarded write matched nothing: raised to roll its transaction back."""
-
-
 class GraphStore:
     """The four stores over one graph connection; ``close()`` when done."""
 
@@ -61,14 +60,15 @@ class GraphStore:
 
     def claim(self, task: Task, fence_token: int, member_id: str) -> tuple[Task, Attempt]:
         """Claim ``task`` as listed (RUNNING, owner, token; guarded by its version) and add its
-        RUNNING attempt, in one traversal after one read (the attempt count).
+        RUNNING attempt (numbered from the task's attempt count), in one traversal, with no
+        read.
 
         A task that moved on since it was listed raises :class:`CommitConflict`, one whose
         newer token was recorded :class:`StaleFencingToken`, and nothing is written.
         """
         change = task_change(task, fence_token,
-                             {"status": TaskStatus.RUNNING, "owner": member_id})
-        start = self._attempts.prepare_start(task.id, member_id, fence_token)
+                             {"status": TaskStatus.RUNNING, "owner": member_id}, new_attempt=True)
+        start = attempt_start(change.task, member_id, fence_token)
         if not self._matched(lambda g: start.extend(change.traverse(g))):
             # moved on since it was listed: a fresh read says how (or it is a plain conflict)
             self._tasks.prepare_update(task.id, task.version, fence_token, {})
@@ -112,16 +112,7 @@ class GraphStore:
             raise
 
     def _matched(self, guarded: Callable[[Any], Any]) -> bool:
-        """Write one guarded traversal; False, rolled back, when its guards matched nothing."""
-        def write(g: Any) -> None:
-            if not guarded(g).id_().to_list():
-                raise _Unmatched
-
-        try:
-            self.graph.write(write)
-        except _Unmatched:
-            return False
-        return True
+        return matched_write(self.graph, guarded)
 
     def close(self) -> None:
         self.graph.close()
@@ -143,5 +134,5 @@ __all__ = [
     "GremlinAvatarStore", "GremlinOntologyStore", "GremlinTaskStore", "InvalidValue",
     "LoadResult", "Ontology", "OntologyClass", "OntologyRecord", "OntologyStore", "RemoteGraph",
     "StaleFencingToken", "StoreError", "StoreUnavailable", "Task", "TaskNotFound", "TaskStatus",
-    "TaskStore", "open_graph", "open_store",
+    "TaskStore", "UnknownStoreFormat", "open_graph", "open_store",
 ]

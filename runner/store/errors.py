@@ -6,7 +6,8 @@
     ├── CommitConflict         the task changed since it was read (version); retry with backoff
     ├── StaleFencingToken      the writer's lock token is older than the task's: it lost the lock
     ├── AttemptAlreadyFinished the attempt was already closed (by its owner or the reaper)
-    └── InvalidValue           a value the store cannot encode (e.g. a bad aspect name)
+    ├── InvalidValue           a value the store cannot encode (e.g. a bad aspect name)
+    └── UnknownStoreFormat     a task or attempt vertex written in a format this version cannot read
 
 ``CommitConflict`` is the retryable one; ``StaleFencingToken`` must never be retried: it means
 another owner holds the task now.
@@ -54,3 +55,8 @@ class AttemptAlreadyFinished(StoreError):
 
 class InvalidValue(StoreError, ValueError):
     """A value that cannot be stored as given."""
+
+
+class UnknownStoreFormat(StoreError):
+    """A task or attempt vertex without the properties this version writes (a graph from an
+    older, unreleased format): recreate the graph, nothing is guessed."""

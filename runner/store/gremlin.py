@@ -7,16 +7,19 @@ are property equality or ``P.within`` on a property that only one kind of vertex
 backends can answer from an index. Bulk writes chain many steps into one traversal (one round
 trip per batch, not per row).
 
-Vertex kinds and their properties (prefixes keep keys unique to a kind):
+Vertex kinds and their properties (prefixes keep keys unique to a kind). What is looked up
+is a property of its own; what only changes together is one JSON property, because every
+property written costs the embedded graph a few SQL statements inside the single writer slot
+(docs/graph.md, "Store format"):
 
-* ``task``: task_id, task_type, task_payload (JSON), task_active, task_status, task_finished,
-  task_priority, task_created, task_updated (time), task_version, task_fence (big),
-  task_unique, task_owner, task_queue ("open" while active and unfinished, else "closed": the
-  unfinished-task scan reads only the "open" index entries, so its cost does not grow with
-  finished tasks);
-* ``attempt`` (edge ``has_attempt`` from its task): attempt_id, attempt_task, attempt_seq,
-  attempt_status, attempt_executor, attempt_started, attempt_ended, attempt_duration_ms,
-  attempt_error, attempt_stack, attempt_fence;
+* ``task``: task_id, task_type, task_payload (JSON), task_priority, task_created (time),
+  task_unique, task_version (the guard of every change), task_queue ("open" while active and
+  unfinished, else "closed": the unfinished-task scan reads only the "open" index entries, so
+  its cost does not grow with finished tasks), task_state (JSON: status, active, finished,
+  owner, fence (big), updated (time), attempts (how many were started));
+* ``attempt`` (edge ``has_attempt`` from its task, which is how a task's attempts are found):
+  attempt_id, attempt_status, attempt_start (JSON: task, seq, executor, started, fence),
+  attempt_end (JSON, once ended: ended, duration_ms, error, stack);
 * ``ontology``: ontology_iri, ontology_version, ontology_checksum, ontology_loaded;
 * ``class`` (edges ``subClassOf`` to its parents): class_iri, class_label, class_defined_by;
 * ``avatar``: avatar_id, avatar_class, avatar_props (JSON), and ``aspect.<name>`` (JSON) per
@@ -26,9 +29,10 @@ Vertex kinds and their properties (prefixes keep keys unique to a kind):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -42,6 +46,7 @@ from runner.store.errors import (
     InvalidValue,
     StaleFencingToken,
     TaskNotFound,
+    UnknownStoreFormat,
 )
 from runner.store.graph import Graph
 from runner.store.model import (
@@ -108,7 +113,6 @@ class TaskChange:
 @dataclass(frozen=True)
 class AttemptStart:
     """A RUNNING attempt to add to a task vertex."""
-    task_vertex: Any
     props: Mapping[str, Any]
     attempt: Attempt
 
@@ -116,9 +120,6 @@ class AttemptStart:
         """Add the attempt and its edge after a traversal that stands on the task vertex."""
         t = _add(at_task.as_("t"), "attempt", self.props).as_("a")
         return t.add_e("has_attempt").from_("t").to("a")
-
-    def write(self, g: Any) -> None:
-        self.extend(g.V(self.task_vertex)).iterate()
 
 
 @dataclass(frozen=True)
@@ -137,9 +138,11 @@ class AttemptEnd:
             raise AttemptAlreadyFinished(f"attempt {self.attempt_id} was finished meanwhile")
 
 
-def task_change(task: Task, fence_token: int | None, changes: Mapping[str, Any]) -> TaskChange:
+def task_change(task: Task, fence_token: int | None, changes: Mapping[str, Any],
+                new_attempt: bool = False) -> TaskChange:
     """The change of ``task`` as it was read (at ``task.version``), without reading it again:
-    the version guard of the write refuses it if the task moved on since."""
+    the version guard of the write refuses it if the task moved on since. ``new_attempt``
+    counts one more started attempt."""
     unknown = set(changes) - _TASK_CHANGES
     if unknown:
         raise InvalidValue(f"cannot change {sorted(unknown)} of a task")
@@ -149,12 +152,26 @@ def task_change(task: Task, fence_token: int | None, changes: Mapping[str, Any])
     if fence_token is not None and fence_token < task.fence:
         raise StaleFencingToken(task.id, fence_token, task.fence)
     fields = {**task.__dict__, **changes, "version": task.version + 1,
-              "updated_at": codec.now(), "fence": max(task.fence, fence_token or 0)}
-    old = _task_props(task)
-    new = _task_props(Task(**fields))
-    changed = {k: v for k, v in new.items()
-               if k not in ("task_id", "task_created", "task_unique") and old.get(k) != v}
+              "updated_at": codec.now(), "fence": max(task.fence, fence_token or 0),
+              "attempts": task.attempts + (1 if new_attempt else 0)}
+    old = task_props(task)
+    new = task_props(Task(**fields))
+    changed = {k: v for k, v in new.items() if k not in _TASK_FIXED and old.get(k) != v}
     return TaskChange(task.id, task.version, changed, _task({**old, **changed}))
+
+
+def attempt_start(task: Task, executor: str, fence_token: int) -> AttemptStart:
+    """The RUNNING attempt that ``task`` (as the same write leaves it: its ``attempts`` already
+    count this one) starts; its end, duration, error and stack are written when it ends."""
+    attempt_id = str(uuid.uuid4())
+    props = {
+        "attempt_id": attempt_id, "attempt_status": AttemptStatus.RUNNING.value,
+        "attempt_start": codec.encode_json({
+            "task": task.id, "seq": task.attempts, "executor": executor,
+            "started": codec.encode_time(codec.now()),
+            "fence": codec.encode_big(fence_token)}),
+    }
+    return AttemptStart(props, _attempt(props))
 
 
 def attempt_end(attempt: Attempt, status: AttemptStatus, error: str | None = None,
@@ -167,35 +184,37 @@ def attempt_end(attempt: Attempt, status: AttemptStatus, error: str | None = Non
     if attempt.status is not AttemptStatus.RUNNING:
         raise AttemptAlreadyFinished(f"attempt {attempt.id} is already {attempt.status.value}")
     ended = codec.now()
-    props: dict[str, Any] = {
-        "attempt_status": status.value, "attempt_ended": codec.encode_time(ended),
-        "attempt_duration_ms": int((ended - attempt.started_at).total_seconds() * 1000),
+    doc: dict[str, Any] = {
+        "ended": codec.encode_time(ended),
+        "duration_ms": int((ended - attempt.started_at).total_seconds() * 1000),
     }
     if error:
-        props["attempt_error"] = error
+        doc["error"] = error
     if stack_trace:
-        props["attempt_stack"] = stack_trace
+        doc["stack"] = stack_trace
+    props = {"attempt_status": status.value, "attempt_end": codec.encode_json(doc)}
     ended_attempt = dataclasses.replace(
-        attempt, status=status, ended_at=codec.decode_time(props["attempt_ended"]),
-        duration_ms=props["attempt_duration_ms"], error=error or None,
-        stack_trace=stack_trace or None)
+        attempt, status=status, ended_at=codec.decode_time(doc["ended"]),
+        duration_ms=doc["duration_ms"], error=error or None, stack_trace=stack_trace or None)
     return AttemptEnd(attempt.id, props, ended_attempt)
 
 
 # -- tasks ------------------------------------------------------------------------------------
 
 _TASK_CHANGES = {"status", "finished", "active", "payload", "owner", "priority"}
+_TASK_FIXED = ("task_id", "task_type", "task_created", "task_unique")
 
 
-def _task_props(task: Task) -> dict[str, Any]:
+def task_props(task: Task) -> dict[str, Any]:
     props = {
         "task_id": task.id, "task_type": task.type,
-        "task_payload": codec.encode_json(task.payload), "task_active": task.active,
-        "task_status": task.status.value, "task_finished": task.finished,
-        "task_priority": task.priority, "task_created": codec.encode_time(task.created_at),
-        "task_updated": codec.encode_time(task.updated_at), "task_version": task.version,
-        "task_fence": codec.encode_big(task.fence), "task_owner": task.owner or "",
+        "task_payload": codec.encode_json(task.payload), "task_priority": task.priority,
+        "task_created": codec.encode_time(task.created_at), "task_version": task.version,
         "task_queue": "open" if task.open else "closed",
+        "task_state": codec.encode_json({
+            "status": task.status.value, "active": task.active, "finished": task.finished,
+            "owner": task.owner or "", "fence": codec.encode_big(task.fence),
+            "updated": codec.encode_time(task.updated_at), "attempts": task.attempts}),
     }
     if task.unique_key is not None:
         props["task_unique"] = task.unique_key
@@ -203,14 +222,19 @@ def _task_props(task: Task) -> dict[str, Any]:
 
 
 def _task(row: Mapping[Any, Any]) -> Task:
+    if "task_state" not in row:
+        raise UnknownStoreFormat(
+            f"task {row.get('task_id')!r} has no task_state: the graph was written by an "
+            f"older latchwork; recreate it")
+    state = codec.decode_json(row["task_state"])
     return Task(
         id=row["task_id"], type=row["task_type"],
-        payload=codec.decode_json(row["task_payload"]), active=bool(row["task_active"]),
-        status=TaskStatus(row["task_status"]), finished=bool(row["task_finished"]),
+        payload=codec.decode_json(row["task_payload"]), active=bool(state["active"]),
+        status=TaskStatus(state["status"]), finished=bool(state["finished"]),
         priority=int(row["task_priority"]), created_at=codec.decode_time(row["task_created"]),
-        updated_at=codec.decode_time(row["task_updated"]), version=int(row["task_version"]),
-        fence=codec.decode_big(row["task_fence"]), unique_key=row.get("task_unique"),
-        owner=row.get("task_owner") or None)
+        updated_at=codec.decode_time(state["updated"]), version=int(row["task_version"]),
+        fence=codec.decode_big(state["fence"]), unique_key=row.get("task_unique"),
+        owner=state["owner"] or None, attempts=int(state["attempts"]))
 
 
 class GremlinTaskStore:
@@ -226,7 +250,7 @@ class GremlinTaskStore:
                     status=TaskStatus.WAITING, finished=False, priority=priority,
                     created_at=created, updated_at=created, version=0, fence=0,
                     unique_key=unique_key)
-        props = _task_props(task)
+        props = task_props(task)
 
         def run(g: Any) -> Any:
             if unique_key is None:
@@ -313,16 +337,40 @@ class GremlinTaskStore:
 # -- attempts ---------------------------------------------------------------------------------
 
 def _attempt(row: Mapping[Any, Any]) -> Attempt:
-    ended = row.get("attempt_ended") or None
-    duration = row.get("attempt_duration_ms")
+    if "attempt_start" not in row:
+        raise UnknownStoreFormat(
+            f"attempt {row.get('attempt_id')!r} has no attempt_start: the graph was written by "
+            f"an older latchwork; recreate it")
+    start = codec.decode_json(row["attempt_start"])
+    end = codec.decode_json(row["attempt_end"]) if row.get("attempt_end") else {}
     return Attempt(
-        id=row["attempt_id"], task_id=row["attempt_task"], seq=int(row["attempt_seq"]),
-        status=AttemptStatus(row["attempt_status"]), executor=row["attempt_executor"],
-        started_at=codec.decode_time(row["attempt_started"]),
-        fence=codec.decode_big(row["attempt_fence"]),
-        ended_at=codec.decode_time(ended) if ended else None,
-        duration_ms=None if duration in (None, -1) else int(duration),
-        error=row.get("attempt_error") or None, stack_trace=row.get("attempt_stack") or None)
+        id=row["attempt_id"], task_id=start["task"], seq=int(start["seq"]),
+        status=AttemptStatus(row["attempt_status"]), executor=start["executor"],
+        started_at=codec.decode_time(start["started"]), fence=codec.decode_big(start["fence"]),
+        ended_at=codec.decode_time(end["ended"]) if end else None,
+        duration_ms=int(end["duration_ms"]) if end else None,
+        error=end.get("error") or None, stack_trace=end.get("stack") or None)
+
+
+class _Unmatched(Exception):
+    """A guarded write matched nothing: raised to roll its transaction back."""
+
+
+def matched_write(graph: Graph, guarded: Callable[[Any], Any]) -> bool:
+    """Write one guarded traversal; False, rolled back, when its guards matched nothing."""
+    def write(g: Any) -> None:
+        if not guarded(g).id_().to_list():
+            raise _Unmatched
+
+    try:
+        graph.write(write)
+    except _Unmatched:
+        return False
+    return True
+
+
+def _start_after(change: TaskChange, start: AttemptStart, g: Any) -> Any:
+    return start.extend(change.traverse(g))
 
 
 class GremlinAttemptLog:
@@ -330,31 +378,19 @@ class GremlinAttemptLog:
         self.graph = graph
 
     def start(self, task_id: str, executor: str, fence_token: int = 0) -> Attempt:
-        """Write a RUNNING attempt (before the handler runs, so a crash still leaves it)."""
-        start = self.prepare_start(task_id, executor, fence_token)
-        self.graph.write(start.write)
-        return start.attempt
-
-    def prepare_start(self, task_id: str, executor: str, fence_token: int = 0
-                      ) -> AttemptStart:
-        """Read the task and its attempt count now (only the task's lock holder starts
-        attempts, so the count cannot move before the write; with a claim, the claim's version
-        guard decides anyway)."""
-        def read(g: Any) -> tuple[list[Any], int]:
-            return (g.V().has("task_id", task_id).id_().to_list(),
-                    g.V().has("attempt_task", task_id).count().next())
-
-        vertices, count = self.graph.read(read)
-        if not vertices:
-            raise TaskNotFound(f"no task {task_id}")
-        # the end, duration, error and stack are written when the attempt ends
-        props = {
-            "attempt_id": str(uuid.uuid4()), "attempt_task": task_id, "attempt_seq": count + 1,
-            "attempt_status": AttemptStatus.RUNNING.value, "attempt_executor": executor,
-            "attempt_started": codec.encode_time(codec.now()),
-            "attempt_fence": codec.encode_big(fence_token),
-        }
-        return AttemptStart(vertices[0], props, _attempt(props))
+        """Write a RUNNING attempt (before the handler runs, so a crash still leaves it) and
+        count it on its task, in one traversal guarded by the task's version (re-read and
+        retried when the task moved on meanwhile)."""
+        for _ in range(20):
+            rows = self.graph.read(
+                lambda g: g.V().has("task_id", task_id).element_map().to_list())
+            if not rows:
+                raise TaskNotFound(f"no task {task_id}")
+            change = task_change(_task(rows[0]), None, {}, new_attempt=True)
+            start = attempt_start(change.task, executor, fence_token)
+            if matched_write(self.graph, functools.partial(_start_after, change, start)):
+                return start.attempt
+        raise CommitConflict(task_id, -1, None)
 
     def finish(self, attempt_id: str, status: AttemptStatus, error: str | None = None,
                stack_trace: str | None = None) -> Attempt:
@@ -372,7 +408,7 @@ class GremlinAttemptLog:
 
     def for_task(self, task_id: str) -> list[Attempt]:
         rows = self.graph.read(
-            lambda g: g.V().has("attempt_task", task_id).element_map().to_list())
+            lambda g: g.V().has("task_id", task_id).out("has_attempt").element_map().to_list())
         return sorted((_attempt(r) for r in rows), key=lambda a: a.seq)
 
     def running(self) -> list[Attempt]:

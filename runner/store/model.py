@@ -35,6 +35,7 @@ class Task:
     fence: int  # fencing token of the last owner that wrote it (0: never locked)
     unique_key: str | None = None
     owner: str | None = None  # member id of the last owner
+    attempts: int = 0  # how many attempts were started
 
     @property
     def open(self) -> bool:
