@@ -203,3 +203,50 @@ def test_tasks_running_under_another_live_member_are_not_tried(
     assert sorted(ran) == sorted([gone.id, mine.id])
     assert processor.stats["lock_busy"] == 0
     assert store.tasks.get(live.id).status is TaskStatus.RUNNING
+
+
+def test_a_commit_conflict_is_retried_as_a_new_claim_unless_the_task_was_stopped_meanwhile(
+        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+    """A retry after a commit conflict claims the task as its owner last wrote it: attempts
+    numbered 1, 2, 3 and the task counts them. If an operator stops the task during the
+    backoff, there is no new attempt: the task stays stopped and its lock is released."""
+    from runner.tasks import TaskConflict
+
+    failing_left = {"retried": 2}
+    waiting = threading.Event()
+    release = threading.Event()
+
+    def retried(ctx: TaskContext, payload: object) -> None:
+        if failing_left["retried"]:
+            failing_left["retried"] -= 1
+            raise TaskConflict(f"conflict before attempt {ctx.attempt.seq + 1}")
+
+    def stopped(ctx: TaskContext, payload: object) -> None:
+        waiting.set()
+        release.wait(30)
+        raise TaskConflict("conflict while the operator stops the task")
+
+    registry = TaskRegistry()
+    registry.register("retried", retried)
+    registry.register("stopped", stopped)
+    first = store.tasks.create("retried")
+    second = store.tasks.create("stopped")
+    with session(zk_namespace) as s:
+        processor = TaskProcessHandler(s, "m1", store, registry, scan_interval=60,
+                                       conflict_backoff=(0.5, 0.5)).start()
+        try:
+            assert waiting.wait(30)
+            store.tasks.deactivate(second.id)  # while its attempt runs
+            release.set()
+            assert wait_until(lambda: store.tasks.get(first.id).finished, 30)
+            assert wait_until(lambda: store.attempts.running() == []
+                              and s.client.get_children("/locks/tasks") == [], 30)
+        finally:
+            processor.close()
+    attempts = store.attempts.for_task(first.id)
+    assert [(a.seq, a.status) for a in attempts] == [
+        (1, AttemptStatus.FAILED), (2, AttemptStatus.FAILED), (3, AttemptStatus.SUCCEEDED)]
+    assert store.tasks.get(first.id).attempts == 3
+    stopped_task = store.tasks.get(second.id)
+    assert not stopped_task.active and stopped_task.status is TaskStatus.WAITING
+    assert [a.status for a in store.attempts.for_task(second.id)] == [AttemptStatus.FAILED]
