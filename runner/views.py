@@ -13,7 +13,7 @@ def task_view(task: Task) -> dict[str, Any]:
         "status": task.status.value, "finished": task.finished, "priority": task.priority,
         "created_at": task.created_at.isoformat(), "updated_at": task.updated_at.isoformat(),
         "version": task.version, "fence": task.fence, "unique_key": task.unique_key,
-        "owner": task.owner,
+        "owner": task.owner, "attempts": task.attempts,
     }
 
 

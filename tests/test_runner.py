@@ -67,6 +67,8 @@ def test_tasks_run_once_retry_conflicts_stop_on_errors_and_report(cluster: Clust
         assert expected in report.output, expected
     as_json = json.loads(cluster.cli("task", "show", conflict, "--json").output)
     assert [a["status"] for a in as_json["attempts"]] == ["FAILED", "FAILED", "SUCCEEDED"]
+    assert [a["seq"] for a in as_json["attempts"]] == [1, 2, 3]
+    assert as_json["task"]["attempts"] == 3
     listing = cluster.cli("task", "list")
     assert all(t in listing.output for t in (first, conflict, failing))
     assert cluster.cli("task", "list", "--unfinished", "--json").output.strip() == "[]"
