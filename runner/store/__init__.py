@@ -8,8 +8,7 @@ Errors are in :mod:`runner.store.errors`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Mapping
 
 from runner.store.errors import (
     AttemptAlreadyFinished,
@@ -69,7 +68,7 @@ class GraphStore:
         change = task_change(task, fence_token,
                              {"status": TaskStatus.RUNNING, "owner": member_id}, new_attempt=True)
         start = attempt_start(change.task, member_id, fence_token)
-        if not self._matched(lambda g: start.extend(change.traverse(g))):
+        if not matched_write(self.graph, lambda g: start.extend(change.traverse(g))):
             # moved on since it was listed: a fresh read says how (or it is a plain conflict)
             self._tasks.prepare_update(task.id, task.version, fence_token, {})
             raise CommitConflict(task.id, task.version, None)
@@ -90,7 +89,7 @@ class GraphStore:
         end = attempt_end(attempt, attempt_status, error, stack_trace)
         try:
             change = task_change(task, fence_token, changes)
-            if self._matched(lambda g: change.traverse(end.traverse(g))):
+            if matched_write(self.graph, lambda g: change.traverse(end.traverse(g))):
                 return change.task
             # the attempt was closed meanwhile (by the master), or else the task moved on (a
             # fresh read raises CommitConflict / StaleFencingToken, and the attempt is ended
@@ -110,9 +109,6 @@ class GraphStore:
             except AttemptAlreadyFinished:
                 pass
             raise
-
-    def _matched(self, guarded: Callable[[Any], Any]) -> bool:
-        return matched_write(self.graph, guarded)
 
     def close(self) -> None:
         self.graph.close()

@@ -237,6 +237,13 @@ def _task(row: Mapping[Any, Any]) -> Task:
         owner=state["owner"] or None, attempts=int(state["attempts"]))
 
 
+def read_task(graph: Graph, task_id: str) -> Task:
+    rows = graph.read(lambda g: g.V().has("task_id", task_id).element_map().to_list())
+    if not rows:
+        raise TaskNotFound(f"no task {task_id}")
+    return _task(rows[0])
+
+
 class GremlinTaskStore:
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
@@ -263,10 +270,7 @@ class GremlinTaskStore:
         return _task(self.graph.write(run))
 
     def get(self, task_id: str) -> Task:
-        rows = self.graph.read(lambda g: g.V().has("task_id", task_id).element_map().to_list())
-        if not rows:
-            raise TaskNotFound(f"no task {task_id}")
-        return _task(rows[0])
+        return read_task(self.graph, task_id)
 
     def unfinished(self) -> list[Task]:
         rows = self.graph.read(
@@ -307,10 +311,7 @@ class GremlinTaskStore:
                        changes: Mapping[str, Any]) -> TaskChange:
         """Read and check the task now (TaskNotFound, CommitConflict, StaleFencingToken);
         the returned change is written later, guarded by the version."""
-        rows = self.graph.read(lambda g: g.V().has("task_id", task_id).element_map().to_list())
-        if not rows:
-            raise TaskNotFound(f"no task {task_id}")
-        current = _task(rows[0])
+        current = read_task(self.graph, task_id)
         if current.version != expected_version:
             raise CommitConflict(task_id, expected_version, current.version)
         return task_change(current, fence_token, changes)
@@ -382,11 +383,7 @@ class GremlinAttemptLog:
         count it on its task, in one traversal guarded by the task's version (re-read and
         retried when the task moved on meanwhile)."""
         for _ in range(20):
-            rows = self.graph.read(
-                lambda g: g.V().has("task_id", task_id).element_map().to_list())
-            if not rows:
-                raise TaskNotFound(f"no task {task_id}")
-            change = task_change(_task(rows[0]), None, {}, new_attempt=True)
+            change = task_change(read_task(self.graph, task_id), None, {}, new_attempt=True)
             start = attempt_start(change.task, executor, fence_token)
             if matched_write(self.graph, functools.partial(_start_after, change, start)):
                 return start.attempt
