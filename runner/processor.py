@@ -3,9 +3,14 @@
 Every ``scan_interval`` seconds (an APScheduler interval job), and at once when :meth:`trigger`
 is called (a MODEL TRIGGER_SCAN after a submission), it lists the unfinished active tasks
 (highest priority first), and for each while a worker is free: books a slot for the task's type
-(when the type has a cluster-wide limit), tries the task's lock without waiting, re-reads the
-task, claims it with a version- and token-guarded update, writes a RUNNING attempt, and runs the
-handler in the bounded worker pool with a cancellation token.
+(when the type has a cluster-wide limit), tries the task's lock without waiting, claims the
+task with a version- and token-guarded update that writes a RUNNING attempt in the same
+transaction, and runs the handler in the bounded worker pool with a cancellation token.
+
+Every task has a preferred member (a hash of its id over the sorted live members). Within a
+priority a node walks its own preferred tasks first, oldest first, and then the others', so
+nodes working through one queue rarely try the same task; nothing waits for its preferred
+member: a node with free workers takes the others' tasks right after its own.
 
 Failure behaviour:
 
@@ -26,6 +31,7 @@ import random
 import threading
 import time
 import traceback
+import zlib
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -84,13 +90,18 @@ class _Running:
     done: threading.Event = field(default_factory=threading.Event)
 
 
+def preferred_index(task_id: str, members: int) -> int:
+    """The index, among ``members`` sorted live member ids, of the task's preferred member."""
+    return zlib.crc32(task_id.encode()) % members
+
+
 class TaskProcessHandler:
     def __init__(self, session: Session, member_id: str, store: GraphStore,
                  registry: TaskRegistry, *, workers: int = 4, scan_interval: float = 5.0,
                  before: Sequence[BeforeHook] = (), after: Sequence[AfterHook] = (),
                  services: Mapping[str, Any] | None = None, max_conflict_retries: int = 10,
                  conflict_backoff: tuple[float, float] = (0.1, 5.0),
-                 fresh_for: float = 0.05) -> None:
+                 fresh_for: float = 0.05, own_fresh_for: float = 1.0) -> None:
         self.session = session
         self.member_id = member_id
         self.store = store
@@ -103,6 +114,7 @@ class TaskProcessHandler:
         self.max_conflict_retries = max_conflict_retries
         self.conflict_backoff = conflict_backoff
         self.fresh_for = fresh_for
+        self.own_fresh_for = own_fresh_for
         self._running: dict[str, _Running] = {}
         self._lock = threading.Lock()
         self._scan_lock = threading.Lock()
@@ -110,8 +122,10 @@ class TaskProcessHandler:
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="task-worker")
         self._scheduler = BackgroundScheduler(timezone=UTC)
         self._skipped_types: set[str] = set()
-        # candidates from the last listing, with when their version was last confirmed
-        self._backlog: list[tuple[Task, float]] = []
+        # candidates from the last listing: the task, when its version was last confirmed, and
+        # whether this member is its preferred one
+        self._backlog: list[tuple[Task, float, bool]] = []
+        self._stale_chunks = 0  # version checks in a row that found every candidate changed
         # how claims went: started / lock held elsewhere / stale listing (claim conflict)
         self.stats: Counter[str] = Counter()
 
@@ -186,8 +200,10 @@ class TaskProcessHandler:
         after every finished one would cost more than the tasks themselves when thousands are
         queued. A listing goes stale fast (short tasks finish while one scan walks it, and
         other nodes claim from the same list), so before a lock and a claim are spent on a
-        candidate whose version was last seen more than ``fresh_for`` seconds ago, one read of
-        the versions of the next few candidates drops those that changed since.
+        candidate whose version was last seen more than ``fresh_for`` seconds ago
+        (``own_fresh_for`` for a task this member is preferred for: the others take those only
+        after their own), one read of the versions of the next few candidates drops those that
+        changed since; when a whole read finds only changed ones, the next reads more at once.
         """
         if self._stopping.is_set() or self.session.state is not SessionState.CONNECTED:
             return 0
@@ -203,24 +219,29 @@ class TaskProcessHandler:
                     log.error("member %s: cannot list tasks: %s", self.member_id, exc)
                     return 0
                 seen = time.monotonic()
-                self._backlog = [(t, seen) for t in self._candidates(self._unowned(listing))]
+                live = self._live()
+                self._backlog = [(t, seen, own) for t, own
+                                 in self._candidates(self._unowned(listing, live), live)]
             while self._backlog:
                 if self._free() <= 0 or self._stopping.is_set():
                     break
-                task, seen = self._backlog[0]
-                if time.monotonic() - seen > self.fresh_for:
-                    chunk = self._backlog[:max(4, 2 * self._free())]
+                task, seen, own = self._backlog[0]
+                if time.monotonic() - seen > (self.own_fresh_for if own else self.fresh_for):
+                    size = max(4, 2 * self._free()) << min(self._stale_chunks, 4)
+                    chunk = self._backlog[:size]
                     try:
-                        current = self.store.tasks.versions([t.id for t, _ in chunk])
+                        current = self.store.tasks.versions([t.id for t, _, _ in chunk])
                     except StoreError as exc:
                         log.error("member %s: cannot check tasks: %s", self.member_id, exc)
                         return started
                     seen = time.monotonic()
-                    fresh = [(t, seen) for t, _ in chunk if current.get(t.id) == t.version]
+                    fresh = [(t, seen, o) for t, _, o in chunk if current.get(t.id) == t.version]
                     self.stats["skipped_stale"] += len(chunk) - len(fresh)
                     self._backlog[:len(chunk)] = fresh
                     if not fresh:
+                        self._stale_chunks += 1
                         continue
+                    self._stale_chunks = 0
                     task = fresh[0][0]  # just confirmed
                 self._backlog.pop(0)
                 with self._lock:
@@ -238,42 +259,60 @@ class TaskProcessHandler:
         with self._lock:
             return self.workers - len(self._running)
 
-    def _unowned(self, tasks: list[Task]) -> list[Task]:
+    def _live(self) -> set[str] | None:
+        """The live member ids (one read per listing), or None when they cannot be read."""
+        try:
+            return live_member_ids(self.session)
+        except CoordError as exc:
+            log.info("member %s: membership unknown (%s); trying every task", self.member_id,
+                     exc)
+            return None
+
+    def _unowned(self, tasks: list[Task], live: set[str] | None) -> list[Task]:
         """Drop tasks RUNNING under another live member: their lock is held, and trying it costs
         two round trips each. A RUNNING task whose owner left stays (the master frees its lock
         and puts it back to WAITING), and so does one owned by this member that it does not run
-        (its end could not be written): this member takes it up again."""
+        (its end could not be written): this member takes it up again. Membership unknown
+        (``live`` None): all stay, the locks decide."""
         running = [t for t in tasks if t.status is TaskStatus.RUNNING and t.owner
                    and t.owner != self.member_id]
-        if not running:
+        if not running or live is None:
             return tasks
-        try:
-            live = live_member_ids(self.session)
-        except CoordError:
-            return tasks  # unknown: try them all, the locks decide
         skip = {t.id for t in running if t.owner in live}
         self.stats["skipped_running"] += len(skip)
         return [t for t in tasks if t.id not in skip]
 
-    def _candidates(self, tasks: list[Task]) -> list[Task]:
-        """Priority order; within a priority, first-come order by windows shuffled per node.
+    def _candidates(self, tasks: list[Task], live: set[str] | None
+                    ) -> list[tuple[Task, bool]]:
+        """The order to try ``tasks`` in, each with whether this member is its preferred one.
 
-        Every node reads the same list; walking it in the same order would make all nodes
-        contend for the same tasks and lose most of their claims (a lost claim costs a lock
-        try and a store read). Shuffling each consecutive window, a few times the workers wide,
-        keeps priorities strict and first-come roughly first-served.
+        Priority first. Within a priority, this member's preferred tasks in first-come order,
+        then the others' tasks in first-come order by windows shuffled per node. Every node reads
+        the same list; walking it in the same order would make all nodes contend for the same
+        tasks and lose most of their claims (a lost claim costs a lock try, two ZooKeeper
+        requests). A task's preferred member is ``crc32(task id) mod n`` over the n sorted live
+        members: the nodes' first choices are disjoint, and a node that has run out of its own
+        takes the others' oldest ones, shuffled a few times the workers wide so that two such
+        nodes do not pick the same ones. Membership unknown, or this member not in it: no
+        preferred tasks, shuffled windows only.
         """
         window = max(8, 4 * self.workers)
-        ordered: list[Task] = []
+        members = sorted(live or ())
+        me = members.index(self.member_id) if self.member_id in members else None
         by_priority: dict[int, list[Task]] = {}
         for task in tasks:
             by_priority.setdefault(task.priority, []).append(task)
+        ordered: list[tuple[Task, bool]] = []
         for priority in sorted(by_priority, reverse=True):
-            group = by_priority[priority]
-            for start in range(0, len(group), window):
-                chunk = group[start:start + window]
+            others = by_priority[priority]
+            if me is not None and len(members) > 1:
+                own = [t for t in others if preferred_index(t.id, len(members)) == me]
+                ordered.extend((t, True) for t in own)
+                others = [t for t in others if preferred_index(t.id, len(members)) != me]
+            for start in range(0, len(others), window):
+                chunk = others[start:start + window]
                 random.shuffle(chunk)
-                ordered.extend(chunk)
+                ordered.extend((t, False) for t in chunk)
         return ordered
 
     def _try_start(self, task: Task) -> bool:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from coord import Session
-from runner.processor import TaskProcessHandler
+from runner.processor import TaskProcessHandler, preferred_index
 from runner.store import AttemptStatus, GraphStore, Task, TaskStatus, open_store
 from runner.tasks import TaskContext, TaskRegistry
 from runner.testing import wait_until
@@ -137,7 +137,8 @@ def test_an_old_listing_is_rechecked_before_locking(
         # six workers: the first version read covers the whole old listing
         processor = TaskProcessHandler(s, "m1", store, registry, workers=6, scan_interval=600)
         listed = time.monotonic() - 1.0  # the old listing, a second ago
-        processor._backlog = [(t, listed) for t in processor._candidates(store.tasks.unfinished())]
+        processor._backlog = [(t, listed, own) for t, own
+                              in processor._candidates(store.tasks.unfinished(), None)]
         for task in tasks[:4]:  # meanwhile another node claimed four of them
             store.tasks.update(task.id, 0, 9, owner="m2")
         try:
@@ -180,6 +181,62 @@ def test_a_listing_that_goes_stale_during_the_scan_is_rechecked(
     assert sorted(ran) == sorted(t.id for t in tasks[4:])
     assert processor.stats["skipped_stale"] == 4
     assert processor.stats["stale"] == 0 and processor.stats["lock_busy"] == 0
+
+
+def preferred_split(store: GraphStore, members: list[str], each: int) -> dict[str, list[Task]]:
+    """Tasks created until every member is the preferred one of at least ``each``."""
+    split: dict[str, list[Task]] = {m: [] for m in members}
+    for _ in range(200):
+        task = store.tasks.create("t")
+        split[sorted(members)[preferred_index(task.id, len(members))]].append(task)
+        if all(len(v) >= each for v in split.values()):
+            return split
+    raise AssertionError("crc32 never spread 200 ids over the members")
+
+
+def test_a_node_starts_its_preferred_tasks_first_and_the_others_right_after(
+        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+    """Two live members: m1 claims the tasks it is preferred for first (so two nodes walking
+    one queue do not fight over the same tasks), then, with workers left, m2's oldest ones
+    at once, without waiting for m2."""
+    ran: list[str] = []
+    registry = TaskRegistry()
+    registry.register("t", held_until_close(ran))
+    split = preferred_split(store, ["m1", "m2"], 2)
+    own, others = split["m1"], split["m2"]
+    with session(zk_namespace) as s:
+        for member in ("m1", "m2"):
+            s.client.create(f"/members/{member}", b"{}", ephemeral=True, makepath=True)
+        processor = TaskProcessHandler(s, "m1", store, registry, workers=len(own) + 2,
+                                       scan_interval=600)
+        try:
+            assert processor.scan() == len(own) + 2
+            assert wait_until(lambda: len(ran) == len(own) + 2, 30)
+        finally:
+            processor.close()
+    assert {t.id for t in own} <= set(ran)
+    taken = [t for t in others if t.id in ran]
+    assert len(taken) == 2
+    started = {t.id: store.attempts.for_task(t.id)[0].started_at for t in own + taken}
+    assert max(started[t.id] for t in own) < min(started[t.id] for t in taken)
+    assert processor.stats["lock_busy"] == 0 and processor.stats["stale"] == 0
+
+
+def test_priority_comes_before_preference(zk_namespace: ZkNamespace, store: GraphStore) -> None:
+    split = preferred_split(store, ["m1", "m2"], 1)
+    urgent = store.tasks.create("t", priority=5)
+    with session(zk_namespace) as s:
+        processor = TaskProcessHandler(s, "m1", store, TaskRegistry(), workers=1)
+        order = processor._candidates(store.tasks.unfinished(), {"m1", "m2"})
+        alone = processor._candidates(store.tasks.unfinished(), {"m1"})
+        unknown = processor._candidates(store.tasks.unfinished(), None)
+        processor.close()
+    assert (order[0][0].id, order[0][1]) == (urgent.id, preferred_index(urgent.id, 2) == 0)
+    flags = [own for _, own in order[1:]]
+    assert flags == sorted(flags, reverse=True)  # this member's first, then the others'
+    assert {t.id for t, own in order[1:] if own} == {t.id for t in split["m1"]}
+    assert len(order) == len(alone) == len(unknown) == len(split["m1"]) + len(split["m2"]) + 1
+    assert not any(own for _, own in alone + unknown)  # one member or none: nobody preferred
 
 
 def test_tasks_running_under_another_live_member_are_not_tried(
