@@ -77,6 +77,7 @@ class Membership:
         self._join: list[MembershipListener] = []
         self._leave: list[MembershipListener] = []
         self._known: set[str] = set()
+        self._seen = False  # the children watch has reported at least once
         self._lock = threading.Lock()
         self._watch: ChildrenWatch | None = None
 
@@ -151,6 +152,13 @@ class Membership:
         """Every live member, by id."""
         return read_members(self.session)
 
+    def live_ids(self) -> set[str] | None:
+        """The live member ids as this member's children watch last reported them (no read);
+        None before its first report. It trails ZooKeeper by the watch's delivery time: use it
+        where a stale view costs only efficiency, and ``is_alive`` where it must be exact."""
+        with self._lock:
+            return set(self._known) if self._seen else None
+
     def is_alive(self, member_id: str) -> bool:
         with zk_errors("cannot read membership"):
             return self.session.client.exists(f"{MEMBERS}/{member_id}") is not None
@@ -171,6 +179,7 @@ class Membership:
             current = set(children)
             joined, left = current - self._known, self._known - current
             self._known = current
+            self._seen = True
         for member_id in sorted(joined):
             for listener in list(self._join):
                 _call(listener, member_id)

@@ -145,7 +145,7 @@ class Node:
                                  submit=self._submit, member=member)
         self.processor = TaskProcessHandler(
             self.session, member, self.store, self.registry, workers=s.workers,
-            scan_interval=s.scan_interval,
+            scan_interval=s.scan_interval, live_members=self.membership.live_ids,
             services={"bus": self.bus, "sync": self.sync, "pipeline": self.pipeline})
         self._register_messages(self.bus)
         bus = self.bus

@@ -101,7 +101,8 @@ class TaskProcessHandler:
                  before: Sequence[BeforeHook] = (), after: Sequence[AfterHook] = (),
                  services: Mapping[str, Any] | None = None, max_conflict_retries: int = 10,
                  conflict_backoff: tuple[float, float] = (0.1, 5.0),
-                 fresh_for: float = 0.05, own_fresh_for: float = 1.0) -> None:
+                 fresh_for: float = 0.05, own_fresh_for: float = 1.0,
+                 live_members: Callable[[], set[str] | None] | None = None) -> None:
         self.session = session
         self.member_id = member_id
         self.store = store
@@ -115,6 +116,8 @@ class TaskProcessHandler:
         self.conflict_backoff = conflict_backoff
         self.fresh_for = fresh_for
         self.own_fresh_for = own_fresh_for
+        # the live member ids without a read (the node's membership watch); None: read them
+        self.live_members = live_members
         self._running: dict[str, _Running] = {}
         self._lock = threading.Lock()
         self._scan_lock = threading.Lock()
@@ -260,7 +263,12 @@ class TaskProcessHandler:
             return self.workers - len(self._running)
 
     def _live(self) -> set[str] | None:
-        """The live member ids (one read per listing), or None when they cannot be read."""
+        """The live member ids: the watched view when the node gave one and it has reported,
+        else one read; None when they cannot be read."""
+        if self.live_members is not None:
+            live = self.live_members()
+            if live is not None:
+                return live
         try:
             return live_member_ids(self.session)
         except CoordError as exc:

@@ -116,6 +116,7 @@ def test_membership_join_leave_and_reregistration(zk_namespace: ZkNamespace,
         while "node-b:2:bbbb" not in joined and time.monotonic() < deadline:
             time.sleep(0.02)
         assert "node-b:2:bbbb" in joined
+        assert observer.live_ids() == {"observer:1:aaaa", "node-b:2:bbbb"}
         info = observer.members()["node-b:2:bbbb"]
         assert info.host == "node-b" and info.pid > 0 and info.version
         with pytest.raises(MemberIdTaken):
@@ -131,6 +132,10 @@ def test_membership_join_leave_and_reregistration(zk_namespace: ZkNamespace,
         member.close()
         other.close()
     assert not observer.is_alive("node-b:2:bbbb")
+    deadline = time.monotonic() + 5
+    while observer.live_ids() != {"observer:1:aaaa"} and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert observer.live_ids() == {"observer:1:aaaa"}  # the watch saw the leave
 
 
 def test_leader_latch_handover_on_close_and_readable_by_anyone(

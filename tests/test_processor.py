@@ -239,6 +239,21 @@ def test_priority_comes_before_preference(zk_namespace: ZkNamespace, store: Grap
     assert not any(own for _, own in alone + unknown)  # one member or none: nobody preferred
 
 
+def test_the_watched_membership_view_is_used_and_read_when_it_has_not_reported(
+        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+    view: dict[str, set[str] | None] = {"live": None}
+    with session(zk_namespace) as s:
+        s.client.create("/members/m1", b"{}", ephemeral=True, makepath=True)
+        processor = TaskProcessHandler(s, "m1", store, TaskRegistry(),
+                                       live_members=lambda: view["live"])
+        try:
+            assert processor._live() == {"m1"}  # no report yet: one read
+            view["live"] = {"m1", "m2"}
+            assert processor._live() == {"m1", "m2"}  # no read: m2 has no node
+        finally:
+            processor.close()
+
+
 def test_tasks_running_under_another_live_member_are_not_tried(
         zk_namespace: ZkNamespace, store: GraphStore) -> None:
     """A listed RUNNING task of a live member is skipped without a lock try; one whose owner
