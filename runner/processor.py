@@ -314,9 +314,11 @@ class TaskProcessHandler:
         for priority in sorted(by_priority, reverse=True):
             others = by_priority[priority]
             if me is not None and len(members) > 1:
-                own = [t for t in others if preferred_index(t.id, len(members)) == me]
-                ordered.extend((t, True) for t in own)
-                others = [t for t in others if preferred_index(t.id, len(members)) != me]
+                split: dict[bool, list[Task]] = {True: [], False: []}
+                for task in others:
+                    split[preferred_index(task.id, len(members)) == me].append(task)
+                ordered.extend((t, True) for t in split[True])
+                others = split[False]
             for start in range(0, len(others), window):
                 chunk = others[start:start + window]
                 random.shuffle(chunk)
