@@ -30,6 +30,7 @@ from runner.store.gremlin import (
     attempt_start,
     matched_write,
     task_change,
+    write_start,
 )
 from runner.store.model import (
     Attempt,
@@ -68,7 +69,7 @@ class GraphStore:
         change = task_change(task, fence_token,
                              {"status": TaskStatus.RUNNING, "owner": member_id}, new_attempt=True)
         start = attempt_start(change.task, member_id, fence_token)
-        if not matched_write(self.graph, lambda g: start.extend(change.traverse(g))):
+        if not write_start(self.graph, change, start):
             # moved on since it was listed: a fresh read says how (or it is a plain conflict)
             self._tasks.prepare_update(task.id, task.version, fence_token, {})
             raise CommitConflict(task.id, task.version, None)

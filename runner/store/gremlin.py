@@ -29,7 +29,6 @@ property written costs the embedded graph a few SQL statements inside the single
 from __future__ import annotations
 
 import dataclasses
-import functools
 import re
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -370,8 +369,10 @@ def matched_write(graph: Graph, guarded: Callable[[Any], Any]) -> bool:
     return True
 
 
-def _start_after(change: TaskChange, start: AttemptStart, g: Any) -> Any:
-    return start.extend(change.traverse(g))
+def write_start(graph: Graph, change: TaskChange, start: AttemptStart) -> bool:
+    """Write ``change`` of the task and add ``start``'s attempt to it, as one guarded
+    traversal; False, nothing written, when the task's version guard refused."""
+    return matched_write(graph, lambda g: start.extend(change.traverse(g)))
 
 
 class GremlinAttemptLog:
@@ -385,7 +386,7 @@ class GremlinAttemptLog:
         for _ in range(20):
             change = task_change(read_task(self.graph, task_id), None, {}, new_attempt=True)
             start = attempt_start(change.task, executor, fence_token)
-            if matched_write(self.graph, functools.partial(_start_after, change, start)):
+            if write_start(self.graph, change, start):
                 return start.attempt
         raise CommitConflict(task_id, -1, None)
 
