@@ -1,0 +1,100 @@
+"""The embedded graph's transactions (gremlite on a SQLite file), against a second SQLite
+connection that holds the file's write lock the way another node process would."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runner.store import EmbeddedGraph, StoreUnavailable
+
+
+@pytest.fixture
+def graph(tmp_path: Path) -> Iterator[EmbeddedGraph]:
+    g = EmbeddedGraph(tmp_path / "graph.db", busy_timeout=0.5)
+    yield g
+    g.close()
+
+
+@pytest.fixture
+def other(graph: EmbeddedGraph) -> Iterator[sqlite3.Connection]:
+    """Another process's connection to the same file (autocommit; BEGIN/COMMIT by hand)."""
+    con = sqlite3.connect(graph.path, isolation_level=None, timeout=5)
+    yield con
+    if con.in_transaction:
+        con.execute("ROLLBACK")
+    con.close()
+
+
+def count(graph: EmbeddedGraph, label: str) -> int:
+    return int(graph.read(lambda g: g.V().has_label(label).count().next()))
+
+
+def test_a_write_builds_its_traversal_before_waiting_for_the_write_lock(
+        graph: EmbeddedGraph, other: sqlite3.Connection) -> None:
+    other.execute("BEGIN IMMEDIATE")  # another writer holds the lock
+    graph.busy_timeout = 10.0
+    entered = threading.Event()
+    failures: list[BaseException] = []
+
+    def write(g: Any) -> None:
+        entered.set()  # fn runs at once: only its first statement waits for the lock
+        g.add_v("job").property("name", "a").iterate()
+
+    def run() -> None:
+        try:
+            graph.write(write)
+        except BaseException as exc:  # pragma: no cover - reported below
+            failures.append(exc)
+
+    writer = threading.Thread(target=run)
+    writer.start()
+    assert entered.wait(5), "the traversal was not built while another writer held the lock"
+    writer.join(0.3)
+    assert writer.is_alive(), "the write went through while another writer held the lock"
+    other.execute("COMMIT")
+    writer.join(10)
+    assert not writer.is_alive() and not failures
+    assert count(graph, "job") == 1
+
+
+def test_a_lock_held_past_the_busy_timeout_raises_store_unavailable_and_leaves_no_transaction(
+        graph: EmbeddedGraph, other: sqlite3.Connection) -> None:
+    other.execute("BEGIN IMMEDIATE")
+    with pytest.raises(StoreUnavailable, match=r"stayed locked for 0\.5s"):
+        graph.write(lambda g: g.add_v("job").iterate())
+    other.execute("COMMIT")
+    graph.write(lambda g: g.add_v("job").iterate())  # the connection works on
+    assert count(graph, "job") == 1
+
+
+def test_a_write_that_runs_no_statement_neither_waits_nor_locks(
+        graph: EmbeddedGraph, other: sqlite3.Connection) -> None:
+    other.execute("BEGIN IMMEDIATE")
+    assert graph.write(lambda g: 42) == 42  # with the lock held elsewhere: no wait, no error
+    other.execute("COMMIT")
+    graph.write(lambda g: 7)
+    other.execute("BEGIN IMMEDIATE")  # and it left no lock behind
+    other.execute("COMMIT")
+
+
+def test_a_failed_write_rolls_back_every_statement_and_nested_write(
+        graph: EmbeddedGraph, other: sqlite3.Connection) -> None:
+    def write(g: Any) -> None:
+        g.add_v("job").iterate()
+        graph.write(lambda inner: inner.add_v("job").iterate())  # joins the outer transaction
+        raise ValueError("handler bug")
+
+    with pytest.raises(ValueError):
+        graph.write(write)
+    assert count(graph, "job") == 0
+    other.execute("BEGIN IMMEDIATE")  # the write lock was given back
+    other.execute("COMMIT")
+    graph.write(lambda g: [graph.write(lambda inner: inner.add_v("job").iterate())
+                           for _ in range(3)])
+    assert count(graph, "job") == 3
