@@ -102,6 +102,7 @@ class TaskProcessHandler:
                  services: Mapping[str, Any] | None = None, max_conflict_retries: int = 10,
                  conflict_backoff: tuple[float, float] = (0.1, 5.0),
                  fresh_for: float = 0.05, own_fresh_for: float = 1.0,
+                 relist_share: float = 0.1,
                  live_members: Callable[[], set[str] | None] | None = None) -> None:
         self.session = session
         self.member_id = member_id
@@ -129,6 +130,8 @@ class TaskProcessHandler:
         # whether this member is its preferred one
         self._backlog: list[tuple[Task, float, bool]] = []
         self._stale_chunks = 0  # version checks in a row that found every candidate changed
+        self._listed = (0.0, 0.0)  # when the last listing ended, and how long it took
+        self.relist_share = relist_share
         # how claims went: started / lock held elsewhere / stale listing (claim conflict)
         self.stats: Counter[str] = Counter()
 
@@ -206,7 +209,11 @@ class TaskProcessHandler:
         candidate whose version was last seen more than ``fresh_for`` seconds ago
         (``own_fresh_for`` for a task this member is preferred for: the others take those only
         after their own), one read of the versions of the next few candidates drops those that
-        changed since; when a whole read finds only changed ones, the next reads more at once.
+        changed since. When a whole read finds only changed ones, the rest of the backlog is
+        likely stale too (the other nodes took those): the open tasks are listed again, unless
+        listing would then take more than a tenth of the time (``relist_share``: a listing costs
+        in proportion to the open tasks, a version read to the candidates it checks), in which
+        case the next version read covers more candidates at once.
         """
         if self._stopping.is_set() or self.session.state is not SessionState.CONNECTED:
             return 0
@@ -214,17 +221,8 @@ class TaskProcessHandler:
         with self._scan_lock:
             if self._free() <= 0:
                 return 0
-            if relist or not self._backlog:
-                try:
-                    listing = self.store.tasks.unfinished()
-                    self.stats["listings"] += 1
-                except StoreError as exc:
-                    log.error("member %s: cannot list tasks: %s", self.member_id, exc)
-                    return 0
-                seen = time.monotonic()
-                live = self._live()
-                self._backlog = [(t, seen, own) for t, own
-                                 in self._candidates(self._unowned(listing, live), live)]
+            if (relist or not self._backlog) and not self._list():
+                return 0
             while self._backlog:
                 if self._free() <= 0 or self._stopping.is_set():
                     break
@@ -242,7 +240,11 @@ class TaskProcessHandler:
                     self.stats["skipped_stale"] += len(chunk) - len(fresh)
                     self._backlog[:len(chunk)] = fresh
                     if not fresh:
-                        self._stale_chunks += 1
+                        if self._may_relist():
+                            if not self._list():
+                                return started
+                        else:
+                            self._stale_chunks += 1
                         continue
                     self._stale_chunks = 0
                     task = fresh[0][0]  # just confirmed
@@ -257,6 +259,29 @@ class TaskProcessHandler:
                     log.warning("member %s: task %s not started: %s", self.member_id, task.id,
                                 exc)
         return started
+
+    def _list(self) -> bool:
+        """List the open tasks into the backlog, in the order to try them; False when the
+        store cannot be read (logged)."""
+        began = time.monotonic()
+        try:
+            listing = self.store.tasks.unfinished()
+            self.stats["listings"] += 1
+        except StoreError as exc:
+            log.error("member %s: cannot list tasks: %s", self.member_id, exc)
+            return False
+        seen = time.monotonic()
+        self._listed = (seen, seen - began)
+        live = self._live()
+        self._backlog = [(t, seen, own) for t, own
+                         in self._candidates(self._unowned(listing, live), live)]
+        self._stale_chunks = 0
+        return True
+
+    def _may_relist(self) -> bool:
+        """Whether listing again now keeps listing within ``relist_share`` of the time."""
+        listed_at, took = self._listed
+        return time.monotonic() - listed_at >= took / self.relist_share
 
     def _free(self) -> int:
         with self._lock:

@@ -183,6 +183,65 @@ def test_a_listing_that_goes_stale_during_the_scan_is_rechecked(
     assert processor.stats["stale"] == 0 and processor.stats["lock_busy"] == 0
 
 
+def stale_backlog(processor: TaskProcessHandler, store: GraphStore, tasks: list[Task],
+                  taken: int) -> list[Task]:
+    """Give ``processor`` a listing of ``tasks`` from a second ago, of which another node has
+    since run and finished the first ``taken`` in the order the processor would try them;
+    returns the rest."""
+    listed = time.monotonic() - 1.0
+    processor._backlog = [(t, listed, own) for t, own
+                          in processor._candidates(store.tasks.unfinished(), None)]
+    order = [t for t, _, _ in processor._backlog]
+    for task in order[:taken]:
+        store.tasks.update(task.id, 0, 9, owner="m2", finished=True)
+    return order[taken:]
+
+
+def test_a_backlog_found_stale_is_listed_again_instead_of_read_in_growing_chunks(
+        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+    """The first version read (4 candidates for one free worker) finds only tasks another node
+    took: the rest of the backlog is likely gone too, so the open tasks are listed again
+    rather than checked 8, 16, ... at a time."""
+    ran: list[str] = []
+    registry = TaskRegistry()
+    registry.register("t", held_until_close(ran))
+    tasks = [store.tasks.create("t") for _ in range(20)]
+    with session(zk_namespace) as s:
+        processor = TaskProcessHandler(s, "m1", store, registry, workers=1, scan_interval=600)
+        left = stale_backlog(processor, store, tasks, 16)
+        try:
+            assert processor.scan(relist=False) == 1
+            assert wait_until(lambda: len(ran) == 1, 30)
+        finally:
+            processor.close()
+    assert ran[0] in {t.id for t in left}
+    assert processor.stats["skipped_stale"] == 4  # one read of 4, then the listing
+    assert processor.stats["listings"] == 1
+    assert processor.stats["stale"] == 0 and processor.stats["lock_busy"] == 0
+
+
+def test_a_stale_backlog_is_not_listed_again_when_listing_would_take_too_much_of_the_time(
+        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+    """A listing that took long (a big queue) is not repeated sooner than ``relist_share``
+    allows: the version reads grow instead (4, 8, then the 8 left)."""
+    ran: list[str] = []
+    registry = TaskRegistry()
+    registry.register("t", held_until_close(ran))
+    tasks = [store.tasks.create("t") for _ in range(20)]
+    with session(zk_namespace) as s:
+        processor = TaskProcessHandler(s, "m1", store, registry, workers=1, scan_interval=600)
+        left = stale_backlog(processor, store, tasks, 16)
+        processor._listed = (time.monotonic(), 60.0)  # as if listing had just taken a minute
+        try:
+            assert processor.scan(relist=False) == 1
+            assert wait_until(lambda: len(ran) == 1, 30)
+        finally:
+            processor.close()
+    assert ran[0] in {t.id for t in left}
+    assert processor.stats["skipped_stale"] == 16
+    assert processor.stats["listings"] == 0
+
+
 def preferred_split(store: GraphStore, members: list[str], each: int) -> dict[str, list[Task]]:
     """Tasks created until every member is the preferred one of at least ``each``."""
     split: dict[str, list[Task]] = {m: [] for m in members}
