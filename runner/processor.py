@@ -240,11 +240,10 @@ class TaskProcessHandler:
                     self.stats["skipped_stale"] += len(chunk) - len(fresh)
                     self._backlog[:len(chunk)] = fresh
                     if not fresh:
-                        if self._may_relist():
-                            if not self._list():
-                                return started
-                        else:
+                        if not self._may_relist():
                             self._stale_chunks += 1
+                        elif not self._list():
+                            return started
                         continue
                     self._stale_chunks = 0
                     task = fresh[0][0]  # just confirmed

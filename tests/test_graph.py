@@ -38,7 +38,7 @@ def count(graph: EmbeddedGraph, label: str) -> int:
 def test_a_write_builds_its_traversal_before_waiting_for_the_write_lock(
         graph: EmbeddedGraph, other: sqlite3.Connection) -> None:
     other.execute("BEGIN IMMEDIATE")  # another writer holds the lock
-    graph.busy_timeout = 10.0
+    graph.busy_timeout = 10.0  # for the writer thread's own connection: it waits, not fails
     entered = threading.Event()
     failures: list[BaseException] = []
 

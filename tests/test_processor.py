@@ -183,18 +183,34 @@ def test_a_listing_that_goes_stale_during_the_scan_is_rechecked(
     assert processor.stats["stale"] == 0 and processor.stats["lock_busy"] == 0
 
 
-def stale_backlog(processor: TaskProcessHandler, store: GraphStore, tasks: list[Task],
-                  taken: int) -> list[Task]:
-    """Give ``processor`` a listing of ``tasks`` from a second ago, of which another node has
-    since run and finished the first ``taken`` in the order the processor would try them;
-    returns the rest."""
-    listed = time.monotonic() - 1.0
-    processor._backlog = [(t, listed, own) for t, own
-                          in processor._candidates(store.tasks.unfinished(), None)]
-    order = [t for t, _, _ in processor._backlog]
-    for task in order[:taken]:
-        store.tasks.update(task.id, 0, 9, owner="m2", finished=True)
-    return order[taken:]
+def scan_stale_backlog(zk_namespace: ZkNamespace, store: GraphStore,
+                       listed: tuple[float, float] | None = None
+                       ) -> tuple[TaskProcessHandler, str, set[str]]:
+    """One worker, and a listing of 20 tasks from a second ago, of which another node has since
+    run and finished the first 16 in the order this node would try them; ``listed`` stands for
+    the last listing (when it ended, how long it took). Scans once; returns the processor, the
+    task it ran and the 4 tasks left."""
+    ran: list[str] = []
+    registry = TaskRegistry()
+    registry.register("t", held_until_close(ran))
+    for _ in range(20):
+        store.tasks.create("t")
+    with session(zk_namespace) as s:
+        processor = TaskProcessHandler(s, "m1", store, registry, workers=1, scan_interval=600)
+        old = time.monotonic() - 1.0
+        processor._backlog = [(t, old, own) for t, own
+                              in processor._candidates(store.tasks.unfinished(), None)]
+        order = [t for t, _, _ in processor._backlog]
+        for task in order[:16]:
+            store.tasks.update(task.id, 0, 9, owner="m2", finished=True)
+        if listed is not None:
+            processor._listed = listed
+        try:
+            assert processor.scan(relist=False) == 1
+            assert wait_until(lambda: len(ran) == 1, 30)
+        finally:
+            processor.close()
+    return processor, ran[0], {t.id for t in order[16:]}
 
 
 def test_a_backlog_found_stale_is_listed_again_instead_of_read_in_growing_chunks(
@@ -202,19 +218,8 @@ def test_a_backlog_found_stale_is_listed_again_instead_of_read_in_growing_chunks
     """The first version read (4 candidates for one free worker) finds only tasks another node
     took: the rest of the backlog is likely gone too, so the open tasks are listed again
     rather than checked 8, 16, ... at a time."""
-    ran: list[str] = []
-    registry = TaskRegistry()
-    registry.register("t", held_until_close(ran))
-    tasks = [store.tasks.create("t") for _ in range(20)]
-    with session(zk_namespace) as s:
-        processor = TaskProcessHandler(s, "m1", store, registry, workers=1, scan_interval=600)
-        left = stale_backlog(processor, store, tasks, 16)
-        try:
-            assert processor.scan(relist=False) == 1
-            assert wait_until(lambda: len(ran) == 1, 30)
-        finally:
-            processor.close()
-    assert ran[0] in {t.id for t in left}
+    processor, ran, left = scan_stale_backlog(zk_namespace, store)
+    assert ran in left
     assert processor.stats["skipped_stale"] == 4  # one read of 4, then the listing
     assert processor.stats["listings"] == 1
     assert processor.stats["stale"] == 0 and processor.stats["lock_busy"] == 0
@@ -224,20 +229,9 @@ def test_a_stale_backlog_is_not_listed_again_when_listing_would_take_too_much_of
         zk_namespace: ZkNamespace, store: GraphStore) -> None:
     """A listing that took long (a big queue) is not repeated sooner than ``relist_share``
     allows: the version reads grow instead (4, 8, then the 8 left)."""
-    ran: list[str] = []
-    registry = TaskRegistry()
-    registry.register("t", held_until_close(ran))
-    tasks = [store.tasks.create("t") for _ in range(20)]
-    with session(zk_namespace) as s:
-        processor = TaskProcessHandler(s, "m1", store, registry, workers=1, scan_interval=600)
-        left = stale_backlog(processor, store, tasks, 16)
-        processor._listed = (time.monotonic(), 60.0)  # as if listing had just taken a minute
-        try:
-            assert processor.scan(relist=False) == 1
-            assert wait_until(lambda: len(ran) == 1, 30)
-        finally:
-            processor.close()
-    assert ran[0] in {t.id for t in left}
+    # as if the last listing had just taken a minute
+    processor, ran, left = scan_stale_backlog(zk_namespace, store, (time.monotonic(), 60.0))
+    assert ran in left
     assert processor.stats["skipped_stale"] == 16
     assert processor.stats["listings"] == 0
 
