@@ -278,41 +278,55 @@ def test_racing_threads_never_overlap_or_miss_batches(
         _check_run(c.status(), results)
 
 
+def _race_processes_and_threads(zk_namespace: ZkNamespace, s: Session
+                                ) -> tuple[SeriesStatus, list[dict[str, Any]]]:
+    """Two worker processes and two threads work one new series to its end; checked."""
+    series = f"procs-{uuid.uuid4().hex[:8]}"
+    c = BatchCoordinator(s, series, timeout=0.4)
+    c.create()
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "runner.testing.batchworker", zk_namespace.hosts, "c1",
+         series, str(seed), "0.4"], stdout=subprocess.PIPE, text=True)
+        for seed in (11, 12)]
+    results: list[dict[str, Any]] = []
+    # the threads join once a process works (an interpreter starting on a busy box can take
+    # seconds, and the threads alone could reach the end before it: a local run did)
+    deadline = time.monotonic() + 30
+    while not any(b.owner.startswith("proc-") for b in c.status().batches):
+        assert time.monotonic() < deadline, "no worker process started a batch in 30 s"
+        time.sleep(0.02)
+    threads = [threading.Thread(target=lambda seed=seed: results.append(
+        work(s, series, seed, 0.4, f"thread-{seed}"))) for seed in (13, 14)]
+    for t in threads:
+        t.start()
+    _end_when_far_enough(c, 60)
+    for t in threads:
+        t.join(90)
+    for p in procs:
+        out, _ = p.communicate(timeout=90)
+        assert p.returncode == 0
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    status = c.status()
+    _check_run(status, results)
+    assert any(b.owner.startswith("proc-") for b in status.batches)
+    return status, results
+
+
 def test_racing_processes_and_threads_never_overlap_or_miss_batches(
         zk_namespace: ZkNamespace) -> None:
-    series = f"procs-{uuid.uuid4().hex[:8]}"
+    """Every race must be correct, and between them (up to three races) they must have
+    exercised an open-ended batch's close and a retry: which steps the workers draw before the
+    end depends on timing, and about one race in fifteen misses one of the two."""
+    closed = retried = False
     with Session(zk_namespace.hosts, "c1", timeout=4.0) as s:
-        c = BatchCoordinator(s, series, timeout=0.4)
-        c.create()
-        procs = [subprocess.Popen(
-            [sys.executable, "-m", "runner.testing.batchworker", zk_namespace.hosts, "c1",
-             series, str(seed), "0.4"], stdout=subprocess.PIPE, text=True)
-            for seed in (11, 12)]
-        results: list[dict[str, Any]] = []
-        # the threads join once a process works (an interpreter starting on a busy box can
-        # take seconds, and the threads alone could reach the end before it: a local run did)
-        deadline = time.monotonic() + 30
-        while not any(b.owner.startswith("proc-") for b in c.status().batches):
-            assert time.monotonic() < deadline, "no worker process started a batch in 30 s"
-            time.sleep(0.02)
-        threads = [threading.Thread(target=lambda seed=seed: results.append(
-            work(s, series, seed, 0.4, f"thread-{seed}"))) for seed in (13, 14)]
-        for t in threads:
-            t.start()
-        _end_when_far_enough(c, 60)
-        for t in threads:
-            t.join(90)
-        for p in procs:
-            out, _ = p.communicate(timeout=90)
-            assert p.returncode == 0
-            results.append(json.loads(out.strip().splitlines()[-1]))
-        status = c.status()
-        _check_run(status, results)
-        owners = {b.owner for b in status.batches}
-        assert any(o.startswith("proc-") for o in owners), owners
-        assert any(r["closed"] for r in results), "no open-ended batch was exercised"
-        retried = [b for b in status.batches if b.attempt > 1]
-        assert retried, "no batch was retried: the run did not exercise aborts or timeouts"
+        for _ in range(3):
+            status, results = _race_processes_and_threads(zk_namespace, s)
+            closed = closed or any(r["closed"] for r in results)
+            retried = retried or any(b.attempt > 1 for b in status.batches)
+            if closed and retried:
+                break
+    assert closed, "no open-ended batch was exercised"
+    assert retried, "no batch was retried: the races did not exercise aborts or timeouts"
 
 
 def test_batch_json_round_trip() -> None:
