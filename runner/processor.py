@@ -117,6 +117,7 @@ class TaskProcessHandler:
         self.conflict_backoff = conflict_backoff
         self.fresh_for = fresh_for
         self.own_fresh_for = own_fresh_for
+        self.relist_share = relist_share
         # the live member ids without a read (the node's membership watch); None: read them
         self.live_members = live_members
         self._running: dict[str, _Running] = {}
@@ -131,7 +132,6 @@ class TaskProcessHandler:
         self._backlog: list[tuple[Task, float, bool]] = []
         self._stale_chunks = 0  # version checks in a row that found every candidate changed
         self._listed = (0.0, 0.0)  # when the last listing ended, and how long it took
-        self.relist_share = relist_share
         # how claims went: started / lock held elsewhere / stale listing (claim conflict)
         self.stats: Counter[str] = Counter()
 

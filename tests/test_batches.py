@@ -308,7 +308,8 @@ def _race_processes_and_threads(zk_namespace: ZkNamespace, s: Session
         results.append(json.loads(out.strip().splitlines()[-1]))
     status = c.status()
     _check_run(status, results)
-    assert any(b.owner.startswith("proc-") for b in status.batches)
+    owners = {b.owner for b in status.batches}
+    assert any(o.startswith("proc-") for o in owners), owners
     return status, results
 
 
