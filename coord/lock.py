@@ -83,6 +83,18 @@ class TaskLock:
             raise LockNotHeld(f"lock of task {self.task_id} is not held by {self.owner}")
         return self._token
 
+    def verify(self) -> bool:
+        """Whether this owner still holds the lock, asked of the server (one read): our node
+        exists with the czxid we got as token. False on any error (connection lost too)."""
+        node, token = self._node, self._token
+        if node is None or self.session.state is not SessionState.CONNECTED:
+            return False
+        try:
+            stat = self.session.client.exists(node)
+        except Exception:  # any doubt is "not held"
+            return False
+        return stat is not None and stat.czxid == token
+
     def add_lost_listener(self, listener: LockLostListener) -> None:
         """``listener(task_id)`` when a held lock is lost; called on kazoo's or the session's
         thread: hand work to another thread rather than block there."""
@@ -272,8 +284,13 @@ def lock_owner(session: Session, task_id: str) -> str | None:
     return None if holder is None else bytes(holder[1]).decode()
 
 
-def held_locks(session: Session) -> list[HeldLock]:
-    """Every held task lock with owner, token and age (for the master and ``cluster status``)."""
+def held_locks(session: Session, prune_empty: bool = False) -> list[HeldLock]:
+    """Every held task lock with owner, token and age (for the master and ``cluster status``).
+
+    ``prune_empty``: also delete lock parents that have no child (their holder's session
+    expired, so its node went without the release that deletes the parent). A contender
+    creating its node in a parent deleted meanwhile starts over (see ``try_acquire``).
+    """
     client = session.client
     held = []
     with zk_errors("cannot list task locks"):
@@ -286,6 +303,11 @@ def held_locks(session: Session) -> list[HeldLock]:
             if holder is not None:
                 _, data, since, token = holder
                 held.append(HeldLock(task_id, bytes(data).decode(), token, since))
+            elif prune_empty:
+                try:
+                    client.delete(lock_path(task_id))
+                except (NoNodeError, NotEmptyError):
+                    pass
     return held
 
 

@@ -8,11 +8,16 @@ States (:class:`SessionState`):
 * LOST: the session is gone: ephemeral nodes (members, latch nodes, locks) are gone with it.
 
 kazoo reports LOST only once it reconnects and learns that the session expired; while ZooKeeper
-stays unreachable it stays SUSPENDED forever. So a client-side timer reports LOST when SUSPENDED
-has lasted the negotiated session timeout: by then the server has expired the session, or will
-as soon as it is back. If the old session does come back after that (a whole ensemble restarted
-and revived it), the Session closes it and opens a new one, so nothing keeps running on a session
-every recipe already treated as lost.
+stays unreachable it stays SUSPENDED forever, and it notices a silent partition (packets
+dropped, socket open) only after its read timeout, two thirds of the session timeout. The server
+expires a session one session timeout after the last message it received from the client, and
+that message came before the last reply the client got. So the Session keeps its own deadline,
+counted from the last bytes it read from the server: at ``last reply + session timeout -
+margin`` (``margin`` a fifth of the timeout by default) it reports LOST, whatever kazoo says,
+which is always before the server can have expired the session. If kazoo still believes the
+connection is up then, the Session closes that session and opens a new one; if the old session
+comes back later (the partition healed, or a whole ensemble restarted and revived it), it is
+replaced too, so nothing keeps running on a session every recipe already treated as lost.
 
 Listeners are called one at a time on the Session's own dispatch thread, never on kazoo's
 connection thread, so they may do blocking ZooKeeper I/O. A listener that raises is logged and
@@ -104,6 +109,28 @@ class _PollHandler(SequentialThreadingHandler):  # type: ignore[misc]
         return selector_select(*args, selectors_module=_PollSelectors, **kwargs)
 
 
+class _ReplyClock:
+    """When the server last sent a message (a reply, a ping answer, a watch event).
+
+    kazoo reads every message from the server through its connection's ``_read_socket``; the
+    clock wraps that method of one client's connection and notes the time after each message
+    read whole (a socket closed by the server, an error, is no message)."""
+
+    def __init__(self) -> None:
+        self.last = time.monotonic()
+
+    def attach(self, client: KazooClient) -> None:
+        connection = client._connection
+        read = connection._read_socket
+
+        def read_and_note(*args: Any, **kwargs: Any) -> Any:
+            result = read(*args, **kwargs)
+            self.last = time.monotonic()
+            return result
+
+        connection._read_socket = read_and_note
+
+
 def cluster_root(cluster: str) -> str:
     return f"{ROOT_PREFIX}/{cluster}"
 
@@ -119,8 +146,12 @@ class Session:
     """
 
     def __init__(self, hosts: str, cluster: str = "default", timeout: float = 10.0,
-                 auth: str | None = None, connect_timeout: float = 30.0) -> None:
+                 auth: str | None = None, connect_timeout: float = 30.0,
+                 margin: float | None = None) -> None:
         self.hosts = hosts
+        #: how long before the server could expire it the session is declared lost (seconds;
+        #: default a fifth of the negotiated timeout)
+        self.margin = margin
         self.cluster = cluster
         self.timeout = timeout
         self.connect_timeout = connect_timeout
@@ -132,7 +163,8 @@ class Session:
         self._listeners: list[SessionListener] = []
         self._events: queue.Queue[tuple[str, Any] | None] = queue.Queue()
         self._dispatcher: threading.Thread | None = None
-        self._timer: threading.Timer | None = None
+        self._watchdog: threading.Thread | None = None
+        self._replies = _ReplyClock()
         self._lost_locally: int | None = None  # session id we declared LOST ourselves
         # A logger of our own for kazoo, not registered with logging (it goes with the Session);
         # its records still reach kazoo's handlers through the parent.
@@ -172,6 +204,7 @@ class Session:
         self._lifecycle = _Lifecycle.STARTED
         self._ensure_root()
         self._client = KazooClient(hosts=f"{self.hosts}{self.root}", **self._client_options())
+        self._replies.attach(self._client)
         self._client.add_listener(self._on_kazoo_state)
         self._dispatcher = threading.Thread(target=self._dispatch, daemon=True,
                                             name=f"coord-session-{self.cluster}")
@@ -183,8 +216,12 @@ class Session:
             raise ConnectionLost(f"cannot reach ZooKeeper at {self.hosts} within "
                                  f"{self.connect_timeout}s") from exc
         # kazoo's CONNECTED event may still be in the queue; the state is CONNECTED now.
+        self._replies.last = time.monotonic()
         self._set_state(SessionState.CONNECTED, notify=False)
         self._session_id = self._client.client_id[0]
+        self._watchdog = threading.Thread(target=self._watch_deadline, daemon=True,
+                                          name=f"coord-session-deadline-{self.cluster}")
+        self._watchdog.start()
         return self
 
     def close(self) -> None:
@@ -192,7 +229,6 @@ class Session:
         if self._lifecycle is _Lifecycle.CLOSED:
             return
         self._lifecycle = _Lifecycle.CLOSED
-        self._cancel_timer()
         if self._client is not None:
             self._client.remove_listener(self._on_kazoo_state)
             self._client.stop()
@@ -224,6 +260,14 @@ class Session:
     def session_id(self) -> int | None:
         """The id of the current ZooKeeper session (a new one after LOST)."""
         return self._session_id
+
+    @property
+    def deadline(self) -> float:
+        """``time.monotonic()`` at which the session is declared LOST unless the server sends
+        something before: the last reply plus the negotiated timeout, less the margin."""
+        timeout = self.negotiated_timeout
+        margin = timeout / 5 if self.margin is None else self.margin
+        return self._replies.last + timeout - margin
 
     @property
     def negotiated_timeout(self) -> float:
@@ -270,8 +314,8 @@ class Session:
             try:
                 if kind == "kazoo":
                     self._handle_kazoo(*payload)
-                elif kind == "timer":
-                    self._handle_timer(payload)
+                elif kind == "deadline":
+                    self._handle_deadline(payload)
             except Exception:
                 log.exception("session %s: error while handling %s", self.cluster, event)
 
@@ -280,44 +324,64 @@ class Session:
             return
         if state == KazooState.SUSPENDED:
             if self._state is SessionState.CONNECTED:
-                self._start_timer(self._session_id)
                 self._set_state(SessionState.SUSPENDED)
         elif state == KazooState.LOST:
-            self._cancel_timer()
             self._set_state(SessionState.LOST)
         elif state == KazooState.CONNECTED:
-            self._cancel_timer()
             if self._lost_locally is not None and session_id == self._lost_locally:
                 # The session we declared lost came back: close it (its ephemeral nodes go)
                 # and start a fresh one. kazoo then reports LOST and CONNECTED again.
                 log.warning("session 0x%x came back after it was declared lost; replacing it",
                             session_id)
-                self._lost_locally = None
-                self.client.restart()
+                self._replace_session()
                 return
             self._lost_locally = None
             self._session_id = session_id
+            self._replies.last = time.monotonic()
             self._set_state(SessionState.CONNECTED)
 
-    def _handle_timer(self, session_id: int | None) -> None:
-        if self._state is SessionState.SUSPENDED and session_id == self._session_id:
-            log.warning("session 0x%x suspended for %.1fs (the session timeout): treating it "
-                        "as LOST", session_id or 0, self.negotiated_timeout)
-            self._lost_locally = session_id
-            self._set_state(SessionState.LOST)
+    def _watch_deadline(self) -> None:
+        """Watchdog thread: asks the dispatch thread to declare the session LOST once its
+        deadline passed (checked every twentieth of the timeout, at most every 100 ms)."""
+        while self._lifecycle is _Lifecycle.STARTED:
+            time.sleep(min(0.1, self.negotiated_timeout / 20))
+            if self._state is not SessionState.LOST and time.monotonic() >= self.deadline:
+                self._events.put(("deadline", self._session_id))
+                with self._changed:  # once per declaration: wait until it is handled
+                    self._changed.wait_for(
+                        lambda: self._state is SessionState.LOST
+                        or time.monotonic() < self.deadline
+                        or self._lifecycle is not _Lifecycle.STARTED, timeout=1.0)
 
-    def _start_timer(self, session_id: int | None) -> None:
-        self._cancel_timer()
-        timer = threading.Timer(self.negotiated_timeout,
-                                lambda: self._events.put(("timer", session_id)))
-        timer.daemon = True
-        timer.start()
-        self._timer = timer
+    def _handle_deadline(self, session_id: int | None) -> None:
+        if self._lifecycle is not _Lifecycle.STARTED or self._state is SessionState.LOST \
+                or session_id != self._session_id or time.monotonic() < self.deadline:
+            return
+        silent = time.monotonic() - self._replies.last
+        log.warning("session 0x%x: nothing from ZooKeeper for %.1fs (session timeout %.1fs): "
+                    "declaring it LOST before the server can expire it", session_id or 0,
+                    silent, self.negotiated_timeout)
+        self._lost_locally = session_id
+        self._set_state(SessionState.LOST)
+        if self.client.state == KazooState.CONNECTED:
+            # kazoo has not noticed yet (or the process was starved): make the session go
+            self._replace_session()
 
-    def _cancel_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+    def _replace_session(self) -> None:
+        """Close the current ZooKeeper session and let kazoo open a new one, without blocking
+        the dispatch thread (a stop waits for the close, which a partition delays)."""
+        client = self.client
+
+        def replace() -> None:
+            try:
+                client.stop()
+                if self._lifecycle is _Lifecycle.STARTED:
+                    client.start_async()
+            except Exception:
+                log.exception("session %s: replacing the session failed", self.cluster)
+
+        threading.Thread(target=replace, daemon=True,
+                         name=f"coord-session-replace-{self.cluster}").start()
 
     def _set_state(self, state: SessionState, notify: bool = True) -> None:
         with self._changed:

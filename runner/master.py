@@ -9,7 +9,12 @@ Only the master runs them, and only after the latch's server-side check confirms
   then force-releases the lock, then broadcasts TRIGGER_SCAN so another node picks it up at
   once. Every other RUNNING attempt whose executor is not a live member is closed the same way
   (its lock vanished with the session before the reaper saw it, and another node may already
-  run the task: the task is only reset if the dead member still owns it).
+  run the task: the task is only reset if the dead member still owns it). Closing the owner's
+  attempt and resetting the task are one write that also moves the task's fence on, so the
+  owner, should it wake up, can write nothing more on the task.
+* **Processed-message records** (every ``prune_interval``): records of MASTER messages older
+  than ``processed_retention`` are deleted; the retention must exceed the longest redelivery
+  horizon (retry delays plus the time a message can wait in the queue).
 * **On becoming master** it publishes SYNCHRONIZE_MODEL on the MASTER queue.
 """
 
@@ -17,27 +22,27 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
+from typing import Protocol
 
 from coord import CoordError, LeaderLatch, Session, force_release, held_locks, read_members
-from runner.store import (
-    AttemptAlreadyFinished,
-    AttemptStatus,
-    CommitConflict,
-    GraphStore,
-    StoreError,
-    TaskNotFound,
-    TaskStatus,
-)
+from runner.store import AttemptStatus, GraphStore, StoreError, TaskNotFound
 
 log = logging.getLogger("latchwork.master")
+
+
+class Prunable(Protocol):
+    def prune(self, older_than: float) -> int: ...
 
 
 class MasterDuties:
     def __init__(self, session: Session, latch: LeaderLatch, member_id: str, store: GraphStore,
                  *, reap_interval: float = 2.0,
                  on_master: Callable[[], object] | None = None,
-                 on_freed: Callable[[list[str]], object] | None = None) -> None:
+                 on_freed: Callable[[list[str]], object] | None = None,
+                 processed: Prunable | None = None, processed_retention: float = 7 * 86400,
+                 prune_interval: float = 600.0) -> None:
         self.session = session
         self.latch = latch
         self.member_id = member_id
@@ -45,6 +50,10 @@ class MasterDuties:
         self.reap_interval = reap_interval
         self.on_master = on_master
         self.on_freed = on_freed
+        self.processed = processed
+        self.processed_retention = processed_retention
+        self.prune_interval = prune_interval
+        self._next_prune = 0.0
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="master-duties", daemon=True)
@@ -85,46 +94,52 @@ class MasterDuties:
                 log.warning("member %s: reaper pass failed: %s", self.member_id, exc)
 
     def reap(self) -> list[str]:
-        """One pass; returns the ids of the tasks it freed."""
+        """One pass; returns the ids of the tasks it freed.
+
+        The locks are listed before the members are read: a member that joins after the
+        member read cannot hold a lock the listing saw, while one absent from a read made after
+        the listing is gone for good (member ids are never reused). The other order takes a
+        member that joined in between, and its fresh lock, for dead.
+        """
+        held = held_locks(self.session, prune_empty=True)
         members = set(read_members(self.session))
         freed = []
-        for held in held_locks(self.session):
-            if held.owner in members:
+        for lock in held:
+            if lock.owner in members:
                 continue
-            self._close_attempts(held.task_id, held.owner)
-            force_release(self.session, held.task_id)
+            self._close_attempts(lock.task_id, lock.owner)
+            force_release(self.session, lock.task_id)
             log.warning("member %s (master): freed the lock of task %s held by %s, which is not "
-                        "a live member", self.member_id, held.task_id, held.owner)
-            freed.append(held.task_id)
+                        "a live member", self.member_id, lock.task_id, lock.owner)
+            freed.append(lock.task_id)
         # attempts of members that are gone, whose lock vanished with their session (or was
-        # taken by a live member since): close them too
-        for attempt in self.store.attempts.running():
+        # taken by a live member since): close them too. Listed after the member read, so an
+        # attempt started by a member that joined since the read is skipped (and seen alive
+        # next pass).
+        running = self.store.attempts.running()
+        members = set(read_members(self.session))
+        for attempt in running:
             if attempt.executor not in members:
                 self._close_attempts(attempt.task_id, attempt.executor)
                 if attempt.task_id not in freed:
                     freed.append(attempt.task_id)
+        if self.processed is not None and time.monotonic() >= self._next_prune:
+            self._next_prune = time.monotonic() + self.prune_interval
+            removed = self.processed.prune(self.processed_retention)
+            if removed:
+                log.info("member %s (master): pruned %d processed-message records older than "
+                         "%gs", self.member_id, removed, self.processed_retention)
         if freed and self.on_freed is not None:
             self.on_freed(freed)
         return freed
 
     def _close_attempts(self, task_id: str, owner: str) -> None:
-        for attempt in self.store.attempts.for_task(task_id):
-            if attempt.status is AttemptStatus.RUNNING and attempt.executor == owner:
-                try:
-                    self.store.attempts.finish(
-                        attempt.id, AttemptStatus.CANCELLED_BY_SYSTEM,
-                        f"cancelled by system: executor {owner} left the cluster; lock freed by "
-                        f"master {self.member_id}")
-                except AttemptAlreadyFinished:
-                    pass
-        for _ in range(10):
-            try:
-                task = self.store.tasks.get(task_id)
-                if task.status is TaskStatus.RUNNING and task.owner == owner:
-                    self.store.tasks.update(task.id, task.version, None,
-                                            status=TaskStatus.WAITING)
-                return
-            except CommitConflict:
-                continue
-            except TaskNotFound:
-                return
+        """Close ``owner``'s RUNNING attempts of the task and, if it still owns the task, put
+        the task back to WAITING with its fence moved on, in one write."""
+        try:
+            self.store.close_attempts(
+                task_id, AttemptStatus.CANCELLED_BY_SYSTEM,
+                f"cancelled by system: executor {owner} left the cluster; lock freed by master "
+                f"{self.member_id}", executor=owner)
+        except TaskNotFound:
+            return

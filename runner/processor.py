@@ -81,11 +81,14 @@ AfterHook = Callable[[TaskContext, AttemptStatus, str | None], None]
 
 @dataclass
 class _Running:
+    """A task this node is starting or running. Registered (and its lost-lock listener with
+    it) before the lock is tried, so a lost lock or session during the try or the claim still
+    cancels it; ``token`` and ``attempt`` are set once the claim is written."""
     task: Task
     lock: TaskLock
-    token: int
     booking: Booking | None
-    attempt: Attempt
+    token: int = 0
+    attempt: Attempt | None = None
     cancel: CancelToken = field(default_factory=CancelToken)
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -365,34 +368,40 @@ class TaskProcessHandler:
             if booking is None:
                 return False
         lock = TaskLock(self.session, task.id, self.member_id)
-        try:
-            token = lock.try_acquire()
-        except BaseException:
-            self._release(lock, booking)
-            raise
-        if token is None:  # someone else runs it
-            self.stats["lock_busy"] += 1
-            self._release(lock, booking)
-            return False
-        try:
-            # the version read by the scan guards the claim: if the task changed since (another
-            # node finished it, an operator stopped it), the claim is a conflict and we move on.
-            # The RUNNING attempt is written in the same transaction, before the handler runs.
-            claimed, attempt = self.store.claim(task, token, self.member_id)
-        except (CommitConflict, StaleFencingToken):
-            self.stats["stale"] += 1
-            self._release(lock, booking)
-            return False
-        except BaseException:
-            self._release(lock, booking)
-            raise
-        self.stats["started"] += 1
-        running = _Running(claimed, lock, token, booking, attempt)
+        running = _Running(task, lock, booking)
         lock.add_lost_listener(lambda _task: running.cancel.cancel("its task lock was lost"))
         with self._lock:
             self._running[task.id] = running
+        try:
+            token = lock.try_acquire()
+            if token is None:  # someone else runs it
+                self.stats["lock_busy"] += 1
+                self._abandon(running)
+                return False
+            # the version read by the scan guards the claim: if the task changed since (another
+            # node finished it, an operator stopped it), the claim is a conflict and we move on.
+            # The RUNNING attempt is written in the same transaction, before the handler runs.
+            running.task, running.attempt = self.store.claim(task, token, self.member_id)
+            running.token = token
+        except (CommitConflict, StaleFencingToken):
+            self.stats["stale"] += 1
+            self._abandon(running)
+            return False
+        except BaseException:
+            self._abandon(running)
+            raise
+        self.stats["started"] += 1
+        # a lock or session lost since registration has cancelled the token already: the
+        # handler does not run and the attempt ends CANCELLED_BY_SYSTEM
         self._pool.submit(self._execute, running)
         return True
+
+    def _abandon(self, r: _Running) -> None:
+        """A start that did not happen: release the lock and slot, forget the entry."""
+        self._release(r.lock, r.booking)
+        with self._lock:
+            self._running.pop(r.task.id, None)
+        r.done.set()
 
     def _release(self, lock: TaskLock, booking: Booking | None) -> None:
         try:
@@ -411,6 +420,7 @@ class TaskProcessHandler:
         task = r.task
         outcome = "cancelled"
         attempt = r.attempt
+        assert attempt is not None  # claimed
         try:
             kind = self.registry.get(task.type)
             retries = 0
@@ -470,7 +480,7 @@ class TaskProcessHandler:
         task = r.task
         ctx = TaskContext(task=task, attempt=attempt, member_id=self.member_id,
                           fence_token=r.token, cancel=r.cancel, store=self.store,
-                          services=self.services)
+                          services=self.services, checker=lambda: self._check(r))
         log.info("member %s: task %s (%s) attempt %d started", self.member_id, task.id,
                  task.type, attempt.seq)
         status, error, stack = AttemptStatus.SUCCEEDED, None, None
@@ -505,6 +515,25 @@ class TaskProcessHandler:
                 task.type, attempt.seq, status.value, f": {error}" if error else "")
         return status, error, stack
 
+    def _check(self, r: _Running) -> None:
+        """``ctx.check()``: raise TaskCancelled (and cancel the token) unless this node still
+        owns the task: session CONNECTED, lock node there with the same czxid (one ZooKeeper
+        read), the token still the task's (one store read)."""
+        state = self.session.state
+        if state is not SessionState.CONNECTED:
+            r.cancel.cancel(f"the ZooKeeper session is {state.value}")
+        elif not r.lock.verify():
+            r.cancel.cancel("its task lock was lost")
+        else:
+            try:
+                fence = self.store.tasks.get(r.task.id).fence
+            except StoreError as exc:
+                r.cancel.cancel(f"its ownership cannot be confirmed: {exc}")
+            else:
+                if fence != r.token:
+                    r.cancel.cancel(f"its fencing token {r.token} was superseded by {fence}")
+        r.cancel.raise_if_cancelled()
+
     def _finish(self, attempt: Attempt, status: AttemptStatus, error: str | None,
                 stack: str | None) -> None:
         try:
@@ -515,8 +544,9 @@ class TaskProcessHandler:
 
     def _conclude(self, r: _Running, attempt: Attempt | None, status: AttemptStatus,
                   error: str | None, stack: str | None, outcome: str) -> None:
-        """Write the attempt's end (unless already written) and the task's new state, in one
-        transaction when possible."""
+        """Write the attempt's end (unless already written) and the task's new state as its
+        owner, in one transaction when possible. Once the attempt was closed by someone else,
+        or the token is no longer the task's, nothing more is written on the task."""
         changes: dict[str, Any] = {"status": TaskStatus.WAITING}
         if outcome == "finished":
             changes["finished"] = True
@@ -524,27 +554,16 @@ class TaskProcessHandler:
             changes["active"] = False
         try:
             if attempt is not None:
-                self.store.conclude(attempt, status, error, stack, r.task, r.token,
-                                    changes)
-                return
+                self.store.conclude(attempt, status, error, stack, r.task, r.token, changes)
+            else:
+                self.store.release(r.task.id, r.token, changes)
         except StaleFencingToken:
             log.warning("member %s: task %s was taken over by another owner; leaving it",
                         self.member_id, r.task.id)
-            return
-        except CommitConflict:
-            pass  # the attempt is finished; update the task from its current version below
         except AttemptAlreadyFinished:
-            log.warning("member %s: the last attempt of task %s was closed by the master "
-                        "meanwhile", self.member_id, r.task.id)
-        for _ in range(10):
-            try:
-                current = self.store.tasks.get(r.task.id)
-                self.store.tasks.update(current.id, current.version, r.token, **changes)
-                return
-            except CommitConflict:
-                continue
-            except StaleFencingToken:
-                log.warning("member %s: task %s was taken over by another owner; leaving it",
-                            self.member_id, r.task.id)
-                return
-        log.error("member %s: could not record the end of task %s", self.member_id, r.task.id)
+            log.warning("member %s: the attempt of task %s was closed by the master meanwhile "
+                        "(or by an operator); leaving the task to them", self.member_id,
+                        r.task.id)
+        except CommitConflict:
+            log.error("member %s: could not record the end of task %s", self.member_id,
+                      r.task.id)

@@ -10,7 +10,8 @@ first. What the task loop does with the outcome:
   (active = false) until someone reactivates it;
 * the token is cancelled (shutdown, lost lock or session): CANCELLED_BY_SYSTEM; the task is
   left for another node. Handlers should check ``ctx.cancel`` in long loops and sleep with
-  ``ctx.cancel.wait(seconds)``.
+  ``ctx.cancel.wait(seconds)``, call ``ctx.check()`` right before an external effect, and pass
+  ``ctx.fence`` to the store writes they make.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from runner.store import Attempt, GraphStore, Task
+from runner.store import Attempt, Fence, GraphStore, Task
 
 
 class TaskError(Exception):
@@ -93,6 +94,14 @@ class CancelToken:
 
 @dataclass
 class TaskContext:
+    """What a handler gets besides its payload.
+
+    ``check()`` right before an external effect, and ``fence`` on every store write the handler
+    makes (``store.fenced_write(ctx.fence, ...)``, ``ontologies.load(..., fence=ctx.fence)``):
+    together they keep an owner that lost the task (a long pause, a partition, an operator's
+    cancel) from leaving an effect after someone else took over. See docs/runner.md for the
+    window that remains for systems that cannot check a token.
+    """
     task: Task
     attempt: Attempt
     member_id: str
@@ -100,6 +109,25 @@ class TaskContext:
     cancel: CancelToken
     store: GraphStore
     services: Mapping[str, Any] = field(default_factory=dict)
+    checker: Callable[[], None] | None = None
+
+    @property
+    def fence(self) -> Fence:
+        """This attempt's fencing token, for store writes that must be refused once it is
+        stale."""
+        return Fence(self.task.id, self.fence_token)
+
+    def check(self) -> None:
+        """Raise :class:`TaskCancelled` unless this attempt still owns its task.
+
+        Checks the cancellation token, then (from the task loop) that the ZooKeeper session is
+        CONNECTED, that the lock node still exists with this attempt's czxid (one ZooKeeper
+        read) and that the token is still the task's (one store read). A failed check also
+        cancels the token, so the attempt ends CANCELLED_BY_SYSTEM with the reason.
+        """
+        self.cancel.raise_if_cancelled()
+        if self.checker is not None:
+            self.checker()
 
 
 Handler = Callable[[TaskContext, Any], None]

@@ -64,11 +64,13 @@ def test_session_reports_lost_by_its_own_timer_when_zookeeper_is_gone(tmp_path: 
         with Session(zk.hosts, "c1", timeout=2.0) as s:
             s.add_listener(lambda state: seen.append((state, time.monotonic())))
             first = s.session_id
+            stopped = time.monotonic()
             zk.stop()
             assert s.wait_for(SessionState.LOST, 10), seen
-            suspended = next(t for st_, t in seen if st_ is SessionState.SUSPENDED)
             lost = next(t for st_, t in seen if st_ is SessionState.LOST)
-            assert 2.0 - 0.1 <= lost - suspended <= 2.0 + 1.0
+            # the deadline counts from the last reply, which came before the stop: lost within
+            # the session timeout less its margin (a fifth) of the stop, plus the check's step
+            assert lost - stopped <= 2.0 * 0.8 + 0.3, seen
             # ZooKeeper comes back and may revive the old session: it is replaced by a new one.
             zk.start()
             assert s.wait_for(SessionState.CONNECTED, 20)
@@ -76,6 +78,44 @@ def test_session_reports_lost_by_its_own_timer_when_zookeeper_is_gone(tmp_path: 
             s.client.create("/alive", ephemeral=True)
     finally:
         zk.stop()
+
+
+def test_a_silent_partition_is_declared_lost_before_the_server_expires_the_session(
+        zookeeper: ZooKeeperCluster, zk_namespace: ZkNamespace) -> None:
+    """Packets dropped, sockets left open: kazoo notices only after its read timeout, and the
+    old timer then waited a whole session timeout more, so a cut-off node kept acting for a
+    while after the server had expired its session (and another node had taken its task).
+    Now the session is LOST before the server's expiry, measured by a watcher of its own
+    ephemeral node; and when the partition heals it goes on with a new session."""
+    timeout = 2.0
+    events: dict[str, float] = {}
+    with TcpProxy(zookeeper.servers[0].client_port) as proxy, \
+            Session(zk_namespace.hosts, "c1", timeout=4.0) as watcher, \
+            Session(f"127.0.0.1:{proxy.port}{zk_namespace.root}", "c1", timeout=timeout) as cut:
+        cut.add_listener(lambda st_: events.setdefault(st_.value, time.monotonic()))
+        first = cut.session_id
+        cut.client.create("/victim", b"", ephemeral=True)
+        gone = threading.Event()
+
+        def on_change(event: object) -> None:
+            events.setdefault("expired", time.monotonic())
+            gone.set()
+
+        assert watcher.client.exists("/victim", watch=on_change) is not None
+        for _ in range(3):  # recent traffic: the deadline counts from a fresh reply
+            cut.client.exists("/victim")
+        partitioned = time.monotonic()
+        proxy.blackhole()
+        assert gone.wait(timeout * 3), "the server never expired the partitioned session"
+        assert "LOST" in events, events
+        # before the server expired it, by at least part of the margin, and never before the
+        # deadline the last reply allowed
+        assert events["LOST"] < events["expired"], events
+        assert events["LOST"] - partitioned <= timeout * 0.8 + 0.3, events
+        proxy.heal()
+        assert cut.wait_for(SessionState.CONNECTED, 15)
+        assert cut.session_id not in (None, first)
+        cut.client.create("/victim", b"", ephemeral=True)  # a working, new session
 
 
 def spawn_latches(ns: ZkNamespace, spawn_node: Callable[..., NodeProcess],

@@ -168,7 +168,11 @@ def test_create_twice_from_two_nodes_reports_progress_then_delete(
     with Session(plant.env["LATCHWORK_ZK_HOSTS"], CLUSTER) as s:
         history = BatchCoordinator(s, series_id("geo", 1)).history()
     assert all(b.state is BatchState.FINISHED for b in history)
-    assert len({b.owner for b in history}) == 2, history  # both nodes worked the series
+    # which node worked which batch is a race (under load one node may take all six): the
+    # invariant is that every batch was worked by a node of the plant and finished once
+    assert {b.owner for b in history} <= set(plant.nodes), history
+    assert sorted(b.no for b in history) == list(range(len(history))), history
+    assert len(history) == 6, history
     ids = committed_ids(plant, series_id("geo", 1))
     assert len(ids) == len(set(ids)) == len(expected_geo(n))
 

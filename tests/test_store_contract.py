@@ -23,6 +23,7 @@ from runner.store import (
     AttemptStatus,
     Avatar,
     CommitConflict,
+    Fence,
     GraphStore,
     InvalidValue,
     Ontology,
@@ -229,17 +230,43 @@ def test_claim_and_conclude_write_together_or_say_why(store: GraphStore) -> None
     assert ended.status is AttemptStatus.SUCCEEDED and ended.ended_at is not None
     assert (ended.error, ended.stack_trace) == (None, None)
 
-    # the task moved on (an operator deactivated it): the attempt still ends, the error says so
+    # the task moved on (a plain deactivation) while the token is still its own: the end and
+    # the change are written again on the task as it now stands
     other = store.tasks.create("t")
     task, attempt = store.claim(other, 9, "m1")
     moved = store.tasks.deactivate(other.id)
-    with pytest.raises(CommitConflict):
-        store.conclude(attempt, AttemptStatus.FAILED, "boom", "Traceback", task, 9,
-                       {"status": TaskStatus.WAITING})
+    after = store.conclude(attempt, AttemptStatus.FAILED, "boom", "Traceback", task, 9,
+                           {"status": TaskStatus.WAITING})
     (ended,) = store.attempts.for_task(other.id)
     assert (ended.status, ended.error, ended.stack_trace) == (AttemptStatus.FAILED, "boom",
                                                               "Traceback")
-    assert store.tasks.get(other.id) == moved
+    assert store.tasks.get(other.id) == after and after.version == moved.version + 1
+    assert not after.active and after.status is TaskStatus.WAITING
+
+    # another owner claimed the task (a newer token): that claim closed the old owner's
+    # attempt as superseded, so the old owner's conclude changes nothing and it is told
+    taken = store.tasks.create("t")
+    task, attempt = store.claim(taken, 20, "m1")
+    newer, _ = store.claim(store.tasks.get(taken.id), 21, "m2")
+    with pytest.raises(AttemptAlreadyFinished):
+        store.conclude(attempt, AttemptStatus.SUCCEEDED, None, None, task, 20,
+                       {"status": TaskStatus.WAITING, "finished": True})
+    assert store.tasks.get(taken.id) == newer and not newer.finished
+    first, second = store.attempts.for_task(taken.id)
+    assert first.status is AttemptStatus.CANCELLED_BY_SYSTEM and "superseded" in (first.error
+                                                                                   or "")
+    assert second.status is AttemptStatus.RUNNING
+    # a newer token recorded by a plain update (no claim closed the attempt): the old owner's
+    # attempt is closed as superseded, whatever its handler did, and the task is not touched
+    later = store.tasks.create("t")
+    task, attempt = store.claim(later, 30, "m1")
+    newer = store.tasks.update(later.id, task.version, 31, owner="m2")
+    with pytest.raises(StaleFencingToken):
+        store.conclude(attempt, AttemptStatus.SUCCEEDED, None, None, task, 30,
+                       {"status": TaskStatus.WAITING, "finished": True})
+    assert store.tasks.get(later.id) == newer
+    (superseded,) = store.attempts.for_task(later.id)
+    assert superseded.status is AttemptStatus.CANCELLED_BY_SYSTEM
 
     # the master closed the attempt meanwhile: nothing changes, and the caller is told
     third = store.tasks.create("t")
@@ -257,14 +284,79 @@ def test_claim_and_conclude_write_together_or_say_why(store: GraphStore) -> None
     # closed attempt is what the owner hears of first, as before
     fourth = store.tasks.create("t")
     task, attempt = store.claim(fourth, 11, "m1")
-    store.attempts.finish(attempt.id, AttemptStatus.CANCELLED_BY_SYSTEM, "owner left")
-    back = store.tasks.update(fourth.id, task.version, None, status=TaskStatus.WAITING)
+    back, closed_now = store.close_attempts(fourth.id, AttemptStatus.CANCELLED_BY_SYSTEM,
+                                            "owner left", executor="m1")
+    assert [a.id for a in closed_now] == [attempt.id]
     with pytest.raises(AttemptAlreadyFinished):
         store.conclude(attempt, AttemptStatus.SUCCEEDED, None, None, task, 11,
                        {"status": TaskStatus.WAITING, "finished": True})
     assert store.tasks.get(fourth.id) == back
     with pytest.raises(TaskNotFound):
         store.attempts.get("no-such-attempt")
+
+
+def test_closing_the_owners_attempt_moves_the_fence_so_the_owner_can_write_nothing(
+        store: GraphStore) -> None:
+    """The first-round defect: the master reset a task without moving its fence, and the woken
+    owner, told its attempt was closed, re-read the task and finished it with its old token
+    (its only attempt CANCELLED_BY_SYSTEM). Every owner write now fails on the moved fence,
+    inside the guarded write."""
+    listed = store.tasks.create("t")
+    store.claim(listed, 40, "m1")
+    back, _ = store.close_attempts(listed.id, AttemptStatus.CANCELLED_BY_SYSTEM, "owner left",
+                                   executor="m1")
+    assert (back.status, back.fence, back.finished) == (TaskStatus.WAITING, 41, False)
+    # the woken owner tries everything it could write as itself
+    with pytest.raises(StaleFencingToken):
+        store.release(listed.id, 40, {"status": TaskStatus.WAITING, "finished": True})
+    with pytest.raises(StaleFencingToken):
+        store.tasks.update(listed.id, back.version, 40, finished=True)
+    with pytest.raises(StaleFencingToken):
+        store.claim(back, 40, "m1")  # its conflict retry: a claim with its old token
+    with pytest.raises(StaleFencingToken):
+        store.fenced_write(Fence(listed.id, 40), lambda g: g.add_v("effect").iterate())
+    assert store.tasks.get(listed.id) == back
+    assert int(store.graph.read(lambda g: g.V().has_label("effect").count().next())) == 0
+    # any later lock holder (a later czxid) still claims it and writes as its owner
+    again, second = store.claim(back, 55, "m2")
+    store.fenced_write(Fence(listed.id, 55), lambda g: g.add_v("effect").iterate())
+    done = store.conclude(second, AttemptStatus.SUCCEEDED, None, None, again, 55,
+                          {"status": TaskStatus.WAITING, "finished": True})
+    assert done.finished
+    assert [a.status for a in store.attempts.for_task(listed.id)] == [
+        AttemptStatus.CANCELLED_BY_SYSTEM, AttemptStatus.SUCCEEDED]
+
+
+def test_an_operator_cancel_closes_the_running_attempt_and_fences_its_owner(
+        store: GraphStore) -> None:
+    listed = store.tasks.create("t")
+    task, attempt = store.claim(listed, 70, "m1")
+    stopped, closed = store.cancel(listed.id, "alice@ops")
+    assert not stopped.active and stopped.status is TaskStatus.WAITING and stopped.fence == 71
+    (ended,) = closed
+    assert ended.status is AttemptStatus.CANCELLED and "cancelled by operator alice@ops" in (
+        ended.error or "")
+    with pytest.raises(AttemptAlreadyFinished):
+        store.conclude(attempt, AttemptStatus.SUCCEEDED, None, None, task, 70,
+                       {"status": TaskStatus.WAITING, "finished": True})
+    assert store.tasks.get(listed.id) == stopped
+    # cancelling what is not running only deactivates it; twice changes nothing
+    idle = store.tasks.create("t")
+    first, none = store.cancel(idle.id, "bob")
+    assert none == [] and not first.active and first.fence == 0
+    assert store.cancel(idle.id, "bob")[0] == first
+
+
+def test_a_claim_of_a_task_left_running_closes_the_old_attempt_in_the_same_write(
+        store: GraphStore) -> None:
+    listed = store.tasks.create("t")
+    task, old = store.claim(listed, 80, "gone")
+    taken, new = store.claim(task, 90, "m2")
+    first, second = store.attempts.for_task(listed.id)
+    assert (first.id, first.status) == (old.id, AttemptStatus.CANCELLED_BY_SYSTEM)
+    assert "superseded by m2" in (first.error or "") and second.id == new.id
+    assert first.ended_at is not None and first.ended_at <= second.started_at
+    assert taken.fence == 90 and store.attempts.running() == [new]
 
 
 # -- ontologies ---------------------------------------------------------------------------------

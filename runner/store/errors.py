@@ -4,7 +4,8 @@
     ├── StoreUnavailable       the graph could not be reached (or stayed busy) until the deadline
     ├── TaskNotFound           no task (or attempt) with this id
     ├── CommitConflict         the task changed since it was read (version); retry with backoff
-    ├── StaleFencingToken      the writer's lock token is older than the task's: it lost the lock
+    ├── StaleFencingToken      the writer's lock token is not the task's: it lost the lock, or
+    │                          its attempt was closed by someone else (master, operator)
     ├── AttemptAlreadyFinished the attempt was already closed (by its owner or the reaper)
     ├── InvalidValue           a value the store cannot encode (e.g. a bad aspect name)
     └── UnknownStoreFormat     a task or attempt vertex written in a format this version cannot read
@@ -41,9 +42,10 @@ class CommitConflict(StoreError):
 class StaleFencingToken(StoreError):
     """A write carried a fencing token older than the one recorded on the task."""
 
-    def __init__(self, task_id: str, token: int, recorded: int) -> None:
-        super().__init__(f"task {task_id}: fencing token {token} is older than {recorded}; "
-                         f"another owner took the task")
+    def __init__(self, task_id: str, token: int, recorded: int | None = None) -> None:
+        than = "the task's" if recorded is None or recorded < 0 else str(recorded)
+        super().__init__(f"task {task_id}: fencing token {token} is not {than}; another owner "
+                         f"took the task, or its attempt was closed by someone else")
         self.task_id = task_id
         self.token = token
         self.recorded = recorded

@@ -13,10 +13,12 @@ property written costs the embedded graph a few SQL statements inside the single
 (docs/graph.md, "Store format"):
 
 * ``task``: task_id, task_type, task_payload (JSON), task_priority, task_created (time),
-  task_unique, task_version (the guard of every change), task_queue ("open" while active and
-  unfinished, else "closed": the unfinished-task scan reads only the "open" index entries, so
-  its cost does not grow with finished tasks), task_state (JSON: status, active, finished,
-  owner, fence (big), updated (time), attempts (how many were started));
+  task_unique, task_version (the guard of every change), task_fence (big: the fencing token of
+  the owner allowed to write the task; every owner write is guarded by it inside its own
+  traversal), task_queue ("open" while active and unfinished, else "closed": the
+  unfinished-task scan reads only the "open" index entries, so its cost does not grow with
+  finished tasks), task_state (JSON: status, active, finished, owner, updated (time), attempts
+  (how many were started));
 * ``attempt`` (edge ``has_attempt`` from its task, which is how a task's attempts are found):
   attempt_id, attempt_status, attempt_start (JSON: task, seq, executor, started, fence),
   attempt_end (JSON, once ended: ended, duration_ms, error, stack);
@@ -29,7 +31,9 @@ property written costs the embedded graph a few SQL statements inside the single
 from __future__ import annotations
 
 import dataclasses
+import random
 import re
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -52,6 +56,7 @@ from runner.store.model import (
     Attempt,
     AttemptStatus,
     Avatar,
+    Fence,
     LoadResult,
     Ontology,
     OntologyRecord,
@@ -94,15 +99,22 @@ def _add(g: Any, label: str, props: Mapping[str, Any]) -> Any:
 
 @dataclass(frozen=True)
 class TaskChange:
-    """A checked task update: what changed, and the task it leaves."""
+    """A checked task update: what changed, and the task it leaves.
+
+    The write is guarded by the version and by the fencing token the task carried when it was
+    read, both inside the traversal: a task that moved on, or whose fence moved on (another
+    owner claimed it, or someone closed its owner's attempt), matches nothing.
+    """
     task_id: str
     expected_version: int
+    expected_fence: int
     props: Mapping[str, Any]
     task: Task
 
     def traverse(self, src: Any) -> Any:
         return _set(src.V().has("task_id", self.task_id)
-                    .has("task_version", self.expected_version), self.props)
+                    .has("task_version", self.expected_version)
+                    .has("task_fence", codec.encode_big(self.expected_fence)), self.props)
 
     def write(self, g: Any) -> None:
         if not self.traverse(g).id_().to_list():
@@ -138,25 +150,51 @@ class AttemptEnd:
 
 
 def task_change(task: Task, fence_token: int | None, changes: Mapping[str, Any],
-                new_attempt: bool = False) -> TaskChange:
+                new_attempt: bool = False, move_fence: bool = False) -> TaskChange:
     """The change of ``task`` as it was read (at ``task.version``), without reading it again:
-    the version guard of the write refuses it if the task moved on since. ``new_attempt``
-    counts one more started attempt."""
+    the guards of the write (version and fence, see :class:`TaskChange`) refuse it if the task
+    moved on since.
+
+    Who writes decides the fence rule:
+
+    * an owner (``fence_token``) writes only while its token is not older than the task's
+      (a newer token is a newer lock holder taking over: it is recorded);
+    * anyone else (``fence_token`` None: the master, an operator) leaves the fence alone, or,
+      when it closes the current owner's attempt (``move_fence``), moves it one past the
+      owner's token: from then on that owner can write nothing on the task, while every later
+      lock node (a later czxid) still can.
+
+    ``new_attempt`` counts one more started attempt.
+    """
     unknown = set(changes) - _TASK_CHANGES
     if unknown:
         raise InvalidValue(f"cannot change {sorted(unknown)} of a task")
     changes = dict(changes)
     if "status" in changes:
         changes["status"] = TaskStatus(changes["status"])
-    if fence_token is not None and fence_token < task.fence:
-        raise StaleFencingToken(task.id, fence_token, task.fence)
+    fence = task.fence
+    if fence_token is not None:
+        if fence_token < task.fence:
+            raise StaleFencingToken(task.id, fence_token, task.fence)
+        fence = fence_token
+    elif move_fence:
+        fence = task.fence + 1
     fields = {**task.__dict__, **changes, "version": task.version + 1,
-              "updated_at": codec.now(), "fence": max(task.fence, fence_token or 0),
+              "updated_at": codec.now(), "fence": fence,
               "attempts": task.attempts + (1 if new_attempt else 0)}
     old = task_props(task)
     new = task_props(Task(**fields))
     changed = {k: v for k, v in new.items() if k not in _TASK_FIXED and old.get(k) != v}
-    return TaskChange(task.id, task.version, changed, _task({**old, **changed}))
+    return TaskChange(task.id, task.version, task.fence, changed, _task({**old, **changed}))
+
+
+def fence_guard(g: Any, fence: Fence) -> None:
+    """Inside a write: raise :class:`StaleFencingToken` unless ``fence`` is still the task's
+    (one read in the write's own transaction on the embedded graph, so nothing can move the
+    fence between this check and the write's other steps)."""
+    if not (g.V().has("task_id", fence.task_id)
+            .has("task_fence", codec.encode_big(fence.token)).id_().to_list()):
+        raise StaleFencingToken(fence.task_id, fence.token, -1)
 
 
 def attempt_start(task: Task, executor: str, fence_token: int) -> AttemptStart:
@@ -212,8 +250,9 @@ def task_props(task: Task) -> dict[str, Any]:
         "task_queue": "open" if task.open else "closed",
         "task_state": codec.encode_json({
             "status": task.status.value, "active": task.active, "finished": task.finished,
-            "owner": task.owner or "", "fence": codec.encode_big(task.fence),
-            "updated": codec.encode_time(task.updated_at), "attempts": task.attempts}),
+            "owner": task.owner or "", "updated": codec.encode_time(task.updated_at),
+            "attempts": task.attempts}),
+        "task_fence": codec.encode_big(task.fence),
     }
     if task.unique_key is not None:
         props["task_unique"] = task.unique_key
@@ -221,7 +260,7 @@ def task_props(task: Task) -> dict[str, Any]:
 
 
 def _task(row: Mapping[Any, Any]) -> Task:
-    if "task_state" not in row:
+    if "task_state" not in row or "task_fence" not in row:
         raise UnknownStoreFormat(
             f"task {row.get('task_id')!r} has no task_state: the graph was written by an "
             f"older latchwork; recreate it")
@@ -232,7 +271,7 @@ def _task(row: Mapping[Any, Any]) -> Task:
         status=TaskStatus(state["status"]), finished=bool(state["finished"]),
         priority=int(row["task_priority"]), created_at=codec.decode_time(row["task_created"]),
         updated_at=codec.decode_time(state["updated"]), version=int(row["task_version"]),
-        fence=codec.decode_big(state["fence"]), unique_key=row.get("task_unique"),
+        fence=codec.decode_big(row["task_fence"]), unique_key=row.get("task_unique"),
         owner=state["owner"] or None, attempts=int(state["attempts"]))
 
 
@@ -315,19 +354,24 @@ class GremlinTaskStore:
             raise CommitConflict(task_id, expected_version, current.version)
         return task_change(current, fence_token, changes)
 
+    def modify(self, task_id: str, fence_token: int | None, changes: Mapping[str, Any],
+               move_fence: bool = False) -> Task:
+        """Apply ``changes`` to the task as it now stands (re-read and written again while
+        someone else writes first). ``fence_token``: an owner's write, refused with
+        :class:`StaleFencingToken` once the token is no longer the task's."""
+        def once() -> Task | None:
+            change = task_change(read_task(self.graph, task_id), fence_token, changes,
+                                 move_fence=move_fence)
+            return change.task if matched_write(self.graph, change.traverse) else None
+        return until_written(once, task_id)
+
     def _flip(self, task_id: str, active: bool) -> Task:
-        for _ in range(20):
-            task = self.get(task_id)
-            if task.active is active:
-                return task
-            try:
-                return self.update(task_id, task.version, None, active=active)
-            except CommitConflict:
-                continue
-        raise CommitConflict(task_id, -1, None)
+        task = self.get(task_id)
+        return task if task.active is active else self.modify(task_id, None, {"active": active})
 
     def deactivate(self, task_id: str) -> Task:
-        """Stop the task (the task loop no longer picks it); kept forever, like every task."""
+        """Stop the task (the task loop no longer picks it); kept forever, like every task.
+        A running attempt is not touched here: see ``GraphStore.cancel``."""
         return self._flip(task_id, False)
 
     def reactivate(self, task_id: str) -> Task:
@@ -369,6 +413,20 @@ def matched_write(graph: Graph, guarded: Callable[[Any], Any]) -> bool:
     return True
 
 
+def until_written(attempt: Callable[[], X | None], what: str, tries: int = 20) -> X:
+    """The store's one re-read-and-write loop: ``attempt()`` reads what it needs, decides, and
+    writes one guarded traversal; it returns None when the guards matched nothing (someone
+    wrote first), and is then run again after a short random pause. Raises
+    :class:`CommitConflict` after ``tries`` refusals in a row; any other store error
+    (StaleFencingToken, TaskNotFound, ...) ends the loop at once."""
+    for n in range(tries):
+        result = attempt()
+        if result is not None:
+            return result
+        time.sleep(random.uniform(0, min(0.1, 0.002 * 2 ** n)))
+    raise CommitConflict(what, -1, None)
+
+
 def write_start(graph: Graph, change: TaskChange, start: AttemptStart) -> bool:
     """Write ``change`` of the task and add ``start``'s attempt to it, as one guarded
     traversal; False, nothing written, when the task's version guard refused."""
@@ -383,12 +441,11 @@ class GremlinAttemptLog:
         """Write a RUNNING attempt (before the handler runs, so a crash still leaves it) and
         count it on its task, in one traversal guarded by the task's version (re-read and
         retried when the task moved on meanwhile)."""
-        for _ in range(20):
+        def once() -> Attempt | None:
             change = task_change(read_task(self.graph, task_id), None, {}, new_attempt=True)
             start = attempt_start(change.task, executor, fence_token)
-            if write_start(self.graph, change, start):
-                return start.attempt
-        raise CommitConflict(task_id, -1, None)
+            return start.attempt if write_start(self.graph, change, start) else None
+        return until_written(once, task_id)
 
     def finish(self, attempt_id: str, status: AttemptStatus, error: str | None = None,
                stack_trace: str | None = None) -> Attempt:

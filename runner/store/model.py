@@ -17,7 +17,8 @@ class AttemptStatus(enum.StrEnum):
     RUNNING = "RUNNING"
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
-    CANCELLED_BY_SYSTEM = "CANCELLED_BY_SYSTEM"
+    CANCELLED_BY_SYSTEM = "CANCELLED_BY_SYSTEM"  # shutdown, lost session or lock, dead owner
+    CANCELLED = "CANCELLED"  # by an operator (``task cancel``, ``task deactivate``)
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,15 @@ class Task:
     def open(self) -> bool:
         """Unfinished and active: what the task loop looks at."""
         return self.active and not self.finished
+
+
+@dataclass(frozen=True)
+class Fence:
+    """What a task's owner carries into a store write: the write is refused
+    (:class:`~runner.store.errors.StaleFencingToken`) unless ``token`` is still the task's."""
+
+    task_id: str
+    token: int
 
 
 @dataclass(frozen=True)

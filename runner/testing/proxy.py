@@ -1,8 +1,14 @@
-"""A loopback TCP proxy whose connections a test can cut: connection blips on demand.
+"""A loopback TCP proxy whose connections a test can cut or silence: network faults on demand.
 
-Clients connect to ``proxy.port``; bytes are relayed to ``target_port``. ``drop_connections()``
-closes every relayed connection at once (the client sees a dropped socket and reconnects; its
-ZooKeeper session survives if it reconnects within the session timeout).
+Clients connect to ``proxy.port``; bytes are relayed to ``target_port``.
+
+* ``drop_connections()`` closes every relayed connection at once (the client sees a dropped
+  socket and reconnects; its ZooKeeper session survives if it reconnects within the session
+  timeout);
+* ``blackhole()`` is a silent partition: nothing is relayed either way and nothing is closed,
+  so neither side sees an error, only silence (new connections are accepted and then hear
+  nothing). ``heal()`` resumes relaying; the bytes held meanwhile are delivered then, as TCP
+  retransmission would after a real partition heals.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ class TcpProxy:
         self._pairs: set[tuple[socket.socket, socket.socket]] = set()
         self._lock = threading.Lock()
         self._closed = threading.Event()
+        self._open = threading.Event()  # cleared while black-holed
+        self._open.set()
         self._thread = threading.Thread(target=self._accept, daemon=True, name="tcp-proxy")
         self.drops = 0
 
@@ -36,15 +44,22 @@ class TcpProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
-            try:
-                upstream = socket.create_connection(self.target, timeout=5)
-            except OSError:
+            threading.Thread(target=self._connect, args=(client,), daemon=True).start()
+
+    def _connect(self, client: socket.socket) -> None:
+        while not self._open.wait(0.2):  # black-holed: the client hears nothing
+            if self._closed.is_set():
                 client.close()
-                continue
-            pair = (client, upstream)
-            with self._lock:
-                self._pairs.add(pair)
-            threading.Thread(target=self._relay, args=(pair,), daemon=True).start()
+                return
+        try:
+            upstream = socket.create_connection(self.target, timeout=5)
+        except OSError:
+            client.close()
+            return
+        pair = (client, upstream)
+        with self._lock:
+            self._pairs.add(pair)
+        self._relay(pair)
 
     def _relay(self, pair: tuple[socket.socket, socket.socket]) -> None:
         a, b = pair
@@ -53,7 +68,14 @@ class TcpProxy:
             selector.register(a, selectors.EVENT_READ, b)
             selector.register(b, selectors.EVENT_READ, a)
             while True:
-                for key, _ in selector.select(timeout=0.5):
+                if not self._open.is_set():  # black-holed: hold every byte, close nothing
+                    if self._closed.is_set():
+                        return
+                    self._open.wait(0.2)
+                    continue
+                for key, _ in selector.select(timeout=0.2):
+                    if not self._open.is_set():
+                        break
                     source: socket.socket = key.fileobj  # type: ignore[assignment]
                     data = source.recv(65536)
                     if not data:
@@ -84,8 +106,21 @@ class TcpProxy:
         self.drops += len(pairs)
         return len(pairs)
 
+    def blackhole(self) -> None:
+        """Start a silent partition: relay nothing, close nothing."""
+        self._open.clear()
+
+    def heal(self) -> None:
+        """End the partition: relay again, held bytes first."""
+        self._open.set()
+
+    @property
+    def partitioned(self) -> bool:
+        return not self._open.is_set()
+
     def close(self) -> None:
         self._closed.set()
+        self._open.set()
         self._listener.close()
         self.drop_connections()
         self._thread.join(5)
