@@ -3,25 +3,37 @@
 * ``diag.sleep`` ``{"seconds": 2.5}``: sleeps, honouring cancellation;
 * ``diag.fail`` ``{"message": "..."}``: raises ``RuntimeError(message)`` (the task stops);
 * ``diag.conflict`` ``{"conflicts": N}``: its first N attempts raise a commit conflict, then it
-  succeeds (exercises the automatic retry with backoff).
+  succeeds (exercises the automatic retry with backoff);
+* ``diag.effect`` ``{"seconds": 0.5}``: sleeps, then checks its ownership (``ctx.check()``) and
+  writes one effect record (a ``diag_effect`` vertex: task, attempt, token, time) through a
+  fenced write. The chaos suite counts these records: an effect written twice for one task, or
+  by an attempt that did not succeed, is a broken guarantee (:func:`effects`).
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from dataclasses import dataclass
+from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
+from runner.store import GraphStore, codec
 from runner.tasks import TaskCancelled, TaskConflict, TaskContext, TaskRegistry
 
 
-class Sleep(BaseModel):
+class _Payload(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Sleep(_Payload):
     seconds: float = Field(ge=0, le=86400)
 
 
-class Fail(BaseModel):
+class Fail(_Payload):
     message: str = "diag.fail was asked to fail"
 
 
-class Conflict(BaseModel):
+class Conflict(_Payload):
     conflicts: int = Field(1, ge=0, le=100)
 
 
@@ -39,8 +51,47 @@ def conflict(ctx: TaskContext, payload: Conflict) -> None:
         raise TaskConflict(f"simulated commit conflict {ctx.attempt.seq} of {payload.conflicts}")
 
 
+class Effect(_Payload):
+    seconds: float = Field(0.0, ge=0, le=3600)
+
+
+@dataclass(frozen=True)
+class EffectRecord:
+    task_id: str
+    attempt_id: str
+    token: int
+    at: str  # UTC ISO time the record was written
+
+
+def effect(ctx: TaskContext, payload: Effect) -> None:
+    if ctx.cancel.wait(payload.seconds):
+        raise TaskCancelled(ctx.cancel.reason)
+    ctx.check()
+    props = {"effect_task": ctx.task.id, "effect_attempt": ctx.attempt.id,
+             "effect_token": codec.encode_big(ctx.fence_token),
+             "effect_at": codec.encode_time(codec.now())}
+
+    def write(g: Any) -> None:
+        t = g.add_v("diag_effect")
+        for key, value in props.items():
+            t = t.property(key, value)
+        t.iterate()
+
+    ctx.store.fenced_write(ctx.fence, write)
+
+
+def effects(store: GraphStore) -> list[EffectRecord]:
+    """Every effect record ``diag.effect`` wrote."""
+    rows = store.graph.read(
+        lambda g: g.V().has_label("diag_effect").element_map().to_list())
+    return [EffectRecord(r["effect_task"], r["effect_attempt"],
+                         codec.decode_big(r["effect_token"]), r["effect_at"]) for r in rows]
+
+
 def register_diagnostics(registry: TaskRegistry) -> None:
     registry.register("diag.sleep", sleep, Sleep, description="sleep; honours cancellation")
     registry.register("diag.fail", fail, Fail, description="raise RuntimeError")
     registry.register("diag.conflict", conflict, Conflict,
                       description="N commit conflicts, then success")
+    registry.register("diag.effect", effect, Effect,
+                      description="sleep, then write one fenced effect record")

@@ -307,7 +307,8 @@ class OntologySync:
         ontology = parse_ontology_bytes(data, Path(payload.ref).name)  # OntologyError: stop
         if payload.iri is not None and ontology.iri != payload.iri:
             raise OntologyError(f"{payload.ref} now declares {ontology.iri}, not {payload.iri}")
-        result = self.store.ontologies.load(ontology)
+        ctx.check()  # still the owner, right before the load (itself fenced)
+        result = self.store.ontologies.load(ontology, fence=ctx.fence)
         log.info("member %s: loaded %s %s from %s: %d classes, %d edges added", self.member_id,
                  ontology.iri, ontology.version, payload.ref, result.added_classes,
                  result.added_edges)

@@ -225,7 +225,42 @@ def test_a_frozen_owner_wakes_up_and_cannot_overwrite_the_new_owners_result(
     first, second = cluster.store.attempts.for_task(task_id)
     assert (first.executor, first.status) == (victim, AttemptStatus.CANCELLED_BY_SYSTEM)
     assert second.status is AttemptStatus.SUCCEEDED and second.executor != victim
-    # the woken owner's late write was refused by its stale fencing token
-    assert wait_until(lambda: "taken over by another owner" in log.read_text(), 30)
+    # the woken owner, told its attempt was closed, wrote nothing more on the task
+    assert "leaving the task to them" in log.read_text()
     assert cluster.task(task_id) == done
     assert wait_until(lambda: locks_held(zk_client) == [], 10)
+
+
+def test_an_owner_frozen_past_its_session_cannot_finish_the_task_the_master_took_back(
+        zk_namespace: ZkNamespace, amqp_vhost: AmqpNamespace, tmp_path: Path,
+        spawn_node: Callable[..., NodeProcess], zk_client: KazooClient) -> None:
+    """The first-round repro: one worker per node, one node kept busy, so nobody takes T up
+    while its owner is frozen. The master closed T's attempt and put T back; the owner woke,
+    its handler ended, and it finished T with its old token: ``finished`` with no SUCCEEDED
+    attempt, and T's lock parent left behind. Now the close moved T's fence: the woken owner
+    writes nothing, and T is run again (by whichever node is free) to a SUCCEEDED attempt."""
+    c = Cluster(zk_namespace.hosts, amqp_vhost, tmp_path, spawn_node, workers="1")
+    try:
+        for _ in range(2):
+            c.start_node()
+        busy = c.submit("diag.sleep", {"seconds": 120})
+        busy_owner = c.wait_running_on(busy)
+        task_id = c.submit("diag.sleep", {"seconds": 4})
+        owner = c.wait_running_on(task_id)
+        assert owner != busy_owner  # the busy node has no free worker
+        c.nodes[owner].pause()
+        assert wait_until(lambda: c.store.attempts.for_task(task_id)[0].status
+                          is AttemptStatus.CANCELLED_BY_SYSTEM, 30)
+        c.nodes[owner].resume()
+        assert wait_until(lambda: "leaving the task to them" in log_of(c.nodes[owner]), 30)
+        done = c.wait_finished(task_id, timeout=60)
+        attempts = c.store.attempts.for_task(task_id)
+        assert [a.status for a in attempts] == [AttemptStatus.CANCELLED_BY_SYSTEM,
+                                                AttemptStatus.SUCCEEDED]
+        assert "left the cluster" in (attempts[0].error or "")
+        assert done.fence == attempts[1].fence > attempts[0].fence
+        # only the busy task's lock is left: T's lock parent went (released, or pruned by the
+        # master once its holder's session expired)
+        assert wait_until(lambda: locks_held(zk_client) == [busy], 15), locks_held(zk_client)
+    finally:
+        c.store.close()

@@ -48,7 +48,7 @@ from coord.batches import (
     SeriesStatus,
 )
 from runner.pipeline.aspects import COMPUTATIONS, AspectDefinition
-from runner.store import GraphStore
+from runner.store import Fence, GraphStore
 from runner.tasks import CancelToken, TaskCancelled
 
 log = logging.getLogger("latchwork.pipeline")
@@ -210,6 +210,10 @@ class BatchWorker:
     pause: float = 0.0  # seconds to wait before each commit (throttling; tests kill here)
     poll: float = 0.5
     apply_to_graph: bool = True  # False: compute and commit only (benchmarks, dry runs)
+    # as a task's owner: the graph writes carry its fence (refused once stale), and ownership
+    # is checked right before each batch is committed
+    fence: Fence | None = None
+    check: Callable[[], None] | None = None
 
     def run(self) -> SeriesStatus:
         """Work batches until the series is COMPLETED; raises SeriesFailed or TaskCancelled."""
@@ -284,7 +288,13 @@ class BatchWorker:
             if self.pause and self.cancel.wait(self.pause):
                 fs.delete(tmp)
                 raise TaskCancelled(self.cancel.reason)
-            self.cancel.raise_if_cancelled()
+            try:
+                self.cancel.raise_if_cancelled()
+                if self.check is not None:
+                    self.check()
+            except TaskCancelled:
+                fs.delete(tmp)
+                raise
             fs.commit(tmp, final)
         return self.apply(final) if self.apply_to_graph else 0
 
@@ -307,7 +317,7 @@ class BatchWorker:
             applied += self.store.avatars.upsert_aspect(
                 self.definition.name,
                 dict(zip(ids[start:start + APPLY_CHUNK], values[start:start + APPLY_CHUNK],
-                         strict=True)), encoded=True)
+                         strict=True)), encoded=True, fence=self.fence)
         return applied
 
 

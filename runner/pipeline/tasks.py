@@ -193,7 +193,8 @@ class Pipeline:
         spark = spark_session(self.settings, app_name=f"latchwork {self.member}")
         return BatchWorker(spark, self.store, coordinator_for(self.session, sid, meta),
                            definition, SeriesPaths(meta["root"]), self.member, ctx.cancel,
-                           group=f"latchwork-task-{ctx.task.id}",
+                           group=f"latchwork-task-{ctx.task.id}", fence=ctx.fence,
+                           check=ctx.check,
                            batch_rows=int(meta["batch_rows"]), pause=float(meta["pause"]))
 
     def _current(self, ctx: TaskContext, payload: AspectPayload, state: State) -> bool:
@@ -258,9 +259,9 @@ class Pipeline:
         removed = 0
         while ids := sorted(self.store.avatars.with_aspect(payload.aspect)):
             for start in range(0, len(ids), DELETE_CHUNK):
-                ctx.cancel.raise_if_cancelled()
+                ctx.check()
                 removed += self.store.avatars.remove_aspect(
-                    payload.aspect, ids[start:start + DELETE_CHUNK])
+                    payload.aspect, ids[start:start + DELETE_CHUNK], fence=ctx.fence)
         self.states.transition(payload.aspect, payload.generation, State.DELETING,
                                State.DELETED)
         log.info("member %s: task %s: aspect %s removed from %d avatars", self.member,

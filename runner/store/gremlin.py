@@ -485,16 +485,20 @@ class GremlinOntologyStore:
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
 
-    def load(self, ontology: Ontology) -> LoadResult:
+    def load(self, ontology: Ontology, fence: Fence | None = None) -> LoadResult:
         """Insert the ontology's classes and subClassOf edges; idempotent.
 
         Loading the same IRI and checksum again changes nothing. A new checksum updates the
         ontology vertex and adds what is missing. Parents in other ontologies get a class vertex
-        without ``class_defined_by`` until their own ontology is loaded.
+        without ``class_defined_by`` until their own ontology is loaded. With ``fence`` (a
+        task's owner loading it) the whole load is refused with StaleFencingToken, nothing
+        written, once the token is no longer the task's.
         """
-        return self.graph.write(lambda g: self._load(g, ontology))
+        return self.graph.write(lambda g: self._load(g, ontology, fence))
 
-    def _load(self, g: Any, onto: Ontology) -> LoadResult:
+    def _load(self, g: Any, onto: Ontology, fence: Fence | None) -> LoadResult:
+        if fence is not None:
+            fence_guard(g, fence)
         existing = g.V().has("ontology_iri", onto.iri).element_map().to_list()
         if existing and existing[0]["ontology_checksum"] == onto.checksum:
             return LoadResult(onto.iri, 0, 0, changed=False)
@@ -626,11 +630,14 @@ class GremlinAvatarStore:
                 .project("a", "id").by("avatar_id").by(__.id_()).to_list())
         return {r["a"]: r["id"] for r in rows}
 
-    def upsert(self, avatars: Sequence[Avatar]) -> int:
-        """Create or update avatars (class and properties; aspects are left alone)."""
+    def upsert(self, avatars: Sequence[Avatar], fence: Fence | None = None) -> int:
+        """Create or update avatars (class and properties; aspects are left alone). With
+        ``fence``, each batch is refused (StaleFencingToken) once the token is stale."""
         by_id = {a.id: a for a in avatars}
         for chunk in _chunks(list(by_id), BATCH):
             def run(g: Any, chunk: Sequence[str] = chunk) -> None:
+                if fence is not None:
+                    fence_guard(g, fence)
                 ids = self._ids(g, chunk)
                 t = g
                 for avatar_id in chunk:
@@ -652,8 +659,10 @@ class GremlinAvatarStore:
             raise TaskNotFound(f"no avatar {avatar_id}")
         return _avatar(rows[0])
 
-    def upsert_aspect(self, aspect: str, values: Mapping[str, Any], encoded: bool = False) -> int:
+    def upsert_aspect(self, aspect: str, values: Mapping[str, Any], encoded: bool = False,
+                      fence: Fence | None = None) -> int:
         """Set one aspect on many avatars; returns how many avatars exist and were written.
+        With ``fence``, each batch is refused (StaleFencingToken) once the token is stale.
 
         Per batch: one count of the batch's avatars (an index lookup), then one traversal
         chaining ``V().has('avatar_id', id).property(...)`` per avatar. A missing avatar would
@@ -670,6 +679,8 @@ class GremlinAvatarStore:
         written = 0
         for chunk in _chunks(list(texts), BATCH):
             def run(g: Any, chunk: Sequence[str] = chunk) -> int:
+                if fence is not None:
+                    fence_guard(g, fence)
                 present = list(chunk)
                 found = int(g.V().has("avatar_id", P.within(present)).count().next())
                 if found < len(present):
@@ -687,11 +698,15 @@ class GremlinAvatarStore:
             written += self.graph.write(run)
         return written
 
-    def remove_aspect(self, aspect: str, avatar_ids: Iterable[str] | None = None) -> int:
-        """Remove an aspect from the given avatars (all when None); returns how many had it."""
+    def remove_aspect(self, aspect: str, avatar_ids: Iterable[str] | None = None,
+                      fence: Fence | None = None) -> int:
+        """Remove an aspect from the given avatars (all when None); returns how many had it.
+        With ``fence``, each batch is refused (StaleFencingToken) once the token is stale."""
         key = aspect_key(aspect)
         if avatar_ids is None:
             def run(g: Any) -> int:
+                if fence is not None:
+                    fence_guard(g, fence)
                 count = int(g.V().has(key).count().next())
                 g.V().has(key).properties(key).drop().iterate()
                 return count
@@ -700,6 +715,8 @@ class GremlinAvatarStore:
         ids = sorted(set(avatar_ids))
         for chunk in _chunks(ids, BATCH):
             def run_chunk(g: Any, chunk: Sequence[str] = chunk) -> int:
+                if fence is not None:
+                    fence_guard(g, fence)
                 t = g.V().has("avatar_id", P.within(list(chunk))).has(key)
                 count = int(t.count().next())
                 g.V().has("avatar_id", P.within(list(chunk))).properties(key).drop().iterate()

@@ -1,0 +1,204 @@
+"""Reliability defects found by a chaos run, each tried against real ZooKeeper and an embedded
+graph: the reaper's member snapshot, the lost-lock window of a start, and handlers fencing their
+own effects (``ctx.check()``, fenced store writes)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+import runner.master as master_module
+import runner.processor as processor_module
+from coord import LeaderLatch, Membership, Session, TaskLock, force_release, lock_owner
+from runner.diag import effects, register_diagnostics
+from runner.master import MasterDuties
+from runner.processor import TaskProcessHandler
+from runner.store import AttemptStatus, GraphStore, StaleFencingToken, open_store
+from runner.tasks import TaskCancelled, TaskContext, TaskRegistry
+from runner.testing import wait_until
+from runner.testing.plugin import ZkNamespace
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[GraphStore]:
+    with open_store(str(tmp_path / "graph.db")) as s:
+        yield s
+
+
+def session(ns: ZkNamespace) -> Session:
+    return Session(ns.hosts, "rel", timeout=4.0)
+
+
+def test_the_reaper_does_not_take_a_member_that_joined_during_its_pass_for_dead(
+        zk_namespace: ZkNamespace, store: GraphStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A member joins and takes a lock right after the reaper read the members: listing the
+    locks after that read took the newcomer's lock for a dead member's and freed it."""
+    task = store.tasks.create("t")
+    with session(zk_namespace) as s, session(zk_namespace) as other:
+        duties = MasterDuties(s, LeaderLatch(s, "master"), "master", store)
+        real = master_module.read_members
+        joined: list[tuple[Membership, TaskLock]] = []
+
+        def read_then_someone_joins(sess: Session) -> Any:
+            members = real(sess)
+            if not joined:
+                newcomer = Membership(other).start()
+                lock = TaskLock(other, task.id, newcomer.member_id)
+                assert lock.try_acquire() is not None
+                joined.append((newcomer, lock))
+            return members
+
+        monkeypatch.setattr(master_module, "read_members", read_then_someone_joins)
+        assert duties.reap() == []
+        (newcomer, lock), = joined
+        assert lock.verify() and lock_owner(s, task.id) == newcomer.member_id
+        # a later pass sees it alive too; once it is gone, its lock is freed
+        assert duties.reap() == []
+        newcomer.close()
+        assert wait_until(lambda: duties.reap() == [task.id], 10)
+        assert lock_owner(s, task.id) is None
+
+
+class RecordingLock(TaskLock):
+    made: ClassVar[list[TaskLock]] = []
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        RecordingLock.made.append(self)
+
+
+def test_a_lock_lost_between_acquire_and_claim_still_cancels_the_attempt(
+        zk_namespace: ZkNamespace, store: GraphStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lost-lock listener used to be registered after the claim: a force-release in
+    between was never delivered, and the handler ran to SUCCEEDED without its lock."""
+    registry = TaskRegistry()
+    register_diagnostics(registry)
+    task = store.tasks.create("diag.sleep", {"seconds": 3})
+    RecordingLock.made = []
+    monkeypatch.setattr(processor_module, "TaskLock", RecordingLock)
+    real_claim = store.claim
+
+    with session(zk_namespace) as s, session(zk_namespace) as master:
+        def claim_after_the_lock_is_gone(*args: Any, **kwargs: Any) -> Any:
+            force_release(master, task.id)
+            lock = RecordingLock.made[-1]
+            assert wait_until(lambda: not lock.is_held, 5), "the loss never reached the lock"
+            return real_claim(*args, **kwargs)
+
+        monkeypatch.setattr(store, "claim", claim_after_the_lock_is_gone)
+        processor = TaskProcessHandler(s, "m1", store, registry, workers=1,
+                                       scan_interval=60).start()
+        try:
+            assert wait_until(lambda: [a.status for a in store.attempts.for_task(task.id)]
+                              == [AttemptStatus.CANCELLED_BY_SYSTEM], 10)
+        finally:
+            processor.close()
+    (attempt,) = store.attempts.for_task(task.id)
+    assert "lock was lost" in (attempt.error or "")
+    assert not store.tasks.get(task.id).finished
+
+
+def test_ctx_check_and_fenced_writes_stop_an_owner_that_lost_its_task(
+        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+    """A handler asks ``ctx.check()`` before its effect and writes through its fence: once the
+    master closed its attempt (the fence moved) or its lock node went, neither goes through,
+    and the effect is not written. A handler that still owns its task passes both."""
+    go = threading.Event()
+    seen: dict[str, str] = {}
+
+    def write_vertex(ctx: TaskContext, label: str) -> None:
+        ctx.store.fenced_write(ctx.fence, lambda g: g.add_v(label)
+                               .property("effect_task", ctx.task.id)
+                               .property("effect_attempt", ctx.attempt.id)
+                               .property("effect_token", "0").property("effect_at", "-")
+                               .iterate())
+
+    def effect_after_go(ctx: TaskContext, payload: dict[str, Any]) -> None:
+        go.wait(20)
+        key = f"{payload['name']}#{ctx.attempt.seq}"
+        try:
+            ctx.check()
+        except TaskCancelled as exc:
+            seen[key] = f"check refused: {exc}"
+            try:  # a handler that went on anyway: its fenced write
+                write_vertex(ctx, "probe")
+                seen[key] += ", write passed"
+            except StaleFencingToken:
+                seen[key] += ", write refused"
+            raise
+        seen[key] = "check passed"
+        write_vertex(ctx, "diag_effect")
+
+    registry = TaskRegistry()
+    registry.register("e", effect_after_go)
+    fenced_off = store.tasks.create("e", {"name": "fenced-off"})
+    lock_gone = store.tasks.create("e", {"name": "lock-gone"})
+    owner = store.tasks.create("e", {"name": "owner"})
+    with session(zk_namespace) as s, session(zk_namespace) as master:
+        processor = TaskProcessHandler(s, "m1", store, registry, workers=3,
+                                       scan_interval=60).start()
+        try:
+            assert wait_until(lambda: len(store.attempts.running()) == 3, 10)
+            store.close_attempts(fenced_off.id, AttemptStatus.CANCELLED_BY_SYSTEM,
+                                 "master: owner left", executor="m1")
+            force_release(master, lock_gone.id)
+            go.set()
+            assert wait_until(lambda: all(store.tasks.get(t.id).finished
+                                          for t in (owner, fenced_off, lock_gone)), 20), seen
+        finally:
+            processor.close()
+    assert seen["owner#1"] == "check passed", seen
+    assert seen["fenced-off#1"].startswith("check refused"), seen
+    assert "superseded" in seen["fenced-off#1"] and seen["fenced-off#1"].endswith(
+        "write refused"), seen
+    # a lost lock alone does not move the fence (nobody else owns the task yet): the check is
+    # what stops this one
+    assert seen["lock-gone#1"].startswith("check refused"), seen
+    assert "lock was lost" in seen["lock-gone#1"], seen
+    # each task's effect was written once, by the attempt that succeeded (the two that lost
+    # their task were taken up again)
+    by_task = {e.task_id: e.attempt_id for e in effects(store)}
+    assert len(effects(store)) == 3 and set(by_task) == {owner.id, fenced_off.id, lock_gone.id}
+    for task_id, attempt_id in by_task.items():
+        assert store.attempts.get(attempt_id).status is AttemptStatus.SUCCEEDED
+        assert store.tasks.get(task_id).finished
+    assert [a.status for a in store.attempts.for_task(fenced_off.id)] == [
+        AttemptStatus.CANCELLED_BY_SYSTEM, AttemptStatus.SUCCEEDED]
+
+
+def test_an_owner_whose_attempt_the_master_closed_cannot_finish_the_task(
+        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+    """The first-round defect, made deterministic: the handler succeeds only after the master
+    closed its attempt (the owner was frozen past its session, say). The owner used to re-read
+    the task and finish it with its old token (``finished``, its only attempt
+    CANCELLED_BY_SYSTEM); the close now moves the fence, and the owner writes nothing."""
+    go, returned = threading.Event(), threading.Event()
+
+    def succeed_after_go(ctx: TaskContext, payload: dict[str, Any]) -> None:
+        go.wait(20)
+        returned.set()
+
+    registry = TaskRegistry()
+    registry.register("t", succeed_after_go)
+    task = store.tasks.create("t")
+    with session(zk_namespace) as s:
+        processor = TaskProcessHandler(s, "m1", store, registry, workers=1,
+                                       scan_interval=60).start()
+        try:
+            assert wait_until(lambda: len(store.attempts.running()) == 1, 10)
+            duties = MasterDuties(s, LeaderLatch(s, "master"), "master", store)
+            duties._close_attempts(task.id, "m1")  # what reap() does for a dead owner
+            go.set()
+            assert returned.wait(10)
+            # the task is taken up again (it is WAITING and active) and finished by an attempt
+            # that succeeded: never by the closed one
+            assert wait_until(lambda: store.tasks.get(task.id).finished, 10)
+            assert [a.status for a in store.attempts.for_task(task.id)] == [
+                AttemptStatus.CANCELLED_BY_SYSTEM, AttemptStatus.SUCCEEDED]
+        finally:
+            go.set()
+            processor.close()
