@@ -249,7 +249,7 @@ def _request(config: Path | None, command: str, payload: dict[str, object] | Non
     try:
         with ApiClient(Connector(settings.amqp_url, connect_deadline=min(timeout, 10.0),
                                  name="latchwork cli"),
-                       Topology(settings.cluster), sender="cli") as client:
+                       Topology(settings.cluster), sender=_operator()) as client:
             return client.request(command, payload, timeout=timeout)
     except RemoteError as exc:
         if exc.kind in USAGE_KINDS:
@@ -259,6 +259,19 @@ def _request(config: Path | None, command: str, payload: dict[str, object] | Non
         raise _fail(f"the node answered with an error: {exc}") from exc
     except (RequestTimeout, BrokerUnavailable) as exc:
         raise _fail(str(exc)) from exc
+
+
+def _operator() -> str:
+    """Who is asking: the sender of the CLI's requests, named in what they change (e.g. an
+    attempt "cancelled by operator alice@host")."""
+    import getpass
+    import socket
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
 
 
 def _print_json(value: object) -> None:
@@ -337,14 +350,35 @@ def task_show(task_id: str, config: Path | None, as_json: bool, timeout: float) 
     _output(_request(config, "task.get", {"id": task_id}, timeout), as_json, render_task_report)
 
 
+def _stopped(verb: str, task_id: str, result: object) -> None:
+    assert isinstance(result, dict)
+    cancelled = result.get("cancelled_attempts") or []
+    running = f"; its running attempt {', '.join(cancelled)} was cancelled" if cancelled else ""
+    click.echo(f"task {task_id} {verb}{running}")
+
+
 @task.command("deactivate")
 @click.argument("task_id")
 @config_option
 @timeout_option
 def task_deactivate(task_id: str, config: Path | None, timeout: float) -> None:
-    """Stop a task: nodes no longer pick it (it is kept, like every task)."""
-    _request(config, "task.deactivate", {"id": task_id}, timeout)
-    click.echo(f"task {task_id} deactivated")
+    """Stop a task: nodes no longer pick it (it is kept, like every task). A running attempt
+    is cancelled cluster-wide, as with `task cancel`."""
+    _stopped("deactivated", task_id,
+             _request(config, "task.deactivate", {"id": task_id}, timeout))
+
+
+@task.command("cancel")
+@click.argument("task_id")
+@click.option("--reason", default=None, help="recorded in the cancelled attempt's error")
+@config_option
+@timeout_option
+def task_cancel(task_id: str, reason: str | None, config: Path | None, timeout: float) -> None:
+    """Cancel a task: its running attempt (if any) ends CANCELLED "cancelled by operator
+    USER@HOST" at once, its owner is fenced off and told to stop through its lock, and the
+    task becomes inactive (`task reactivate` runs it again)."""
+    _stopped("cancelled", task_id,
+             _request(config, "task.cancel", {"id": task_id, "reason": reason}, timeout))
 
 
 @task.command("reactivate")

@@ -11,9 +11,9 @@ from rich.table import Table
 from rich.text import Text
 
 STATUS_STYLE = {"SUCCEEDED": "green", "FAILED": "bold red", "RUNNING": "yellow",
-                "CANCELLED_BY_SYSTEM": "magenta"}
+                "CANCELLED_BY_SYSTEM": "magenta", "CANCELLED": "magenta"}
 STATUS_TEXT = {"CANCELLED_BY_SYSTEM": "cancelled by system", "SUCCEEDED": "succeeded",
-               "FAILED": "failed", "RUNNING": "running"}
+               "FAILED": "failed", "RUNNING": "running", "CANCELLED": "cancelled by operator"}
 
 
 def _when(value: str | None) -> str:

@@ -5,9 +5,10 @@ A node joins membership and the master election, opens the graph store, and runs
 * the TaskProcessHandler (every node): the task loop of :mod:`runner.processor`;
 * the MASTER consumer while it is master, plus the master duties (:mod:`runner.master`);
 * the MODEL consumer (TRIGGER_SCAN: scan now; UPDATE_CACHE: reload the ontology cache);
-* the API responder: ``task.submit``, ``task.list``, ``task.get``, ``task.deactivate``,
-  ``task.reactivate``, ``cluster.status``, ``ontology.sync``, ``aspect.create``,
-  ``aspect.delete``, ``aspect.get``, ``aspect.list``.
+* the API responder: ``task.submit``, ``task.list``, ``task.get``, ``task.deactivate`` and
+  ``task.cancel`` (both cancel a running attempt cluster-wide), ``task.reactivate``,
+  ``cluster.status``, ``ontology.sync``, ``aspect.create``, ``aspect.delete``, ``aspect.get``,
+  ``aspect.list``.
 
 SIGTERM or SIGINT: it stops taking tasks, cancels the running ones (their attempts end
 CANCELLED_BY_SYSTEM), releases their locks after the attempts are written, hands over the
@@ -34,6 +35,7 @@ from coord import (
     Membership,
     Session,
     SessionState,
+    force_release,
     held_locks,
     read_leader,
     read_members,
@@ -64,6 +66,10 @@ class Submit(BaseModel):
 
 class TaskRef(BaseModel):
     id: str = Field(min_length=1)
+
+
+class TaskCancel(TaskRef):
+    reason: str | None = Field(None, max_length=1000)
 
 
 class AspectRef(BaseModel):
@@ -169,6 +175,19 @@ class Node:
         self.bus.broadcast("TRIGGER_SCAN", {"task": task.id})
         return task
 
+    def _cancel(self, task_id: str, by: str, reason: str | None = None) -> dict[str, Any]:
+        """Deactivate a task and cancel its running attempt cluster-wide: the attempt ends
+        CANCELLED and the task's fence moves on in one write (the owner can write nothing
+        more), then the owner's lock node is deleted, which its lost-lock listener turns into
+        a cancellation of the handler within a ZooKeeper round trip."""
+        assert self.store is not None
+        task, closed = self.store.cancel(task_id, by, reason)
+        if closed:
+            owner = force_release(self.session, task_id)
+            log.warning("member %s: task %s (%s) cancelled by operator %s; its attempt on %s "
+                        "was stopped", self.member_id, task_id, task.type, by, owner)
+        return {**task_view(task), "cancelled_attempts": [a.id for a in closed]}
+
     def _register_messages(self, bus: MessageBus) -> None:
         assert self.store is not None and self.processor is not None
         assert self.pipeline is not None
@@ -231,7 +250,11 @@ class Node:
 
         @bus.api.handler("task.deactivate", TaskRef)
         def deactivate(ctx: HandlerContext, ref: TaskRef) -> dict[str, Any]:
-            return task_view(store.tasks.deactivate(ref.id))
+            return self._cancel(ref.id, ctx.envelope.sender)
+
+        @bus.api.handler("task.cancel", TaskCancel)
+        def cancel(ctx: HandlerContext, req: TaskCancel) -> dict[str, Any]:
+            return self._cancel(req.id, ctx.envelope.sender, req.reason)
 
         @bus.api.handler("task.reactivate", TaskRef)
         def reactivate(ctx: HandlerContext, ref: TaskRef) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -264,3 +265,45 @@ def test_an_owner_frozen_past_its_session_cannot_finish_the_task_the_master_took
         assert wait_until(lambda: locks_held(zk_client) == [busy], 15), locks_held(zk_client)
     finally:
         c.store.close()
+
+
+def test_deactivate_and_cancel_stop_a_running_attempt_cluster_wide(
+        cluster: Cluster, zk_client: KazooClient) -> None:
+    """`task deactivate` used to leave a running `diag.sleep 20` to run to SUCCEEDED. Now
+    deactivate and cancel close the running attempt (CANCELLED, by the operator), fence its
+    owner off and free its lock, whichever node answers the request; the owner's handler
+    stops at once, and the task stays stopped until it is reactivated."""
+    for _ in range(2):
+        cluster.start_node()
+    by_verb = {}
+    for verb, extra in (("deactivate", ()), ("cancel", ("--reason", "wrong input file"))):
+        task_id = cluster.submit("diag.sleep", {"seconds": 20})
+        owner = cluster.wait_running_on(task_id)
+        log = cluster.nodes[owner].log_path
+        heard = log.read_text(errors="replace").count("lock was lost")
+        asked = time.monotonic()
+        result = cluster.cli("task", verb, task_id, *extra)
+        assert result.exit_code == 0, result.output
+        (attempt,) = cluster.store.attempts.for_task(task_id)
+        assert attempt.status is AttemptStatus.CANCELLED, attempt
+        assert "cancelled by operator" in (attempt.error or "") and attempt.id in result.output
+        assert not cluster.task(task_id).active
+        # the owner hears it through its lock, within a second, and writes nothing more
+        assert wait_until(lambda log=log, heard=heard: log.read_text(
+            errors="replace").count("lock was lost") > heard, 5)
+        assert time.monotonic() - asked < 5
+        assert wait_until(lambda t=task_id: t not in locks_held(zk_client), 5)
+        by_verb[verb] = (task_id, attempt)
+    assert "wrong input file" in (by_verb["cancel"][1].error or "")
+    time.sleep(1.5)  # scans happen every second: a stopped task is not taken up again
+    for task_id, _ in by_verb.values():
+        assert len(cluster.store.attempts.for_task(task_id)) == 1
+        assert not cluster.task(task_id).finished
+    again = cluster.cli("task", "reactivate", by_verb["cancel"][0])
+    assert again.exit_code == 0
+    assert wait_until(lambda: len(cluster.store.attempts.for_task(by_verb["cancel"][0])) == 2,
+                      15)
+    idle = cluster.cli("task", "cancel", by_verb["deactivate"][0])  # nothing running: fine
+    assert idle.exit_code == 0 and "was cancelled" not in idle.output
+    report = cluster.cli("task", "show", by_verb["cancel"][0])
+    assert "cancelled by operator" in report.output
