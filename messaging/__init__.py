@@ -15,7 +15,7 @@ from messaging.consumer import (
     Outcome,
 )
 from messaging.delivery import Delivery, DeliveryState
-from messaging.envelope import Envelope, Paradigm, decode
+from messaging.envelope import MAX_BODY, Envelope, Paradigm, decode, summary, validate_payload
 from messaging.errors import (
     BrokerUnavailable,
     DeliveryAlreadySettled,
@@ -23,6 +23,7 @@ from messaging.errors import (
     HandlerOutcome,
     InvalidEnvelope,
     LifecycleError,
+    MessageTooLarge,
     MessagingError,
     PublishFailed,
     Reject,
@@ -38,11 +39,13 @@ from messaging.registry import HandlerContext, HandlerRegistry
 from messaging.topology import RetryPolicy, Topology
 
 __all__ = [
-    "ApiClient", "ApiResponder", "Backoff", "BrokerUnavailable", "Connector", "Consumer",
+    "MAX_BODY", "ApiClient", "ApiResponder", "Backoff", "BrokerUnavailable", "Connector",
+    "Consumer",
     "Delivery", "DeliveryAlreadySettled", "DeliveryState", "Envelope", "EnvelopeError",
     "HandlerContext", "HandlerOutcome", "HandlerRegistry", "InvalidEnvelope", "LifecycleError",
     "MasterConsumer", "MessageBus", "MessagingError", "ModelConsumer", "Outcome", "Paradigm",
     "ProcessedLog", "PublishFailed", "Publisher", "Reject", "RemoteError", "RequestTimeout",
     "Retry", "RetryPolicy", "Topology", "UndecodableMessage", "UnknownCommand",
-    "ZkProcessedLog", "declare_topology", "decode", "send_master",
+    "MessageTooLarge", "ZkProcessedLog", "declare_topology", "decode", "send_master",
+    "summary", "validate_payload",
 ]

@@ -41,7 +41,7 @@ import pika
 from coord import LeaderLatch
 from messaging.connection import CONNECTION_ERRORS, Connector
 from messaging.delivery import Delivery, DeliveryState
-from messaging.envelope import Envelope, Paradigm, decode
+from messaging.envelope import MAX_BODY, Envelope, Paradigm, decode
 from messaging.errors import (
     BrokerUnavailable,
     EnvelopeError,
@@ -52,7 +52,7 @@ from messaging.errors import (
     Retry,
     UnknownCommand,
 )
-from messaging.processed import ProcessedLog
+from messaging.processed import Claim, ProcessedLog
 from messaging.publisher import Publisher
 from messaging.registry import HandlerContext, HandlerRegistry, Route
 from messaging.topology import Topology
@@ -89,7 +89,8 @@ class Consumer:
     def __init__(self, connector: Connector, topology: Topology, registry: HandlerRegistry,
                  member_id: str, publisher: Publisher, *, workers: int = 4,
                  prefetch: int | None = None, on_receive: Sequence[ReceiveHook] = (),
-                 on_outcome: Sequence[OutcomeHook] = (), shutdown_grace: float = 10.0) -> None:
+                 on_outcome: Sequence[OutcomeHook] = (), shutdown_grace: float = 10.0,
+                 max_body: int = MAX_BODY) -> None:
         if registry.paradigm is not self.paradigm:
             raise ValueError(f"a {self.paradigm} consumer needs a {self.paradigm} registry")
         self.connector = connector
@@ -102,6 +103,7 @@ class Consumer:
         self.on_receive = list(on_receive)
         self.on_outcome = list(on_outcome)
         self.shutdown_grace = shutdown_grace
+        self.max_body = max_body
         self._stop = threading.Event()
         self._closed = False
         self._consuming = threading.Event()
@@ -316,7 +318,8 @@ class Consumer:
         envelope: Envelope | None = None
         try:
             try:
-                envelope = decode(delivery.body)
+                envelope = decode(delivery.body, content_type=delivery.properties.content_type,
+                                  max_bytes=self.max_body)
                 if envelope.paradigm is not self.paradigm:
                     raise InvalidEnvelope(f"a {envelope.paradigm} message on the "
                                           f"{self.paradigm} queue")
@@ -442,17 +445,33 @@ class MasterConsumer(Consumer):
         return self.processed
 
     def before_handler(self, delivery: Delivery, envelope: Envelope) -> bool:
-        if not self.latch.is_leader:
-            delivery.requeue()
-            self._emit(delivery, envelope, Outcome.REQUEUED, "not master")
-            return False
-        if self.processed.contains(envelope.id):
-            delivery.ack()
-            log.info("member %s: MASTER message %s (%s) was already processed; acked",
-                     self.member_id, envelope.id, envelope.command)
-            self._emit(delivery, envelope, Outcome.DUPLICATE, "already processed")
-            return False
-        return True
+        """Claim the message id before its handler runs: a copy being handled elsewhere (or in
+        another worker here) is waited for, then found processed and acked as a duplicate;
+        never run in parallel. Requeued when leadership goes while waiting."""
+        while True:
+            if not self.latch.is_leader or self._stop.is_set():
+                delivery.requeue()
+                self._emit(delivery, envelope, Outcome.REQUEUED, "not master")
+                return False
+            claim = self.processed.claim(envelope.id, self.member_id)
+            if claim is Claim.CLAIMED:
+                return True
+            if claim is Claim.DONE:
+                delivery.ack()
+                log.info("member %s: MASTER message %s (%s) was already processed; acked",
+                         self.member_id, envelope.id, envelope.command)
+                self._emit(delivery, envelope, Outcome.DUPLICATE, "already processed")
+                return False
+            log.info("member %s: MASTER message %s (%s) is being handled by another copy; "
+                     "waiting", self.member_id, envelope.id, envelope.command)
+            self.processed.wait_released(envelope.id, 1.0)
+
+    def _invoke(self, delivery: Delivery, envelope: Envelope, route: Route, payload: Any) -> None:
+        try:
+            super()._invoke(delivery, envelope, route, payload)
+        finally:
+            # failed, retried, cancelled: the next copy may run (a recorded id released it)
+            self.processed.release(envelope.id)
 
     def on_success(self, delivery: Delivery, envelope: Envelope, ctx: HandlerContext,
                    result: Any) -> None:

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
-from messaging.errors import InvalidEnvelope, UndecodableMessage
+from messaging.errors import InvalidEnvelope, MessageTooLarge, UndecodableMessage
 
 SCHEMA_VERSION = 1  # the ``v`` field; bump with a migration when the shape changes
 COMMAND_PATTERN = r"^[A-Za-z][A-Za-z0-9_.:-]{0,99}$"
@@ -49,24 +49,59 @@ class Envelope(BaseModel):
         return self.model_dump_json().encode()
 
 
-def decode(body: bytes) -> Envelope:
-    """Parse and validate a message body; failures are typed poison errors."""
+MAX_BODY = 256 * 1024  # bytes; a larger body is dead-lettered as "too-large"
+JSON_TYPE = "application/json"
+
+
+def decode(body: bytes, *, content_type: str | None = None, max_bytes: int = MAX_BODY
+           ) -> Envelope:
+    """Parse and validate a message body; failures are typed poison errors.
+
+    Refused, each with its reason: a body over ``max_bytes`` (:class:`MessageTooLarge`), a
+    content type other than JSON, a body that is not UTF-8 JSON, an envelope without ``id``
+    (the idempotency key: a default would give every redelivery a new one), any field that
+    does not validate or is unknown.
+    """
+    if len(body) > max_bytes:
+        raise MessageTooLarge(f"body of {len(body)} bytes is over the limit of {max_bytes}")
+    if content_type is not None and content_type.split(";")[0].strip().lower() != JSON_TYPE:
+        raise InvalidEnvelope(f"content type {content_type!r} is not {JSON_TYPE}")
     try:
         raw = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise UndecodableMessage(f"body is not UTF-8 JSON: {exc}") from exc
     if not isinstance(raw, dict):
         raise InvalidEnvelope(f"body is JSON {type(raw).__name__}, not an object")
+    if "id" not in raw:
+        raise InvalidEnvelope("id: Field required (the message id is its idempotency key)")
     try:
         # JSON mode: uuid and datetime arrive as strings and are parsed strictly from them
         return Envelope.model_validate_json(body)
     except ValidationError as exc:
-        raise InvalidEnvelope(_summary(exc)) from exc
+        raise InvalidEnvelope(summary(exc)) from exc
 
 
-def _summary(exc: ValidationError) -> str:
+def summary(exc: ValidationError, limit: int = 5) -> str:
+    """A pydantic error as one line: ``field.path: message; ...`` (the first ``limit``)."""
     parts = []
-    for err in exc.errors()[:5]:
+    for err in exc.errors()[:limit]:
         where = ".".join(str(p) for p in err["loc"]) or "(root)"
         parts.append(f"{where}: {err['msg']}")
     return "; ".join(parts)
+
+
+_STRICT: dict[type[BaseModel], type[BaseModel]] = {}
+
+
+def validate_payload(model: type[BaseModel], payload: Any) -> BaseModel:
+    """Validate a payload against ``model``, refusing unknown fields unless the model says
+    how to treat them (``extra="allow"`` or ``"forbid"`` in its config): a misspelt field
+    (``{"sceonds": 2}``) is an error naming it, never silently ignored. Raises pydantic's
+    ValidationError."""
+    if model.model_config.get("extra") is None:
+        strict = _STRICT.get(model)
+        if strict is None:
+            strict = _STRICT[model] = type(model.__name__, (model,), {
+                "model_config": ConfigDict(**{**model.model_config, "extra": "forbid"})})
+        model = strict
+    return model.model_validate(payload)

@@ -5,7 +5,9 @@
     ├── PublishFailed             the broker nacked or could not route a confirmed publish
     ├── EnvelopeError             a message body is not a valid envelope (poison)
     │   ├── UndecodableMessage    not UTF-8 JSON
-    │   └── InvalidEnvelope       JSON, but the schema or the payload does not validate
+    │   ├── MessageTooLarge       over the consumer's body limit
+    │   └── InvalidEnvelope       not JSON content, no id, or the schema or payload does not
+    │                             validate (unknown fields included)
     ├── UnknownCommand            no handler is registered for the command (poison)
     ├── DeliveryAlreadySettled    a delivery was acked, rejected or requeued twice
     ├── RequestTimeout            an API request got no reply in time
@@ -48,6 +50,12 @@ class UndecodableMessage(EnvelopeError):
     """The body is not UTF-8 JSON."""
 
     reason = "undecodable"
+
+
+class MessageTooLarge(EnvelopeError):
+    """The body is over the consumer's limit (``Consumer.max_body``)."""
+
+    reason = "too-large"
 
 
 class InvalidEnvelope(EnvelopeError):

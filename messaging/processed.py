@@ -1,8 +1,12 @@
 """The processed-id record: a MASTER message's effect happens once even if its ack is lost.
 
 A master can die after a handler's effect and before the ack; the broker then redelivers the
-message to the next master. Before running a handler the consumer asks the log whether the
-envelope id was processed; after a handler returns it records the id, then acks.
+message to the next master. The same message can also arrive twice at once (a publisher that
+retried after a lost confirm sends a second copy). Before running a handler the consumer
+**claims** the envelope id: an ephemeral ``/messages/handling/<id>`` znode that only one copy
+can create (a copy that finds it waits until it goes; it goes with the claimer's session if
+that master dies) and that tells it when the id was processed already. After a handler returns
+it records the id (a persistent ``/messages/processed/<id>``), releases the claim, then acks.
 
 That leaves one window: death after the effect but before the record. A handler whose effect
 must happen exactly once closes it by writing the record in the same atomic step as its effect:
@@ -13,7 +17,9 @@ message id is the task's uniqueness key. Records are pruned by age (:meth:`ZkPro
 
 from __future__ import annotations
 
+import enum
 import json
+import threading
 import time
 import uuid
 from typing import Any, Protocol
@@ -24,22 +30,93 @@ from coord import Session
 from coord._znodes import zk_errors
 
 PROCESSED = "/messages/processed"
+HANDLING = "/messages/handling"
+
+
+class Claim(enum.Enum):
+    CLAIMED = "claimed"  # this caller handles the message now
+    BUSY = "busy"  # another copy is being handled (here or on another master)
+    DONE = "done"  # processed already
 
 
 class ProcessedLog(Protocol):
     def contains(self, message_id: uuid.UUID) -> bool: ...
 
+    def claim(self, message_id: uuid.UUID, member_id: str) -> Claim:
+        """Claim the id before handling it (see :class:`Claim`)."""
+        ...
+
+    def wait_released(self, message_id: uuid.UUID, timeout: float) -> bool:
+        """Wait until nobody holds the id's claim; False on timeout."""
+        ...
+
+    def release(self, message_id: uuid.UUID) -> None:
+        """Give up a claim (the handler failed or was cancelled); no-op when none is held."""
+        ...
+
     def record(self, message_id: uuid.UUID, member_id: str) -> bool:
-        """Record the id; False when it was already recorded."""
+        """Record the id and release its claim; False when it was already recorded."""
         ...
 
 
 class ZkProcessedLog:
     """Processed ids as persistent znodes ``/messages/processed/<uuid>`` (data: who, when)."""
 
-    def __init__(self, session: Session, path: str = PROCESSED) -> None:
+    def __init__(self, session: Session, path: str = PROCESSED,
+                 handling: str = HANDLING) -> None:
         self.session = session
         self.path = path
+        self.handling = handling
+        self._claims: dict[uuid.UUID, str] = {}  # our claims: message id -> claim token
+
+    def _claim_node(self, message_id: uuid.UUID) -> str:
+        return f"{self.handling}/{message_id}"
+
+    def claim(self, message_id: uuid.UUID, member_id: str) -> Claim:
+        """One copy at a time: create the ephemeral claim node (its data carries a token of
+        this call, so a create retried after a lost reply recognises its own node, while
+        another worker of the same session does not); then check the processed record, which
+        a copy that finished just before may have written."""
+        client = self.session.client
+        token = uuid.uuid4().hex
+        node = self._claim_node(message_id)
+        data = json.dumps({"member": member_id, "claim": token, "at": time.time()}).encode()
+        with zk_errors("claiming a MASTER message"):
+            if client.retry(client.exists, self._node(message_id)) is not None:
+                return Claim.DONE
+            try:
+                client.retry(client.create, node, data, ephemeral=True, makepath=True)
+            except NodeExistsError:
+                try:
+                    current, _ = client.retry(client.get, node)
+                except NoNodeError:
+                    return Claim.BUSY  # released meanwhile: the caller asks again
+                if json.loads(current.decode()).get("claim") != token:
+                    return Claim.BUSY
+            self._claims[message_id] = token
+            if client.retry(client.exists, self._node(message_id)) is not None:
+                self.release(message_id)
+                return Claim.DONE
+        return Claim.CLAIMED
+
+    def wait_released(self, message_id: uuid.UUID, timeout: float) -> bool:
+        client = self.session.client
+        gone = threading.Event()
+        with zk_errors("watching a MASTER message's claim"):
+            if client.retry(client.exists, self._claim_node(message_id),
+                            watch=lambda event: gone.set()) is None:
+                return True
+        return gone.wait(timeout)
+
+    def release(self, message_id: uuid.UUID) -> None:
+        if self._claims.pop(message_id, None) is None:
+            return
+        client = self.session.client
+        with zk_errors("releasing a MASTER message's claim"):
+            try:
+                client.retry(client.delete, self._claim_node(message_id))
+            except NoNodeError:
+                pass  # went with an expired session, or a retried delete
 
     def _node(self, message_id: uuid.UUID) -> str:
         return f"{self.path}/{message_id}"
@@ -58,9 +135,11 @@ class ZkProcessedLog:
             client.retry(client.ensure_path, self.path)
             try:
                 client.retry(client.create, self._node(message_id), self._data(member_id))
+                recorded = True
             except NodeExistsError:
-                return False  # recorded by the handler's own transaction, or by a retry
-        return True
+                recorded = False  # recorded by the handler's own transaction, or by a retry
+        self.release(message_id)  # after the record: a waiting copy then finds it DONE
+        return recorded
 
     def transaction(self, message_id: uuid.UUID, member_id: str) -> Any:
         """A kazoo transaction that creates the record; add the effect's ops and commit.

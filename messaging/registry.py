@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
-from messaging.envelope import COMMAND_PATTERN, Envelope, Paradigm
+from messaging.envelope import COMMAND_PATTERN, Envelope, Paradigm, summary, validate_payload
 from messaging.errors import InvalidEnvelope, UnknownCommand
 
 if TYPE_CHECKING:
@@ -55,11 +55,9 @@ class Route:
         if self.payload_model is None:
             return payload
         try:
-            return self.payload_model.model_validate(payload)
+            return validate_payload(self.payload_model, payload)
         except ValidationError as exc:
-            details = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(root)'}: {e['msg']}"
-                                for e in exc.errors()[:5])
-            raise InvalidEnvelope(f"payload of {self.command}: {details}") from exc
+            raise InvalidEnvelope(f"payload of {self.command}: {summary(exc)}") from exc
 
 
 class HandlerRegistry:

@@ -1,7 +1,8 @@
 """Task types: a typed registry of handlers, the context and cancellation token they get.
 
 A handler is ``handler(ctx, payload)``; ``payload`` is validated into the type's pydantic model
-first. What the task loop does with the outcome:
+first (unknown fields are refused, naming them, unless the model's config says otherwise).
+What the task loop does with the outcome:
 
 * returns: the attempt SUCCEEDED and the task is finished;
 * raises :class:`TaskConflict` (or the store's ``CommitConflict``): the attempt FAILED with
@@ -23,6 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from messaging import summary, validate_payload
 from runner.store import Attempt, Fence, GraphStore, Task
 
 
@@ -145,11 +147,9 @@ class TaskType:
         if self.payload_model is None:
             return dict(payload)
         try:
-            return self.payload_model.model_validate(dict(payload))
+            return validate_payload(self.payload_model, dict(payload))
         except ValidationError as exc:
-            details = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(root)'}: {e['msg']}"
-                                for e in exc.errors()[:5])
-            raise InvalidPayload(f"payload of {self.name}: {details}") from exc
+            raise InvalidPayload(f"payload of {self.name}: {summary(exc)}") from exc
 
 
 class TaskRegistry:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -175,6 +177,81 @@ def test_poison_messages_are_dead_lettered_with_their_reason_and_consumption_goe
     assert "no.such.command" in details[bodies["unknown command"]]
     assert all(h["x-latchwork-queue"] == topology.master_queue for h, _ in dead)
     assert depth(url, topology.master_queue) == 0
+
+
+def test_envelopes_without_id_of_another_type_too_large_or_with_unknown_fields_are_poison(
+        amqp_vhost: AmqpNamespace, session: Session, topology: Topology) -> None:
+    """An envelope without ``id`` used to be accepted with a fresh uuid per delivery, so a
+    redelivery was never recognised; misspelt payload fields were silently ignored."""
+    registry = HandlerRegistry(Paradigm.MASTER)
+    handled: list[str] = []
+    registry.register("test.typed", lambda ctx, p: handled.append(str(ctx.message_id)),
+                      Seconds)
+    recorder = Recorder()
+    url = amqp_vhost.url
+    good = envelope("test.typed", {"seconds": 1})
+    no_id = {k: v for k, v in json.loads(good.encode()).items() if k != "id"}
+    bodies = {
+        "no id": (json.dumps(no_id).encode(), "application/json"),
+        "not json type": (envelope("test.typed", {"seconds": 1}).encode(), "text/plain"),
+        "too large": (envelope("test.typed", {"seconds": 1, "pad": "x" * 300_000}).encode(),
+                      "application/json"),
+        "unknown field": (envelope("test.typed", {"seconds": 1, "sceonds": 2}).encode(),
+                          "application/json"),
+    }
+    with running_master(url, session, topology, registry, recorder):
+        connection, channel = raw_channel(url)
+        for body, content_type in bodies.values():
+            channel.basic_publish("", topology.master_queue, body,
+                                  pika.BasicProperties(content_type=content_type))
+        channel.basic_publish("", topology.master_queue, good.encode(),
+                              pika.BasicProperties(content_type="application/json"))
+        connection.close()
+        recorder.wait(lambda r: str(good.id) in r.of(Outcome.HANDLED)
+                      and len(r.of(Outcome.DEAD_LETTERED)) == 4)
+    assert handled == [str(good.id)]
+    dead = {body: headers for headers, body in dead_letters(url, topology)}
+    reason = {name: dead[body]["x-latchwork-reason"] for name, (body, _) in bodies.items()}
+    detail = {name: dead[body]["x-latchwork-detail"] for name, (body, _) in bodies.items()}
+    assert reason == {"no id": "invalid", "not json type": "invalid", "too large": "too-large",
+                      "unknown field": "invalid"}
+    assert "id: Field required" in detail["no id"]
+    assert "text/plain" in detail["not json type"]
+    assert "over the limit" in detail["too large"]
+    assert "sceonds" in detail["unknown field"]
+
+
+def test_the_same_master_message_published_twice_at_once_is_handled_once(
+        amqp_vhost: AmqpNamespace, session: Session, topology: Topology) -> None:
+    """What a publisher retry after a lost confirm produces: two copies back to back. The
+    processed log used to be read before the handler and written after, so both copies ran,
+    starting in the same millisecond. The id is now claimed first: the second copy waits for
+    the first and is acked as a duplicate."""
+    registry = HandlerRegistry(Paradigm.MASTER)
+    starts: list[tuple[str, float]] = []
+
+    def slow(ctx: HandlerContext, payload: dict[str, Any]) -> None:
+        starts.append((str(ctx.message_id), time.monotonic()))
+        time.sleep(0.5)
+
+    registry.register("test.slow", slow)
+    recorder = Recorder()
+    url = amqp_vhost.url
+    messages = [envelope("test.slow") for _ in range(3)]
+    with running_master(url, session, topology, registry, recorder):
+        publisher = Publisher(Connector(url))
+        try:
+            for message in messages:
+                for _ in range(2):
+                    publisher.publish("", topology.master_queue, message)
+        finally:
+            publisher.close()
+        recorder.wait(lambda r: len(r.of(Outcome.HANDLED)) == 3
+                      and len(r.of(Outcome.DUPLICATE)) == 3)
+    assert sorted(i for i, _ in starts) == sorted(str(m.id) for m in messages)
+    assert sorted(recorder.of(Outcome.DUPLICATE)) == sorted(str(m.id) for m in messages)
+    # nothing is left claimed
+    assert session.client.get_children("/messages/handling") == []
 
 
 def test_transient_failures_are_retried_with_backoff_then_dead_lettered(
