@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pika
@@ -23,7 +24,7 @@ from messaging.consumer import (
     OutcomeHook,
     ReceiveHook,
 )
-from messaging.envelope import Envelope, Paradigm, decode
+from messaging.envelope import MAX_BODY, Envelope, Paradigm, decode
 from messaging.errors import EnvelopeError, LifecycleError, RemoteError, RequestTimeout
 from messaging.processed import ProcessedLog
 from messaging.publisher import Publisher
@@ -49,8 +50,10 @@ class MessageBus:
 
     def __init__(self, connector: Connector, topology: Topology, member_id: str, *,
                  workers: int = 4, on_receive: list[ReceiveHook] | None = None,
-                 on_outcome: list[OutcomeHook] | None = None) -> None:
+                 on_outcome: list[OutcomeHook] | None = None,
+                 max_body: int = MAX_BODY) -> None:
         self.connector = connector
+        self.max_body = max_body
         self.topology = topology
         self.member_id = member_id
         self.workers = workers
@@ -63,19 +66,25 @@ class MessageBus:
         self.consumers: list[Consumer] = []
         self._started = False
 
-    def start(self, latch: LeaderLatch, processed: ProcessedLog) -> MessageBus:
-        """Declare the topology and start the MASTER (latch-driven), MODEL and API consumers."""
+    def start(self, latch: LeaderLatch, processed: ProcessedLog,
+              on_model_reconnect: Callable[[], object] | None = None) -> MessageBus:
+        """Declare the topology and start the MASTER (latch-driven), MODEL and API consumers.
+
+        ``on_model_reconnect`` runs (on a thread of its own) each time the MODEL consumer's
+        connection comes back after a loss: broadcasts sent meanwhile never reached this node
+        (its queue went with the connection), so whatever they would have refreshed should be
+        refreshed then."""
         if self._started:
             raise LifecycleError("message bus already started")
         self._started = True
         declare_topology(self.connector, self.topology)
         common: dict[str, Any] = {"workers": self.workers, "on_receive": self.on_receive,
-                                  "on_outcome": self.on_outcome}
+                                  "on_outcome": self.on_outcome, "max_body": self.max_body}
         self.consumers = [
             MasterConsumer(self.connector, self.topology, self.master, self.member_id,
                            self.publisher, latch, processed, **common),
             ModelConsumer(self.connector, self.topology, self.model, self.member_id,
-                          self.publisher, **common),
+                          self.publisher, on_reconnect=on_model_reconnect, **common),
             ApiResponder(self.connector, self.topology, self.api, self.member_id,
                          self.publisher, **common),
         ]

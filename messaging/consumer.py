@@ -132,6 +132,9 @@ class Consumer:
     def wants_consuming(self) -> bool:
         return True
 
+    def on_connected(self) -> None:
+        """Called on the connection thread once the channel is set up (see ModelConsumer)."""
+
     def before_handler(self, delivery: Delivery, envelope: Envelope) -> bool:
         """False when the consumer settled the delivery itself (handler must not run)."""
         return True
@@ -211,8 +214,8 @@ class Consumer:
                 connection = self.connector.connect(deadline=30.0, stop=self._stop)
             except BrokerUnavailable as exc:
                 if not self._stop.is_set():
-                    log.error("member %s: %s unavailable: %s; still trying", self.member_id,
-                              self.name, exc)
+                    log.info("member %s: %s: broker still unavailable (%s); trying again",
+                             self.member_id, self.name, exc)
                 continue
             self.connections_opened += 1
             try:
@@ -243,6 +246,10 @@ class Consumer:
         with self._lock:
             self._connection = connection
             self._channel = channel
+        self._sync_consuming()
+        if self.connections_opened > 1:
+            log.info("member %s: %s reconnected", self.member_id, self.name)
+        self.on_connected()
         while not self._stop.is_set():
             self._sync_consuming()
             connection.process_data_events(time_limit=0.2)
@@ -512,8 +519,26 @@ class ModelConsumer(Consumer):
 
     paradigm = Paradigm.MODEL
 
+    def __init__(self, *args: Any, on_reconnect: Callable[[], object] | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.on_reconnect = on_reconnect
+
     def queue(self) -> str:
         return self.topology.model_queue(self.member_id)
+
+    def on_connected(self) -> None:
+        if self.connections_opened > 1 and self.on_reconnect is not None:
+            threading.Thread(target=self._reconnected, name="model-reconnected",
+                             daemon=True).start()
+
+    def _reconnected(self) -> None:
+        assert self.on_reconnect is not None
+        try:
+            self.on_reconnect()
+        except Exception:
+            log.exception("member %s: refreshing after the MODEL reconnect failed",
+                          self.member_id)
 
     def declare(self, channel: Any) -> None:
         super().declare(channel)

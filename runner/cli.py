@@ -201,8 +201,11 @@ def node_start(config: Path | None, log_level: str) -> None:
     logging.basicConfig(level=log_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if log_level != "DEBUG":  # libraries that narrate every query or job run at INFO
-        for noisy in ("gremlite", "gremlinpython", "apscheduler", "pika", "kazoo"):
+        for noisy in ("gremlite", "gremlinpython", "apscheduler", "kazoo"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
+        # pika logs every failed (re)connection step at ERROR with a traceback (~200 lines per
+        # broker restart); the consumers and the publisher log one WARNING per lost connection
+        logging.getLogger("pika").setLevel(logging.CRITICAL)
     try:
         settings = Settings.load(config)
     except ConfigError as exc:

@@ -42,6 +42,12 @@ class Settings(BaseSettings):
     scan_interval: float = Field(5.0, gt=0, description="seconds between task scans")
     reap_interval: float = Field(2.0, gt=0,
                                  description="seconds between the master's dead-owner lock scans")
+    processed_retention: float = Field(
+        7 * 86400.0, gt=0,
+        description="seconds a MASTER message's processed record is kept (the master prunes "
+                    "older ones); keep it beyond the longest redelivery horizon")
+    max_message_bytes: int = Field(256 * 1024, ge=1024,
+                                   description="larger message bodies are dead-lettered")
     shutdown_timeout: float = Field(20.0, gt=0,
                                     description="seconds SIGTERM waits for cancelled tasks")
     ontology_source: str | None = Field(

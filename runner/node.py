@@ -143,7 +143,7 @@ class Node:
             on_gain=lambda: log.info("member %s: became master", member),
             on_loss=lambda: log.warning("member %s: no longer master", member))
         self.bus = MessageBus(Connector(s.amqp_url, name=f"latchwork {member}"),
-                              Topology(s.cluster), member)
+                              Topology(s.cluster), member, max_body=s.max_message_bytes)
         latch = self.latch
         self.sync = OntologySync(s.ontology_source, self.store, self.bus, member,
                                  is_master=lambda: latch.is_leader)
@@ -155,15 +155,26 @@ class Node:
             services={"bus": self.bus, "sync": self.sync, "pipeline": self.pipeline})
         self._register_messages(self.bus)
         bus = self.bus
+        processed = ZkProcessedLog(self.session)
         self.master = MasterDuties(
             self.session, self.latch, member, self.store, reap_interval=s.reap_interval,
+            processed=processed, processed_retention=s.processed_retention,
             on_master=lambda: bus.send_master("SYNCHRONIZE_MODEL", {"reason": "new master"}),
             on_freed=lambda ids: bus.broadcast("TRIGGER_SCAN", {"freed": ids}))
-        self.bus.start(self.latch, ZkProcessedLog(self.session))
+        self.bus.start(self.latch, processed, on_model_reconnect=self._model_reconnected)
         self.latch.start()
         self.master.start()
         self.processor.start()
         self.sync.start_watching()
+
+    def _model_reconnected(self) -> None:
+        """The MODEL connection came back: broadcasts sent meanwhile were missed (UPDATE_CACHE,
+        TRIGGER_SCAN), so reload the ontology cache and scan now."""
+        assert self.store is not None and self.processor is not None
+        self.cache.reload(self.store)
+        log.info("member %s: ontology cache reloaded (%d classes) after the MODEL connection "
+                 "came back", self.member_id, self.cache.size)
+        self.processor.trigger()
 
     def _submit(self, task_type: str, payload: dict[str, Any], unique_key: str | None = None,
                 priority: int = 0) -> Any:

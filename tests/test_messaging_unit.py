@@ -35,20 +35,27 @@ def test_envelope_round_trip_keeps_every_field() -> None:
     assert isinstance(back.id, uuid.UUID) and back.created_at.tzinfo is not None
 
 
+ID = b'"id": "5f0c4a52-3d7e-4c55-9a55-0d1c9ad4c3b1"'
+
+
 @pytest.mark.parametrize("body, error, fragment", [
     (b"\xff\xfe garbage", UndecodableMessage, "UTF-8 JSON"),
     (b"{not json", UndecodableMessage, "UTF-8 JSON"),
     (b"[1, 2]", InvalidEnvelope, "not an object"),
-    (b'{"paradigm": "MASTER", "command": "x", "sender": "s", "v": 2}', InvalidEnvelope, "v"),
-    (b'{"paradigm": "NOPE", "command": "x", "sender": "s"}', InvalidEnvelope, "paradigm"),
-    (b'{"paradigm": "MASTER", "command": "bad command!", "sender": "s"}', InvalidEnvelope,
-     "command"),
-    (b'{"paradigm": "MASTER", "command": "x", "sender": "s", "extra": 1}', InvalidEnvelope,
-     "extra"),
+    (b'{"paradigm": "MASTER", "command": "x", "sender": "s"}', InvalidEnvelope,
+     "id: Field required"),
+    (b'{"paradigm": "MASTER", "command": "x", "sender": "s", "v": 2, ' + ID + b"}",
+     InvalidEnvelope, "v"),
+    (b'{"paradigm": "NOPE", "command": "x", "sender": "s", ' + ID + b"}", InvalidEnvelope,
+     "paradigm"),
+    (b'{"paradigm": "MASTER", "command": "bad command!", "sender": "s", ' + ID + b"}",
+     InvalidEnvelope, "command"),
+    (b'{"paradigm": "MASTER", "command": "x", "sender": "s", "extra": 1, ' + ID + b"}",
+     InvalidEnvelope, "extra"),
     (b'{"paradigm": "MASTER", "command": "x", "sender": "s", "id": "not-a-uuid"}',
      InvalidEnvelope, "id"),
-    (b'{"paradigm": "MASTER", "command": "x", "sender": "s", '
-     b'"created_at": "2026-01-01T00:00:00"}', InvalidEnvelope, "created_at"),
+    (b'{"paradigm": "MASTER", "command": "x", "sender": "s", ' + ID +
+     b', "created_at": "2026-01-01T00:00:00"}', InvalidEnvelope, "created_at"),
 ])
 def test_bad_bodies_raise_typed_errors_with_a_reason(body: bytes, error: type[EnvelopeError],
                                                      fragment: str) -> None:

@@ -202,3 +202,29 @@ def test_an_owner_whose_attempt_the_master_closed_cannot_finish_the_task(
         finally:
             go.set()
             processor.close()
+
+
+def test_the_master_prunes_processed_message_records_by_age(
+        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+    """The processed-message log grew without bound; the master now deletes records older than
+    the retention, every prune interval, and keeps the newer ones (a redelivery within the
+    retention is still recognised)."""
+    import time
+    import uuid
+
+    from messaging import ZkProcessedLog
+
+    with session(zk_namespace) as s:
+        log = ZkProcessedLog(s)
+        old = [uuid.uuid4() for _ in range(3)]
+        for message_id in old:
+            assert log.record(message_id, "m1")
+        time.sleep(1.2)  # records carry the server's creation time: let them age
+        new = uuid.uuid4()
+        assert log.record(new, "m1")
+        duties = MasterDuties(s, LeaderLatch(s, "master"), "master", store, processed=log,
+                              processed_retention=1.0, prune_interval=0.0)
+        duties.reap()
+        assert not any(log.contains(m) for m in old)
+        assert log.contains(new)
+        assert not log.record(new, "m2")  # still recognised as processed

@@ -16,8 +16,8 @@ import pytest
 from kazoo.client import KazooClient
 
 from runner.devservers import ZooKeeperCluster
-from runner.store import AttemptStatus, Task, TaskStatus
-from runner.testing import NodeProcess, wait_until
+from runner.store import AttemptStatus, Ontology, OntologyClass, Task, TaskStatus
+from runner.testing import NodeProcess, broker_outage, wait_until
 from runner.testing.cluster import CLUSTER, SESSION, Cluster
 from runner.testing.plugin import TEST_TICK_MS, AmqpNamespace, ZkNamespace
 
@@ -307,3 +307,30 @@ def test_deactivate_and_cancel_stop_a_running_attempt_cluster_wide(
     assert idle.exit_code == 0 and "was cancelled" not in idle.output
     report = cluster.cli("task", "show", by_verb["cancel"][0])
     assert "cancelled by operator" in report.output
+
+
+def test_a_broker_restart_costs_one_warning_per_connection_and_reloads_the_cache(
+        cluster: Cluster, amqp_vhost: AmqpNamespace) -> None:
+    """After a RabbitMQ restart each node used to log ~200 pika ERROR lines with tracebacks,
+    and a MODEL UPDATE_CACHE broadcast sent while it was disconnected was simply missed. Now
+    each of its connections logs one WARNING, no ERROR and no traceback, and a node reloads
+    its ontology cache (and scans) when its MODEL connection comes back."""
+    member = cluster.start_node()
+    node = cluster.nodes[member]
+    assert wait_until(lambda: "ontology cache reloaded" not in log_of(node), 1)
+    with broker_outage(amqp_vhost.server):
+        assert wait_until(lambda: "lost its connection" in log_of(node), 30)
+        # an ontology loaded while the node cannot hear the broadcast that would follow
+        cluster.store.ontologies.load(Ontology("https://example.org/missed", "1", "sum", (
+            OntologyClass("https://example.org/missed#B", "B"),
+            OntologyClass("https://example.org/missed#A", "A",
+                          ("https://example.org/missed#B",)))))
+    assert wait_until(lambda: "ontology cache reloaded (2 classes) after the MODEL connection"
+                      in log_of(node), 60), log_of(node)[-3000:]
+    task_id = cluster.submit("diag.sleep", {"seconds": 0.1})  # the node works as before
+    cluster.wait_finished(task_id)
+    assert node.terminate(timeout=30) == 0
+    text = log_of(node)
+    assert " ERROR " not in text and "Traceback" not in text, text[-5000:]
+    warnings = [line for line in text.splitlines() if " WARNING " in line]
+    assert len(warnings) <= 12, "\n".join(warnings)
