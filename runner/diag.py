@@ -5,9 +5,10 @@
 * ``diag.conflict`` ``{"conflicts": N}``: its first N attempts raise a commit conflict, then it
   succeeds (exercises the automatic retry with backoff);
 * ``diag.effect`` ``{"seconds": 0.5}``: sleeps, then checks its ownership (``ctx.check()``) and
-  writes one effect record (a ``diag_effect`` vertex: task, attempt, token, time) through a
-  fenced write. The chaos suite counts these records: an effect written twice for one task, or
-  by an attempt that did not succeed, is a broken guarantee (:func:`effects`).
+  writes one effect record (a ``diag_effect`` vertex: task, attempt, token, time) together
+  with its success (``ctx.complete()``: one fenced write). The chaos suite counts these
+  records: an effect written twice for one task, or by an attempt that did not succeed, is a
+  broken guarantee (:func:`effects`).
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ def effect(ctx: TaskContext, payload: Effect) -> None:
             t = t.property(key, value)
         t.iterate()
 
-    ctx.store.fenced_write(ctx.fence, write)
+    ctx.complete(write)  # the record, the attempt's success and the finish: one write
 
 
 def effects(store: GraphStore) -> list[EffectRecord]:

@@ -124,6 +124,7 @@ class TaskProcessHandler:
         # the live member ids without a read (the node's membership watch); None: read them
         self.live_members = live_members
         self._running: dict[str, _Running] = {}
+        self._contexts: dict[str, TaskContext] = {}  # the running handlers' contexts
         self._lock = threading.Lock()
         self._scan_lock = threading.Lock()
         self._stopping = threading.Event()
@@ -452,6 +453,13 @@ class TaskProcessHandler:
                     break
                 outcome = {AttemptStatus.SUCCEEDED: "finished",
                            AttemptStatus.CANCELLED_BY_SYSTEM: "cancelled"}.get(status, "stopped")
+                ctx = self._contexts.pop(task.id, None)
+                if ctx is not None and ctx.completed:
+                    if status is not AttemptStatus.SUCCEEDED:
+                        log.error("member %s: task %s (%s) failed after ctx.complete(): %s; "
+                                  "its attempt stays SUCCEEDED", self.member_id, task.id,
+                                  task.type, error)
+                    break  # concluded by ctx.complete()
                 self._conclude(r, attempt, status, error, stack, outcome)
                 break
         except Exception as exc:
@@ -465,6 +473,7 @@ class TaskProcessHandler:
                 pass  # already finished, or the store is gone: the reaper cannot help here
         finally:
             # locks go only after the attempt and the task are written
+            self._contexts.pop(task.id, None)
             self._release(r.lock, r.booking)
             with self._lock:
                 self._running.pop(task.id, None)
@@ -480,7 +489,9 @@ class TaskProcessHandler:
         task = r.task
         ctx = TaskContext(task=task, attempt=attempt, member_id=self.member_id,
                           fence_token=r.token, cancel=r.cancel, store=self.store,
-                          services=self.services, checker=lambda: self._check(r))
+                          services=self.services, checker=lambda: self._check(r),
+                          completer=lambda write: self._complete(r, attempt, write))
+        self._contexts[task.id] = ctx
         log.info("member %s: task %s (%s) attempt %d started", self.member_id, task.id,
                  task.type, attempt.seq)
         status, error, stack = AttemptStatus.SUCCEEDED, None, None
@@ -533,6 +544,18 @@ class TaskProcessHandler:
                 if fence != r.token:
                     r.cancel.cancel(f"its fencing token {r.token} was superseded by {fence}")
         r.cancel.raise_if_cancelled()
+
+    def _complete(self, r: _Running, attempt: Attempt, write: Callable[[Any], Any]) -> Any:
+        """``ctx.complete()``: the effect, the attempt's success and the task's finish in one
+        store write; a refusal cancels the token and raises TaskCancelled."""
+        try:
+            result, r.task = self.store.complete(attempt, r.task, r.token, write)
+        except AttemptAlreadyFinished:
+            r.cancel.cancel("its attempt was closed by someone else before it completed")
+        except StaleFencingToken as exc:
+            r.cancel.cancel(f"its fencing token was superseded before it completed ({exc})")
+        r.cancel.raise_if_cancelled()
+        return result
 
     def _finish(self, attempt: Attempt, status: AttemptStatus, error: str | None,
                 stack: str | None) -> None:

@@ -20,12 +20,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from messaging import summary, validate_payload
 from runner.store import Attempt, Fence, GraphStore, Task
+
+T = TypeVar("T")
 
 
 class TaskError(Exception):
@@ -112,6 +114,8 @@ class TaskContext:
     store: GraphStore
     services: Mapping[str, Any] = field(default_factory=dict)
     checker: Callable[[], None] | None = None
+    completer: Callable[[Callable[[Any], Any]], Any] | None = None
+    completed: bool = False
 
     @property
     def fence(self) -> Fence:
@@ -130,6 +134,20 @@ class TaskContext:
         self.cancel.raise_if_cancelled()
         if self.checker is not None:
             self.checker()
+
+    def complete(self, write: Callable[[Any], T]) -> T:
+        """Write the handler's final graph effect (``write(g)``) together with the attempt's
+        SUCCEEDED and the task's finish, as one transaction guarded by this attempt's fence:
+        killed before it, neither happened (the task runs again); after it, both did, so the
+        effect is applied once even when the owner dies right after it. Raises
+        :class:`TaskCancelled`, nothing written, once the attempt was closed by someone else or
+        the fence moved. Return right after it: the attempt is already concluded."""
+        self.cancel.raise_if_cancelled()
+        if self.completer is None:
+            raise TaskError("complete() needs the task loop")
+        result: T = self.completer(write)
+        self.completed = True
+        return result
 
 
 Handler = Callable[[TaskContext, Any], None]

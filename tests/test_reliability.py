@@ -228,3 +228,47 @@ def test_the_master_prunes_processed_message_records_by_age(
         assert not any(log.contains(m) for m in old)
         assert log.contains(new)
         assert not log.record(new, "m2")  # still recognised as processed
+
+
+def test_ctx_complete_writes_the_effect_and_the_success_together_or_neither(
+        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+    """An owner killed between its effect and its success used to leave the effect behind and
+    the task to run again (a second effect). ``ctx.complete()`` writes both at once; an owner
+    whose attempt was closed first (the master took the task back) writes neither."""
+    go = threading.Event()
+    refused: list[str] = []
+
+    def complete_after_go(ctx: TaskContext, payload: dict[str, Any]) -> None:
+        go.wait(20)
+        try:
+            ctx.complete(lambda g: g.add_v("diag_effect").property("effect_task", ctx.task.id)
+                         .property("effect_attempt", ctx.attempt.id)
+                         .property("effect_token", "0").property("effect_at", "-").iterate())
+        except TaskCancelled as exc:
+            refused.append(f"{ctx.task.id}: {exc}")
+            raise
+
+    registry = TaskRegistry()
+    registry.register("e", complete_after_go)
+    closed, kept = store.tasks.create("e"), store.tasks.create("e")
+    with session(zk_namespace) as s:
+        processor = TaskProcessHandler(s, "m1", store, registry, workers=2,
+                                       scan_interval=60).start()
+        try:
+            assert wait_until(lambda: len(store.attempts.running()) == 2, 10)
+            store.close_attempts(closed.id, AttemptStatus.CANCELLED_BY_SYSTEM,
+                                 "master: owner left", executor="m1")
+            go.set()
+            assert wait_until(lambda: store.tasks.get(closed.id).finished
+                              and store.tasks.get(kept.id).finished, 20)
+        finally:
+            processor.close()
+    assert len(refused) == 1 and refused[0].startswith(closed.id)
+    assert "closed by someone else" in refused[0]
+    records = {e.task_id: e.attempt_id for e in effects(store)}
+    assert len(effects(store)) == 2 and set(records) == {closed.id, kept.id}
+    for task_id in (closed.id, kept.id):
+        final = store.attempts.for_task(task_id)[-1]
+        assert final.status is AttemptStatus.SUCCEEDED and records[task_id] == final.id
+    assert [a.status for a in store.attempts.for_task(closed.id)] == [
+        AttemptStatus.CANCELLED_BY_SYSTEM, AttemptStatus.SUCCEEDED]

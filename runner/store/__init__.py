@@ -203,6 +203,43 @@ class GraphStore:
         return self.close_attempts(task_id, AttemptStatus.CANCELLED, why,
                                    changes={"active": False})
 
+    def complete(self, attempt: Attempt, task: Task, fence_token: int,
+                 fn: Callable[[Any], T]) -> tuple[T, Task]:
+        """A handler's last effect, its attempt SUCCEEDED and its task finished, in one write
+        (one transaction on the embedded graph): ``fn(g)`` runs after the fence guard, and
+        everything rolls back if the attempt is no longer RUNNING or the task's guards refuse.
+
+        An owner killed before this write leaves no effect (the task is run again); after it,
+        the effect and the success are both recorded. Raises :class:`AttemptAlreadyFinished`
+        (closed by someone else) or :class:`StaleFencingToken` with nothing written; a task
+        that moved on while the token is still its own is re-read and written again.
+        """
+        end = attempt_end(attempt, AttemptStatus.SUCCEEDED)
+        fence = Fence(task.id, fence_token)
+        changes = {"status": TaskStatus.WAITING, "finished": True}
+        current = [task]
+
+        def once() -> tuple[T, Task] | None:
+            change = task_change(current[0], fence_token, changes)
+
+            def write(g: Any) -> T:
+                fence_guard(g, fence)
+                out = fn(g)
+                if not change.traverse(end.traverse(g)).id_().to_list():
+                    raise _Refused
+                return out
+
+            try:
+                return self.graph.write(write), change.task
+            except _Refused:
+                if self._attempts.get(attempt.id).status is not AttemptStatus.RUNNING:
+                    raise AttemptAlreadyFinished(
+                        f"attempt {attempt.id} was closed meanwhile") from None
+                current[0] = self._tasks.get(task.id)
+                return None
+
+        return until_written(once, task.id)
+
     def fenced_write(self, fence: Fence, fn: Callable[[Any], T]) -> T:
         """Run ``fn(g)`` as one write that is refused (:class:`StaleFencingToken`, nothing
         written) unless ``fence`` is still the task's; the check runs inside the same
@@ -220,6 +257,10 @@ class GraphStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _Refused(Exception):
+    """A guard of a combined write matched nothing: rolls the whole transaction back."""
 
 
 def open_store(location: str) -> GraphStore:
