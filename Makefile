@@ -12,7 +12,7 @@ APT_PACKAGES := zookeeper rabbitmq-server default-jre-headless
 # As root use apt-get directly; otherwise through sudo.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help setup apt-packages venv test lint pytest demo bench pyfiles clean
+.PHONY: help setup apt-packages venv test lint pytest demo bench chaos pyfiles clean
 
 help:
 	@echo "make setup  - Debian packages (zookeeper, rabbitmq-server, JDK) + .venv + pip install -e .[dev]"
@@ -20,6 +20,7 @@ help:
 	@echo "make demo   - setup, then a 3-node cluster: ontology sync, kill -9 failover, reports"
 	@echo "make lint   - ruff and mypy only"
 	@echo "make bench  - the benchmarks in bench/ (each prints its ratio last)"
+	@echo "make chaos  - the full chaos profile: faults under load, one JSON table, exit 1 if a guarantee broke"
 	@echo "make pyfiles - dist/latchwork-pyfiles.zip for spark-submit --py-files"
 
 setup: apt-packages venv
@@ -57,6 +58,9 @@ demo: setup
 
 bench: setup
 	@set -e; for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b; done
+
+chaos: setup
+	$(PY) bench/chaos.py --profile full $(CHAOS_ARGS)
 
 pyfiles: setup
 	$(PY) -m runner.pipeline.bundle dist/latchwork-pyfiles.zip

@@ -319,8 +319,10 @@ class Node:
         self.close()
 
 
-def run(settings: Settings, ready: threading.Event | None = None) -> int:
-    """Run a node until SIGTERM/SIGINT; returns the exit code.
+def run(settings: Settings, ready: threading.Event | None = None,
+        node: Node | None = None) -> int:
+    """Run a node (``node``, or one built from ``settings``) until SIGTERM/SIGINT; returns the
+    exit code.
 
     The signal handler only records the signal: taking a lock (Event.set, a log record) inside
     a handler can deadlock with the code it interrupted. The main thread polls the flag.
@@ -332,14 +334,14 @@ def run(settings: Settings, ready: threading.Event | None = None) -> int:
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        with Node(settings) as node:
-            print(f"latchwork node {node.member_id} joined cluster {settings.cluster} "
+        with node or Node(settings) as running:
+            print(f"latchwork node {running.member_id} joined cluster {settings.cluster} "
                   f"at {settings.zk_hosts}", flush=True)
             if ready is not None:
                 ready.set()
             while not received:
                 time.sleep(0.1)
-            log.info("member %s: signal %s: leaving the cluster", node.member_id,
+            log.info("member %s: signal %s: leaving the cluster", running.member_id,
                      signal.Signals(received[0]).name)
         log.info("node stopped cleanly")
         return 0

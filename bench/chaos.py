@@ -1,0 +1,429 @@
+"""The chaos suite: a cluster run the way it fails in production, checked against what latchwork
+promises. Prints one JSON table and exits 1 if any figure that must be zero is not.
+
+What runs (all on loopback, servers and nodes started here and stopped by PID):
+
+* a 3-server ZooKeeper ensemble and RabbitMQ, from the Debian packages;
+* 3 node processes (``runner.testing.chaosnode``: the node ``latchwork node start`` runs, plus
+  its session credentials in a file and a recorded MASTER command), each reaching ZooKeeper
+  through loopback proxies that can silently partition it;
+* mixed tasks in a shared embedded graph: ``diag.effect`` (sleep, ``ctx.check()``, then an
+  effect record and the success in one fenced write), ``diag.sleep``, ``diag.conflict`` (commit
+  conflicts, retried), ``diag.fail`` (stops the task, by design);
+* MASTER ``CHAOS_RECORD`` messages published with confirms, some published twice back to back
+  (what a publisher retry after a lost confirm sends).
+
+Faults injected while they run, in an order drawn from the seed: kill -9 of a node and of the
+master (each restarted), SIGSTOP past the session timeout, a silent partition of one node
+(packets dropped, sockets open), kill -9 and restart of the ZooKeeper leader, RabbitMQ
+stop_app/start_app, a forced expiry of a node's session.
+
+The figures (all must be 0 but the time to drain):
+
+* ``tasks_lost``: a task that should have finished (or, for ``diag.fail``, stopped with its
+  failure) and did not, by the end of the drain;
+* ``finished_without_succeeded_attempt``;
+* ``effects_applied_twice``: a ``diag.effect`` task with more than one effect record;
+* ``effects_from_a_closed_attempt``: an effect record whose attempt did not end SUCCEEDED;
+* ``overlapping_owners``: two attempts of one task whose [start, end] overlap;
+* ``interrupted_attempts_not_cancelled_by_system``: an attempt that ended FAILED or CANCELLED
+  for any reason but its handler's own (a diag.fail or a commit conflict), or is still RUNNING;
+* ``confirmed_master_messages_lost``: a confirmed CHAOS_RECORD without its effect;
+* ``master_messages_handled_twice``: a CHAOS_RECORD whose handler completed more than once;
+* ``lock_znodes_left``: task lock parents left under ``locks/tasks`` once everything ended.
+
+Usage: ``python bench/chaos.py [--profile short|full] [--seed N] [--keep DIR]``;
+``make chaos`` runs the full profile, ``make test`` the short one (``tests/test_chaos.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kazoo.client import KazooClient
+
+from coord import Session, read_leader
+from messaging import (
+    BrokerUnavailable,
+    Connector,
+    Envelope,
+    Paradigm,
+    Publisher,
+    PublishFailed,
+    Topology,
+    declare_topology,
+)
+from runner.devservers import RabbitMQServer, ZooKeeperCluster
+from runner.diag import effects
+from runner.store import AttemptStatus, GraphStore, open_store
+from runner.testing import NodeProcess, TcpProxy, kill_ensemble_leader
+from runner.testing.chaosnode import EFFECTS, RUNS
+
+CLUSTER = "chaos"
+ZERO = ("tasks_lost", "finished_without_succeeded_attempt", "effects_applied_twice",
+        "effects_from_a_closed_attempt", "overlapping_owners",
+        "interrupted_attempts_not_cancelled_by_system", "confirmed_master_messages_lost",
+        "master_messages_handled_twice", "lock_znodes_left")
+FAULTS = ("kill_node", "kill_master", "sigstop", "partition", "zk_leader", "broker_restart",
+          "session_expiry")
+
+
+@dataclass(frozen=True)
+class Profile:
+    tasks: int
+    session: float  # ZooKeeper session timeout of the nodes, seconds
+    messages: int  # CHAOS_RECORD messages (a third of them published twice)
+    task_seconds: tuple[float, float]  # how long effect and sleep tasks take
+    drain: float  # seconds allowed for everything to end after the last fault
+
+
+PROFILES = {
+    "short": Profile(tasks=120, session=2.0, messages=30, task_seconds=(0.3, 2.0), drain=45.0),
+    "full": Profile(tasks=360, session=4.0, messages=100, task_seconds=(0.2, 2.0), drain=180.0),
+}
+
+
+@dataclass
+class Node:
+    process: NodeProcess
+    member: str
+    proxies: list[TcpProxy]
+    session_file: Path
+
+
+@dataclass
+class Run:
+    profile: Profile
+    rng: random.Random
+    workdir: Path
+    zk: ZooKeeperCluster
+    rabbit: RabbitMQServer
+    store: GraphStore
+    nodes: list[Node] = field(default_factory=list)
+    tasks: dict[str, str] = field(default_factory=dict)  # task id -> type
+    confirmed: set[str] = field(default_factory=set)  # CHAOS_RECORD ids the broker confirmed
+    injected: Counter[str] = field(default_factory=Counter)
+    restarts: int = 0
+    log: list[str] = field(default_factory=list)
+
+    def say(self, line: str) -> None:
+        stamp = f"{time.monotonic() - T0:7.1f}s"
+        self.log.append(f"{stamp} {line}")
+        print(f"chaos {stamp} {line}", file=sys.stderr, flush=True)
+
+    # -- nodes ------------------------------------------------------------------------------
+    def env(self, proxies: list[TcpProxy]) -> dict[str, str]:
+        hosts = ",".join(f"127.0.0.1:{p.port}" for p in proxies)
+        return {**os.environ, "LATCHWORK_CLUSTER": CLUSTER, "LATCHWORK_ZK_HOSTS": hosts,
+                "LATCHWORK_AMQP_URL": self.rabbit.url,
+                "LATCHWORK_GRAPH": str(self.workdir / "graph.db"),
+                "LATCHWORK_SESSION_TIMEOUT": str(self.profile.session),
+                "LATCHWORK_SCAN_INTERVAL": "1", "LATCHWORK_REAP_INTERVAL": "0.5",
+                "LATCHWORK_WORKERS": "2", "LATCHWORK_SHUTDOWN_TIMEOUT": "10",
+                "LATCHWORK_DATA_DIR": str(self.workdir / "data")}
+
+    def start_node(self, index: int) -> Node:
+        proxies = [TcpProxy(s.client_port).start() for s in self.zk.servers]
+        session_file = self.workdir / f"node{index}-{self.restarts}.session"
+        process = NodeProcess(["-m", "runner.testing.chaosnode", str(session_file)],
+                              self.workdir / f"node{index}-{self.restarts}.log",
+                              env=self.env(proxies), name=f"node{index}")
+        line = process.start(ready_timeout=60, ready_prefix="latchwork node")
+        member = line.split()[0]
+        node = Node(process, member, proxies, session_file)
+        if index < len(self.nodes):
+            self.nodes[index] = node
+        else:
+            self.nodes.append(node)
+        return node
+
+    def restart(self, index: int) -> None:
+        old = self.nodes[index]
+        for proxy in old.proxies:
+            proxy.close()
+        old.process.close()
+        self.restarts += 1
+        self.start_node(index)
+
+    def master_index(self, reader: Session) -> int:
+        leader = read_leader(reader)
+        for i, node in enumerate(self.nodes):
+            if node.member == leader:
+                return i
+        return self.rng.randrange(len(self.nodes))
+
+    # -- work -------------------------------------------------------------------------------
+    def submit_tasks(self, count: int) -> None:
+        low, high = self.profile.task_seconds
+        for _ in range(count):
+            roll = self.rng.random()
+            seconds = round(self.rng.uniform(low, high), 2)
+            if roll < 0.6:
+                kind, payload = "diag.effect", {"seconds": seconds}
+            elif roll < 0.8:
+                kind, payload = "diag.sleep", {"seconds": seconds}
+            elif roll < 0.9:
+                kind, payload = "diag.conflict", {"conflicts": self.rng.randint(1, 2)}
+            else:
+                kind, payload = "diag.fail", {"message": "chaos: failing by design"}
+            task = self.store.tasks.create(kind, payload, priority=self.rng.randint(0, 2))
+            self.tasks[task.id] = kind
+
+    def publish_messages(self, publisher: Publisher, topology: Topology, count: int) -> None:
+        for _ in range(count):
+            envelope = Envelope(paradigm=Paradigm.MASTER, command="CHAOS_RECORD",
+                                sender="chaos", payload={"hold": 0.05})
+            copies = 2 if self.rng.random() < 1 / 3 else 1
+            try:
+                for _ in range(copies):
+                    publisher.publish("", topology.master_queue, envelope, deadline=5.0)
+                self.confirmed.add(str(envelope.id))
+            except (BrokerUnavailable, PublishFailed) as exc:
+                self.say(f"publish of {envelope.id} not confirmed: {exc}")
+
+    # -- faults -----------------------------------------------------------------------------
+    def inject(self, fault: str, reader: Session) -> None:
+        hold = self.profile.session * 2.5
+        victim = self.rng.randrange(len(self.nodes))
+        if fault == "kill_master":
+            victim = self.master_index(reader)
+        node = self.nodes[victim]
+        self.injected[fault] += 1
+        if fault in ("kill_node", "kill_master"):
+            self.say(f"{fault}: kill -9 node{victim} ({node.member})")
+            node.process.kill()
+            time.sleep(self.profile.session * 1.5)
+            self.restart(victim)
+        elif fault == "sigstop":
+            self.say(f"sigstop: node{victim} ({node.member}) for {hold:.1f}s")
+            node.process.pause()
+            time.sleep(hold)
+            node.process.resume()
+        elif fault == "partition":
+            self.say(f"partition: node{victim} ({node.member}) silent for {hold:.1f}s")
+            for proxy in node.proxies:
+                proxy.blackhole()
+            time.sleep(hold)
+            for proxy in node.proxies:
+                proxy.heal()
+        elif fault == "zk_leader":
+            dead = kill_ensemble_leader(self.zk)
+            self.say(f"zk_leader: killed {dead.name}; a new leader serves")
+            time.sleep(self.profile.session)
+            dead.start()
+            dead.wait_ready()
+            self.say(f"zk_leader: {dead.name} back")
+        elif fault == "broker_restart":
+            self.say("broker_restart: RabbitMQ stop_app")
+            self.rabbit.stop_app()
+            time.sleep(2.0)
+            self.rabbit.start_app()
+            self.say("broker_restart: RabbitMQ start_app done")
+        elif fault == "session_expiry":
+            self.say(f"session_expiry: node{victim} ({node.member})")
+            expire(self.zk.hosts, node.session_file)
+        time.sleep(self.profile.session * 0.5)
+
+
+def expire(hosts: str, session_file: Path) -> None:
+    """Close a node's session from a second client attached to it: the server expires it."""
+    session_hex, password_hex = session_file.read_text().split()
+    intruder = KazooClient(hosts=hosts, client_id=(int(session_hex, 16),
+                                                   bytes.fromhex(password_hex)), timeout=10)
+    try:
+        intruder.start(timeout=10)
+    finally:
+        intruder.stop()
+        intruder.close()
+
+
+T0 = time.monotonic()
+
+
+def wait(predicate: Callable[[], bool], timeout: float, step: float = 0.25) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step)
+    return predicate()
+
+
+def drained(run: Run, reader: Session) -> bool:
+    if run.store.attempts.running():
+        return False
+    for task_id, kind in run.tasks.items():
+        task = run.store.tasks.get(task_id)
+        if kind == "diag.fail":
+            if task.active:
+                return False
+        elif not task.finished:
+            return False
+    client = reader.client
+    return all(client.exists(f"{EFFECTS}/{m}") is not None for m in run.confirmed)
+
+
+def figures(run: Run, reader: Session) -> dict[str, Any]:
+    store = run.store
+    lost = without_success = overlapping = interrupted = 0
+    attempts_total = 0
+    for task_id, kind in run.tasks.items():
+        task = store.tasks.get(task_id)
+        attempts = store.attempts.for_task(task_id)
+        attempts_total += len(attempts)
+        statuses = [a.status for a in attempts]
+        if kind == "diag.fail":
+            if task.active or task.finished or AttemptStatus.FAILED not in statuses:
+                lost += 1
+        elif not task.finished:
+            lost += 1
+        if task.finished and AttemptStatus.SUCCEEDED not in statuses:
+            without_success += 1
+        ordered = sorted(attempts, key=lambda a: a.started_at)
+        for before, after in itertools.pairwise(ordered):
+            if before.ended_at is None or before.ended_at > after.started_at:
+                overlapping += 1
+        for a in attempts:
+            own = (kind == "diag.fail" and a.status is AttemptStatus.FAILED
+                   and "failing by design" in (a.error or "")) or (
+                kind == "diag.conflict" and a.status is AttemptStatus.FAILED
+                and (a.error or "").startswith("commit conflict"))
+            if a.status in (AttemptStatus.RUNNING, AttemptStatus.CANCELLED) or (
+                    a.status is AttemptStatus.FAILED and not own):
+                interrupted += 1
+    records = effects(store)
+    per_task = Counter(r.task_id for r in records)
+    closed = sum(1 for r in records
+                 if store.attempts.get(r.attempt_id).status is not AttemptStatus.SUCCEEDED)
+    client = reader.client
+    runs: dict[str, int] = defaultdict(int)
+    for child in client.get_children(RUNS):
+        data, _ = client.get(f"{RUNS}/{child}")
+        if "end" in json.loads(data.decode()):
+            runs[child.rsplit("-", 1)[0]] += 1
+    messages_lost = sum(1 for m in run.confirmed if client.exists(f"{EFFECTS}/{m}") is None)
+    locks = client.get_children("/locks/tasks") if client.exists("/locks/tasks") else []
+    return {
+        "tasks": len(run.tasks), "attempts": attempts_total,
+        "master_messages_confirmed": len(run.confirmed),
+        "faults": dict(run.injected), "node_restarts": run.restarts,
+        "tasks_lost": lost, "finished_without_succeeded_attempt": without_success,
+        "effects_applied_twice": sum(1 for n in per_task.values() if n > 1),
+        "effects_from_a_closed_attempt": closed, "overlapping_owners": overlapping,
+        "interrupted_attempts_not_cancelled_by_system": interrupted,
+        "confirmed_master_messages_lost": messages_lost,
+        "master_messages_handled_twice": sum(1 for n in runs.values() if n > 1),
+        "lock_znodes_left": len(locks),
+    }
+
+
+def chaos(profile_name: str, seed: int, keep: Path | None) -> dict[str, Any]:
+    profile = PROFILES[profile_name]
+    rng = random.Random(seed)
+    workdir = Path(tempfile.mkdtemp(prefix="latchwork-chaos-"))
+    zk = ZooKeeperCluster(workdir / "zk", 3, 500)
+    rabbit = RabbitMQServer.on_free_ports(workdir / "rabbitmq")
+    started = time.monotonic()
+    run: Run | None = None
+    zk.start()
+    try:
+        rabbit.start()
+        rabbit.wait_ready()
+        with open_store(str(workdir / "graph.db")) as store, \
+                Session(zk.hosts, CLUSTER, timeout=10.0) as reader:
+            reader.client.ensure_path(RUNS)
+            reader.client.ensure_path(EFFECTS)
+            run = Run(profile, rng, workdir, zk, rabbit, store)
+            topology = Topology(CLUSTER)
+            declare_topology(Connector(rabbit.url), topology)
+            for i in range(3):
+                run.start_node(i)
+            run.say(f"3 nodes up: {[n.member for n in run.nodes]}")
+            faults = list(FAULTS)
+            rng.shuffle(faults)
+            per_round = profile.tasks // (len(faults) + 1)
+            per_round_messages = profile.messages // (len(faults) + 1)
+            publisher = Publisher(Connector(rabbit.url))
+            try:
+                run.submit_tasks(per_round)
+                run.publish_messages(publisher, topology, per_round_messages)
+                for fault in faults:
+                    run.submit_tasks(per_round)
+                    worker = threading.Thread(target=run.publish_messages,
+                                              args=(publisher, topology, per_round_messages))
+                    worker.start()
+                    run.inject(fault, reader)
+                    worker.join()
+                run.submit_tasks(profile.tasks - len(run.tasks))
+                run.publish_messages(publisher, topology,
+                                     profile.messages - len(run.confirmed))
+            finally:
+                publisher.close()
+            last_fault = time.monotonic()
+            run.say(f"faults done; draining {len(run.tasks)} tasks, {len(run.confirmed)} "
+                    f"messages")
+            ok = wait(lambda: drained(run, reader), profile.drain)
+            drain = time.monotonic() - last_fault
+            run.say(f"drained={ok} in {drain:.1f}s")
+            # no lock is held once every task ended; the master prunes parents left by
+            # sessions that expired (allow it a few reaper passes)
+            wait(lambda: not reader.client.exists("/locks/tasks")
+                 or reader.client.get_children("/locks/tasks") == [], 10)
+            result = figures(run, reader)
+            result.update({"profile": profile_name, "seed": seed, "drained": ok,
+                           "time_to_drain_s": round(drain, 1),
+                           "total_s": round(time.monotonic() - started, 1)})
+            for i, node in enumerate(run.nodes):
+                code = node.process.terminate(timeout=30)
+                if code != 0:
+                    result.setdefault("nodes_not_stopping_cleanly", []).append(f"node{i}")
+            if keep is not None:
+                keep.mkdir(parents=True, exist_ok=True)
+                for path in workdir.glob("node*.log"):
+                    shutil.copy(path, keep / path.name)
+                (keep / "chaos.log").write_text("\n".join(run.log) + "\n")
+            return result
+    finally:
+        for node in run.nodes if run is not None else []:
+            node.process.close()
+            for proxy in node.proxies:
+                proxy.close()
+        rabbit.stop()
+        zk.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="full")
+    parser.add_argument("--seed", type=int, default=20261122)
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="copy the node logs and the fault log here")
+    args = parser.parse_args(argv)
+    result = chaos(args.profile, args.seed, args.keep)
+    broken = [k for k in ZERO if result[k]] + ([] if result["drained"] else ["drained"])
+    broken += ["nodes_not_stopping_cleanly"] if result.get("nodes_not_stopping_cleanly") else []
+    result["ok"] = not broken
+    print(json.dumps(result, indent=2, sort_keys=True))
+    if broken:
+        print(f"chaos: broken guarantees: {', '.join(broken)}", file=sys.stderr)
+    return 0 if not broken else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
