@@ -70,7 +70,7 @@ from messaging import (
 from runner.devservers import RabbitMQServer, ZooKeeperCluster
 from runner.diag import effects
 from runner.store import AttemptStatus, GraphStore, open_store
-from runner.testing import NodeProcess, TcpProxy, kill_ensemble_leader
+from runner.testing import NodeProcess, TcpProxy, kill_ensemble_leader, wait_until
 from runner.testing.chaosnode import EFFECTS, RUNS
 
 CLUSTER = "chaos"
@@ -254,15 +254,6 @@ def expire(hosts: str, session_file: Path) -> None:
 T0 = time.monotonic()
 
 
-def wait(predicate: Callable[[], bool], timeout: float, step: float = 0.25) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step)
-    return predicate()
-
-
 def drained(run: Run, reader: Session) -> bool:
     if run.store.attempts.running():
         return False
@@ -376,13 +367,13 @@ def chaos(profile_name: str, seed: int, keep: Path | None) -> dict[str, Any]:
             last_fault = time.monotonic()
             run.say(f"faults done; draining {len(run.tasks)} tasks, {len(run.confirmed)} "
                     f"messages")
-            ok = wait(lambda: drained(run, reader), profile.drain)
+            ok = wait_until(lambda: drained(run, reader), profile.drain, 0.25)
             drain = time.monotonic() - last_fault
             run.say(f"drained={ok} in {drain:.1f}s")
             # no lock is held once every task ended; the master prunes parents left by
             # sessions that expired (allow it a few reaper passes)
-            wait(lambda: not reader.client.exists("/locks/tasks")
-                 or reader.client.get_children("/locks/tasks") == [], 10)
+            wait_until(lambda: not reader.client.exists("/locks/tasks")
+                       or reader.client.get_children("/locks/tasks") == [], 10, 0.25)
             result = figures(run, reader)
             result.update({"profile": profile_name, "seed": seed, "drained": ok,
                            "time_to_drain_s": round(drain, 1),
