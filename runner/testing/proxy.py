@@ -121,6 +121,8 @@ class TcpProxy:
     def close(self) -> None:
         self._closed.set()
         self._open.set()
+        with contextlib.suppress(OSError):  # wakes the thread blocked in accept()
+            self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
         self.drop_connections()
         self._thread.join(5)
