@@ -89,6 +89,7 @@ class _Running:
     booking: Booking | None
     token: int = 0
     attempt: Attempt | None = None
+    completed: bool = False  # the handler's ctx.complete() concluded the attempt
     cancel: CancelToken = field(default_factory=CancelToken)
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -124,7 +125,6 @@ class TaskProcessHandler:
         # the live member ids without a read (the node's membership watch); None: read them
         self.live_members = live_members
         self._running: dict[str, _Running] = {}
-        self._contexts: dict[str, TaskContext] = {}  # the running handlers' contexts
         self._lock = threading.Lock()
         self._scan_lock = threading.Lock()
         self._stopping = threading.Event()
@@ -453,8 +453,7 @@ class TaskProcessHandler:
                     break
                 outcome = {AttemptStatus.SUCCEEDED: "finished",
                            AttemptStatus.CANCELLED_BY_SYSTEM: "cancelled"}.get(status, "stopped")
-                ctx = self._contexts.pop(task.id, None)
-                if ctx is not None and ctx.completed:
+                if r.completed:
                     if status is not AttemptStatus.SUCCEEDED:
                         log.error("member %s: task %s (%s) failed after ctx.complete(): %s; "
                                   "its attempt stays SUCCEEDED", self.member_id, task.id,
@@ -473,7 +472,6 @@ class TaskProcessHandler:
                 pass  # already finished, or the store is gone: the reaper cannot help here
         finally:
             # locks go only after the attempt and the task are written
-            self._contexts.pop(task.id, None)
             self._release(r.lock, r.booking)
             with self._lock:
                 self._running.pop(task.id, None)
@@ -491,7 +489,6 @@ class TaskProcessHandler:
                           fence_token=r.token, cancel=r.cancel, store=self.store,
                           services=self.services, checker=lambda: self._check(r),
                           completer=lambda write: self._complete(r, attempt, write))
-        self._contexts[task.id] = ctx
         log.info("member %s: task %s (%s) attempt %d started", self.member_id, task.id,
                  task.type, attempt.seq)
         status, error, stack = AttemptStatus.SUCCEEDED, None, None
@@ -555,6 +552,7 @@ class TaskProcessHandler:
         except StaleFencingToken as exc:
             r.cancel.cancel(f"its fencing token was superseded before it completed ({exc})")
         r.cancel.raise_if_cancelled()
+        r.completed = True
         return result
 
     def _finish(self, attempt: Attempt, status: AttemptStatus, error: str | None,
