@@ -7,7 +7,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from runner.devservers import RabbitMQServer, ZooKeeperCluster
+from coord.testing import ZooKeeperCluster
+from messaging.testing import RabbitMQServer
 
 
 @contextmanager

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._servers import zookeeper
 from coord import Session, read_leader
-from runner.testing import NodeProcess
+from coord.testing import NodeProcess
 
 SESSION = 4.0
 ROUNDS = 3
@@ -29,7 +29,7 @@ def main() -> None:
         nodes: dict[str, NodeProcess] = {}
 
         def spawn() -> None:
-            node = NodeProcess(["-m", "runner.testing.coordnode", "latch", zk.hosts, "bench",
+            node = NodeProcess(["-m", "coord.testing.coordnode", "latch", zk.hosts, "bench",
                                 str(SESSION)], Path(tmp) / f"n{len(nodes)}.log")
             nodes[node.start()] = node
 

@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._servers import rabbitmq, zookeeper
 from bench.bench_task_lock import raw_kazoo
+from coord.testing import terminate_all
 from messaging import ApiClient, Connector, Topology
-from runner.devservers import terminate_all
 from runner.store import AttemptStatus, GraphStore, open_store
 
 SESSION = 2.0

@@ -56,6 +56,7 @@ from typing import Any
 from kazoo.client import KazooClient
 
 from coord import Session, read_leader
+from coord.testing import NodeProcess, TcpProxy, ZooKeeperCluster, kill_ensemble_leader, wait_until
 from messaging import (
     BrokerUnavailable,
     Connector,
@@ -66,10 +67,9 @@ from messaging import (
     Topology,
     declare_topology,
 )
-from runner.devservers import RabbitMQServer, ZooKeeperCluster
+from messaging.testing import RabbitMQServer
 from runner.diag import effects
 from runner.store import AttemptStatus, GraphStore, open_store
-from runner.testing import NodeProcess, TcpProxy, kill_ensemble_leader, wait_until
 from runner.testing.chaosnode import EFFECTS, RUNS
 
 CLUSTER = "chaos"

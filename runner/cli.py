@@ -14,15 +14,11 @@ from typing import Any, cast
 
 import click
 
+from coord.testing import DevServerError
 from runner import __version__
-from runner.config import ConfigError, Settings
-from runner.devservers import (
-    DEFAULT_AMQP_PORT,
-    DEFAULT_ZK_PORT,
-    DevEnvironment,
-    DevServerError,
-)
-from runner.smoke import SmokeCheckFailed, check_rabbitmq, check_zookeeper
+from runner.config import DEFAULT_AMQP_PORT, DEFAULT_ZK_PORT, ConfigError, Settings
+from runner.devenv import DevEnvironment
+from runner.devenv.smoke import SmokeCheckFailed, check_rabbitmq, check_zookeeper
 
 DEFAULT_DEV_DIR = Path(".latchwork/dev")
 

@@ -14,10 +14,12 @@ from typing import Any
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from runner.devservers import DEFAULT_AMQP_PORT, DEFAULT_ZK_PORT
-
 ENV_PREFIX = "LATCHWORK_"
 
+
+# The ports `latchwork dev up` uses by default, so a default Settings reaches its servers.
+DEFAULT_ZK_PORT = 22181
+DEFAULT_AMQP_PORT = 25673
 
 class ConfigError(ValueError):
     """The configuration file or environment holds something latchwork cannot use."""

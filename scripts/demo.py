@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from runner.devservers import terminate_all
+from coord.testing import terminate_all
 
 ROOT = Path(".latchwork/demo")
 ZK_PORT = os.environ.get("LATCHWORK_DEMO_ZK_PORT", "22181")

@@ -29,9 +29,9 @@ from coord.batches import (
     SeriesState,
     SeriesStatus,
 )
-from runner.testing.batchworker import work
-from runner.testing.faults import lose_first_set_reply
-from runner.testing.plugin import ZkNamespace
+from coord.testing import lose_first_set_reply
+from coord.testing.batchworker import work
+from coord.testing.plugin import ZkNamespace
 
 
 class Clock:
@@ -285,7 +285,7 @@ def _race_processes_and_threads(zk_namespace: ZkNamespace, s: Session
     c = BatchCoordinator(s, series, timeout=0.4)
     c.create()
     procs = [subprocess.Popen(
-        [sys.executable, "-m", "runner.testing.batchworker", zk_namespace.hosts, "c1",
+        [sys.executable, "-m", "coord.testing.batchworker", zk_namespace.hosts, "c1",
          series, str(seed), "0.4"], stdout=subprocess.PIPE, text=True)
         for seed in (11, 12)]
     results: list[dict[str, Any]] = []

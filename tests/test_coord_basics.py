@@ -27,9 +27,8 @@ from coord import (
     lock_owner,
     read_leader,
 )
-from runner.testing import expire_session
-from runner.testing.faults import lose_first_set_reply
-from runner.testing.plugin import ZkNamespace
+from coord.testing import expire_session, lose_first_set_reply
+from coord.testing.plugin import ZkNamespace
 
 
 @pytest.fixture

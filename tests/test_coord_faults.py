@@ -29,15 +29,14 @@ from coord import (
     lock_owner,
     read_leader,
 )
-from runner.devservers import ZooKeeperCluster
-from runner.testing import NodeProcess, TcpProxy, kill_ensemble_leader, wait_until
-from runner.testing.plugin import TEST_TICK_MS, ZkNamespace
+from coord.testing import NodeProcess, TcpProxy, ZooKeeperCluster, kill_ensemble_leader, wait_until
+from coord.testing.plugin import TEST_TICK_MS, ZkNamespace
 
 TICK = TEST_TICK_MS / 1000
 
 
 def coordnode(ns: ZkNamespace, mode: str, timeout: float, *args: str) -> list[str]:
-    return ["-m", "runner.testing.coordnode", mode, ns.hosts, "c1", str(timeout), *args]
+    return ["-m", "coord.testing.coordnode", mode, ns.hosts, "c1", str(timeout), *args]
 
 
 def test_killed_member_disappears_within_timeout_plus_tick(

@@ -9,13 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from runner.devservers import (
-    LOOPBACK,
-    DevEnvironment,
-    free_port_block,
-    free_ports,
-    port_is_listening,
-)
+from coord.testing import LOOPBACK, free_port_block, free_ports, port_is_listening
+from runner.devenv import DevEnvironment
 
 
 def latchwork(*args: str, env: dict[str, str] | None = None,

@@ -11,9 +11,10 @@ import pika.exceptions
 import pytest
 from kazoo.client import KazooClient, KazooState
 
-from runner.devservers import RabbitMQServer, ZooKeeperCluster
-from runner.testing import NodeProcess, broker_outage, expire_session, kill_ensemble_leader
-from runner.testing.plugin import TEST_TICK_MS, AmqpNamespace, ZkNamespace
+from coord.testing import NodeProcess, ZooKeeperCluster, expire_session, kill_ensemble_leader
+from coord.testing.plugin import TEST_TICK_MS, ZkNamespace
+from messaging.testing import RabbitMQServer, broker_outage
+from messaging.testing.plugin import AmqpNamespace
 
 
 def test_expired_session_is_seen_as_lost_and_its_ephemeral_node_goes(
@@ -51,7 +52,7 @@ def test_killed_node_ephemeral_vanishes_within_session_timeout_plus_a_tick(
         zk_namespace: ZkNamespace, zk_client: KazooClient,
         spawn_node: Callable[..., NodeProcess]) -> None:
     session_timeout = 2.0
-    node = spawn_node(["-m", "runner.testing.ephemeral", zk_namespace.hosts, "/members/victim",
+    node = spawn_node(["-m", "coord.testing.ephemeral", zk_namespace.hosts, "/members/victim",
                        str(session_timeout)], name="victim")
     gone, when = _watch_deletion(zk_client, "/members/victim")
     killed_at = time.monotonic()
@@ -67,7 +68,7 @@ def test_killed_node_ephemeral_vanishes_within_session_timeout_plus_a_tick(
 def test_frozen_node_loses_its_session_and_learns_it_after_thawing(
         zk_namespace: ZkNamespace, zk_client: KazooClient,
         spawn_node: Callable[..., NodeProcess]) -> None:
-    node = spawn_node(["-m", "runner.testing.ephemeral", zk_namespace.hosts, "/members/frozen",
+    node = spawn_node(["-m", "coord.testing.ephemeral", zk_namespace.hosts, "/members/frozen",
                        "2.0"], name="frozen")
     gone, _ = _watch_deletion(zk_client, "/members/frozen")
     node.pause()

@@ -16,6 +16,8 @@ from kazoo.client import KazooClient
 from pydantic import BaseModel
 
 from coord import LeaderLatch, Session
+from coord.testing import NodeProcess, TcpProxy, wait_until
+from coord.testing.plugin import ZkNamespace
 from messaging import (
     ApiClient,
     ApiResponder,
@@ -39,8 +41,8 @@ from messaging import (
     declare_topology,
     send_master,
 )
-from runner.testing import NodeProcess, TcpProxy, broker_outage, wait_until
-from runner.testing.plugin import AmqpNamespace, ZkNamespace
+from messaging.testing import broker_outage
+from messaging.testing.plugin import AmqpNamespace
 
 CLUSTER = "m1"
 FAST_RETRY = RetryPolicy(max_retries=2, first_delay=0.2, factor=2.0)
@@ -420,7 +422,7 @@ def test_api_requests_are_answered_and_errors_come_back_typed(
 # -- nodes as processes -------------------------------------------------------------------------
 
 def msgnode(zk: ZkNamespace, amqp: AmqpNamespace) -> list[str]:
-    return ["-m", "runner.testing.msgnode", zk.hosts, CLUSTER, "2.0", amqp.url]
+    return ["-m", "messaging.testing.msgnode", zk.hosts, CLUSTER, "2.0", amqp.url]
 
 
 def spawn_msgnodes(zk: ZkNamespace, amqp: AmqpNamespace,

@@ -7,8 +7,9 @@ import time
 from collections.abc import Callable
 
 from coord import Session, read_leader, read_members
-from runner.testing import NodeProcess
-from runner.testing.plugin import AmqpNamespace, ZkNamespace
+from coord.testing import NodeProcess
+from coord.testing.plugin import ZkNamespace
+from messaging.testing.plugin import AmqpNamespace
 
 
 def test_nodes_join_elect_a_master_and_leave_cleanly_on_sigterm(

@@ -22,6 +22,9 @@ import pytest
 
 from coord import Session
 from coord.batches import BatchCoordinator, BatchState, SeriesState
+from coord.testing import NodeProcess, wait_until
+from coord.testing.plugin import ZkNamespace
+from messaging.testing.plugin import AmqpNamespace
 from runner.config import Settings
 from runner.ontology_sync import OntologyCache
 from runner.pipeline.aspects import COMPUTATIONS, AspectDefinition, AspectRegistry, Kind
@@ -31,9 +34,7 @@ from runner.pipeline.spark import TEST_CONF
 from runner.pipeline.tasks import eligible_classes, series_id
 from runner.store import Avatar, GraphStore, Ontology, OntologyClass, open_store
 from runner.tasks import CancelToken, TaskCancelled
-from runner.testing import NodeProcess, wait_until
 from runner.testing.cluster import CLUSTER, Cluster
-from runner.testing.plugin import AmqpNamespace, ZkNamespace
 
 EX = "http://example.org/plant#"
 ONTOLOGY = f"""@prefix owl: <http://www.w3.org/2002/07/owl#> .

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from coord import Session
+from coord.testing import wait_until
+from coord.testing.plugin import ZkNamespace
 from runner.processor import TaskProcessHandler, preferred_index
 from runner.store import AttemptStatus, GraphStore, Task, TaskStatus, open_store
 from runner.tasks import TaskContext, TaskRegistry
-from runner.testing import wait_until
-from runner.testing.plugin import ZkNamespace
 
 
 @pytest.fixture

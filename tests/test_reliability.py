@@ -14,13 +14,13 @@ import pytest
 import runner.master as master_module
 import runner.processor as processor_module
 from coord import LeaderLatch, Membership, Session, TaskLock, force_release, lock_owner
+from coord.testing import wait_until
+from coord.testing.plugin import ZkNamespace
 from runner.diag import effects, register_diagnostics
 from runner.master import MasterDuties
 from runner.processor import TaskProcessHandler
 from runner.store import AttemptStatus, GraphStore, StaleFencingToken, open_store
 from runner.tasks import TaskCancelled, TaskContext, TaskRegistry
-from runner.testing import wait_until
-from runner.testing.plugin import ZkNamespace
 
 
 @pytest.fixture

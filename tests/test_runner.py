@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 from kazoo.client import KazooClient
 
-from runner.devservers import ZooKeeperCluster
+from coord.testing import NodeProcess, ZooKeeperCluster, wait_until
+from coord.testing.plugin import TEST_TICK_MS, ZkNamespace
+from messaging.testing import broker_outage
+from messaging.testing.plugin import AmqpNamespace
 from runner.store import AttemptStatus, Ontology, OntologyClass, Task, TaskStatus
-from runner.testing import NodeProcess, broker_outage, wait_until
 from runner.testing.cluster import CLUSTER, SESSION, Cluster
-from runner.testing.plugin import TEST_TICK_MS, AmqpNamespace, ZkNamespace
 
 
 @pytest.fixture

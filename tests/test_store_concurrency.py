@@ -6,8 +6,8 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+from coord.testing import NodeProcess
 from runner.store import TaskStatus, open_store
-from runner.testing import NodeProcess
 
 TASKS = 500
 PROCESSES = 4

@@ -17,6 +17,7 @@ import pytest
 from rdflib import RDFS, Graph, URIRef
 
 from coord import Session, TaskLock, force_release
+from coord.testing.plugin import ZkNamespace
 from runner.ontology import parse_ontology
 from runner.store import (
     AttemptAlreadyFinished,
@@ -34,7 +35,6 @@ from runner.store import (
     UnknownStoreFormat,
     open_store,
 )
-from runner.testing.plugin import ZkNamespace
 
 REMOTE_URL = os.environ.get("LATCHWORK_TEST_GREMLIN_URL")
 BRICK = Path(importlib.util.find_spec("brickschema").submodule_search_locations[0]) / (  # type: ignore[union-attr,index]

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from click.testing import CliRunner, Result
 
+from coord.testing import NodeProcess, wait_until
+from messaging.testing.plugin import AmqpNamespace
 from runner.cli import cli
 from runner.store import AttemptStatus, GraphStore, Task, open_store
-from runner.testing import NodeProcess, wait_until
-from runner.testing.plugin import AmqpNamespace
 
 CLUSTER = "r1"
 SESSION = 2.0

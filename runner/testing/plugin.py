@@ -1,201 +1,20 @@
-"""pytest fixtures over real servers: ``pytest_plugins = ["runner.testing.plugin"]``.
+"""pytest plugin for latchwork's own tests and for users' tests of their task types:
+``pytest_plugins = ["runner.testing.plugin"]``.
 
-Session-scoped servers, started on free 127.0.0.1 ports with their state in pytest's temp dir,
-the first time a test asks for them:
-
-* ``zookeeper``: a standalone server, ``tickTime=500`` (sessions of 1 to 10 s);
-* ``zookeeper_ensemble``: three servers on this host, same tick;
-* ``rabbitmq``: one broker node with a private epmd.
-
-Per-test namespaces, so tests never see each other's state:
-
-* ``zk_namespace``: a uuid root (chroot) on ``zookeeper``, deleted after the test
-  (``ensemble_namespace``: the same on ``zookeeper_ensemble``);
-* ``zk_client``: a started kazoo client inside that root;
-* ``amqp_vhost``: a fresh RabbitMQ vhost, deleted after the test;
-* ``spawn_node``: starts :class:`~runner.testing.faults.NodeProcess` subprocesses and makes sure
-  they are gone after the test.
-
-When a test fails, the tails of the logs of the servers and subprocesses it used are attached to
-its report. Servers come from the Debian packages; a missing package fails with the
-``apt-get install`` line to run. A Docker engine is never required: the local-process path is
-the one CI runs (``LATCHWORK_TEST_SERVERS=docker`` is not offered because no engine answers on
-the machines this project is built on; see docs/testing.md).
+It loads the ZooKeeper fixtures of :mod:`coord.testing.plugin` and the RabbitMQ fixtures of
+:mod:`messaging.testing.plugin`, and adds ``spark``: the run's one SparkSession (local[2], UI
+off). :mod:`runner.testing.cluster` builds a cluster of node processes over them. A Docker engine
+is never required: the local-process path is the one CI runs (see docs/testing.md).
 """
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kazoo.client import KazooClient
 
-from runner.devservers import RabbitMQServer, ZooKeeperCluster, tail
-from runner.testing.faults import NodeProcess
-
-TEST_TICK_MS = 500
-
-
-@dataclass(frozen=True)
-class ZkNamespace:
-    """A private root on a ZooKeeper server: ``hosts`` includes it as the chroot."""
-
-    server_hosts: str
-    root: str
-
-    @property
-    def hosts(self) -> str:
-        return f"{self.server_hosts}{self.root}"
-
-    def client(self, timeout: float = 4.0, **kwargs: Any) -> KazooClient:
-        """A new (not started) kazoo client inside this namespace."""
-        return KazooClient(hosts=self.hosts, timeout=timeout, **kwargs)
-
-
-@dataclass(frozen=True)
-class AmqpNamespace:
-    """A private RabbitMQ vhost and the URL that reaches it."""
-
-    vhost: str
-    url: str
-    server: RabbitMQServer
-
-
-@dataclass
-class NodeSpawner:
-    """Factory behind the ``spawn_node`` fixture."""
-
-    directory: Path
-    nodes: list[NodeProcess] = field(default_factory=list)
-
-    def __call__(self, argv: Sequence[str], name: str = "node", ready_timeout: float = 30.0,
-                 env: dict[str, str] | None = None, ready_prefix: str = "READY") -> NodeProcess:
-        log = self.directory / f"{name}-{len(self.nodes)}.stderr.log"
-        node = NodeProcess(argv, log, env=env, name=name)
-        self.nodes.append(node)
-        node.start(ready_timeout, ready_prefix)
-        return node
-
-
-@pytest.fixture(scope="session")
-def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperCluster]:
-    cluster = ZooKeeperCluster(tmp_path_factory.mktemp("zookeeper"), 1, TEST_TICK_MS)
-    cluster.start()
-    yield cluster
-    cluster.stop()
-
-
-@pytest.fixture(scope="session")
-def zookeeper_ensemble(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperCluster]:
-    cluster = ZooKeeperCluster(tmp_path_factory.mktemp("zookeeper-ensemble"), 3, TEST_TICK_MS)
-    cluster.start()
-    yield cluster
-    cluster.stop()
-
-
-@pytest.fixture(scope="session")
-def rabbitmq(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitMQServer]:
-    server = RabbitMQServer.on_free_ports(tmp_path_factory.mktemp("rabbitmq"))
-    try:
-        server.start()
-        server.wait_ready()
-        yield server
-    finally:
-        server.stop()
-
-
-def _make_namespace(server_hosts: str) -> ZkNamespace:
-    namespace = ZkNamespace(server_hosts, f"/test-{uuid.uuid4().hex[:12]}")
-    admin = KazooClient(hosts=server_hosts, timeout=10.0)
-    admin.start(timeout=30)
-    try:
-        admin.ensure_path(namespace.root)
-    finally:
-        admin.stop()
-        admin.close()
-    return namespace
-
-
-def _drop_namespace(namespace: ZkNamespace) -> None:
-    admin = KazooClient(hosts=namespace.server_hosts, timeout=10.0)
-    admin.start(timeout=30)
-    try:
-        admin.delete(namespace.root, recursive=True)
-    finally:
-        admin.stop()
-        admin.close()
-
-
-@pytest.fixture
-def zk_namespace(zookeeper: ZooKeeperCluster) -> Iterator[ZkNamespace]:
-    namespace = _make_namespace(zookeeper.hosts)
-    yield namespace
-    _drop_namespace(namespace)
-
-
-@pytest.fixture
-def ensemble_namespace(zookeeper_ensemble: ZooKeeperCluster) -> Iterator[ZkNamespace]:
-    """Like ``zk_namespace``, on the 3-server ensemble."""
-    namespace = _make_namespace(zookeeper_ensemble.hosts)
-    yield namespace
-    _drop_namespace(namespace)
-
-
-@pytest.fixture
-def zk_client(zk_namespace: ZkNamespace) -> Iterator[KazooClient]:
-    client = zk_namespace.client()
-    client.start(timeout=30)
-    yield client
-    client.stop()
-    client.close()
-
-
-@pytest.fixture
-def amqp_vhost(rabbitmq: RabbitMQServer) -> Iterator[AmqpNamespace]:
-    vhost = f"test-{uuid.uuid4().hex[:12]}"
-    rabbitmq.add_vhost(vhost)
-    yield AmqpNamespace(vhost, rabbitmq.url_for(vhost), rabbitmq)
-    if rabbitmq.is_ready():
-        rabbitmq.delete_vhost(vhost)
-
-
-@pytest.fixture
-def spawn_node(tmp_path: Path) -> Iterator[Callable[..., NodeProcess]]:
-    spawner = NodeSpawner(tmp_path / "nodes")
-    yield spawner
-    for node in spawner.nodes:
-        node.close()
-
-
-def _log_sections(funcargs: dict[str, Any]) -> list[tuple[str, str]]:
-    sections = []
-    for name in ("zookeeper", "zookeeper_ensemble"):
-        cluster = funcargs.get(name)
-        if isinstance(cluster, ZooKeeperCluster):
-            for server, text in cluster.log_tails().items():
-                sections.append((f"{name}: {server} log tail", text))
-    rabbit = funcargs.get("rabbitmq")
-    if isinstance(rabbit, RabbitMQServer):
-        sections.append(("rabbitmq log tail", tail(rabbit.log_path, 40)))
-    spawner = funcargs.get("spawn_node")
-    if isinstance(spawner, NodeSpawner):
-        for node in spawner.nodes:
-            sections.append((f"{node.name} (pid {node.pid}) stdout", "\n".join(node.lines[-40:])))
-            sections.append((f"{node.name} (pid {node.pid}) stderr", node.stderr_tail(40)))
-    return sections
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    outcome = yield
-    report = outcome.get_result()  # type: ignore[attr-defined]
-    if report.failed:
-        for title, text in _log_sections(getattr(item, "funcargs", {})):
-            report.sections.append((title, text))
+pytest_plugins = ["coord.testing.plugin", "messaging.testing.plugin"]
 
 
 @pytest.fixture(scope="session")

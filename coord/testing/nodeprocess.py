@@ -1,10 +1,9 @@
-"""Fault injectors for tests: what happens to latchwork in production, made to happen on demand.
+"""A Python subprocess under test, to kill -9, freeze with SIGSTOP and thaw with SIGCONT.
 
-* :func:`expire_session`: the ZooKeeper server expires a client's session (as after a long GC
-  pause or a partition), for real, and the call returns once the victim has seen LOST;
-* :class:`NodeProcess`: a Python subprocess to kill -9, freeze with SIGSTOP and thaw with SIGCONT;
-* :func:`broker_outage`: the RabbitMQ application stops and starts while its Erlang node stays;
-* :func:`kill_ensemble_leader`: kill -9 of the ZooKeeper server that currently leads the ensemble.
+:class:`NodeProcess` starts ``python -u -m ...`` participants (a coord member, a messaging node, a
+latchwork node) and reads their stdout lines; :func:`wait_until` polls a condition no event
+announces. A participant that does not print its ready line in time fails the start with the
+tail of its stderr.
 """
 
 from __future__ import annotations
@@ -16,49 +15,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
-from kazoo.client import KazooClient, KazooState
-
-from runner.devservers import RabbitMQServer, ZooKeeperCluster, ZooKeeperServer
-
-
-class FaultInjectionFailed(AssertionError):
-    """The fault could not be injected, or the victim never noticed it."""
-
-
-def expire_session(client: KazooClient, timeout: float = 15.0) -> None:
-    """Make the server expire ``client``'s session, and wait until ``client`` reports LOST.
-
-    A second client attaches to the same session id and password, then closes the session.
-    The server ends the session for everyone: ephemeral nodes go, watches fire, and the victim
-    learns it is expired when it reconnects. Unlike kazoo's own harness this does not fake the
-    event inside the client, so the server-side effects are real too.
-    """
-    lost = threading.Event()
-
-    def on_state(state: str) -> bool:
-        if state == KazooState.LOST:
-            lost.set()
-            return True  # kazoo removes a listener that returns True
-        return False
-
-    client.add_listener(on_state)
-    session_id, password = client.client_id
-    hosts = ",".join(f"{host}:{port}" for host, port in client.hosts)
-    intruder = KazooClient(hosts=hosts, client_id=(session_id, password), timeout=timeout)
-    try:
-        intruder.start(timeout=timeout)
-    finally:
-        intruder.stop()  # sends closeSession for the shared session id
-        intruder.close()
-    if not lost.wait(timeout):
-        client.remove_listener(on_state)
-        raise FaultInjectionFailed(f"session 0x{session_id:x} was closed but the client never "
-                                   f"reported LOST within {timeout}s")
+from coord.testing.processes import FaultInjectionFailed
 
 
 class NodeProcess:
@@ -234,39 +194,6 @@ class NodeProcess:
         self.close()
 
 
-@contextmanager
-def broker_outage(rabbitmq: RabbitMQServer) -> Iterator[None]:
-    """Stop the RabbitMQ application for the body of the ``with``, then start it again.
-
-    Clients lose their connections at once; durable queues and persistent messages survive.
-    """
-    rabbitmq.stop_app()
-    try:
-        yield
-    finally:
-        rabbitmq.start_app()
-
-
-def kill_ensemble_leader(cluster: ZooKeeperCluster, timeout: float = 30.0) -> ZooKeeperServer:
-    """kill -9 the leading server, wait until the survivors serve again, and return the victim.
-
-    The caller restarts it with ``victim.start(); victim.wait_ready()`` when the ensemble must be
-    whole again.
-    """
-    if len(cluster.servers) < 3:
-        raise FaultInjectionFailed("killing the leader needs an ensemble of at least 3 servers")
-    victim = cluster.leader()
-    victim.kill()
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        modes = [s.mode() for s in cluster.servers if s is not victim]
-        if "leader" in modes and all(m in ("leader", "follower") for m in modes):
-            return victim
-        time.sleep(0.05)
-    raise FaultInjectionFailed(f"no new ZooKeeper leader within {timeout}s of killing "
-                               f"{victim.name}")
-
-
 def wait_until(predicate: Callable[[], bool], timeout: float, step: float = 0.02) -> bool:
     """Poll ``predicate`` until it is true or ``timeout`` passes; returns its last value.
 
@@ -281,19 +208,3 @@ def wait_until(predicate: Callable[[], bool], timeout: float, step: float = 0.02
     return predicate()
 
 
-def lose_first_set_reply(monkeypatch: Any, client: Any) -> dict[str, int]:
-    """Make the next ``client.set`` reach the server but raise ConnectionLoss, as a reply lost
-    on the wire would; later calls behave. Returns the call counter (``calls["n"]``)."""
-    from kazoo.exceptions import ConnectionLoss
-    real_set = client.set
-    calls = {"n": 0}
-
-    def set_then_lose_reply(*args: object, **kwargs: object) -> object:
-        calls["n"] += 1
-        result = real_set(*args, **kwargs)
-        if calls["n"] == 1:
-            raise ConnectionLoss("reply lost")
-        return result
-
-    monkeypatch.setattr(client, "set", set_then_lose_reply)
-    return calls

@@ -1,6 +1,6 @@
 """A coord participant as its own process, for kill -9 / SIGSTOP tests and benchmarks.
 
-``python -m runner.testing.coordnode MODE HOSTS CLUSTER SESSION_TIMEOUT [ARGS...]``
+``python -m coord.testing.coordnode MODE HOSTS CLUSTER SESSION_TIMEOUT [ARGS...]``
 
 * ``member``: registers in membership; prints ``READY <member id>``.
 * ``latch``: registers and joins the leader latch; prints ``READY <member id>``, then ``LEADER``

@@ -18,7 +18,7 @@ import selectors
 import socket
 import threading
 
-from runner.devservers import LOOPBACK
+from coord.testing import LOOPBACK
 
 
 class TcpProxy:

@@ -1,6 +1,6 @@
 """A randomised batch-series worker, run as a thread or as its own process (property tests).
 
-``python -m runner.testing.batchworker HOSTS CLUSTER SERIES SEED TIMEOUT``: works the series
+``python -m coord.testing.batchworker HOSTS CLUSTER SERIES SEED TIMEOUT``: works the series
 until it is COMPLETED (or FAILED), then prints one JSON line: the batches this worker finished
 and the open-ended batches it closed. Each step is drawn from ``random.Random(SEED)``: a batch
 of 1-7 positions or open-ended; then finish it, abort it, or abandon it (stop renewing, as a

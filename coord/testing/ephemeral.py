@@ -1,6 +1,6 @@
 """A process that holds one ephemeral znode, for fault-injection tests.
 
-``python -m runner.testing.ephemeral HOSTS PATH SESSION_TIMEOUT`` connects, creates PATH as an
+``python -m coord.testing.ephemeral HOSTS PATH SESSION_TIMEOUT`` connects, creates PATH as an
 ephemeral node, prints ``READY <session id>`` and then every connection state change as
 ``STATE <state>``, until it is killed or gets SIGTERM (then it closes its session and exits 0).
 """

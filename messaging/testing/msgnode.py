@@ -1,6 +1,6 @@
 """A messaging participant as its own process, for kill -9 and failover tests.
 
-``python -m runner.testing.msgnode ZK_HOSTS CLUSTER SESSION_TIMEOUT AMQP_URL``
+``python -m messaging.testing.msgnode ZK_HOSTS CLUSTER SESSION_TIMEOUT AMQP_URL``
 
 It joins membership and the leader latch and runs a :class:`~messaging.MessageBus` with test
 handlers; it prints (stdout, one line each):

@@ -1,0 +1,25 @@
+"""RabbitMQ faults on demand: :func:`broker_outage` stops the broker application and starts it
+again while its Erlang node stays, so clients lose their connections and durable queues and
+persistent messages survive."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from messaging.testing.rabbitmq import RabbitMQServer
+
+
+@contextmanager
+def broker_outage(rabbitmq: RabbitMQServer) -> Iterator[None]:
+    """Stop the RabbitMQ application for the body of the ``with``, then start it again.
+
+    Clients lose their connections at once; durable queues and persistent messages survive.
+    """
+    rabbitmq.stop_app()
+    try:
+        yield
+    finally:
+        rabbitmq.start_app()
+
+

@@ -1,0 +1,161 @@
+"""The set of local servers ``latchwork dev`` starts: ZooKeeper and RabbitMQ, state on disk.
+
+``up()`` checks packages and ports before starting anything and stops what it started when a
+later step fails; ``down()`` signals only the PIDs recorded in ``state.json``, and only while
+they are still ours (a reused PID is never hit).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from coord.testing.ports import check_ports_free
+from coord.testing.processes import LOOPBACK, DevServerError, ProcessRecord
+from coord.testing.zookeeper import ZooKeeperCluster, ZooKeeperServer, check_zookeeper_installed
+from messaging.testing.rabbitmq import RabbitMQServer, check_rabbitmq_installed
+from runner.config import DEFAULT_AMQP_PORT, DEFAULT_ZK_PORT
+
+STATE_FILE = "state.json"
+
+
+def _record_to_json(record: ProcessRecord | None) -> dict[str, object] | None:
+    return None if record is None else asdict(record)
+
+
+def _record_from_json(raw: object) -> ProcessRecord | None:
+    if not isinstance(raw, dict):
+        return None
+    return ProcessRecord(str(raw["name"]), int(raw["pid"]), int(raw["start_ticks"]))
+
+
+@dataclass(frozen=True)
+class ServiceStatus:
+    name: str
+    pid: int | None
+    running: bool
+    ready: bool
+    detail: str
+
+
+@dataclass
+class DevEnvironment:
+    """ZooKeeper (standalone or an ensemble) plus one RabbitMQ node, with state under ``directory``.
+
+    ``up()`` checks packages and ports before starting anything, and stops whatever it started if a
+    later step fails, so a failed ``up`` leaves nothing running. The PIDs and start times are kept
+    in ``<directory>/state.json``; ``down()`` signals only those, and only while they are ours.
+    """
+
+    directory: Path
+    zookeeper: ZooKeeperCluster
+    rabbitmq: RabbitMQServer
+
+    @classmethod
+    def plan(cls, directory: Path, zk_size: int = 1, zk_port: int = DEFAULT_ZK_PORT,
+             amqp_port: int = DEFAULT_AMQP_PORT, tick_time: int = 2000) -> DevEnvironment:
+        directory = directory.resolve()
+        clients = [zk_port + i for i in range(zk_size)]
+        zookeeper = ZooKeeperCluster(directory / "zookeeper", zk_size, tick_time, clients)
+        # Distribution and epmd ports sit next to the AMQP port so a user can predict them.
+        rabbitmq = RabbitMQServer(directory / "rabbitmq", amqp_port, amqp_port + 1, amqp_port + 2,
+                                  nodename=f"latchwork-dev{amqp_port}@localhost")
+        return cls(directory, zookeeper, rabbitmq)
+
+    # -- persistence -------------------------------------------------------------------------
+
+    def save(self) -> None:
+        state = {
+            "zookeeper": [
+                {"directory": str(s.directory), "client_port": s.client_port,
+                 "tick_time": s.tick_time, "server_id": s.server_id,
+                 "peers": {str(k): list(v) for k, v in s.peers.items()},
+                 "record": _record_to_json(s.record)}
+                for s in self.zookeeper.servers
+            ],
+            "rabbitmq": {
+                "directory": str(self.rabbitmq.directory), "node_port": self.rabbitmq.node_port,
+                "dist_port": self.rabbitmq.dist_port, "epmd_port": self.rabbitmq.epmd_port,
+                "nodename": self.rabbitmq.nodename, "record": _record_to_json(self.rabbitmq.record),
+                "launcher": _record_to_json(self.rabbitmq.launcher),
+            },
+        }
+        (self.directory / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
+
+    @classmethod
+    def load(cls, directory: Path) -> DevEnvironment | None:
+        """The environment recorded under ``directory``, or None when nothing was started there."""
+        directory = directory.resolve()
+        try:
+            raw = json.loads((directory / STATE_FILE).read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise DevServerError(f"{directory / STATE_FILE} is unreadable: {exc}") from exc
+        servers = []
+        for z in raw["zookeeper"]:
+            peers = {int(k): (int(v[0]), int(v[1]), int(v[2])) for k, v in z["peers"].items()}
+            servers.append(ZooKeeperServer(Path(z["directory"]), int(z["client_port"]),
+                                           int(z["tick_time"]), z["server_id"], peers,
+                                           record=_record_from_json(z["record"])))
+        zookeeper = ZooKeeperCluster(directory / "zookeeper", len(servers), servers=servers)
+        r = raw["rabbitmq"]
+        rabbitmq = RabbitMQServer(Path(r["directory"]), int(r["node_port"]), int(r["dist_port"]),
+                                  int(r["epmd_port"]), str(r["nodename"]),
+                                  record=_record_from_json(r["record"]),
+                                  launcher=_record_from_json(r.get("launcher")))
+        return cls(directory, zookeeper, rabbitmq)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def up(self, timeout: float = 90.0) -> None:
+        existing = DevEnvironment.load(self.directory)
+        if existing is not None and existing.any_running():
+            raise DevServerError(f"servers are already running from {self.directory}; "
+                                 f"run 'latchwork dev down --dir {self.directory}' first")
+        check_zookeeper_installed()
+        check_rabbitmq_installed()
+        check_ports_free({**self.zookeeper.ports(), **self.rabbitmq.ports()})
+        self.directory.mkdir(parents=True, exist_ok=True)
+        try:
+            for server in self.zookeeper.servers:
+                server.start()
+            self.save()
+            self.rabbitmq.start()
+            self.save()
+            self.zookeeper.wait_quorum(timeout)
+            self.rabbitmq.wait_ready(timeout)
+            self.save()  # now with the broker VM's own PID
+        except BaseException:
+            self.down()
+            raise
+
+    def down(self) -> None:
+        self.rabbitmq.stop()
+        self.zookeeper.stop()
+        (self.directory / STATE_FILE).unlink(missing_ok=True)
+
+    def any_running(self) -> bool:
+        return self.rabbitmq.is_running() or any(s.is_running() for s in self.zookeeper.servers)
+
+    def status(self) -> list[ServiceStatus]:
+        rows = []
+        for server in self.zookeeper.servers:
+            mode = server.mode() if server.is_running() else None
+            rows.append(ServiceStatus(
+                server.name, server.record.pid if server.record else None, server.is_running(),
+                mode is not None, f"{LOOPBACK}:{server.client_port} mode={mode or '-'}"))
+        rabbit = self.rabbitmq
+        ready = rabbit.is_running() and rabbit.is_ready()
+        running = rabbit.record or rabbit.launcher
+        pid = running.pid if running else None
+        rows.append(ServiceStatus("rabbitmq", pid,
+                                  rabbit.is_running(), ready, f"{LOOPBACK}:{rabbit.node_port}"))
+        return rows
+
+    def exports(self) -> dict[str, str]:
+        """Connection settings, named as :class:`runner.config.Settings` reads them."""
+        return {"LATCHWORK_ZK_HOSTS": self.zookeeper.hosts, "LATCHWORK_AMQP_URL": self.rabbitmq.url}
+
+
