@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gremlin_python.process.traversal import Cardinality
 
 from runner.store import AttemptStatus, Avatar, EmbeddedGraph, GraphStore, Task, TaskStatus, codec
-from runner.store.gremlin import task_props
+from runner.store.gremlin.rows import task_props
 
 CREATES = 1000
 ATTEMPTS = 500

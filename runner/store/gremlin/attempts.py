@@ -1,0 +1,78 @@
+"""Attempts as ``attempt`` vertices with a ``has_attempt`` edge from their task: started
+before the handler runs (with the claim), finished exactly once (a second finish raises
+:class:`~runner.store.errors.AttemptAlreadyFinished`)."""
+
+from __future__ import annotations
+
+from runner.store.errors import (
+    TaskNotFound,
+)
+from runner.store.graph import Graph
+
+# -- attempts ---------------------------------------------------------------------------------
+from runner.store.gremlin.rows import (
+    attempt_from_row,
+)
+from runner.store.gremlin.tasks import (
+    read_task,
+)
+from runner.store.gremlin.writes import (
+    AttemptStart,
+    TaskChange,
+    attempt_end,
+    attempt_start,
+    matched_write,
+    task_change,
+    until_written,
+)
+from runner.store.model import (
+    Attempt,
+    AttemptStatus,
+)
+
+
+def write_start(graph: Graph, change: TaskChange, start: AttemptStart) -> bool:
+    """Write ``change`` of the task and add ``start``'s attempt to it, as one guarded
+    traversal; False, nothing written, when the task's version guard refused."""
+    return matched_write(graph, lambda g: start.extend(change.traverse(g)))
+
+
+class GremlinAttemptLog:
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+
+    def start(self, task_id: str, executor: str, fence_token: int = 0) -> Attempt:
+        """Write a RUNNING attempt (before the handler runs, so a crash still leaves it) and
+        count it on its task, in one traversal guarded by the task's version (re-read and
+        retried when the task moved on meanwhile)."""
+        def once() -> Attempt | None:
+            change = task_change(read_task(self.graph, task_id), None, {}, new_attempt=True)
+            start = attempt_start(change.task, executor, fence_token)
+            return start.attempt if write_start(self.graph, change, start) else None
+        return until_written(once, task_id)
+
+    def finish(self, attempt_id: str, status: AttemptStatus, error: str | None = None,
+               stack_trace: str | None = None) -> Attempt:
+        """Close a RUNNING attempt; a second finish raises :class:`AttemptAlreadyFinished`."""
+        end = attempt_end(self.get(attempt_id), status, error, stack_trace)
+        self.graph.write(end.write)
+        return end.attempt
+
+    def get(self, attempt_id: str) -> Attempt:
+        rows = self.graph.read(
+            lambda g: g.V().has("attempt_id", attempt_id).element_map().to_list())
+        if not rows:
+            raise TaskNotFound(f"no attempt {attempt_id}")
+        return attempt_from_row(rows[0])
+
+    def for_task(self, task_id: str) -> list[Attempt]:
+        rows = self.graph.read(
+            lambda g: g.V().has("task_id", task_id).out("has_attempt").element_map().to_list())
+        return sorted((attempt_from_row(r) for r in rows), key=lambda a: a.seq)
+
+    def running(self) -> list[Attempt]:
+        rows = self.graph.read(
+            lambda g: g.V().has("attempt_status", "RUNNING").element_map().to_list())
+        return sorted((attempt_from_row(r) for r in rows), key=lambda a: (a.task_id, a.seq))
+
+

@@ -1,0 +1,75 @@
+"""Rows of the task and attempt vertices: the properties a task is written as, and the
+decoders from a ``valueMap``-style row back to the model. An unknown stored format raises
+:class:`~runner.store.errors.UnknownStoreFormat`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from runner.store import codec
+from runner.store.errors import (
+    UnknownStoreFormat,
+)
+from runner.store.model import (
+    Attempt,
+    AttemptStatus,
+    Task,
+    TaskStatus,
+)
+
+TASK_CHANGES = {"status", "finished", "active", "payload", "owner", "priority"}
+
+
+TASK_FIXED = ("task_id", "task_type", "task_created", "task_unique")
+
+
+def task_props(task: Task) -> dict[str, Any]:
+    props = {
+        "task_id": task.id, "task_type": task.type,
+        "task_payload": codec.encode_json(task.payload), "task_priority": task.priority,
+        "task_created": codec.encode_time(task.created_at), "task_version": task.version,
+        "task_queue": "open" if task.open else "closed",
+        "task_state": codec.encode_json({
+            "status": task.status.value, "active": task.active, "finished": task.finished,
+            "owner": task.owner or "", "updated": codec.encode_time(task.updated_at),
+            "attempts": task.attempts}),
+        "task_fence": codec.encode_big(task.fence),
+    }
+    if task.unique_key is not None:
+        props["task_unique"] = task.unique_key
+    return props
+
+
+def task_from_row(row: Mapping[Any, Any]) -> Task:
+    if "task_state" not in row or "task_fence" not in row:
+        raise UnknownStoreFormat(
+            f"task {row.get('task_id')!r} has no task_state: the graph was written by an "
+            f"older latchwork; recreate it")
+    state = codec.decode_json(row["task_state"])
+    return Task(
+        id=row["task_id"], type=row["task_type"],
+        payload=codec.decode_json(row["task_payload"]), active=bool(state["active"]),
+        status=TaskStatus(state["status"]), finished=bool(state["finished"]),
+        priority=int(row["task_priority"]), created_at=codec.decode_time(row["task_created"]),
+        updated_at=codec.decode_time(state["updated"]), version=int(row["task_version"]),
+        fence=codec.decode_big(row["task_fence"]), unique_key=row.get("task_unique"),
+        owner=state["owner"] or None, attempts=int(state["attempts"]))
+
+
+def attempt_from_row(row: Mapping[Any, Any]) -> Attempt:
+    if "attempt_start" not in row:
+        raise UnknownStoreFormat(
+            f"attempt {row.get('attempt_id')!r} has no attempt_start: the graph was written by "
+            f"an older latchwork; recreate it")
+    start = codec.decode_json(row["attempt_start"])
+    end = codec.decode_json(row["attempt_end"]) if row.get("attempt_end") else {}
+    return Attempt(
+        id=row["attempt_id"], task_id=start["task"], seq=int(start["seq"]),
+        status=AttemptStatus(row["attempt_status"]), executor=start["executor"],
+        started_at=codec.decode_time(start["started"]), fence=codec.decode_big(start["fence"]),
+        ended_at=codec.decode_time(end["ended"]) if end else None,
+        duration_ms=int(end["duration_ms"]) if end else None,
+        error=end.get("error") or None, stack_trace=end.get("stack") or None)
+
+

@@ -1,0 +1,37 @@
+"""Traversal building blocks of the portable subset: chunking bulk writes under gremlite's
+recursion limit, property writes with explicit single cardinality, and vertex creation."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, TypeVar
+
+from gremlin_python.process.traversal import Cardinality
+
+# gremlite evaluates a traversal recursively, one Python frame per step, so a chained bulk
+# traversal must stay well under the interpreter's recursion limit (1000): at most ~400 steps
+BATCH = 100  # rows per bulk traversal (at most 4 steps per row)
+EDGE_BATCH = 50  # edges per traversal (5 steps each)
+ASPECT_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+X = TypeVar("X")
+
+
+def chunks(items: Sequence[X], size: int) -> Iterator[Sequence[X]]:
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+def set_props(t: Any, props: Mapping[str, Any]) -> Any:
+    for key, value in props.items():
+        t = t.property(Cardinality.single, key, value)
+    return t
+
+
+def add_vertex(g: Any, label: str, props: Mapping[str, Any]) -> Any:
+    t = g.add_v(label)
+    for key, value in props.items():
+        t = t.property(key, value)
+    return t
+
+

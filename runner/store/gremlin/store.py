@@ -1,0 +1,259 @@
+"""GraphStore: the four gremlin stores over one graph, and the owner's writes that span a task
+and its attempts: claim, conclude, release, close_attempts, cancel, complete, fenced_write.
+
+Each of these is one guarded traversal or one graph transaction, so a refused guard changes
+nothing. A version moved by another writer raises :class:`~runner.store.errors.CommitConflict`;
+a fencing token that is no longer the task's raises
+:class:`~runner.store.errors.StaleFencingToken`; an attempt someone else closed raises
+:class:`~runner.store.errors.AttemptAlreadyFinished`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from runner.store.errors import (
+    AttemptAlreadyFinished,
+    CommitConflict,
+    StaleFencingToken,
+)
+from runner.store.graph import Graph, open_graph
+from runner.store.gremlin.attempts import GremlinAttemptLog
+from runner.store.gremlin.avatars import GremlinAvatarStore
+from runner.store.gremlin.ontologies import GremlinOntologyStore
+from runner.store.gremlin.tasks import GremlinTaskStore
+from runner.store.gremlin.writes import (
+        attempt_end,
+    attempt_start,
+    fence_guard,
+    matched_write,
+    task_change,
+    until_written,
+)
+from runner.store.model import (
+    Attempt,
+    AttemptStatus,
+    Fence,
+    Task,
+    TaskStatus,
+)
+from runner.store.ports import AttemptLog, AvatarStore, OntologyStore, TaskStore
+
+T = TypeVar("T")
+
+
+class GraphStore:
+    """The four stores over one graph connection; ``close()`` when done."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        self._tasks = GremlinTaskStore(graph)
+        self._attempts = GremlinAttemptLog(graph)
+        self.tasks: TaskStore = self._tasks
+        self.attempts: AttemptLog = self._attempts
+        self.ontologies: OntologyStore = GremlinOntologyStore(graph)
+        self.avatars: AvatarStore = GremlinAvatarStore(graph)
+
+    def claim(self, task: Task, fence_token: int, member_id: str) -> tuple[Task, Attempt]:
+        """Claim ``task`` as listed (RUNNING, owner, token; guarded by its version and fence)
+        and add its RUNNING attempt (numbered from the task's attempt count), in one traversal.
+
+        A task listed as RUNNING (its owner left without ending its attempt) is claimed with
+        that owner's RUNNING attempts closed in the same traversal ("superseded"), so the
+        history never shows two owners running it at once. Other claims read nothing.
+
+        A task that moved on since it was listed raises :class:`CommitConflict`, one whose
+        fence is not older than ``fence_token`` :class:`StaleFencingToken`, and nothing is
+        written.
+        """
+        change = task_change(task, fence_token,
+                             {"status": TaskStatus.RUNNING, "owner": member_id}, new_attempt=True)
+        ends = []
+        if task.status is TaskStatus.RUNNING:  # ended before the new attempt starts
+            ends = [attempt_end(a, AttemptStatus.CANCELLED_BY_SYSTEM,
+                                f"cancelled by system: superseded by {member_id} (token "
+                                f"{fence_token}); its executor {a.executor} had lost the task")
+                    for a in self.attempts.for_task(task.id)
+                    if a.status is AttemptStatus.RUNNING]
+        start = attempt_start(change.task, member_id, fence_token)
+
+        def guarded(g: Any) -> Any:
+            for end in ends:
+                g = end.traverse(g)
+            return start.extend(change.traverse(g))
+
+        if not matched_write(self.graph, guarded):
+            # moved on since it was listed: a fresh read says how (or it is a plain conflict)
+            self._tasks.prepare_update(task.id, task.version, fence_token, {})
+            raise CommitConflict(task.id, task.version, None)
+        return change.task, start.attempt
+
+    def conclude(self, attempt: Attempt, attempt_status: AttemptStatus, error: str | None,
+                 stack_trace: str | None, task: Task, fence_token: int,
+                 changes: Mapping[str, object]) -> Task:
+        """End ``attempt`` and update ``task`` as its owner (token ``fence_token``), in one
+        traversal guarded by the attempt being RUNNING and the task's version and fence; no
+        read when both still hold.
+
+        * The attempt was closed by someone else (the master's reaper, an operator's cancel):
+          :class:`AttemptAlreadyFinished`, and nothing is written: that close moved the fence.
+        * The task moved on but the token is still its own (e.g. a priority change): the
+          task is re-read and both are written again.
+        * The token is no longer the task's (another owner claimed it): the attempt is closed
+          as CANCELLED_BY_SYSTEM ("superseded"), whatever the handler did, the task is left
+          alone and :class:`StaleFencingToken` is raised.
+        """
+        end = attempt_end(attempt, attempt_status, error, stack_trace)
+        change = task_change(task, fence_token, changes)
+        if matched_write(self.graph, lambda g: change.traverse(end.traverse(g))):
+            return change.task
+
+        def once() -> Task | None:
+            current = self._attempts.get(attempt.id)
+            # a server without transactions may have applied our end of the attempt before the
+            # task's guard refused: that end is ours, not a close by someone else
+            ours = (current.status is end.attempt.status
+                    and current.ended_at == end.attempt.ended_at)
+            if current.status is not AttemptStatus.RUNNING and not ours:
+                raise AttemptAlreadyFinished(
+                    f"attempt {attempt.id} is already {current.status.value}")
+            task_now = self._tasks.get(task.id)
+            if task_now.fence > fence_token:
+                if not ours:
+                    self._end_superseded(attempt, fence_token)
+                raise StaleFencingToken(task.id, fence_token, task_now.fence)
+            again = task_change(task_now, fence_token, changes)
+            if ours:
+                return again.task if matched_write(self.graph, again.traverse) else None
+            return again.task if matched_write(
+                self.graph, lambda g: again.traverse(end.traverse(g))) else None
+
+        return until_written(once, task.id)
+
+    def _end_superseded(self, attempt: Attempt, fence_token: int) -> None:
+        try:
+            self.attempts.finish(attempt.id, AttemptStatus.CANCELLED_BY_SYSTEM,
+                                 f"cancelled by system: superseded, fencing token "
+                                 f"{fence_token} is no longer the task's")
+        except AttemptAlreadyFinished:
+            pass
+
+    def release(self, task_id: str, fence_token: int, changes: Mapping[str, object]) -> Task:
+        """Update the task as its owner when no attempt is to be ended with it (e.g. a retry
+        that was not started): :class:`StaleFencingToken` once the token is not the task's."""
+        return self._tasks.modify(task_id, fence_token, changes)
+
+    def close_attempts(self, task_id: str, status: AttemptStatus, error: str, *,
+                       executor: str | None = None,
+                       changes: Mapping[str, object] | None = None) -> tuple[Task, list[Attempt]]:
+        """Close RUNNING attempts as someone other than their owner (the master's reaper for
+        ``executor``'s attempts, an operator's cancel for all), and apply ``changes``, in one
+        traversal.
+
+        If the closed owner is the task's current owner (the task is RUNNING under it, or a
+        closed attempt carries the task's token), the task goes back to WAITING and its fence
+        moves on in the same write: that owner can write nothing more on the task, not even
+        "finished". Re-read and written again while someone else writes first.
+        """
+        wanted = dict(changes or {})
+
+        def once() -> tuple[Task, list[Attempt]] | None:
+            task = self._tasks.get(task_id)
+            running = [a for a in self.attempts.for_task(task_id)
+                       if a.status is AttemptStatus.RUNNING
+                       and (executor is None or a.executor == executor)]
+            owned = task.status is TaskStatus.RUNNING and (
+                executor is None or task.owner == executor)
+            move = owned or any(a.fence == task.fence for a in running)
+            todo = dict(wanted)
+            if move:
+                todo["status"] = TaskStatus.WAITING
+            if not running and not move and all(
+                    getattr(task, k) == v for k, v in todo.items()):
+                return task, []
+            ends = [attempt_end(a, status, error) for a in running]
+            change = task_change(task, None, todo, move_fence=move)
+
+            def guarded(g: Any) -> Any:
+                for end in ends:
+                    g = end.traverse(g)
+                return change.traverse(g)
+
+            if matched_write(self.graph, guarded):
+                return change.task, [e.attempt for e in ends]
+            return None
+
+        return until_written(once, task_id)
+
+    def cancel(self, task_id: str, by: str,
+               reason: str | None = None) -> tuple[Task, list[Attempt]]:
+        """An operator stops a task: it becomes inactive and a running attempt is closed as
+        CANCELLED ("cancelled by operator ``by``"), its owner fenced off, in one write. The
+        caller then frees the lock, which tells the owner to stop (its lost-lock listener)."""
+        why = f"cancelled by operator {by}" + (f": {reason}" if reason else "")
+        return self.close_attempts(task_id, AttemptStatus.CANCELLED, why,
+                                   changes={"active": False})
+
+    def complete(self, attempt: Attempt, task: Task, fence_token: int,
+                 fn: Callable[[Any], T]) -> tuple[T, Task]:
+        """A handler's last effect, its attempt SUCCEEDED and its task finished, in one write
+        (one transaction on the embedded graph): ``fn(g)`` runs after the fence guard, and
+        everything rolls back if the attempt is no longer RUNNING or the task's guards refuse.
+
+        An owner killed before this write leaves no effect (the task is run again); after it,
+        the effect and the success are both recorded. Raises :class:`AttemptAlreadyFinished`
+        (closed by someone else) or :class:`StaleFencingToken` with nothing written; a task
+        that moved on while the token is still its own is re-read and written again.
+        """
+        end = attempt_end(attempt, AttemptStatus.SUCCEEDED)
+        fence = Fence(task.id, fence_token)
+        changes = {"status": TaskStatus.WAITING, "finished": True}
+        current = [task]
+
+        def once() -> tuple[T, Task] | None:
+            change = task_change(current[0], fence_token, changes)
+
+            def write(g: Any) -> T:
+                fence_guard(g, fence)
+                out = fn(g)
+                if not change.traverse(end.traverse(g)).id_().to_list():
+                    raise _Refused
+                return out
+
+            try:
+                return self.graph.write(write), change.task
+            except _Refused:
+                if self._attempts.get(attempt.id).status is not AttemptStatus.RUNNING:
+                    raise AttemptAlreadyFinished(
+                        f"attempt {attempt.id} was closed meanwhile") from None
+                current[0] = self._tasks.get(task.id)
+                return None
+
+        return until_written(once, task.id)
+
+    def fenced_write(self, fence: Fence, fn: Callable[[Any], T]) -> T:
+        """Run ``fn(g)`` as one write that is refused (:class:`StaleFencingToken`, nothing
+        written) unless ``fence`` is still the task's; the check runs inside the same
+        transaction on the embedded graph (see docs/graph.md for a remote server)."""
+        def write(g: Any) -> T:
+            fence_guard(g, fence)
+            return fn(g)
+        return self.graph.write(write)
+
+    def close(self) -> None:
+        self.graph.close()
+
+    def __enter__(self) -> GraphStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _Refused(Exception):
+    """A guard of a combined write matched nothing: rolls the whole transaction back."""
+
+
+def open_store(location: str) -> GraphStore:
+    return GraphStore(open_graph(location))

@@ -1,0 +1,222 @@
+"""The write algebra: guarded changes prepared outside the write slot, applied as one traversal.
+
+The store reads and checks first, outside any write transaction, and then writes one guarded
+traversal: the embedded graph's single writer slot is held only for the write, and a change
+that is no longer true (someone else wrote first) matches nothing. ``traverse(src)`` builds the
+guarded write from ``g`` or from a traversal (mid-traversal ``V()``), so several changes can
+go out as one traversal.
+
+A guard that matches nothing means someone else wrote first: the caller re-reads and retries
+(:func:`until_written`, the one re-read-and-write loop of the store) or reports
+:class:`~runner.store.errors.CommitConflict` / :class:`~runner.store.errors.StaleFencingToken`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from runner.store import codec
+from runner.store.errors import (
+    AttemptAlreadyFinished,
+    CommitConflict,
+    InvalidValue,
+    StaleFencingToken,
+)
+from runner.store.graph import Graph
+from runner.store.gremlin.rows import (
+    TASK_CHANGES,
+    TASK_FIXED,
+    attempt_from_row,
+    task_from_row,
+    task_props,
+)
+from runner.store.gremlin.steps import (
+    X,
+    add_vertex,
+    set_props,
+)
+from runner.store.model import (
+    Attempt,
+    AttemptStatus,
+    Fence,
+    Task,
+    TaskStatus,
+)
+
+
+@dataclass(frozen=True)
+class TaskChange:
+    """A checked task update: what changed, and the task it leaves.
+
+    The write is guarded by the version and by the fencing token the task carried when it was
+    read, both inside the traversal: a task that moved on, or whose fence moved on (another
+    owner claimed it, or someone closed its owner's attempt), matches nothing.
+    """
+    task_id: str
+    expected_version: int
+    expected_fence: int
+    props: Mapping[str, Any]
+    task: Task
+
+    def traverse(self, src: Any) -> Any:
+        return set_props(src.V().has("task_id", self.task_id)
+                    .has("task_version", self.expected_version)
+                    .has("task_fence", codec.encode_big(self.expected_fence)), self.props)
+
+    def write(self, g: Any) -> None:
+        if not self.traverse(g).id_().to_list():
+            raise CommitConflict(self.task_id, self.expected_version, None)
+
+
+@dataclass(frozen=True)
+class AttemptStart:
+    """A RUNNING attempt to add to a task vertex."""
+    props: Mapping[str, Any]
+    attempt: Attempt
+
+    def extend(self, at_task: Any) -> Any:
+        """Add the attempt and its edge after a traversal that stands on the task vertex."""
+        t = add_vertex(at_task.as_("t"), "attempt", self.props).as_("a")
+        return t.add_e("has_attempt").from_("t").to("a")
+
+
+@dataclass(frozen=True)
+class AttemptEnd:
+    """The end of a RUNNING attempt, and the attempt it leaves."""
+    attempt_id: str
+    props: Mapping[str, Any]
+    attempt: Attempt
+
+    def traverse(self, src: Any) -> Any:
+        return set_props(src.V().has("attempt_id", self.attempt_id)
+                    .has("attempt_status", AttemptStatus.RUNNING.value), self.props)
+
+    def write(self, g: Any) -> None:
+        if not self.traverse(g).id_().to_list():
+            raise AttemptAlreadyFinished(f"attempt {self.attempt_id} was finished meanwhile")
+
+
+def task_change(task: Task, fence_token: int | None, changes: Mapping[str, Any],
+                new_attempt: bool = False, move_fence: bool = False) -> TaskChange:
+    """The change of ``task`` as it was read (at ``task.version``), without reading it again:
+    the guards of the write (version and fence, see :class:`TaskChange`) refuse it if the task
+    moved on since.
+
+    Who writes decides the fence rule:
+
+    * an owner (``fence_token``) writes only while its token is not older than the task's
+      (a newer token is a newer lock holder taking over: it is recorded);
+    * anyone else (``fence_token`` None: the master, an operator) leaves the fence alone, or,
+      when it closes the current owner's attempt (``move_fence``), moves it one past the
+      owner's token: from then on that owner can write nothing on the task, while every later
+      lock node (a later czxid) still can.
+
+    ``new_attempt`` counts one more started attempt.
+    """
+    unknown = set(changes) - TASK_CHANGES
+    if unknown:
+        raise InvalidValue(f"cannot change {sorted(unknown)} of a task")
+    changes = dict(changes)
+    if "status" in changes:
+        changes["status"] = TaskStatus(changes["status"])
+    fence = task.fence
+    if fence_token is not None:
+        if fence_token < task.fence:
+            raise StaleFencingToken(task.id, fence_token, task.fence)
+        fence = fence_token
+    elif move_fence:
+        fence = task.fence + 1
+    fields = {**task.__dict__, **changes, "version": task.version + 1,
+              "updated_at": codec.now(), "fence": fence,
+              "attempts": task.attempts + (1 if new_attempt else 0)}
+    old = task_props(task)
+    new = task_props(Task(**fields))
+    changed = {k: v for k, v in new.items() if k not in TASK_FIXED and old.get(k) != v}
+    return TaskChange(task.id, task.version, task.fence, changed, task_from_row({**old, **changed}))
+
+
+def fence_guard(g: Any, fence: Fence) -> None:
+    """Inside a write: raise :class:`StaleFencingToken` unless ``fence`` is still the task's
+    (one read in the write's own transaction on the embedded graph, so nothing can move the
+    fence between this check and the write's other steps)."""
+    if not (g.V().has("task_id", fence.task_id)
+            .has("task_fence", codec.encode_big(fence.token)).id_().to_list()):
+        raise StaleFencingToken(fence.task_id, fence.token, -1)
+
+
+def attempt_start(task: Task, executor: str, fence_token: int) -> AttemptStart:
+    """The RUNNING attempt that ``task`` (as the same write leaves it: its ``attempts`` already
+    count this one) starts; its end, duration, error and stack are written when it ends."""
+    attempt_id = str(uuid.uuid4())
+    props = {
+        "attempt_id": attempt_id, "attempt_status": AttemptStatus.RUNNING.value,
+        "attempt_start": codec.encode_json({
+            "task": task.id, "seq": task.attempts, "executor": executor,
+            "started": codec.encode_time(codec.now()),
+            "fence": codec.encode_big(fence_token)}),
+    }
+    return AttemptStart(props, attempt_from_row(props))
+
+
+def attempt_end(attempt: Attempt, status: AttemptStatus, error: str | None = None,
+                stack_trace: str | None = None) -> AttemptEnd:
+    """The end of ``attempt`` as it was read, without reading it again: the write is guarded
+    by its RUNNING status."""
+    status = AttemptStatus(status)
+    if status is AttemptStatus.RUNNING:
+        raise InvalidValue("finish() needs a final status")
+    if attempt.status is not AttemptStatus.RUNNING:
+        raise AttemptAlreadyFinished(f"attempt {attempt.id} is already {attempt.status.value}")
+    ended = codec.now()
+    doc: dict[str, Any] = {
+        "ended": codec.encode_time(ended),
+        "duration_ms": int((ended - attempt.started_at).total_seconds() * 1000),
+    }
+    if error:
+        doc["error"] = error
+    if stack_trace:
+        doc["stack"] = stack_trace
+    props = {"attempt_status": status.value, "attempt_end": codec.encode_json(doc)}
+    ended_attempt = dataclasses.replace(
+        attempt, status=status, ended_at=codec.decode_time(doc["ended"]),
+        duration_ms=doc["duration_ms"], error=error or None, stack_trace=stack_trace or None)
+    return AttemptEnd(attempt.id, props, ended_attempt)
+
+
+class _Unmatched(Exception):
+    """A guarded write matched nothing: raised to roll its transaction back."""
+
+
+def matched_write(graph: Graph, guarded: Callable[[Any], Any]) -> bool:
+    """Write one guarded traversal; False, rolled back, when its guards matched nothing."""
+    def write(g: Any) -> None:
+        if not guarded(g).id_().to_list():
+            raise _Unmatched
+
+    try:
+        graph.write(write)
+    except _Unmatched:
+        return False
+    return True
+
+
+def until_written(attempt: Callable[[], X | None], what: str, tries: int = 20) -> X:
+    """The store's one re-read-and-write loop: ``attempt()`` reads what it needs, decides, and
+    writes one guarded traversal; it returns None when the guards matched nothing (someone
+    wrote first), and is then run again after a short random pause. Raises
+    :class:`CommitConflict` after ``tries`` refusals in a row; any other store error
+    (StaleFencingToken, TaskNotFound, ...) ends the loop at once."""
+    for n in range(tries):
+        result = attempt()
+        if result is not None:
+            return result
+        time.sleep(random.uniform(0, min(0.1, 0.002 * 2 ** n)))
+    raise CommitConflict(what, -1, None)
+
+
