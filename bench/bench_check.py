@@ -21,9 +21,9 @@ from typing import Any
 from _servers import zookeeper
 
 from coord import Session
-from runner.processor import TaskProcessHandler
 from runner.store import open_store
 from runner.tasks import TaskContext, TaskRegistry
+from runner.tasks.loop import TaskProcessHandler
 
 ROUNDS = 2000
 

@@ -68,8 +68,8 @@ from messaging import (
     declare_topology,
 )
 from messaging.testing import RabbitMQServer
-from runner.diag import effects
 from runner.store import AttemptStatus, GraphStore, open_store
+from runner.tasks.diag import effects
 from runner.testing.chaosnode import EFFECTS, RUNS
 
 CLUSTER = "chaos"

@@ -2,8 +2,8 @@
 
 A node joins membership and the master election, opens the graph store, and runs:
 
-* the TaskProcessHandler (every node): the task loop of :mod:`runner.processor`;
-* the MASTER consumer while it is master, plus the master duties (:mod:`runner.master`);
+* the TaskProcessHandler (every node): the task loop of :mod:`runner.tasks.loop`;
+* the MASTER consumer while it is master, plus the master duties (:mod:`runner.tasks.master`);
 * the MODEL consumer (TRIGGER_SCAN: scan now; UPDATE_CACHE: reload the ontology cache);
 * the API responder: ``task.submit``, ``task.list``, ``task.get``, ``task.deactivate`` and
   ``task.cancel`` (both cancel a running attempt cluster-wide), ``task.reactivate``,
@@ -43,15 +43,15 @@ from coord import (
 from messaging import Connector, HandlerContext, MessageBus, Topology, ZkProcessedLog
 from runner import __version__
 from runner.config import Settings
-from runner.diag import register_diagnostics
-from runner.master import MasterDuties
 from runner.ontology_sync import OntologyCache, OntologySync, register_ontology_tasks
 from runner.pipeline.aspects import ASPECT_PATTERN, AspectRegistry
 from runner.pipeline.spark import stop_spark
 from runner.pipeline.tasks import Pipeline, register_pipeline_tasks
-from runner.processor import TaskProcessHandler
 from runner.store import GraphStore, open_store
 from runner.tasks import TaskRegistry
+from runner.tasks.diag import register_diagnostics
+from runner.tasks.loop import TaskProcessHandler
+from runner.tasks.master import MasterDuties
 from runner.views import attempt_view, task_view
 
 log = logging.getLogger("latchwork.node")

@@ -13,9 +13,10 @@ import pytest
 from coord import Session
 from coord.testing import wait_until
 from coord.testing.plugin import ZkNamespace
-from runner.processor import TaskProcessHandler, preferred_index
 from runner.store import AttemptStatus, GraphStore, Task, TaskStatus, open_store
 from runner.tasks import TaskContext, TaskRegistry
+from runner.tasks.backlog import candidates, preferred_index
+from runner.tasks.loop import TaskProcessHandler
 
 
 @pytest.fixture
@@ -138,7 +139,8 @@ def test_an_old_listing_is_rechecked_before_locking(
         processor = TaskProcessHandler(s, "m1", store, registry, workers=6, scan_interval=600)
         listed = time.monotonic() - 1.0  # the old listing, a second ago
         processor._backlog = [(t, listed, own) for t, own
-                              in processor._candidates(store.tasks.unfinished(), None)]
+                              in candidates(store.tasks.unfinished(), None, processor.member_id,
+                                         processor.workers)]
         for task in tasks[:4]:  # meanwhile another node claimed four of them
             store.tasks.update(task.id, 0, 9, owner="m2")
         try:
@@ -199,7 +201,8 @@ def scan_stale_backlog(zk_namespace: ZkNamespace, store: GraphStore,
         processor = TaskProcessHandler(s, "m1", store, registry, workers=1, scan_interval=600)
         old = time.monotonic() - 1.0
         processor._backlog = [(t, old, own) for t, own
-                              in processor._candidates(store.tasks.unfinished(), None)]
+                              in candidates(store.tasks.unfinished(), None, processor.member_id,
+                                         processor.workers)]
         order = [t for t, _, _ in processor._backlog]
         for task in order[:16]:
             store.tasks.update(task.id, 0, 9, owner="m2", finished=True)
@@ -280,9 +283,12 @@ def test_priority_comes_before_preference(zk_namespace: ZkNamespace, store: Grap
     urgent = store.tasks.create("t", priority=5)
     with session(zk_namespace) as s:
         processor = TaskProcessHandler(s, "m1", store, TaskRegistry(), workers=1)
-        order = processor._candidates(store.tasks.unfinished(), {"m1", "m2"})
-        alone = processor._candidates(store.tasks.unfinished(), {"m1"})
-        unknown = processor._candidates(store.tasks.unfinished(), None)
+        order = candidates(store.tasks.unfinished(), {"m1", "m2"}, processor.member_id,
+                           processor.workers)
+        alone = candidates(store.tasks.unfinished(), {"m1"}, processor.member_id,
+                           processor.workers)
+        unknown = candidates(store.tasks.unfinished(), None, processor.member_id,
+                           processor.workers)
         processor.close()
     assert (order[0][0].id, order[0][1]) == (urgent.id, preferred_index(urgent.id, 2) == 0)
     flags = [own for _, own in order[1:]]

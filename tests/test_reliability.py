@@ -11,16 +11,16 @@ from typing import Any, ClassVar
 
 import pytest
 
-import runner.master as master_module
-import runner.processor as processor_module
+import runner.tasks.claim as claim_module
+import runner.tasks.master as master_module
 from coord import LeaderLatch, Membership, Session, TaskLock, force_release, lock_owner
 from coord.testing import wait_until
 from coord.testing.plugin import ZkNamespace
-from runner.diag import effects, register_diagnostics
-from runner.master import MasterDuties
-from runner.processor import TaskProcessHandler
 from runner.store import AttemptStatus, GraphStore, StaleFencingToken, open_store
 from runner.tasks import TaskCancelled, TaskContext, TaskRegistry
+from runner.tasks.diag import effects, register_diagnostics
+from runner.tasks.loop import TaskProcessHandler
+from runner.tasks.master import MasterDuties
 
 
 @pytest.fixture
@@ -79,7 +79,7 @@ def test_a_lock_lost_between_acquire_and_claim_still_cancels_the_attempt(
     register_diagnostics(registry)
     task = store.tasks.create("diag.sleep", {"seconds": 3})
     RecordingLock.made = []
-    monkeypatch.setattr(processor_module, "TaskLock", RecordingLock)
+    monkeypatch.setattr(claim_module, "TaskLock", RecordingLock)
     real_claim = store.claim
 
     with session(zk_namespace) as s, session(zk_namespace) as master:

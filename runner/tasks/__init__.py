@@ -1,0 +1,37 @@
+"""The generic task runner: task types, the task loop every node runs, and the master's duties.
+
+* :mod:`~runner.tasks.registry`: task types and their payload models;
+* :mod:`~runner.tasks.context`: what a handler gets (context, cancellation token);
+* :mod:`~runner.tasks.loop`: TaskProcessHandler, the scan and its driver;
+* :mod:`~runner.tasks.backlog`: the order a node tries open tasks in (pure);
+* :mod:`~runner.tasks.claim`: slot, lock and the claim that writes the RUNNING attempt;
+* :mod:`~runner.tasks.execution`: the handler, conflict retries and the conclusion;
+* :mod:`~runner.tasks.outcomes`: what an attempt came to, as a type;
+* :mod:`~runner.tasks.master`: the master's reaper of dead owners' locks and attempts;
+* :mod:`~runner.tasks.diag`: diagnostic task types (sleep, fail, conflict, effect).
+
+It knows nothing of ontologies or pipelines; those register their task types here.
+"""
+
+from runner.tasks.context import CancelToken, TaskCancelled, TaskConflict, TaskContext
+from runner.tasks.registry import (
+    Handler,
+    InvalidPayload,
+    TaskError,
+    TaskRegistry,
+    TaskType,
+    UnknownTaskType,
+)
+
+__all__ = [
+    "CancelToken",
+    "Handler",
+    "InvalidPayload",
+    "TaskCancelled",
+    "TaskConflict",
+    "TaskContext",
+    "TaskError",
+    "TaskRegistry",
+    "TaskType",
+    "UnknownTaskType",
+]

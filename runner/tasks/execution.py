@@ -1,0 +1,229 @@
+"""Running a claimed task: the handler with its hooks, conflict retries, and the conclusion.
+
+:class:`Execution` runs one attempt after another for a claimed task until it has an outcome
+(:mod:`runner.tasks.outcomes`): a commit conflict is retried with a new attempt after an
+exponential backoff with jitter, up to ``max_conflict_retries``; anything else is concluded:
+the attempt's end and the task's new state written by its owner in one guarded write.
+Before-attempt hooks run in order and after-attempt hooks unwind in reverse.
+
+Failure behaviour:
+
+* the owner's token no longer the task's, or its attempt closed by someone else (the master's
+  reaper, an operator's cancel): nothing more is written on the task; logged;
+* the task changed while a retry waited: no new attempt, the task goes back as it stands;
+* an unexpected error in the loop itself: the attempt is closed FAILED with it, the task left
+  open for another try. The caller releases the lock and slot after all of this is written.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from coord import Session, SessionState
+from runner.store import (
+    Attempt,
+    AttemptAlreadyFinished,
+    AttemptStatus,
+    CommitConflict,
+    GraphStore,
+    StaleFencingToken,
+    StoreError,
+)
+from runner.tasks.claim import Running
+from runner.tasks.context import TaskCancelled, TaskConflict, TaskContext
+from runner.tasks.outcomes import AttemptResult, Outcome, task_changes
+from runner.tasks.registry import TaskRegistry, TaskType
+
+log = logging.getLogger("latchwork.tasks")
+
+#: before-attempt hooks get the context; after-attempt hooks also the final status and error
+BeforeHook = Callable[[TaskContext], None]
+AfterHook = Callable[[TaskContext, AttemptStatus, str | None], None]
+
+
+class Execution:
+    """Runs claimed tasks for one member (the task loop's workers call :meth:`run`)."""
+
+    def __init__(self, session: Session, member_id: str, store: GraphStore,
+                 registry: TaskRegistry, *, before: Sequence[BeforeHook] = (),
+                 after: Sequence[AfterHook] = (), services: Mapping[str, Any] | None = None,
+                 max_conflict_retries: int = 10,
+                 conflict_backoff: tuple[float, float] = (0.1, 5.0)) -> None:
+        self.session = session
+        self.member_id = member_id
+        self.store = store
+        self.registry = registry
+        self.before = list(before)
+        self.after = list(after)
+        self.services = dict(services or {})
+        self.max_conflict_retries = max_conflict_retries
+        self.conflict_backoff = conflict_backoff
+
+    def run(self, r: Running) -> Outcome:
+        """Run ``r`` to its outcome and write it; returns the outcome."""
+        task = r.task
+        attempt = r.attempt
+        assert attempt is not None  # claimed
+        try:
+            kind = self.registry.get(task.type)
+            retries = 0
+            while True:
+                result = self.attempt(r, kind, attempt)
+                outcome = result.outcome
+                if outcome is Outcome.RETRY and retries < self.max_conflict_retries:
+                    self.finish(attempt, result)
+                    retries += 1
+                    next_attempt = self._retry(r, retries, result)
+                    if next_attempt is not None:
+                        attempt = next_attempt
+                        continue
+                    # cancelled while waiting to retry, or changed: no new attempt, the task
+                    # goes back as it stands
+                    self.conclude(r, None, result, Outcome.CANCELLED)
+                    return Outcome.CANCELLED
+                if outcome is Outcome.RETRY:  # the retry budget is spent
+                    outcome = Outcome.STOPPED
+                if r.completed:
+                    if result.status is not AttemptStatus.SUCCEEDED:
+                        log.error("member %s: task %s (%s) failed after ctx.complete(): %s; "
+                                  "its attempt stays SUCCEEDED", self.member_id, task.id,
+                                  task.type, result.error)
+                    return Outcome.FINISHED  # concluded by ctx.complete()
+                self.conclude(r, attempt, result, outcome)
+                return outcome
+        except Exception as exc:
+            log.exception("member %s: task %s: unexpected failure in the task loop",
+                          self.member_id, task.id)
+            try:  # leave no RUNNING attempt behind; the task stays open for another try
+                self.store.attempts.finish(attempt.id, AttemptStatus.FAILED,
+                                           f"internal error in the task loop: {exc!r}",
+                                           "".join(traceback.format_exception(exc)))
+            except StoreError:
+                pass  # already finished, or the store is gone: the reaper cannot help here
+            return Outcome.CANCELLED
+
+    def _retry(self, r: Running, retries: int, result: AttemptResult) -> Attempt | None:
+        """Wait the backoff and claim the task again as its owner: the next attempt, or None
+        when cancelled meanwhile or the task changed."""
+        first, cap = self.conflict_backoff
+        delay = random.uniform(0, min(cap, first * 2 ** retries))
+        log.info("member %s: task %s (%s): %s; retry %d in %.2fs", self.member_id, r.task.id,
+                 r.task.type, result.error, retries, delay)
+        if r.cancel.wait(delay):
+            return None
+        try:
+            r.task, attempt = self.store.claim(r.task, r.token, self.member_id)
+            return attempt
+        except (CommitConflict, StaleFencingToken) as exc:
+            # changed meanwhile (an operator stopped it, another owner)
+            log.warning("member %s: task %s (%s) not retried: %s", self.member_id, r.task.id,
+                        r.task.type, exc)
+            return None
+
+    def attempt(self, r: Running, kind: TaskType, attempt: Attempt) -> AttemptResult:
+        """Run the handler once, with the hooks; never raises."""
+        task = r.task
+        ctx = TaskContext(task=task, attempt=attempt, member_id=self.member_id,
+                          fence_token=r.token, cancel=r.cancel, store=self.store,
+                          services=self.services, checker=lambda: self.check(r),
+                          completer=lambda write: self.complete(r, attempt, write))
+        log.info("member %s: task %s (%s) attempt %d started", self.member_id, task.id,
+                 task.type, attempt.seq)
+        result = AttemptResult.succeeded()
+        entered: list[AfterHook] = []
+        try:
+            for hook in self.before:
+                hook(ctx)
+            entered = list(self.after)
+            r.cancel.raise_if_cancelled()
+            kind.handler(ctx, kind.parse(task.payload))
+            if r.cancel.cancelled:
+                raise TaskCancelled(r.cancel.reason)
+        except TaskCancelled:
+            result = AttemptResult.cancelled(f"cancelled by system: {r.cancel.reason}")
+        except (TaskConflict, CommitConflict) as exc:
+            result = AttemptResult.conflict(f"commit conflict: {exc}")
+        except Exception as exc:
+            if r.cancel.cancelled:
+                result = AttemptResult.cancelled(
+                    f"cancelled by system: {r.cancel.reason} ({exc!r})")
+            else:
+                result = AttemptResult.failed(f"{type(exc).__name__}: {exc}",
+                                              "".join(traceback.format_exception(exc)))
+        for after_hook in reversed(entered):  # unwound in reverse order
+            try:
+                after_hook(ctx, result.status, result.error)
+            except Exception:
+                log.exception("after-attempt hook failed for task %s", task.id)
+        level = logging.INFO if result.status is AttemptStatus.SUCCEEDED else logging.WARNING
+        log.log(level, "member %s: task %s (%s) attempt %d %s%s", self.member_id, task.id,
+                task.type, attempt.seq, result.status.value,
+                f": {result.error}" if result.error else "")
+        return result
+
+    def check(self, r: Running) -> None:
+        """``ctx.check()``: raise TaskCancelled (and cancel the token) unless this node still
+        owns the task: session CONNECTED, lock node there with the same czxid (one ZooKeeper
+        read), the token still the task's (one store read)."""
+        state = self.session.state
+        if state is not SessionState.CONNECTED:
+            r.cancel.cancel(f"the ZooKeeper session is {state.value}")
+        elif not r.lock.verify():
+            r.cancel.cancel("its task lock was lost")
+        else:
+            try:
+                fence = self.store.tasks.get(r.task.id).fence
+            except StoreError as exc:
+                r.cancel.cancel(f"its ownership cannot be confirmed: {exc}")
+            else:
+                if fence != r.token:
+                    r.cancel.cancel(f"its fencing token {r.token} was superseded by {fence}")
+        r.cancel.raise_if_cancelled()
+
+    def complete(self, r: Running, attempt: Attempt, write: Callable[[Any], Any]) -> Any:
+        """``ctx.complete()``: the effect, the attempt's success and the task's finish in one
+        store write; a refusal cancels the token and raises TaskCancelled."""
+        try:
+            result, r.task = self.store.complete(attempt, r.task, r.token, write)
+        except AttemptAlreadyFinished:
+            r.cancel.cancel("its attempt was closed by someone else before it completed")
+        except StaleFencingToken as exc:
+            r.cancel.cancel(f"its fencing token was superseded before it completed ({exc})")
+        r.cancel.raise_if_cancelled()
+        r.completed = True
+        return result
+
+    def finish(self, attempt: Attempt, result: AttemptResult) -> None:
+        """Close an attempt that will be followed by another (a retry)."""
+        try:
+            self.store.attempts.finish(attempt.id, result.status, result.error, result.stack)
+        except AttemptAlreadyFinished:
+            log.warning("member %s: attempt %s of task %s was closed by the master meanwhile",
+                        self.member_id, attempt.id, attempt.task_id)
+
+    def conclude(self, r: Running, attempt: Attempt | None, result: AttemptResult,
+                 outcome: Outcome) -> None:
+        """Write the attempt's end (unless already written) and the task's new state as its
+        owner, in one transaction. Once the attempt was closed by someone else, or the token is
+        no longer the task's, nothing more is written on the task."""
+        changes = task_changes(outcome)
+        try:
+            if attempt is not None:
+                self.store.conclude(attempt, result.status, result.error, result.stack, r.task,
+                                    r.token, changes)
+            else:
+                self.store.release(r.task.id, r.token, changes)
+        except StaleFencingToken:
+            log.warning("member %s: task %s was taken over by another owner; leaving it",
+                        self.member_id, r.task.id)
+        except AttemptAlreadyFinished:
+            log.warning("member %s: the attempt of task %s was closed by the master meanwhile "
+                        "(or by an operator); leaving the task to them", self.member_id,
+                        r.task.id)
+        except CommitConflict:
+            log.error("member %s: could not record the end of task %s", self.member_id,
+                      r.task.id)

@@ -1,0 +1,79 @@
+"""What an attempt came to, as a type: the task loop decides by it, never by an error string.
+
+:class:`AttemptResult` is what running a handler returns (the attempt's status, error, stack
+trace and why it failed); its :attr:`~AttemptResult.outcome` says what happens to the task:
+
+* ``FINISHED``: the attempt SUCCEEDED; the task is finished;
+* ``RETRY``: a commit conflict; a new attempt after a backoff (the loop's retry budget decides
+  how many), the task stays active;
+* ``STOPPED``: any other failure; the task is deactivated until someone reactivates it;
+* ``CANCELLED``: shutdown, a lost lock or session, an operator's cancel; the task goes back as
+  it stands, for whichever node takes it next.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from runner.store import AttemptStatus, TaskStatus
+
+
+class Failure(enum.Enum):
+    """Why an attempt did not succeed."""
+
+    NONE = "none"
+    CANCELLED = "cancelled"  # the token was cancelled
+    CONFLICT = "conflict"  # a commit conflict: retried
+    ERROR = "error"  # anything else: the task stops
+
+
+class Outcome(enum.Enum):
+    """What happens to the task after an attempt."""
+
+    FINISHED = "finished"
+    RETRY = "retry"
+    STOPPED = "stopped"
+    CANCELLED = "cancelled"
+
+
+@dataclass(frozen=True)
+class AttemptResult:
+    status: AttemptStatus
+    failure: Failure = Failure.NONE
+    error: str | None = None
+    stack: str | None = None
+
+    @classmethod
+    def succeeded(cls) -> AttemptResult:
+        return cls(AttemptStatus.SUCCEEDED)
+
+    @classmethod
+    def cancelled(cls, error: str) -> AttemptResult:
+        return cls(AttemptStatus.CANCELLED_BY_SYSTEM, Failure.CANCELLED, error)
+
+    @classmethod
+    def conflict(cls, error: str) -> AttemptResult:
+        return cls(AttemptStatus.FAILED, Failure.CONFLICT, error)
+
+    @classmethod
+    def failed(cls, error: str, stack: str | None) -> AttemptResult:
+        return cls(AttemptStatus.FAILED, Failure.ERROR, error, stack)
+
+    @property
+    def outcome(self) -> Outcome:
+        return {Failure.NONE: Outcome.FINISHED, Failure.CANCELLED: Outcome.CANCELLED,
+                Failure.CONFLICT: Outcome.RETRY, Failure.ERROR: Outcome.STOPPED}[self.failure]
+
+
+def task_changes(outcome: Outcome) -> dict[str, Any]:
+    """The task's new state, written with the attempt's end by its owner: back to WAITING, and
+    finished (FINISHED) or deactivated (STOPPED). A retry that is not made (cancelled while
+    waiting, or its budget spent: the loop concludes it as STOPPED) leaves it as it stands."""
+    changes: dict[str, Any] = {"status": TaskStatus.WAITING}
+    if outcome is Outcome.FINISHED:
+        changes["finished"] = True
+    elif outcome is Outcome.STOPPED:
+        changes["active"] = False
+    return changes

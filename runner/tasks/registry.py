@@ -1,0 +1,94 @@
+"""Task types: a typed registry of handlers and their payload models.
+
+A handler is ``handler(ctx, payload)``; ``payload`` is validated into the type's pydantic model
+first (unknown fields are refused, naming them, unless the model's config says otherwise).
+What the task loop does with the outcome:
+
+* returns: the attempt SUCCEEDED and the task is finished;
+* raises :class:`~runner.tasks.context.TaskConflict` (or the store's ``CommitConflict``): the
+  attempt FAILED with "commit conflict", and the task is tried again with backoff (a new
+  attempt each time);
+* raises anything else: the attempt FAILED with the error and stack trace, the task stops
+  (active = false) until someone reactivates it;
+* the token is cancelled (shutdown, lost lock or session): CANCELLED_BY_SYSTEM; the task is
+  left for another node. Handlers should check ``ctx.cancel`` in long loops and sleep with
+  ``ctx.cancel.wait(seconds)``, call ``ctx.check()`` right before an external effect, and pass
+  ``ctx.fence`` to the store writes they make.
+
+An unknown type raises :class:`UnknownTaskType`, a payload that does not validate
+:class:`InvalidPayload`; registering a name twice raises ValueError.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from messaging import summary, validate_payload
+from runner.errors import RunnerError
+from runner.tasks.context import TaskContext
+
+
+class TaskError(RunnerError):
+    """Root of the task-definition errors."""
+
+    error_code = "task_error"
+
+
+class UnknownTaskType(TaskError, LookupError):
+    """No handler is registered for this task type."""
+
+    error_code = "task_type_unknown"
+
+
+class InvalidPayload(TaskError, ValueError):
+    """The payload does not validate against the task type's model."""
+
+    error_code = "payload_invalid"
+
+
+Handler = Callable[[TaskContext, Any], None]
+
+
+@dataclass(frozen=True)
+class TaskType:
+    name: str
+    handler: Handler
+    payload_model: type[BaseModel] | None = None
+    slot_limit: int | None = None  # cluster-wide concurrency of this type
+    description: str = ""
+
+    def parse(self, payload: Mapping[str, Any]) -> Any:
+        if self.payload_model is None:
+            return dict(payload)
+        try:
+            return validate_payload(self.payload_model, dict(payload))
+        except ValidationError as exc:
+            raise InvalidPayload(f"payload of {self.name}: {summary(exc)}") from exc
+
+
+class TaskRegistry:
+    def __init__(self) -> None:
+        self._types: dict[str, TaskType] = {}
+
+    def register(self, name: str, handler: Handler, payload_model: type[BaseModel] | None = None,
+                 *, slot_limit: int | None = None, description: str = "") -> None:
+        if name in self._types:
+            raise ValueError(f"task type {name!r} is already registered")
+        self._types[name] = TaskType(name, handler, payload_model, slot_limit, description)
+
+    def get(self, name: str) -> TaskType:
+        try:
+            return self._types[name]
+        except KeyError:
+            known = ", ".join(sorted(self._types)) or "none"
+            raise UnknownTaskType(f"unknown task type {name!r} (known: {known})") from None
+
+    def validate(self, name: str, payload: Mapping[str, Any]) -> Any:
+        return self.get(name).parse(payload)
+
+    def names(self) -> list[str]:
+        return sorted(self._types)
