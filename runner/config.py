@@ -14,6 +14,9 @@ from typing import Any
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from messaging.envelope import summary
+from runner.errors import RunnerError
+
 ENV_PREFIX = "LATCHWORK_"
 
 
@@ -21,8 +24,10 @@ ENV_PREFIX = "LATCHWORK_"
 DEFAULT_ZK_PORT = 22181
 DEFAULT_AMQP_PORT = 25673
 
-class ConfigError(ValueError):
+class ConfigError(RunnerError, ValueError):
     """The configuration file or environment holds something latchwork cannot use."""
+
+    error_code = "config_invalid"
 
 
 class Settings(BaseSettings):
@@ -88,11 +93,7 @@ class Settings(BaseSettings):
         try:
             return cls(**values)
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in err['loc']) or '?'}: {err['msg']}"
-                for err in exc.errors()
-            )
-            raise ConfigError(f"invalid configuration: {problems}") from exc
+            raise ConfigError(f"invalid configuration: {summary(exc, limit=20)}") from exc
 
     @classmethod
     def env_names(cls) -> set[str]:

@@ -43,11 +43,12 @@ from coord import (
 from messaging import Connector, HandlerContext, MessageBus, Topology, ZkProcessedLog
 from runner import __version__
 from runner.config import Settings
-from runner.ontology_sync import OntologyCache, OntologySync, register_ontology_tasks
-from runner.pipeline.aspects import ASPECT_PATTERN, AspectRegistry
+from runner.ontology import OntologyCache, OntologySync, register_ontology_tasks
+from runner.pipeline.aspects import AspectRegistry
 from runner.pipeline.spark import stop_spark
 from runner.pipeline.tasks import Pipeline, register_pipeline_tasks
 from runner.store import GraphStore, open_store
+from runner.store.model import ASPECT_PATTERN
 from runner.tasks import TaskRegistry
 from runner.tasks.diag import register_diagnostics
 from runner.tasks.loop import TaskProcessHandler

@@ -15,14 +15,14 @@ from typing import Any
 
 import pytest
 
-from runner.ontology import checksum_of
-from runner.ontology_sync import (
+from runner.ontology import (
     DirectorySource,
     OlsSource,
     OntologyCache,
     OntologySync,
     SourceError,
 )
+from runner.ontology.parse import checksum_of
 from runner.store import GraphStore, Ontology, OntologyClass, open_store
 
 ALIGN = Path(importlib.util.find_spec("brickschema").submodule_search_locations[0]) / (  # type: ignore[union-attr,index]

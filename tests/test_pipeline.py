@@ -26,7 +26,7 @@ from coord.testing import NodeProcess, wait_until
 from coord.testing.plugin import ZkNamespace
 from messaging.testing.plugin import AmqpNamespace
 from runner.config import Settings
-from runner.ontology_sync import OntologyCache
+from runner.ontology import OntologyCache
 from runner.pipeline.aspects import COMPUTATIONS, AspectDefinition, AspectRegistry, Kind
 from runner.pipeline.bundle import build
 from runner.pipeline.job import BatchWorker, SeriesPaths, compute, write_snapshot

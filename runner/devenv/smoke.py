@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import pika
 from kazoo.client import KazooClient
 
+from runner.errors import RunnerError
+
 
 @dataclass(frozen=True)
 class CheckResult:
@@ -16,8 +18,10 @@ class CheckResult:
     detail: str
 
 
-class SmokeCheckFailed(RuntimeError):
+class SmokeCheckFailed(RunnerError, RuntimeError):
     """A server did not complete its round trip."""
+
+    error_code = "smoke_check_failed"
 
 
 def check_zookeeper(hosts: str, timeout: float = 10.0) -> CheckResult:

@@ -47,6 +47,7 @@ from coord.batches import (
     SeriesState,
     SeriesStatus,
 )
+from runner.errors import RunnerError
 from runner.pipeline.aspects import COMPUTATIONS, AspectDefinition
 from runner.store import Fence, GraphStore
 from runner.tasks import CancelToken, TaskCancelled
@@ -56,8 +57,10 @@ log = logging.getLogger("latchwork.pipeline")
 APPLY_CHUNK = 500
 
 
-class PipelineError(RuntimeError):
+class PipelineError(RunnerError, RuntimeError):
     """The pipeline's storage did something it must not (e.g. a rename that did not happen)."""
+
+    error_code = "pipeline_failed"
 
 
 def data_uri(data_dir: str) -> str:

@@ -25,9 +25,8 @@ from pydantic import BaseModel, Field
 from coord import Session
 from coord.batches import BatchCoordinator, SeriesNotFound, SeriesState
 from runner.config import Settings
-from runner.ontology_sync import OntologyCache
+from runner.ontology import OntologyCache
 from runner.pipeline.aspects import (
-    ASPECT_PATTERN,
     AspectBusy,
     AspectDefinition,
     AspectRegistry,
@@ -45,6 +44,7 @@ from runner.pipeline.job import (
 )
 from runner.pipeline.spark import spark_session
 from runner.store import GraphStore, Task
+from runner.store.model import ASPECT_PATTERN
 from runner.tasks import TaskContext, TaskRegistry
 
 log = logging.getLogger("latchwork.pipeline")

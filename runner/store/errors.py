@@ -16,21 +16,31 @@ another owner holds the task now.
 
 from __future__ import annotations
 
+from runner.errors import RunnerError
 
-class StoreError(Exception):
+
+class StoreError(RunnerError):
     """Root of every error raised by runner.store."""
+
+    error_code = "store_error"
 
 
 class StoreUnavailable(StoreError):
     """The graph backend could not be reached, or stayed locked past the deadline."""
 
+    error_code = "store_unavailable"
+
 
 class TaskNotFound(StoreError, LookupError):
     """No task or attempt with this id."""
 
+    error_code = "task_not_found"
+
 
 class CommitConflict(StoreError):
     """A conditional update met another version than the one it expected."""
+
+    error_code = "commit_conflict"
 
     def __init__(self, task_id: str, expected: int, actual: int | None) -> None:
         super().__init__(f"task {task_id}: expected version {expected}, found {actual}")
@@ -41,6 +51,8 @@ class CommitConflict(StoreError):
 
 class StaleFencingToken(StoreError):
     """A write carried a fencing token older than the one recorded on the task."""
+
+    error_code = "stale_fencing_token"
 
     def __init__(self, task_id: str, token: int, recorded: int | None = None) -> None:
         than = "the task's" if recorded is None or recorded < 0 else str(recorded)
@@ -54,11 +66,17 @@ class StaleFencingToken(StoreError):
 class AttemptAlreadyFinished(StoreError):
     """finish() on an attempt that is no longer RUNNING."""
 
+    error_code = "attempt_already_finished"
+
 
 class InvalidValue(StoreError, ValueError):
     """A value that cannot be stored as given."""
+
+    error_code = "invalid_value"
 
 
 class UnknownStoreFormat(StoreError):
     """A task or attempt vertex without the properties this version writes (a graph from an
     older, unreleased format): recreate the graph, nothing is guessed."""
+
+    error_code = "unknown_store_format"

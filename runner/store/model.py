@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+#: an aspect name: stored as the avatar property ``aspect.<name>``, so a safe identifier
+ASPECT_PATTERN = r"^[a-z][a-z0-9_-]{0,62}$"
+
 
 class TaskStatus(enum.StrEnum):
     WAITING = "WAITING"

@@ -9,11 +9,13 @@ from typing import Any, TypeVar
 
 from gremlin_python.process.traversal import Cardinality
 
+from runner.store.model import ASPECT_PATTERN
+
 # gremlite evaluates a traversal recursively, one Python frame per step, so a chained bulk
 # traversal must stay well under the interpreter's recursion limit (1000): at most ~400 steps
 BATCH = 100  # rows per bulk traversal (at most 4 steps per row)
 EDGE_BATCH = 50  # edges per traversal (5 steps each)
-ASPECT_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+ASPECT_NAME = re.compile(ASPECT_PATTERN)
 X = TypeVar("X")
 
 

@@ -1,4 +1,4 @@
-"""Ontology synchronisation: sources, the SYNCHRONIZE_MODEL diff, load tasks, the node cache.
+"""Ontology synchronisation: the SYNCHRONIZE_MODEL diff, load tasks, the directory watcher.
 
 * An **ontology source** lists entries (a reference, the checksum of its bytes, and the IRI when
   the file parses) and fetches bytes. :class:`DirectorySource` reads OWL/Turtle files from a
@@ -13,24 +13,26 @@
 * The **ontology.load** task fetches, checks the checksum, parses with rdflib, validates, loads
   classes and subClassOf edges (idempotent), then broadcasts MODEL UPDATE_CACHE; every node
   reloads its :class:`OntologyCache` under a write lock.
+
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from runner.ontology import FORMATS, OntologyError, checksum_of, parse_ontology_bytes
+from runner.ontology.parse import OntologyError, checksum_of, parse_ontology_bytes
+from runner.ontology.sources import (
+    DirectorySource,
+    SourceEntry,
+    SourceError,
+    open_source,
+)
 from runner.store import GraphStore
 from runner.tasks import TaskContext, TaskRegistry
 
@@ -40,200 +42,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("latchwork.ontology")
 
 LOAD_TASK = "ontology.load"
-
-
-class SourceError(Exception):
-    """The ontology source cannot be read (missing directory, HTTP error)."""
-
-
-@dataclass(frozen=True)
-class SourceEntry:
-    ref: str  # file path or download URL
-    checksum: str
-    iri: str | None  # None when the bytes do not parse as an ontology
-    version: str = ""
-
-
-class OntologySource(Protocol):
-    def entries(self) -> list[SourceEntry]: ...
-
-    def fetch(self, ref: str) -> bytes: ...
-
-
-class _ParsedCache:
-    """IRI and version per checksum, so an unchanged file is parsed once."""
-
-    def __init__(self) -> None:
-        self._known: dict[str, tuple[str | None, str]] = {}
-
-    def identify(self, data: bytes, name: str) -> tuple[str, str | None, str]:
-        checksum = checksum_of(data)
-        if checksum not in self._known:
-            try:
-                onto = parse_ontology_bytes(data, name)
-                self._known[checksum] = (onto.iri, onto.version)
-            except OntologyError:
-                self._known[checksum] = (None, "")
-        iri, version = self._known[checksum]
-        return checksum, iri, version
-
-
-class DirectorySource:
-    def __init__(self, directory: str | Path) -> None:
-        self.directory = Path(directory)
-        self._parsed = _ParsedCache()
-
-    def files(self) -> list[Path]:
-        if not self.directory.is_dir():
-            raise SourceError(f"ontology directory {self.directory} does not exist")
-        return sorted(p for p in self.directory.rglob("*")
-                      if p.is_file() and p.suffix.lower() in FORMATS)
-
-    def fingerprint(self) -> dict[str, tuple[int, int]]:
-        """Cheap change detection: size and mtime per file."""
-        return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in self.files()}
-
-    def entries(self) -> list[SourceEntry]:
-        found = []
-        for path in self.files():
-            checksum, iri, version = self._parsed.identify(path.read_bytes(), path.name)
-            found.append(SourceEntry(str(path), checksum, iri, version))
-        return found
-
-    def fetch(self, ref: str) -> bytes:
-        try:
-            return Path(ref).read_bytes()
-        except OSError as exc:
-            raise SourceError(f"cannot read {ref}: {exc}") from exc
-
-
-class OlsSource:
-    """An OLS-compatible API: ``GET {base}/api/ontologies`` lists ontologies whose
-    ``config.fileLocation`` is downloaded (and hashed) to detect changes."""
-
-    def __init__(self, base_url: str, timeout: float = 30.0) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.timeout = timeout
-        self._parsed = _ParsedCache()
-
-    def _get(self, url: str) -> bytes:
-        try:
-            with urllib.request.urlopen(url, timeout=self.timeout) as response:
-                return bytes(response.read())
-        except (urllib.error.URLError, OSError) as exc:
-            raise SourceError(f"GET {url}: {exc}") from exc
-
-    def entries(self) -> list[SourceEntry]:
-        found = []
-        url: str | None = f"{self.base_url}/api/ontologies?page=0&size=500"
-        while url:
-            try:
-                page = json.loads(self._get(url))
-                ontologies = page.get("_embedded", {}).get("ontologies", [])
-            except (ValueError, AttributeError) as exc:
-                raise SourceError(f"{url}: not an OLS ontology listing: {exc}") from exc
-            for item in ontologies:
-                location = (item.get("config") or {}).get("fileLocation")
-                if not location:
-                    log.warning("OLS ontology %s has no fileLocation; skipped",
-                                item.get("ontologyId"))
-                    continue
-                checksum, iri, version = self._parsed.identify(self._get(location), location)
-                found.append(SourceEntry(location, checksum, iri, version))
-            url = (page.get("_links", {}).get("next") or {}).get("href")
-        return found
-
-    def fetch(self, ref: str) -> bytes:
-        return self._get(ref)
-
-
-def open_source(location: str) -> OntologySource:
-    if location.startswith(("http://", "https://")):
-        return OlsSource(location)
-    return DirectorySource(location)
-
-
-class ReadWriteLock:
-    """Many readers or one writer (the writer waits for readers to leave)."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._readers = 0
-        self._writing = False
-
-    @contextmanager
-    def reading(self) -> Iterator[None]:
-        with self._cond:
-            self._cond.wait_for(lambda: not self._writing)
-            self._readers += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._readers -= 1
-                self._cond.notify_all()
-
-    @contextmanager
-    def writing(self) -> Iterator[None]:
-        with self._cond:
-            self._cond.wait_for(lambda: not self._writing)
-            self._writing = True
-            self._cond.wait_for(lambda: self._readers == 0)
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._writing = False
-                self._cond.notify_all()
-
-
-class OntologyCache:
-    """A node's in-memory class hierarchy, reloaded on UPDATE_CACHE."""
-
-    def __init__(self) -> None:
-        self._lock = ReadWriteLock()
-        self._parents: dict[str, frozenset[str]] = {}
-        self.generation = 0
-
-    def reload(self, store: GraphStore) -> None:
-        parents: dict[str, set[str]] = {}
-        for child, parent in store.ontologies.subclass_edges():
-            parents.setdefault(child, set()).add(parent)
-            parents.setdefault(parent, set())
-        with self._lock.writing():
-            self._parents = {k: frozenset(v) for k, v in parents.items()}
-            self.generation += 1
-
-    @property
-    def size(self) -> int:
-        with self._lock.reading():
-            return len(self._parents)
-
-    def ancestors(self, class_iri: str) -> set[str]:
-        with self._lock.reading():
-            seen: set[str] = set()
-            frontier = [class_iri]
-            while frontier:
-                nxt = [p for c in frontier for p in self._parents.get(c, ()) if p not in seen]
-                seen.update(nxt)
-                frontier = nxt
-            seen.discard(class_iri)
-            return seen
-
-    def descendants_or_self(self, class_iris: set[str]) -> set[str]:
-        """Every class that is one of ``class_iris`` or below one (eligibility checks)."""
-        with self._lock.reading():
-            children: dict[str, set[str]] = {}
-            for child, parents in self._parents.items():
-                for parent in parents:
-                    children.setdefault(parent, set()).add(child)
-            found = set(class_iris)
-            frontier = list(class_iris)
-            while frontier:
-                nxt = [c for p in frontier for c in children.get(p, ()) if c not in found]
-                found.update(nxt)
-                frontier = nxt
-            return found
 
 
 class LoadPayload(BaseModel):

@@ -1,0 +1,31 @@
+"""The ontology domain: parse (rdflib), sources (directory, OLS), the node cache, and the
+synchronisation that diffs a source against the graph and loads what is missing as tasks."""
+
+from runner.ontology.cache import OntologyCache, ReadWriteLock
+from runner.ontology.parse import OntologyError, parse_ontology, parse_ontology_bytes
+from runner.ontology.sources import (
+    DirectorySource,
+    OlsSource,
+    OntologySource,
+    SourceEntry,
+    SourceError,
+    open_source,
+)
+from runner.ontology.sync import LOAD_TASK, OntologySync, register_ontology_tasks
+
+__all__ = [
+    "LOAD_TASK",
+    "DirectorySource",
+    "OlsSource",
+    "OntologyCache",
+    "OntologyError",
+    "OntologySource",
+    "OntologySync",
+    "ReadWriteLock",
+    "SourceEntry",
+    "SourceError",
+    "open_source",
+    "parse_ontology",
+    "parse_ontology_bytes",
+    "register_ontology_tasks",
+]
