@@ -199,7 +199,8 @@ class ApiClient:
         if reply.get("ok"):
             return reply.get("result")
         error = reply.get("error") or {}
-        raise RemoteError(str(error.get("kind", "error")), str(error.get("detail", "")))
+        raise RemoteError(str(error.get("kind", "error")), str(error.get("detail", "")),
+                          str(error["code"]) if error.get("code") else None)
 
     def close(self) -> None:
         connection, self._connection = self._connection, None

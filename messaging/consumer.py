@@ -43,6 +43,7 @@ from messaging.connection import CONNECTION_ERRORS, Connector
 from messaging.delivery import Delivery, DeliveryState
 from messaging.envelope import MAX_BODY, Envelope, Paradigm, decode
 from messaging.errors import (
+    INTERNAL_ERROR,
     BrokerUnavailable,
     EnvelopeError,
     InvalidEnvelope,
@@ -550,7 +551,10 @@ class ApiResponder(Consumer):
     """Answers API requests (competing consumers on one durable queue).
 
     The reply goes to the request's ``reply_to`` with its ``correlation_id``: ``{"ok": true,
-    "result": ...}`` or ``{"ok": false, "error": {"kind", "detail"}}``. A request without
+    "result": ...}`` or ``{"ok": false, "error": {"kind", "code", "detail"}}``: ``code`` is the
+    exception's ``error_code`` attribute (a stable string the client decides on),
+    ``internal_error`` for an exception without one, or the reason a refused request was
+    dead-lettered for (``invalid``, ``unknown-command``, ``too-large``). A request without
     ``reply_to`` is dead-lettered.
     """
 
@@ -579,8 +583,10 @@ class ApiResponder(Consumer):
 
     def on_failure(self, delivery: Delivery, envelope: Envelope, ctx: HandlerContext,
                    exc: BaseException) -> None:
+        code = getattr(exc, "error_code", None)
         self._reply(delivery, envelope, {"ok": False, "error": {
-            "kind": type(exc).__name__, "detail": str(exc)}})
+            "kind": type(exc).__name__, "detail": str(exc),
+            "code": code if isinstance(code, str) else INTERNAL_ERROR}})
         delivery.ack()
         self._emit(delivery, envelope, Outcome.HANDLED, f"answered with error {exc!r}")
 
@@ -591,7 +597,7 @@ class ApiResponder(Consumer):
             try:
                 reply = Envelope(paradigm=Paradigm.API, sender=self.member_id,
                                  command=envelope.command if envelope else "error",
-                                 payload={"ok": False, "error": {"kind": reason,
+                                 payload={"ok": False, "error": {"kind": reason, "code": reason,
                                                                  "detail": detail}})
                 self.publisher.publish("", delivery.properties.reply_to, reply,
                                        persistent=False, mandatory=False,

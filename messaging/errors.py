@@ -23,6 +23,9 @@ pika's exceptions are translated at the boundary; callers never import pika to h
 
 from __future__ import annotations
 
+#: the code of an API error reply for an exception without an ``error_code`` attribute
+INTERNAL_ERROR = "internal_error"
+
 
 class MessagingError(Exception):
     """Root of every error raised by messaging."""
@@ -86,10 +89,14 @@ class RequestTimeout(MessagingError):
 class RemoteError(MessagingError):
     """The node that handled an API request answered with an error."""
 
-    def __init__(self, kind: str, detail: str) -> None:
+    def __init__(self, kind: str, detail: str, code: str | None = None) -> None:
         super().__init__(f"{kind}: {detail}")
-        self.kind = kind
+        self.kind = kind  # the exception's class name on the node: for people, not programs
         self.detail = detail
+        #: the stable code to decide on (the exception's ``error_code``, ``internal_error`` for
+        #: one without, or the reason the request was refused); ``kind`` when the node is too
+        #: old to send one
+        self.code = code or kind
 
 
 class LifecycleError(MessagingError):

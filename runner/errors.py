@@ -43,11 +43,11 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from messaging.errors import INTERNAL_ERROR
+
 #: every declared code and the class that declared it
 ERROR_CODES: dict[str, type[RunnerError]] = {}
 
-#: the code of an exception that is not a RunnerError, in an API reply
-INTERNAL_ERROR = "internal_error"
 
 
 class RunnerError(Exception):

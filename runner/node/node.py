@@ -1,4 +1,4 @@
-"""The latchwork node process.
+"""The latchwork node: one cluster member built from :class:`~runner.config.Settings`.
 
 A node joins membership and the master election, opens the graph store, and runs:
 
@@ -22,13 +22,7 @@ running tasks, and membership and latch register again on the next session.
 from __future__ import annotations
 
 import logging
-import signal
-import threading
-import time
-from types import FrameType
 from typing import Any
-
-from pydantic import BaseModel, Field
 
 from coord import (
     LeaderLatch,
@@ -36,55 +30,23 @@ from coord import (
     Session,
     SessionState,
     force_release,
-    held_locks,
-    read_leader,
-    read_members,
 )
 from messaging import Connector, HandlerContext, MessageBus, Topology, ZkProcessedLog
 from runner import __version__
 from runner.config import Settings
+from runner.node.api import NodeApi
+from runner.node.views import task_view
 from runner.ontology import OntologyCache, OntologySync, register_ontology_tasks
 from runner.pipeline.aspects import AspectRegistry
 from runner.pipeline.spark import stop_spark
 from runner.pipeline.tasks import Pipeline, register_pipeline_tasks
 from runner.store import GraphStore, open_store
-from runner.store.model import ASPECT_PATTERN
 from runner.tasks import TaskRegistry
 from runner.tasks.diag import register_diagnostics
 from runner.tasks.loop import TaskProcessHandler
 from runner.tasks.master import MasterDuties
-from runner.views import attempt_view, task_view
 
 log = logging.getLogger("latchwork.node")
-
-
-class Submit(BaseModel):
-    type: str = Field(min_length=1)
-    payload: dict[str, Any] = Field(default_factory=dict)
-    priority: int = 0
-    unique_key: str | None = None
-
-
-class TaskRef(BaseModel):
-    id: str = Field(min_length=1)
-
-
-class TaskCancel(TaskRef):
-    reason: str | None = Field(None, max_length=1000)
-
-
-class AspectRef(BaseModel):
-    name: str = Field(pattern=ASPECT_PATTERN)
-
-
-class AspectCreate(AspectRef):
-    batch_rows: int | None = Field(None, ge=1)
-    pause: float = Field(0.0, ge=0, le=3600)
-
-
-class TaskQuery(BaseModel):
-    unfinished: bool = False
-    type: str | None = None
 
 
 def default_registry() -> TaskRegistry:
@@ -202,8 +164,7 @@ class Node:
 
     def _register_messages(self, bus: MessageBus) -> None:
         assert self.store is not None and self.processor is not None
-        assert self.pipeline is not None
-        store, processor, pipeline = self.store, self.processor, self.pipeline
+        store, processor = self.store, self.processor
 
         @bus.model.handler("TRIGGER_SCAN")
         def trigger_scan(ctx: HandlerContext, payload: dict[str, Any]) -> None:
@@ -225,74 +186,7 @@ class Node:
             assert self.sync is not None
             self.sync.synchronize(message_id=str(ctx.message_id))
 
-        @bus.api.handler("task.submit", Submit)
-        def submit(ctx: HandlerContext, req: Submit) -> dict[str, Any]:
-            task = self._submit(req.type, req.payload, req.unique_key, req.priority)
-            log.info("member %s: task %s (%s) submitted by %s", self.member_id, task.id,
-                     task.type, ctx.envelope.sender)
-            return task_view(task)
-
-        @bus.api.handler("task.list", TaskQuery)
-        def list_tasks(ctx: HandlerContext, q: TaskQuery) -> list[dict[str, Any]]:
-            tasks = store.tasks.unfinished() if q.unfinished else store.tasks.all(q.type)
-            return [task_view(t) for t in tasks if q.type is None or t.type == q.type]
-
-        @bus.api.handler("task.get", TaskRef)
-        def get_task(ctx: HandlerContext, ref: TaskRef) -> dict[str, Any]:
-            task = store.tasks.get(ref.id)
-            return {"task": task_view(task),
-                    "attempts": [attempt_view(a) for a in store.attempts.for_task(ref.id)],
-                    "progress": pipeline.progress_of(task)}
-
-        @bus.api.handler("aspect.create", AspectCreate)
-        def aspect_create(ctx: HandlerContext, req: AspectCreate) -> dict[str, Any]:
-            return pipeline.create(req.name, batch_rows=req.batch_rows, pause=req.pause)
-
-        @bus.api.handler("aspect.delete", AspectRef)
-        def aspect_delete(ctx: HandlerContext, req: AspectRef) -> dict[str, Any]:
-            return pipeline.delete(req.name)
-
-        @bus.api.handler("aspect.get", AspectRef)
-        def aspect_get(ctx: HandlerContext, req: AspectRef) -> dict[str, Any]:
-            return pipeline.describe(req.name)
-
-        @bus.api.handler("aspect.list")
-        def aspect_list(ctx: HandlerContext, payload: dict[str, Any]) -> list[dict[str, Any]]:
-            return [pipeline.describe(d.name) for d in self.aspects.all()]
-
-        @bus.api.handler("task.deactivate", TaskRef)
-        def deactivate(ctx: HandlerContext, ref: TaskRef) -> dict[str, Any]:
-            return self._cancel(ref.id, ctx.envelope.sender)
-
-        @bus.api.handler("task.cancel", TaskCancel)
-        def cancel(ctx: HandlerContext, req: TaskCancel) -> dict[str, Any]:
-            return self._cancel(req.id, ctx.envelope.sender, req.reason)
-
-        @bus.api.handler("task.reactivate", TaskRef)
-        def reactivate(ctx: HandlerContext, ref: TaskRef) -> dict[str, Any]:
-            task = store.tasks.reactivate(ref.id)
-            bus.broadcast("TRIGGER_SCAN", {"task": task.id})
-            return task_view(task)
-
-        @bus.api.handler("cluster.status")
-        def status(ctx: HandlerContext, payload: dict[str, Any]) -> dict[str, Any]:
-            now = time.time()
-            return {
-                "cluster": self.settings.cluster,
-                "answered_by": self.member_id,
-                "master": read_leader(self.session),
-                "members": [{"id": m.member_id, "host": m.host, "pid": m.pid,
-                             "version": m.version}
-                            for m in read_members(self.session).values()],
-                "locks": [{"task": h.task_id, "owner": h.owner, "token": h.token,
-                           "age_s": round(now - h.since, 1)}
-                          for h in held_locks(self.session)],
-            }
-
-        @bus.api.handler("ontology.sync")
-        def ontology_sync(ctx: HandlerContext, payload: dict[str, Any]) -> dict[str, Any]:
-            sent = bus.send_master("SYNCHRONIZE_MODEL", {"reason": "requested"})
-            return {"message_id": str(sent.id)}
+        NodeApi(self).register(bus)
 
     def close(self) -> None:
         timeout = self.settings.shutdown_timeout
@@ -320,32 +214,3 @@ class Node:
         self.close()
 
 
-def run(settings: Settings, ready: threading.Event | None = None,
-        node: Node | None = None) -> int:
-    """Run a node (``node``, or one built from ``settings``) until SIGTERM/SIGINT; returns the
-    exit code.
-
-    The signal handler only records the signal: taking a lock (Event.set, a log record) inside
-    a handler can deadlock with the code it interrupted. The main thread polls the flag.
-    """
-    received: list[int] = []
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        received.append(signum)
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        with node or Node(settings) as running:
-            print(f"latchwork node {running.member_id} joined cluster {settings.cluster} "
-                  f"at {settings.zk_hosts}", flush=True)
-            if ready is not None:
-                ready.set()
-            while not received:
-                time.sleep(0.1)
-            log.info("member %s: signal %s: leaving the cluster", running.member_id,
-                     signal.Signals(received[0]).name)
-        log.info("node stopped cleanly")
-        return 0
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)

@@ -1,0 +1,32 @@
+"""``latchwork cluster status``: members, the master and held task locks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from runner.cli.client import (
+    config_option,
+    json_option,
+    output,
+    request,
+    timeout_option,
+)
+from runner.cli.root import cli
+
+
+@cli.group()
+def cluster() -> None:
+    """Look at the cluster."""
+
+
+@cluster.command("status")
+@config_option
+@json_option
+@timeout_option
+def cluster_status(config: Path | None, as_json: bool, timeout: float) -> None:
+    """Members, the master, and held task locks with owner and age."""
+    from runner.cli.console import render_cluster_status
+
+    output(request(config, "cluster.status", None, timeout), as_json, render_cluster_status)
+
+

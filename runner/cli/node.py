@@ -1,0 +1,65 @@
+"""``latchwork node start``: run a node in the foreground until SIGTERM/SIGINT
+(:mod:`runner.node.main`). A bad configuration exits 2 with the key named; a failed start 1."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from runner.cli.root import cli, fail
+from runner.config import ConfigError, Settings
+
+# ---------------------------------------------------------------------------------------------
+# node
+
+
+@cli.group()
+def node() -> None:
+    """Run a latchwork cluster node."""
+
+
+@node.command("start")
+@click.option("--config", "config", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help="TOML file with settings; LATCHWORK_* variables override it")
+@click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]),
+              default="INFO", show_default=True)
+def node_start(config: Path | None, log_level: str) -> None:
+    """Join the cluster and run tasks until SIGTERM or SIGINT.
+
+    The node joins membership and the master election, runs the task loop, consumes MASTER
+    commands while it is master (and frees the locks of dead members), consumes MODEL
+    broadcasts, and answers API requests. On SIGTERM/SIGINT it stops taking tasks, cancels the
+    running ones (attempts end "cancelled by system"), releases their locks, leaves and exits 0.
+
+    Settings: LATCHWORK_CLUSTER, LATCHWORK_ZK_HOSTS, LATCHWORK_AMQP_URL, LATCHWORK_GRAPH,
+    LATCHWORK_WORKERS, LATCHWORK_SCAN_INTERVAL, LATCHWORK_SESSION_TIMEOUT,
+    LATCHWORK_ONTOLOGY_SOURCE, ... (or the same keys in --config).
+    """
+    import logging
+
+    from coord import ConnectionLost
+    from runner.node import run
+
+    logging.basicConfig(level=log_level,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if log_level != "DEBUG":  # libraries that narrate every query or job run at INFO
+        for noisy in ("gremlite", "gremlinpython", "apscheduler", "kazoo"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+        # pika logs every failed (re)connection step at ERROR with a traceback (~200 lines per
+        # broker restart); the consumers and the publisher log one WARNING per lost connection
+        logging.getLogger("pika").setLevel(logging.CRITICAL)
+    try:
+        settings = Settings.load(config)
+    except ConfigError as exc:
+        raise fail(str(exc)) from exc
+    from messaging import BrokerUnavailable
+    from runner.store import StoreError
+
+    try:
+        sys.exit(run(settings))
+    except (ConnectionLost, BrokerUnavailable, StoreError) as exc:
+        raise fail(str(exc)) from exc
+
+

@@ -1,0 +1,30 @@
+"""The ``latchwork`` root command; every command group registers itself on it.
+
+Exit codes: 0 ok, 1 failure (the reason on stderr, one line where it can be), 2 usage error
+(also for a request a node refused as invalid: see :mod:`runner.cli.client`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from runner import __version__
+
+DEFAULT_DEV_DIR = Path(".latchwork/dev")
+
+
+def fail(message: str) -> click.ClickException:
+    return click.ClickException(message)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="latchwork")
+def cli() -> None:
+    """latchwork: ZooKeeper-centred cluster coordination and a master/lock task runner.
+
+    Settings come from a TOML file (--config where a command takes it) and LATCHWORK_*
+    environment variables, e.g. LATCHWORK_ZK_HOSTS and LATCHWORK_AMQP_URL.
+    """
+

@@ -1,0 +1,125 @@
+"""``latchwork task``: submit, list, show, deactivate, cancel, reactivate."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from runner.cli.client import (
+    config_option,
+    json_option,
+    output,
+    print_json,
+    request,
+    timeout_option,
+)
+from runner.cli.root import cli
+
+
+@cli.group()
+def task() -> None:
+    """Submit, list, inspect, stop and restart tasks (through any running node)."""
+
+
+@task.command("submit")
+@click.argument("task_type", metavar="TYPE")
+@click.option("--payload", default="{}", show_default=True,
+              help='the task payload as a JSON object, e.g. \'{"seconds": 5}\'')
+@click.option("--priority", type=int, default=0, show_default=True,
+              help="higher runs first")
+@click.option("--unique-key", default=None,
+              help="submitting again with the same key returns the existing task")
+@config_option
+@json_option
+@timeout_option
+def task_submit(task_type: str, payload: str, priority: int, unique_key: str | None,
+                config: Path | None, as_json: bool, timeout: float) -> None:
+    """Submit a task of TYPE; prints its id. Built-in types: diag.sleep, diag.fail,
+    diag.conflict, ontology.load."""
+    try:
+        body = json.loads(payload)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not valid JSON: {exc}", param_hint="--payload") from exc
+    if not isinstance(body, dict):
+        raise click.BadParameter("must be a JSON object", param_hint="--payload")
+    result = request(config, "task.submit", {"type": task_type, "payload": body,
+                                              "priority": priority,
+                                              "unique_key": unique_key}, timeout)
+    assert isinstance(result, dict)
+    if as_json:
+        print_json(result)
+    else:
+        click.echo(result["id"])
+
+
+@task.command("list")
+@click.option("--unfinished", is_flag=True, help="only active, unfinished tasks")
+@click.option("--type", "task_type", default=None, help="only tasks of this type")
+@config_option
+@json_option
+@timeout_option
+def task_list(unfinished: bool, task_type: str | None, config: Path | None, as_json: bool,
+              timeout: float) -> None:
+    """List tasks (newest first; --unfinished: in the order nodes pick them)."""
+    from runner.cli.console import render_task_list
+
+    result = request(config, "task.list", {"unfinished": unfinished, "type": task_type},
+                      timeout)
+    output(result, as_json, render_task_list)
+
+
+@task.command("show")
+@click.argument("task_id")
+@config_option
+@json_option
+@timeout_option
+def task_show(task_id: str, config: Path | None, as_json: bool, timeout: float) -> None:
+    """The attempt report of one task: status, every attempt, errors and stack traces."""
+    from runner.cli.console import render_task_report
+
+    output(request(config, "task.get", {"id": task_id}, timeout), as_json, render_task_report)
+
+
+def _stopped(verb: str, task_id: str, result: object) -> None:
+    assert isinstance(result, dict)
+    cancelled = result.get("cancelled_attempts") or []
+    running = f"; its running attempt {', '.join(cancelled)} was cancelled" if cancelled else ""
+    click.echo(f"task {task_id} {verb}{running}")
+
+
+@task.command("deactivate")
+@click.argument("task_id")
+@config_option
+@timeout_option
+def task_deactivate(task_id: str, config: Path | None, timeout: float) -> None:
+    """Stop a task: nodes no longer pick it (it is kept, like every task). A running attempt
+    is cancelled cluster-wide, as with `task cancel`."""
+    _stopped("deactivated", task_id,
+             request(config, "task.deactivate", {"id": task_id}, timeout))
+
+
+@task.command("cancel")
+@click.argument("task_id")
+@click.option("--reason", default=None, help="recorded in the cancelled attempt's error")
+@config_option
+@timeout_option
+def task_cancel(task_id: str, reason: str | None, config: Path | None, timeout: float) -> None:
+    """Cancel a task: its running attempt (if any) ends CANCELLED "cancelled by operator
+    USER@HOST" at once, its owner is fenced off and told to stop through its lock, and the
+    task becomes inactive (`task reactivate` runs it again)."""
+    _stopped("cancelled", task_id,
+             request(config, "task.cancel", {"id": task_id, "reason": reason}, timeout))
+
+
+@task.command("reactivate")
+@click.argument("task_id")
+@config_option
+@timeout_option
+def task_reactivate(task_id: str, config: Path | None, timeout: float) -> None:
+    """Let nodes pick a stopped task again."""
+    request(config, "task.reactivate", {"id": task_id}, timeout)
+    click.echo(f"task {task_id} reactivated")
+
+

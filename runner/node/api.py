@@ -1,0 +1,165 @@
+"""The node's API: request models and one handler per command, answered by any node.
+
+Each handler is registered on the API paradigm under its command name (``task.submit``,
+``task.list``, ...): the request payload is validated into its model first (an invalid one is
+dead-lettered and the client told ``invalid``), and an error the handler raises reaches the
+client as ``{"kind", "code", "detail"}`` with the error's stable code (:mod:`runner.errors`).
+Replies are the JSON views of :mod:`runner.node.views`, which the CLI also reads.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from pydantic import BaseModel, Field
+
+from coord import (
+    held_locks,
+    read_leader,
+    read_members,
+)
+from messaging import HandlerContext, MessageBus
+from runner.node.views import attempt_view, task_view
+from runner.store.model import ASPECT_PATTERN
+
+log = logging.getLogger("latchwork.node")
+
+if TYPE_CHECKING:
+    from runner.node.node import Node
+
+
+class Submit(BaseModel):
+    type: str = Field(min_length=1)
+    payload: dict[str, Any] = Field(default_factory=dict)
+    priority: int = 0
+    unique_key: str | None = None
+
+
+class TaskRef(BaseModel):
+    id: str = Field(min_length=1)
+
+
+class TaskCancel(TaskRef):
+    reason: str | None = Field(None, max_length=1000)
+
+
+class AspectRef(BaseModel):
+    name: str = Field(pattern=ASPECT_PATTERN)
+
+
+class AspectCreate(AspectRef):
+    batch_rows: int | None = Field(None, ge=1)
+    pause: float = Field(0.0, ge=0, le=3600)
+
+
+class TaskQuery(BaseModel):
+    unfinished: bool = False
+    type: str | None = None
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: (command, request model) of each API handler, set by :func:`api`
+Route = tuple[str, type[BaseModel] | None]
+
+
+def api(command: str, model: type[BaseModel] | None = None) -> Callable[[F], F]:
+    """Mark a :class:`NodeApi` method as the handler of ``command``."""
+    def mark(method: F) -> F:
+        method.__dict__["api_route"] = (command, model)
+        return method
+    return mark
+
+
+class NodeApi:
+    """The API handlers of one started node."""
+
+    def __init__(self, node: Node) -> None:
+        assert node.store is not None and node.bus is not None and node.pipeline is not None
+        self.node = node
+        self.store = node.store
+        self.bus = node.bus
+        self.pipeline = node.pipeline
+
+    def register(self, bus: MessageBus) -> None:
+        for name in dir(type(self)):
+            route: Route | None = getattr(getattr(type(self), name), "api_route", None)
+            if route is not None:
+                command, model = route
+                if model is None:
+                    bus.api.handler(command)(getattr(self, name))
+                else:
+                    bus.api.handler(command, model)(getattr(self, name))
+
+    @api("task.submit", Submit)
+    def submit(self, ctx: HandlerContext, req: Submit) -> dict[str, Any]:
+        task = self.node._submit(req.type, req.payload, req.unique_key, req.priority)
+        log.info("member %s: task %s (%s) submitted by %s", self.node.member_id, task.id,
+                 task.type, ctx.envelope.sender)
+        return task_view(task)
+
+    @api("task.list", TaskQuery)
+    def list_tasks(self, ctx: HandlerContext, q: TaskQuery) -> list[dict[str, Any]]:
+        tasks = self.store.tasks.unfinished() if q.unfinished else self.store.tasks.all(q.type)
+        return [task_view(t) for t in tasks if q.type is None or t.type == q.type]
+
+    @api("task.get", TaskRef)
+    def get_task(self, ctx: HandlerContext, ref: TaskRef) -> dict[str, Any]:
+        task = self.store.tasks.get(ref.id)
+        return {"task": task_view(task),
+                "attempts": [attempt_view(a) for a in self.store.attempts.for_task(ref.id)],
+                "progress": self.pipeline.progress_of(task)}
+
+    @api("aspect.create", AspectCreate)
+    def aspect_create(self, ctx: HandlerContext, req: AspectCreate) -> dict[str, Any]:
+        return self.pipeline.create(req.name, batch_rows=req.batch_rows, pause=req.pause)
+
+    @api("aspect.delete", AspectRef)
+    def aspect_delete(self, ctx: HandlerContext, req: AspectRef) -> dict[str, Any]:
+        return self.pipeline.delete(req.name)
+
+    @api("aspect.get", AspectRef)
+    def aspect_get(self, ctx: HandlerContext, req: AspectRef) -> dict[str, Any]:
+        return self.pipeline.describe(req.name)
+
+    @api("aspect.list")
+    def aspect_list(self, ctx: HandlerContext, payload: dict[str, Any]) -> list[dict[str, Any]]:
+        return [self.pipeline.describe(d.name) for d in self.node.aspects.all()]
+
+    @api("task.deactivate", TaskRef)
+    def deactivate(self, ctx: HandlerContext, ref: TaskRef) -> dict[str, Any]:
+        return self.node._cancel(ref.id, ctx.envelope.sender)
+
+    @api("task.cancel", TaskCancel)
+    def cancel(self, ctx: HandlerContext, req: TaskCancel) -> dict[str, Any]:
+        return self.node._cancel(req.id, ctx.envelope.sender, req.reason)
+
+    @api("task.reactivate", TaskRef)
+    def reactivate(self, ctx: HandlerContext, ref: TaskRef) -> dict[str, Any]:
+        task = self.store.tasks.reactivate(ref.id)
+        self.bus.broadcast("TRIGGER_SCAN", {"task": task.id})
+        return task_view(task)
+
+    @api("cluster.status")
+    def status(self, ctx: HandlerContext, payload: dict[str, Any]) -> dict[str, Any]:
+        now = time.time()
+        return {
+            "cluster": self.node.settings.cluster,
+            "answered_by": self.node.member_id,
+            "master": read_leader(self.node.session),
+            "members": [{"id": m.member_id, "host": m.host, "pid": m.pid,
+                         "version": m.version}
+                        for m in read_members(self.node.session).values()],
+            "locks": [{"task": h.task_id, "owner": h.owner, "token": h.token,
+                       "age_s": round(now - h.since, 1)}
+                      for h in held_locks(self.node.session)],
+        }
+
+    @api("ontology.sync")
+    def ontology_sync(self, ctx: HandlerContext, payload: dict[str, Any]) -> dict[str, Any]:
+        sent = self.bus.send_master("SYNCHRONIZE_MODEL", {"reason": "requested"})
+        return {"message_id": str(sent.id)}
+

@@ -1,0 +1,52 @@
+"""Running a node in the foreground until SIGTERM or SIGINT (``latchwork node start``).
+
+The signal handler only records the signal; the main thread polls it and closes the node:
+running tasks cancelled (their attempts end CANCELLED_BY_SYSTEM), locks released after the
+attempts are written, the latch handed over, membership left, exit 0, within
+``shutdown_timeout`` plus a few seconds. A node that fails to start raises; nothing it had
+started is left running.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from types import FrameType
+
+from runner.config import Settings
+from runner.node.node import Node
+
+log = logging.getLogger("latchwork.node")
+
+
+def run(settings: Settings, ready: threading.Event | None = None,
+        node: Node | None = None) -> int:
+    """Run a node (``node``, or one built from ``settings``) until SIGTERM/SIGINT; returns the
+    exit code.
+
+    The signal handler only records the signal: taking a lock (Event.set, a log record) inside
+    a handler can deadlock with the code it interrupted. The main thread polls the flag.
+    """
+    received: list[int] = []
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        received.append(signum)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        with node or Node(settings) as running:
+            print(f"latchwork node {running.member_id} joined cluster {settings.cluster} "
+                  f"at {settings.zk_hosts}", flush=True)
+            if ready is not None:
+                ready.set()
+            while not received:
+                time.sleep(0.1)
+            log.info("member %s: signal %s: leaving the cluster", running.member_id,
+                     signal.Signals(received[0]).name)
+        log.info("node stopped cleanly")
+        return 0
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
