@@ -2,18 +2,12 @@
 
 Start with :class:`MessageBus` (a node's registries, publisher and consumers) and
 :class:`ApiClient` (request/reply from anywhere). Errors are in :mod:`messaging.errors`; what
-happens to a message on each failure is in :mod:`messaging.consumer`.
+happens to a message on each failure is in :mod:`messaging.paradigms`.
 """
 
 from messaging.bus import ApiClient, MessageBus, declare_topology, send_master
 from messaging.connection import Backoff, Connector
-from messaging.consumer import (
-    ApiResponder,
-    Consumer,
-    MasterConsumer,
-    ModelConsumer,
-    Outcome,
-)
+from messaging.consumer import Consumer
 from messaging.delivery import Delivery, DeliveryState
 from messaging.envelope import MAX_BODY, Envelope, Paradigm, decode, summary, validate_payload
 from messaging.errors import (
@@ -33,6 +27,8 @@ from messaging.errors import (
     UndecodableMessage,
     UnknownCommand,
 )
+from messaging.outcomes import Outcome
+from messaging.paradigms import ApiResponder, MasterConsumer, ModelConsumer
 from messaging.processed import ProcessedLog, ZkProcessedLog
 from messaging.publisher import Publisher
 from messaging.registry import HandlerContext, HandlerRegistry

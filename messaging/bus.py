@@ -16,16 +16,11 @@ import pika
 
 from coord import LeaderLatch
 from messaging.connection import CONNECTION_ERRORS, Connector, translated
-from messaging.consumer import (
-    ApiResponder,
-    Consumer,
-    MasterConsumer,
-    ModelConsumer,
-    OutcomeHook,
-    ReceiveHook,
-)
+from messaging.consumer import Consumer
 from messaging.envelope import MAX_BODY, Envelope, Paradigm, decode
 from messaging.errors import EnvelopeError, LifecycleError, RemoteError, RequestTimeout
+from messaging.outcomes import OutcomeHook, ReceiveHook
+from messaging.paradigms import ApiResponder, MasterConsumer, ModelConsumer
 from messaging.processed import ProcessedLog
 from messaging.publisher import Publisher
 from messaging.registry import HandlerRegistry

@@ -31,7 +31,7 @@ timeout_option = click.option("--timeout", type=click.FloatRange(0.1, 3600), def
                               show_default=True, help="seconds to wait for a node's answer")
 
 #: codes that mean "you asked for something invalid" (exit 2): errors of runner.errors and the
-#: reasons the messaging layer refuses a request with (dead-lettered, see messaging.consumer)
+#: reasons the messaging layer refuses a request with (dead-lettered, see messaging.paradigms)
 USAGE_CODES = {"task_type_unknown", "payload_invalid", "invalid_value", "aspect_unknown",
                "aspect_invalid", "invalid", "unknown-command", "too-large"}
 #: codes whose message is the whole story (exit 1 with it alone)

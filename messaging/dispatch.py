@@ -1,0 +1,184 @@
+"""What a consumer does with one delivery, on a worker thread: decode, validate, route, run the
+handler, and decide (the message policy; the transport loop is :mod:`messaging.consumer`).
+
+What happens to a message (``Outcome``):
+
+* handled: the handler returned; the message is acked (MASTER: after its id is recorded);
+* duplicate: MASTER only, the id is in the processed log; acked without running the handler;
+* retried: MASTER only, the handler raised :class:`Retry` or an unexpected error: a copy goes to
+  the delay queue for that retry (confirmed) and the original is acked; after
+  ``RetryPolicy.max_retries`` the message is dead-lettered as ``retries-exhausted``;
+* dead-lettered: undecodable, invalid, unknown command, :class:`Reject`, or out of retries: a
+  copy with ``x-latchwork-reason``/``x-latchwork-detail`` headers goes to the dead-letter queue
+  (confirmed), then the original is ``basic_nack(requeue=False)``-ed;
+* requeued: the handler was cancelled (shutdown, lost leadership), or a MASTER delivery reached a
+  node that is no longer master; the broker hands it to the next consumer.
+
+If the broker is gone while a decision is being carried out, the decision is dropped and the
+broker redelivers the message: nothing is lost, at worst handled again (hence the processed log).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import UTC, datetime
+from typing import Any
+
+from messaging.delivery import Delivery, DeliveryState
+from messaging.envelope import Envelope, Paradigm, decode
+from messaging.errors import (
+    BrokerUnavailable,
+    EnvelopeError,
+    InvalidEnvelope,
+    PublishFailed,
+    Reject,
+    Retry,
+    UnknownCommand,
+)
+from messaging.outcomes import (
+    DETAIL_HEADER,
+    REASON_HEADER,
+    RETRIES_HEADER,
+    Outcome,
+    OutcomeHook,
+    ReceiveHook,
+    describe,
+)
+from messaging.processed import ProcessedLog
+from messaging.publisher import Publisher
+from messaging.registry import HandlerContext, HandlerRegistry, Route
+from messaging.topology import Topology
+
+log = logging.getLogger("latchwork.messaging")
+
+
+class Dispatcher:
+    """The message policy of a consumer; :class:`~messaging.consumer.Consumer` adds the
+    transport (a connection thread that feeds :meth:`_handle` from its worker pool)."""
+
+    paradigm: Paradigm
+    topology: Topology
+    registry: HandlerRegistry
+    member_id: str
+    publisher: Publisher
+    max_body: int
+    on_receive: list[ReceiveHook]
+    on_outcome: list[OutcomeHook]
+    _lock: threading.Lock
+    _stop: threading.Event
+    _inflight: dict[int, HandlerContext | None]
+
+    @property
+    def name(self) -> str:
+        return f"{self.paradigm.value.lower()}-consumer"
+
+    # -- paradigm specifics -------------------------------------------------------------------
+    def before_handler(self, delivery: Delivery, envelope: Envelope) -> bool:
+        """False when the consumer settled the delivery itself (handler must not run)."""
+        return True
+
+    def on_success(self, delivery: Delivery, envelope: Envelope, ctx: HandlerContext,
+                   result: Any) -> None:
+        delivery.ack()
+        self._emit(delivery, envelope, Outcome.HANDLED, "")
+
+    def on_failure(self, delivery: Delivery, envelope: Envelope, ctx: HandlerContext,
+                   exc: BaseException) -> None:
+        self.dead_letter(delivery, envelope, "handler-failed", describe(exc))
+
+    # -- worker threads -----------------------------------------------------------------------
+    def _handle(self, delivery: Delivery) -> None:
+        envelope: Envelope | None = None
+        try:
+            try:
+                envelope = decode(delivery.body, content_type=delivery.properties.content_type,
+                                  max_bytes=self.max_body)
+                if envelope.paradigm is not self.paradigm:
+                    raise InvalidEnvelope(f"a {envelope.paradigm} message on the "
+                                          f"{self.paradigm} queue")
+                route = self.registry.resolve(envelope.command)
+                payload = route.parse(envelope.payload)
+            except (EnvelopeError, UnknownCommand) as exc:
+                self.dead_letter(delivery, envelope, exc.reason, str(exc))
+                return
+            for hook in self.on_receive:
+                hook(delivery, envelope)
+            if not self.before_handler(delivery, envelope):
+                return
+            self._invoke(delivery, envelope, route, payload)
+        except Exception:
+            log.exception("member %s: %s failed handling delivery %d", self.member_id,
+                          self.name, delivery.delivery_tag)
+            if delivery.state is DeliveryState.RECEIVED:
+                delivery.requeue()
+        finally:
+            with self._lock:
+                self._inflight.pop(id(delivery), None)
+
+    def _invoke(self, delivery: Delivery, envelope: Envelope, route: Route, payload: Any) -> None:
+        retries = int(delivery.headers.get(RETRIES_HEADER, 0) or 0)
+        ctx = HandlerContext(envelope=envelope, redelivered=delivery.redelivered,
+                             retries=retries, member_id=self.member_id,
+                             publisher=self.publisher, processed=self._processed_log())
+        with self._lock:
+            self._inflight[id(delivery)] = ctx
+        if self._stop.is_set():
+            ctx.cancelled.set()
+        try:
+            result = route.handler(ctx, payload)
+        except Reject as exc:
+            self.dead_letter(delivery, envelope, "rejected", str(exc) or "rejected by handler")
+            return
+        except Exception as exc:
+            if ctx.cancelled.is_set():
+                delivery.requeue()
+                self._emit(delivery, envelope, Outcome.REQUEUED, f"cancelled: {exc!r}")
+                return
+            log.warning("member %s: %s handler %s failed on message %s: %r", self.member_id,
+                        self.paradigm, envelope.command, envelope.id, exc,
+                        exc_info=not isinstance(exc, Retry))
+            self.on_failure(delivery, envelope, ctx, exc)
+            return
+        self.on_success(delivery, envelope, ctx, result)
+
+    def _processed_log(self) -> ProcessedLog | None:
+        return None
+
+    def _emit(self, delivery: Delivery, envelope: Envelope | None, outcome: Outcome,
+              detail: str) -> None:
+        for hook in self.on_outcome:
+            try:
+                hook(delivery, envelope, outcome, detail)
+            except Exception:
+                log.exception("outcome hook failed")
+
+    def dead_letter(self, delivery: Delivery, envelope: Envelope | None, reason: str,
+                    detail: str) -> None:
+        """Copy the message to the dead-letter queue with its reason, then reject it."""
+        headers = delivery.headers
+        headers.update({
+            REASON_HEADER: reason, DETAIL_HEADER: detail[:4000],
+            "x-latchwork-queue": delivery.queue, "x-latchwork-member": self.member_id,
+            "x-latchwork-dead-at": datetime.now(UTC).isoformat(),
+        })
+        props = delivery.properties
+        try:
+            self.publisher.publish("", self.topology.dead_queue, delivery.body, headers=headers,
+                                   correlation_id=props.correlation_id,
+                                   reply_to=props.reply_to, message_id=props.message_id,
+                                   deadline=10.0)
+        except (BrokerUnavailable, PublishFailed) as exc:
+            log.error("member %s: could not dead-letter delivery %d (%s: %s): %s; leaving it "
+                      "to the broker", self.member_id, delivery.delivery_tag, reason, detail,
+                      exc)
+            delivery.requeue()
+            self._emit(delivery, envelope, Outcome.REQUEUED, f"dead-letter failed: {exc}")
+            return
+        delivery.reject()
+        what = envelope.command if envelope is not None else "undecodable message"
+        log.warning("member %s: dead-lettered %s from %s: %s: %s", self.member_id, what,
+                    delivery.queue, reason, detail)
+        self._emit(delivery, envelope, Outcome.DEAD_LETTERED, f"{reason}: {detail}")
+
+

@@ -1,0 +1,234 @@
+"""The three paradigms' consumers: MASTER (only the master consumes, manual ack after the
+work, processed log against redelivery), MODEL (every node, its own exclusive queue on the
+fanout exchange) and API (request/reply, competing consumers on one durable queue).
+
+What happens to a message (``Outcome``):
+
+* handled: the handler returned; the message is acked (MASTER: after its id is recorded);
+* duplicate: MASTER only, the id is in the processed log; acked without running the handler;
+* retried: MASTER only, the handler raised :class:`Retry` or an unexpected error: a copy goes to
+  the delay queue for that retry (confirmed) and the original is acked; after
+  ``RetryPolicy.max_retries`` the message is dead-lettered as ``retries-exhausted``;
+* dead-lettered: undecodable, invalid, unknown command, :class:`Reject`, or out of retries: a
+  copy with ``x-latchwork-reason``/``x-latchwork-detail`` headers goes to the dead-letter queue
+  (confirmed), then the original is ``basic_nack(requeue=False)``-ed;
+* requeued: the handler was cancelled (shutdown, lost leadership), or a MASTER delivery reached a
+  node that is no longer master; the broker hands it to the next consumer.
+
+If the broker is gone while a decision is being carried out, the decision is dropped and the
+broker redelivers the message: nothing is lost, at worst handled again (hence the processed log).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from coord import LeaderLatch
+from messaging.connection import Connector
+from messaging.consumer import Consumer
+from messaging.delivery import Delivery
+from messaging.envelope import Envelope, Paradigm
+from messaging.errors import (
+    INTERNAL_ERROR,
+    BrokerUnavailable,
+    PublishFailed,
+)
+from messaging.outcomes import RETRIES_HEADER, Outcome, describe
+from messaging.processed import Claim, ProcessedLog
+from messaging.publisher import Publisher
+from messaging.registry import HandlerContext, HandlerRegistry, Route
+from messaging.topology import Topology
+
+log = logging.getLogger("latchwork.messaging")
+
+
+class MasterConsumer(Consumer):
+    """Consumes the MASTER queue only while ``latch`` says this node leads.
+
+    It starts consuming when leadership is gained and cancels its consumer as soon as it is
+    lost (the latch drops leadership on SUSPENDED and LOST); running handlers see
+    ``ctx.cancelled`` and, if they then fail, their message is requeued for the next master. A
+    delivery that reaches a handler slot after leadership was lost is requeued, not handled.
+    """
+
+    paradigm = Paradigm.MASTER
+
+    def __init__(self, connector: Connector, topology: Topology, registry: HandlerRegistry,
+                 member_id: str, publisher: Publisher, latch: LeaderLatch,
+                 processed: ProcessedLog, **kwargs: Any) -> None:
+        super().__init__(connector, topology, registry, member_id, publisher, **kwargs)
+        self.latch = latch
+        self.processed = processed
+        latch.add_listener(on_gain=self.wake, on_loss=self._leadership_lost)
+
+    def _leadership_lost(self) -> None:
+        self.wake()
+        self.cancel_inflight()
+
+    def queue(self) -> str:
+        return self.topology.master_queue
+
+    def wants_consuming(self) -> bool:
+        return self.latch.is_leader
+
+    def _processed_log(self) -> ProcessedLog | None:
+        return self.processed
+
+    def before_handler(self, delivery: Delivery, envelope: Envelope) -> bool:
+        """Claim the message id before its handler runs: a copy being handled elsewhere (or in
+        another worker here) is waited for, then found processed and acked as a duplicate;
+        never run in parallel. Requeued when leadership goes while waiting."""
+        while True:
+            if not self.latch.is_leader or self._stop.is_set():
+                delivery.requeue()
+                self._emit(delivery, envelope, Outcome.REQUEUED, "not master")
+                return False
+            claim = self.processed.claim(envelope.id, self.member_id)
+            if claim is Claim.CLAIMED:
+                return True
+            if claim is Claim.DONE:
+                delivery.ack()
+                log.info("member %s: MASTER message %s (%s) was already processed; acked",
+                         self.member_id, envelope.id, envelope.command)
+                self._emit(delivery, envelope, Outcome.DUPLICATE, "already processed")
+                return False
+            log.info("member %s: MASTER message %s (%s) is being handled by another copy; "
+                     "waiting", self.member_id, envelope.id, envelope.command)
+            self.processed.wait_released(envelope.id, 1.0)
+
+    def _invoke(self, delivery: Delivery, envelope: Envelope, route: Route, payload: Any) -> None:
+        try:
+            super()._invoke(delivery, envelope, route, payload)
+        finally:
+            # failed, retried, cancelled: the next copy may run (a recorded id released it)
+            self.processed.release(envelope.id)
+
+    def on_success(self, delivery: Delivery, envelope: Envelope, ctx: HandlerContext,
+                   result: Any) -> None:
+        self.processed.record(envelope.id, self.member_id)
+        super().on_success(delivery, envelope, ctx, result)
+
+    def on_failure(self, delivery: Delivery, envelope: Envelope, ctx: HandlerContext,
+                   exc: BaseException) -> None:
+        retry = ctx.retries + 1
+        if retry > self.topology.retry.max_retries:
+            self.dead_letter(delivery, envelope, "retries-exhausted",
+                             f"after {ctx.retries} retries: {describe(exc)}")
+            return
+        headers = delivery.headers
+        headers[RETRIES_HEADER] = retry
+        headers["x-latchwork-last-error"] = repr(exc)[:1000]
+        try:
+            self.publisher.publish("", self.topology.retry_queue(retry), delivery.body,
+                                   headers=headers, message_id=str(envelope.id), deadline=10.0)
+        except (BrokerUnavailable, PublishFailed) as pub:
+            log.error("member %s: could not schedule retry of %s: %s", self.member_id,
+                      envelope.id, pub)
+            delivery.requeue()
+            self._emit(delivery, envelope, Outcome.REQUEUED, f"retry scheduling failed: {pub}")
+            return
+        delivery.ack()
+        self._emit(delivery, envelope, Outcome.RETRIED,
+                   f"retry {retry} in {self.topology.retry.delay(retry):g}s: {exc!r}")
+
+
+class ModelConsumer(Consumer):
+    """This node's exclusive queue on the MODEL fanout exchange.
+
+    The queue lives as long as the connection: broadcasts sent while the node was disconnected
+    are not delivered to it (MODEL commands concern live nodes; a reconnected node should
+    refresh its caches, see ``connections_opened``).
+    """
+
+    paradigm = Paradigm.MODEL
+
+    def __init__(self, *args: Any, on_reconnect: Callable[[], object] | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.on_reconnect = on_reconnect
+
+    def queue(self) -> str:
+        return self.topology.model_queue(self.member_id)
+
+    def on_connected(self) -> None:
+        if self.connections_opened > 1 and self.on_reconnect is not None:
+            threading.Thread(target=self._reconnected, name="model-reconnected",
+                             daemon=True).start()
+
+    def _reconnected(self) -> None:
+        assert self.on_reconnect is not None
+        try:
+            self.on_reconnect()
+        except Exception:
+            log.exception("member %s: refreshing after the MODEL reconnect failed",
+                          self.member_id)
+
+    def declare(self, channel: Any) -> None:
+        super().declare(channel)
+        channel.queue_declare(self.queue(), exclusive=True, auto_delete=True)
+        channel.queue_bind(self.queue(), self.topology.model_exchange)
+
+
+class ApiResponder(Consumer):
+    """Answers API requests (competing consumers on one durable queue).
+
+    The reply goes to the request's ``reply_to`` with its ``correlation_id``: ``{"ok": true,
+    "result": ...}`` or ``{"ok": false, "error": {"kind", "code", "detail"}}``: ``code`` is the
+    exception's ``error_code`` attribute (a stable string the client decides on),
+    ``internal_error`` for an exception without one, or the reason a refused request was
+    dead-lettered for (``invalid``, ``unknown-command``, ``too-large``). A request without
+    ``reply_to`` is dead-lettered.
+    """
+
+    paradigm = Paradigm.API
+
+    def queue(self) -> str:
+        return self.topology.api_queue
+
+    def before_handler(self, delivery: Delivery, envelope: Envelope) -> bool:
+        if not delivery.properties.reply_to:
+            self.dead_letter(delivery, envelope, "invalid", "API request without reply_to")
+            return False
+        return True
+
+    def _reply(self, delivery: Delivery, envelope: Envelope, payload: dict[str, Any]) -> None:
+        reply = Envelope(paradigm=Paradigm.API, command=envelope.command, sender=self.member_id,
+                         payload=payload)
+        self.publisher.publish("", delivery.properties.reply_to, reply, persistent=False,
+                               mandatory=False, correlation_id=delivery.properties.correlation_id
+                               or str(envelope.id), deadline=10.0)
+
+    def on_success(self, delivery: Delivery, envelope: Envelope, ctx: HandlerContext,
+                   result: Any) -> None:
+        self._reply(delivery, envelope, {"ok": True, "result": result})
+        super().on_success(delivery, envelope, ctx, result)
+
+    def on_failure(self, delivery: Delivery, envelope: Envelope, ctx: HandlerContext,
+                   exc: BaseException) -> None:
+        code = getattr(exc, "error_code", None)
+        self._reply(delivery, envelope, {"ok": False, "error": {
+            "kind": type(exc).__name__, "detail": str(exc),
+            "code": code if isinstance(code, str) else INTERNAL_ERROR}})
+        delivery.ack()
+        self._emit(delivery, envelope, Outcome.HANDLED, f"answered with error {exc!r}")
+
+    def dead_letter(self, delivery: Delivery, envelope: Envelope | None, reason: str,
+                    detail: str) -> None:
+        """Dead-letter, and tell the waiting client why (when it said where to answer)."""
+        if delivery.properties.reply_to and delivery.properties.correlation_id:
+            try:
+                reply = Envelope(paradigm=Paradigm.API, sender=self.member_id,
+                                 command=envelope.command if envelope else "error",
+                                 payload={"ok": False, "error": {"kind": reason, "code": reason,
+                                                                 "detail": detail}})
+                self.publisher.publish("", delivery.properties.reply_to, reply,
+                                       persistent=False, mandatory=False,
+                                       correlation_id=delivery.properties.correlation_id,
+                                       deadline=10.0)
+            except (BrokerUnavailable, PublishFailed) as exc:
+                log.warning("member %s: could not tell the client about its rejected request: "
+                            "%s", self.member_id, exc)
+        super().dead_letter(delivery, envelope, reason, detail)
