@@ -32,9 +32,10 @@ from bench._servers import zookeeper
 from coord import Session
 from coord.batches import BatchCoordinator
 from runner.config import Settings
-from runner.pipeline.aspects import AspectRegistry
-from runner.pipeline.job import BatchWorker, SeriesPaths, compute
+from runner.pipeline.aspects import AspectRegistry, compute
+from runner.pipeline.job import BatchWorker
 from runner.pipeline.spark import spark_session, stop_spark
+from runner.pipeline.storage import SeriesPaths
 from runner.store import Avatar, GraphStore, codec
 from runner.store.graph import EmbeddedGraph
 from runner.tasks import CancelToken

@@ -39,7 +39,7 @@ from runner.node.views import task_view
 from runner.ontology import OntologyCache, OntologySync, register_ontology_tasks
 from runner.pipeline.aspects import AspectRegistry
 from runner.pipeline.spark import stop_spark
-from runner.pipeline.tasks import Pipeline, register_pipeline_tasks
+from runner.pipeline.handlers import Pipeline, register_pipeline_tasks
 from runner.store import GraphStore, open_store
 from runner.tasks import TaskRegistry
 from runner.tasks.diag import register_diagnostics

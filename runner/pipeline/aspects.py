@@ -102,6 +102,14 @@ class AspectDefinition(BaseModel):
                              f"{sorted(COMPUTATIONS)}, not {self.compute!r}")
 
 
+def compute(snapshot: Any, definition: AspectDefinition) -> Any:
+    """``snapshot`` rows -> (id, value) rows of the aspect, with built-in expressions only."""
+    if definition.compute is None:
+        raise ValueError(f"aspect {definition.name} is simple: nothing to compute")
+    value = COMPUTATIONS[definition.compute](snapshot)
+    return snapshot.select(snapshot["id"], value.alias("value")).where("value IS NOT NULL")
+
+
 BUILTIN = (
     AspectDefinition(name="geo", kind=Kind.HEAVY, compute="geojson-point",
                      classes=(f"{BRICK}Location", f"{BRICK}Equipment"),

@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,120 +47,16 @@ from coord.batches import (
     SeriesState,
     SeriesStatus,
 )
-from runner.errors import RunnerError
-from runner.pipeline.aspects import COMPUTATIONS, AspectDefinition
+from runner.pipeline.aspects import AspectDefinition, compute
+from runner.pipeline.storage import (
+    APPLY_CHUNK,
+    HadoopFS,
+    SeriesPaths,
+)
 from runner.store import Fence, GraphStore
 from runner.tasks import CancelToken, TaskCancelled
 
 log = logging.getLogger("latchwork.pipeline")
-
-APPLY_CHUNK = 500
-
-
-class PipelineError(RunnerError, RuntimeError):
-    """The pipeline's storage did something it must not (e.g. a rename that did not happen)."""
-
-    error_code = "pipeline_failed"
-
-
-def data_uri(data_dir: str) -> str:
-    """``data_dir`` as a Hadoop URI: local paths become absolute ``file://`` URIs."""
-    if urlparse(data_dir).scheme:
-        return data_dir.rstrip("/")
-    return Path(data_dir).resolve().as_uri()
-
-
-@dataclass(frozen=True)
-class SeriesPaths:
-    root: str
-
-    @classmethod
-    def of(cls, data_dir: str, series_id: str) -> SeriesPaths:
-        return cls(f"{data_uri(data_dir)}/series/{series_id}")
-
-    @property
-    def snapshot(self) -> str:
-        return f"{self.root}/snapshot"
-
-    @property
-    def batches(self) -> str:
-        return f"{self.root}/batches"
-
-    def batch(self, no: int) -> str:
-        return f"{self.batches}/{no:06d}"
-
-    def tmp(self, name: str) -> str:
-        return f"{self.root}/_tmp-{name}-{uuid.uuid4().hex[:12]}"
-
-
-class HadoopFS:
-    """The Hadoop FileSystem API of the session's JVM (local files, HDFS, S3A alike)."""
-
-    def __init__(self, spark: Any) -> None:
-        self._jvm = spark.sparkContext._jvm
-        self._conf = spark.sparkContext._jsc.hadoopConfiguration()
-
-    def _path(self, uri: str) -> tuple[Any, Any]:
-        path = self._jvm.org.apache.hadoop.fs.Path(uri)
-        return path, path.getFileSystem(self._conf)
-
-    def exists(self, uri: str) -> bool:
-        path, fs = self._path(uri)
-        return bool(fs.exists(path))
-
-    def delete(self, uri: str) -> None:
-        path, fs = self._path(uri)
-        fs.delete(path, True)
-
-    def commit(self, tmp: str, final: str) -> bool:
-        """Publish ``tmp`` as ``final`` with one rename; False if ``final`` existed already.
-
-        Hadoop's rename into an existing directory would nest ``tmp`` inside it; ``tmp`` names
-        start with ``_`` so such a nested leftover is invisible to Spark readers.
-        """
-        src, fs = self._path(tmp)
-        dst, _ = self._path(final)
-        if fs.exists(dst):
-            fs.delete(src, True)
-            return False
-        fs.mkdirs(dst.getParent())
-        if not fs.rename(src, dst):
-            fs.delete(src, True)
-            if not fs.exists(dst):
-                raise PipelineError(f"rename {tmp} -> {final} failed")
-            return False
-        return True
-
-
-def write_snapshot(spark: Any, store: GraphStore, classes: Iterable[str],
-                   paths: SeriesPaths) -> int:
-    """Export the avatars of ``classes`` once; returns the committed snapshot's row count."""
-    import pyarrow as pa
-    fs = HadoopFS(spark)
-    if not fs.exists(paths.snapshot):
-        rows = [(a.id, a.class_iri, json.dumps(a.properties, sort_keys=True))
-                for page in store.avatars.scan(classes) for a in page]
-        rows.sort()
-        table = pa.table({
-            "pos": pa.array(range(len(rows)), pa.int64()),
-            "id": pa.array([r[0] for r in rows], pa.string()),
-            "class_iri": pa.array([r[1] for r in rows], pa.string()),
-            "props": pa.array([r[2] for r in rows], pa.string()),
-        })
-        tmp = paths.tmp("snapshot")
-        spark.createDataFrame(table).coalesce(1).write.parquet(tmp)
-        if fs.commit(tmp, paths.snapshot):
-            log.info("snapshot %s: %d avatars", paths.snapshot, len(rows))
-            return len(rows)
-    return int(spark.read.parquet(paths.snapshot).count())
-
-
-def compute(snapshot: Any, definition: AspectDefinition) -> Any:
-    """``snapshot`` rows -> (id, value) rows of the aspect, with built-in expressions only."""
-    if definition.compute is None:
-        raise ValueError(f"aspect {definition.name} is simple: nothing to compute")
-    value = COMPUTATIONS[definition.compute](snapshot)
-    return snapshot.select(snapshot["id"], value.alias("value")).where("value IS NOT NULL")
 
 
 class Lease:

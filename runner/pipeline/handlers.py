@@ -35,14 +35,9 @@ from runner.pipeline.aspects import (
     Kind,
     State,
 )
-from runner.pipeline.job import (
-    BatchWorker,
-    SeriesPaths,
-    coordinator_for,
-    progress,
-    write_snapshot,
-)
+from runner.pipeline.job import BatchWorker, coordinator_for, progress
 from runner.pipeline.spark import spark_session
+from runner.pipeline.storage import SeriesPaths, write_snapshot
 from runner.store import GraphStore, Task
 from runner.store.model import ASPECT_PATTERN
 from runner.tasks import TaskContext, TaskRegistry
