@@ -5,6 +5,7 @@ Each recipe is a small class over a :class:`Session` with ``start()``/``close()`
 connection loss. Errors are in :mod:`coord.errors`.
 """
 
+from coord._znodes import zk_errors
 from coord.errors import (
     ConnectionLost,
     CoordError,
@@ -27,5 +28,5 @@ __all__ = [
     "LockNotHeld", "MemberIdTaken", "MemberInfo", "Membership", "NotLeader", "Session",
     "SessionExpired", "SessionState", "SlotLevel", "Slots", "TaskLock", "VersionConflict",
     "VersionedRegister", "force_release", "held_locks", "live_member_ids", "lock_owner",
-    "read_leader", "read_members",
+    "read_leader", "read_members", "zk_errors",
 ]

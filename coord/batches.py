@@ -21,6 +21,10 @@ handed to the next caller (the old owner's later finish/renew raises :class:`Bat
 Connection loss during a call raises :class:`~coord.errors.ConnectionLost` (retried inside for
 up to 30 s first). Deadlines are wall-clock times: the nodes' clocks must be synchronised
 (NTP) to well below the batch timeout.
+
+Why one module: every change of a series is a pure ``decide(state) -> (new, result)`` applied
+by one CAS in :meth:`BatchCoordinator._update`; the decisions and the one place they are
+applied belong together (the series data itself is in :mod:`coord.series`).
 """
 
 from __future__ import annotations

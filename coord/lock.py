@@ -19,6 +19,10 @@ Failure behaviour:
 * session LOST: the node is gone; lost listeners are told; ``release()`` is then a no-op;
 * the node deleted under us (``force_release`` by the master): lost listeners are told;
 * SUSPENDED: the lock is in doubt; the Session turns a long suspension into LOST.
+
+Why one module: the lock and the master's view of held locks (``held_locks``, ``lock_owner``,
+``force_release``) read and write the same znode layout; keeping them together keeps that
+layout in one place.
 """
 
 from __future__ import annotations

@@ -22,6 +22,9 @@ replaced too, so nothing keeps running on a session every recipe already treated
 Listeners are called one at a time on the Session's own dispatch thread, never on kazoo's
 connection thread, so they may do blocking ZooKeeper I/O. A listener that raises is logged and
 the others still run.
+
+Why one module: the state machine, the reply clock that feeds its deadline and the watchdog
+that acts on it are one idea; apart, each would need the others' locks and fields.
 """
 
 from __future__ import annotations

@@ -26,8 +26,7 @@ from typing import Any, Protocol
 
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
-from coord import Session
-from coord._znodes import zk_errors
+from coord import Session, zk_errors
 
 PROCESSED = "/messages/processed"
 HANDLING = "/messages/handling"

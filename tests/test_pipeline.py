@@ -29,10 +29,10 @@ from runner.config import Settings
 from runner.ontology import OntologyCache
 from runner.pipeline.aspects import COMPUTATIONS, AspectDefinition, AspectRegistry, Kind, compute
 from runner.pipeline.bundle import build
+from runner.pipeline.handlers import eligible_classes, series_id
 from runner.pipeline.job import BatchWorker
 from runner.pipeline.spark import TEST_CONF
 from runner.pipeline.storage import SeriesPaths, write_snapshot
-from runner.pipeline.handlers import eligible_classes, series_id
 from runner.store import Avatar, GraphStore, Ontology, OntologyClass, open_store
 from runner.tasks import CancelToken, TaskCancelled
 from runner.testing.cluster import CLUSTER, Cluster

@@ -43,8 +43,9 @@ def locks_held(zk_client: KazooClient) -> list[str]:
 def test_tasks_run_once_retry_conflicts_stop_on_errors_and_report(cluster: Cluster) -> None:
     cluster.start_node()
     cluster.start_node()
-    first = cluster.submit("diag.sleep", {"seconds": 0.2}, "--unique-key", "once")
-    again = cluster.submit("diag.sleep", {"seconds": 0.2}, "--unique-key", "once")
+    first = cluster.cli("task", "submit", "diag.sleep", "--payload", '{"seconds": 0.2}',
+                        "--unique-key", "once").output.strip()
+    again = cluster.submit("diag.sleep", {"seconds": 0.2}, unique_key="once")
     assert again == first
     conflict = cluster.submit("diag.conflict", {"conflicts": 2})
     failing = cluster.submit("diag.fail", {"message": "the ontology file is gone"})

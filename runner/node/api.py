@@ -96,7 +96,7 @@ class NodeApi:
 
     @api("task.submit", Submit)
     def submit(self, ctx: HandlerContext, req: Submit) -> dict[str, Any]:
-        task = self.node._submit(req.type, req.payload, req.unique_key, req.priority)
+        task = self.node.submit(req.type, req.payload, req.unique_key, req.priority)
         log.info("member %s: task %s (%s) submitted by %s", self.node.member_id, task.id,
                  task.type, ctx.envelope.sender)
         return task_view(task)
@@ -131,11 +131,11 @@ class NodeApi:
 
     @api("task.deactivate", TaskRef)
     def deactivate(self, ctx: HandlerContext, ref: TaskRef) -> dict[str, Any]:
-        return self.node._cancel(ref.id, ctx.envelope.sender)
+        return self.node.cancel(ref.id, ctx.envelope.sender)
 
     @api("task.cancel", TaskCancel)
     def cancel(self, ctx: HandlerContext, req: TaskCancel) -> dict[str, Any]:
-        return self.node._cancel(req.id, ctx.envelope.sender, req.reason)
+        return self.node.cancel(req.id, ctx.envelope.sender, req.reason)
 
     @api("task.reactivate", TaskRef)
     def reactivate(self, ctx: HandlerContext, ref: TaskRef) -> dict[str, Any]:

@@ -38,8 +38,8 @@ from runner.node.api import NodeApi
 from runner.node.views import task_view
 from runner.ontology import OntologyCache, OntologySync, register_ontology_tasks
 from runner.pipeline.aspects import AspectRegistry
-from runner.pipeline.spark import stop_spark
 from runner.pipeline.handlers import Pipeline, register_pipeline_tasks
+from runner.pipeline.spark import stop_spark
 from runner.store import GraphStore, open_store
 from runner.tasks import TaskRegistry
 from runner.tasks.diag import register_diagnostics
@@ -111,7 +111,7 @@ class Node:
         self.sync = OntologySync(s.ontology_source, self.store, self.bus, member,
                                  is_master=lambda: latch.is_leader)
         self.pipeline = Pipeline(s, self.session, self.store, self.cache, self.aspects,
-                                 submit=self._submit, member=member)
+                                 submit=self.submit, member=member)
         self.processor = TaskProcessHandler(
             self.session, member, self.store, self.registry, workers=s.workers,
             scan_interval=s.scan_interval, live_members=self.membership.live_ids,
@@ -139,7 +139,7 @@ class Node:
                  "came back", self.member_id, self.cache.size)
         self.processor.trigger()
 
-    def _submit(self, task_type: str, payload: dict[str, Any], unique_key: str | None = None,
+    def submit(self, task_type: str, payload: dict[str, Any], unique_key: str | None = None,
                 priority: int = 0) -> Any:
         """Create a task (validated) and tell every node to scan now."""
         assert self.store is not None and self.bus is not None
@@ -149,7 +149,7 @@ class Node:
         self.bus.broadcast("TRIGGER_SCAN", {"task": task.id})
         return task
 
-    def _cancel(self, task_id: str, by: str, reason: str | None = None) -> dict[str, Any]:
+    def cancel(self, task_id: str, by: str, reason: str | None = None) -> dict[str, Any]:
         """Deactivate a task and cancel its running attempt cluster-wide: the attempt ends
         CANCELLED and the task's fence moves on in one write (the owner can write nothing
         more), then the owner's lock node is deleted, which its lost-lock listener turns into

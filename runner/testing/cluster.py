@@ -1,21 +1,34 @@
-"""A test cluster of ``latchwork node start`` subprocesses sharing one graph file."""
+"""A test cluster of ``latchwork node start`` subprocesses sharing one graph file.
+
+Tests drive it through the node API (:meth:`Cluster.request`, :meth:`Cluster.submit`) and the
+real ``latchwork`` command as a subprocess (:meth:`Cluster.cli`); the store view reads the graph
+file directly to check invariants. It never imports the CLI's code: what a user runs is what is
+tested.
+"""
 
 from __future__ import annotations
 
-import json
 import os
+import subprocess
+import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-
-from click.testing import CliRunner, Result
+from typing import Any
 
 from coord.testing import NodeProcess, wait_until
+from messaging import ApiClient, Connector, Topology
 from messaging.testing.plugin import AmqpNamespace
-from runner.cli import cli
 from runner.store import AttemptStatus, GraphStore, Task, open_store
 
 CLUSTER = "r1"
 SESSION = 2.0
+
+
+@dataclass(frozen=True)
+class CliResult:
+    exit_code: int
+    output: str
 
 
 class Cluster:
@@ -41,13 +54,25 @@ class Cluster:
         self.nodes[member] = node
         return member
 
-    def cli(self, *args: str) -> Result:
-        return CliRunner().invoke(cli, list(args), env=self.env, catch_exceptions=False)
+    def cli(self, *args: str, timeout: float = 60.0) -> CliResult:
+        """Run ``latchwork ARGS`` against this cluster; stdout and stderr interleaved."""
+        proc = subprocess.run([sys.executable, "-m", "runner.cli", *args], env=self.env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              timeout=timeout, check=False)
+        return CliResult(proc.returncode, proc.stdout)
 
-    def submit(self, task_type: str, payload: dict[str, object], *extra: str) -> str:
-        result = self.cli("task", "submit", task_type, "--payload", json.dumps(payload), *extra)
-        assert result.exit_code == 0, result.output
-        return result.output.strip()
+    def request(self, command: str, payload: dict[str, Any] | None = None,
+                timeout: float = 10.0) -> Any:
+        """One API request through whichever node answers (as a client would)."""
+        with ApiClient(Connector(self.env["LATCHWORK_AMQP_URL"], name="test client"),
+                       Topology(CLUSTER), sender="tests") as client:
+            return client.request(command, payload, timeout=timeout)
+
+    def submit(self, task_type: str, payload: dict[str, object], *,
+               priority: int = 0, unique_key: str | None = None) -> str:
+        task = self.request("task.submit", {"type": task_type, "payload": payload,
+                                            "priority": priority, "unique_key": unique_key})
+        return str(task["id"])
 
     def task(self, task_id: str) -> Task:
         return self.store.tasks.get(task_id)
