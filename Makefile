@@ -12,7 +12,7 @@ APT_PACKAGES := zookeeper rabbitmq-server default-jre-headless
 # As root use apt-get directly; otherwise through sudo.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help setup apt-packages venv test lint pytest demo bench chaos pyfiles clean
+.PHONY: help setup apt-packages venv test lint pytest demo bench chaos diagrams pyfiles clean
 
 help:
 	@echo "make setup  - Debian packages (zookeeper, rabbitmq-server, JDK) + .venv + pip install -e .[dev]"
@@ -21,6 +21,7 @@ help:
 	@echo "make lint   - ruff and mypy only"
 	@echo "make bench  - the benchmarks in bench/ (each prints its ratio last)"
 	@echo "make chaos  - the full chaos profile: faults under load, one JSON table, exit 1 if a guarantee broke"
+	@echo "make diagrams - render diagrams/*.puml to SVG (installs the Debian plantuml package when missing)"
 	@echo "make pyfiles - dist/latchwork-pyfiles.zip for spark-submit --py-files"
 
 setup: apt-packages venv
@@ -61,6 +62,15 @@ bench: setup
 
 chaos: setup
 	$(PY) bench/chaos.py --profile full $(CHAOS_ARGS)
+
+# PlantUML from Debian (a Java program; sequence diagrams need no Graphviz). The SVGs are
+# committed; tests/test_diagrams.py fails when a source changed and its SVG was not rendered again.
+diagrams:
+	@dpkg-query -W -f='$${Status}' plantuml 2>/dev/null | grep -q "ok installed" || { \
+	  echo "installing Debian package: plantuml"; $(SUDO) apt-get update && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y --no-install-recommends plantuml; }
+	cd diagrams && plantuml -tsvg -charset UTF-8 -failfast2 *.puml
+	@ls diagrams/*.svg
 
 pyfiles: setup
 	$(PY) -m runner.pipeline.bundle dist/latchwork-pyfiles.zip

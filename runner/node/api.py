@@ -29,6 +29,8 @@ log = logging.getLogger("latchwork.node")
 
 if TYPE_CHECKING:
     from runner.node.node import Node
+    from runner.pipeline.handlers import Pipeline
+    from runner.store import GraphStore
 
 
 class Submit(BaseModel):
@@ -62,7 +64,7 @@ class TaskQuery(BaseModel):
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: (command, request model) of each API handler, set by :func:`api`
+#: (command, request model) set by :func:`api`; (method name, request model) in routes()
 Route = tuple[str, type[BaseModel] | None]
 
 
@@ -75,24 +77,42 @@ def api(command: str, model: type[BaseModel] | None = None) -> Callable[[F], F]:
 
 
 class NodeApi:
-    """The API handlers of one started node."""
+    """The API handlers of one node; they read the node's parts when a request arrives."""
 
     def __init__(self, node: Node) -> None:
-        assert node.store is not None and node.bus is not None and node.pipeline is not None
         self.node = node
-        self.store = node.store
-        self.bus = node.bus
-        self.pipeline = node.pipeline
 
-    def register(self, bus: MessageBus) -> None:
-        for name in dir(type(self)):
-            route: Route | None = getattr(getattr(type(self), name), "api_route", None)
+    @property
+    def store(self) -> GraphStore:
+        assert self.node.store is not None, "node not started"
+        return self.node.store
+
+    @property
+    def bus(self) -> MessageBus:
+        assert self.node.bus is not None, "node not started"
+        return self.node.bus
+
+    @property
+    def pipeline(self) -> Pipeline:
+        assert self.node.pipeline is not None, "node not started"
+        return self.node.pipeline
+
+    @classmethod
+    def routes(cls) -> dict[str, Route]:
+        """Every API command with its handler's name and request model."""
+        found = {}
+        for name in dir(cls):
+            route: Route | None = getattr(getattr(cls, name), "api_route", None)
             if route is not None:
-                command, model = route
-                if model is None:
-                    bus.api.handler(command)(getattr(self, name))
-                else:
-                    bus.api.handler(command, model)(getattr(self, name))
+                found[name] = route
+        return {command: (name, model) for name, (command, model) in found.items()}
+
+    @classmethod
+    def register(cls, node: Node, bus: MessageBus) -> NodeApi:
+        handlers = cls(node)
+        for command, (name, model) in cls.routes().items():
+            bus.api.handler(command, model)(getattr(handlers, name))
+        return handlers
 
     @api("task.submit", Submit)
     def submit(self, ctx: HandlerContext, req: Submit) -> dict[str, Any]:

@@ -116,7 +116,7 @@ class Node:
             self.session, member, self.store, self.registry, workers=s.workers,
             scan_interval=s.scan_interval, live_members=self.membership.live_ids,
             services={"bus": self.bus, "sync": self.sync, "pipeline": self.pipeline})
-        self._register_messages(self.bus)
+        self.register_messages(self.bus)
         bus = self.bus
         processed = ZkProcessedLog(self.session)
         self.master = MasterDuties(
@@ -162,17 +162,19 @@ class Node:
                         "was stopped", self.member_id, task_id, task.type, by, owner)
         return {**task_view(task), "cancelled_attempts": [a.id for a in closed]}
 
-    def _register_messages(self, bus: MessageBus) -> None:
-        assert self.store is not None and self.processor is not None
-        store, processor = self.store, self.processor
+    def register_messages(self, bus: MessageBus) -> None:
+        """The node's MODEL and MASTER handlers, then its API (:class:`NodeApi`). Handlers read
+        the node's parts when a message arrives, so registering needs nothing started."""
 
         @bus.model.handler("TRIGGER_SCAN")
         def trigger_scan(ctx: HandlerContext, payload: dict[str, Any]) -> None:
-            processor.trigger()
+            assert self.processor is not None
+            self.processor.trigger()
 
         @bus.model.handler("UPDATE_CACHE")
         def update_cache(ctx: HandlerContext, payload: dict[str, Any]) -> None:
-            self.cache.reload(store)
+            assert self.store is not None
+            self.cache.reload(self.store)
             log.info("member %s: ontology cache reloaded (%d classes)", self.member_id,
                      self.cache.size)
 
@@ -186,7 +188,7 @@ class Node:
             assert self.sync is not None
             self.sync.synchronize(message_id=str(ctx.message_id))
 
-        NodeApi(self).register(bus)
+        NodeApi.register(self, bus)
 
     def close(self) -> None:
         timeout = self.settings.shutdown_timeout

@@ -63,8 +63,8 @@ class ChaosNode(Node):
             out.write(f"{session_id:x} {bytes(password).hex()}\n")
         tmp.replace(self.session_file)
 
-    def _register_messages(self, bus: MessageBus) -> None:
-        super()._register_messages(bus)
+    def register_messages(self, bus: MessageBus) -> None:
+        super().register_messages(bus)
 
         @bus.master.handler("CHAOS_RECORD", ChaosRecord)
         def chaos_record(ctx: HandlerContext, payload: ChaosRecord) -> None:
