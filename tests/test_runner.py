@@ -17,8 +17,10 @@ from kazoo.client import KazooClient
 
 from coord.testing import NodeProcess, ZooKeeperCluster, wait_until
 from coord.testing.plugin import TEST_TICK_MS, ZkNamespace
+from messaging import RemoteError
 from messaging.testing import broker_outage
 from messaging.testing.plugin import AmqpNamespace
+from runner.errors import ERROR_CODES
 from runner.store import AttemptStatus, Ontology, OntologyClass, Task, TaskStatus
 from runner.testing.cluster import CLUSTER, SESSION, Cluster
 
@@ -97,6 +99,25 @@ def test_cli_rejects_bad_input_with_usage_errors(cluster: Cluster) -> None:
     missing = cluster.cli("task", "show", "no-such-task")
     assert missing.exit_code == 1 and "no task no-such-task" in missing.output
     assert cluster.store.tasks.all() == []
+
+
+def test_error_replies_carry_stable_codes(cluster: Cluster) -> None:
+    """A client decides on ``error.code``, never on a class name (runner.errors)."""
+    import runner.node  # noqa: F401  (every error class, and so every code, is declared)
+    cluster.start_node()
+    cases = [
+        ("task.get", {"id": "no-such-task"}, "task_not_found", "TaskNotFound"),
+        ("task.submit", {"type": "no.such.type"}, "task_type_unknown", "UnknownTaskType"),
+        ("task.submit", {"type": "diag.sleep", "payload": {"seconds": -1}}, "payload_invalid",
+         "InvalidPayload"),
+        ("task.get", {"id": ""}, "invalid", "invalid"),  # refused by the request model
+        ("task.nothing", {}, "unknown-command", "unknown-command"),
+    ]
+    for command, payload, code, kind in cases:
+        with pytest.raises(RemoteError) as caught:
+            cluster.request(command, payload)
+        assert (caught.value.code, caught.value.kind) == (code, kind), command
+        assert code == "invalid" or "-" in code or code in ERROR_CODES
 
 
 def test_killed_node_mid_task_is_freed_by_the_master_and_finished_elsewhere(
