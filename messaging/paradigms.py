@@ -2,21 +2,10 @@
 work, processed log against redelivery), MODEL (every node, its own exclusive queue on the
 fanout exchange) and API (request/reply, competing consumers on one durable queue).
 
-What happens to a message (``Outcome``):
-
-* handled: the handler returned; the message is acked (MASTER: after its id is recorded);
-* duplicate: MASTER only, the id is in the processed log; acked without running the handler;
-* retried: MASTER only, the handler raised :class:`Retry` or an unexpected error: a copy goes to
-  the delay queue for that retry (confirmed) and the original is acked; after
-  ``RetryPolicy.max_retries`` the message is dead-lettered as ``retries-exhausted``;
-* dead-lettered: undecodable, invalid, unknown command, :class:`Reject`, or out of retries: a
-  copy with ``x-latchwork-reason``/``x-latchwork-detail`` headers goes to the dead-letter queue
-  (confirmed), then the original is ``basic_nack(requeue=False)``-ed;
-* requeued: the handler was cancelled (shutdown, lost leadership), or a MASTER delivery reached a
-  node that is no longer master; the broker hands it to the next consumer.
-
-If the broker is gone while a decision is being carried out, the decision is dropped and the
-broker redelivers the message: nothing is lost, at worst handled again (hence the processed log).
+Each adds its paradigm's rules to the policy of :mod:`messaging.dispatch` (which says what
+happens to a message in every case): MASTER claims the id in the processed log before the
+handler and records it before the ack, retries through delay queues and requeues what reaches a
+node that is no longer master; API answers every request, errors included, with their codes.
 """
 
 from __future__ import annotations
