@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pydantic import BaseModel, Field
 
@@ -28,9 +28,11 @@ from runner.store.model import ASPECT_PATTERN
 log = logging.getLogger("latchwork.node")
 
 if TYPE_CHECKING:
-    from runner.node.node import Node
+    from coord import Session
+    from runner.config import Settings
+    from runner.pipeline.aspects import AspectRegistry
     from runner.pipeline.handlers import Pipeline
-    from runner.store import GraphStore
+    from runner.store import GraphStore, Task
 
 
 class Submit(BaseModel):
@@ -74,6 +76,25 @@ def api(command: str, model: type[BaseModel] | None = None) -> Callable[[F], F]:
         method.__dict__["api_route"] = (command, model)
         return method
     return mark
+
+
+class Node(Protocol):
+    """What the API needs of the node it answers for (:class:`runner.node.node.Node`)."""
+
+    settings: Settings
+    session: Session
+    aspects: AspectRegistry
+    store: GraphStore | None
+    bus: MessageBus | None
+    pipeline: Pipeline | None
+
+    @property
+    def member_id(self) -> str: ...
+
+    def submit(self, task_type: str, payload: dict[str, Any], unique_key: str | None = None,
+               priority: int = 0) -> Task: ...
+
+    def cancel(self, task_id: str, by: str, reason: str | None = None) -> dict[str, Any]: ...
 
 
 class NodeApi:

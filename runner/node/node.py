@@ -40,7 +40,7 @@ from runner.ontology import OntologyCache, OntologySync, register_ontology_tasks
 from runner.pipeline.aspects import AspectRegistry
 from runner.pipeline.handlers import Pipeline, register_pipeline_tasks
 from runner.pipeline.spark import stop_spark
-from runner.store import GraphStore, open_store
+from runner.store import GraphStore, Task, open_store
 from runner.tasks import TaskRegistry
 from runner.tasks.diag import register_diagnostics
 from runner.tasks.loop import TaskProcessHandler
@@ -140,7 +140,7 @@ class Node:
         self.processor.trigger()
 
     def submit(self, task_type: str, payload: dict[str, Any], unique_key: str | None = None,
-                priority: int = 0) -> Any:
+                priority: int = 0) -> Task:
         """Create a task (validated) and tell every node to scan now."""
         assert self.store is not None and self.bus is not None
         self.registry.validate(task_type, payload)
