@@ -61,7 +61,8 @@ class RunnerError(Exception):
         if not isinstance(code, str):
             raise TypeError(f"{cls.__qualname__} must declare its own error_code")
         other = ERROR_CODES.get(code)
-        if other is not None and other.__qualname__ != cls.__qualname__:
+        if other is not None and (other.__module__, other.__qualname__) != (
+                cls.__module__, cls.__qualname__):
             raise TypeError(f"error code {code!r} of {cls.__qualname__} is already "
                             f"{other.__qualname__}'s")
         ERROR_CODES[code] = cls
