@@ -137,3 +137,16 @@ def test_picked_ports_are_free_and_below_the_ephemeral_range() -> None:
         assert port < floor
         with socket.socket() as sock:
             sock.bind((LOOPBACK, port))  # free: binds without SO_REUSEADDR
+
+
+def test_picked_port_blocks_never_overlap() -> None:
+    """Nothing is bound between two picks, so each sees the same ports free: the picker itself
+    must not hand a port out twice (CI once got the same base for ZooKeeper and RabbitMQ)."""
+    seen: set[int] = set()
+    for _ in range(300):
+        base = free_port_block(3)
+        block = set(range(base, base + 3))
+        assert not block & seen
+        seen |= block
+    singles = free_ports(50)
+    assert len(set(singles)) == 50 and not set(singles) & seen

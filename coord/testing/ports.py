@@ -31,6 +31,10 @@ def _ephemeral_floor() -> int:
 # port) before the server binds it, which CI saw as "already in use".
 _PICK_FROM = 20000
 
+# Every port handed out by this process, never handed out again: two picks in a row see the
+# same ports free (nothing is bound between them), so without this two blocks could overlap.
+_HANDED_OUT: set[int] = set()
+
 
 def _pick(count: int, block: int) -> list[int]:
     """``count`` bases of ``block`` consecutive free ports each, all distinct, held bound until
@@ -46,12 +50,15 @@ def _pick(count: int, block: int) -> list[int]:
                 socks.append(sock)
             ports = [int(sock.getsockname()[1]) for sock in socks]
             if block == 1:
+                _HANDED_OUT.update(ports)
                 return ports
             raise DevServerError(f"no block of {block} ports below the ephemeral range")
         for _ in range(500):
             if len(picked) == count:
                 break
             base = random.randrange(_PICK_FROM, high)
+            if _HANDED_OUT.intersection(range(base, base + block)):
+                continue
             taken: list[socket.socket] = []
             try:
                 for port in range(base, base + block):
@@ -64,6 +71,7 @@ def _pick(count: int, block: int) -> list[int]:
                 continue
             socks.extend(taken)
             picked.append(base)
+            _HANDED_OUT.update(range(base, base + block))
         if len(picked) < count:
             raise DevServerError(f"found no {count} free block(s) of {block} port(s) on "
                                  f"{LOOPBACK}")
