@@ -9,6 +9,7 @@ import click
 
 from runner.cli.client import (
     config_option,
+    connect,
     json_option,
     output,
     print_json,
@@ -16,6 +17,7 @@ from runner.cli.client import (
     timeout_option,
 )
 from runner.cli.root import cli
+from runner.node.views import Cancelled
 
 
 @cli.group()
@@ -44,14 +46,12 @@ def task_submit(task_type: str, payload: str, priority: int, unique_key: str | N
         raise click.BadParameter(f"not valid JSON: {exc}", param_hint="--payload") from exc
     if not isinstance(body, dict):
         raise click.BadParameter("must be a JSON object", param_hint="--payload")
-    result = request(config, "task.submit", {"type": task_type, "payload": body,
-                                              "priority": priority,
-                                              "unique_key": unique_key}, timeout)
-    assert isinstance(result, dict)
+    with connect(config, timeout) as client:
+        task = client.submit(task_type, body, priority=priority, unique_key=unique_key)
     if as_json:
-        print_json(result)
+        print_json(task.model_dump(mode="json"))
     else:
-        click.echo(result["id"])
+        click.echo(task.id)
 
 
 @task.command("list")
@@ -82,9 +82,8 @@ def task_show(task_id: str, config: Path | None, as_json: bool, timeout: float) 
     output(request(config, "task.get", {"id": task_id}, timeout), as_json, render_task_report)
 
 
-def _stopped(verb: str, task_id: str, result: object) -> None:
-    assert isinstance(result, dict)
-    cancelled = result.get("cancelled_attempts") or []
+def _stopped(verb: str, task_id: str, result: Cancelled) -> None:
+    cancelled = result.cancelled_attempts
     running = f"; its running attempt {', '.join(cancelled)} was cancelled" if cancelled else ""
     click.echo(f"task {task_id} {verb}{running}")
 
@@ -96,8 +95,8 @@ def _stopped(verb: str, task_id: str, result: object) -> None:
 def task_deactivate(task_id: str, config: Path | None, timeout: float) -> None:
     """Stop a task: nodes no longer pick it (it is kept, like every task). A running attempt
     is cancelled cluster-wide, as with `task cancel`."""
-    _stopped("deactivated", task_id,
-             request(config, "task.deactivate", {"id": task_id}, timeout))
+    with connect(config, timeout) as client:
+        _stopped("deactivated", task_id, client.deactivate(task_id))
 
 
 @task.command("cancel")
@@ -109,8 +108,8 @@ def task_cancel(task_id: str, reason: str | None, config: Path | None, timeout: 
     """Cancel a task: its running attempt (if any) ends CANCELLED "cancelled by operator
     USER@HOST" at once, its owner is fenced off and told to stop through its lock, and the
     task becomes inactive (`task reactivate` runs it again)."""
-    _stopped("cancelled", task_id,
-             request(config, "task.cancel", {"id": task_id, "reason": reason}, timeout))
+    with connect(config, timeout) as client:
+        _stopped("cancelled", task_id, client.cancel(task_id, reason))
 
 
 @task.command("reactivate")
@@ -119,7 +118,8 @@ def task_cancel(task_id: str, reason: str | None, config: Path | None, timeout: 
 @timeout_option
 def task_reactivate(task_id: str, config: Path | None, timeout: float) -> None:
     """Let nodes pick a stopped task again."""
-    request(config, "task.reactivate", {"id": task_id}, timeout)
+    with connect(config, timeout) as client:
+        client.reactivate(task_id)
     click.echo(f"task {task_id} reactivated")
 
 

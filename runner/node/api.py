@@ -42,11 +42,11 @@ class Submit(BaseModel):
     unique_key: str | None = None
 
 
-class TaskRef(BaseModel):
+class TaskId(BaseModel):
     id: str = Field(min_length=1)
 
 
-class TaskCancel(TaskRef):
+class TaskCancel(TaskId):
     reason: str | None = Field(None, max_length=1000)
 
 
@@ -147,8 +147,8 @@ class NodeApi:
         tasks = self.store.tasks.unfinished() if q.unfinished else self.store.tasks.all(q.type)
         return [task_view(t) for t in tasks if q.type is None or t.type == q.type]
 
-    @api("task.get", TaskRef)
-    def get_task(self, ctx: HandlerContext, ref: TaskRef) -> dict[str, Any]:
+    @api("task.get", TaskId)
+    def get_task(self, ctx: HandlerContext, ref: TaskId) -> dict[str, Any]:
         task = self.store.tasks.get(ref.id)
         return {"task": task_view(task),
                 "attempts": [attempt_view(a) for a in self.store.attempts.for_task(ref.id)],
@@ -170,16 +170,16 @@ class NodeApi:
     def aspect_list(self, ctx: HandlerContext, payload: dict[str, Any]) -> list[dict[str, Any]]:
         return [self.pipeline.describe(d.name) for d in self.node.aspects.all()]
 
-    @api("task.deactivate", TaskRef)
-    def deactivate(self, ctx: HandlerContext, ref: TaskRef) -> dict[str, Any]:
+    @api("task.deactivate", TaskId)
+    def deactivate(self, ctx: HandlerContext, ref: TaskId) -> dict[str, Any]:
         return self.node.cancel(ref.id, ctx.envelope.sender)
 
     @api("task.cancel", TaskCancel)
     def cancel(self, ctx: HandlerContext, req: TaskCancel) -> dict[str, Any]:
         return self.node.cancel(req.id, ctx.envelope.sender, req.reason)
 
-    @api("task.reactivate", TaskRef)
-    def reactivate(self, ctx: HandlerContext, ref: TaskRef) -> dict[str, Any]:
+    @api("task.reactivate", TaskId)
+    def reactivate(self, ctx: HandlerContext, ref: TaskId) -> dict[str, Any]:
         task = self.store.tasks.reactivate(ref.id)
         self.bus.broadcast("TRIGGER_SCAN", {"task": task.id})
         return task_view(task)

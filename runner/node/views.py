@@ -1,8 +1,14 @@
-"""JSON views of tasks, attempts and cluster state (API replies and ``--json`` output)."""
+"""Views of tasks, attempts and cluster state: the JSON the node's API replies carry (``*_view``
+functions, also the CLI's ``--json``) and the typed models a client reads them into
+(:class:`TaskView`, :class:`TaskReport`, :class:`ClusterStatus`). Models ignore fields they do
+not know, so a newer node still answers an older client."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict
 
 from runner.store import Attempt, Task
 
@@ -25,3 +31,90 @@ def attempt_view(attempt: Attempt) -> dict[str, Any]:
         "duration_ms": attempt.duration_ms, "error": attempt.error,
         "stack_trace": attempt.stack_trace, "fence": attempt.fence,
     }
+
+
+class View(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class TaskRef(View):
+    """What a submission returns: enough to follow the task."""
+    id: str
+    type: str
+
+
+class TaskView(TaskRef):
+    payload: dict[str, Any]
+    active: bool
+    status: str  # WAITING or RUNNING
+    finished: bool
+    priority: int
+    created_at: datetime
+    updated_at: datetime
+    version: int
+    fence: int
+    unique_key: str | None = None
+    owner: str | None = None
+    attempts: int  # how many were started
+
+    @property
+    def stopped(self) -> bool:
+        """Deactivated before it finished (a failure, an operator): it waits for reactivation."""
+        return not self.active and not self.finished
+
+
+class Cancelled(TaskView):
+    """A cancelled or deactivated task, and the attempts the cancel stopped."""
+    cancelled_attempts: list[str] = []
+
+
+class AttemptView(View):
+    id: str
+    seq: int
+    status: str  # RUNNING, SUCCEEDED, FAILED, CANCELLED_BY_SYSTEM, CANCELLED
+    executor: str
+    started_at: datetime
+    ended_at: datetime | None = None
+    duration_ms: int | None = None
+    error: str | None = None
+    stack_trace: str | None = None
+    fence: int
+
+
+class TaskReport(View):
+    """A task with every attempt, newest last, and its progress when it reports one."""
+    task: TaskView
+    attempts: list[AttemptView]
+    progress: dict[str, Any] | None = None
+
+    @property
+    def done(self) -> bool:
+        """Finished, or stopped (it will not run again unless reactivated)."""
+        return self.task.finished or self.task.stopped
+
+    @property
+    def succeeded(self) -> bool:
+        return self.task.finished and bool(self.attempts) \
+            and self.attempts[-1].status == "SUCCEEDED"
+
+
+class MemberView(View):
+    id: str
+    host: str
+    pid: int
+    version: str
+
+
+class LockView(View):
+    task: str
+    owner: str
+    token: int
+    age_s: float
+
+
+class ClusterStatus(View):
+    cluster: str
+    answered_by: str
+    master: str | None
+    members: list[MemberView]
+    locks: list[LockView]

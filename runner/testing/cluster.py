@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from coord.testing import NodeProcess, wait_until
-from messaging import ApiClient, Connector, Topology
 from messaging.testing.plugin import AmqpNamespace
+from runner.client import Client
 from runner.store import AttemptStatus, GraphStore, Task, open_store
 
 CLUSTER = "r1"
@@ -61,18 +61,21 @@ class Cluster:
                               timeout=timeout, check=False)
         return CliResult(proc.returncode, proc.stdout)
 
+    def client(self, timeout: float = 10.0) -> Client:
+        """A :class:`~runner.client.Client` of this cluster (close it, or use ``with``)."""
+        return Client(self.env["LATCHWORK_AMQP_URL"], CLUSTER, timeout=timeout, sender="tests")
+
     def request(self, command: str, payload: dict[str, Any] | None = None,
                 timeout: float = 10.0) -> Any:
         """One API request through whichever node answers (as a client would)."""
-        with ApiClient(Connector(self.env["LATCHWORK_AMQP_URL"], name="test client"),
-                       Topology(CLUSTER), sender="tests") as client:
-            return client.request(command, payload, timeout=timeout)
+        with self.client(timeout) as client:
+            return client.request(command, payload)
 
-    def submit(self, task_type: str, payload: dict[str, object], *,
+    def submit(self, task_type: str, payload: dict[str, Any], *,
                priority: int = 0, unique_key: str | None = None) -> str:
-        task = self.request("task.submit", {"type": task_type, "payload": payload,
-                                            "priority": priority, "unique_key": unique_key})
-        return str(task["id"])
+        with self.client() as client:
+            return client.submit(task_type, payload, priority=priority,
+                                 unique_key=unique_key).id
 
     def task(self, task_id: str) -> Task:
         return self.store.tasks.get(task_id)

@@ -1,0 +1,183 @@
+"""The Python client: submit, follow and steer tasks through whichever node answers.
+
+::
+
+    from runner.client import Client
+
+    with Client.from_settings() as client:          # LATCHWORK_AMQP_URL, LATCHWORK_CLUSTER
+        ref = client.submit("diag.sleep", {"seconds": 1}, unique_key="nightly-1")
+        report = client.wait(ref.id, timeout=60)     # the final state with every attempt
+        print(report.task.finished, [a.status for a in report.attempts])
+
+Every call is one request over the API paradigm (a persistent request that expires when the
+client gives up, answered by any node). Errors are one tree under :class:`ClientError`
+(a :class:`~runner.errors.RunnerError`), each with a stable ``code``:
+
+* :class:`RequestRefused` (code: the node's, e.g. ``task_type_unknown``, ``payload_invalid``,
+  ``invalid``): the request itself is wrong; sending it again will not help;
+* :class:`RequestFailed` (code: the node's, e.g. ``task_not_found``, ``aspect_busy``,
+  ``internal_error``): the node could not do it;
+* :class:`NoAnswer` (``no_answer``): no node answered in time (none running, or all busy);
+* :class:`BrokerUnreachable` (``broker_unreachable``): RabbitMQ cannot be reached.
+
+A client is for one thread at a time; open one per thread. ``close()`` (or the ``with`` block)
+closes its connection.
+"""
+
+from __future__ import annotations
+
+import getpass
+import socket
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+from messaging import ApiClient, BrokerUnavailable, Connector, RemoteError, RequestTimeout, Topology
+from runner.config import Settings
+from runner.errors import RunnerError
+from runner.node.views import Cancelled, ClusterStatus, TaskReport, TaskView
+
+#: codes that mean the request itself was wrong (the CLI exits 2 for them)
+REFUSED_CODES = frozenset({"task_type_unknown", "payload_invalid", "invalid_value",
+                           "aspect_unknown", "aspect_invalid", "invalid", "unknown-command",
+                           "too-large"})
+
+
+class ClientError(RunnerError):
+    """Root of the client's errors; ``code`` is stable (see the module)."""
+
+    error_code = "client_error"
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code or self.error_code
+
+
+class RequestFailed(ClientError):
+    """The node answered with an error; ``code`` is the node's, ``detail`` its message."""
+
+    error_code = "request_failed"
+
+    def __init__(self, command: str, code: str, detail: str) -> None:
+        super().__init__(detail, code)
+        self.command = command
+        self.detail = detail
+
+
+class RequestRefused(RequestFailed):
+    """The request was invalid: an unknown type, a payload that does not validate, ..."""
+
+    error_code = "request_refused"
+
+
+class NoAnswer(ClientError):
+    """No node answered within the timeout."""
+
+    error_code = "no_answer"
+
+
+class BrokerUnreachable(ClientError):
+    """RabbitMQ could not be reached."""
+
+    error_code = "broker_unreachable"
+
+
+def operator() -> str:
+    """Who is asking (``user@host``): named in what a request changes, e.g. an attempt
+    "cancelled by operator alice@host"."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+class Client:
+    """A typed client of one cluster (see the module)."""
+
+    poll_interval: ClassVar[float] = 0.25
+
+    def __init__(self, amqp_url: str, cluster: str, *, timeout: float = 10.0,
+                 sender: str | None = None, name: str = "latchwork client") -> None:
+        self.timeout = timeout
+        self._api = ApiClient(Connector(amqp_url, connect_deadline=min(timeout, 10.0), name=name),
+                              Topology(cluster), sender=sender or operator())
+
+    @classmethod
+    def from_settings(cls, settings: Settings | None = None, *, config: Path | None = None,
+                      timeout: float = 10.0, **kwargs: Any) -> Client:
+        """A client of the cluster the settings name (a TOML file and ``LATCHWORK_*``); a bad
+        configuration raises :class:`~runner.config.ConfigError`."""
+        settings = settings or Settings.load(config)
+        return cls(settings.amqp_url, settings.cluster, timeout=timeout, **kwargs)
+
+    # -- the calls ------------------------------------------------------------------------------
+    def submit(self, task_type: str, payload: dict[str, Any] | None = None, *,
+               priority: int = 0, unique_key: str | None = None) -> TaskView:
+        """Create a task (validated by the node) and return its view (a
+        :class:`~runner.node.views.TaskRef`); the same ``unique_key`` again returns the task
+        it created first."""
+        reply = self.request("task.submit", {"type": task_type, "payload": payload or {},
+                                             "priority": priority, "unique_key": unique_key})
+        return TaskView.model_validate(reply)
+
+    def get(self, task_id: str) -> TaskReport:
+        return TaskReport.model_validate(self.request("task.get", {"id": task_id}))
+
+    def list(self, *, unfinished: bool = False, task_type: str | None = None) -> list[TaskView]:
+        """Tasks, newest first; ``unfinished``: the open ones in the order nodes take them."""
+        reply = self.request("task.list", {"unfinished": unfinished, "type": task_type})
+        return [TaskView.model_validate(t) for t in reply]
+
+    def wait(self, task_id: str, timeout: float) -> TaskReport:
+        """The task's report once it is finished or stopped; :class:`NoAnswer` if it is still
+        open after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            report = self.get(task_id)
+            if report.done:
+                return report
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise NoAnswer(f"task {task_id} is still {report.task.status.lower()} after "
+                               f"{timeout:g}s")
+            time.sleep(min(self.poll_interval, left))
+
+    def cancel(self, task_id: str, reason: str | None = None) -> Cancelled:
+        """Deactivate the task and cancel its running attempt cluster-wide: the attempt ends
+        CANCELLED "cancelled by operator <sender>" and its owner is fenced off."""
+        return Cancelled.model_validate(self.request("task.cancel", {"id": task_id,
+                                                                     "reason": reason}))
+
+    def deactivate(self, task_id: str) -> Cancelled:
+        """Stop the task (it is kept); a running attempt is cancelled as with :meth:`cancel`."""
+        return Cancelled.model_validate(self.request("task.deactivate", {"id": task_id}))
+
+    def reactivate(self, task_id: str) -> TaskView:
+        return TaskView.model_validate(self.request("task.reactivate", {"id": task_id}))
+
+    def cluster_status(self) -> ClusterStatus:
+        return ClusterStatus.model_validate(self.request("cluster.status"))
+
+    # -- plumbing -------------------------------------------------------------------------------
+    def request(self, command: str, payload: dict[str, Any] | None = None,
+                timeout: float | None = None) -> Any:
+        """One API request; the reply's ``result``, or a :class:`ClientError`."""
+        try:
+            return self._api.request(command, payload, timeout=timeout or self.timeout)
+        except RemoteError as exc:
+            kind = RequestRefused if exc.code in REFUSED_CODES else RequestFailed
+            raise kind(command, exc.code, exc.detail) from exc
+        except RequestTimeout as exc:
+            raise NoAnswer(str(exc)) from exc
+        except BrokerUnavailable as exc:
+            raise BrokerUnreachable(str(exc)) from exc
+
+    def close(self) -> None:
+        self._api.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,107 @@
+"""The Python client against a real cluster (node processes, ZooKeeper, RabbitMQ), and the
+README's example run as a user would run it."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from coord.testing import NodeProcess, free_ports
+from coord.testing.plugin import ZkNamespace
+from messaging.testing.plugin import AmqpNamespace
+from runner.client import (
+    BrokerUnreachable,
+    Client,
+    NoAnswer,
+    RequestFailed,
+    RequestRefused,
+)
+from runner.testing.cluster import CLUSTER, Cluster
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+@pytest.fixture
+def cluster(zk_namespace: ZkNamespace, amqp_vhost: AmqpNamespace, tmp_path: Path,
+            spawn_node: Callable[..., NodeProcess]) -> Iterator[Cluster]:
+    c = Cluster(zk_namespace.hosts, amqp_vhost, tmp_path, spawn_node)
+    yield c
+    c.store.close()
+
+
+def test_every_call_of_the_client(cluster: Cluster) -> None:
+    member = cluster.start_node()
+    with cluster.client() as client:
+        ref = client.submit("diag.sleep", {"seconds": 0.2}, priority=3, unique_key="k1")
+        assert client.submit("diag.sleep", {"seconds": 0.2}, unique_key="k1").id == ref.id
+        report = client.wait(ref.id, timeout=30)
+        assert report.done and report.succeeded and report.task.priority == 3
+        assert [(a.seq, a.status, a.executor) for a in report.attempts] == \
+            [(1, "SUCCEEDED", member)]
+        assert client.get(ref.id) == report
+        assert [t.id for t in client.list()] == [ref.id]
+        assert client.list(unfinished=True) == []
+
+        failing = client.submit("diag.fail", {"message": "no such file"})
+        stopped = client.wait(failing.id, timeout=30)
+        assert stopped.done and not stopped.succeeded and stopped.task.stopped
+        assert "no such file" in (stopped.attempts[-1].error or "")
+
+        long = client.submit("diag.sleep", {"seconds": 60})
+        deadline = time.monotonic() + 30
+        while client.get(long.id).task.status != "RUNNING" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        cancelled = client.cancel(long.id, reason="from the client test")
+        assert not cancelled.active and len(cancelled.cancelled_attempts) == 1
+        after = client.wait(long.id, timeout=10)
+        assert after.attempts[-1].status == "CANCELLED"
+        assert "from the client test" in (after.attempts[-1].error or "")
+        assert client.reactivate(long.id).active
+        assert client.deactivate(long.id).active is False
+
+        status = client.cluster_status()
+        assert status.cluster == CLUSTER and status.master == member
+        assert [m.id for m in status.members] == [member]
+
+
+def test_errors_have_their_types_and_codes(cluster: Cluster,
+                                           amqp_vhost: AmqpNamespace) -> None:
+    # no node yet: nobody answers
+    with Client(amqp_vhost.url, CLUSTER, timeout=1.0) as client:
+        with pytest.raises(NoAnswer) as no_answer:
+            client.list()
+        assert no_answer.value.code == "no_answer"
+    with Client(f"amqp://guest:guest@127.0.0.1:{free_ports(1)[0]}/%2F", CLUSTER,
+                timeout=1.0) as client, pytest.raises(BrokerUnreachable):
+        client.list()
+    cluster.start_node()
+    with cluster.client() as client:
+        with pytest.raises(RequestRefused) as refused:
+            client.submit("diag.sleep", {"sceonds": 1})
+        assert refused.value.code == "payload_invalid" and "sceonds" in refused.value.detail
+        with pytest.raises(RequestFailed) as missing:
+            client.get("no-such-task")
+        assert missing.value.code == "task_not_found"
+        assert not isinstance(missing.value, RequestRefused)
+        with pytest.raises(NoAnswer):
+            client.wait(client.submit("diag.sleep", {"seconds": 30}).id, timeout=0.5)
+
+
+def test_the_readme_example_runs(cluster: Cluster) -> None:
+    member = cluster.start_node()
+    code = re.search(r"## Python client.*?```python\n(.*?)```", README.read_text(),
+                     re.DOTALL)
+    assert code is not None
+    assert len(code.group(1).splitlines()) <= 25
+    run = subprocess.run([sys.executable, "-c", code.group(1)], env=cluster.env,
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert run.returncode == 0, run.stderr
+    assert re.search(r"^1 SUCCEEDED " + re.escape(member), run.stdout, re.MULTILINE)
+    assert "refused: payload_invalid" in run.stdout and "sceonds" in run.stdout
+    assert f"master: {member}" in run.stdout
