@@ -259,6 +259,11 @@ def test_ctx_complete_writes_the_effect_and_the_success_together_or_neither(
             store.close_attempts(closed.id, AttemptStatus.CANCELLED_BY_SYSTEM,
                                  "master: owner left", executor="m1")
             go.set()
+            # no master here to broadcast TRIGGER_SCAN once the refused attempt is written (the
+            # follow-up scan of the kept task may run while this one is still in hand)
+            assert wait_until(lambda: bool(refused)
+                              and closed.id not in processor.running_tasks(), 20)
+            processor.trigger()
             assert wait_until(lambda: store.tasks.get(closed.id).finished
                               and store.tasks.get(kept.id).finished, 20)
         finally:
