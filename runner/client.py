@@ -26,6 +26,7 @@ closes its connection.
 
 from __future__ import annotations
 
+import builtins
 import getpass
 import socket
 import time
@@ -113,8 +114,9 @@ class Client:
 
     # -- the calls ------------------------------------------------------------------------------
     def submit(self, task_type: str, payload: dict[str, Any] | None = None, *,
-               priority: int = 0, unique_key: str | None = None) -> TaskView:
-        """Create a task (validated by the node) and return its view (a
+               priority: int | None = None, unique_key: str | None = None) -> TaskView:
+        """Create a task (validated by the node; ``priority`` None: the type's default) and
+        return its view (a
         :class:`~runner.node.views.TaskRef`); the same ``unique_key`` again returns the task
         it created first."""
         reply = self.request("task.submit", {"type": task_type, "payload": payload or {},
@@ -155,6 +157,11 @@ class Client:
 
     def reactivate(self, task_id: str) -> TaskView:
         return TaskView.model_validate(self.request("task.reactivate", {"id": task_id}))
+
+    def task_types(self) -> builtins.list[dict[str, Any]]:
+        """Every task type the answering node knows: name, description, default priority,
+        slots and payload JSON schema."""
+        return list(self.request("task.types"))
 
     def cluster_status(self) -> ClusterStatus:
         return ClusterStatus.model_validate(self.request("cluster.status"))

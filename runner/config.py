@@ -72,6 +72,10 @@ class Settings(BaseSettings):
                                  description="seconds a pipeline batch lives without renewal")
     batch_workers: int = Field(2, ge=0, le=64,
                                description="helper tasks per aspect creation (besides its own)")
+    tasks: list[str] = Field(
+        default_factory=list,
+        description="modules of your own task types (@task), loaded at start besides the "
+                    "entry points of the latchwork.tasks group (JSON list in the environment)")
     aspects: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="aspect definitions: name -> {kind, classes, compute}")
 

@@ -50,5 +50,5 @@ def test_node_start_rejects_bad_configuration(tmp_path: os.PathLike[str]) -> Non
     env = {**os.environ, "LATCHWORK_WORKERS": "zero"}
     result = subprocess.run([sys.executable, "-m", "runner.cli", "node", "start"], env=env,
                             capture_output=True, text=True, timeout=60, check=False)
-    assert result.returncode == 1
+    assert result.returncode == 2  # input the user must change
     assert "workers" in result.stderr and "invalid configuration" in result.stderr

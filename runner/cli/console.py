@@ -152,3 +152,19 @@ def render_aspect_list(aspects: list[dict[str, Any]], console: Console | None = 
                       Text(a["state"], style=ASPECT_STYLE.get(a["state"], "")),
                       str(a["generation"]), (a.get("task") or {}).get("id", ""))
     console.print(table)
+
+
+def render_task_types(types: list[dict[str, Any]], console: Console | None = None) -> None:
+    """Task types: name, default priority, slots, payload fields (required ones marked *)."""
+    table = Table(title="task types", show_lines=False)
+    for column in ("type", "priority", "slots", "payload", "description"):
+        table.add_column(column)
+    for kind in types:
+        schema = kind.get("payload_schema") or {}
+        required = set(schema.get("required", []))
+        fields = ", ".join(f"{name}{'*' if name in required else ''}"
+                           for name in schema.get("properties", {})) or "any object"
+        table.add_row(kind["name"], str(kind["priority"]),
+                      "-" if kind["slots"] is None else str(kind["slots"]), fields,
+                      kind["description"])
+    (console or Console()).print(table)

@@ -25,7 +25,10 @@ def node() -> None:
               default=None, help="TOML file with settings; LATCHWORK_* variables override it")
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]),
               default="INFO", show_default=True)
-def node_start(config: Path | None, log_level: str) -> None:
+@click.option("--tasks", "task_modules", multiple=True, metavar="MODULE",
+              help="a module of your own task types (@task), e.g. mypkg.tasks; repeatable, "
+                   "added to the `tasks` setting and the latchwork.tasks entry points")
+def node_start(config: Path | None, log_level: str, task_modules: tuple[str, ...]) -> None:
     """Join the cluster and run tasks until SIGTERM or SIGINT.
 
     The node joins membership and the master election, runs the task loop, consumes MASTER
@@ -52,13 +55,21 @@ def node_start(config: Path | None, log_level: str) -> None:
         logging.getLogger("pika").setLevel(logging.CRITICAL)
     try:
         settings = Settings.load(config)
+        if task_modules:
+            settings = settings.model_copy(update={"tasks": [*settings.tasks, *task_modules]})
     except ConfigError as exc:
-        raise fail(str(exc)) from exc
+        raise fail(str(exc), 2) from exc
     from messaging import BrokerUnavailable
+    from runner.node import Node
     from runner.store import StoreError
+    from runner.tasks import TaskLoadError
 
     try:
-        sys.exit(run(settings))
+        node = Node(settings)  # loads the task types before anything joins the cluster
+    except TaskLoadError as exc:
+        raise fail(str(exc), 2) from exc
+    try:
+        sys.exit(run(settings, node=node))
     except (ConnectionLost, BrokerUnavailable, StoreError) as exc:
         raise fail(str(exc)) from exc
 

@@ -15,8 +15,16 @@ from runner import __version__
 DEFAULT_DEV_DIR = Path(".latchwork/dev")
 
 
-def fail(message: str) -> click.ClickException:
-    return click.ClickException(message)
+def fail(message: str, exit_code: int = 1) -> click.ClickException:
+    """One line on stderr (``Error: message``) and ``exit_code``: 1 for a failure, 2 for input
+    the user must change (a bad setting, a task module that does not load)."""
+    return click.ClickException(message) if exit_code == 1 else InputError(message)
+
+
+class InputError(click.ClickException):
+    """Input the user must change; exits 2 with one line (no usage text)."""
+
+    exit_code = 2
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

@@ -29,17 +29,17 @@ def task() -> None:
 @click.argument("task_type", metavar="TYPE")
 @click.option("--payload", default="{}", show_default=True,
               help='the task payload as a JSON object, e.g. \'{"seconds": 5}\'')
-@click.option("--priority", type=int, default=0, show_default=True,
-              help="higher runs first")
+@click.option("--priority", type=int, default=None,
+              help="higher runs first (default: the type's own, see `latchwork task types`)")
 @click.option("--unique-key", default=None,
               help="submitting again with the same key returns the existing task")
 @config_option
 @json_option
 @timeout_option
-def task_submit(task_type: str, payload: str, priority: int, unique_key: str | None,
+def task_submit(task_type: str, payload: str, priority: int | None, unique_key: str | None,
                 config: Path | None, as_json: bool, timeout: float) -> None:
-    """Submit a task of TYPE; prints its id. Built-in types: diag.sleep, diag.fail,
-    diag.conflict, ontology.load."""
+    """Submit a task of TYPE; prints its id. `latchwork task types` lists the types the nodes
+    know (built-in ones, and yours loaded with `node start --tasks`)."""
     try:
         body = json.loads(payload)
     except json.JSONDecodeError as exc:
@@ -123,3 +123,17 @@ def task_reactivate(task_id: str, config: Path | None, timeout: float) -> None:
     click.echo(f"task {task_id} reactivated")
 
 
+
+
+@task.command("types")
+@config_option
+@json_option
+@timeout_option
+def task_types(config: Path | None, as_json: bool, timeout: float) -> None:
+    """Every task type a running node knows: description, default priority, cluster-wide
+    slots and the payload's JSON schema (--json)."""
+    from runner.cli.console import render_task_types
+
+    with connect(config, timeout) as client:
+        types = client.task_types()
+    output(types, as_json, render_task_types)

@@ -33,12 +33,13 @@ if TYPE_CHECKING:
     from runner.pipeline.aspects import AspectRegistry
     from runner.pipeline.handlers import Pipeline
     from runner.store import GraphStore, Task
+    from runner.tasks import TaskRegistry
 
 
 class Submit(BaseModel):
     type: str = Field(min_length=1)
     payload: dict[str, Any] = Field(default_factory=dict)
-    priority: int = 0
+    priority: int | None = None  # None: the type's default
     unique_key: str | None = None
 
 
@@ -84,6 +85,7 @@ class Node(Protocol):
     settings: Settings
     session: Session
     aspects: AspectRegistry
+    registry: TaskRegistry
     store: GraphStore | None
     bus: MessageBus | None
     pipeline: Pipeline | None
@@ -92,7 +94,7 @@ class Node(Protocol):
     def member_id(self) -> str: ...
 
     def submit(self, task_type: str, payload: dict[str, Any], unique_key: str | None = None,
-               priority: int = 0) -> Task: ...
+               priority: int | None = None) -> Task: ...
 
     def cancel(self, task_id: str, by: str, reason: str | None = None) -> dict[str, Any]: ...
 
@@ -146,6 +148,11 @@ class NodeApi:
     def list_tasks(self, ctx: HandlerContext, q: TaskQuery) -> list[dict[str, Any]]:
         tasks = self.store.tasks.unfinished() if q.unfinished else self.store.tasks.all(q.type)
         return [task_view(t) for t in tasks if q.type is None or t.type == q.type]
+
+    @api("task.types")
+    def task_types(self, ctx: HandlerContext, payload: dict[str, Any]) -> list[dict[str, Any]]:
+        """Every task type this node knows, with its description and payload JSON schema."""
+        return [kind.describe() for kind in self.node.registry.all()]
 
     @api("task.get", TaskId)
     def get_task(self, ctx: HandlerContext, ref: TaskId) -> dict[str, Any]:

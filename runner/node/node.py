@@ -42,6 +42,7 @@ from runner.pipeline.handlers import Pipeline, register_pipeline_tasks
 from runner.pipeline.spark import stop_spark
 from runner.store import GraphStore, Task, open_store
 from runner.tasks import TaskRegistry
+from runner.tasks.authoring import load_entry_points, load_modules
 from runner.tasks.diag import register_diagnostics
 from runner.tasks.loop import TaskProcessHandler
 from runner.tasks.master import MasterDuties
@@ -50,10 +51,20 @@ log = logging.getLogger("latchwork.node")
 
 
 def default_registry() -> TaskRegistry:
+    """The built-in task types: diagnostics, ontology loads, the aspect pipeline."""
     registry = TaskRegistry()
     register_diagnostics(registry)
     register_ontology_tasks(registry)
     register_pipeline_tasks(registry)
+    return registry
+
+
+def node_registry(settings: Settings) -> TaskRegistry:
+    """The built-in types, then the entry points of ``latchwork.tasks``, then the modules the
+    settings name (``--tasks``); a bad module or a duplicate name raises TaskLoadError."""
+    registry = default_registry()
+    load_entry_points(registry)
+    load_modules(registry, settings.tasks)
     return registry
 
 
@@ -62,7 +73,7 @@ class Node:
 
     def __init__(self, settings: Settings, registry: TaskRegistry | None = None) -> None:
         self.settings = settings
-        self.registry = registry or default_registry()
+        self.registry = registry or node_registry(settings)
         self.session = Session(settings.zk_hosts, settings.cluster,
                                timeout=settings.session_timeout, auth=settings.zk_auth)
         self.membership: Membership | None = None
@@ -140,10 +151,14 @@ class Node:
         self.processor.trigger()
 
     def submit(self, task_type: str, payload: dict[str, Any], unique_key: str | None = None,
-                priority: int = 0) -> Task:
-        """Create a task (validated) and tell every node to scan now."""
+               priority: int | None = None) -> Task:
+        """Create a task (validated; at its type's default priority unless given) and tell
+        every node to scan now."""
         assert self.store is not None and self.bus is not None
-        self.registry.validate(task_type, payload)
+        kind = self.registry.get(task_type)
+        kind.parse(payload)
+        if priority is None:
+            priority = kind.priority
         task = self.store.tasks.create(task_type, payload, unique_key=unique_key,
                                        priority=priority)
         self.bus.broadcast("TRIGGER_SCAN", {"task": task.id})

@@ -1,6 +1,7 @@
 """The generic task runner: task types, the task loop every node runs, and the master's duties.
 
 * :mod:`~runner.tasks.registry`: task types and their payload models;
+* :mod:`~runner.tasks.authoring`: the ``@task`` decorator and loading users' task modules;
 * :mod:`~runner.tasks.context`: what a handler gets (context, cancellation token);
 * :mod:`~runner.tasks.loop`: TaskProcessHandler, the scan and its driver;
 * :mod:`~runner.tasks.backlog`: the order a node tries open tasks in (pure);
@@ -13,6 +14,7 @@
 It knows nothing of ontologies or pipelines; those register their task types here.
 """
 
+from runner.tasks.authoring import TaskLoadError, task
 from runner.tasks.context import CancelToken, TaskCancelled, TaskConflict, TaskContext
 from runner.tasks.registry import (
     Handler,
@@ -33,5 +35,7 @@ __all__ = [
     "TaskError",
     "TaskRegistry",
     "TaskType",
+    "TaskLoadError",
     "UnknownTaskType",
+    "task",
 ]

@@ -60,6 +60,14 @@ class TaskType:
     payload_model: type[BaseModel] | None = None
     slot_limit: int | None = None  # cluster-wide concurrency of this type
     description: str = ""
+    priority: int = 0  # of a submission that names none
+
+    def describe(self) -> dict[str, Any]:
+        """What ``latchwork task types`` shows: name, description, default priority, slots
+        and the payload's JSON schema (None: any JSON object)."""
+        schema = self.payload_model.model_json_schema() if self.payload_model else None
+        return {"name": self.name, "description": self.description, "priority": self.priority,
+                "slots": self.slot_limit, "payload_schema": schema}
 
     def parse(self, payload: Mapping[str, Any]) -> Any:
         if self.payload_model is None:
@@ -75,10 +83,12 @@ class TaskRegistry:
         self._types: dict[str, TaskType] = {}
 
     def register(self, name: str, handler: Handler, payload_model: type[BaseModel] | None = None,
-                 *, slot_limit: int | None = None, description: str = "") -> None:
+                 *, slot_limit: int | None = None, description: str = "",
+                 priority: int = 0) -> None:
         if name in self._types:
             raise ValueError(f"task type {name!r} is already registered")
-        self._types[name] = TaskType(name, handler, payload_model, slot_limit, description)
+        self._types[name] = TaskType(name, handler, payload_model, slot_limit, description,
+                                     priority)
 
     def get(self, name: str) -> TaskType:
         try:
@@ -92,3 +102,6 @@ class TaskRegistry:
 
     def names(self) -> list[str]:
         return sorted(self._types)
+
+    def all(self) -> list[TaskType]:
+        return [self._types[name] for name in self.names()]

@@ -1,0 +1,146 @@
+"""Your own task types: the :func:`task` decorator, and loading them into a node.
+
+::
+
+    # mypkg/tasks.py
+    from pydantic import BaseModel
+    from runner.tasks import TaskContext, task
+
+    class SyncPayload(BaseModel):
+        account: str
+
+    @task("billing.sync", payload=SyncPayload, priority=5, slots=2,
+          description="pull one account's invoices")
+    def sync(ctx: TaskContext, payload: SyncPayload) -> None:
+        ...
+
+    $ latchwork node start --tasks mypkg.tasks
+
+The decorator only marks the function (no registry is global); a node loads the modules named
+by ``--tasks`` / the ``tasks`` setting and every module or ``register(registry)`` function a
+distribution declares in the entry-point group ``latchwork.tasks``, and registers each marked
+function it finds. Payload models refuse unknown fields unless their config says otherwise.
+
+Failure behaviour: a module that cannot be imported, an entry point that cannot be loaded, a
+name that another type already has, or a module that declares no task raises
+:class:`TaskLoadError` naming the module and the cause; ``latchwork node start`` turns it into
+one line and exit 2, before joining the cluster.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from types import ModuleType
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
+
+from runner.errors import RunnerError
+from runner.tasks.registry import TaskRegistry
+
+ENTRY_POINT_GROUP = "latchwork.tasks"
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class TaskLoadError(RunnerError):
+    """A task module or entry point could not be loaded into the registry."""
+
+    error_code = "task_module_invalid"
+
+
+@dataclass(frozen=True)
+class TaskDeclaration:
+    """What :func:`task` records on a handler."""
+    name: str
+    payload: type[BaseModel] | None
+    priority: int
+    slots: int | None
+    description: str
+
+
+def task(name: str, *, payload: type[BaseModel] | None = None, priority: int = 0,
+         slots: int | None = None, description: str = "") -> Callable[[F], F]:
+    """Declare ``handler(ctx, payload)`` as the task type ``name``: ``payload`` is its model,
+    ``priority`` the default priority of a submission that names none, ``slots`` the
+    cluster-wide number of tasks of this type that may run at once, ``description`` what
+    ``latchwork task types`` shows (the handler's docstring when empty)."""
+    if not name or name != name.strip():
+        raise ValueError(f"invalid task type name {name!r}")
+    if slots is not None and slots < 1:
+        raise ValueError(f"slots of {name} must be at least 1, not {slots}")
+
+    def mark(handler: F) -> F:
+        text = description or inspect.cleandoc(handler.__doc__ or "").split("\n\n")[0]
+        handler.__dict__["latchwork_task"] = TaskDeclaration(name, payload, priority, slots,
+                                                             " ".join(text.split()))
+        return handler
+    return mark
+
+
+def declared(module: ModuleType) -> list[tuple[TaskDeclaration, Callable[..., Any]]]:
+    """The task-marked functions of ``module``, in definition order."""
+    found = []
+    for value in vars(module).values():
+        declaration = getattr(value, "latchwork_task", None)
+        if isinstance(declaration, TaskDeclaration) and callable(value):
+            found.append((declaration, value))
+    return found
+
+
+def register_module(registry: TaskRegistry, module: ModuleType) -> list[str]:
+    """Register every task ``module`` declares; the names registered."""
+    names = []
+    for declaration, handler in declared(module):
+        try:
+            registry.register(declaration.name, handler, declaration.payload,
+                              slot_limit=declaration.slots, description=declaration.description,
+                              priority=declaration.priority)
+        except ValueError as exc:
+            raise TaskLoadError(f"{module.__name__}: {exc}") from exc
+        names.append(declaration.name)
+    return names
+
+
+def load_modules(registry: TaskRegistry, modules: Iterable[str]) -> list[str]:
+    """Import each module (``mypkg.tasks``) and register its tasks; the names registered."""
+    names = []
+    for name in modules:
+        try:
+            module = importlib.import_module(name)
+        except Exception as exc:  # any error of the user's module, reported in one line
+            raise TaskLoadError(f"cannot import task module {name}: "
+                                f"{type(exc).__name__}: {exc}") from exc
+        found = register_module(registry, module)
+        if not found:
+            raise TaskLoadError(f"task module {name} declares no task (use @task(...))")
+        names.extend(found)
+    return names
+
+
+def load_entry_points(registry: TaskRegistry, group: str = ENTRY_POINT_GROUP) -> list[str]:
+    """Load every entry point of ``group``: a module (its tasks are registered) or a callable
+    ``register(registry)``; the names registered."""
+    names: list[str] = []
+    for entry in entry_points(group=group):
+        before = set(registry.names())
+        try:
+            target = entry.load()
+        except Exception as exc:
+            raise TaskLoadError(f"cannot load entry point {entry.name} = {entry.value} "
+                                f"({group}): {type(exc).__name__}: {exc}") from exc
+        if isinstance(target, ModuleType):
+            names.extend(register_module(registry, target))
+        elif callable(target):
+            try:
+                target(registry)
+            except ValueError as exc:
+                raise TaskLoadError(f"entry point {entry.name} = {entry.value}: {exc}") from exc
+            names.extend(sorted(set(registry.names()) - before))
+        else:
+            raise TaskLoadError(f"entry point {entry.name} = {entry.value} is neither a module "
+                                "nor a register(registry) function")
+    return names

@@ -1,0 +1,138 @@
+"""Users' own task types: ``@task``, ``node start --tasks``, the ``latchwork.tasks`` entry
+points, ``latchwork task types``; and a module that does not load stops the start in one line,
+exit 2. Real node processes, ZooKeeper and RabbitMQ."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from coord.testing import NodeProcess
+from coord.testing.plugin import ZkNamespace
+from messaging.testing.plugin import AmqpNamespace
+from runner.testing.cluster import Cluster
+
+BILLING = '''
+    """Billing tasks of a user's package."""
+    from pathlib import Path
+
+    from pydantic import BaseModel
+
+    from runner.tasks import TaskContext, task
+
+
+    class SyncPayload(BaseModel):
+        account: str
+        months: int = 1
+
+
+    @task("billing.sync", payload=SyncPayload, priority=7, slots=1)
+    def sync(ctx: TaskContext, payload: SyncPayload) -> None:
+        """Pull one account's invoices.
+
+        More text that the listing does not show."""
+        ctx.check()
+        print(f"synced {payload.account} for {payload.months} months on {ctx.member_id}")
+
+
+    @task("billing.close", description="close the month")
+    def close(ctx: TaskContext, payload: dict) -> None:
+        if payload.get("fail"):
+            raise RuntimeError("the ledger is locked")
+'''
+
+PLUGIN = '''
+    """Registered through an entry point, as a register(registry) function."""
+    from runner.tasks import TaskRegistry
+
+
+    def register(registry: TaskRegistry) -> None:
+        registry.register("plugin.ping", lambda ctx, payload: None, description="answers")
+'''
+
+
+@pytest.fixture
+def userpkg(tmp_path: Path) -> Path:
+    """A user's package and an installed distribution declaring an entry point, on a path
+    the nodes get through PYTHONPATH."""
+    site = tmp_path / "site"
+    (site / "usertasks").mkdir(parents=True)
+    (site / "usertasks" / "__init__.py").write_text("")
+    (site / "usertasks" / "billing.py").write_text(textwrap.dedent(BILLING))
+    (site / "usertasks" / "plugin.py").write_text(textwrap.dedent(PLUGIN))
+    (site / "usertasks" / "empty.py").write_text('"""no tasks here"""\n')
+    (site / "usertasks" / "clash.py").write_text(textwrap.dedent('''
+        from runner.tasks import task
+
+        @task("diag.sleep")
+        def sleep(ctx, payload):
+            pass
+    '''))
+    info = site / "usertasks-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: usertasks\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        "[latchwork.tasks]\nping = usertasks.plugin:register\n")
+    return site
+
+
+@pytest.fixture
+def cluster(zk_namespace: ZkNamespace, amqp_vhost: AmqpNamespace, tmp_path: Path,
+            spawn_node: Callable[..., NodeProcess], userpkg: Path) -> Iterator[Cluster]:
+    c = Cluster(zk_namespace.hosts, amqp_vhost, tmp_path, spawn_node,
+                tasks=json.dumps(["usertasks.billing"]))
+    c.env["PYTHONPATH"] = os.pathsep.join([str(userpkg), c.env.get("PYTHONPATH", "")])
+    yield c
+    c.store.close()
+
+
+def test_a_users_task_types_run_on_the_cluster(cluster: Cluster) -> None:
+    members = [cluster.start_node() for _ in range(2)]
+    with cluster.client() as client:
+        types = {t["name"]: t for t in client.task_types()}
+        assert {"billing.sync", "billing.close", "plugin.ping", "diag.sleep"} <= set(types)
+        sync = types["billing.sync"]
+        assert (sync["priority"], sync["slots"]) == (7, 1)
+        assert sync["description"] == "Pull one account's invoices."
+        assert sync["payload_schema"]["required"] == ["account"]
+        assert types["billing.close"]["payload_schema"] is None
+
+        ok = client.submit("billing.sync", {"account": "acme", "months": 3})
+        assert ok.priority == 7  # the type's default
+        report = client.wait(ok.id, timeout=30)
+        assert report.succeeded and report.attempts[-1].executor in members
+        failed = client.wait(client.submit("billing.close", {"fail": True}).id, timeout=30)
+        assert failed.task.stopped
+        assert "RuntimeError: the ledger is locked" in (failed.attempts[-1].error or "")
+        assert client.wait(client.submit("plugin.ping").id, timeout=30).succeeded
+
+    listing = cluster.cli("task", "types")
+    assert listing.exit_code == 0
+    assert "billing.sync" in listing.output and "account*" in listing.output
+    as_json = json.loads(cluster.cli("task", "types", "--json").output)
+    assert {t["name"] for t in as_json} == set(types)
+    unknown = cluster.cli("task", "submit", "billing.sync", "--payload", '{"acount": "x"}')
+    assert unknown.exit_code == 2 and "acount" in unknown.output
+
+
+@pytest.mark.parametrize(("module", "message"), [
+    ("usertasks.nosuch", "cannot import task module usertasks.nosuch: ModuleNotFoundError"),
+    ("usertasks.empty", "task module usertasks.empty declares no task"),
+    ("usertasks.clash", "usertasks.clash: task type 'diag.sleep' is already registered"),
+])
+def test_a_task_module_that_does_not_load_stops_the_start(
+        cluster: Cluster, module: str, message: str) -> None:
+    env = {**cluster.env, "LATCHWORK_TASKS": "[]"}
+    run = subprocess.run([sys.executable, "-m", "runner.cli", "node", "start", "--tasks", module],
+                         env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert run.returncode == 2
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], run.stderr
+    assert "Traceback" not in run.stderr
