@@ -135,9 +135,13 @@ class Dispatcher:
                 delivery.requeue()
                 self._emit(delivery, envelope, Outcome.REQUEUED, f"cancelled: {exc!r}")
                 return
+            # an error with a stable code is an expected refusal (bad input, a missing task):
+            # one line; anything else is a bug worth its traceback
+            code = getattr(exc, "error_code", None)
+            expected = isinstance(exc, Retry) or isinstance(code, str)
             log.warning("member %s: %s handler %s failed on message %s: %r", self.member_id,
                         self.paradigm, envelope.command, envelope.id, exc,
-                        exc_info=not isinstance(exc, Retry))
+                        exc_info=not expected)
             self.on_failure(delivery, envelope, ctx, exc)
             return
         self.on_success(delivery, envelope, ctx, result)

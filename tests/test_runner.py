@@ -98,7 +98,12 @@ def test_cli_rejects_bad_input_with_usage_errors(cluster: Cluster) -> None:
     assert invalid.exit_code == 2 and "seconds" in invalid.output
     missing = cluster.cli("task", "show", "no-such-task")
     assert missing.exit_code == 1 and "no task no-such-task" in missing.output
+    no_source = cluster.cli("ontology", "sync")
+    assert no_source.exit_code == 1 and "no ontology source is configured" in no_source.output
     assert cluster.store.tasks.all() == []
+    (node,) = cluster.nodes.values()
+    assert "InvalidPayload" in log_of(node)  # logged, as one line
+    assert "Traceback" not in log_of(node)
 
 
 def test_error_replies_carry_stable_codes(cluster: Cluster) -> None:
@@ -219,6 +224,17 @@ def test_ontology_sync_on_master_election_loads_once_and_reports_bad_files(
         loaded = {o.iri for o in c.store.ontologies.all()}
         assert loaded == {"https://w3id.org/bot/BRICKAlignment",
                           "https://w3id.org/rec/alignments/BrickSchema"}
+        listing = c.cli("ontology", "list")
+        assert listing.exit_code == 0 and all(iri in listing.output for iri in loaded)
+        shown = json.loads(c.cli("ontology", "show", "https://w3id.org/bot/BRICKAlignment",
+                                 "--json").output)
+        assert shown["iri"] == "https://w3id.org/bot/BRICKAlignment"
+        assert len(shown["classes"]) > 2
+        assert any(cls["parents"] for cls in shown["classes"])
+        table = c.cli("ontology", "show", "https://w3id.org/bot/BRICKAlignment", "--limit", "2")
+        assert table.exit_code == 0 and "more (--limit 0" in table.output
+        missing = c.cli("ontology", "show", "https://example.org/none")
+        assert missing.exit_code == 1 and "no ontology https://example.org/none" in missing.output
         for node in c.nodes.values():  # UPDATE_CACHE reached every node
             assert wait_until(lambda n=node: "ontology cache reloaded" in log_of(n), 20)
         # failover: the new master synchronises again and finds nothing new

@@ -398,6 +398,11 @@ def test_ontology_load_is_idempotent_and_links_across_ontologies(store: GraphSto
     assert records[ext.iri].version == "2"
     assert store.ontologies.get("https://example.org/none") is None
     assert (EXT + "SmartAHU", BASE + "AHU") in store.ontologies.subclass_edges()
+    assert store.ontologies.classes(base.iri) == sorted(base.classes, key=lambda c: c.iri)
+    assert [(c.iri, c.parents) for c in store.ontologies.classes(ext.iri)] == [
+        (EXT + "Cyclic", (EXT + "Smart",)), (EXT + "Smart", (EXT + "Cyclic",)),
+        (EXT + "SmartAHU", (BASE + "AHU", EXT + "Smart"))]
+    assert store.ontologies.classes("https://example.org/none") == []
 
 
 def test_brick_loads_idempotently_with_correct_ancestors(store: GraphStore) -> None:

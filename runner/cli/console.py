@@ -168,3 +168,30 @@ def render_task_types(types: list[dict[str, Any]], console: Console | None = Non
                       "-" if kind["slots"] is None else str(kind["slots"]), fields,
                       kind["description"])
     (console or Console()).print(table)
+
+
+def render_ontologies(ontologies: list[dict[str, Any]], console: Console | None = None) -> None:
+    table = Table(title=f"{len(ontologies)} ontologies")
+    for column in ("ontology", "version", "classes", "loaded"):
+        table.add_column(column)
+    for o in ontologies:
+        table.add_row(o["iri"], o["version"] or "-", str(o["classes"]), _when(o["loaded_at"]))
+    (console or Console()).print(table)
+
+
+def render_ontology(ontology: dict[str, Any], limit: int = 50,
+                    console: Console | None = None) -> None:
+    console = console or Console()
+    classes = ontology["classes"]
+    console.print(f"[bold]{ontology['iri']}[/] version {ontology['version'] or '-'}, "
+                  f"{len(classes)} classes, loaded {_when(ontology['loaded_at'])}")
+    table = Table()
+    for column in ("class", "label", "parents", "children"):
+        table.add_column(column)
+    shown = classes if limit == 0 else classes[:limit]
+    for c in shown:
+        table.add_row(c["iri"], c["label"] or "", "\n".join(c["parents"]) or "-",
+                      str(c["children"]))
+    console.print(table)
+    if len(shown) < len(classes):
+        console.print(f"... {len(classes) - len(shown)} more (--limit 0 or --json for all)")

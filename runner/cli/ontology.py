@@ -1,4 +1,5 @@
-"""``latchwork ontology sync``: ask the master to synchronise the ontologies."""
+"""``latchwork ontology``: ask the master to synchronise the ontologies; list and show what
+the graph holds. ``sync`` with no ontology source configured exits 1 saying so."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from runner.cli.root import cli
 
 @cli.group()
 def ontology() -> None:
-    """Ontology synchronisation."""
+    """Ontologies: synchronise them from the source, list and show what the graph holds."""
 
 
 @ontology.command("sync")
@@ -31,3 +32,30 @@ def ontology_sync(config: Path | None, as_json: bool, timeout: float) -> None:
             lambda _: click.echo("synchronisation requested from the master"))
 
 
+
+
+@ontology.command("list")
+@config_option
+@json_option
+@timeout_option
+def ontology_list(config: Path | None, as_json: bool, timeout: float) -> None:
+    """The loaded ontologies: IRI, version, classes, when loaded."""
+    from runner.cli.console import render_ontologies
+
+    output(request(config, "ontology.list", None, timeout), as_json, render_ontologies)
+
+
+@ontology.command("show")
+@click.argument("iri")
+@click.option("--limit", type=click.IntRange(0), default=50, show_default=True,
+              help="classes to print (0: all); --json prints all")
+@config_option
+@json_option
+@timeout_option
+def ontology_show(iri: str, limit: int, config: Path | None, as_json: bool,
+                  timeout: float) -> None:
+    """One ontology's classes with their parents and how many children each has."""
+    from runner.cli.console import render_ontology
+
+    output(request(config, "ontology.show", {"iri": iri}, timeout), as_json,
+           lambda result: render_ontology(result, limit))

@@ -22,7 +22,9 @@ from coord import (
     read_members,
 )
 from messaging import HandlerContext, MessageBus
-from runner.node.views import attempt_view, task_view
+from runner.node.views import attempt_view, ontology_view, task_view
+from runner.ontology import NoOntologySource
+from runner.store import OntologyNotFound
 from runner.store.model import ASPECT_PATTERN
 
 log = logging.getLogger("latchwork.node")
@@ -58,6 +60,10 @@ class AspectRef(BaseModel):
 class AspectCreate(AspectRef):
     batch_rows: int | None = Field(None, ge=1)
     pause: float = Field(0.0, ge=0, le=3600)
+
+
+class OntologyRef(BaseModel):
+    iri: str = Field(min_length=1)
 
 
 class TaskQuery(BaseModel):
@@ -208,6 +214,28 @@ class NodeApi:
 
     @api("ontology.sync")
     def ontology_sync(self, ctx: HandlerContext, payload: dict[str, Any]) -> dict[str, Any]:
+        if self.node.settings.ontology_source is None:
+            raise NoOntologySource("no ontology source is configured (set ontology_source, "
+                                   "LATCHWORK_ONTOLOGY_SOURCE): nothing to synchronise")
         sent = self.bus.send_master("SYNCHRONIZE_MODEL", {"reason": "requested"})
         return {"message_id": str(sent.id)}
+
+    @api("ontology.list")
+    def ontology_list(self, ctx: HandlerContext, payload: dict[str, Any]
+                      ) -> list[dict[str, Any]]:
+        return [ontology_view(o) for o in self.store.ontologies.all()]
+
+    @api("ontology.show", OntologyRef)
+    def ontology_show(self, ctx: HandlerContext, ref: OntologyRef) -> dict[str, Any]:
+        """An ontology and its classes, each with its parents and how many children it has
+        (in any loaded ontology)."""
+        record = self.store.ontologies.get(ref.iri)
+        if record is None:
+            raise OntologyNotFound(f"no ontology {ref.iri} is loaded")
+        children: dict[str, int] = {}
+        for _, parent in self.store.ontologies.subclass_edges():
+            children[parent] = children.get(parent, 0) + 1
+        return {**ontology_view(record), "classes": [
+            {"iri": c.iri, "label": c.label, "parents": list(c.parents),
+             "children": children.get(c.iri, 0)} for c in self.store.ontologies.classes(ref.iri)]}
 

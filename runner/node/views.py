@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from runner.store import Attempt, Task
+from runner.store import Attempt, OntologyRecord, Task
 
 
 def task_view(task: Task) -> dict[str, Any]:
@@ -21,6 +21,11 @@ def task_view(task: Task) -> dict[str, Any]:
         "version": task.version, "fence": task.fence, "unique_key": task.unique_key,
         "owner": task.owner, "attempts": task.attempts,
     }
+
+
+def ontology_view(record: OntologyRecord) -> dict[str, Any]:
+    return {"iri": record.iri, "version": record.version, "checksum": record.checksum,
+            "loaded_at": record.loaded_at.isoformat(), "classes": record.class_count}
 
 
 def attempt_view(attempt: Attempt) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from runner.ontology.cache import OntologyCache, ReadWriteLock
 from runner.ontology.parse import OntologyError, parse_ontology, parse_ontology_bytes
 from runner.ontology.sources import (
     DirectorySource,
+    NoOntologySource,
     OlsSource,
     OntologySource,
     SourceEntry,
@@ -16,6 +17,7 @@ from runner.ontology.sync import LOAD_TASK, OntologySync, register_ontology_task
 __all__ = [
     "LOAD_TASK",
     "DirectorySource",
+    "NoOntologySource",
     "OlsSource",
     "OntologyCache",
     "OntologyError",

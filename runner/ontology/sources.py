@@ -36,6 +36,12 @@ class SourceError(RunnerError):
     error_code = "ontology_source_failed"
 
 
+class NoOntologySource(SourceError):
+    """No ontology source is configured (the ``ontology_source`` setting)."""
+
+    error_code = "ontology_source_missing"
+
+
 @dataclass(frozen=True)
 class SourceEntry:
     ref: str  # file path or download URL

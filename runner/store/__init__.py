@@ -10,6 +10,7 @@ from runner.store.errors import (
     AttemptAlreadyFinished,
     CommitConflict,
     InvalidValue,
+    OntologyNotFound,
     StaleFencingToken,
     StoreError,
     StoreUnavailable,
@@ -40,7 +41,8 @@ __all__ = [
     "Attempt", "AttemptAlreadyFinished", "AttemptLog", "AttemptStatus", "Avatar", "AvatarStore",
     "CommitConflict", "EmbeddedGraph", "Fence", "Graph", "GraphStore", "GremlinAttemptLog",
     "GremlinAvatarStore", "GremlinOntologyStore", "GremlinTaskStore", "InvalidValue",
-    "LoadResult", "Ontology", "OntologyClass", "OntologyRecord", "OntologyStore", "RemoteGraph",
+    "LoadResult", "Ontology", "OntologyClass", "OntologyNotFound", "OntologyRecord",
+    "OntologyStore", "RemoteGraph",
     "StaleFencingToken", "StoreError", "StoreUnavailable", "Task", "TaskNotFound", "TaskStatus",
     "TaskStore", "UnknownStoreFormat", "open_graph", "open_store",
 ]

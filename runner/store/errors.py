@@ -37,6 +37,12 @@ class TaskNotFound(StoreError, LookupError):
     error_code = "task_not_found"
 
 
+class OntologyNotFound(StoreError, LookupError):
+    """No ontology with this IRI is loaded."""
+
+    error_code = "ontology_not_found"
+
+
 class CommitConflict(StoreError):
     """A conditional update met another version than the one it expected."""
 

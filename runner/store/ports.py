@@ -12,6 +12,7 @@ from runner.store.model import (
     Fence,
     LoadResult,
     Ontology,
+    OntologyClass,
     OntologyRecord,
     Task,
 )
@@ -67,6 +68,9 @@ class OntologyStore(Protocol):
     def get(self, iri: str) -> OntologyRecord | None: ...
 
     def all(self) -> list[OntologyRecord]: ...
+
+    def classes(self, iri: str) -> list[OntologyClass]:
+        """The classes ``iri`` defines, with labels and parents, sorted by IRI."""
 
     def ancestors(self, class_iri: str) -> set[str]: ...
 

@@ -25,6 +25,7 @@ from runner.store.model import (
     Fence,
     LoadResult,
     Ontology,
+    OntologyClass,
     OntologyRecord,
 )
 
@@ -137,6 +138,17 @@ class GremlinOntologyStore:
                               .next()) for r in rows]
 
         return sorted(self.graph.read(run), key=lambda o: o.iri)
+
+    def classes(self, iri: str) -> list[OntologyClass]:
+        """The classes ``iri`` defines, with their labels and parents, sorted by IRI."""
+        def run(g: Any) -> Any:
+            return g.V().has("class_defined_by", iri).project("c", "l", "ps") \
+                .by("class_iri").by("class_label") \
+                .by(__.out("subClassOf").values("class_iri").fold()).to_list()
+
+        rows = self.graph.read(run)
+        return sorted((OntologyClass(r["c"], r["l"] or None, tuple(sorted(r["ps"])))
+                       for r in rows), key=lambda c: c.iri)
 
     def ancestors(self, class_iri: str) -> set[str]:
         """Every class reachable over subClassOf (not the class itself), cycle-safe."""
