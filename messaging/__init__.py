@@ -8,6 +8,7 @@ happens to a message on each failure is in :mod:`messaging.paradigms`.
 from messaging.bus import ApiClient, MessageBus, declare_topology, send_master
 from messaging.connection import Backoff, Connector
 from messaging.consumer import Consumer
+from messaging.deadletters import DeadLetter, DeadLetterNotFound, DeadLetterQueue
 from messaging.delivery import Delivery, DeliveryState
 from messaging.envelope import MAX_BODY, Envelope, Paradigm, decode, summary, validate_payload
 from messaging.errors import (
@@ -35,6 +36,7 @@ from messaging.registry import HandlerContext, HandlerRegistry
 from messaging.topology import RetryPolicy, Topology
 
 __all__ = [
+    "DeadLetter", "DeadLetterNotFound", "DeadLetterQueue",
     "MAX_BODY", "ApiClient", "ApiResponder", "Backoff", "BrokerUnavailable", "Connector",
     "Consumer",
     "Delivery", "DeliveryAlreadySettled", "DeliveryState", "Envelope", "EnvelopeError",

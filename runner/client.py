@@ -30,13 +30,26 @@ import builtins
 import getpass
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
-from messaging import ApiClient, BrokerUnavailable, Connector, RemoteError, RequestTimeout, Topology
+from messaging import (
+    ApiClient,
+    BrokerUnavailable,
+    Connector,
+    DeadLetter,
+    DeadLetterNotFound,
+    DeadLetterQueue,
+    RemoteError,
+    RequestTimeout,
+    Topology,
+)
 from runner.config import Settings
 from runner.errors import RunnerError
 from runner.node.views import Cancelled, ClusterStatus, TaskReport, TaskView
+
+T = TypeVar("T")
 
 #: codes that mean the request itself was wrong (the CLI exits 2 for them)
 REFUSED_CODES = frozenset({"task_type_unknown", "payload_invalid", "invalid_value",
@@ -101,8 +114,9 @@ class Client:
     def __init__(self, amqp_url: str, cluster: str, *, timeout: float = 10.0,
                  sender: str | None = None, name: str = "latchwork client") -> None:
         self.timeout = timeout
-        self._api = ApiClient(Connector(amqp_url, connect_deadline=min(timeout, 10.0), name=name),
-                              Topology(cluster), sender=sender or operator())
+        connector = Connector(amqp_url, connect_deadline=min(timeout, 10.0), name=name)
+        self._api = ApiClient(connector, Topology(cluster), sender=sender or operator())
+        self._dead = DeadLetterQueue(connector, Topology(cluster))
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None, *, config: Path | None = None,
@@ -165,6 +179,31 @@ class Client:
 
     def cluster_status(self) -> ClusterStatus:
         return ClusterStatus.model_validate(self.request("cluster.status"))
+
+    # -- the dead-letter queue (read from RabbitMQ directly: no node needed) ------------------
+    def dead_letters(self, limit: int = 100) -> builtins.list[DeadLetter]:
+        """Up to ``limit`` dead-lettered messages, oldest first, left in the queue."""
+        return self._broker(lambda: self._dead.list(limit))
+
+    def dead_letter_count(self) -> int:
+        return self._broker(self._dead.count)
+
+    def dead_letter(self, message_id: str) -> DeadLetter:
+        """One dead letter by message id; ``RequestFailed`` (``dead_letter_not_found``)."""
+        return self._broker(lambda: self._dead.get(message_id))
+
+    def replay(self, message_id: str) -> DeadLetter:
+        """Send a dead letter back to the queue it came from, with the same message id (so a
+        MASTER message that was in fact handled is acked as a duplicate), then drop it."""
+        return self._broker(lambda: self._dead.replay(message_id))
+
+    def _broker(self, call: Callable[[], T]) -> T:
+        try:
+            return call()
+        except DeadLetterNotFound as exc:
+            raise RequestFailed("dlq", DeadLetterNotFound.error_code, str(exc)) from exc
+        except BrokerUnavailable as exc:
+            raise BrokerUnreachable(str(exc)) from exc
 
     # -- plumbing -------------------------------------------------------------------------------
     def request(self, command: str, payload: dict[str, Any] | None = None,

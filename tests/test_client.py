@@ -3,6 +3,7 @@ README's example run as a user would run it."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -105,3 +106,56 @@ def test_the_readme_example_runs(cluster: Cluster) -> None:
     assert re.search(r"^1 SUCCEEDED " + re.escape(member), run.stdout, re.MULTILINE)
     assert "refused: payload_invalid" in run.stdout and "sceonds" in run.stdout
     assert f"master: {member}" in run.stdout
+
+
+def test_dead_letters_are_listed_shown_and_replayed_with_their_ids(cluster: Cluster) -> None:
+    from coord.testing import wait_until
+    from messaging import Connector, Envelope, Paradigm, Publisher, Topology
+
+    node = cluster.start_node()
+    topology = Topology(CLUSTER)
+    publisher = Publisher(Connector(cluster.env["LATCHWORK_AMQP_URL"]))
+    try:
+        poison = Envelope(paradigm=Paradigm.MASTER, command="NO_SUCH_COMMAND", sender="tests")
+        publisher.publish("", topology.master_queue, poison)
+        with cluster.client() as client:
+            assert wait_until(lambda: client.dead_letter_count() == 1, 30)
+            listing = cluster.cli("dlq", "list")
+            assert listing.exit_code == 0
+            assert str(poison.id) in listing.output and "unknown-command" in listing.output
+            shown = json.loads(cluster.cli("dlq", "show", str(poison.id), "--json").output)
+            assert (shown["command"], shown["reason"], shown["queue"], shown["member"]) == (
+                "NO_SUCH_COMMAND", "unknown-command", topology.master_queue, node)
+
+            # a MASTER message that was handled, whose copy still ended in the dead-letter
+            # queue: replayed with its id, the master recognises it and acks it as a duplicate
+            handled = Envelope(paradigm=Paradigm.MASTER, command="SYNCHRONIZE_MODEL",
+                               sender="tests", payload={"reason": "test"})
+            log = cluster.nodes[node].log_path
+            ran = "nothing to synchronise"  # what the handler logs on a node without a source
+
+            def runs() -> int:
+                return log.read_text().count(ran)
+
+            assert wait_until(lambda: runs() == 1, 30)  # the new master's own request
+            publisher.publish("", topology.master_queue, handled)
+            assert wait_until(lambda: runs() == 2, 30)
+            publisher.publish("", topology.dead_queue, handled, headers={
+                "x-latchwork-reason": "handler-failed", "x-latchwork-queue":
+                topology.master_queue, "x-latchwork-member": node})
+            assert wait_until(lambda: client.dead_letter_count() == 2, 10)
+            replay = cluster.cli("dlq", "replay", str(handled.id))
+            assert replay.exit_code == 0 and topology.master_queue in replay.output
+            assert wait_until(lambda: "was already processed; acked" in log.read_text(), 30)
+            assert client.dead_letter_count() == 1
+            assert runs() == 2  # handled once
+
+            # the poison message replayed is rejected again, for the same reason
+            client.replay(str(poison.id))
+            assert wait_until(lambda: client.dead_letter_count() == 1, 10)
+            assert client.dead_letter(str(poison.id)).reason == "unknown-command"
+            missing = cluster.cli("dlq", "replay", "no-such-id")
+            assert missing.exit_code == 1 and "no dead-lettered message no-such-id" in \
+                missing.output
+    finally:
+        publisher.close()

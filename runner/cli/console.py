@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Any
 
@@ -195,3 +196,24 @@ def render_ontology(ontology: dict[str, Any], limit: int = 50,
     console.print(table)
     if len(shown) < len(classes):
         console.print(f"... {len(classes) - len(shown)} more (--limit 0 or --json for all)")
+
+
+def render_dead_letters(letters: list[dict[str, Any]], console: Console | None = None) -> None:
+    table = Table(title=f"{len(letters)} dead-lettered messages")
+    for column in ("message id", "command", "reason", "from", "rejected by", "at"):
+        table.add_column(column)
+    for d in letters:
+        table.add_row(d["message_id"] or "-", d["command"] or "-", d["reason"],
+                      d["queue"], d["member"], _when(d["dead_at"]))
+    (console or Console()).print(table)
+
+
+def render_dead_letter(letter: dict[str, Any], console: Console | None = None) -> None:
+    console = console or Console()
+    console.print(f"[bold]{letter['message_id']}[/] {letter['command'] or '(undecodable)'}: "
+                  f"[red]{letter['reason']}[/] from {letter['queue']} by {letter['member']} "
+                  f"at {_when(letter['dead_at'])}")
+    console.print(Panel(letter["detail"] or "-", title="detail"))
+    body = letter["body"]
+    console.print(Panel(json.dumps(body, indent=2) if not isinstance(body, str) else body,
+                        title="body"))
