@@ -159,3 +159,25 @@ def test_dead_letters_are_listed_shown_and_replayed_with_their_ids(cluster: Clus
                 missing.output
     finally:
         publisher.close()
+
+
+def test_progress_reported_by_a_handler_shows_in_list_and_show(cluster: Cluster) -> None:
+    from coord.testing import wait_until
+
+    cluster.start_node()
+    with cluster.client() as client:
+        ref = client.submit("diag.sleep", {"seconds": 4})
+
+        def reported() -> bool:
+            (view,) = [t for t in client.list() if t.id == ref.id]
+            return view.progress is not None and view.progress.done >= 2
+
+        assert wait_until(reported, 20, 0.2)
+        listing = cluster.cli("task", "list")
+        assert ref.id in listing.output and "[####" in listing.output
+        assert "/10" in listing.output
+        shown = cluster.cli("task", "show", ref.id)
+        assert "progress" in shown.output and "of 4 s" in shown.output
+        final = client.wait(ref.id, timeout=30)
+        assert final.attempts[-1].progress is not None
+        assert (final.attempts[-1].progress.done, final.attempts[-1].progress.total) == (10, 10)

@@ -167,6 +167,11 @@ def test_create_twice_from_two_nodes_reports_progress_then_delete(
     assert create.finished and [a.status.value for a in attempts] == ["SUCCEEDED"]  # run once
     helpers = plant.store.tasks.all("aspect.batches")
     assert len(helpers) == 1 and wait_until(lambda: plant.task(helpers[0].id).finished, 30)
+    # the batch loops reported through ctx.progress: rows done of the series' rows
+    reports = [a.progress for t in (create, *helpers)
+               for a in plant.store.attempts.for_task(t.id) if a.progress is not None]
+    assert reports and all(r.total == 160 for r in reports)
+    assert max(r.done for r in reports) == 160
     with Session(plant.env["LATCHWORK_ZK_HOSTS"], CLUSTER) as s:
         history = BatchCoordinator(s, series_id("geo", 1)).history()
     assert all(b.state is BatchState.FINISHED for b in history)

@@ -381,3 +381,50 @@ def test_a_commit_conflict_is_retried_as_a_new_claim_unless_the_task_was_stopped
     stopped_task = store.tasks.get(second.id)
     assert not stopped_task.active and stopped_task.status is TaskStatus.WAITING
     assert [a.status for a in store.attempts.for_task(second.id)] == [AttemptStatus.FAILED]
+
+
+def test_progress_is_throttled_and_the_last_value_wins(
+        zk_namespace: ZkNamespace, store: GraphStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A handler may report on every row: writes stay about one a second, the value kept back
+    by the throttle is written when the attempt ends, and a report after someone else closed
+    the attempt cancels the handler."""
+    writes: list[tuple[int, int | None]] = []
+    real = store.attempts.progress
+
+    def counting(attempt_id: str, done: int, total: int | None, message: str) -> bool:
+        writes.append((done, total))
+        return real(attempt_id, done, total, message)
+
+    monkeypatch.setattr(store.attempts, "progress", counting)
+    seen: dict[str, str] = {}
+
+    def rows(ctx: TaskContext, payload: dict[str, int]) -> None:
+        for done in range(payload["rows"]):
+            ctx.progress(done, None, f"row {done}")
+        if payload.get("wait_for_close"):
+            assert wait_until(lambda: store.attempts.get(ctx.attempt.id).ended_at is not None,
+                              10)
+            ctx.progress(2, 2)  # its attempt was closed meanwhile (a final report: not held)
+            seen["cancelled"] = ctx.cancel.reason
+
+    registry = TaskRegistry()
+    registry.register("rows", rows)
+    quick = store.tasks.create("rows", {"rows": 5000})
+    with session(zk_namespace) as s:
+        processor = TaskProcessHandler(s, "m1", store, registry, workers=1,
+                                       scan_interval=60).start()
+        try:
+            assert wait_until(lambda: store.tasks.get(quick.id).finished, 30)
+            (attempt,) = store.attempts.for_task(quick.id)
+            assert attempt.progress is not None
+            assert (attempt.progress.done, attempt.progress.message) == (4999, "row 4999")
+            assert 2 <= len(writes) <= 10  # the first report, maybe a few more, the last one
+            closed = store.tasks.create("rows", {"rows": 1, "wait_for_close": 1})
+            processor.trigger()
+            assert wait_until(lambda: len(store.attempts.for_task(closed.id)) == 1, 10)
+            store.close_attempts(closed.id, AttemptStatus.CANCELLED_BY_SYSTEM, "master: test",
+                                 executor="m1")
+            assert wait_until(lambda: "cancelled" in seen, 10)
+        finally:
+            processor.close()
+    assert seen["cancelled"] == "its attempt was closed by someone else"

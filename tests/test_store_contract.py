@@ -157,12 +157,21 @@ def test_attempts_are_written_closed_once_and_listed_in_order(store: GraphStore)
     assert first.status is AttemptStatus.RUNNING and first.seq == 1 and first.ended_at is None
     assert first.fence == 2**62 + 1
     assert [a.id for a in store.attempts.running()] == [first.id]
+    assert first.progress is None
+    assert store.attempts.progress(first.id, 3, 10, "three")
+    assert store.attempts.progress(first.id, 7, None, "seven of some")  # the last one wins
+    (reported,) = store.attempts.running()
+    assert reported.progress is not None
+    assert (reported.progress.done, reported.progress.total, reported.progress.message) == (
+        7, None, "seven of some")
     failed = store.attempts.finish(first.id, AttemptStatus.FAILED, "boom",
                                    "Traceback ...\nValueError: boom")
     assert failed.ended_at is not None and failed.duration_ms is not None
     assert (failed.error, failed.stack_trace) == ("boom", "Traceback ...\nValueError: boom")
     with pytest.raises(AttemptAlreadyFinished):
         store.attempts.finish(first.id, AttemptStatus.CANCELLED_BY_SYSTEM)
+    assert not store.attempts.progress(first.id, 9, 10, "after its end")  # refused
+    assert store.attempts.get(first.id).progress == reported.progress  # kept as it was
     second = store.attempts.start(task.id, "host:2:b")
     store.attempts.finish(second.id, AttemptStatus.CANCELLED_BY_SYSTEM, "owner died")
     third = store.attempts.start(task.id, "host:3:c")

@@ -42,12 +42,29 @@ def _state(task: dict[str, Any]) -> Text:
 def render_task_list(tasks: list[dict[str, Any]], console: Console | None = None) -> None:
     console = console or Console()
     table = Table(title=f"{len(tasks)} task(s)")
-    for column in ("id", "type", "state", "priority", "created", "updated"):
+    for column in ("id", "type", "state", "progress", "priority", "created", "updated"):
         table.add_column(column)
     for task in tasks:
-        table.add_row(task["id"], task["type"], _state(task), str(task["priority"]),
-                      _when(task["created_at"]), _when(task["updated_at"]))
+        table.add_row(task["id"], task["type"], _state(task), bar(task.get("progress")),
+                      str(task["priority"]), _when(task["created_at"]),
+                      _when(task["updated_at"]))
     console.print(table)
+
+
+def bar(progress: dict[str, Any] | None, width: int = 20) -> Text:
+    """``[#######.......] 7/20 message`` for a handler's reported progress (``-`` when none)."""
+    if not progress:
+        return Text("-")
+    done, total = progress["done"], progress.get("total")
+    if total:
+        filled = min(width, round(width * done / total))
+        text = Text("[" + "#" * filled + "." * (width - filled) + "]", style="cyan")
+        text.append(f" {done}/{total}")
+    else:
+        text = Text(f"{done} done")
+    if progress.get("message"):
+        text.append(f" {progress['message']}", style="dim")
+    return text
 
 
 def render_task_report(report: dict[str, Any], console: Console | None = None) -> None:
@@ -65,8 +82,11 @@ def render_task_report(report: dict[str, Any], console: Console | None = None) -
     head.add_row("created", _when(task["created_at"]))
     head.add_row("updated", _when(task["updated_at"]))
     head.add_row("attempts", str(len(attempts)))
+    running = [a for a in attempts if a["status"] == "RUNNING" and a.get("progress")]
+    if running:
+        head.add_row("progress", bar(running[-1]["progress"]))
     if report.get("progress"):
-        head.add_row("progress", progress_text(report["progress"]))
+        head.add_row("series", progress_text(report["progress"]))
     console.print(Panel(head, title=f"task {task['id']}", expand=False))
     table = Table(title="attempts")
     for column in ("#", "status", "executor", "start", "end", "duration", "error"):

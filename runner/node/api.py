@@ -22,7 +22,7 @@ from coord import (
     read_members,
 )
 from messaging import HandlerContext, MessageBus
-from runner.node.views import attempt_view, ontology_view, task_view
+from runner.node.views import attempt_view, ontology_view, progress_view, task_view
 from runner.ontology import NoOntologySource
 from runner.store import OntologyNotFound
 from runner.store.model import ASPECT_PATTERN
@@ -153,7 +153,9 @@ class NodeApi:
     @api("task.list", TaskQuery)
     def list_tasks(self, ctx: HandlerContext, q: TaskQuery) -> list[dict[str, Any]]:
         tasks = self.store.tasks.unfinished() if q.unfinished else self.store.tasks.all(q.type)
-        return [task_view(t) for t in tasks if q.type is None or t.type == q.type]
+        progress = {a.task_id: a.progress for a in self.store.attempts.running()}
+        return [{**task_view(t), "progress": progress_view(progress.get(t.id))}
+                for t in tasks if q.type is None or t.type == q.type]
 
     @api("task.types")
     def task_types(self, ctx: HandlerContext, payload: dict[str, Any]) -> list[dict[str, Any]]:

@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from runner.store import Attempt, OntologyRecord, Task
+from runner.store import Attempt, OntologyRecord, Progress, Task
 
 
 def task_view(task: Task) -> dict[str, Any]:
@@ -35,7 +35,15 @@ def attempt_view(attempt: Attempt) -> dict[str, Any]:
         "ended_at": attempt.ended_at.isoformat() if attempt.ended_at else None,
         "duration_ms": attempt.duration_ms, "error": attempt.error,
         "stack_trace": attempt.stack_trace, "fence": attempt.fence,
+        "progress": progress_view(attempt.progress),
     }
+
+
+def progress_view(progress: Progress | None) -> dict[str, Any] | None:
+    if progress is None:
+        return None
+    return {"done": progress.done, "total": progress.total, "message": progress.message,
+            "at": progress.at.isoformat()}
 
 
 class View(BaseModel):
@@ -46,6 +54,13 @@ class TaskRef(View):
     """What a submission returns: enough to follow the task."""
     id: str
     type: str
+
+
+class ProgressView(View):
+    done: int
+    total: int | None = None
+    message: str = ""
+    at: datetime
 
 
 class TaskView(TaskRef):
@@ -61,6 +76,7 @@ class TaskView(TaskRef):
     unique_key: str | None = None
     owner: str | None = None
     attempts: int  # how many were started
+    progress: ProgressView | None = None  # of its running attempt (task.list)
 
     @property
     def stopped(self) -> bool:
@@ -84,6 +100,7 @@ class AttemptView(View):
     error: str | None = None
     stack_trace: str | None = None
     fence: int
+    progress: ProgressView | None = None
 
 
 class TaskReport(View):

@@ -189,7 +189,7 @@ class Pipeline:
         return BatchWorker(spark, self.store, coordinator_for(self.session, sid, meta),
                            definition, SeriesPaths(meta["root"]), self.member, ctx.cancel,
                            group=f"latchwork-task-{ctx.task.id}", fence=ctx.fence,
-                           check=ctx.check,
+                           check=ctx.check, report=ctx.progress,
                            batch_rows=int(meta["batch_rows"]), pause=float(meta["pause"]))
 
     def _current(self, ctx: TaskContext, payload: AspectPayload, state: State) -> bool:

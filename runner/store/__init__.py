@@ -32,6 +32,7 @@ from runner.store.model import (
     Ontology,
     OntologyClass,
     OntologyRecord,
+    Progress,
     Task,
     TaskStatus,
 )
@@ -42,7 +43,7 @@ __all__ = [
     "CommitConflict", "EmbeddedGraph", "Fence", "Graph", "GraphStore", "GremlinAttemptLog",
     "GremlinAvatarStore", "GremlinOntologyStore", "GremlinTaskStore", "InvalidValue",
     "LoadResult", "Ontology", "OntologyClass", "OntologyNotFound", "OntologyRecord",
-    "OntologyStore", "RemoteGraph",
+    "OntologyStore", "Progress", "RemoteGraph",
     "StaleFencingToken", "StoreError", "StoreUnavailable", "Task", "TaskNotFound", "TaskStatus",
     "TaskStore", "UnknownStoreFormat", "open_graph", "open_store",
 ]

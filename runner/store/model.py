@@ -57,6 +57,15 @@ class Fence:
 
 
 @dataclass(frozen=True)
+class Progress:
+    """What a handler last reported (``ctx.progress``): ``done`` of ``total`` (None: unknown)."""
+    done: int
+    total: int | None
+    message: str
+    at: datetime
+
+
+@dataclass(frozen=True)
 class Attempt:
     id: str
     task_id: str
@@ -69,6 +78,7 @@ class Attempt:
     duration_ms: int | None = None
     error: str | None = None
     stack_trace: str | None = None
+    progress: Progress | None = None
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,9 @@ class AttemptLog(Protocol):
     def finish(self, attempt_id: str, status: AttemptStatus, error: str | None = None,
                stack_trace: str | None = None) -> Attempt: ...
 
+    def progress(self, attempt_id: str, done: int, total: int | None, message: str) -> bool:
+        """Record a RUNNING attempt's progress; False once it has ended."""
+
     def get(self, attempt_id: str) -> Attempt: ...
 
     def for_task(self, task_id: str) -> list[Attempt]: ...

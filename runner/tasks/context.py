@@ -93,7 +93,16 @@ class TaskContext:
     services: Mapping[str, Any] = field(default_factory=dict)
     checker: Callable[[], None] | None = None
     completer: Callable[[Callable[[Any], Any]], Any] | None = None
+    reporter: Callable[[int, int | None, str], None] | None = None
     completed: bool = False
+
+    def progress(self, done: int, total: int | None = None, message: str = "") -> None:
+        """Report how far the attempt is (``done`` of ``total``, None: unknown), shown by
+        ``task show``, ``task list`` and ``latchwork top``. Cheap to call often: writes are
+        throttled to about one a second and the last value wins (see
+        :mod:`runner.tasks.progress`)."""
+        if self.reporter is not None:
+            self.reporter(done, total, message)
 
     @property
     def fence(self) -> Fence:

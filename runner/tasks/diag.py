@@ -39,8 +39,16 @@ class Conflict(_Payload):
 
 
 def sleep(ctx: TaskContext, payload: Sleep) -> None:
-    if ctx.cancel.wait(payload.seconds):
-        raise TaskCancelled(ctx.cancel.reason)
+    """Sleep, reporting progress in tenths (seconds >= 1) so consoles have something to show."""
+    if payload.seconds < 1:
+        if ctx.cancel.wait(payload.seconds):
+            raise TaskCancelled(ctx.cancel.reason)
+        return
+    for step in range(10):
+        ctx.progress(step, 10, f"{step * payload.seconds / 10:.1f} of {payload.seconds:g} s")
+        if ctx.cancel.wait(payload.seconds / 10):
+            raise TaskCancelled(ctx.cancel.reason)
+    ctx.progress(10, 10, "done")
 
 
 def fail(ctx: TaskContext, payload: Fail) -> None:

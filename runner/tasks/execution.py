@@ -36,6 +36,7 @@ from runner.store import (
 from runner.tasks.claim import Running
 from runner.tasks.context import TaskCancelled, TaskConflict, TaskContext
 from runner.tasks.outcomes import AttemptResult, Outcome, task_changes
+from runner.tasks.progress import ProgressReporter
 from runner.tasks.registry import TaskRegistry, TaskType
 
 log = logging.getLogger("latchwork.tasks")
@@ -127,10 +128,12 @@ class Execution:
     def attempt(self, r: Running, kind: TaskType, attempt: Attempt) -> AttemptResult:
         """Run the handler once, with the hooks; never raises."""
         task = r.task
+        progress = ProgressReporter(self.store, attempt.id, r.cancel)
         ctx = TaskContext(task=task, attempt=attempt, member_id=self.member_id,
                           fence_token=r.token, cancel=r.cancel, store=self.store,
                           services=self.services, checker=lambda: self.check(r),
-                          completer=lambda write: self.complete(r, attempt, write))
+                          completer=lambda write: self.complete(r, attempt, write),
+                          reporter=progress.report)
         log.info("member %s: task %s (%s) attempt %d started", self.member_id, task.id,
                  task.type, attempt.seq)
         result = AttemptResult.succeeded()
@@ -154,6 +157,8 @@ class Execution:
             else:
                 result = AttemptResult.failed(f"{type(exc).__name__}: {exc}",
                                               "".join(traceback.format_exception(exc)))
+        if not r.completed:  # ctx.complete() ended the attempt: nothing more is written on it
+            progress.flush()
         for after_hook in reversed(entered):  # unwound in reverse order
             try:
                 after_hook(ctx, result.status, result.error)

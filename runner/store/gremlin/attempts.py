@@ -4,12 +4,13 @@ before the handler runs (with the claim), finished exactly once (a second finish
 
 from __future__ import annotations
 
+from gremlin_python.process.traversal import Cardinality
+
+from runner.store import codec
 from runner.store.errors import (
     TaskNotFound,
 )
 from runner.store.graph import Graph
-
-# -- attempts ---------------------------------------------------------------------------------
 from runner.store.gremlin.rows import (
     attempt_from_row,
 )
@@ -57,6 +58,15 @@ class GremlinAttemptLog:
         end = attempt_end(self.get(attempt_id), status, error, stack_trace)
         self.graph.write(end.write)
         return end.attempt
+
+    def progress(self, attempt_id: str, done: int, total: int | None, message: str) -> bool:
+        """Record what a RUNNING attempt reports (the last value wins); False, nothing written,
+        once the attempt has ended."""
+        value = codec.encode_json({"done": done, "total": total, "message": message[:500],
+                                   "at": codec.encode_time(codec.now())})
+        return matched_write(self.graph, lambda g: g.V().has("attempt_id", attempt_id)
+                             .has("attempt_status", AttemptStatus.RUNNING.value)
+                             .property(Cardinality.single, "attempt_progress", value))
 
     def get(self, attempt_id: str) -> Attempt:
         rows = self.graph.read(

@@ -14,6 +14,7 @@ from runner.store.errors import (
 from runner.store.model import (
     Attempt,
     AttemptStatus,
+    Progress,
     Task,
     TaskStatus,
 )
@@ -70,6 +71,15 @@ def attempt_from_row(row: Mapping[Any, Any]) -> Attempt:
         started_at=codec.decode_time(start["started"]), fence=codec.decode_big(start["fence"]),
         ended_at=codec.decode_time(end["ended"]) if end else None,
         duration_ms=int(end["duration_ms"]) if end else None,
-        error=end.get("error") or None, stack_trace=end.get("stack") or None)
+        error=end.get("error") or None, stack_trace=end.get("stack") or None,
+        progress=progress_from_json(row.get("attempt_progress")))
+
+
+def progress_from_json(raw: Any) -> Progress | None:
+    if not raw:
+        return None
+    value = codec.decode_json(raw)
+    return Progress(int(value["done"]), None if value["total"] is None else int(value["total"]),
+                    str(value["message"]), codec.decode_time(value["at"]))
 
 
