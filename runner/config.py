@@ -6,18 +6,27 @@ An unknown key in the file or an invalid value raises :class:`ConfigError` namin
 
 from __future__ import annotations
 
-import os
 import tomllib
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
 from pydantic import Field, ValidationError
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+    TomlConfigSettingsSource,
+)
 
 from messaging.envelope import summary
 from runner.errors import RunnerError
 
 ENV_PREFIX = "LATCHWORK_"
+
+#: the TOML file of the :meth:`Settings.load` call in progress (pydantic-settings reads it)
+_TOML_FILE: ContextVar[Path | None] = ContextVar("latchwork_toml_file", default=None)
 
 
 # The ports `latchwork dev up` uses by default, so a default Settings reaches its servers.
@@ -80,24 +89,44 @@ class Settings(BaseSettings):
         default_factory=dict, description="aspect definitions: name -> {kind, classes, compute}")
 
     @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings],
+                                   init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource,
+                                   dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource
+                                   ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Keyword arguments, then ``LATCHWORK_*``, then the TOML file :meth:`load` was given
+        (pydantic-settings' own TOML source)."""
+        path = _TOML_FILE.get()
+        if path is None:
+            return init_settings, env_settings
+        return init_settings, env_settings, TomlConfigSettingsSource(settings_cls, path)
+
+    @classmethod
     def load(cls, path: Path | None = None, **overrides: Any) -> Settings:
-        """Read ``path`` (TOML, optional), let the environment override it, then ``overrides``."""
-        values: dict[str, Any] = {}
+        """Read ``path`` (TOML, optional), let the environment override it, then ``overrides``.
+
+        Everything wrong raises :class:`ConfigError` naming the setting: a file that cannot be
+        read or is not TOML, an unknown key, an invalid value, bad JSON in a ``LATCHWORK_*``
+        variable that holds a list or a table (``LATCHWORK_SPARK_CONF``, ``LATCHWORK_TASKS``,
+        ``LATCHWORK_ASPECTS``)."""
         if path is not None:
             try:
-                values = tomllib.loads(Path(path).read_text())
+                tomllib.loads(Path(path).read_text())
             except OSError as exc:
                 raise ConfigError(f"cannot read configuration file {path}: {exc}") from exc
             except tomllib.TOMLDecodeError as exc:
                 raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
-            # The environment wins over the file: drop file keys the environment sets.
-            values = {k: v for k, v in values.items()
-                      if f"{ENV_PREFIX}{k.upper()}" not in os.environ}
-        values.update(overrides)
+        token = _TOML_FILE.set(None if path is None else Path(path))
         try:
-            return cls(**values)
+            return cls(**overrides)
         except ValidationError as exc:
             raise ConfigError(f"invalid configuration: {summary(exc, limit=20)}") from exc
+        except SettingsError as exc:  # e.g. a LATCHWORK_* variable that is not valid JSON
+            raise ConfigError(f"invalid configuration: {exc}"
+                              f"{': ' + str(exc.__cause__) if exc.__cause__ else ''}") from exc
+        finally:
+            _TOML_FILE.reset(token)
 
     @classmethod
     def env_names(cls) -> set[str]:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import click
@@ -69,3 +72,28 @@ def test_compose_passes_only_settings_the_code_reads() -> None:
             assert isinstance(command, click.Group)
             command = command.get_command(ctx, word)
         assert command is not None and not isinstance(command, click.Group)
+
+
+@pytest.mark.parametrize(("variable", "value", "named"), [
+    ("LATCHWORK_SPARK_CONF", "{bad", "spark_conf"),
+    ("LATCHWORK_TASKS", "mypkg.tasks", "tasks"),  # a list is JSON in the environment
+    ("LATCHWORK_ASPECTS", '{"x": {"kind": "heavy"}}', "aspects.x: classes"),
+    ("LATCHWORK_WORKERS", "zero", "workers"),
+])
+def test_node_start_refuses_bad_settings_in_one_line_exit_2(variable: str, value: str,
+                                                           named: str) -> None:
+    env = {**os.environ, variable: value}
+    run = subprocess.run([sys.executable, "-m", "runner.cli", "node", "start"], env=env,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert run.returncode == 2, run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "invalid configuration" in lines[0] and named in lines[0]
+
+
+def test_settings_come_from_the_toml_source_with_nested_tables(tmp_path: Path) -> None:
+    config = tmp_path / "node.toml"
+    config.write_text('tasks = ["a.b", "c.d"]\n'
+                      '[spark_conf]\n"spark.sql.shuffle.partitions" = "3"\n')
+    settings = Settings.load(config)
+    assert settings.tasks == ["a.b", "c.d"]
+    assert settings.spark_conf == {"spark.sql.shuffle.partitions": "3"}

@@ -22,8 +22,8 @@ from coord import SessionState
 from coord.batches import BatchState, SeriesState
 from messaging import Connector, MessageBus, Topology
 from runner.config import Settings
-from runner.node import Node
 from runner.node.api import NodeApi
+from runner.node.node import Node
 from runner.pipeline.aspects import State as AspectState
 from runner.store import AttemptStatus, TaskStatus
 

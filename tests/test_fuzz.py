@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from messaging import EnvelopeError, HandlerRegistry, Paradigm, UnknownCommand, decode
 from messaging.envelope import MAX_BODY
-from runner.node import default_registry
+from runner.node.node import default_registry
 from runner.tasks import InvalidPayload, TaskError
 
 EXAMPLES = 10_000

@@ -108,7 +108,7 @@ def test_cli_rejects_bad_input_with_usage_errors(cluster: Cluster) -> None:
 
 def test_error_replies_carry_stable_codes(cluster: Cluster) -> None:
     """A client decides on ``error.code``, never on a class name (runner.errors)."""
-    import runner.node  # noqa: F401  (every error class, and so every code, is declared)
+    import runner.node.node  # noqa: F401  (every error class, and so every code, is declared)
     cluster.start_node()
     cases = [
         ("task.get", {"id": "no-such-task"}, "task_not_found", RequestFailed),

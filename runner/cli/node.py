@@ -43,7 +43,7 @@ def node_start(config: Path | None, log_level: str, task_modules: tuple[str, ...
     import logging
 
     from coord import ConnectionLost
-    from runner.node import run
+    from runner.node.main import run
 
     logging.basicConfig(level=log_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -60,13 +60,14 @@ def node_start(config: Path | None, log_level: str, task_modules: tuple[str, ...
     except ConfigError as exc:
         raise fail(str(exc), 2) from exc
     from messaging import BrokerUnavailable
-    from runner.node import Node
+    from runner.node.node import Node
+    from runner.pipeline.aspects import InvalidAspect
     from runner.store import StoreError
     from runner.tasks import TaskLoadError
 
     try:
-        node = Node(settings)  # loads the task types before anything joins the cluster
-    except TaskLoadError as exc:
+        node = Node(settings)  # loads task types and aspects before anything joins the cluster
+    except (TaskLoadError, InvalidAspect) as exc:
         raise fail(str(exc), 2) from exc
     try:
         sys.exit(run(settings, node=node))

@@ -1,8 +1,7 @@
-"""The node process: :class:`Node` (one cluster member), its API (:mod:`runner.node.api`), the
-JSON views its replies carry (:mod:`runner.node.views`) and :func:`run` (signals,
-:mod:`runner.node.main`)."""
+"""The node process: :class:`~runner.node.node.Node` (one cluster member), its API
+(:mod:`runner.node.api`), the JSON views its replies carry and clients read
+(:mod:`runner.node.views`) and :func:`~runner.node.main.run` (signals).
 
-from runner.node.main import run
-from runner.node.node import Node, default_registry
-
-__all__ = ["Node", "default_registry", "run"]
+Nothing is imported here, so a client that reads the views does not load the node's runtime
+(Spark, the graph store, the task loop): import from the submodules.
+"""

@@ -29,6 +29,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from coord import Session, VersionConflict, VersionedRegister
+from messaging import summary
 from runner.errors import RunnerError
 from runner.store.model import ASPECT_PATTERN
 
@@ -129,8 +130,11 @@ class AspectRegistry:
             try:
                 self._defs[name] = AspectDefinition.model_validate(
                     {**base, **dict(raw), "name": name})
-            except (ValidationError, ValueError) as exc:
-                raise InvalidAspect(f"aspect {name!r} in the configuration: {exc}") from exc
+            except ValidationError as exc:
+                raise InvalidAspect(f"invalid configuration: aspects.{name}: "
+                                    f"{summary(exc)}") from exc
+            except ValueError as exc:
+                raise InvalidAspect(f"invalid configuration: aspects.{name}: {exc}") from exc
 
     def get(self, name: str) -> AspectDefinition:
         try:

@@ -29,7 +29,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from coord import SessionState
 from messaging import HandlerContext, MessageBus, ZkProcessedLog
 from runner.config import Settings
-from runner.node import Node, run
+from runner.node.main import run
+from runner.node.node import Node
 
 RUNS = "/chaos/runs"
 EFFECTS = "/chaos/effects"
