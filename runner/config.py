@@ -81,6 +81,10 @@ class Settings(BaseSettings):
                                  description="seconds a pipeline batch lives without renewal")
     batch_workers: int = Field(2, ge=0, le=64,
                                description="helper tasks per aspect creation (besides its own)")
+    metrics_port: int | None = Field(
+        None, ge=1, le=65535, description="serve Prometheus metrics on this port (off: unset)")
+    metrics_host: str = Field("127.0.0.1", description="address the metrics port binds to "
+                                                      "(0.0.0.0 to be scraped from elsewhere)")
     tasks: list[str] = Field(
         default_factory=list,
         description="modules of your own task types (@task), loaded at start besides the "

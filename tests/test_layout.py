@@ -72,6 +72,7 @@ RULES: list[tuple[str, tuple[str, ...], str]] = [
                        "runner.pipeline", "runner.devenv", "runner.testing"),
      "the client speaks to nodes only through the API (it reads the node's views)"),
     ("runner.errors", ("runner.",), "the error root is importable from anywhere"),
+    ("runner.logs", ("runner.",), "logging setup is importable from anywhere"),
     ("runner.config", ("runner.devenv", "runner.testing", "runner.cli", "runner.node"),
      "loading settings loads no subprocess or front-end code"),
 ]

@@ -25,10 +25,19 @@ def node() -> None:
               default=None, help="TOML file with settings; LATCHWORK_* variables override it")
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]),
               default="INFO", show_default=True)
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text",
+              show_default=True, help="json: one object per line with member, task and "
+                                      "attempt ids")
+@click.option("--log-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="write the log to this file instead of stderr")
+@click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,
+              help="serve Prometheus metrics on this port (metrics_port setting; off by "
+                   "default), bound to metrics_host (127.0.0.1 by default)")
 @click.option("--tasks", "task_modules", multiple=True, metavar="MODULE",
               help="a module of your own task types (@task), e.g. mypkg.tasks; repeatable, "
                    "added to the `tasks` setting and the latchwork.tasks entry points")
-def node_start(config: Path | None, log_level: str, task_modules: tuple[str, ...]) -> None:
+def node_start(config: Path | None, log_level: str, log_format: str, log_file: Path | None,
+               metrics_port: int | None, task_modules: tuple[str, ...]) -> None:
     """Join the cluster and run tasks until SIGTERM or SIGINT.
 
     The node joins membership and the master election, runs the task loop, consumes MASTER
@@ -43,10 +52,13 @@ def node_start(config: Path | None, log_level: str, task_modules: tuple[str, ...
     import logging
 
     from coord import ConnectionLost
+    from runner import logs
     from runner.node.main import run
 
-    logging.basicConfig(level=log_level,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        logs.configure(log_level, log_format, log_file)
+    except OSError as exc:
+        raise fail(f"cannot open the log file: {exc}", 2) from exc
     if log_level != "DEBUG":  # libraries that narrate every query or job run at INFO
         for noisy in ("gremlite", "gremlinpython", "apscheduler", "kazoo"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -57,6 +69,8 @@ def node_start(config: Path | None, log_level: str, task_modules: tuple[str, ...
         settings = Settings.load(config)
         if task_modules:
             settings = settings.model_copy(update={"tasks": [*settings.tasks, *task_modules]})
+        if metrics_port is not None:
+            settings = settings.model_copy(update={"metrics_port": metrics_port})
     except ConfigError as exc:
         raise fail(str(exc), 2) from exc
     from messaging import BrokerUnavailable

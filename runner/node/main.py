@@ -15,6 +15,7 @@ import threading
 import time
 from types import FrameType
 
+from runner import logs
 from runner.config import Settings
 from runner.node.node import Node
 
@@ -37,6 +38,7 @@ def run(settings: Settings, ready: threading.Event | None = None,
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         with node or Node(settings) as running:
+            logs.set_member(running.member_id)
             print(f"latchwork node {running.member_id} joined cluster {settings.cluster} "
                   f"at {settings.zk_hosts}", flush=True)
             if ready is not None:

@@ -35,6 +35,7 @@ from messaging import Connector, HandlerContext, MessageBus, Topology, ZkProcess
 from runner import __version__
 from runner.config import Settings
 from runner.node.api import NodeApi
+from runner.node.metrics import NodeMetrics
 from runner.node.views import task_view
 from runner.ontology import OntologyCache, OntologySync, register_ontology_tasks
 from runner.pipeline.aspects import AspectRegistry
@@ -86,6 +87,7 @@ class Node:
         self.sync: OntologySync | None = None
         self.aspects = AspectRegistry(settings.aspects)  # a bad definition fails the start
         self.pipeline: Pipeline | None = None
+        self.metrics: NodeMetrics | None = None
 
     @property
     def member_id(self) -> str:
@@ -116,8 +118,10 @@ class Node:
         self.latch.add_listener(
             on_gain=lambda: log.info("member %s: became master", member),
             on_loss=lambda: log.warning("member %s: no longer master", member))
+        metrics = self.metrics = NodeMetrics() if s.metrics_port is not None else None
         self.bus = MessageBus(Connector(s.amqp_url, name=f"latchwork {member}"),
-                              Topology(s.cluster), member, max_body=s.max_message_bytes)
+                              Topology(s.cluster), member, max_body=s.max_message_bytes,
+                              on_outcome=[metrics.on_outcome] if metrics else None)
         latch = self.latch
         self.sync = OntologySync(s.ontology_source, self.store, self.bus, member,
                                  is_master=lambda: latch.is_leader)
@@ -126,7 +130,9 @@ class Node:
         self.processor = TaskProcessHandler(
             self.session, member, self.store, self.registry, workers=s.workers,
             scan_interval=s.scan_interval, live_members=self.membership.live_ids,
-            services={"bus": self.bus, "sync": self.sync, "pipeline": self.pipeline})
+            services={"bus": self.bus, "sync": self.sync, "pipeline": self.pipeline},
+            after=[metrics.after_attempt] if metrics else (),
+            scan_observer=metrics.scan_seconds.observe if metrics else None)
         self.register_messages(self.bus)
         bus = self.bus
         processed = ZkProcessedLog(self.session)
@@ -140,6 +146,22 @@ class Node:
         self.master.start()
         self.processor.start()
         self.sync.start_watching()
+        if metrics is not None:
+            assert s.metrics_port is not None
+            metrics.watch(self._live_state)
+            metrics.serve(s.metrics_port, s.metrics_host)
+            log.info("member %s: metrics on http://%s:%d/metrics", member, s.metrics_host,
+                     s.metrics_port)
+
+    def _live_state(self) -> dict[str, Any]:
+        """What the metrics read at scrape time."""
+        return {
+            "connected": self.session.state is SessionState.CONNECTED,
+            "master": self.latch is not None and self.latch.is_leader,
+            "stats": dict(self.processor.stats) if self.processor else {},
+            "connections": {c.name: c.connections_opened
+                            for c in (self.bus.consumers if self.bus else [])},
+        }
 
     def _model_reconnected(self) -> None:
         """The MODEL connection came back: broadcasts sent meanwhile were missed (UPDATE_CACHE,
@@ -207,6 +229,8 @@ class Node:
 
     def close(self) -> None:
         timeout = self.settings.shutdown_timeout
+        if self.metrics is not None:
+            self.metrics.close()
         if self.sync is not None:
             self.sync.close()
         if self.processor is not None:

@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from coord import Session, SessionState
+from runner import logs
 from runner.store import (
     Attempt,
     AttemptAlreadyFinished,
@@ -134,6 +135,12 @@ class Execution:
                           services=self.services, checker=lambda: self.check(r),
                           completer=lambda write: self.complete(r, attempt, write),
                           reporter=progress.report)
+        with logs.attempt_context(task.id, attempt.id):
+            return self._attempt(r, kind, attempt, ctx, progress)
+
+    def _attempt(self, r: Running, kind: TaskType, attempt: Attempt, ctx: TaskContext,
+                 progress: ProgressReporter) -> AttemptResult:
+        task = r.task
         log.info("member %s: task %s (%s) attempt %d started", self.member_id, task.id,
                  task.type, attempt.seq)
         result = AttemptResult.succeeded()

@@ -58,7 +58,8 @@ class TaskProcessHandler:
                  conflict_backoff: tuple[float, float] = (0.1, 5.0),
                  fresh_for: float = 0.05, own_fresh_for: float = 1.0,
                  relist_share: float = 0.1,
-                 live_members: Callable[[], set[str] | None] | None = None) -> None:
+                 live_members: Callable[[], set[str] | None] | None = None,
+                 scan_observer: Callable[[float], None] | None = None) -> None:
         self.session = session
         self.member_id = member_id
         self.store = store
@@ -74,6 +75,7 @@ class TaskProcessHandler:
         self.relist_share = relist_share
         # the live member ids without a read (the node's membership watch); None: read them
         self.live_members = live_members
+        self.scan_observer = scan_observer  # gets the seconds each scan took (metrics)
         self._running: dict[str, Running] = {}
         self._lock = threading.Lock()
         self._scan_lock = threading.Lock()
@@ -153,6 +155,15 @@ class TaskProcessHandler:
 
     # -- the scan -------------------------------------------------------------------------------
     def scan(self, relist: bool = True) -> int:
+        """One pass (see :meth:`_scan`), timed for ``scan_observer``."""
+        began = time.monotonic()
+        try:
+            return self._scan(relist)
+        finally:
+            if self.scan_observer is not None:
+                self.scan_observer(time.monotonic() - began)
+
+    def _scan(self, relist: bool = True) -> int:
         """One pass; returns how many tasks it started.
 
         ``relist=False`` (a worker just finished) first works through the candidates left from

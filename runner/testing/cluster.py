@@ -47,8 +47,10 @@ class Cluster:
         self.nodes: dict[str, NodeProcess] = {}
         self.store: GraphStore = open_store(self.graph)
 
-    def start_node(self) -> str:
-        node = self.spawn(["-m", "runner.cli", "node", "start"], name=f"node{len(self.nodes)}",
+    def start_node(self, *args: str) -> str:
+        """Start ``latchwork node start ARGS``; its member id once it joined."""
+        node = self.spawn(["-m", "runner.cli", "node", "start", *args],
+                          name=f"node{len(self.nodes)}",
                           env=self.env, ready_prefix="latchwork node")
         member = node.lines[-1].split()[2]
         self.nodes[member] = node

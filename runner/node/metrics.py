@@ -1,0 +1,107 @@
+"""A node's Prometheus metrics, served on ``metrics_port`` (off unless set).
+
+Each node has its own registry (no global one), served by prometheus_client's HTTP server on
+``metrics_host:metrics_port``:
+
+* ``latchwork_attempts_total{type,status}`` and ``latchwork_attempt_seconds{type,status}``
+  (histogram): every attempt this node ran, by how it ended (SUCCEEDED, FAILED,
+  CANCELLED_BY_SYSTEM); counted by an after-attempt hook of the task loop;
+* ``latchwork_task_claims_total{result}``: ``started``, ``lock_busy`` (another node holds the
+  lock), ``stale`` (the task changed since it was listed); ``latchwork_task_scans_total`` and
+  ``latchwork_scan_seconds`` (histogram);
+* ``latchwork_session_connected``, ``latchwork_is_master`` (0 or 1, read at scrape time);
+* ``latchwork_messages_total{paradigm,outcome}``: MASTER, MODEL and API messages by what
+  happened to them (handled, duplicate, retried, dead-lettered, requeued);
+* ``latchwork_broker_connections_total{consumer}``: connections each consumer opened (1 +
+  reconnections).
+
+Failure behaviour: a port that is taken fails the node's start with the reason; metrics never
+fail a task or a message (a hook that raises is logged by its caller and ignored).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from messaging import Delivery, Envelope, Outcome
+from runner.store import AttemptStatus
+from runner.tasks import TaskContext
+
+
+class _Live(Collector):
+    """What is read from the node at scrape time."""
+
+    def __init__(self, read: Callable[[], dict[str, Any]]) -> None:
+        self.read = read
+
+    def collect(self) -> Iterator[Any]:
+        state = self.read()
+        yield GaugeMetricFamily("latchwork_session_connected",
+                                "1 while the ZooKeeper session is CONNECTED",
+                                value=1.0 if state["connected"] else 0.0)
+        yield GaugeMetricFamily("latchwork_is_master", "1 while this node is the master",
+                                value=1.0 if state["master"] else 0.0)
+        claims = CounterMetricFamily("latchwork_task_claims",
+                                     "task claims by result (started, lock_busy, stale)",
+                                     labels=["result"])
+        for result in ("started", "lock_busy", "stale"):
+            claims.add_metric([result], float(state["stats"].get(result, 0)))
+        yield claims
+        yield CounterMetricFamily("latchwork_task_scans", "listings of the open tasks",
+                                  value=float(state["stats"].get("listings", 0)))
+        connections = CounterMetricFamily("latchwork_broker_connections",
+                                          "RabbitMQ connections opened per consumer "
+                                          "(1 + reconnections)", labels=["consumer"])
+        for name, count in state["connections"].items():
+            connections.add_metric([name], float(count))
+        yield connections
+
+
+class NodeMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.attempts = Counter("latchwork_attempts", "attempts run by this node",
+                                ["type", "status"], registry=self.registry)
+        self.attempt_seconds = Histogram(
+            "latchwork_attempt_seconds", "attempt duration", ["type", "status"],
+            buckets=(0.01, 0.1, 0.5, 1, 5, 15, 60, 300, 1800, 7200), registry=self.registry)
+        self.scan_seconds = Histogram("latchwork_scan_seconds", "one pass of the task loop",
+                                      buckets=(0.001, 0.005, 0.02, 0.1, 0.5, 2, 10),
+                                      registry=self.registry)
+        self.messages = Counter("latchwork_messages", "messages by paradigm and outcome",
+                                ["paradigm", "outcome"], registry=self.registry)
+        self._server: Any = None
+
+    def watch(self, read: Callable[[], dict[str, Any]]) -> None:
+        """Register what is read at scrape time (see :class:`_Live`)."""
+        self.registry.register(_Live(read))
+
+    # -- hooks ------------------------------------------------------------------------------
+    def after_attempt(self, ctx: TaskContext, status: AttemptStatus, error: str | None) -> None:
+        labels = (ctx.task.type, status.value)
+        self.attempts.labels(*labels).inc()
+        started = ctx.attempt.started_at.timestamp()
+        self.attempt_seconds.labels(*labels).observe(max(0.0, time.time() - started))
+
+    def on_outcome(self, delivery: Delivery, envelope: Envelope | None, outcome: Outcome,
+                   detail: str) -> None:
+        paradigm = envelope.paradigm.value if envelope is not None else "undecodable"
+        self.messages.labels(paradigm, outcome.value).inc()
+
+    # -- serving ----------------------------------------------------------------------------
+    def serve(self, port: int, host: str = "127.0.0.1") -> None:
+        self._server = start_http_server(port, addr=host, registry=self.registry)
+
+    def close(self) -> None:
+        if self._server is not None:
+            server, thread = self._server
+            server.shutdown()
+            server.server_close()
+            thread.join(5)
+            self._server = None

@@ -1,0 +1,72 @@
+"""A live node's Prometheus metrics move with its work, and its JSON log names the member, the
+task and the attempt; user input errors are one line. Real node process and servers."""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from coord.testing import NodeProcess, free_ports, wait_until
+from coord.testing.plugin import ZkNamespace
+from messaging.testing.plugin import AmqpNamespace
+from runner.client import RequestRefused
+from runner.testing.cluster import Cluster
+
+
+@pytest.fixture
+def cluster(zk_namespace: ZkNamespace, amqp_vhost: AmqpNamespace, tmp_path: Path,
+            spawn_node: Callable[..., NodeProcess]) -> Iterator[Cluster]:
+    c = Cluster(zk_namespace.hosts, amqp_vhost, tmp_path, spawn_node)
+    yield c
+    c.store.close()
+
+
+def scrape(port: int) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    samples = {}
+    for line in text.splitlines():
+        match = re.match(r"^([a-z_]+(?:\{[^}]*\})?) (\S+)$", line)
+        if match:
+            samples[match.group(1)] = float(match.group(2))
+    return samples
+
+
+def test_metrics_and_json_logs_of_a_live_node(cluster: Cluster, tmp_path: Path) -> None:
+    port = free_ports(1)[0]
+    log_file = tmp_path / "node.jsonl"
+    member = cluster.start_node("--metrics-port", str(port), "--log-format", "json",
+                                "--log-file", str(log_file))
+    assert wait_until(lambda: scrape(port).get("latchwork_is_master") == 1.0, 30)
+    before = scrape(port)
+    assert before["latchwork_session_connected"] == 1.0
+    with cluster.client() as client:
+        done = [client.submit("diag.sleep", {"seconds": 0.1}).id for _ in range(3)]
+        failed = client.submit("diag.fail", {"message": "boom"}).id
+        for task_id in [*done, failed]:
+            client.wait(task_id, timeout=30)
+        with pytest.raises(RequestRefused):
+            client.submit("diag.sleep", {"sceonds": 1})
+    after = scrape(port)
+    sleep_ok = 'latchwork_attempts_total{status="SUCCEEDED",type="diag.sleep"}'
+    assert after[sleep_ok] == 3.0
+    assert after['latchwork_attempts_total{status="FAILED",type="diag.fail"}'] == 1.0
+    assert after['latchwork_attempt_seconds_count{status="SUCCEEDED",type="diag.sleep"}'] == 3.0
+    assert after['latchwork_task_claims_total{result="started"}'] >= 4
+    assert after["latchwork_scan_seconds_count"] > before.get("latchwork_scan_seconds_count", 0)
+    handled = 'latchwork_messages_total{outcome="handled",paradigm="API"}'
+    assert after[handled] >= before.get(handled, 0) + 9  # 4 submits, waits, the refusal
+    assert after['latchwork_messages_total{outcome="handled",paradigm="MODEL"}'] >= 4
+    assert after['latchwork_broker_connections_total{consumer="api-consumer"}'] >= 1
+
+    records = [json.loads(line) for line in log_file.read_text().splitlines()]
+    assert records and all(r["member"] == member for r in records if r["member"])
+    in_attempts = {r["task"] for r in records if r["attempt"]}
+    assert set(done) | {failed} <= in_attempts
+    refusal = [r for r in records if "InvalidPayload" in r["message"]]
+    assert refusal and all("exc" not in r and r["level"] == "WARNING" for r in refusal)
