@@ -47,7 +47,13 @@ from messaging import (
 )
 from runner.config import Settings
 from runner.errors import RunnerError
-from runner.node.views import Cancelled, ClusterStatus, TaskReport, TaskView
+from runner.node.views import (
+    Cancelled,
+    ClusterStatus,
+    RecentAttempt,
+    TaskReport,
+    TaskView,
+)
 
 T = TypeVar("T")
 
@@ -171,6 +177,11 @@ class Client:
 
     def reactivate(self, task_id: str) -> TaskView:
         return TaskView.model_validate(self.request("task.reactivate", {"id": task_id}))
+
+    def recent_attempts(self, limit: int = 10) -> builtins.list[RecentAttempt]:
+        """The attempts that ended last (today and yesterday), newest first."""
+        return [RecentAttempt.model_validate(a)
+                for a in self.request("attempt.recent", {"limit": limit})]
 
     def task_types(self) -> builtins.list[dict[str, Any]]:
         """Every task type the answering node knows: name, description, default priority,

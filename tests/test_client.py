@@ -181,3 +181,63 @@ def test_progress_reported_by_a_handler_shows_in_list_and_show(cluster: Cluster)
         final = client.wait(ref.id, timeout=30)
         assert final.attempts[-1].progress is not None
         assert (final.attempts[-1].progress.done, final.attempts[-1].progress.total) == (10, 10)
+
+
+def test_top_and_follow_show_a_live_cluster(cluster: Cluster) -> None:
+    """``latchwork top`` renders what is going on (checked in a captured rich Console and in
+    the real command's output); ``task show --follow`` streams attempts until the end."""
+    from rich.console import Console
+
+    from coord.testing import wait_until
+    from messaging import Connector, Envelope, Paradigm, Publisher, Topology
+    from runner.cli.top import follow, read_frame, render
+
+    members = [cluster.start_node() for _ in range(2)]
+    publisher = Publisher(Connector(cluster.env["LATCHWORK_AMQP_URL"]))
+    publisher.publish("", Topology(CLUSTER).master_queue, Envelope(
+        paradigm=Paradigm.MASTER, command="NO_SUCH_COMMAND", sender="tests"))
+    publisher.close()
+    with cluster.client() as client:
+        failed = client.submit("diag.fail", {"message": "disk full"})
+        client.wait(failed.id, timeout=30)
+        busy = [client.submit("diag.sleep", {"seconds": 6}) for _ in range(2)]
+        queued = [client.submit("diag.sleep", {"seconds": 6}, priority=2) for _ in range(3)]
+        assert wait_until(lambda: client.dead_letter_count() == 1, 20)
+
+        def frame_text() -> str:
+            console = Console(record=True, width=200)
+            console.print(render(read_frame(client)))
+            return console.export_text()
+
+        def running_with_progress() -> bool:
+            text = frame_text()
+            return all(t.id in text for t in busy[:1]) and "[##" in text
+
+        assert wait_until(running_with_progress, 20, 0.3)
+        text = frame_text()
+        status = client.cluster_status()
+        for member in members:
+            assert member in text
+        assert f"master {status.master}" in text and "master" in text
+        assert "running: " in text and "waiting: " in text
+        assert "diag.sleep" in text and "disk full" in text and "failed" in text
+        assert "dead-lettered messages: 1" in text
+        # 2 nodes x 2 workers: 4 of the 5 sleeps run, the 5th (priority 2) waits
+        assert wait_until(lambda: re.search(r"diag\.sleep\s*│\s*2\s*│\s*1\s*│", frame_text())
+                          is not None, 10, 0.3)
+        assert len(queued) == 3
+
+        once = cluster.cli("top", "--once")
+        assert once.exit_code == 0 and "last ended attempts" in once.output
+        assert "dead-lettered messages: 1" in once.output
+
+        lines: list[str] = []
+        assert follow(client, busy[0].id, lines.append, poll=0.2) == 0
+        assert lines[-1] == f"task {busy[0].id} finished"
+        assert any("running" in line for line in lines)
+        assert any("succeeded" in line for line in lines)
+        assert follow(client, failed.id, lines.append, poll=0.2) == 1
+    shown = cluster.cli("task", "show", busy[1].id, "--follow")
+    assert shown.exit_code == 0 and f"task {busy[1].id} finished" in shown.output
+    stopped = cluster.cli("task", "show", failed.id, "--follow")
+    assert stopped.exit_code == 1 and "stopped" in stopped.output

@@ -181,6 +181,8 @@ def test_attempts_are_written_closed_once_and_listed_in_order(store: GraphStore)
         (1, AttemptStatus.FAILED, "host:1:a"), (2, AttemptStatus.CANCELLED_BY_SYSTEM, "host:2:b"),
         (3, AttemptStatus.SUCCEEDED, "host:3:c")]
     assert store.attempts.running() == []
+    assert [a.seq for a in store.attempts.recent(2)] == [3, 2]  # the last ends, newest first
+    assert [a.seq for a in store.attempts.recent()] == [3, 2, 1]
     with pytest.raises(TaskNotFound):
         store.attempts.start("no-such-task", "m")
     with pytest.raises(InvalidValue):

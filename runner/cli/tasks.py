@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import click
@@ -72,14 +73,27 @@ def task_list(unfinished: bool, task_type: str | None, config: Path | None, as_j
 
 @task.command("show")
 @click.argument("task_id")
+@click.option("--follow", is_flag=True,
+              help="then print every attempt change until the task ends; exit 0 if it "
+                   "succeeded, 1 if it stopped")
 @config_option
 @json_option
 @timeout_option
-def task_show(task_id: str, config: Path | None, as_json: bool, timeout: float) -> None:
+def task_show(task_id: str, follow: bool, config: Path | None, as_json: bool,
+              timeout: float) -> None:
     """The attempt report of one task: status, every attempt, errors and stack traces."""
     from runner.cli.console import render_task_report
 
     output(request(config, "task.get", {"id": task_id}, timeout), as_json, render_task_report)
+    if follow:
+        from runner.cli.top import follow as follow_task
+
+        with connect(config, timeout) as client:
+            try:
+                code = follow_task(client, task_id)
+            except KeyboardInterrupt:
+                code = 130
+        sys.exit(code)
 
 
 def _stopped(verb: str, task_id: str, result: Cancelled) -> None:

@@ -66,6 +66,10 @@ class OntologyRef(BaseModel):
     iri: str = Field(min_length=1)
 
 
+class Recent(BaseModel):
+    limit: int = Field(10, ge=1, le=1000)
+
+
 class TaskQuery(BaseModel):
     unfinished: bool = False
     type: str | None = None
@@ -156,6 +160,18 @@ class NodeApi:
         progress = {a.task_id: a.progress for a in self.store.attempts.running()}
         return [{**task_view(t), "progress": progress_view(progress.get(t.id))}
                 for t in tasks if q.type is None or t.type == q.type]
+
+    @api("attempt.recent", Recent)
+    def recent_attempts(self, ctx: HandlerContext, q: Recent) -> list[dict[str, Any]]:
+        """The attempts that ended last, newest first, each with its task's type."""
+        types: dict[str, str] = {}
+        views = []
+        for attempt in self.store.attempts.recent(q.limit):
+            if attempt.task_id not in types:
+                types[attempt.task_id] = self.store.tasks.get(attempt.task_id).type
+            views.append({**attempt_view(attempt), "task": attempt.task_id,
+                          "type": types[attempt.task_id]})
+        return views
 
     @api("task.types")
     def task_types(self, ctx: HandlerContext, payload: dict[str, Any]) -> list[dict[str, Any]]:

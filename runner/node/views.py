@@ -103,6 +103,12 @@ class AttemptView(View):
     progress: ProgressView | None = None
 
 
+class RecentAttempt(AttemptView):
+    """An attempt that ended, with its task's id and type (``attempt.recent``)."""
+    task: str
+    type: str
+
+
 class TaskReport(View):
     """A task with every attempt, newest last, and its progress when it reports one."""
     task: TaskView

@@ -64,6 +64,9 @@ class AttemptLog(Protocol):
 
     def running(self) -> list[Attempt]: ...
 
+    def recent(self, limit: int = 10) -> list[Attempt]:
+        """The attempts that ended last (today and yesterday), newest first."""
+
 
 class OntologyStore(Protocol):
     def load(self, ontology: Ontology, fence: Fence | None = None) -> LoadResult: ...

@@ -4,7 +4,9 @@ before the handler runs (with the claim), finished exactly once (a second finish
 
 from __future__ import annotations
 
-from gremlin_python.process.traversal import Cardinality
+from datetime import timedelta
+
+from gremlin_python.process.traversal import Cardinality, P
 
 from runner.store import codec
 from runner.store.errors import (
@@ -79,6 +81,18 @@ class GremlinAttemptLog:
         rows = self.graph.read(
             lambda g: g.V().has("task_id", task_id).out("has_attempt").element_map().to_list())
         return sorted((attempt_from_row(r) for r in rows), key=lambda a: a.seq)
+
+    def recent(self, limit: int = 10) -> list[Attempt]:
+        """The ``limit`` attempts that ended last (today and yesterday, UTC), newest first.
+        Reads those two days' ends from the ``attempt_end_day`` index: the cost grows with a
+        day's attempts, not with the history."""
+        today = codec.now()
+        days = [(today - timedelta(days=d)).strftime("%Y-%m-%d") for d in (0, 1)]
+        rows = self.graph.read(
+            lambda g: g.V().has("attempt_end_day", P.within(days)).element_map().to_list())
+        ended = [attempt_from_row(r) for r in rows]
+        ended.sort(key=lambda a: a.ended_at or a.started_at, reverse=True)
+        return ended[:limit]
 
     def running(self) -> list[Attempt]:
         rows = self.graph.read(

@@ -182,7 +182,9 @@ def attempt_end(attempt: Attempt, status: AttemptStatus, error: str | None = Non
         doc["error"] = error
     if stack_trace:
         doc["stack"] = stack_trace
-    props = {"attempt_status": status.value, "attempt_end": codec.encode_json(doc)}
+    props = {"attempt_status": status.value, "attempt_end": codec.encode_json(doc),
+             # the UTC day it ended: recent ends are found from an index, not a scan of all
+             "attempt_end_day": ended.strftime("%Y-%m-%d")}
     ended_attempt = dataclasses.replace(
         attempt, status=status, ended_at=codec.decode_time(doc["ended"]),
         duration_ms=doc["duration_ms"], error=error or None, stack_trace=stack_trace or None)
