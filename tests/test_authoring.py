@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from coord.testing import NodeProcess
+from coord.testing import NodeProcess, free_ports
 from coord.testing.plugin import ZkNamespace
 from messaging.testing.plugin import AmqpNamespace
 from runner.testing.cluster import Cluster
+from runner.testing.metrics import scrape
 
 BILLING = '''
     """Billing tasks of a user's package."""
@@ -94,7 +95,11 @@ def cluster(zk_namespace: ZkNamespace, amqp_vhost: AmqpNamespace, tmp_path: Path
 
 
 def test_a_users_task_types_run_on_the_cluster(cluster: Cluster) -> None:
-    members = [cluster.start_node() for _ in range(2)]
+    """The issue's "done when": a user's package with two task types on 3 nodes, submitted
+    and awaited through the client, seen in `latchwork top`, counted by every node's
+    metrics."""
+    ports = free_ports(3)
+    members = [cluster.start_node("--metrics-port", str(port)) for port in ports]
     with cluster.client() as client:
         types = {t["name"]: t for t in client.task_types()}
         assert {"billing.sync", "billing.close", "plugin.ping", "diag.sleep"} <= set(types)
@@ -120,6 +125,16 @@ def test_a_users_task_types_run_on_the_cluster(cluster: Cluster) -> None:
     assert {t["name"] for t in as_json} == set(types)
     unknown = cluster.cli("task", "submit", "billing.sync", "--payload", '{"acount": "x"}')
     assert unknown.exit_code == 2 and "acount" in unknown.output
+    top = cluster.cli("top", "--once")
+    assert top.exit_code == 0
+    assert "billing.sync" in top.output and "the ledger is locked" in top.output
+    counted: dict[str, float] = {}
+    for port in ports:
+        for key, value in scrape(port).items():
+            if key.startswith("latchwork_attempts_total{") and "billing." in key:
+                counted[key] = counted.get(key, 0.0) + value
+    assert counted == {'latchwork_attempts_total{status="SUCCEEDED",type="billing.sync"}': 1.0,
+                       'latchwork_attempts_total{status="FAILED",type="billing.close"}': 1.0}
 
 
 @pytest.mark.parametrize(("module", "message"), [

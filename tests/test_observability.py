@@ -4,8 +4,6 @@ task and the attempt; user input errors are one line. Real node process and serv
 from __future__ import annotations
 
 import json
-import re
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -16,6 +14,7 @@ from coord.testing.plugin import ZkNamespace
 from messaging.testing.plugin import AmqpNamespace
 from runner.client import RequestRefused
 from runner.testing.cluster import Cluster
+from runner.testing.metrics import scrape
 
 
 @pytest.fixture
@@ -24,17 +23,6 @@ def cluster(zk_namespace: ZkNamespace, amqp_vhost: AmqpNamespace, tmp_path: Path
     c = Cluster(zk_namespace.hosts, amqp_vhost, tmp_path, spawn_node)
     yield c
     c.store.close()
-
-
-def scrape(port: int) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
-        text = reply.read().decode()
-    samples = {}
-    for line in text.splitlines():
-        match = re.match(r"^([a-z_]+(?:\{[^}]*\})?) (\S+)$", line)
-        if match:
-            samples[match.group(1)] = float(match.group(2))
-    return samples
 
 
 def test_metrics_and_json_logs_of_a_live_node(cluster: Cluster, tmp_path: Path) -> None:
