@@ -138,6 +138,8 @@ def main() -> int:
         show("task", "show", failing, env=env)
         say("cluster status")
         show("cluster", "status", env=env)
+        say("one frame of `latchwork top` (without --once it refreshes every second)")
+        show("top", "--once", env=env)
     finally:
         say("stopping the nodes (SIGTERM) and the servers")
         terminate_all(nodes)
