@@ -43,6 +43,7 @@ def test_metrics_and_json_logs_of_a_live_node(cluster: Cluster, tmp_path: Path) 
     after = scrape(port)
     sleep_ok = 'latchwork_attempts_total{status="SUCCEEDED",type="diag.sleep"}'
     assert after[sleep_ok] == 3.0
+    assert after['latchwork_attempts_started_total{type="diag.sleep"}'] == 3.0
     assert after['latchwork_attempts_total{status="FAILED",type="diag.fail"}'] == 1.0
     assert after['latchwork_attempt_seconds_count{status="SUCCEEDED",type="diag.sleep"}'] == 3.0
     assert after['latchwork_task_claims_total{result="started"}'] >= 4

@@ -3,9 +3,10 @@
 Each node has its own registry (no global one), served by prometheus_client's HTTP server on
 ``metrics_host:metrics_port``:
 
-* ``latchwork_attempts_total{type,status}`` and ``latchwork_attempt_seconds{type,status}``
-  (histogram): every attempt this node ran, by how it ended (SUCCEEDED, FAILED,
-  CANCELLED_BY_SYSTEM); counted by an after-attempt hook of the task loop;
+* ``latchwork_attempts_started_total{type}``, ``latchwork_attempts_total{type,status}`` and
+  ``latchwork_attempt_seconds{type,status}`` (histogram): every attempt this node started, and
+  how it ended (SUCCEEDED, FAILED, CANCELLED_BY_SYSTEM); counted by before- and after-attempt
+  hooks of the task loop;
 * ``latchwork_task_claims_total{result}``: ``started``, ``lock_busy`` (another node holds the
   lock), ``stale`` (the task changed since it was listed); ``latchwork_task_scans_total`` and
   ``latchwork_scan_seconds`` (histogram);
@@ -66,8 +67,10 @@ class _Live(Collector):
 class NodeMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.attempts = Counter("latchwork_attempts", "attempts run by this node",
-                                ["type", "status"], registry=self.registry)
+        self.started = Counter("latchwork_attempts_started", "attempts this node started",
+                               ["type"], registry=self.registry)
+        self.attempts = Counter("latchwork_attempts", "attempts run by this node, by how "
+                                "they ended", ["type", "status"], registry=self.registry)
         self.attempt_seconds = Histogram(
             "latchwork_attempt_seconds", "attempt duration", ["type", "status"],
             buckets=(0.01, 0.1, 0.5, 1, 5, 15, 60, 300, 1800, 7200), registry=self.registry)
@@ -83,6 +86,9 @@ class NodeMetrics:
         self.registry.register(_Live(read))
 
     # -- hooks ------------------------------------------------------------------------------
+    def before_attempt(self, ctx: TaskContext) -> None:
+        self.started.labels(ctx.task.type).inc()
+
     def after_attempt(self, ctx: TaskContext, status: AttemptStatus, error: str | None) -> None:
         labels = (ctx.task.type, status.value)
         self.attempts.labels(*labels).inc()

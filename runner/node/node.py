@@ -131,6 +131,7 @@ class Node:
             self.session, member, self.store, self.registry, workers=s.workers,
             scan_interval=s.scan_interval, live_members=self.membership.live_ids,
             services={"bus": self.bus, "sync": self.sync, "pipeline": self.pipeline},
+            before=[metrics.before_attempt] if metrics else (),
             after=[metrics.after_attempt] if metrics else (),
             scan_observer=metrics.scan_seconds.observe if metrics else None)
         self.register_messages(self.bus)
