@@ -8,13 +8,11 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from coord.testing import NodeProcess, free_ports
-from coord.testing.plugin import ZkNamespace
+from coord.testing import free_ports
 from messaging.testing.plugin import AmqpNamespace
 from runner.client import (
     BrokerUnreachable,
@@ -27,13 +25,6 @@ from runner.testing.cluster import CLUSTER, Cluster
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
-
-@pytest.fixture
-def cluster(zk_namespace: ZkNamespace, amqp_vhost: AmqpNamespace, tmp_path: Path,
-            spawn_node: Callable[..., NodeProcess]) -> Iterator[Cluster]:
-    c = Cluster(zk_namespace.hosts, amqp_vhost, tmp_path, spawn_node)
-    yield c
-    c.store.close()
 
 
 def test_every_call_of_the_client(cluster: Cluster) -> None:

@@ -4,25 +4,14 @@ task and the attempt; user input errors are one line. Real node process and serv
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from coord.testing import NodeProcess, free_ports, wait_until
-from coord.testing.plugin import ZkNamespace
-from messaging.testing.plugin import AmqpNamespace
+from coord.testing import free_ports, wait_until
 from runner.client import RequestRefused
 from runner.testing.cluster import Cluster
 from runner.testing.metrics import scrape
-
-
-@pytest.fixture
-def cluster(zk_namespace: ZkNamespace, amqp_vhost: AmqpNamespace, tmp_path: Path,
-            spawn_node: Callable[..., NodeProcess]) -> Iterator[Cluster]:
-    c = Cluster(zk_namespace.hosts, amqp_vhost, tmp_path, spawn_node)
-    yield c
-    c.store.close()
 
 
 def test_metrics_and_json_logs_of_a_live_node(cluster: Cluster, tmp_path: Path) -> None:

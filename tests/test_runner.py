@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,14 +23,6 @@ from runner.client import RequestFailed, RequestRefused
 from runner.errors import ERROR_CODES
 from runner.store import AttemptStatus, Ontology, OntologyClass, Task, TaskStatus
 from runner.testing.cluster import CLUSTER, SESSION, Cluster
-
-
-@pytest.fixture
-def cluster(zk_namespace: ZkNamespace, amqp_vhost: AmqpNamespace, tmp_path: Path,
-            spawn_node: Callable[..., NodeProcess]) -> Iterator[Cluster]:
-    c = Cluster(zk_namespace.hosts, amqp_vhost, tmp_path, spawn_node)
-    yield c
-    c.store.close()
 
 
 def log_of(node: NodeProcess) -> str:

@@ -14,12 +14,14 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from coord.testing import NodeProcess, wait_until
-from messaging.testing.plugin import AmqpNamespace
 from runner.client import Client
 from runner.store import AttemptStatus, GraphStore, Task, open_store
+
+if TYPE_CHECKING:  # pytest imports the plugin itself (assertion rewriting)
+    from messaging.testing.plugin import AmqpNamespace
 
 CLUSTER = "r1"
 SESSION = 2.0

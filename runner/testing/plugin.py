@@ -2,19 +2,38 @@
 ``pytest_plugins = ["runner.testing.plugin"]``.
 
 It loads the ZooKeeper fixtures of :mod:`coord.testing.plugin` and the RabbitMQ fixtures of
-:mod:`messaging.testing.plugin`, and adds ``spark``: the run's one SparkSession (local[2], UI
-off). :mod:`runner.testing.cluster` builds a cluster of node processes over them. A Docker engine
-is never required: the local-process path is the one CI runs (see docs/testing.md).
+:mod:`messaging.testing.plugin`, and adds ``cluster`` (a :class:`~runner.testing.cluster.Cluster`
+of node processes in the test's own ZooKeeper root and vhost, started with
+``cluster.start_node()``) and ``spark`` (the run's one SparkSession: local[2], UI off). A
+Docker engine is never required: the local-process path is the one CI runs (see
+docs/testing.md).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from coord.testing.nodeprocess import NodeProcess
+from runner.testing.cluster import Cluster
+
+if TYPE_CHECKING:  # imported at run time by pytest as plugins (for assertion rewriting)
+    from coord.testing.plugin import ZkNamespace
+    from messaging.testing.plugin import AmqpNamespace
+
 pytest_plugins = ["coord.testing.plugin", "messaging.testing.plugin"]
+
+
+@pytest.fixture
+def cluster(zk_namespace: ZkNamespace, amqp_vhost: AmqpNamespace, tmp_path: Path,
+            spawn_node: Callable[..., NodeProcess]) -> Iterator[Cluster]:
+    """Node processes of one cluster sharing a graph file under ``tmp_path``; none started."""
+    c = Cluster(zk_namespace.hosts, amqp_vhost, tmp_path, spawn_node)
+    yield c
+    c.store.close()
 
 
 @pytest.fixture(scope="session")
