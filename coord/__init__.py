@@ -16,14 +16,18 @@ from coord.errors import (
     SessionExpired,
     VersionConflict,
 )
+from coord.exactly_once import ExactlyOnceHandler, QueueOutput
 from coord.leader import LeaderLatch, read_leader
 from coord.lock import HeldLock, TaskLock, force_release, held_locks, lock_owner
 from coord.membership import MemberInfo, Membership, live_member_ids, read_members
+from coord.queue import LockFreeQueue, QueueConflict, QueueElementTooLarge, QueueIndexExpired
 from coord.register import VersionedRegister
 from coord.session import Session, SessionState
 from coord.slots import Booking, SlotLevel, Slots
 
 __all__ = [
+    "ExactlyOnceHandler", "LockFreeQueue", "QueueConflict", "QueueElementTooLarge",
+    "QueueIndexExpired", "QueueOutput",
     "Booking", "ConnectionLost", "CoordError", "HeldLock", "LeaderLatch", "LifecycleError",
     "LockNotHeld", "MemberIdTaken", "MemberInfo", "Membership", "NotLeader", "Session",
     "SessionExpired", "SessionState", "SlotLevel", "Slots", "TaskLock", "VersionConflict",

@@ -1,0 +1,243 @@
+"""LockFreeQueue: an append-only queue over ZooKeeper versioned nodes that no pusher can block.
+
+Layout under ``queues/<name>/``: ``e/<index>`` (10 digits) holds element ``index``; ``end``
+holds a hint of the first free index, which only ever rises (a compare-and-set that never
+lowers it). An element is written with create-if-absent (a slot is empty until created, and a
+created slot is never changed), so:
+
+* :meth:`push` creates the element at the end hint; when the slot is taken it moves to
+  ``max(hint now, index + 1)`` and tries again; once created it raises the hint past its index.
+  A pusher frozen between its two steps (created, hint not raised yet) blocks nobody: the next
+  pusher finds the slot taken and moves on, and :meth:`end` walks past created slots;
+* :meth:`push_at` writes at a given index and is idempotent: the same value already there is
+  success, another value is :class:`QueueConflict` (a concurrent exactly-once handler writes its
+  outputs this way, see :mod:`coord.exactly_once`);
+* a push retried after a lost reply recognises its own element (each push carries a unique
+  token), so a value is never pushed twice by one call.
+
+Elements are never deleted by readers; :meth:`prune` drops the ones older than a retention age
+from the head (days of history for audit, as in the source design) and records the new first
+index, below which :meth:`get` raises :class:`QueueIndexExpired`. An element over
+:data:`MAX_ELEMENT_BYTES` (ZooKeeper's node size, less its envelope) is refused with
+:class:`QueueElementTooLarge`: larger payloads go through the graph or the data dir by
+reference.
+
+Failure behaviour: connection loss is retried for 30 s inside each call, then raises
+:class:`~coord.errors.ConnectionLost`; an expired session raises
+:class:`~coord.errors.SessionExpired`. Throughput is ZooKeeper's write rate (two writes per
+push, about a thousand pushes a second on one ensemble).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+
+from coord._znodes import retry_policy, zk_errors
+from coord.errors import CoordError
+from coord.session import Session
+
+DIGITS = 10
+#: ZooKeeper's default jute.maxbuffer is 1 MiB; the JSON envelope and base64 take a third more
+MAX_ELEMENT_BYTES = 700_000
+
+
+class QueueError(CoordError):
+    """Root of the queue's own errors."""
+
+
+class QueueConflict(QueueError):
+    """``push_at`` found another value at its index."""
+
+    def __init__(self, queue: str, index: int) -> None:
+        super().__init__(f"queue {queue}: index {index} holds another value")
+        self.index = index
+
+
+class QueueElementTooLarge(QueueError, ValueError):
+    """An element over :data:`MAX_ELEMENT_BYTES`: pass a reference instead."""
+
+
+class QueueIndexExpired(QueueError, LookupError):
+    """The index is below the queue's first kept index (pruned by retention)."""
+
+
+def _encode(value: bytes, token: str) -> bytes:
+    if len(value) > MAX_ELEMENT_BYTES:
+        raise QueueElementTooLarge(f"an element of {len(value)} bytes is over the limit of "
+                                   f"{MAX_ELEMENT_BYTES}; store it elsewhere and push a "
+                                   "reference")
+    return json.dumps({"v": base64.b64encode(value).decode(), "t": token}).encode()
+
+
+def _decode(data: bytes) -> tuple[bytes, str]:
+    doc = json.loads(data)
+    return base64.b64decode(doc["v"]), str(doc["t"])
+
+
+class LockFreeQueue:
+    """The queue ``name`` of a cluster (elements are bytes; see the module)."""
+
+    def __init__(self, session: Session, name: str) -> None:
+        if not name or "/" in name:
+            raise ValueError(f"invalid queue name {name!r}")
+        self.session = session
+        self.name = name
+        self.root = f"queues/{name}"
+
+    def _slot(self, index: int) -> str:
+        return f"{self.root}/e/{index:0{DIGITS}d}"
+
+    # -- the end hint -----------------------------------------------------------------------
+    def _hint(self) -> tuple[int, int]:
+        """(hint, version); (0, -1) before the first push."""
+        try:
+            data, stat = self.session.client.get(f"{self.root}/end")
+        except NoNodeError:
+            return 0, -1
+        return int(data or b"0"), int(stat.version)
+
+    def _raise_hint(self, to: int) -> None:
+        """Raise the hint to ``to`` unless it is there already: a CAS that never lowers it."""
+        client = self.session.client
+        while True:
+            hint, version = self._hint()
+            if hint >= to:
+                return
+            try:
+                if version == -1:
+                    client.create(f"{self.root}/end", str(to).encode(), makepath=True)
+                else:
+                    client.set(f"{self.root}/end", str(to).encode(), version=version)
+                return
+            except (BadVersionError, NodeExistsError):
+                continue  # someone moved it: read again
+
+    # -- writing ----------------------------------------------------------------------------
+    def push(self, value: bytes) -> int:
+        """Append ``value``; returns its index."""
+        token = uuid.uuid4().hex
+        data = _encode(value, token)
+        client = self.session.client
+
+        def attempt() -> int:
+            index, _ = self._hint()
+            while True:
+                try:
+                    client.create(self._slot(index), data, makepath=True)
+                except NodeExistsError:
+                    held = self._read(index)
+                    if held is not None and held[1] == token:
+                        pass  # our create committed; its reply was lost
+                    else:
+                        index = max(self._hint()[0], index + 1)
+                        continue
+                self._raise_hint(index + 1)
+                return index
+
+        with zk_errors(f"cannot push to queue {self.name}"):
+            result: int = retry_policy()(attempt)
+        return result
+
+    def push_at(self, index: int, value: bytes) -> None:
+        """Write ``value`` at ``index``: success if it is there already, :class:`QueueConflict`
+        if another value is."""
+        if index < 0:
+            raise ValueError(f"negative index {index}")
+        data = _encode(value, "at")
+
+        def attempt() -> None:
+            try:
+                self.session.client.create(self._slot(index), data, makepath=True)
+            except NodeExistsError:
+                held = self._read(index)
+                if held is None or held[0] != value:
+                    raise QueueConflict(self.name, index) from None
+            self._raise_hint(index + 1)
+
+        with zk_errors(f"cannot write queue {self.name} at {index}"):
+            retry_policy()(attempt)
+
+    # -- reading ----------------------------------------------------------------------------
+    def _read(self, index: int) -> tuple[bytes, str] | None:
+        try:
+            data, _ = self.session.client.get(self._slot(index))
+        except NoNodeError:
+            return None
+        return _decode(data)
+
+    def first(self) -> int:
+        """The first index still kept (0 until :meth:`prune` dropped a head)."""
+        with zk_errors(f"cannot read queue {self.name}"):
+            try:
+                data, _ = retry_policy()(self.session.client.get, f"{self.root}/start")
+            except NoNodeError:
+                return 0
+        return int(data or b"0")
+
+    def get(self, index: int) -> bytes | None:
+        """The element at ``index``, or None while the slot is empty."""
+        if index < self.first():
+            raise QueueIndexExpired(f"queue {self.name}: index {index} was pruned")
+        with zk_errors(f"cannot read queue {self.name}"):
+            held = retry_policy()(self._read, index)
+        return None if held is None else held[0]
+
+    def end(self) -> int:
+        """The first empty index: the hint, walked past slots created by pushers that did not
+        raise it yet (frozen or dead between their two steps)."""
+        with zk_errors(f"cannot read queue {self.name}"):
+            hint: tuple[int, int] = retry_policy()(self._hint)
+            index = hint[0]
+            while retry_policy()(self.session.client.exists, self._slot(index)) is not None:
+                index += 1
+        return index
+
+    def read(self, start: int, limit: int = 1000) -> Iterator[tuple[int, bytes]]:
+        """``(index, value)`` from ``start`` on, up to the first empty slot or ``limit``."""
+        first = self.first()
+        if start < first:
+            raise QueueIndexExpired(f"queue {self.name}: index {start} was pruned "
+                                    f"(first kept: {first})")
+        for index in range(start, start + limit):
+            value = self.get(index)
+            if value is None:
+                return
+            yield index, value
+
+    def prune(self, older_than: float, now: float | None = None) -> int:
+        """Drop elements created more than ``older_than`` seconds ago from the head (never
+        past an empty slot); returns how many. The first kept index is recorded first, so a
+        reader never sees a hole."""
+        cutoff = (now or time.time()) - older_than
+        client = self.session.client
+        start = self.first()
+        index = start
+        with zk_errors(f"cannot prune queue {self.name}"):
+            while True:
+                stat = retry_policy()(client.exists, self._slot(index))
+                if stat is None or stat.ctime / 1000.0 >= cutoff:
+                    break
+                index += 1
+            if index == start:
+                return 0
+            data = str(index).encode()
+            if retry_policy()(client.exists, f"{self.root}/start") is None:
+                retry_policy()(client.create, f"{self.root}/start", data, makepath=True)
+            else:
+                retry_policy()(client.set, f"{self.root}/start", data)
+            for old in range(start, index):
+                try:
+                    retry_policy()(client.delete, self._slot(old))
+                except NoNodeError:
+                    pass
+        return index - start
+
+    def describe(self) -> dict[str, Any]:
+        return {"queue": self.name, "first": self.first(), "end": self.end()}

@@ -1,0 +1,42 @@
+"""``python -m coord.testing.streamcopy HOSTS CLUSTER NAME INPUT OUTPUT``: one copy of an
+ExactlyOnceHandler computing running sums of the integers in INPUT into OUTPUT (one output per
+input: the sum so far). Prints ``READY``, then steps until SIGTERM; a participant for kill -9 /
+SIGSTOP tests of concurrent copies."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from typing import Any
+
+from coord import Session
+from coord.exactly_once import ExactlyOnceHandler, QueueOutput
+from coord.queue import LockFreeQueue
+
+
+def running_sum(state: Any, inputs: list[tuple[str, int, bytes]]) -> tuple[Any, list[bytes]]:
+    total = int(state or 0)
+    outputs = []
+    for _, _, value in inputs:
+        total += int(value)
+        outputs.append(str(total).encode())
+    return total, outputs
+
+
+def main(argv: list[str]) -> int:
+    hosts, cluster, name, source, sink = argv
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with Session(hosts, cluster, timeout=4.0) as session:
+        handler = ExactlyOnceHandler(session, name, [LockFreeQueue(session, source)],
+                                     QueueOutput(LockFreeQueue(session, sink)), running_sum,
+                                     initial_state=0, batch=7)
+        print("READY", flush=True)
+        handler.run(stop, idle=0.02)
+        print(f"STOPPED won={handler.won} lost={handler.lost}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,172 @@
+"""The lock-free queue and the concurrent exactly-once handler on a real ZooKeeper, with their
+participants as processes that are frozen (SIGSTOP) and killed -9 while they work."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from coord import Session
+from coord.exactly_once import ExactlyOnceHandler, QueueOutput
+from coord.queue import (
+    MAX_ELEMENT_BYTES,
+    LockFreeQueue,
+    QueueConflict,
+    QueueElementTooLarge,
+    QueueIndexExpired,
+)
+from coord.testing import NodeProcess, wait_until
+from coord.testing.plugin import ZkNamespace
+from coord.testing.streamcopy import running_sum
+
+
+def session(ns: ZkNamespace) -> Session:
+    return Session(ns.hosts, "s1", timeout=4.0)
+
+
+def test_push_push_at_read_and_the_limits(zk_namespace: ZkNamespace) -> None:
+    with session(zk_namespace) as s:
+        q = LockFreeQueue(s, "q")
+        assert q.end() == 0 and q.get(0) is None and list(q.read(0)) == []
+        assert [q.push(f"v{i}".encode()) for i in range(3)] == [0, 1, 2]
+        q.push_at(3, b"x")
+        q.push_at(3, b"x")  # the same value again: success
+        with pytest.raises(QueueConflict):
+            q.push_at(3, b"y")
+        assert q.push(b"after") == 4 and q.end() == 5
+        assert list(q.read(1, limit=2)) == [(1, b"v1"), (2, b"v2")]
+        with pytest.raises(QueueElementTooLarge):
+            q.push(b"x" * (MAX_ELEMENT_BYTES + 1))
+        # a pusher frozen after its create and before raising the hint blocks nobody
+        s.client.create(f"queues/q/e/{5:010d}", b'{"v": "ZnJvemVu", "t": "frozen"}')
+        assert q.end() == 6 and q.get(5) == b"frozen"
+        assert q.push(b"next") == 6
+        assert q.prune(older_than=0, now=time.time() + 1) == 7
+        assert q.first() == 7 and q.end() == 7
+        with pytest.raises(QueueIndexExpired):
+            q.get(3)
+
+
+def test_eight_pushers_frozen_and_killed_push_every_value_once(
+        zk_namespace: ZkNamespace, spawn_node: Callable[..., NodeProcess]) -> None:
+    rng = random.Random(18)
+    pushers = [spawn_node(["-m", "coord.testing.queuepusher", zk_namespace.hosts, "s1", "load",
+                           f"w{i}", "1000"], name=f"pusher{i}") for i in range(8)]
+    killed = pushers[7]
+    time.sleep(0.5)
+    progressed_while_frozen = []
+
+    def pushed(p: NodeProcess) -> int:
+        p.drain()
+        return len(p.lines)
+
+    for round_ in range(4):
+        frozen = rng.sample(pushers[:7], 2)
+        for p in frozen:
+            p.pause()
+        others = [p for p in pushers[:7] if p not in frozen and pushed(p) and "DONE" not in p.lines]
+        before = sum(pushed(p) for p in others)
+        time.sleep(1.0)
+        if others:  # still pushing: they must have gone on while two others were frozen
+            progressed_while_frozen.append(sum(pushed(p) for p in others) - before)
+        for p in frozen:
+            p.resume()
+        if round_ == 1:
+            killed.kill()
+    assert progressed_while_frozen and all(n > 0 for n in progressed_while_frozen)
+    for p in pushers[:7]:
+        assert p.wait_for_line("DONE", 120)
+    with session(zk_namespace) as s:
+        q = LockFreeQueue(s, "load")
+        end = q.end()
+        values = [v.decode() for _, v in q.read(0, limit=end + 1)]
+    assert len(values) == end  # no hole: the created slots are a prefix
+    assert len(set(values)) == len(values)  # every value once
+    reported: dict[str, int] = {}
+    last_index: dict[str, int] = {}
+    for p in pushers:
+        p.drain()
+        for line in p.lines:
+            if line.startswith("P "):
+                _, value, index = line.split()
+                reported[value] = int(index)
+                worker = value.split("-")[0]
+                assert int(index) > last_index.get(worker, -1)  # never goes backwards
+                last_index[worker] = int(index)
+    assert all(values[i] == v for v, i in reported.items())
+    assert sum(1 for v in values if not v.startswith("w7-")) == 7000
+    # the killed pusher's values: each once, up to one pushed but not reported before kill -9
+    w7 = [v for v in values if v.startswith("w7-")]
+    assert len(w7) - sum(1 for v in reported if v.startswith("w7-")) in (0, 1)
+
+
+def test_concurrent_copies_produce_every_output_exactly_once(
+        zk_namespace: ZkNamespace, spawn_node: Callable[..., NodeProcess]) -> None:
+    numbers = list(range(1, 401))
+    with session(zk_namespace) as s:
+        source = LockFreeQueue(s, "numbers")
+        for n in numbers[:100]:
+            source.push(str(n).encode())
+        copies = [spawn_node(["-m", "coord.testing.streamcopy", zk_namespace.hosts, "s1",
+                              "sums", "numbers", "out"], name=f"copy{i}") for i in range(3)]
+        sink = LockFreeQueue(s, "out")
+        assert wait_until(lambda: sink.end() >= 50, 30)
+        copies[0].pause()  # frozen mid-way: the others go on
+        for n in numbers[100:250]:
+            source.push(str(n).encode())
+        assert wait_until(lambda: sink.end() >= 200, 30)
+        copies[1].kill()  # killed mid-way
+        for n in numbers[250:]:
+            source.push(str(n).encode())
+        copies[0].resume()
+        assert wait_until(lambda: sink.end() == len(numbers), 60)
+        time.sleep(0.5)  # a late copy could only rewrite the same values
+        outputs = [int(v) for _, v in sink.read(0, limit=1000)]
+        expected, total = [], 0
+        for n in numbers:
+            total += n
+            expected.append(total)
+        assert outputs == expected
+        state, _ = ExactlyOnceHandler(s, "sums", [source], QueueOutput(sink),
+                                      running_sum).register.get()
+        assert state["state"] == sum(numbers) and state["positions"] == {"numbers": 400}
+    for copy in (copies[0], copies[2]):
+        assert copy.terminate(timeout=20) == 0
+    won = [int(line.split("won=")[1].split()[0]) for c in (copies[0], copies[2])
+           for line in [*c.lines, *c.drain()] if line.startswith("STOPPED")]
+    assert sum(won) > 0
+
+
+def test_a_non_deterministic_handler_counts_only_the_winning_result(
+        zk_namespace: ZkNamespace) -> None:
+    """Two copies in threads, each adding a random tag to its outputs: every input's output
+    appears once, from whichever copy won its step."""
+    def tagged(state: Any, inputs: list[tuple[str, int, bytes]]) -> tuple[Any, list[bytes]]:
+        tag = random.random()
+        return int(state or 0) + len(inputs), [f"{v.decode()}:{tag}".encode()
+                                               for _, _, v in inputs]
+
+    with session(zk_namespace) as s:
+        source, sink = LockFreeQueue(s, "in"), LockFreeQueue(s, "out")
+        for n in range(60):
+            source.push(str(n).encode())
+        stop = threading.Event()
+        handlers = [ExactlyOnceHandler(s, "tagger", [source], QueueOutput(sink), tagged,
+                                       initial_state=0, batch=4) for _ in range(2)]
+        threads = [threading.Thread(target=h.run, args=(stop,)) for h in handlers]
+        for t in threads:
+            t.start()
+        try:
+            assert wait_until(lambda: sink.end() == 60, 30)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(10)
+        outputs = [v.decode().split(":")[0] for _, v in sink.read(0, limit=100)]
+        assert outputs == [str(n) for n in range(60)]
+        assert handlers[0].register.get()[0]["state"] == 60
