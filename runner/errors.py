@@ -32,7 +32,8 @@ changes what a client sees. A code is declared once; declaring it twice fails at
 
 Control flow is not an error and stays outside the tree: a handler's
 :class:`~runner.tasks.context.TaskCancelled` (the attempt ends CANCELLED_BY_SYSTEM) and
-:class:`~runner.tasks.context.TaskConflict` (the attempt is retried after a backoff).
+:class:`~runner.tasks.context.TaskConflict` (the attempt is retried after a backoff) and
+:class:`~runner.tasks.context.TaskDeclined` (another node runs the task).
 
 An API reply for an exception outside the tree (a bug) carries ``internal_error``; a request
 the node's messaging layer refused carries the dead-letter reason as its code (``invalid``,

@@ -170,3 +170,48 @@ def test_a_non_deterministic_handler_counts_only_the_winning_result(
         outputs = [v.decode().split(":")[0] for _, v in sink.read(0, limit=100)]
         assert outputs == [str(n) for n in range(60)]
         assert handlers[0].register.get()[0]["state"] == 60
+
+
+def test_a_stream_runs_as_copies_on_distinct_nodes_through_kill_9(
+        cluster: Any, zk_client: Any) -> None:
+    """`stream start --redundancy 2` on 3 nodes: two copies on two distinct nodes; kill -9 of a
+    node running one: the third node takes its copy over; the averages and the graph counter
+    are exactly the sequential result."""
+    import json as json_
+
+    from runner.tasks.streams import EXAMPLE, moving_average
+
+    members = [cluster.start_node() for _ in range(3)]
+    started = cluster.cli("stream", "start", EXAMPLE, "--redundancy", "2", "--json")
+    assert started.exit_code == 0, started.output
+    assert cluster.cli("stream", "start", EXAMPLE, "--json").exit_code == 0  # idempotent
+    assert len(cluster.store.tasks.all("stream.copy")) == 2
+
+    def running() -> dict[str, int]:
+        status = json_.loads(cluster.cli("stream", "status", EXAMPLE, "--json").output)
+        copies: dict[str, int] = status["copies"]
+        return copies
+
+    assert wait_until(lambda: len(running()) == 2, 60, 0.5)
+    readings = [json_.dumps({"t": i * 5.0, "v": (i * 7) % 13}).encode() for i in range(240)]
+    with Session(cluster.env["LATCHWORK_ZK_HOSTS"], "r1", timeout=4.0) as s:
+        source, sink = LockFreeQueue(s, "readings"), LockFreeQueue(s, "averages")
+        for raw in readings[:120]:
+            source.push(raw)
+        assert wait_until(lambda: sink.end() >= 60, 60, 0.2)
+        victim = next(iter(running()))
+        cluster.nodes[victim].kill()
+        for raw in readings[120:]:
+            source.push(raw)
+        survivors = [m for m in members if m != victim]
+        assert wait_until(lambda: set(running()) == set(survivors), 60, 0.5)
+        assert wait_until(lambda: sink.end() == len(readings), 60, 0.2)
+        outputs = [v for _, v in sink.read(0, limit=1000)]
+    _, expected = moving_average()({"window": [], "over": False},
+                                   [("readings", i, raw) for i, raw in enumerate(readings)])
+    assert outputs == expected
+    crossings = sum(1 for v in expected if json_.loads(v).get("crossed"))
+    assert crossings > 0 and cluster.store.count_events(EXAMPLE) == crossings
+    listing = cluster.cli("task", "list", "--unfinished")
+    assert "copy 0:" in listing.output or "copy 1:" in listing.output
+    assert "out 240" in listing.output

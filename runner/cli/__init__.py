@@ -4,17 +4,29 @@
   cluster, shared options and the error-code to exit-code mapping;
 * groups: :mod:`~runner.cli.dev`, :mod:`~runner.cli.node`, :mod:`~runner.cli.tasks`,
   :mod:`~runner.cli.cluster`, :mod:`~runner.cli.ontology`, :mod:`~runner.cli.aspects`,
-  :mod:`~runner.cli.avatars`, :mod:`~runner.cli.dlq`, :mod:`~runner.cli.top`; rendering:
+  :mod:`~runner.cli.avatars`, :mod:`~runner.cli.dlq`, :mod:`~runner.cli.streams`,
+  :mod:`~runner.cli.top`; rendering:
   :mod:`~runner.cli.console`.
 """
 
-from runner.cli import aspects, avatars, cluster, dev, dlq, node, ontology, tasks, top
+from runner.cli import (
+    aspects,
+    avatars,
+    cluster,
+    dev,
+    dlq,
+    node,
+    ontology,
+    streams,
+    tasks,
+    top,
+)
 from runner.cli.root import cli
 
 __all__ = ["cli", "main"]
 
 # the command groups register themselves on ``cli`` when imported
-_GROUPS = (aspects, avatars, cluster, dev, dlq, node, ontology, tasks, top)
+_GROUPS = (aspects, avatars, cluster, dev, dlq, node, ontology, streams, tasks, top)
 
 
 def main() -> None:

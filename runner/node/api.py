@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from pydantic import BaseModel, Field
 
 from coord import (
+    VersionedRegister,
     held_locks,
     read_leader,
     read_members,
@@ -26,6 +27,7 @@ from runner.node.views import attempt_view, ontology_view, progress_view, task_v
 from runner.ontology import NoOntologySource
 from runner.store import OntologyNotFound
 from runner.store.model import ASPECT_PATTERN
+from runner.tasks import streams
 
 log = logging.getLogger("latchwork.node")
 
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
     from runner.pipeline.handlers import Pipeline
     from runner.store import GraphStore, Task
     from runner.tasks import TaskRegistry
+    from runner.tasks.streams import StreamRegistry
 
 
 class Submit(BaseModel):
@@ -64,6 +67,14 @@ class AspectCreate(AspectRef):
 
 class OntologyRef(BaseModel):
     iri: str = Field(min_length=1)
+
+
+class StreamRef(BaseModel):
+    name: str = Field(min_length=1)
+
+
+class StreamStart(StreamRef):
+    redundancy: int = Field(2, ge=1, le=16)
 
 
 class Recent(BaseModel):
@@ -96,6 +107,7 @@ class Node(Protocol):
     session: Session
     aspects: AspectRegistry
     registry: TaskRegistry
+    streams: StreamRegistry
     store: GraphStore | None
     bus: MessageBus | None
     pipeline: Pipeline | None
@@ -172,6 +184,21 @@ class NodeApi:
             views.append({**attempt_view(attempt), "task": attempt.task_id,
                           "type": types[attempt.task_id]})
         return views
+
+    @api("stream.start", StreamStart)
+    def stream_start(self, ctx: HandlerContext, req: StreamStart) -> dict[str, Any]:
+        """Create the stream's copy tasks (idempotent); the nodes start them."""
+        ids = streams.start(self.node.submit, self.node.streams, req.name, req.redundancy)
+        return {"stream": req.name, "copies": ids}
+
+    @api("stream.status", StreamRef)
+    def stream_status(self, ctx: HandlerContext, req: StreamRef) -> dict[str, Any]:
+        """The handler's state (phase, input positions, output end) and the running copies."""
+        self.node.streams.get(req.name)
+        state, version = VersionedRegister(self.node.session,
+                                           f"handlers/{req.name}/state").get()
+        return {"stream": req.name, "version": version, "state": state,
+                "copies": streams.copies(self.node.session, req.name)}
 
     @api("task.types")
     def task_types(self, ctx: HandlerContext, payload: dict[str, Any]) -> list[dict[str, Any]]:

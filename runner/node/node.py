@@ -47,6 +47,7 @@ from runner.tasks.authoring import load_entry_points, load_modules
 from runner.tasks.diag import register_diagnostics
 from runner.tasks.loop import TaskProcessHandler
 from runner.tasks.master import MasterDuties
+from runner.tasks.streams import example_streams, register_stream_tasks
 
 log = logging.getLogger("latchwork.node")
 
@@ -57,6 +58,7 @@ def default_registry() -> TaskRegistry:
     register_diagnostics(registry)
     register_ontology_tasks(registry)
     register_pipeline_tasks(registry)
+    register_stream_tasks(registry)
     return registry
 
 
@@ -88,6 +90,7 @@ class Node:
         self.aspects = AspectRegistry(settings.aspects)  # a bad definition fails the start
         self.pipeline: Pipeline | None = None
         self.metrics: NodeMetrics | None = None
+        self.streams = example_streams()
 
     @property
     def member_id(self) -> str:
@@ -130,7 +133,8 @@ class Node:
         self.processor = TaskProcessHandler(
             self.session, member, self.store, self.registry, workers=s.workers,
             scan_interval=s.scan_interval, live_members=self.membership.live_ids,
-            services={"bus": self.bus, "sync": self.sync, "pipeline": self.pipeline},
+            services={"bus": self.bus, "sync": self.sync, "pipeline": self.pipeline,
+                      "session": self.session, "streams": self.streams},
             before=[metrics.before_attempt] if metrics else (),
             after=[metrics.after_attempt] if metrics else (),
             scan_observer=metrics.scan_seconds.observe if metrics else None)

@@ -15,7 +15,13 @@ It knows nothing of ontologies or pipelines; those register their task types her
 """
 
 from runner.tasks.authoring import TaskLoadError, task
-from runner.tasks.context import CancelToken, TaskCancelled, TaskConflict, TaskContext
+from runner.tasks.context import (
+    CancelToken,
+    TaskCancelled,
+    TaskConflict,
+    TaskContext,
+    TaskDeclined,
+)
 from runner.tasks.registry import (
     Handler,
     InvalidPayload,
@@ -32,6 +38,7 @@ __all__ = [
     "TaskCancelled",
     "TaskConflict",
     "TaskContext",
+    "TaskDeclined",
     "TaskError",
     "TaskRegistry",
     "TaskType",

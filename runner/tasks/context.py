@@ -24,6 +24,12 @@ class TaskConflict(Exception):
     """A commit conflict inside a handler: retried automatically with backoff."""
 
 
+class TaskDeclined(Exception):
+    """Raised by a handler that must not run on this node now: the attempt ends
+    CANCELLED_BY_SYSTEM "declined: ...", the task goes back unchanged and this node leaves it to
+    the others for a while (control flow, not an error)."""
+
+
 class TaskCancelled(Exception):
     """The handler noticed its cancellation token and stopped."""
 

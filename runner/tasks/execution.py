@@ -35,7 +35,7 @@ from runner.store import (
     StoreError,
 )
 from runner.tasks.claim import Running
-from runner.tasks.context import TaskCancelled, TaskConflict, TaskContext
+from runner.tasks.context import TaskCancelled, TaskConflict, TaskContext, TaskDeclined
 from runner.tasks.outcomes import AttemptResult, Outcome, task_changes
 from runner.tasks.progress import ProgressReporter
 from runner.tasks.registry import TaskRegistry, TaskType
@@ -155,6 +155,8 @@ class Execution:
                 raise TaskCancelled(r.cancel.reason)
         except TaskCancelled:
             result = AttemptResult.cancelled(f"cancelled by system: {r.cancel.reason}")
+        except TaskDeclined as exc:
+            result = AttemptResult.declined(f"declined: {exc}")
         except (TaskConflict, CommitConflict) as exc:
             result = AttemptResult.conflict(f"commit conflict: {exc}")
         except Exception as exc:

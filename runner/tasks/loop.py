@@ -76,6 +76,9 @@ class TaskProcessHandler:
         # the live member ids without a read (the node's membership watch); None: read them
         self.live_members = live_members
         self.scan_observer = scan_observer  # gets the seconds each scan took (metrics)
+        #: tasks this node's handlers declined, and until when it leaves them to the others
+        self._declined: dict[str, float] = {}
+        self.decline_for = max(10.0, 3 * scan_interval)
         self._running: dict[str, Running] = {}
         self._lock = threading.Lock()
         self._scan_lock = threading.Lock()
@@ -268,6 +271,9 @@ class TaskProcessHandler:
             return None
 
     def _try_start(self, task: Task) -> bool:
+        with self._lock:
+            if self._declined.get(task.id, 0.0) > time.monotonic():
+                return False
         try:
             kind = self.registry.get(task.type)
         except TaskError:
@@ -297,6 +303,9 @@ class TaskProcessHandler:
         outcome = Outcome.CANCELLED
         try:
             outcome = self.execution.run(r)
+            if outcome is Outcome.DECLINED:  # left to the other nodes for a while
+                with self._lock:
+                    self._declined[r.task.id] = time.monotonic() + self.decline_for
         finally:
             # locks go only after the attempt and the task are written
             release(r.lock, r.booking, self.member_id)

@@ -8,7 +8,10 @@ trace and why it failed); its :attr:`~AttemptResult.outcome` says what happens t
   how many), the task stays active;
 * ``STOPPED``: any other failure; the task is deactivated until someone reactivates it;
 * ``CANCELLED``: shutdown, a lost lock or session, an operator's cancel; the task goes back as
-  it stands, for whichever node takes it next.
+  it stands, for whichever node takes it next;
+* ``DECLINED``: the handler raised :class:`~runner.tasks.context.TaskDeclined` (this node must
+  not run it now, e.g. it already runs another copy of the same stream); the task goes back as
+  it stands and this node leaves it to the others for a while.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ class Failure(enum.Enum):
     NONE = "none"
     CANCELLED = "cancelled"  # the token was cancelled
     CONFLICT = "conflict"  # a commit conflict: retried
+    DECLINED = "declined"  # the handler declined this node (TaskDeclined): another node runs it
     ERROR = "error"  # anything else: the task stops
 
 
@@ -36,6 +40,7 @@ class Outcome(enum.Enum):
     RETRY = "retry"
     STOPPED = "stopped"
     CANCELLED = "cancelled"
+    DECLINED = "declined"
 
 
 @dataclass(frozen=True)
@@ -58,13 +63,18 @@ class AttemptResult:
         return cls(AttemptStatus.FAILED, Failure.CONFLICT, error)
 
     @classmethod
+    def declined(cls, error: str) -> AttemptResult:
+        return cls(AttemptStatus.CANCELLED_BY_SYSTEM, Failure.DECLINED, error)
+
+    @classmethod
     def failed(cls, error: str, stack: str | None) -> AttemptResult:
         return cls(AttemptStatus.FAILED, Failure.ERROR, error, stack)
 
     @property
     def outcome(self) -> Outcome:
         return {Failure.NONE: Outcome.FINISHED, Failure.CANCELLED: Outcome.CANCELLED,
-                Failure.CONFLICT: Outcome.RETRY, Failure.ERROR: Outcome.STOPPED}[self.failure]
+                Failure.CONFLICT: Outcome.RETRY, Failure.DECLINED: Outcome.DECLINED,
+                Failure.ERROR: Outcome.STOPPED}[self.failure]
 
 
 def task_changes(outcome: Outcome) -> dict[str, Any]:

@@ -1,0 +1,219 @@
+"""Streams as long-running tasks: N copies of a concurrent exactly-once handler on N nodes.
+
+A stream (:class:`StreamDefinition`) names its input queues, where its outputs go and its
+``handler(state, inputs) -> (state, outputs)`` (:mod:`coord.exactly_once`). Starting it with
+``redundancy=N`` creates N ordinary tasks of type ``stream.copy`` (uniqueness keys
+``stream:<name>:copy:<k>``, so a second start creates nothing). Each copy task runs one
+:class:`~coord.exactly_once.ExactlyOnceHandler` until it is cancelled; the copies work on the
+same state at once (the one place where several owners of the same work are wanted).
+
+Distinct nodes: a copy registers ``streams/<name>/copies/<member>`` (ephemeral) before it runs;
+a node that already runs a copy of the stream declines the task
+(:class:`~runner.tasks.context.TaskDeclined`), so the task loop leaves it to the other nodes for
+a while. N copies keep running as nodes die and join: a dead node's copy task is freed by the
+master's reaper like any task and taken by a node without a copy; a joining node takes a copy
+task that all others declined.
+
+Progress: every copy reports the input positions and the output end (``ctx.progress``), shown
+by ``task list``, ``task show`` and ``latchwork top``.
+
+Failure behaviour: kill -9 or SIGSTOP of a copy costs nothing (the others go on, see
+:mod:`coord.exactly_once`); the copy's own task is freed after its session expires. A session
+loss cancels the copy's task like any other.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kazoo.exceptions import NodeExistsError, NoNodeError
+from pydantic import BaseModel, Field
+
+from coord import ExactlyOnceHandler, LockFreeQueue, QueueOutput, Session, zk_errors
+from coord.exactly_once import Handler, Output
+from runner.errors import RunnerError
+from runner.tasks.context import TaskContext, TaskDeclined
+from runner.tasks.registry import TaskRegistry
+
+COPY_TASK = "stream.copy"
+
+
+class UnknownStream(RunnerError, LookupError):
+    """No stream of this name is defined on the node."""
+
+    error_code = "stream_unknown"
+
+
+@dataclass(frozen=True)
+class StreamDefinition:
+    name: str
+    inputs: tuple[str, ...]
+    handler: Handler
+    output: str | None = None  # an output queue; or ``writer`` for another store
+    writer: Callable[[TaskContext], Output] | None = None
+    initial_state: Any = None
+    batch: int = 100
+    description: str = ""
+
+
+class CopyPayload(BaseModel):
+    stream: str = Field(min_length=1)
+    copy_no: int = Field(ge=0)
+
+
+class StreamRegistry:
+    """The streams a node can run (the built-in example, and the user's)."""
+
+    def __init__(self) -> None:
+        self._streams: dict[str, StreamDefinition] = {}
+
+    def define(self, definition: StreamDefinition) -> None:
+        if definition.name in self._streams:
+            raise ValueError(f"stream {definition.name!r} is already defined")
+        if (definition.output is None) == (definition.writer is None):
+            raise ValueError(f"stream {definition.name!r} needs an output queue or a writer")
+        self._streams[definition.name] = definition
+
+    def get(self, name: str) -> StreamDefinition:
+        try:
+            return self._streams[name]
+        except KeyError:
+            raise UnknownStream(f"unknown stream {name!r} (known: "
+                                f"{', '.join(sorted(self._streams)) or 'none'})") from None
+
+    def names(self) -> list[str]:
+        return sorted(self._streams)
+
+
+def copies(session: Session, stream: str) -> dict[str, int]:
+    """The members running a copy of ``stream``, and which copy each runs."""
+    client = session.client
+    with zk_errors(f"cannot list the copies of stream {stream}"):
+        try:
+            children = client.get_children(f"streams/{stream}/copies")
+        except NoNodeError:
+            return {}
+        found = {}
+        for member in children:
+            try:
+                data, _ = client.get(f"streams/{stream}/copies/{member}")
+            except NoNodeError:
+                continue
+            found[member] = int(json.loads(data)["copy"])
+    return found
+
+
+def run_copy(ctx: TaskContext, payload: CopyPayload) -> None:
+    """The ``stream.copy`` task: one copy of the stream's handler until cancelled."""
+    streams: StreamRegistry = ctx.services["streams"]
+    session: Session = ctx.services["session"]
+    definition = streams.get(payload.stream)
+    marker = f"streams/{payload.stream}/copies/{ctx.member_id}"
+    client = session.client
+    try:
+        with zk_errors(f"cannot register copy {payload.copy_no} of {payload.stream}"):
+            client.create(marker, json.dumps({"copy": payload.copy_no,
+                                              "task": ctx.task.id}).encode(),
+                          ephemeral=True, makepath=True)
+    except NodeExistsError:
+        raise TaskDeclined(f"member {ctx.member_id} already runs a copy of stream "
+                           f"{payload.stream}") from None
+    try:
+        inputs = [LockFreeQueue(session, name) for name in definition.inputs]
+        output: Output
+        if definition.writer is not None:
+            output = definition.writer(ctx)
+        else:
+            assert definition.output is not None
+            output = QueueOutput(LockFreeQueue(session, definition.output))
+        handler = ExactlyOnceHandler(session, definition.name, inputs, output,
+                                     definition.handler, definition.initial_state,
+                                     definition.batch)
+        reported = 0.0
+        while not ctx.cancel.cancelled:
+            progressed = handler.step()
+            if time.monotonic() - reported >= 1.0 or not progressed:
+                status = handler.status()
+                positions = ", ".join(f"{q}@{i}" for q, i in status["positions"].items())
+                done = sum(int(i) for i in status["positions"].values())
+                ctx.progress(done, None, f"copy {payload.copy_no}: in {positions}, "
+                                         f"out {status['out_next']}, {status['phase']}")
+                reported = time.monotonic()
+            if not progressed:
+                ctx.cancel.wait(0.05)
+        ctx.cancel.raise_if_cancelled()
+    finally:
+        try:
+            client.delete(marker)
+        except Exception:  # gone with the session, or unreachable: it is ephemeral anyway
+            pass
+
+
+def register_stream_tasks(registry: TaskRegistry) -> None:
+    registry.register(COPY_TASK, run_copy, CopyPayload,
+                      description="one copy of a concurrent exactly-once stream handler "
+                                  "(started by `latchwork stream start`)")
+
+
+def start(submit: Callable[..., Any], streams: StreamRegistry, name: str,
+          redundancy: int) -> list[str]:
+    """Create the copy tasks of stream ``name`` (idempotent); their ids."""
+    streams.get(name)
+    return [submit(COPY_TASK, {"stream": name, "copy_no": k},
+                   unique_key=f"stream:{name}:copy:{k}").id for k in range(redundancy)]
+
+
+# -- the built-in example ------------------------------------------------------------------------
+
+EXAMPLE = "example.moving_average"
+
+
+def moving_average(window_s: float = 60.0, bound: int = 10) -> Handler:
+    """Readings ``{"t": seconds, "v": number}`` in, one ``{"t", "avg", "size"}`` out per
+    reading: the mean over the last ``window_s`` seconds of event time. When the window grows
+    past ``bound`` readings the output also says ``"crossed": true`` (once per crossing)."""
+    def handle(state: Any, inputs: list[tuple[str, int, bytes]]) -> tuple[Any, list[bytes]]:
+        window: list[list[float]] = list((state or {}).get("window", []))
+        over = bool((state or {}).get("over", False))
+        outputs = []
+        for _, _, raw in inputs:
+            reading = json.loads(raw)
+            t, v = float(reading["t"]), float(reading["v"])
+            window = [w for w in [*window, [t, v]] if w[0] > t - window_s]
+            out: dict[str, Any] = {"t": t, "avg": round(sum(w[1] for w in window) / len(window),
+                                                        6), "size": len(window)}
+            if len(window) > bound and not over:
+                out["crossed"] = True
+            over = len(window) > bound
+            outputs.append(json.dumps(out).encode())
+        return {"window": window, "over": over}, outputs
+    return handle
+
+
+class AveragesOutput:
+    """The example's heterogeneous output: every average to the ``averages`` queue at its
+    index, and each crossing counted in the graph, keyed by (queue, index) so a repeated write
+    counts once."""
+
+    def __init__(self, session: Session, store: Any) -> None:
+        self.queue = LockFreeQueue(session, "averages")
+        self.store = store
+
+    def write(self, index: int, value: bytes) -> None:
+        self.queue.push_at(index, value)
+        if json.loads(value).get("crossed"):
+            self.store.record_event(f"averages:{index}", EXAMPLE)
+
+
+def example_streams() -> StreamRegistry:
+    streams = StreamRegistry()
+    streams.define(StreamDefinition(
+        EXAMPLE, ("readings",), moving_average(), initial_state={"window": [], "over": False},
+        writer=lambda ctx: AveragesOutput(ctx.services["session"], ctx.store),
+        description="moving average of `readings` over 60 s; crossings of 10 counted in the "
+                    "graph"))
+    return streams
