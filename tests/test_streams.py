@@ -215,3 +215,76 @@ def test_a_stream_runs_as_copies_on_distinct_nodes_through_kill_9(
     listing = cluster.cli("task", "list", "--unfinished")
     assert "copy 0:" in listing.output or "copy 1:" in listing.output
     assert "out 240" in listing.output
+
+
+def test_an_output_write_whose_reply_is_lost_is_written_once(zk_namespace: ZkNamespace,
+                                                             monkeypatch: Any) -> None:
+    """The output's create reaches the server but its reply is lost (ConnectionLoss): the retry
+    finds the same value at the index (success), so every output is there once."""
+    from kazoo.exceptions import ConnectionLoss
+
+    with session(zk_namespace) as s:
+        source, sink = LockFreeQueue(s, "in"), LockFreeQueue(s, "out")
+        for n in range(1, 21):
+            source.push(str(n).encode())
+        real_create = s.client.create
+        lost: list[str] = []
+
+        def create_then_lose_reply(path: str, *args: Any, **kwargs: Any) -> Any:
+            result = real_create(path, *args, **kwargs)
+            if "/out/e/" in path and len(lost) < 5:
+                lost.append(path)
+                raise ConnectionLoss("reply lost")
+            return result
+
+        monkeypatch.setattr(s.client, "create", create_then_lose_reply)
+        handler = ExactlyOnceHandler(s, "sums", [source], QueueOutput(sink), running_sum,
+                                     initial_state=0, batch=6)
+        while handler.step():
+            pass
+        assert len(lost) == 5
+        outputs = [int(v) for _, v in sink.read(0, limit=100)]
+        assert outputs == [sum(range(1, n + 1)) for n in range(1, 21)]
+
+
+def test_three_moving_average_copies_killed_and_restarted_equal_one_sequential_run(
+        zk_namespace: ZkNamespace, spawn_node: Callable[..., NodeProcess],
+        tmp_path: Any) -> None:
+    import json as json_
+
+    from runner.store import open_store
+    from runner.tasks.streams import EXAMPLE, moving_average
+
+    rng = random.Random(5000)
+    graph = str(tmp_path / "graph.db")
+    open_store(graph).close()
+    # a reading a second, with bursts of ten a second that take the 60 s window past its
+    # bound of 10 (a crossing, counted in the graph) and back
+    def when(i: int) -> float:
+        return float(i) if i % 700 >= 80 else (i - i % 700) + (i % 700) / 10
+
+    readings = [json_.dumps({"t": when(i), "v": rng.randint(0, 100)}).encode()
+                for i in range(5000)]
+    argv = ["-m", "runner.testing.streamnode", zk_namespace.hosts, "s1", graph]
+    copies = [spawn_node(argv, name=f"avg{i}") for i in range(3)]
+    with session(zk_namespace) as s:
+        source, sink = LockFreeQueue(s, "readings"), LockFreeQueue(s, "averages")
+        pushing = threading.Thread(target=lambda: [source.push(r) for r in readings])
+        pushing.start()
+        restarts = 0
+        while sink.end() < len(readings) and restarts < 12:
+            time.sleep(rng.uniform(0.5, 1.5))
+            k = rng.randrange(3)
+            copies[k].kill()
+            copies[k] = spawn_node(argv, name=f"avg{k}-{restarts}")
+            restarts += 1
+        pushing.join(120)
+        assert wait_until(lambda: sink.end() == len(readings), 120, 0.2)
+        outputs = [v for _, v in sink.read(0, limit=len(readings) + 1)]
+    _, expected = moving_average()({"window": [], "over": False},
+                                   [("readings", i, r) for i, r in enumerate(readings)])
+    assert outputs == expected  # same values, same order, no gap, no duplicate
+    crossings = sum(1 for v in expected if json_.loads(v).get("crossed"))
+    with open_store(graph) as store:
+        assert crossings > 1 and store.count_events(EXAMPLE) == crossings
+    assert restarts >= 3
