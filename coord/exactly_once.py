@@ -31,6 +31,7 @@ from __future__ import annotations
 import base64
 import enum
 import json
+import random
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -148,8 +149,15 @@ class ExactlyOnceHandler:
                             "positions": positions, "pending": _b64(outputs), "written": 0})
         return True
 
-    def run(self, stop: threading.Event, idle: float = 0.05) -> None:
-        """Step until ``stop`` is set, waiting ``idle`` seconds when there is no input."""
+    def run(self, stop: threading.Event, idle: float = 0.05, yield_after_loss: float = 0.004
+            ) -> None:
+        """Step until ``stop`` is set, waiting ``idle`` seconds when there is no input. After a
+        lost CAS a copy waits up to ``yield_after_loss`` seconds (random) before its next read:
+        another copy is doing the work, and copies that all retry at once only slow each other
+        down; a dead winner costs at most that much."""
         while not stop.is_set():
+            lost = self.lost
             if not self.step():
                 stop.wait(idle)
+            elif self.lost > lost and yield_after_loss > 0:
+                stop.wait(random.uniform(0, yield_after_loss))

@@ -5,8 +5,9 @@ holds a hint of the first free index, which only ever rises (a compare-and-set t
 lowers it). An element is written with create-if-absent (a slot is empty until created, and a
 created slot is never changed), so:
 
-* :meth:`push` creates the element at the end hint; when the slot is taken it moves to
-  ``max(hint now, index + 1)`` and tries again; once created it raises the hint past its index.
+* :meth:`push` creates the element at the end hint (as this object last saw it: a stale view
+  only costs a taken slot); when the slot is taken it moves to ``max(hint now, index + 1)``
+  and tries again; once created it raises the hint past its index.
   A pusher frozen between its two steps (created, hint not raised yet) blocks nobody: the next
   pusher finds the slot taken and moves on, and :meth:`end` walks past created slots;
 * :meth:`push_at` writes at a given index and is idempotent: the same value already there is
@@ -90,6 +91,8 @@ class LockFreeQueue:
         self.session = session
         self.name = name
         self.root = f"queues/{name}"
+        self._seen: tuple[int, int] = (0, -1)  # the hint and its version as last seen
+        self._next = 0  # this object's next index to try: at or past its own last push
 
     def _slot(self, index: int) -> str:
         return f"{self.root}/e/{index:0{DIGITS}d}"
@@ -104,20 +107,24 @@ class LockFreeQueue:
         return int(data or b"0"), int(stat.version)
 
     def _raise_hint(self, to: int) -> None:
-        """Raise the hint to ``to`` unless it is there already: a CAS that never lowers it."""
+        """Raise the hint to ``to`` unless it is there already: a CAS that never lowers it.
+        Starts from the hint this object saw last (one write when nobody moved it since)."""
         client = self.session.client
+        hint, version = self._seen
         while True:
-            hint, version = self._hint()
             if hint >= to:
+                self._seen = (hint, version)
                 return
             try:
                 if version == -1:
                     client.create(f"{self.root}/end", str(to).encode(), makepath=True)
+                    self._seen = (to, 0)
                 else:
-                    client.set(f"{self.root}/end", str(to).encode(), version=version)
+                    stat = client.set(f"{self.root}/end", str(to).encode(), version=version)
+                    self._seen = (to, int(stat.version))
                 return
             except (BadVersionError, NodeExistsError):
-                continue  # someone moved it: read again
+                hint, version = self._hint()  # someone moved it: read again
 
     # -- writing ----------------------------------------------------------------------------
     def push(self, value: bytes) -> int:
@@ -127,7 +134,9 @@ class LockFreeQueue:
         client = self.session.client
 
         def attempt() -> int:
-            index, _ = self._hint()
+            if self._seen[1] == -1:
+                self._seen = self._hint()
+            index = max(self._seen[0], self._next)
             while True:
                 try:
                     client.create(self._slot(index), data, makepath=True)
@@ -136,9 +145,11 @@ class LockFreeQueue:
                     if held is not None and held[1] == token:
                         pass  # our create committed; its reply was lost
                     else:
-                        index = max(self._hint()[0], index + 1)
+                        self._seen = self._hint()
+                        index = max(self._seen[0], index + 1)
                         continue
                 self._raise_hint(index + 1)
+                self._next = index + 1
                 return index
 
         with zk_errors(f"cannot push to queue {self.name}"):
