@@ -9,6 +9,7 @@
 * :mod:`~runner.tasks.execution`: the handler, conflict retries and the conclusion;
 * :mod:`~runner.tasks.outcomes`: what an attempt came to, as a type;
 * :mod:`~runner.tasks.master`: the master's reaper of dead owners' locks and attempts;
+* :mod:`~runner.tasks.streams`: concurrent exactly-once streams run as N copy tasks;
 * :mod:`~runner.tasks.diag`: diagnostic task types (sleep, fail, conflict, effect).
 
 It knows nothing of ontologies or pipelines; those register their task types here.
