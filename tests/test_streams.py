@@ -288,3 +288,22 @@ def test_three_moving_average_copies_killed_and_restarted_equal_one_sequential_r
     with open_store(graph) as store:
         assert crossings > 1 and store.count_events(EXAMPLE) == crossings
     assert restarts >= 3
+
+
+def test_a_node_that_runs_a_copy_declines_a_second_one(zk_namespace: ZkNamespace,
+                                                       tmp_path: Any) -> None:
+    from runner.store import open_store
+    from runner.tasks import CancelToken, TaskContext, TaskDeclined
+    from runner.tasks.streams import EXAMPLE, CopyPayload, example_streams, run_copy
+
+    with session(zk_namespace) as s, open_store(str(tmp_path / "g.db")) as store:
+        s.client.create(f"streams/{EXAMPLE}/copies/m1", b'{"copy": 0, "task": "t0"}',
+                        ephemeral=True, makepath=True)
+        task = store.tasks.create("stream.copy", {"stream": EXAMPLE, "copy_no": 1})
+        attempt = store.attempts.start(task.id, "m1")
+        ctx = TaskContext(task=task, attempt=attempt, member_id="m1", fence_token=0,
+                          cancel=CancelToken(), store=store,
+                          services={"session": s, "streams": example_streams()})
+        with pytest.raises(TaskDeclined, match="already runs a copy"):
+            run_copy(ctx, CopyPayload(stream=EXAMPLE, copy_no=1))
+        assert s.client.get(f"streams/{EXAMPLE}/copies/m1")[0] == b'{"copy": 0, "task": "t0"}'

@@ -114,14 +114,14 @@ def run_copy(ctx: TaskContext, payload: CopyPayload) -> None:
     definition = streams.get(payload.stream)
     marker = f"streams/{payload.stream}/copies/{ctx.member_id}"
     client = session.client
-    try:
-        with zk_errors(f"cannot register copy {payload.copy_no} of {payload.stream}"):
+    with zk_errors(f"cannot register copy {payload.copy_no} of {payload.stream}"):
+        try:  # inside zk_errors, which would turn NodeExistsError into ConnectionLost
             client.create(marker, json.dumps({"copy": payload.copy_no,
                                               "task": ctx.task.id}).encode(),
                           ephemeral=True, makepath=True)
-    except NodeExistsError:
-        raise TaskDeclined(f"member {ctx.member_id} already runs a copy of stream "
-                           f"{payload.stream}") from None
+        except NodeExistsError:
+            raise TaskDeclined(f"member {ctx.member_id} already runs a copy of stream "
+                               f"{payload.stream}") from None
     try:
         inputs = [LockFreeQueue(session, name) for name in definition.inputs]
         output: Output
