@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from coord.testing import NodeProcess, free_ports
+from coord import LockFreeQueue, Session
+from coord.testing import NodeProcess, free_ports, wait_until
 from coord.testing.plugin import ZkNamespace
 from messaging.testing.plugin import AmqpNamespace
 from runner.testing.cluster import Cluster
@@ -26,7 +27,7 @@ BILLING = '''
 
     from pydantic import BaseModel
 
-    from runner.tasks import TaskContext, task
+    from runner.tasks import TaskContext, stream, task
 
 
     class SyncPayload(BaseModel):
@@ -41,6 +42,16 @@ BILLING = '''
         More text that the listing does not show."""
         ctx.check()
         print(f"synced {payload.account} for {payload.months} months on {ctx.member_id}")
+
+
+    @stream("billing.totals", inputs=["invoices"], output="totals", initial_state=0)
+    def totals(state, inputs):
+        """Running total of the invoice amounts."""
+        outputs = []
+        for _, _, amount in inputs:
+            state += int(amount)
+            outputs.append(str(state).encode())
+        return state, outputs
 
 
     @task("billing.close", description="close the month")
@@ -125,6 +136,16 @@ def test_a_users_task_types_run_on_the_cluster(cluster: Cluster) -> None:
     assert {t["name"] for t in as_json} == set(types)
     unknown = cluster.cli("task", "submit", "billing.sync", "--payload", '{"acount": "x"}')
     assert unknown.exit_code == 2 and "acount" in unknown.output
+    # the package's @stream, started as 2 copies and fed through the lock-free queue
+    started = cluster.cli("stream", "start", "billing.totals", "--redundancy", "2")
+    assert started.exit_code == 0, started.output
+    with Session(cluster.env["LATCHWORK_ZK_HOSTS"], "r1", timeout=4.0) as s:
+        invoices, totals = LockFreeQueue(s, "invoices"), LockFreeQueue(s, "totals")
+        for amount in range(1, 31):
+            invoices.push(str(amount).encode())
+        assert wait_until(lambda: totals.end() == 30, 60, 0.2)
+        assert [int(v) for _, v in totals.read(0, 100)] == [
+            sum(range(1, n + 1)) for n in range(1, 31)]
     top = cluster.cli("top", "--once")
     assert top.exit_code == 0
     assert "billing.sync" in top.output and "the ledger is locked" in top.output

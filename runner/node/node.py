@@ -47,7 +47,7 @@ from runner.tasks.authoring import load_entry_points, load_modules
 from runner.tasks.diag import register_diagnostics
 from runner.tasks.loop import TaskProcessHandler
 from runner.tasks.master import MasterDuties
-from runner.tasks.streams import example_streams, register_stream_tasks
+from runner.tasks.streams import StreamRegistry, example_streams, register_stream_tasks
 
 log = logging.getLogger("latchwork.node")
 
@@ -62,12 +62,13 @@ def default_registry() -> TaskRegistry:
     return registry
 
 
-def node_registry(settings: Settings) -> TaskRegistry:
+def node_registry(settings: Settings, streams: StreamRegistry | None = None) -> TaskRegistry:
     """The built-in types, then the entry points of ``latchwork.tasks``, then the modules the
-    settings name (``--tasks``); a bad module or a duplicate name raises TaskLoadError."""
+    settings name (``--tasks``); their ``@stream`` definitions go to ``streams``. A bad module
+    or a duplicate name raises TaskLoadError."""
     registry = default_registry()
-    load_entry_points(registry)
-    load_modules(registry, settings.tasks)
+    load_entry_points(registry, streams=streams)
+    load_modules(registry, settings.tasks, streams)
     return registry
 
 
@@ -76,7 +77,8 @@ class Node:
 
     def __init__(self, settings: Settings, registry: TaskRegistry | None = None) -> None:
         self.settings = settings
-        self.registry = registry or node_registry(settings)
+        self.streams = example_streams()
+        self.registry = registry or node_registry(settings, self.streams)
         self.session = Session(settings.zk_hosts, settings.cluster,
                                timeout=settings.session_timeout, auth=settings.zk_auth)
         self.membership: Membership | None = None
@@ -90,7 +92,6 @@ class Node:
         self.aspects = AspectRegistry(settings.aspects)  # a bad definition fails the start
         self.pipeline: Pipeline | None = None
         self.metrics: NodeMetrics | None = None
-        self.streams = example_streams()
 
     @property
     def member_id(self) -> str:

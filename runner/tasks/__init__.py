@@ -31,6 +31,7 @@ from runner.tasks.registry import (
     TaskType,
     UnknownTaskType,
 )
+from runner.tasks.streams import stream
 
 __all__ = [
     "CancelToken",
@@ -45,5 +46,6 @@ __all__ = [
     "TaskType",
     "TaskLoadError",
     "UnknownTaskType",
+    "stream",
     "task",
 ]

@@ -41,6 +41,7 @@ from pydantic import BaseModel
 
 from runner.errors import RunnerError
 from runner.tasks.registry import TaskRegistry
+from runner.tasks.streams import StreamDefinition, StreamRegistry
 
 ENTRY_POINT_GROUP = "latchwork.tasks"
 F = TypeVar("F", bound=Callable[..., Any])
@@ -91,9 +92,19 @@ def declared(module: ModuleType) -> list[tuple[TaskDeclaration, Callable[..., An
     return found
 
 
-def register_module(registry: TaskRegistry, module: ModuleType) -> list[str]:
-    """Register every task ``module`` declares; the names registered."""
+def register_module(registry: TaskRegistry, module: ModuleType,
+                    streams: StreamRegistry | None = None) -> list[str]:
+    """Register every task (and, given ``streams``, every ``@stream``) ``module`` declares;
+    the names registered."""
     names = []
+    for value in vars(module).values():
+        definition = getattr(value, "latchwork_stream", None)
+        if isinstance(definition, StreamDefinition) and streams is not None:
+            try:
+                streams.define(definition)
+            except ValueError as exc:
+                raise TaskLoadError(f"{module.__name__}: {exc}") from exc
+            names.append(definition.name)
     for declaration, handler in declared(module):
         try:
             registry.register(declaration.name, handler, declaration.payload,
@@ -105,7 +116,8 @@ def register_module(registry: TaskRegistry, module: ModuleType) -> list[str]:
     return names
 
 
-def load_modules(registry: TaskRegistry, modules: Iterable[str]) -> list[str]:
+def load_modules(registry: TaskRegistry, modules: Iterable[str],
+                 streams: StreamRegistry | None = None) -> list[str]:
     """Import each module (``mypkg.tasks``) and register its tasks; the names registered."""
     names = []
     for name in modules:
@@ -114,14 +126,16 @@ def load_modules(registry: TaskRegistry, modules: Iterable[str]) -> list[str]:
         except Exception as exc:  # any error of the user's module, reported in one line
             raise TaskLoadError(f"cannot import task module {name}: "
                                 f"{type(exc).__name__}: {exc}") from exc
-        found = register_module(registry, module)
+        found = register_module(registry, module, streams)
         if not found:
-            raise TaskLoadError(f"task module {name} declares no task (use @task(...))")
+            raise TaskLoadError(f"task module {name} declares no task (use @task(...) or "
+                                "@stream(...))")
         names.extend(found)
     return names
 
 
-def load_entry_points(registry: TaskRegistry, group: str = ENTRY_POINT_GROUP) -> list[str]:
+def load_entry_points(registry: TaskRegistry, group: str = ENTRY_POINT_GROUP,
+                      streams: StreamRegistry | None = None) -> list[str]:
     """Load every entry point of ``group``: a module (its tasks are registered) or a callable
     ``register(registry)``; the names registered."""
     names: list[str] = []
@@ -133,7 +147,7 @@ def load_entry_points(registry: TaskRegistry, group: str = ENTRY_POINT_GROUP) ->
             raise TaskLoadError(f"cannot load entry point {entry.name} = {entry.value} "
                                 f"({group}): {type(exc).__name__}: {exc}") from exc
         if isinstance(target, ModuleType):
-            names.extend(register_module(registry, target))
+            names.extend(register_module(registry, target, streams))
         elif callable(target):
             try:
                 target(registry)

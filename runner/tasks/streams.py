@@ -60,6 +60,21 @@ class StreamDefinition:
     description: str = ""
 
 
+def stream(name: str, *, inputs: list[str] | tuple[str, ...], output: str,
+           initial_state: Any = None, batch: int = 100,
+           description: str = "") -> Callable[[Handler], Handler]:
+    """Declare ``handler(state, inputs) -> (state, outputs)`` as the stream ``name``, from the
+    queues ``inputs`` to the queue ``output``; loaded like ``@task`` types (``--tasks``, the
+    ``tasks`` setting, the ``latchwork.tasks`` entry points) and started with
+    ``latchwork stream start NAME --redundancy N``."""
+    def mark(handler: Handler) -> Handler:
+        handler.__dict__["latchwork_stream"] = StreamDefinition(
+            name, tuple(inputs), handler, output=output, initial_state=initial_state,
+            batch=batch, description=description or (handler.__doc__ or "").strip())
+        return handler
+    return mark
+
+
 class CopyPayload(BaseModel):
     stream: str = Field(min_length=1)
     copy_no: int = Field(ge=0)
