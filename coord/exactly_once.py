@@ -31,13 +31,16 @@ from __future__ import annotations
 import base64
 import enum
 import json
+import os
 import random
+import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from coord.errors import CoordError, VersionConflict
-from coord.queue import LockFreeQueue
+from coord.queue import LockFreeQueue, QueueIndexExpired
 from coord.register import VersionedRegister
 from coord.session import Session
 
@@ -45,6 +48,18 @@ MAX_STATE_BYTES = 800_000
 
 #: ``handler(state, inputs) -> (state, outputs)``; inputs are ``(queue name, index, value)``
 Handler = Callable[[Any, list[tuple[str, int, bytes]]], tuple[Any, list[bytes]]]
+
+
+#: how often a wait for input looks at its stop event
+STOP_CHECK = 0.05
+
+
+class Stop(Protocol):
+    """What :meth:`ExactlyOnceHandler.run` stops on: a ``threading.Event`` or a task's token."""
+
+    def is_set(self) -> bool: ...
+
+    def wait(self, seconds: float) -> Any: ...
 
 
 class Phase(enum.StrEnum):
@@ -82,8 +97,10 @@ class ExactlyOnceHandler:
 
     def __init__(self, session: Session, name: str, inputs: Sequence[LockFreeQueue],
                  output: Output, handler: Handler, initial_state: Any = None,
-                 batch: int = 100) -> None:
+                 batch: int = 100, copy_id: str | None = None) -> None:
         self.name = name
+        #: who this copy is, recorded as ``by`` in every state it writes (who is ahead)
+        self.copy_id = copy_id or f"{socket.gethostname()}:{os.getpid()}"
         self.inputs = list(inputs)
         self.output = output
         self.handler = handler
@@ -93,33 +110,46 @@ class ExactlyOnceHandler:
         #: transitions this copy won and lost (for tests and operators)
         self.won = 0
         self.lost = 0
+        #: the state this copy wrote last, while no CAS of it has failed since: the copy that
+        #: is ahead goes on from it without reading it back (a stale one only loses a CAS)
+        self._mine: tuple[dict[str, Any], int] | None = None
+        #: the state the last step started from (its input positions are what to watch)
+        self._last: dict[str, Any] = self._initial()
+        self._wake = threading.Event()
 
     def _initial(self) -> dict[str, Any]:
         return {"phase": Phase.HANDLING.value, "state": self.initial_state,
                 "positions": {q.name: 0 for q in self.inputs}, "out_next": 0,
-                "pending": [], "written": 0}
+                "pending": [], "written": 0, "by": None}
 
     def status(self) -> dict[str, Any]:
         doc, _ = self.register.get()
         return doc if doc is not None else self._initial()
 
     def _cas(self, version: int, doc: dict[str, Any]) -> bool:
+        doc = {**doc, "by": self.copy_id}
         if len(json.dumps(doc)) > MAX_STATE_BYTES:
             raise HandlerStateTooLarge(f"handler {self.name}: state and pending outputs over "
                                        f"{MAX_STATE_BYTES} bytes")
         try:
-            self.register.compare_and_set(version, doc)
+            new_version = self.register.compare_and_set(version, doc)
         except VersionConflict:
             self.lost += 1
+            self._mine = None
             return False
         self.won += 1
+        self._mine = (doc, new_version)
         return True
 
     def step(self) -> bool:
         """One transition; False when there was nothing to do (no new input)."""
-        doc, version = self.register.get()
-        if doc is None:
-            doc, version = self._initial(), -1
+        if self._mine is not None:
+            doc, version = self._mine
+        else:
+            doc, version = self.register.get()
+            if doc is None:
+                doc, version = self._initial(), -1
+        self._last = doc
         phase = Phase(doc["phase"])
         if phase is Phase.HANDLING:
             return self._handle(doc, version)
@@ -138,7 +168,13 @@ class ExactlyOnceHandler:
         inputs: list[tuple[str, int, bytes]] = []
         for queue in self.inputs:
             start = int(positions.get(queue.name, 0))
-            read = list(queue.read(start, self.batch))
+            try:
+                read = list(queue.read(start, self.batch))
+            except QueueIndexExpired:
+                if self._mine is None:
+                    raise
+                self._mine = None  # a stale state of ours, far behind: read the real one
+                return True
             inputs.extend((queue.name, index, value) for index, value in read)
             positions[queue.name] = start + len(read)
         if not inputs:
@@ -149,15 +185,67 @@ class ExactlyOnceHandler:
                             "positions": positions, "pending": _b64(outputs), "written": 0})
         return True
 
-    def run(self, stop: threading.Event, idle: float = 0.05, yield_after_loss: float = 0.004
+    @property
+    def ahead(self) -> bool:
+        """Whether this copy wrote the state last and has lost no CAS since."""
+        return self._mine is not None
+
+    def _on_input(self, _event: object) -> None:
+        self._wake.set()
+
+    def await_input(self, stop: Stop, timeout: float) -> bool:
+        """Wait until an input arrives after the positions of the last step's state (a
+        ZooKeeper watch on each input's next slot), ``timeout`` at most, or ``stop``; whether
+        one did."""
+        self._wake.clear()
+        positions = self._last["positions"]
+        for queue in self.inputs:
+            if queue.watch(int(positions.get(queue.name, 0)), self._on_input):
+                return True
+        deadline = time.monotonic() + timeout
+        while not stop.is_set() and not self._wake.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._wake.wait(min(left, STOP_CHECK))
+        return self._wake.is_set()
+
+    def stalled(self, stop: Stop, follower_idle: float) -> bool:
+        """A follower's watch: True when the state has not moved for ``follower_idle`` seconds
+        while there is work (an input after its positions, or outputs to write)."""
+        doc, version = self.register.get()
+        self._last = doc if doc is not None else self._initial()
+        if Phase(self._last["phase"]) is Phase.HANDLING \
+                and not self.await_input(stop, follower_idle):
+            return False
+        stop.wait(follower_idle)
+        return self.register.get()[1] == version
+
+    def run(self, stop: Stop, idle: float = 0.05, follower_idle: float = 0.1,
+            yield_after_loss: float = 0.004, on_turn: Callable[[], None] | None = None
             ) -> None:
-        """Step until ``stop`` is set, waiting ``idle`` seconds when there is no input. After a
-        lost CAS a copy waits up to ``yield_after_loss`` seconds (random) before its next read:
-        another copy is doing the work, and copies that all retry at once only slow each other
-        down; a dead winner costs at most that much."""
+        """Step until ``stop`` is set (a ``threading.Event`` or anything with ``is_set()`` and
+        ``wait(seconds)``); ``on_turn`` is called after every turn (progress reports).
+
+        * The copy that is ahead (its last CAS won) steps on from the state it wrote; with no
+          input it waits on a watch of the next input slot (``idle`` seconds at most).
+        * A follower (every copy at start, and a copy that lost a CAS) does not step while the
+          state moves: it waits for an input, then ``follower_idle`` seconds, and steps only if
+          the state has not changed meanwhile (the copy ahead died, froze or lost its
+          session). So the copies do not race on every transition, and a dead copy costs
+          about ``follower_idle`` plus one transition, never a session timeout.
+        * After a lost CAS a copy waits up to ``yield_after_loss`` seconds (random) before it
+          goes on: copies that all retry at once only slow each other down."""
         while not stop.is_set():
+            if self._mine is None and self.won + self.lost > 0 \
+                    and not self.stalled(stop, follower_idle):
+                if on_turn is not None:
+                    on_turn()
+                continue
             lost = self.lost
             if not self.step():
-                stop.wait(idle)
+                self.await_input(stop, idle)
             elif self.lost > lost and yield_after_loss > 0:
                 stop.wait(random.uniform(0, yield_after_loss))
+            if on_turn is not None:
+                on_turn()

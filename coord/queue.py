@@ -35,16 +35,20 @@ import base64
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.protocol.states import WatchedEvent
 
 from coord._znodes import retry_policy, zk_errors
 from coord.errors import CoordError
 from coord.session import Session
 
 DIGITS = 10
+#: read() of an empty start asks whether it was pruned at most this often (a poll of an idle
+#: queue then costs one read, not two); get() always asks
+KEPT_CHECK_EVERY = 1.0
 #: ZooKeeper's default jute.maxbuffer is 1 MiB; the JSON envelope and base64 take a third more
 MAX_ELEMENT_BYTES = 700_000
 
@@ -93,6 +97,7 @@ class LockFreeQueue:
         self.root = f"queues/{name}"
         self._seen: tuple[int, int] = (0, -1)  # the hint and its version as last seen
         self._next = 0  # this object's next index to try: at or past its own last push
+        self._kept_at = -KEPT_CHECK_EVERY  # when read() last found its start not pruned
 
     def _slot(self, index: int) -> str:
         return f"{self.root}/e/{index:0{DIGITS}d}"
@@ -194,11 +199,20 @@ class LockFreeQueue:
 
     def get(self, index: int) -> bytes | None:
         """The element at ``index``, or None while the slot is empty."""
-        if index < self.first():
-            raise QueueIndexExpired(f"queue {self.name}: index {index} was pruned")
         with zk_errors(f"cannot read queue {self.name}"):
             held = retry_policy()(self._read, index)
+        if held is None:
+            self._check_kept(index)
         return None if held is None else held[0]
+
+    def _check_kept(self, index: int) -> None:
+        """Raise :class:`QueueIndexExpired` if ``index`` was pruned. Asked only after an empty
+        read: :meth:`prune` records the first kept index before it deletes, so a slot that is
+        gone because it was pruned is always below the recorded index."""
+        first = self.first()
+        if index < first:
+            raise QueueIndexExpired(f"queue {self.name}: index {index} was pruned "
+                                    f"(first kept: {first})")
 
     def end(self) -> int:
         """The first empty index: the hint, walked past slots created by pushers that did not
@@ -210,17 +224,28 @@ class LockFreeQueue:
                 index += 1
         return index
 
+    def watch(self, index: int, callback: Callable[[WatchedEvent], object]) -> bool:
+        """True if the element at ``index`` is there; else False, and ``callback`` is called
+        once when it is created (a ZooKeeper watch: the same callback on the same index is
+        registered once; a session that expires drops it, so wait with a timeout)."""
+        with zk_errors(f"cannot read queue {self.name}"):
+            stat = retry_policy()(self.session.client.exists, self._slot(index), watch=callback)
+        return stat is not None
+
     def read(self, start: int, limit: int = 1000) -> Iterator[tuple[int, bytes]]:
-        """``(index, value)`` from ``start`` on, up to the first empty slot or ``limit``."""
-        first = self.first()
-        if start < first:
-            raise QueueIndexExpired(f"queue {self.name}: index {start} was pruned "
-                                    f"(first kept: {first})")
+        """``(index, value)`` from ``start`` on, up to the first empty slot or ``limit``.
+        Raises :class:`QueueIndexExpired` when ``start`` was pruned; a reader polling an empty
+        start learns of a prune within :data:`KEPT_CHECK_EVERY` seconds (pruning is by an age
+        of days, so the delay loses nothing)."""
         for index in range(start, start + limit):
-            value = self.get(index)
-            if value is None:
-                return
-            yield index, value
+            with zk_errors(f"cannot read queue {self.name}"):
+                held = retry_policy()(self._read, index)
+            if held is None:
+                if index == start and time.monotonic() - self._kept_at >= KEPT_CHECK_EVERY:
+                    self._check_kept(index)
+                    self._kept_at = time.monotonic()
+                return  # past the start, an element pruned since is for the next read
+            yield index, held[0]
 
     def prune(self, older_than: float, now: float | None = None) -> int:
         """Drop elements created more than ``older_than`` seconds ago from the head (never

@@ -31,6 +31,9 @@ class VersionedRegister:
     def __init__(self, session: Session, path: str) -> None:
         self.session = session
         self.path = path
+        #: the write ids of the version this object read or wrote last: a CAS at that version
+        #: (the usual read-then-write) needs no second read to carry them on
+        self._known: tuple[int, list[str]] = (-1, [])
 
     def _read(self) -> tuple[dict[str, Any] | None, int]:
         client = self.session.client
@@ -39,6 +42,7 @@ class VersionedRegister:
         except NoNodeError:
             return None, -1
         envelope: dict[str, Any] = json.loads(data) if data else {"value": None, "writes": []}
+        self._known = (int(stat.version), list(envelope["writes"]))
         return envelope, int(stat.version)
 
     def get(self) -> tuple[Any, int]:
@@ -55,19 +59,25 @@ class VersionedRegister:
         def attempt() -> int:
             nonlocal attempts
             attempts += 1
-            envelope, version = self._read()
-            if attempts > 1 and envelope is not None and write_id in envelope["writes"]:
-                return version  # our earlier attempt committed; its reply was lost
-            if version != expected_version:
-                raise VersionConflict(self.path, expected_version,
-                                      None if envelope is None else version)
-            writes = ([] if envelope is None else envelope["writes"])[-(RECENT_WRITES - 1):]
-            data = json.dumps({"value": value, "writes": [*writes, write_id]}).encode()
+            if attempts == 1 and expected_version != -1 and self._known[0] == expected_version:
+                writes = self._known[1]  # the set below checks the version anyway
+            else:
+                envelope, version = self._read()
+                if attempts > 1 and envelope is not None and write_id in envelope["writes"]:
+                    return version  # our earlier attempt committed; its reply was lost
+                if version != expected_version:
+                    raise VersionConflict(self.path, expected_version,
+                                          None if envelope is None else version)
+                writes = [] if envelope is None else envelope["writes"]
+            writes = [*writes[-(RECENT_WRITES - 1):], write_id]
+            data = json.dumps({"value": value, "writes": writes}).encode()
             try:
                 if expected_version == -1:
                     client.create(self.path, data, makepath=True)
+                    self._known = (0, writes)
                     return 0
                 stat = client.set(self.path, data, version=expected_version)
+                self._known = (int(stat.version), writes)
                 return int(stat.version)
             except (BadVersionError, NodeExistsError):
                 _, now = self._read()

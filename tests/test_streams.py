@@ -115,15 +115,25 @@ def test_concurrent_copies_produce_every_output_exactly_once(
         copies = [spawn_node(["-m", "coord.testing.streamcopy", zk_namespace.hosts, "s1",
                               "sums", "numbers", "out"], name=f"copy{i}") for i in range(3)]
         sink = LockFreeQueue(s, "out")
+        register = ExactlyOnceHandler(s, "sums", [source], QueueOutput(sink),
+                                      running_sum).register
+
+        def ahead() -> NodeProcess:  # the copy that wrote the state last
+            by = str(register.get()[0]["by"])
+            return next(c for c in copies if by.endswith(f":{c.pid}"))
+
         assert wait_until(lambda: sink.end() >= 50, 30)
-        copies[0].pause()  # frozen mid-way: the others go on
+        frozen = ahead()
+        frozen.pause()  # the copy ahead frozen mid-way: a follower steps in
         for n in numbers[100:250]:
             source.push(str(n).encode())
         assert wait_until(lambda: sink.end() >= 200, 30)
-        copies[1].kill()  # killed mid-way
+        killed = ahead()
+        assert killed is not frozen
+        killed.kill()  # the copy ahead now killed mid-way: the last one steps in
         for n in numbers[250:]:
             source.push(str(n).encode())
-        copies[0].resume()
+        frozen.resume()
         assert wait_until(lambda: sink.end() == len(numbers), 60)
         time.sleep(0.5)  # a late copy could only rewrite the same values
         outputs = [int(v) for _, v in sink.read(0, limit=1000)]
@@ -132,14 +142,54 @@ def test_concurrent_copies_produce_every_output_exactly_once(
             total += n
             expected.append(total)
         assert outputs == expected
-        state, _ = ExactlyOnceHandler(s, "sums", [source], QueueOutput(sink),
-                                      running_sum).register.get()
+        state, _ = register.get()
         assert state["state"] == sum(numbers) and state["positions"] == {"numbers": 400}
-    for copy in (copies[0], copies[2]):
+    survivors = [c for c in copies if c is not killed]
+    for copy in survivors:
         assert copy.terminate(timeout=20) == 0
-    won = [int(line.split("won=")[1].split()[0]) for c in (copies[0], copies[2])
+    won = [int(line.split("won=")[1].split()[0]) for c in survivors
            for line in [*c.lines, *c.drain()] if line.startswith("STOPPED")]
     assert sum(won) > 0
+
+
+def test_a_follower_steps_in_only_when_the_state_stalls(zk_namespace: ZkNamespace) -> None:
+    """The copy ahead goes on alone; a follower that sees the state move stays out, and one
+    that sees it stand still with an input waiting steps in (the copy ahead died)."""
+    with session(zk_namespace) as s:
+        source, sink = LockFreeQueue(s, "in"), LockFreeQueue(s, "out")
+        a, b = (ExactlyOnceHandler(s, "sums", [source], QueueOutput(sink), running_sum,
+                                   initial_state=0, copy_id=c) for c in "ab")
+        stop = threading.Event()
+        source.push(b"1")
+        assert a.step() and a.ahead and a.status()["phase"] == "PREPARING"
+
+        def a_goes_on() -> None:
+            time.sleep(0.05)
+            assert a.step() and a.step()  # the output, then back to HANDLING
+
+        going = threading.Thread(target=a_goes_on)
+        going.start()
+        assert not b.stalled(stop, 0.3)  # the state moved meanwhile
+        going.join()
+        assert sink.get(0) == b"1" and a.status()["phase"] == "HANDLING"
+        assert not b.stalled(stop, 0.1)  # nothing to do: no input waiting
+        source.push(b"2")  # a is gone now: the input waits
+        began = time.monotonic()
+        assert b.stalled(stop, 0.2) and time.monotonic() - began >= 0.2
+        assert b.step() and b.ahead and b.status()["by"] == "b"
+        assert a.step() and not a.ahead  # a comes back: its CAS from a stale state loses
+        assert a.lost == 1
+
+
+def test_watch_tells_when_an_element_arrives(zk_namespace: ZkNamespace) -> None:
+    with session(zk_namespace) as s:
+        q = LockFreeQueue(s, "w")
+        arrived = threading.Event()
+        assert not q.watch(0, lambda _event: arrived.set())
+        assert not arrived.is_set()
+        q.push(b"x")
+        assert arrived.wait(10)
+        assert q.watch(0, lambda _event: None)
 
 
 def test_a_non_deterministic_handler_counts_only_the_winning_result(

@@ -1,7 +1,9 @@
-"""``python -m coord.testing.streamcopy HOSTS CLUSTER NAME INPUT OUTPUT``: one copy of an
-ExactlyOnceHandler computing running sums of the integers in INPUT into OUTPUT (one output per
-input: the sum so far). Prints ``READY``, then steps until SIGTERM; a participant for kill -9 /
-SIGSTOP tests of concurrent copies."""
+"""``python -m coord.testing.streamcopy HOSTS CLUSTER NAME INPUT OUTPUT [FOLLOWER_IDLE [BATCH]]``:
+one copy of an ExactlyOnceHandler computing running sums of the integers in INPUT into OUTPUT
+(one output per input: the sum so far; a follower steps in after FOLLOWER_IDLE seconds of a
+stalled state, default 0.05).
+Prints ``READY``, then steps until SIGTERM; a participant for kill -9 / SIGSTOP tests of
+concurrent copies."""
 
 from __future__ import annotations
 
@@ -25,15 +27,17 @@ def running_sum(state: Any, inputs: list[tuple[str, int, bytes]]) -> tuple[Any, 
 
 
 def main(argv: list[str]) -> int:
-    hosts, cluster, name, source, sink = argv
+    hosts, cluster, name, source, sink = argv[:5]
+    follower_idle = float(argv[5]) if len(argv) > 5 else 0.05
+    batch = int(argv[6]) if len(argv) > 6 else 7
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with Session(hosts, cluster, timeout=4.0) as session:
         handler = ExactlyOnceHandler(session, name, [LockFreeQueue(session, source)],
                                      QueueOutput(LockFreeQueue(session, sink)), running_sum,
-                                     initial_state=0, batch=7)
+                                     initial_state=0, batch=batch)
         print("READY", flush=True)
-        handler.run(stop, idle=0.02)
+        handler.run(stop, idle=0.5, follower_idle=follower_idle)
         print(f"STOPPED won={handler.won} lost={handler.lost}", flush=True)
     return 0
 

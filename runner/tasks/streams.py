@@ -40,6 +40,12 @@ from runner.tasks.context import TaskContext, TaskDeclined
 from runner.tasks.registry import TaskRegistry
 
 COPY_TASK = "stream.copy"
+#: a copy ahead waits on a watch of its next input up to this long (then reads again)
+IDLE = 0.5
+#: a follower steps in when the state has not moved this long with work waiting
+FOLLOWER_IDLE = 0.2
+#: a copy reports its positions as task progress this often
+REPORT_EVERY = 1.0
 
 
 class UnknownStream(RunnerError, LookupError):
@@ -147,19 +153,22 @@ def run_copy(ctx: TaskContext, payload: CopyPayload) -> None:
             output = QueueOutput(LockFreeQueue(session, definition.output))
         handler = ExactlyOnceHandler(session, definition.name, inputs, output,
                                      definition.handler, definition.initial_state,
-                                     definition.batch)
+                                     definition.batch, copy_id=ctx.member_id)
         reported = 0.0
-        while not ctx.cancel.cancelled:
-            progressed = handler.step()
-            if time.monotonic() - reported >= 1.0 or not progressed:
-                status = handler.status()
-                positions = ", ".join(f"{q}@{i}" for q, i in status["positions"].items())
-                done = sum(int(i) for i in status["positions"].values())
-                ctx.progress(done, None, f"copy {payload.copy_no}: in {positions}, "
-                                         f"out {status['out_next']}, {status['phase']}")
-                reported = time.monotonic()
-            if not progressed:
-                ctx.cancel.wait(0.05)
+
+        def report() -> None:
+            nonlocal reported
+            if time.monotonic() - reported < REPORT_EVERY:
+                return
+            status = handler.status()
+            positions = ", ".join(f"{q}@{i}" for q, i in status["positions"].items())
+            done = sum(int(i) for i in status["positions"].values())
+            role = "ahead" if status.get("by") == ctx.member_id else "following"
+            ctx.progress(done, None, f"copy {payload.copy_no}: in {positions}, "
+                                     f"out {status['out_next']}, {status['phase']}, {role}")
+            reported = time.monotonic()
+
+        handler.run(ctx.cancel, idle=IDLE, follower_idle=FOLLOWER_IDLE, on_turn=report)
         ctx.cancel.raise_if_cancelled()
     finally:
         try:
