@@ -249,7 +249,7 @@ def test_a_frozen_owner_wakes_up_and_cannot_overwrite_the_new_owners_result(
         cluster.start_node()
     task_id = cluster.submit("diag.sleep", {"seconds": 3})
     victim = cluster.wait_running_on(task_id)
-    cluster.nodes[victim].pause()  # a long GC pause: its session expires, its lock is freed
+    cluster.pause(victim)  # a long GC pause: its session expires, its lock is freed
     done = cluster.wait_finished(task_id, timeout=60)
     cluster.nodes[victim].resume()
     log = cluster.nodes[victim].log_path
@@ -280,7 +280,7 @@ def test_an_owner_frozen_past_its_session_cannot_finish_the_task_the_master_took
         task_id = c.submit("diag.sleep", {"seconds": 4})
         owner = c.wait_running_on(task_id)
         assert owner != busy_owner  # the busy node has no free worker
-        c.nodes[owner].pause()
+        c.pause(owner)
         assert wait_until(lambda: c.store.attempts.for_task(task_id)[0].status
                           is AttemptStatus.CANCELLED_BY_SYSTEM, 30)
         c.nodes[owner].resume()

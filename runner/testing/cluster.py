@@ -9,8 +9,10 @@ tested.
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,5 +98,31 @@ class Cluster:
         (attempt,) = [a for a in self.store.attempts.for_task(task_id)
                       if a.status is AttemptStatus.RUNNING]
         return attempt.executor
+
+    def pause(self, member: str, tries: int = 50) -> None:
+        """SIGSTOP ``member``'s node (a long GC pause) at a moment it holds no write lock on
+        the shared graph file.
+
+        The embedded graph is one SQLite file: a process frozen inside a write keeps the file's
+        write lock, and every writer on the host waits for it (up to the busy timeout, then
+        ``StoreUnavailable``) until it wakes or dies (docs/graph.md). A test that freezes an
+        owner to see the cluster take its task over needs the others able to write, so the
+        node is frozen, the write lock tried from here, and on a lock held the node is let go
+        for a moment and frozen again."""
+        node = self.nodes[member]
+        for _ in range(tries):
+            node.pause()
+            probe = sqlite3.connect(self.graph, timeout=0.5, isolation_level=None)
+            try:
+                probe.execute("BEGIN IMMEDIATE")
+                probe.execute("ROLLBACK")
+                return
+            except sqlite3.OperationalError:
+                node.resume()  # frozen inside a write (or another node was writing)
+                time.sleep(0.01)
+            finally:
+                probe.close()
+        raise AssertionError(f"{member}: the graph file stayed write-locked around {tries} "
+                             "pauses")
 
 
