@@ -30,7 +30,13 @@ The figures (all must be 0 but the time to drain):
   for any reason but its handler's own (a diag.fail or a commit conflict), or is still RUNNING;
 * ``confirmed_master_messages_lost``: a confirmed CHAOS_RECORD without its effect;
 * ``master_messages_handled_twice``: a CHAOS_RECORD whose handler completed more than once;
-* ``lock_znodes_left``: task lock parents left under ``locks/tasks`` once everything ended.
+* ``lock_znodes_left``: task lock parents left under ``locks/tasks`` once everything ended;
+* ``started_before_run_at``: an attempt of a delayed task (a share of the tasks get a ``run_at``
+  a few seconds ahead) that started before it;
+* ``ordering_violations``: a task of an ordering key (a share of the tasks carry one of 4)
+  whose first attempt started before the previous task of its key had ended;
+* ``resource_holders_overlapping``: two SUCCEEDED attempts of tasks that declare one resource
+  (a share take two of 4) that overlap in time.
 
 Usage: ``python bench/chaos.py [--profile short|full] [--seed N] [--keep DIR]``;
 ``make chaos`` runs the full profile, ``make test`` the short one (``tests/test_chaos.py``).
@@ -50,6 +56,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +75,7 @@ from messaging import (
     declare_topology,
 )
 from messaging.testing import RabbitMQServer
-from runner.store import AttemptStatus, GraphStore, open_store
+from runner.store import AttemptStatus, GraphStore, codec, open_store
 from runner.tasks.diag import effects
 from runner.testing.chaosnode import EFFECTS, RUNS
 
@@ -76,7 +83,11 @@ CLUSTER = "chaos"
 ZERO = ("tasks_lost", "finished_without_succeeded_attempt", "effects_applied_twice",
         "effects_from_a_closed_attempt", "overlapping_owners",
         "interrupted_attempts_not_cancelled_by_system", "confirmed_master_messages_lost",
-        "master_messages_handled_twice", "lock_znodes_left")
+        "master_messages_handled_twice", "lock_znodes_left", "started_before_run_at",
+        "ordering_violations", "resource_holders_overlapping")
+#: resources some tasks take (two of these each), and ordering keys some tasks carry
+RESOURCES = ("ontology:brick", "aspect:geo", "aspect:time", "file:/shared")
+KEYS = 4
 FAULTS = ("kill_node", "kill_master", "sigstop", "partition", "zk_leader", "broker_restart",
           "session_expiry")
 
@@ -179,7 +190,17 @@ class Run:
                 kind, payload = "diag.conflict", {"conflicts": self.rng.randint(1, 2)}
             else:
                 kind, payload = "diag.fail", {"message": "chaos: failing by design"}
-            task = self.store.tasks.create(kind, payload, priority=self.rng.randint(0, 2))
+            extra: dict[str, Any] = {}
+            if kind in ("diag.effect", "diag.sleep"):  # they end: they cannot block a key
+                shape = self.rng.random()
+                if shape < 0.15:
+                    extra["ordering_key"] = f"key-{self.rng.randrange(KEYS)}"
+                elif shape < 0.3:
+                    extra["resources"] = self.rng.sample(RESOURCES, 2)
+                elif shape < 0.45:
+                    extra["run_at"] = codec.now() + timedelta(seconds=self.rng.uniform(0.5, 4))
+            task = self.store.tasks.create(kind, payload, priority=self.rng.randint(0, 2),
+                                           **extra)
             self.tasks[task.id] = kind
 
     def publish_messages(self, publisher: Publisher, topology: Topology, count: int) -> None:
@@ -307,8 +328,15 @@ def figures(run: Run, reader: Session) -> dict[str, Any]:
             runs[child.rsplit("-", 1)[0]] += 1
     messages_lost = sum(1 for m in run.confirmed if client.exists(f"{EFFECTS}/{m}") is None)
     locks = client.get_children("/locks/tasks") if client.exists("/locks/tasks") else []
+    early, ordering, resources = semantics(run)
+    shapes: Counter[str] = Counter()
+    for task_id in run.tasks:
+        task = store.tasks.get(task_id)
+        shapes["delayed"] += task.run_at is not None
+        shapes["ordered"] += task.ordering_key is not None
+        shapes["resource_locked"] += bool(task.resources)
     return {
-        "tasks": len(run.tasks), "attempts": attempts_total,
+        "tasks": len(run.tasks), "attempts": attempts_total, "task_shapes": dict(shapes),
         "master_messages_confirmed": len(run.confirmed),
         "faults": dict(run.injected), "node_restarts": run.restarts,
         "tasks_lost": lost, "finished_without_succeeded_attempt": without_success,
@@ -318,7 +346,46 @@ def figures(run: Run, reader: Session) -> dict[str, Any]:
         "confirmed_master_messages_lost": messages_lost,
         "master_messages_handled_twice": sum(1 for n in runs.values() if n > 1),
         "lock_znodes_left": len(locks),
+        "started_before_run_at": early, "ordering_violations": ordering,
+        "resource_holders_overlapping": resources,
     }
+
+
+def semantics(run: Run) -> tuple[int, int, int]:
+    """Scheduled, ordered and resource-locked tasks:
+
+    * attempts that started before their task's ``run_at``;
+    * per ordering key, an attempt of a later-submitted task that started before an attempt
+      of an earlier one ended (out of order or overlapping);
+    * per resource, two SUCCEEDED attempts of different tasks that overlap (an attempt whose
+      holder was frozen or cut off lost its lease with its session, and its fence with the
+      reaper: it cannot succeed, so only attempts that did their work count)."""
+    store = run.store
+    early = ordering = overlapping = 0
+    keyed: dict[str, list[tuple[Any, list[Any]]]] = defaultdict(list)
+    held: dict[str, list[Any]] = defaultdict(list)
+    for task_id in run.tasks:
+        task = store.tasks.get(task_id)
+        attempts = store.attempts.for_task(task_id)
+        if task.run_at is not None:
+            early += sum(1 for a in attempts if a.started_at < task.run_at)
+        if task.ordering_key is not None:
+            keyed[task.ordering_key].append((task, attempts))
+        for resource in task.resources:
+            held[resource].extend(a for a in attempts if a.status is AttemptStatus.SUCCEEDED)
+    for tasks in keyed.values():
+        tasks.sort(key=lambda ta: (ta[0].created_at, ta[0].id))
+        for (_, before), (_, after) in itertools.pairwise(tasks):
+            ends = [a.ended_at for a in before]
+            last_end = max(ends) if ends and None not in ends else None
+            if after and (last_end is None or min(a.started_at for a in after) < last_end):
+                ordering += 1
+    for attempts in held.values():
+        attempts.sort(key=lambda a: a.started_at)
+        for a, b in itertools.pairwise(attempts):
+            if a.ended_at is None or a.ended_at > b.started_at:
+                overlapping += 1
+    return early, ordering, overlapping
 
 
 def chaos(profile_name: str, seed: int, keep: Path | None) -> dict[str, Any]:

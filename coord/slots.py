@@ -147,5 +147,33 @@ class Slots:
 _CONFLICT = object()
 
 
+def holders(session: Session, group: str) -> dict[str, list[str]]:
+    """The levels directly below ``slots/<group>/`` that hold leases, each with its holders'
+    owner ids (what an operator's status shows; levels without leases are left out)."""
+    client = session.client
+    found: dict[str, list[str]] = {}
+    with zk_errors("cannot read slot usage"):
+        try:
+            names = retry_policy()(client.get_children, f"{SLOTS}/{group}")
+        except NoNodeError:
+            return found
+        for name in sorted(names):
+            level = f"{SLOTS}/{group}/{name}"
+            owners = []
+            try:
+                leases = retry_policy()(client.get_children, level)
+            except NoNodeError:
+                continue
+            for lease in leases:
+                try:
+                    data, _ = retry_policy()(client.get, f"{level}/{lease}")
+                except NoNodeError:
+                    continue  # released meanwhile
+                owners.append(data.decode())
+            if owners:
+                found[name] = sorted(owners)
+    return found
+
+
 def _is_rolled_back(exc: Exception) -> bool:
     return type(exc).__name__ in ("RolledBackError", "RuntimeInconsistency")

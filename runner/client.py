@@ -30,7 +30,8 @@ import builtins
 import getpass
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
@@ -60,7 +61,7 @@ T = TypeVar("T")
 #: codes that mean the request itself was wrong (the CLI exits 2 for them)
 REFUSED_CODES = frozenset({"task_type_unknown", "payload_invalid", "invalid_value",
                            "aspect_unknown", "aspect_invalid", "invalid", "unknown-command",
-                           "too-large"})
+                           "too-large", "schedule_invalid", "schedule_exists"})
 
 
 class ClientError(RunnerError):
@@ -134,21 +135,30 @@ class Client:
 
     # -- the calls ------------------------------------------------------------------------------
     def submit(self, task_type: str, payload: dict[str, Any] | None = None, *,
-               priority: int | None = None, unique_key: str | None = None) -> TaskView:
+               priority: int | None = None, unique_key: str | None = None,
+               run_at: datetime | None = None, delay: float | None = None,
+               ordering_key: str | None = None, resources: Sequence[str] = ()) -> TaskView:
         """Create a task (validated by the node; ``priority`` None: the type's default) and
-        return its view (a
-        :class:`~runner.node.views.TaskRef`); the same ``unique_key`` again returns the task
-        it created first."""
-        reply = self.request("task.submit", {"type": task_type, "payload": payload or {},
-                                             "priority": priority, "unique_key": unique_key})
+        return its view (a :class:`~runner.node.views.TaskRef`); the same ``unique_key`` again
+        returns the task it created first. ``run_at`` (an aware datetime) or ``delay``
+        (seconds): not started before then. ``ordering_key``: tasks with the same key run one
+        at a time in submission order. ``resources``: taken all-or-nothing before it starts
+        (besides its type's)."""
+        reply = self.request("task.submit", {
+            "type": task_type, "payload": payload or {}, "priority": priority,
+            "unique_key": unique_key, "run_at": run_at.isoformat() if run_at else None,
+            "delay": delay, "ordering_key": ordering_key, "resources": list(resources)})
         return TaskView.model_validate(reply)
 
     def get(self, task_id: str) -> TaskReport:
         return TaskReport.model_validate(self.request("task.get", {"id": task_id}))
 
-    def list(self, *, unfinished: bool = False, task_type: str | None = None) -> list[TaskView]:
-        """Tasks, newest first; ``unfinished``: the open ones in the order nodes take them."""
-        reply = self.request("task.list", {"unfinished": unfinished, "type": task_type})
+    def list(self, *, unfinished: bool = False, task_type: str | None = None,
+             ordering_key: str | None = None) -> list[TaskView]:
+        """Tasks, newest first; ``unfinished``: the open ones in the order nodes take them;
+        ``ordering_key``: that key's unfinished tasks in the order they will run."""
+        reply = self.request("task.list", {"unfinished": unfinished, "type": task_type,
+                                           "ordering_key": ordering_key})
         return [TaskView.model_validate(t) for t in reply]
 
     def wait(self, task_id: str, timeout: float) -> TaskReport:
@@ -177,6 +187,38 @@ class Client:
 
     def reactivate(self, task_id: str) -> TaskView:
         return TaskView.model_validate(self.request("task.reactivate", {"id": task_id}))
+
+    # -- schedules ---------------------------------------------------------------------------
+    def schedule_add(self, name: str, task_type: str, payload: dict[str, Any] | None = None,
+                     *, cron: str | None = None, every: float | None = None,
+                     priority: int | None = None, ordering_key: str | None = None,
+                     resources: Sequence[str] = (), misfire: str = "run_once"
+                     ) -> dict[str, Any]:
+        """Add a recurring schedule (``cron``: a crontab expression in UTC, or ``every``
+        seconds); the master creates one task per fire. ``misfire``: ``run_once`` or
+        ``skip`` for fires missed while no master existed."""
+        spec = {"cron": cron, "every": every, "type": task_type, "payload": payload or {},
+                "priority": priority, "ordering_key": ordering_key,
+                "resources": list(resources), "misfire": misfire}
+        reply: dict[str, Any] = self.request("schedule.add", {"name": name, "spec": spec})
+        return reply
+
+    def schedules(self) -> builtins.list[dict[str, Any]]:
+        reply: builtins.list[dict[str, Any]] = self.request("schedule.list")
+        return reply
+
+    def schedule_remove(self, name: str) -> None:
+        self.request("schedule.remove", {"name": name})
+
+    def schedule_pause(self, name: str, paused: bool = True) -> dict[str, Any]:
+        """Pause a schedule, or resume it (``paused=False``: from now on, missed fires are
+        not made up)."""
+        reply: dict[str, Any] = self.request("schedule.pause", {"name": name, "paused": paused})
+        return reply
+
+    def skip(self, task_id: str) -> TaskView:
+        """Finish a stopped or waiting task without running it (its ordering key goes on)."""
+        return TaskView.model_validate(self.request("task.skip", {"id": task_id}))
 
     def recent_attempts(self, limit: int = 10) -> builtins.list[RecentAttempt]:
         """The attempts that ended last (today and yesterday), newest first."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import tomllib
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError
 from pydantic_settings import (
@@ -91,6 +91,27 @@ class Settings(BaseSettings):
                     "entry points of the latchwork.tasks group (JSON list in the environment)")
     aspects: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="aspect definitions: name -> {kind, classes, compute}")
+    retention_days: float | None = Field(
+        None, gt=0, description="archive (or remove) finished tasks older than this many "
+                                "days (unset: keep everything)")
+    retention_mode: Literal["archive", "delete"] = Field(
+        "archive", description="archive: to Parquet under data_dir/archive, then remove; "
+                               "delete: only remove")
+    retention_batch: int = Field(50, ge=1, le=1000,
+                                 description="finished tasks the master handles per round")
+    retention_interval: float = Field(60.0, gt=0,
+                                      description="seconds between the master's retention rounds")
+    incident_webhook: str | None = Field(
+        None, description="POST every incident raised and resolved here (JSON), with retries")
+    incident_hooks: list[str] = Field(
+        default_factory=list,
+        description='Python callables "module:function" called with every incident event '
+                    "(JSON list in the environment)")
+    concurrency: dict[str, Annotated[int, Field(ge=0)]] = Field(
+        default_factory=dict,
+        description="cluster-wide limits per task type or group of types: a group is a "
+                    'dotted prefix, {"aspect": 2, "aspect.create": 1} (JSON object in the '
+                    "environment)")
 
     @classmethod
     def settings_customise_sources(cls, settings_cls: type[BaseSettings],

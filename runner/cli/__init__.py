@@ -5,6 +5,7 @@
 * groups: :mod:`~runner.cli.dev`, :mod:`~runner.cli.node`, :mod:`~runner.cli.tasks`,
   :mod:`~runner.cli.cluster`, :mod:`~runner.cli.ontology`, :mod:`~runner.cli.aspects`,
   :mod:`~runner.cli.avatars`, :mod:`~runner.cli.dlq`, :mod:`~runner.cli.streams`,
+  :mod:`~runner.cli.schedules`,
   :mod:`~runner.cli.top`; rendering:
   :mod:`~runner.cli.console`.
 """
@@ -17,6 +18,7 @@ from runner.cli import (
     dlq,
     node,
     ontology,
+    schedules,
     streams,
     tasks,
     top,
@@ -26,7 +28,8 @@ from runner.cli.root import cli
 __all__ = ["cli", "main"]
 
 # the command groups register themselves on ``cli`` when imported
-_GROUPS = (aspects, avatars, cluster, dev, dlq, node, ontology, streams, tasks, top)
+_GROUPS = (aspects, avatars, cluster, dev, dlq, node, ontology, schedules, streams, tasks,
+           top)
 
 
 def main() -> None:

@@ -35,7 +35,8 @@ timeout_option = click.option("--timeout", type=click.FloatRange(0.1, 3600), def
 
 #: codes whose message is the whole story (exit 1 with it alone)
 PLAIN_CODES = {"task_not_found", "aspect_busy", "ontology_not_found", "ontology_source_missing",
-               "dead_letter_not_found"}
+               "dead_letter_not_found", "task_archived", "schedule_not_found",
+               "schedule_exists"}
 
 
 @contextmanager

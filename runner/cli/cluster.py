@@ -1,4 +1,5 @@
-"""``latchwork cluster status``: members, the master and held task locks."""
+"""``latchwork cluster status``: members, the master, held task locks, concurrency levels,
+resources and ordering keys held, open incidents."""
 
 from __future__ import annotations
 

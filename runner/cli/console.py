@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from rich.console import Console, Group
@@ -31,11 +31,15 @@ def _duration(ms: int | None) -> str:
 
 def _state(task: dict[str, Any]) -> Text:
     if task["finished"]:
-        return Text("finished", style="green")
+        return Text("skipped" if task.get("skipped") else "finished", style="green")
     if not task["active"]:
         return Text("stopped", style="bold red")
     if task["status"] == "RUNNING":
         return Text(f"running on {task['owner']}", style="yellow")
+    run_at = task.get("run_at")
+    if run_at and datetime.fromisoformat(run_at) > datetime.now(UTC):
+        what = "next attempt at" if task.get("attempts") else "waiting until"
+        return Text(f"{what} {_when(run_at)}", style="cyan")
     return Text("waiting", style="cyan")
 
 
@@ -79,6 +83,12 @@ def render_task_report(report: dict[str, Any], console: Console | None = None) -
     head.add_row("priority", str(task["priority"]))
     if task.get("unique_key"):
         head.add_row("unique key", task["unique_key"])
+    if task.get("run_at"):
+        head.add_row("run at", _when(task["run_at"]))
+    if task.get("ordering_key"):
+        head.add_row("ordering key", task["ordering_key"])
+    if task.get("resources"):
+        head.add_row("resources", ", ".join(task["resources"]))
     head.add_row("created", _when(task["created_at"]))
     head.add_row("updated", _when(task["updated_at"]))
     head.add_row("attempts", str(len(attempts)))
@@ -123,6 +133,25 @@ def render_cluster_status(status: dict[str, Any], console: Console | None = None
     for lock in status["locks"]:
         locks.add_row(lock["task"], lock["owner"], str(lock["token"]), f"{lock['age_s']} s")
     console.print(locks)
+    if status.get("concurrency"):
+        levels = Table(title="concurrency limits")
+        for column in ("group", "used", "limit"):
+            levels.add_column(column)
+        for level in status["concurrency"]:
+            levels.add_row(level["group"], str(level["used"]), str(level["limit"]))
+        console.print(levels)
+    for title, held in (("resources held", status.get("resources") or {}),
+                        ("ordering keys running", status.get("ordering_keys") or {})):
+        if held:
+            console.print(f"{title}: " + ", ".join(f"{name} by {', '.join(owners)}"
+                                                   for name, owners in sorted(held.items())))
+    incidents = status.get("incidents") or []
+    console.print(Text(f"{len(incidents)} open incident(s)",
+                       style="bold red" if incidents else "green"))
+    for incident in incidents:
+        console.print(Text(f"  {incident['kind']}: task {incident['task']} "
+                           f"{incident['detail']} (since {_when(incident['raised_at'])})",
+                           style="red"))
 
 
 def progress_text(p: dict[str, Any]) -> Text:

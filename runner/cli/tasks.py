@@ -1,9 +1,10 @@
-"""``latchwork task``: submit, list, show, deactivate, cancel, reactivate."""
+"""``latchwork task``: submit, list, show, deactivate, cancel, reactivate, skip, types."""
 
 from __future__ import annotations
 
 import json
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import click
@@ -34,11 +35,23 @@ def task() -> None:
               help="higher runs first (default: the type's own, see `latchwork task types`)")
 @click.option("--unique-key", default=None,
               help="submitting again with the same key returns the existing task")
+@click.option("--run-at", default=None, metavar="TIME",
+              help="not started before TIME: ISO 8601 with a zone, e.g. "
+                   "2026-11-23T08:00:00+00:00")
+@click.option("--delay", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+              help="not started before SECONDS from now")
+@click.option("--ordering-key", default=None, metavar="KEY",
+              help="tasks with the same key run one at a time, in submission order")
+@click.option("--resource", "resources", multiple=True, metavar="NAME",
+              help="a resource the task holds while it runs, taken all-or-nothing with the "
+                   "others (repeat for more), e.g. --resource ontology:brick")
 @config_option
 @json_option
 @timeout_option
 def task_submit(task_type: str, payload: str, priority: int | None, unique_key: str | None,
-                config: Path | None, as_json: bool, timeout: float) -> None:
+                run_at: str | None, delay: float | None, ordering_key: str | None,
+                resources: tuple[str, ...], config: Path | None, as_json: bool,
+                timeout: float) -> None:
     """Submit a task of TYPE; prints its id. `latchwork task types` lists the types the nodes
     know (built-in ones, and yours loaded with `node start --tasks`)."""
     try:
@@ -47,8 +60,22 @@ def task_submit(task_type: str, payload: str, priority: int | None, unique_key: 
         raise click.BadParameter(f"not valid JSON: {exc}", param_hint="--payload") from exc
     if not isinstance(body, dict):
         raise click.BadParameter("must be a JSON object", param_hint="--payload")
+    when = None
+    if run_at is not None:
+        if delay is not None:
+            raise click.BadParameter("give --run-at or --delay, not both", param_hint="--delay")
+        try:
+            when = datetime.fromisoformat(run_at)
+        except ValueError as exc:
+            raise click.BadParameter(f"not an ISO 8601 time: {exc}",
+                                     param_hint="--run-at") from exc
+        if when.tzinfo is None:
+            raise click.BadParameter("needs a time zone, e.g. +00:00 or Z",
+                                     param_hint="--run-at")
     with connect(config, timeout) as client:
-        task = client.submit(task_type, body, priority=priority, unique_key=unique_key)
+        task = client.submit(task_type, body, priority=priority, unique_key=unique_key,
+                             run_at=when, delay=delay, ordering_key=ordering_key,
+                             resources=resources)
     if as_json:
         print_json(task.model_dump(mode="json"))
     else:
@@ -58,16 +85,18 @@ def task_submit(task_type: str, payload: str, priority: int | None, unique_key: 
 @task.command("list")
 @click.option("--unfinished", is_flag=True, help="only active, unfinished tasks")
 @click.option("--type", "task_type", default=None, help="only tasks of this type")
+@click.option("--ordering-key", default=None, metavar="KEY",
+              help="the unfinished tasks of KEY (stopped ones too), in the order they run")
 @config_option
 @json_option
 @timeout_option
-def task_list(unfinished: bool, task_type: str | None, config: Path | None, as_json: bool,
-              timeout: float) -> None:
+def task_list(unfinished: bool, task_type: str | None, ordering_key: str | None,
+              config: Path | None, as_json: bool, timeout: float) -> None:
     """List tasks (newest first; --unfinished: in the order nodes pick them)."""
     from runner.cli.console import render_task_list
 
-    result = request(config, "task.list", {"unfinished": unfinished, "type": task_type},
-                      timeout)
+    result = request(config, "task.list", {"unfinished": unfinished, "type": task_type,
+                                           "ordering_key": ordering_key}, timeout)
     output(result, as_json, render_task_list)
 
 
@@ -137,6 +166,18 @@ def task_reactivate(task_id: str, config: Path | None, timeout: float) -> None:
     click.echo(f"task {task_id} reactivated")
 
 
+
+
+@task.command("skip")
+@click.argument("task_id")
+@config_option
+@timeout_option
+def task_skip(task_id: str, config: Path | None, timeout: float) -> None:
+    """Finish a stopped or waiting task without running it, so that the next task of its
+    ordering key can run. A running task must be cancelled first."""
+    with connect(config, timeout) as client:
+        client.skip(task_id)
+    click.echo(f"task {task_id} skipped")
 
 
 @task.command("types")

@@ -90,9 +90,14 @@ def render(frame: Frame) -> RenderableType:
 
     dead = Text(f"dead-lettered messages: {frame.dead_letters}",
                 style="bold red" if frame.dead_letters else "green")
+    incidents = Text(f"open incidents: {len(status.incidents)}",
+                     style="bold red" if status.incidents else "green")
+    for incident in status.incidents[:5]:
+        incidents.append(f"\n  {incident.kind}: task {incident.task} "
+                         f"{incident.detail[:80]}", style="red")
     head = Text(f"master {status.master or '(none)'} · answered by {status.answered_by} · "
                 f"{now.strftime('%H:%M:%S')} UTC")
-    return Group(head, members, tasks, queue, ended, dead)
+    return Group(head, members, tasks, queue, ended, dead, incidents)
 
 
 @cli.command("top")

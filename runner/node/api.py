@@ -10,23 +10,36 @@ Replies are the JSON views of :mod:`runner.node.views`, which the CLI also reads
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from coord import (
     VersionedRegister,
-    held_locks,
-    read_leader,
-    read_members,
 )
 from messaging import HandlerContext, MessageBus
+from runner.node.requests import (
+    AspectCreate,
+    AspectRef,
+    OntologyRef,
+    Recent,
+    ScheduleAdd,
+    SchedulePause,
+    ScheduleRef,
+    StreamRef,
+    StreamStart,
+    Submit,
+    TaskCancel,
+    TaskId,
+    TaskQuery,
+    schedule_view,
+)
+from runner.node.status import cluster_status
 from runner.node.views import attempt_view, ontology_view, progress_view, task_view
 from runner.ontology import NoOntologySource
-from runner.store import OntologyNotFound
-from runner.store.model import ASPECT_PATTERN
+from runner.store import OntologyNotFound, TaskArchived, TaskNotFound, codec
 from runner.tasks import streams
 
 log = logging.getLogger("latchwork.node")
@@ -39,51 +52,6 @@ if TYPE_CHECKING:
     from runner.store import GraphStore, Task
     from runner.tasks import TaskRegistry
     from runner.tasks.streams import StreamRegistry
-
-
-class Submit(BaseModel):
-    type: str = Field(min_length=1)
-    payload: dict[str, Any] = Field(default_factory=dict)
-    priority: int | None = None  # None: the type's default
-    unique_key: str | None = None
-
-
-class TaskId(BaseModel):
-    id: str = Field(min_length=1)
-
-
-class TaskCancel(TaskId):
-    reason: str | None = Field(None, max_length=1000)
-
-
-class AspectRef(BaseModel):
-    name: str = Field(pattern=ASPECT_PATTERN)
-
-
-class AspectCreate(AspectRef):
-    batch_rows: int | None = Field(None, ge=1)
-    pause: float = Field(0.0, ge=0, le=3600)
-
-
-class OntologyRef(BaseModel):
-    iri: str = Field(min_length=1)
-
-
-class StreamRef(BaseModel):
-    name: str = Field(min_length=1)
-
-
-class StreamStart(StreamRef):
-    redundancy: int = Field(2, ge=1, le=16)
-
-
-class Recent(BaseModel):
-    limit: int = Field(10, ge=1, le=1000)
-
-
-class TaskQuery(BaseModel):
-    unfinished: bool = False
-    type: str | None = None
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -116,7 +84,8 @@ class Node(Protocol):
     def member_id(self) -> str: ...
 
     def submit(self, task_type: str, payload: dict[str, Any], unique_key: str | None = None,
-               priority: int | None = None) -> Task: ...
+               priority: int | None = None, *, run_at: datetime | None = None,
+               ordering_key: str | None = None, resources: Sequence[str] = ()) -> Task: ...
 
     def cancel(self, task_id: str, by: str, reason: str | None = None) -> dict[str, Any]: ...
 
@@ -161,14 +130,21 @@ class NodeApi:
 
     @api("task.submit", Submit)
     def submit(self, ctx: HandlerContext, req: Submit) -> dict[str, Any]:
-        task = self.node.submit(req.type, req.payload, req.unique_key, req.priority)
+        task = self.node.submit(req.type, req.payload, req.unique_key, req.priority,
+                                run_at=req.when(), ordering_key=req.ordering_key,
+                                resources=req.resources)
         log.info("member %s: task %s (%s) submitted by %s", self.node.member_id, task.id,
                  task.type, ctx.envelope.sender)
         return task_view(task)
 
     @api("task.list", TaskQuery)
     def list_tasks(self, ctx: HandlerContext, q: TaskQuery) -> list[dict[str, Any]]:
-        tasks = self.store.tasks.unfinished() if q.unfinished else self.store.tasks.all(q.type)
+        if q.ordering_key is not None:
+            tasks = self.store.tasks.with_key(q.ordering_key)
+        elif q.unfinished:
+            tasks = self.store.tasks.unfinished()
+        else:
+            tasks = self.store.tasks.all(q.type)
         progress = {a.task_id: a.progress for a in self.store.attempts.running()}
         return [{**task_view(t), "progress": progress_view(progress.get(t.id))}
                 for t in tasks if q.type is None or t.type == q.type]
@@ -207,7 +183,15 @@ class NodeApi:
 
     @api("task.get", TaskId)
     def get_task(self, ctx: HandlerContext, ref: TaskId) -> dict[str, Any]:
-        task = self.store.tasks.get(ref.id)
+        try:
+            task = self.store.tasks.get(ref.id)
+        except TaskNotFound:
+            tomb = self.store.retention.tombstone(ref.id)
+            if tomb is None:
+                raise
+            where = f"archived to {tomb.where}" if tomb.where else "removed"
+            raise TaskArchived(f"task {ref.id} finished long ago and was {where} by the "
+                               f"retention policy on {tomb.at}") from None
         return {"task": task_view(task),
                 "attempts": [attempt_view(a) for a in self.store.attempts.for_task(ref.id)],
                 "progress": self.pipeline.progress_of(task)}
@@ -242,20 +226,46 @@ class NodeApi:
         self.bus.broadcast("TRIGGER_SCAN", {"task": task.id})
         return task_view(task)
 
+    @api("task.skip", TaskId)
+    def skip(self, ctx: HandlerContext, ref: TaskId) -> dict[str, Any]:
+        """Finish a stopped or waiting task without running it: its ordering key goes on."""
+        task = self.store.tasks.skip(ref.id)
+        log.warning("member %s: task %s (%s) skipped by %s", self.node.member_id, task.id,
+                    task.type, ctx.envelope.sender)
+        self.bus.broadcast("TRIGGER_SCAN", {"task": task.id})
+        return task_view(task)
+
+    @api("schedule.add", ScheduleAdd)
+    def schedule_add(self, ctx: HandlerContext, req: ScheduleAdd) -> dict[str, Any]:
+        """Add a recurring schedule; the master creates one task per fire."""
+        self.node.registry.get(req.spec.type).parse(req.spec.payload)
+        added = self.store.schedules.add(req.name, req.spec.model_dump())
+        log.info("member %s: schedule %s added by %s", self.node.member_id, req.name,
+                 ctx.envelope.sender)
+        return schedule_view(added)
+
+    @api("schedule.list")
+    def schedule_list(self, ctx: HandlerContext, payload: dict[str, Any]
+                      ) -> list[dict[str, Any]]:
+        return [schedule_view(s) for s in self.store.schedules.all()]
+
+    @api("schedule.remove", ScheduleRef)
+    def schedule_remove(self, ctx: HandlerContext, ref: ScheduleRef) -> dict[str, Any]:
+        self.store.schedules.remove(ref.name)
+        return {"name": ref.name, "removed": True}
+
+    @api("schedule.pause", SchedulePause)
+    def schedule_pause(self, ctx: HandlerContext, req: SchedulePause) -> dict[str, Any]:
+        """Pause (or resume) a schedule; fires while paused are not made up on resume."""
+        schedule = self.store.schedules.get(req.name)
+        last = None if req.paused else codec.now()  # resuming: from now on
+        return schedule_view(self.store.schedules.update(schedule, paused=req.paused,
+                                                         last_fire=last))
+
     @api("cluster.status")
     def status(self, ctx: HandlerContext, payload: dict[str, Any]) -> dict[str, Any]:
-        now = time.time()
-        return {
-            "cluster": self.node.settings.cluster,
-            "answered_by": self.node.member_id,
-            "master": read_leader(self.node.session),
-            "members": [{"id": m.member_id, "host": m.host, "pid": m.pid,
-                         "version": m.version}
-                        for m in read_members(self.node.session).values()],
-            "locks": [{"task": h.task_id, "owner": h.owner, "token": h.token,
-                       "age_s": round(now - h.since, 1)}
-                      for h in held_locks(self.node.session)],
-        }
+        return cluster_status(self.node.session, self.node.settings, self.node.member_id,
+                              self.store)
 
     @api("ontology.sync")
     def ontology_sync(self, ctx: HandlerContext, payload: dict[str, Any]) -> dict[str, Any]:

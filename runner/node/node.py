@@ -22,6 +22,8 @@ running tasks, and membership and latch register again on the next session.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from coord import (
@@ -42,11 +44,14 @@ from runner.pipeline.aspects import AspectRegistry
 from runner.pipeline.handlers import Pipeline, register_pipeline_tasks
 from runner.pipeline.spark import stop_spark
 from runner.store import GraphStore, Task, open_store
-from runner.tasks import TaskRegistry
+from runner.tasks import TaskRegistry, due
 from runner.tasks.authoring import load_entry_points, load_modules
 from runner.tasks.diag import register_diagnostics
+from runner.tasks.incidents import IncidentWatch, load_hooks
 from runner.tasks.loop import TaskProcessHandler
 from runner.tasks.master import MasterDuties
+from runner.tasks.retention import Retention
+from runner.tasks.schedules import ScheduleFirer
 from runner.tasks.streams import StreamRegistry, example_streams, register_stream_tasks
 
 log = logging.getLogger("latchwork.node")
@@ -79,6 +84,7 @@ class Node:
         self.settings = settings
         self.streams = example_streams()
         self.registry = registry or node_registry(settings, self.streams)
+        self.incident_hooks = load_hooks(settings.incident_hooks)
         self.session = Session(settings.zk_hosts, settings.cluster,
                                timeout=settings.session_timeout, auth=settings.zk_auth)
         self.membership: Membership | None = None
@@ -134,6 +140,7 @@ class Node:
         self.processor = TaskProcessHandler(
             self.session, member, self.store, self.registry, workers=s.workers,
             scan_interval=s.scan_interval, live_members=self.membership.live_ids,
+            limits=s.concurrency,
             services={"bus": self.bus, "sync": self.sync, "pipeline": self.pipeline,
                       "session": self.session, "streams": self.streams},
             before=[metrics.before_attempt] if metrics else (),
@@ -146,7 +153,15 @@ class Node:
             self.session, self.latch, member, self.store, reap_interval=s.reap_interval,
             processed=processed, processed_retention=s.processed_retention,
             on_master=lambda: bus.send_master("SYNCHRONIZE_MODEL", {"reason": "new master"}),
-            on_freed=lambda ids: bus.broadcast("TRIGGER_SCAN", {"freed": ids}))
+            on_freed=lambda ids: bus.broadcast("TRIGGER_SCAN", {"freed": ids}),
+            duties=[("schedules", ScheduleFirer(self.store, self.submit).tick),
+                    ("incidents", IncidentWatch(self.store, self.registry, member,
+                                                self.incident_hooks,
+                                                s.incident_webhook).tick),
+                    *([("retention", Retention(
+                        self.session, self.store, member, s.retention_days, s.retention_mode,
+                        s.data_dir, s.retention_batch, s.retention_interval).tick)]
+                      if s.retention_days is not None else [])])
         self.bus.start(self.latch, processed, on_model_reconnect=self._model_reconnected)
         self.latch.start()
         self.master.start()
@@ -179,16 +194,23 @@ class Node:
         self.processor.trigger()
 
     def submit(self, task_type: str, payload: dict[str, Any], unique_key: str | None = None,
-               priority: int | None = None) -> Task:
-        """Create a task (validated; at its type's default priority unless given) and tell
-        every node to scan now."""
+               priority: int | None = None, *, run_at: datetime | None = None,
+               ordering_key: str | None = None, resources: Sequence[str] = ()) -> Task:
+        """Create a task (validated; at its type's default priority, and with its type's
+        resources besides ``resources``) and tell every node to scan now. A task due later
+        than the open queue's horizon waits in a time bucket: the bucket cursor is made sure
+        of first (:mod:`runner.tasks.due`)."""
         assert self.store is not None and self.bus is not None
         kind = self.registry.get(task_type)
         kind.parse(payload)
         if priority is None:
             priority = kind.priority
+        if due.needs_cursor(run_at):
+            due.ensure_cursor(self.session)
         task = self.store.tasks.create(task_type, payload, unique_key=unique_key,
-                                       priority=priority)
+                                       priority=priority, run_at=run_at,
+                                       ordering_key=ordering_key,
+                                       resources=[*kind.resources, *resources])
         self.bus.broadcast("TRIGGER_SCAN", {"task": task.id})
         return task
 

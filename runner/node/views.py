@@ -20,6 +20,9 @@ def task_view(task: Task) -> dict[str, Any]:
         "created_at": task.created_at.isoformat(), "updated_at": task.updated_at.isoformat(),
         "version": task.version, "fence": task.fence, "unique_key": task.unique_key,
         "owner": task.owner, "attempts": task.attempts,
+        "run_at": task.run_at.isoformat() if task.run_at else None,
+        "ordering_key": task.ordering_key, "resources": list(task.resources),
+        "skipped": task.skipped,
     }
 
 
@@ -77,6 +80,10 @@ class TaskView(TaskRef):
     owner: str | None = None
     attempts: int  # how many were started
     progress: ProgressView | None = None  # of its running attempt (task.list)
+    run_at: datetime | None = None  # not started before (delayed, scheduled, retry backoff)
+    ordering_key: str | None = None
+    resources: list[str] = []
+    skipped: bool = False  # finished by `task skip`, without a run
 
     @property
     def stopped(self) -> bool:
@@ -140,9 +147,28 @@ class LockView(View):
     age_s: float
 
 
+class IncidentView(View):
+    key: str
+    task: str
+    kind: str  # running_too_long, waiting_too_long, stopped
+    detail: str
+    raised_at: datetime
+    resolved_at: datetime | None = None
+
+
+class LevelView(View):
+    group: str  # a configured concurrency group (a task type or a dotted prefix)
+    limit: int
+    used: int
+
+
 class ClusterStatus(View):
     cluster: str
     answered_by: str
     master: str | None
     members: list[MemberView]
     locks: list[LockView]
+    concurrency: list[LevelView] = []
+    resources: dict[str, list[str]] = {}  # resource -> the members holding it now
+    ordering_keys: dict[str, list[str]] = {}  # key -> the member running its task now
+    incidents: list[IncidentView] = []  # open ones, oldest first

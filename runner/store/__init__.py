@@ -14,6 +14,7 @@ from runner.store.errors import (
     StaleFencingToken,
     StoreError,
     StoreUnavailable,
+    TaskArchived,
     TaskNotFound,
     UnknownStoreFormat,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "GremlinAvatarStore", "GremlinOntologyStore", "GremlinTaskStore", "InvalidValue",
     "LoadResult", "Ontology", "OntologyClass", "OntologyNotFound", "OntologyRecord",
     "OntologyStore", "Progress", "RemoteGraph",
-    "StaleFencingToken", "StoreError", "StoreUnavailable", "Task", "TaskNotFound", "TaskStatus",
+    "StaleFencingToken", "StoreError", "StoreUnavailable", "Task", "TaskArchived",
+    "TaskNotFound", "TaskStatus",
     "TaskStore", "UnknownStoreFormat", "open_graph", "open_store",
 ]

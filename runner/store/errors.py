@@ -81,6 +81,24 @@ class InvalidValue(StoreError, ValueError):
     error_code = "invalid_value"
 
 
+class TaskArchived(TaskNotFound):
+    """The task left the graph by retention: the message says where it went."""
+
+    error_code = "task_archived"
+
+
+class ScheduleNotFound(StoreError, LookupError):
+    """No schedule has this name."""
+
+    error_code = "schedule_not_found"
+
+
+class ScheduleExists(StoreError, ValueError):
+    """A schedule with this name exists already (remove it first)."""
+
+    error_code = "schedule_exists"
+
+
 class UnknownStoreFormat(StoreError):
     """A task or attempt vertex without the properties this version writes (a graph from an
     older, unreleased format): recreate the graph, nothing is guessed."""

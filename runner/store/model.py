@@ -40,6 +40,13 @@ class Task:
     unique_key: str | None = None
     owner: str | None = None  # member id of the last owner
     attempts: int = 0  # how many attempts were started
+    #: not claimed before this instant (a delayed or scheduled task, a retry's backoff)
+    run_at: datetime | None = None
+    #: tasks with the same key run one at a time, in submission order
+    ordering_key: str | None = None
+    #: taken all-or-nothing before it starts, released after its attempt is written
+    resources: tuple[str, ...] = ()
+    skipped: bool = False  # finished by an operator's ``task skip``, not by a run
 
     @property
     def open(self) -> bool:

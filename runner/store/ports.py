@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from datetime import datetime
 from typing import Any, Protocol
 
 from runner.store.model import (
@@ -20,8 +21,22 @@ from runner.store.model import (
 
 class TaskStore(Protocol):
     def create(self, type: str, payload: Mapping[str, Any] | None = None, *,
-               unique_key: str | None = None, priority: int = 0) -> Task:
+               unique_key: str | None = None, priority: int = 0,
+               run_at: datetime | None = None, ordering_key: str | None = None,
+               resources: Sequence[str] = ()) -> Task:
         """A new WAITING task, or the existing one with the same ``unique_key``."""
+        ...
+
+    def with_key(self, ordering_key: str) -> list[Task]:
+        """The unfinished tasks of an ordering key, in submission order."""
+        ...
+
+    def stopped(self) -> list[Task]:
+        """Tasks stopped before they finished, oldest first."""
+        ...
+
+    def promote(self, buckets: Sequence[int]) -> int:
+        """Move the tasks of these time buckets into the open queue."""
         ...
 
     def get(self, task_id: str) -> Task: ...
@@ -47,6 +62,10 @@ class TaskStore(Protocol):
     def deactivate(self, task_id: str) -> Task: ...
 
     def reactivate(self, task_id: str) -> Task: ...
+
+    def skip(self, task_id: str) -> Task:
+        """Finish a task that is not running, without running it."""
+        ...
 
 
 class AttemptLog(Protocol):

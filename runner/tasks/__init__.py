@@ -8,6 +8,8 @@
 * :mod:`~runner.tasks.claim`: slot, lock and the claim that writes the RUNNING attempt;
 * :mod:`~runner.tasks.execution`: the handler, conflict retries and the conclusion;
 * :mod:`~runner.tasks.outcomes`: what an attempt came to, as a type;
+* :mod:`~runner.tasks.retry`: retry policies per task type;
+* :mod:`~runner.tasks.due`: the cursor of the due-time buckets the master opens;
 * :mod:`~runner.tasks.master`: the master's reaper of dead owners' locks and attempts;
 * :mod:`~runner.tasks.streams`: concurrent exactly-once streams run as N copy tasks;
 * :mod:`~runner.tasks.diag`: diagnostic task types (sleep, fail, conflict, effect).
@@ -31,12 +33,14 @@ from runner.tasks.registry import (
     TaskType,
     UnknownTaskType,
 )
+from runner.tasks.retry import RetryPolicy
 from runner.tasks.streams import stream
 
 __all__ = [
     "CancelToken",
     "Handler",
     "InvalidPayload",
+    "RetryPolicy",
     "TaskCancelled",
     "TaskConflict",
     "TaskContext",

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from types import ModuleType
@@ -41,6 +41,7 @@ from pydantic import BaseModel
 
 from runner.errors import RunnerError
 from runner.tasks.registry import TaskRegistry
+from runner.tasks.retry import RetryPolicy
 from runner.tasks.streams import StreamDefinition, StreamRegistry
 
 ENTRY_POINT_GROUP = "latchwork.tasks"
@@ -61,14 +62,24 @@ class TaskDeclaration:
     priority: int
     slots: int | None
     description: str
+    resources: tuple[str, ...] = ()
+    retry: RetryPolicy | None = None
+    max_duration: float | None = None
+    max_wait: float | None = None
 
 
 def task(name: str, *, payload: type[BaseModel] | None = None, priority: int = 0,
-         slots: int | None = None, description: str = "") -> Callable[[F], F]:
+         slots: int | None = None, description: str = "", resources: Sequence[str] = (),
+         retry: RetryPolicy | None = None, max_duration: float | None = None,
+         max_wait: float | None = None) -> Callable[[F], F]:
     """Declare ``handler(ctx, payload)`` as the task type ``name``: ``payload`` is its model,
     ``priority`` the default priority of a submission that names none, ``slots`` the
     cluster-wide number of tasks of this type that may run at once, ``description`` what
-    ``latchwork task types`` shows (the handler's docstring when empty)."""
+    ``latchwork task types`` shows (the handler's docstring when empty), ``resources`` what
+    every task of the type takes all-or-nothing before it starts, ``retry`` its
+    :class:`~runner.tasks.retry.RetryPolicy` (None: a failure stops the task),
+    ``max_duration`` / ``max_wait`` the seconds a task may run / wait once due before the
+    master raises an incident (:mod:`runner.tasks.incidents`)."""
     if not name or name != name.strip():
         raise ValueError(f"invalid task type name {name!r}")
     if slots is not None and slots < 1:
@@ -76,8 +87,9 @@ def task(name: str, *, payload: type[BaseModel] | None = None, priority: int = 0
 
     def mark(handler: F) -> F:
         text = description or inspect.cleandoc(handler.__doc__ or "").split("\n\n")[0]
-        handler.__dict__["latchwork_task"] = TaskDeclaration(name, payload, priority, slots,
-                                                             " ".join(text.split()))
+        handler.__dict__["latchwork_task"] = TaskDeclaration(
+            name, payload, priority, slots, " ".join(text.split()), tuple(resources), retry,
+            max_duration, max_wait)
         return handler
     return mark
 
@@ -109,7 +121,9 @@ def register_module(registry: TaskRegistry, module: ModuleType,
         try:
             registry.register(declaration.name, handler, declaration.payload,
                               slot_limit=declaration.slots, description=declaration.description,
-                              priority=declaration.priority)
+                              priority=declaration.priority, resources=declaration.resources,
+                              retry=declaration.retry, max_duration=declaration.max_duration,
+                              max_wait=declaration.max_wait)
         except ValueError as exc:
             raise TaskLoadError(f"{module.__name__}: {exc}") from exc
         names.append(declaration.name)

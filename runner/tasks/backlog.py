@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 import zlib
+from datetime import datetime
 
 from runner.store import Task, TaskStatus
 
@@ -35,6 +36,36 @@ def unowned(tasks: list[Task], live: set[str] | None, member_id: str) -> tuple[l
         return tasks, 0
     skip = {t.id for t in running if t.owner in live}
     return [t for t in tasks if t.id not in skip], len(skip)
+
+
+def first_per_key(tasks: list[Task]) -> tuple[list[Task], int]:
+    """``tasks`` with only the first (oldest) listed task of each ordering key, and how many
+    were dropped: the others cannot start before it ends (the claim checks the key's first
+    unfinished task again, stopped ones included, holding the key's slot)."""
+    first: dict[str, Task] = {}
+    for task in tasks:
+        key = task.ordering_key
+        if key is not None and (key not in first or (task.created_at, task.id)
+                                < (first[key].created_at, first[key].id)):
+            first[key] = task
+    kept = [t for t in tasks if t.ordering_key is None or first[t.ordering_key] is t]
+    return kept, len(tasks) - len(kept)
+
+
+def split_due(tasks: list[Task], now: datetime) -> tuple[list[Task], list[Task]]:
+    """``tasks`` that may start now, and those whose ``run_at`` is still to come (by it)."""
+    ready = [t for t in tasks if t.run_at is None or t.run_at <= now]
+    later = sorted((t for t in tasks if t.run_at is not None and t.run_at > now),
+                   key=lambda t: (t.run_at, -t.priority, t.id))
+    return ready, later
+
+
+def is_preferred(task_id: str, live: set[str] | None, member_id: str) -> bool:
+    """Whether this member is the task's preferred one among the live members."""
+    members = sorted(live or ())
+    if member_id not in members:
+        return False
+    return preferred_index(task_id, len(members)) == members.index(member_id)
 
 
 def candidates(tasks: list[Task], live: set[str] | None, member_id: str,

@@ -1,14 +1,21 @@
-"""Taking a task: its slot, its lock, and the claim that writes the RUNNING attempt.
+"""Taking a task: its slots, its lock, and the claim that writes the RUNNING attempt.
 
-:func:`claim` books the type's cluster-wide slot (when the type has a limit), registers the
-task as running here (with a lost-lock listener, before the lock is tried, so a lost lock or
+:func:`claim` books every slot level the task needs, all-or-nothing in one ZooKeeper
+transaction (:func:`levels`): its type's cluster-wide limit, the configured limits of the
+groups its type belongs to (``{"aspect": 2, "aspect.create": 1}``: a type ``aspect.create``
+books both), one slot of its ordering key, and one of each resource it declares. One
+transaction means no deadlock and no partial holding, whatever the order resources are named
+in. For a task with an ordering key it then checks, holding the key's only slot, that the task
+is the first unfinished one of its key (submission order). It then registers the task as
+running here (with a lost-lock listener, before the lock is tried, so a lost lock or
 session during the try or the claim still cancels it), tries the lock without waiting, and
 claims the task with a version- and token-guarded update that writes the RUNNING attempt in the
 same transaction, before any handler runs.
 
-Failure behaviour: a slot or lock held elsewhere, or a task that changed since it was listed
-(CommitConflict, StaleFencingToken), gives None with everything taken released; ZooKeeper and
-store errors propagate after the same release.
+Failure behaviour: a slot or lock held elsewhere, a task that is not its key's first, or a task
+that changed since it was listed (CommitConflict, StaleFencingToken), gives None with
+everything taken released; ZooKeeper and store errors propagate after the same release. Slot
+leases are ephemeral: a holder killed -9 frees them with its session.
 """
 
 from __future__ import annotations
@@ -16,8 +23,9 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from urllib.parse import quote
 
 from coord import Booking, CoordError, LockNotHeld, Session, SlotLevel, Slots, TaskLock
 from runner.store import Attempt, CommitConflict, GraphStore, StaleFencingToken, Task
@@ -54,15 +62,56 @@ def release(lock: TaskLock, booking: Booking | None, member_id: str) -> None:
             log.info("member %s: slot booking already gone: %s", member_id, exc)
 
 
+def slot_name(value: str) -> str:
+    """A key or resource as one znode name (any text: '/' and '..' are safe)."""
+    return quote(value, safe="").replace(".", "%2E")
+
+
+def group_limits(task_type: str, limits: Mapping[str, int]) -> list[tuple[str, int]]:
+    """The configured limits that apply to ``task_type``: its own name and every dotted
+    prefix of it (``aspect`` and ``aspect.create`` for ``aspect.create``), widest first."""
+    parts = task_type.split(".")
+    prefixes = [".".join(parts[:n]) for n in range(1, len(parts) + 1)]
+    return [(p, limits[p]) for p in prefixes if p in limits]
+
+
+def levels(task: Task, kind: TaskType, limits: Mapping[str, int]) -> list[SlotLevel]:
+    """Every slot level ``task`` books before it starts (see the module)."""
+    found = [SlotLevel(f"group/{slot_name(group)}", limit)
+             for group, limit in group_limits(task.type, limits)]
+    if kind.slot_limit is not None:
+        found.append(SlotLevel(f"type/{slot_name(task.type)}", kind.slot_limit))
+    if task.ordering_key is not None:
+        found.append(SlotLevel(f"key/{slot_name(task.ordering_key)}", 1))
+    found.extend(SlotLevel(f"resource/{slot_name(r)}", 1)
+                 for r in sorted(set(task.resources)))
+    return found
+
+
 def claim(session: Session, store: GraphStore, member_id: str, task: Task, kind: TaskType,
           register: Callable[[Running], None], forget: Callable[[Running], None],
-          stats: Counter[str]) -> Running | None:
-    """Take ``task`` for this member, or None when someone else has it (see the module)."""
+          stats: Counter[str], limits: Mapping[str, int] | None = None,
+          slots: Slots | None = None) -> Running | None:
+    """Take ``task`` for this member, or None when someone else has it (see the module).
+    ``slots``: the member's booker, reused (it remembers the level nodes it created)."""
     booking = None
-    if kind.slot_limit is not None:
-        booking = Slots(session, member_id).try_book(
-            [SlotLevel(f"type/{task.type}", kind.slot_limit)])
+    needed = levels(task, kind, limits or {})
+    if needed:
+        booking = (slots or Slots(session, member_id)).try_book(needed)
         if booking is None:
+            stats["slots_busy"] += 1
+            return None
+    if task.ordering_key is not None:
+        try:
+            first = store.tasks.with_key(task.ordering_key)
+        except BaseException:
+            if booking is not None:
+                booking.release()
+            raise
+        if not first or first[0].id != task.id:
+            stats["not_first"] += 1
+            if booking is not None:
+                booking.release()
             return None
     lock = TaskLock(session, task.id, member_id)
     running = Running(task, lock, booking)

@@ -71,6 +71,10 @@ class CancelToken:
     def cancelled(self) -> bool:
         return self._event.is_set()
 
+    def is_set(self) -> bool:
+        """The same as :attr:`cancelled` (so a token stops what a ``threading.Event`` would)."""
+        return self._event.is_set()
+
     def wait(self, seconds: float) -> bool:
         """Sleep up to ``seconds``; True as soon as the token is cancelled."""
         return self._event.wait(seconds)

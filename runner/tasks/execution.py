@@ -21,6 +21,7 @@ import logging
 import random
 import traceback
 from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timedelta
 from typing import Any
 
 from coord import Session, SessionState
@@ -33,12 +34,15 @@ from runner.store import (
     GraphStore,
     StaleFencingToken,
     StoreError,
+    codec,
 )
+from runner.tasks import due
 from runner.tasks.claim import Running
 from runner.tasks.context import TaskCancelled, TaskConflict, TaskContext, TaskDeclined
 from runner.tasks.outcomes import AttemptResult, Outcome, task_changes
 from runner.tasks.progress import ProgressReporter
 from runner.tasks.registry import TaskRegistry, TaskType
+from runner.tasks.retry import RetryPolicy
 
 log = logging.getLogger("latchwork.tasks")
 
@@ -89,13 +93,26 @@ class Execution:
                     return Outcome.CANCELLED
                 if outcome is Outcome.RETRY:  # the retry budget is spent
                     outcome = Outcome.STOPPED
+                run_at = None
+                if outcome is Outcome.STOPPED and kind.retry is not None:
+                    if kind.retry.retries(result.exception, r.task.attempts):
+                        outcome = Outcome.RETRY_LATER
+                        run_at = codec.now() + timedelta(
+                            seconds=kind.retry.delay(r.task.attempts))
+                        if due.needs_cursor(run_at):
+                            due.ensure_cursor(self.session)
+                        log.info("member %s: task %s (%s) attempt %d failed: %s; next attempt "
+                                 "at %s", self.member_id, task.id, task.type, attempt.seq,
+                                 result.error, run_at.isoformat())
+                    else:
+                        self._exhausted(kind.retry, r, result)
                 if r.completed:
                     if result.status is not AttemptStatus.SUCCEEDED:
                         log.error("member %s: task %s (%s) failed after ctx.complete(): %s; "
                                   "its attempt stays SUCCEEDED", self.member_id, task.id,
                                   task.type, result.error)
                     return Outcome.FINISHED  # concluded by ctx.complete()
-                self.conclude(r, attempt, result, outcome)
+                self.conclude(r, attempt, result, outcome, run_at)
                 return outcome
         except Exception as exc:
             log.exception("member %s: task %s: unexpected failure in the task loop",
@@ -165,7 +182,7 @@ class Execution:
                     f"cancelled by system: {r.cancel.reason} ({exc!r})")
             else:
                 result = AttemptResult.failed(f"{type(exc).__name__}: {exc}",
-                                              "".join(traceback.format_exception(exc)))
+                                              "".join(traceback.format_exception(exc)), exc)
         if not r.completed:  # ctx.complete() ended the attempt: nothing more is written on it
             progress.flush()
         for after_hook in reversed(entered):  # unwound in reverse order
@@ -219,12 +236,27 @@ class Execution:
             log.warning("member %s: attempt %s of task %s was closed by the master meanwhile",
                         self.member_id, attempt.id, attempt.task_id)
 
+    def _exhausted(self, policy: RetryPolicy, r: Running, result: AttemptResult) -> None:
+        """The policy's ``on_exhausted`` hook, for a failure it does not retry; logged."""
+        if result.exception is not None and not isinstance(result.exception,
+                                                           policy.retry_on):
+            return  # not a retried kind of error: the policy has nothing to say
+        log.warning("member %s: task %s (%s) failed %d attempts; it stops: %s",
+                    self.member_id, r.task.id, r.task.type, r.task.attempts, result.error)
+        if policy.on_exhausted is None:
+            return
+        try:
+            policy.on_exhausted(r.task, result.error or "")
+        except Exception:
+            log.exception("member %s: on_exhausted hook of %s failed for task %s",
+                          self.member_id, r.task.type, r.task.id)
+
     def conclude(self, r: Running, attempt: Attempt | None, result: AttemptResult,
-                 outcome: Outcome) -> None:
+                 outcome: Outcome, run_at: datetime | None = None) -> None:
         """Write the attempt's end (unless already written) and the task's new state as its
         owner, in one transaction. Once the attempt was closed by someone else, or the token is
         no longer the task's, nothing more is written on the task."""
-        changes = task_changes(outcome)
+        changes = task_changes(outcome, run_at)
         try:
             if attempt is not None:
                 self.store.conclude(attempt, result.status, result.error, result.stack, r.task,

@@ -21,9 +21,17 @@ Failure behaviour:
   affected handlers are cancelled, their attempts end CANCELLED_BY_SYSTEM and only then are the
   locks released (a LOST session has dropped them already);
 * a commit conflict: a new attempt after a backoff, up to ``max_conflict_retries``; any other
-  error: the attempt FAILED with error and stack trace, the task deactivated;
+  error: the attempt FAILED with error and stack trace, the task deactivated (or, with a retry
+  policy, back to WAITING until its backoff ends);
+* a task this node lost (its attempt cancelled by the master, a lost lock): the worker looks
+  for work again ``rescan_after_cancel`` seconds later (at once would loop on a lock that keeps
+  being lost), and the task, back as it stands, is taken by whichever node lists it first;
 * :meth:`close`: no new tasks, running ones cancelled, attempts written, locks released, within
   ``shutdown_timeout``.
+
+Why one module: the scan, the backlog it walks, the running set and the worker pool share one
+pair of locks (``_scan_lock`` over a pass, ``_lock`` over the running set); the pure ordering,
+the claim, the execution and the due-time timer (:mod:`runner.tasks.timing`) are already apart.
 """
 
 from __future__ import annotations
@@ -39,13 +47,14 @@ from typing import Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from coord import CoordError, Session, SessionState, live_member_ids
-from runner.store import GraphStore, StoreError, Task
+from coord import CoordError, Session, SessionState, Slots, live_member_ids
+from runner.store import GraphStore, StoreError, Task, codec
 from runner.tasks import backlog
 from runner.tasks.claim import Running, claim, release
 from runner.tasks.execution import AfterHook, BeforeHook, Execution
 from runner.tasks.outcomes import Outcome
 from runner.tasks.registry import TaskError, TaskRegistry
+from runner.tasks.timing import DueTimer
 
 log = logging.getLogger("latchwork.tasks")
 
@@ -59,7 +68,9 @@ class TaskProcessHandler:
                  fresh_for: float = 0.05, own_fresh_for: float = 1.0,
                  relist_share: float = 0.1,
                  live_members: Callable[[], set[str] | None] | None = None,
-                 scan_observer: Callable[[float], None] | None = None) -> None:
+                 scan_observer: Callable[[float], None] | None = None,
+                 limits: Mapping[str, int] | None = None,
+                 others_grace: float = 0.1) -> None:
         self.session = session
         self.member_id = member_id
         self.store = store
@@ -76,9 +87,13 @@ class TaskProcessHandler:
         # the live member ids without a read (the node's membership watch); None: read them
         self.live_members = live_members
         self.scan_observer = scan_observer  # gets the seconds each scan took (metrics)
+        self.limits = dict(limits or {})  # cluster-wide limits per task group (claim.levels)
+        self._slots = Slots(session, member_id)
         #: tasks this node's handlers declined, and until when it leaves them to the others
         self._declined: dict[str, float] = {}
         self.decline_for = max(10.0, 3 * scan_interval)
+        #: a worker whose task was cancelled (lost) looks for work again after this long
+        self.rescan_after_cancel = min(1.0, scan_interval)
         self._running: dict[str, Running] = {}
         self._lock = threading.Lock()
         self._scan_lock = threading.Lock()
@@ -89,6 +104,10 @@ class TaskProcessHandler:
         # candidates from the last listing: the task, when its version was last confirmed, and
         # whether this member is its preferred one
         self._backlog: list[tuple[Task, float, bool]] = []
+        #: listed tasks not due yet, and the timer that starts a scan when one is
+        self._later = DueTimer(self._on_due, others_grace)
+        #: the next task of an ordering key whose task a worker here just finished
+        self._hints: list[Task] = []
         self._stale_chunks = 0  # version checks in a row that found every candidate changed
         self._listed = (0.0, 0.0)  # when the last listing ended, and how long it took
         # how claims went: started / lock held elsewhere / stale listing (claim conflict)
@@ -117,6 +136,7 @@ class TaskProcessHandler:
         if self._stopping.is_set():
             return
         self._stopping.set()
+        self._later.close()
         self.session.remove_listener(self._on_session)
         if self._scheduler.running:
             self._scheduler.shutdown(wait=False)
@@ -187,6 +207,14 @@ class TaskProcessHandler:
             return 0
         started = 0
         with self._scan_lock:
+            # due tasks (this member's taken as fresh: the others leave them alone for a
+            # while), and the next task of a key that a worker here just finished
+            now = time.monotonic()
+            due = self._later.take_due()
+            with self._lock:
+                hints, self._hints = self._hints, []
+            self._backlog[:0] = [(t, now, True) for t in hints] + [
+                (t, now if own else 0.0, own) for t, own in due]
             if self._free() <= 0:
                 return 0
             if (relist or not self._backlog) and not self._list():
@@ -240,12 +268,34 @@ class TaskProcessHandler:
         seen = time.monotonic()
         self._listed = (seen, seen - began)
         live = self._live()
-        tasks, skipped = backlog.unowned(listing, live, self.member_id)
+        keyed_first, behind = backlog.first_per_key(listing)
+        self.stats["behind_key"] += behind
+        tasks, skipped = backlog.unowned(keyed_first, live, self.member_id)
         self.stats["skipped_running"] += skipped
+        ready, later = backlog.split_due(tasks, codec.now())
         self._backlog = [(t, seen, own) for t, own
-                         in backlog.candidates(tasks, live, self.member_id, self.workers)]
+                         in backlog.candidates(ready, live, self.member_id, self.workers)]
+        self._later.plan([(t, backlog.is_preferred(t.id, live, self.member_id))
+                          for t in later])
         self._stale_chunks = 0
         return True
+
+    def _hint_next(self, key: str) -> None:
+        try:
+            queue = self.store.tasks.with_key(key)
+        except StoreError as exc:
+            log.info("member %s: next task of key %s unknown: %s", self.member_id, key, exc)
+            return
+        if queue and queue[0].open and (queue[0].run_at is None
+                                         or queue[0].run_at <= codec.now()):
+            with self._lock:
+                self._hints.append(queue[0])
+
+    def _on_due(self) -> None:
+        try:
+            self.scan(relist=False)
+        except Exception:
+            log.exception("member %s: scan of due tasks failed", self.member_id)
 
     def _may_relist(self) -> bool:
         """Whether listing again now keeps listing within ``relist_share`` of the time."""
@@ -283,7 +333,8 @@ class TaskProcessHandler:
                             "that have one", self.member_id, task.type, task.id)
             return False
         running = claim(self.session, self.store, self.member_id, task, kind,
-                        register=self._register, forget=self._forget, stats=self.stats)
+                        register=self._register, forget=self._forget, stats=self.stats,
+                        limits=self.limits, slots=self._slots)
         if running is None:
             return False
         # a lock or session lost since registration has cancelled the token already: the
@@ -311,8 +362,18 @@ class TaskProcessHandler:
             release(r.lock, r.booking, self.member_id)
             self._forget(r)
             r.done.set()
-            if outcome is not Outcome.CANCELLED and not self._stopping.is_set():
+            if outcome is Outcome.CANCELLED and not self._stopping.is_set():
+                # a task this node lost goes back as it stands; look again a little later
+                # (at once would loop on a lock that keeps being lost), whoever takes it
+                timer = threading.Timer(self.rescan_after_cancel, self.trigger)
+                timer.daemon = True
+                timer.start()
+            elif not self._stopping.is_set():
                 try:
-                    self.scan(relist=False)  # a worker is free
+                    # a worker is free; a task of an ordering key lets the key's next one
+                    # start, which the last listing left out: one read of the key finds it
+                    if r.task.ordering_key is not None:
+                        self._hint_next(r.task.ordering_key)
+                    self.scan(relist=False)
                 except Exception:
                     log.exception("member %s: follow-up scan failed", self.member_id)

@@ -15,6 +15,9 @@ Only the master runs them, and only after the latch's server-side check confirms
 * **Processed-message records** (every ``prune_interval``): records of MASTER messages older
   than ``processed_retention`` are deleted; the retention must exceed the longest redelivery
   horizon (retry delays plus the time a message can wait in the queue).
+* **Due-time buckets** (every round): tasks due later than the open queue's horizon wait in
+  minute buckets; the master moves the buckets that came within it into the open queue
+  (:mod:`runner.tasks.due`), so nodes list and time them before they are due.
 * **On becoming master** it publishes SYNCHRONIZE_MODEL on the MASTER queue.
 """
 
@@ -23,11 +26,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from coord import CoordError, LeaderLatch, Session, force_release, held_locks, read_members
 from runner.store import AttemptStatus, GraphStore, StoreError, TaskNotFound
+from runner.tasks import due
 
 log = logging.getLogger("latchwork.master")
 
@@ -42,7 +46,8 @@ class MasterDuties:
                  on_master: Callable[[], object] | None = None,
                  on_freed: Callable[[list[str]], object] | None = None,
                  processed: Prunable | None = None, processed_retention: float = 7 * 86400,
-                 prune_interval: float = 600.0) -> None:
+                 prune_interval: float = 600.0,
+                 duties: Sequence[tuple[str, Callable[[], object]]] = ()) -> None:
         self.session = session
         self.latch = latch
         self.member_id = member_id
@@ -53,6 +58,8 @@ class MasterDuties:
         self.processed = processed
         self.processed_retention = processed_retention
         self.prune_interval = prune_interval
+        #: more passes the master makes every round, each (name, function): schedules
+        self.duties = list(duties)
         self._next_prune = 0.0
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -88,10 +95,27 @@ class MasterDuties:
             if self._stop.is_set() or not self.latch.is_leader:
                 continue
             try:
-                if self.latch.check_leadership():
-                    self.reap()
+                if not self.latch.check_leadership():
+                    continue
+                self.reap()
             except (CoordError, StoreError) as exc:
                 log.warning("member %s: reaper pass failed: %s", self.member_id, exc)
+            for name, duty in [("due-time buckets", self.promote), *self.duties]:
+                try:
+                    duty()
+                except (CoordError, StoreError) as exc:
+                    log.warning("member %s (master): %s pass failed: %s", self.member_id,
+                                name, exc)
+                except Exception:
+                    log.exception("member %s (master): %s pass failed", self.member_id, name)
+
+    def promote(self) -> int:
+        """Move the time buckets that came within the horizon into the open queue."""
+        moved = due.promote(self.session, self.store.tasks)
+        if moved:
+            log.info("member %s (master): %d delayed tasks due soon moved to the open queue",
+                     self.member_id, moved)
+        return moved
 
     def reap(self) -> list[str]:
         """One pass; returns the ids of the tasks it freed.

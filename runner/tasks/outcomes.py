@@ -7,6 +7,8 @@ trace and why it failed); its :attr:`~AttemptResult.outcome` says what happens t
 * ``RETRY``: a commit conflict; a new attempt after a backoff (the loop's retry budget decides
   how many), the task stays active;
 * ``STOPPED``: any other failure; the task is deactivated until someone reactivates it;
+* ``RETRY_LATER``: a failure the type's retry policy retries: the task goes back to WAITING
+  with ``run_at`` at the end of the backoff (:mod:`runner.tasks.retry`);
 * ``CANCELLED``: shutdown, a lost lock or session, an operator's cancel; the task goes back as
   it stands, for whichever node takes it next;
 * ``DECLINED``: the handler raised :class:`~runner.tasks.context.TaskDeclined` (this node must
@@ -17,7 +19,8 @@ trace and why it failed); its :attr:`~AttemptResult.outcome` says what happens t
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from runner.store import AttemptStatus, TaskStatus
@@ -39,6 +42,7 @@ class Outcome(enum.Enum):
     FINISHED = "finished"
     RETRY = "retry"
     STOPPED = "stopped"
+    RETRY_LATER = "retry_later"
     CANCELLED = "cancelled"
     DECLINED = "declined"
 
@@ -49,6 +53,8 @@ class AttemptResult:
     failure: Failure = Failure.NONE
     error: str | None = None
     stack: str | None = None
+    #: the handler's exception (kept in memory for the retry policy, never stored)
+    exception: BaseException | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def succeeded(cls) -> AttemptResult:
@@ -67,8 +73,9 @@ class AttemptResult:
         return cls(AttemptStatus.CANCELLED_BY_SYSTEM, Failure.DECLINED, error)
 
     @classmethod
-    def failed(cls, error: str, stack: str | None) -> AttemptResult:
-        return cls(AttemptStatus.FAILED, Failure.ERROR, error, stack)
+    def failed(cls, error: str, stack: str | None,
+               exception: BaseException | None = None) -> AttemptResult:
+        return cls(AttemptStatus.FAILED, Failure.ERROR, error, stack, exception)
 
     @property
     def outcome(self) -> Outcome:
@@ -77,13 +84,16 @@ class AttemptResult:
                 Failure.ERROR: Outcome.STOPPED}[self.failure]
 
 
-def task_changes(outcome: Outcome) -> dict[str, Any]:
+def task_changes(outcome: Outcome, run_at: datetime | None = None) -> dict[str, Any]:
     """The task's new state, written with the attempt's end by its owner: back to WAITING, and
-    finished (FINISHED) or deactivated (STOPPED). A retry that is not made (cancelled while
-    waiting, or its budget spent: the loop concludes it as STOPPED) leaves it as it stands."""
+    finished (FINISHED), deactivated (STOPPED) or not before ``run_at`` (RETRY_LATER). A retry
+    that is not made (cancelled while waiting, or its budget spent: the loop concludes it as
+    STOPPED) leaves it as it stands."""
     changes: dict[str, Any] = {"status": TaskStatus.WAITING}
     if outcome is Outcome.FINISHED:
         changes["finished"] = True
     elif outcome is Outcome.STOPPED:
         changes["active"] = False
+    elif outcome is Outcome.RETRY_LATER:
+        changes["run_at"] = run_at
     return changes

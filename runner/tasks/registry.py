@@ -30,6 +30,7 @@ from pydantic import BaseModel, ValidationError
 from messaging import summary, validate_payload
 from runner.errors import RunnerError
 from runner.tasks.context import TaskContext
+from runner.tasks.retry import RetryPolicy
 
 
 class TaskError(RunnerError):
@@ -61,13 +62,20 @@ class TaskType:
     slot_limit: int | None = None  # cluster-wide concurrency of this type
     description: str = ""
     priority: int = 0  # of a submission that names none
+    resources: tuple[str, ...] = ()  # every task of the type takes these (besides its own)
+    retry: RetryPolicy | None = None  # None: a failure stops the task
+    max_duration: float | None = None  # seconds RUNNING before an incident is raised
+    max_wait: float | None = None  # seconds WAITING (once due) before an incident is raised
 
     def describe(self) -> dict[str, Any]:
-        """What ``latchwork task types`` shows: name, description, default priority, slots
-        and the payload's JSON schema (None: any JSON object)."""
+        """What ``latchwork task types`` shows: name, description, default priority, slots,
+        resources, retry policy and the payload's JSON schema (None: any JSON object)."""
         schema = self.payload_model.model_json_schema() if self.payload_model else None
         return {"name": self.name, "description": self.description, "priority": self.priority,
-                "slots": self.slot_limit, "payload_schema": schema}
+                "slots": self.slot_limit, "resources": list(self.resources),
+                "retry": self.retry.describe() if self.retry else None,
+                "max_duration": self.max_duration, "max_wait": self.max_wait,
+                "payload_schema": schema}
 
     def parse(self, payload: Mapping[str, Any]) -> Any:
         if self.payload_model is None:
@@ -84,11 +92,18 @@ class TaskRegistry:
 
     def register(self, name: str, handler: Handler, payload_model: type[BaseModel] | None = None,
                  *, slot_limit: int | None = None, description: str = "",
-                 priority: int = 0) -> None:
+                 priority: int = 0, resources: tuple[str, ...] = (),
+                 retry: RetryPolicy | None = None, max_duration: float | None = None,
+                 max_wait: float | None = None) -> None:
         if name in self._types:
             raise ValueError(f"task type {name!r} is already registered")
+        if any(not r for r in resources):
+            raise ValueError(f"task type {name!r}: a resource name cannot be empty")
+        for what, seconds in (("max_duration", max_duration), ("max_wait", max_wait)):
+            if seconds is not None and seconds <= 0:
+                raise ValueError(f"task type {name!r}: {what} must be positive")
         self._types[name] = TaskType(name, handler, payload_model, slot_limit, description,
-                                     priority)
+                                     priority, tuple(resources), retry, max_duration, max_wait)
 
     def get(self, name: str) -> TaskType:
         try:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from runner.store import codec
+from runner.store import codec, due
 from runner.store.errors import (
     UnknownStoreFormat,
 )
@@ -19,10 +19,11 @@ from runner.store.model import (
     TaskStatus,
 )
 
-TASK_CHANGES = {"status", "finished", "active", "payload", "owner", "priority"}
+TASK_CHANGES = {"status", "finished", "active", "payload", "owner", "priority", "run_at",
+                "skipped"}
 
 
-TASK_FIXED = ("task_id", "task_type", "task_created", "task_unique")
+TASK_FIXED = ("task_id", "task_type", "task_created", "task_unique", "task_okey")
 
 
 def task_props(task: Task) -> dict[str, Any]:
@@ -30,15 +31,25 @@ def task_props(task: Task) -> dict[str, Any]:
         "task_id": task.id, "task_type": task.type,
         "task_payload": codec.encode_json(task.payload), "task_priority": task.priority,
         "task_created": codec.encode_time(task.created_at), "task_version": task.version,
-        "task_queue": "open" if task.open else "closed",
+        "task_queue": due.queue_of(task, codec.now()),
         "task_state": codec.encode_json({
             "status": task.status.value, "active": task.active, "finished": task.finished,
             "owner": task.owner or "", "updated": codec.encode_time(task.updated_at),
-            "attempts": task.attempts}),
+            "attempts": task.attempts,
+            "run_at": codec.encode_time(task.run_at) if task.run_at else "",
+            "resources": list(task.resources), "skipped": task.skipped}),
         "task_fence": codec.encode_big(task.fence),
+        # the unfinished tasks of an ordering key, found from an index ("" once finished)
+        "task_okey_open": task.ordering_key if task.ordering_key and not task.finished else "",
+        # stopped tasks (inactive, unfinished), found from an index by the master's incidents
+        "task_stopped": "1" if not task.active and not task.finished else "",
     }
     if task.unique_key is not None:
         props["task_unique"] = task.unique_key
+    if task.ordering_key is not None:
+        props["task_okey"] = task.ordering_key
+    if task.finished:  # the UTC day it finished: retention walks finished tasks by day
+        props["task_end_day"] = task.updated_at.strftime("%Y-%m-%d")
     return props
 
 
@@ -55,7 +66,10 @@ def task_from_row(row: Mapping[Any, Any]) -> Task:
         priority=int(row["task_priority"]), created_at=codec.decode_time(row["task_created"]),
         updated_at=codec.decode_time(state["updated"]), version=int(row["task_version"]),
         fence=codec.decode_big(row["task_fence"]), unique_key=row.get("task_unique"),
-        owner=state["owner"] or None, attempts=int(state["attempts"]))
+        owner=state["owner"] or None, attempts=int(state["attempts"]),
+        run_at=codec.decode_time(state["run_at"]) if state.get("run_at") else None,
+        ordering_key=row.get("task_okey"), resources=tuple(state.get("resources", ())),
+        skipped=bool(state.get("skipped", False)))
 
 
 def attempt_from_row(row: Mapping[Any, Any]) -> Attempt:

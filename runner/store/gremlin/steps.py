@@ -7,6 +7,7 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
+from gremlin_python.process.graph_traversal import __
 from gremlin_python.process.traversal import Cardinality
 
 from runner.store.model import ASPECT_PATTERN
@@ -35,5 +36,11 @@ def add_vertex(g: Any, label: str, props: Mapping[str, Any]) -> Any:
     for key, value in props.items():
         t = t.property(key, value)
     return t
+
+
+def get_or_add(g: Any, key: str, value: Any, label: str, props: Mapping[str, Any]) -> Any:
+    """The vertex whose ``key`` is ``value``, or a new ``label`` vertex with ``props``, in one
+    traversal (the caller tells which by a value only a new one has)."""
+    return g.V().has(key, value).fold().coalesce(__.unfold(), add_vertex(__, label, props))
 
 

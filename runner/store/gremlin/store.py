@@ -21,10 +21,13 @@ from runner.store.errors import (
 from runner.store.graph import Graph, open_graph
 from runner.store.gremlin.attempts import GremlinAttemptLog
 from runner.store.gremlin.avatars import GremlinAvatarStore
+from runner.store.gremlin.incidents import GremlinIncidentStore
 from runner.store.gremlin.ontologies import GremlinOntologyStore
+from runner.store.gremlin.retention import GremlinRetentionStore
+from runner.store.gremlin.schedules import GremlinScheduleStore
 from runner.store.gremlin.tasks import GremlinTaskStore
 from runner.store.gremlin.writes import (
-        attempt_end,
+    attempt_end,
     attempt_start,
     fence_guard,
     matched_write,
@@ -54,6 +57,9 @@ class GraphStore:
         self.attempts: AttemptLog = self._attempts
         self.ontologies: OntologyStore = GremlinOntologyStore(graph)
         self.avatars: AvatarStore = GremlinAvatarStore(graph)
+        self.schedules = GremlinScheduleStore(graph)
+        self.incidents = GremlinIncidentStore(graph)
+        self.retention = GremlinRetentionStore(graph)
 
     def claim(self, task: Task, fence_token: int, member_id: str) -> tuple[Task, Attempt]:
         """Claim ``task`` as listed (RUNNING, owner, token; guarded by its version and fence)

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
-from gremlin_python.process.graph_traversal import __
 from gremlin_python.process.traversal import P
 
-from runner.store import codec
+from runner.store import codec, due
 from runner.store.errors import (
     CommitConflict,
     InvalidValue,
@@ -26,6 +26,7 @@ from runner.store.gremlin.rows import (
 )
 from runner.store.gremlin.steps import (
     add_vertex,
+    get_or_add,
 )
 from runner.store.gremlin.writes import (
     TaskChange,
@@ -51,23 +52,30 @@ class GremlinTaskStore:
         self.graph = graph
 
     def create(self, type: str, payload: Mapping[str, Any] | None = None, *,
-               unique_key: str | None = None, priority: int = 0) -> Task:
+               unique_key: str | None = None, priority: int = 0,
+               run_at: datetime | None = None, ordering_key: str | None = None,
+               resources: Sequence[str] = ()) -> Task:
         if not type:
             raise InvalidValue("a task needs a type")
+        if run_at is not None and run_at.tzinfo is None:
+            raise InvalidValue(f"run_at {run_at!r} has no time zone")
+        if ordering_key is not None and not ordering_key:
+            raise InvalidValue("an ordering key cannot be empty")
+        if any(not r for r in resources):
+            raise InvalidValue("a resource name cannot be empty")
         created = codec.now()
         task = Task(id=str(uuid.uuid4()), type=type, payload=dict(payload or {}), active=True,
                     status=TaskStatus.WAITING, finished=False, priority=priority,
                     created_at=created, updated_at=created, version=0, fence=0,
-                    unique_key=unique_key)
+                    unique_key=unique_key, run_at=run_at, ordering_key=ordering_key,
+                    resources=tuple(sorted(set(resources))))
         props = task_props(task)
 
         def run(g: Any) -> Any:
             if unique_key is None:
                 return add_vertex(g, "task", props).element_map().next()
             # one traversal: find the task with this key or create it
-            return (g.V().has("task_unique", unique_key).fold()
-                    .coalesce(__.unfold(), add_vertex(__, "task", props))
-                    .element_map().next())
+            return get_or_add(g, "task_unique", unique_key, "task", props).element_map().next()
 
         return task_from_row(self.graph.write(run))
 
@@ -80,6 +88,33 @@ class GremlinTaskStore:
         tasks = [task_from_row(row) for row in rows]
         tasks.sort(key=lambda t: (-t.priority, t.created_at, t.id))
         return tasks
+
+    def with_key(self, ordering_key: str) -> list[Task]:
+        """The unfinished tasks of ``ordering_key`` (stopped ones too), in submission order:
+        the first is the only one that may run."""
+        rows = self.graph.read(
+            lambda g: g.V().has("task_okey_open", ordering_key).element_map().to_list())
+        tasks = [task_from_row(row) for row in rows]
+        tasks.sort(key=lambda t: (t.created_at, t.id))
+        return tasks
+
+    def stopped(self) -> list[Task]:
+        """Tasks stopped before they finished (a failure, an operator), oldest first."""
+        rows = self.graph.read(
+            lambda g: g.V().has("task_stopped", "1").element_map().to_list())
+        return sorted((task_from_row(r) for r in rows), key=lambda t: (t.created_at, t.id))
+
+    def promote(self, buckets: Sequence[int]) -> int:
+        """Move the tasks of these time buckets into the ``open`` queue (see
+        :mod:`runner.store.due`); how many. Idempotent; changes no version (where a task
+        waits is not part of its state)."""
+        if not buckets:
+            return 0
+        names = [due.bucket_name(b) for b in buckets]
+        moved = self.graph.write(
+            lambda g: g.V().has("task_queue", P.within(names)).property("task_queue", "open")
+            .id_().to_list())
+        return len(moved)
 
     def versions(self, task_ids: Sequence[str]) -> dict[str, int]:
         """The current version of each task that exists (one read): a cheap freshness check
@@ -140,5 +175,21 @@ class GremlinTaskStore:
 
     def reactivate(self, task_id: str) -> Task:
         return self._flip(task_id, True)
+
+    def skip(self, task_id: str) -> Task:
+        """Finish a task that is not running without running it (an operator unblocking its
+        ordering key): finished, marked skipped. A running or finished task is refused
+        (:class:`InvalidValue`); a claim that gets in first wins, and the skip is refused."""
+        def once() -> Task | None:
+            task = read_task(self.graph, task_id)
+            if task.finished:
+                raise InvalidValue(f"task {task_id} is finished already")
+            if task.status is TaskStatus.RUNNING:
+                raise InvalidValue(f"task {task_id} is running on {task.owner}: cancel it "
+                                   "first")
+            change = task_change(task, None, {"finished": True, "skipped": True,
+                                              "active": False})
+            return change.task if matched_write(self.graph, change.traverse) else None
+        return until_written(once, task_id)
 
 

@@ -1,0 +1,111 @@
+"""``latchwork schedule``: recurring schedules the master fires, one task per fire."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from runner.cli.client import (
+    config_option,
+    connect,
+    json_option,
+    output,
+    request,
+    timeout_option,
+)
+from runner.cli.root import cli
+from runner.tasks.schedules import InvalidSchedule, parse_every
+
+
+@cli.group()
+def schedule() -> None:
+    """Recurring schedules: the master creates one task per fire, exactly once across master
+    failovers (docs/runner.md)."""
+
+
+@schedule.command("add")
+@click.argument("name")
+@click.option("--cron", default=None, metavar="EXPR",
+              help='a crontab expression in UTC, e.g. "*/5 * * * *"')
+@click.option("--every", default=None, metavar="DURATION",
+              help="an interval: 30s, 5m, 1h, 2d or seconds")
+@click.option("--type", "task_type", required=True, help="the task type each fire creates")
+@click.option("--payload", default="{}", show_default=True, help="the tasks' payload (JSON)")
+@click.option("--priority", type=int, default=None, help="the tasks' priority")
+@click.option("--ordering-key", default=None, help="the tasks' ordering key")
+@click.option("--resource", "resources", multiple=True, help="a resource the tasks hold")
+@click.option("--misfire", type=click.Choice(["run_once", "skip"]), default="run_once",
+              show_default=True,
+              help="fires missed while no master existed: run the latest once, or skip them")
+@config_option
+@json_option
+@timeout_option
+def schedule_add(name: str, cron: str | None, every: str | None, task_type: str,
+                 payload: str, priority: int | None, ordering_key: str | None,
+                 resources: tuple[str, ...], misfire: str, config: Path | None,
+                 as_json: bool, timeout: float) -> None:
+    """Add schedule NAME: every fire of --cron or --every creates a task of --type."""
+    if (cron is None) == (every is None):
+        raise click.UsageError("give --cron or --every, one of them")
+    try:
+        seconds = parse_every(every) if every is not None else None
+    except InvalidSchedule as exc:
+        raise click.BadParameter(str(exc), param_hint="--every") from exc
+    try:
+        body = json.loads(payload)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not valid JSON: {exc}", param_hint="--payload") from exc
+    with connect(config, timeout) as client:
+        added = client.schedule_add(name, task_type, body, cron=cron, every=seconds,
+                                    priority=priority, ordering_key=ordering_key,
+                                    resources=resources, misfire=misfire)
+    output(added, as_json, lambda s: click.echo(f"schedule {s['name']} added; next fire "
+                                                f"{s['next_fire']}"))
+
+
+def _render(schedules: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{len(schedules)} schedule(s)")
+    for column in ("name", "when", "type", "state", "last fire", "next fire", "misfire"):
+        table.add_column(column)
+    for s in schedules:
+        when = s["cron"] if s.get("cron") else f"every {s['every']:g}s"
+        table.add_row(s["name"], when, s["type"], "paused" if s["paused"] else "active",
+                      s["last_fire"] or "-", s["next_fire"] or "-", s["misfire"])
+    Console().print(table)
+
+
+@schedule.command("list")
+@config_option
+@json_option
+@timeout_option
+def schedule_list(config: Path | None, as_json: bool, timeout: float) -> None:
+    """Every schedule with its last and next fire."""
+    output(request(config, "schedule.list", None, timeout), as_json, _render)
+
+
+@schedule.command("remove")
+@click.argument("name")
+@config_option
+@timeout_option
+def schedule_remove(name: str, config: Path | None, timeout: float) -> None:
+    """Remove schedule NAME (the tasks it created stay)."""
+    request(config, "schedule.remove", {"name": name}, timeout)
+    click.echo(f"schedule {name} removed")
+
+
+@schedule.command("pause")
+@click.argument("name")
+@click.option("--resume", is_flag=True, help="resume it instead (from now on)")
+@config_option
+@timeout_option
+def schedule_pause(name: str, resume: bool, config: Path | None, timeout: float) -> None:
+    """Pause schedule NAME: no fires until it is resumed (fires while paused are not made
+    up)."""
+    request(config, "schedule.pause", {"name": name, "paused": not resume}, timeout)
+    click.echo(f"schedule {name} {'resumed' if resume else 'paused'}")

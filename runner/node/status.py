@@ -1,0 +1,35 @@
+"""What ``cluster status`` answers: members, master, held task locks, the configured
+concurrency levels' use, the resources and ordering keys held now, and the open incidents."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+from urllib.parse import unquote
+
+from coord import Session, held_locks, holders, read_leader, read_members
+from runner.config import Settings
+from runner.store import GraphStore
+from runner.tasks.claim import slot_name
+
+
+def cluster_status(session: Session, settings: Settings, member_id: str,
+                   store: GraphStore) -> dict[str, Any]:
+    now = time.time()
+    groups = holders(session, "group")
+    return {
+        "cluster": settings.cluster,
+        "answered_by": member_id,
+        "master": read_leader(session),
+        "members": [{"id": m.member_id, "host": m.host, "pid": m.pid, "version": m.version}
+                    for m in read_members(session).values()],
+        "locks": [{"task": h.task_id, "owner": h.owner, "token": h.token,
+                   "age_s": round(now - h.since, 1)} for h in held_locks(session)],
+        # the slot levels a claim books (runner.tasks.claim.levels)
+        "concurrency": [{"group": group, "limit": limit,
+                         "used": len(groups.get(slot_name(group), []))}
+                        for group, limit in sorted(settings.concurrency.items())],
+        "resources": {unquote(k): v for k, v in holders(session, "resource").items()},
+        "ordering_keys": {unquote(k): v for k, v in holders(session, "key").items()},
+        "incidents": [i.view() for i in store.incidents.open()],
+    }

@@ -1,0 +1,58 @@
+"""Retention's store side: finished tasks by the day they finished, and their removal with a
+tombstone saying where they went. A missing tombstone raises nothing: ``tombstone()`` is None.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from runner.store import codec
+from runner.store.graph import Graph
+from runner.store.gremlin.rows import task_from_row
+from runner.store.gremlin.steps import get_or_add
+from runner.store.model import Task
+
+
+@dataclass(frozen=True)
+class Tombstone:
+    task_id: str
+    where: str  # the Parquet file it was archived to, or "" when only removed
+    at: str  # when (UTC, ISO 8601)
+
+
+class GremlinRetentionStore:
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+
+    def end_days(self) -> list[str]:
+        """Every day some kept task finished on (a full read: once, to start the cursor)."""
+        days = self.graph.read(  # gremlite has no dedup step
+            lambda g: g.V().has("task_end_day").values("task_end_day").to_list())
+        return sorted(set(days))
+
+    def finished_on(self, day: str) -> list[Task]:
+        rows = self.graph.read(
+            lambda g: g.V().has("task_end_day", day).element_map().to_list())
+        return sorted((task_from_row(r) for r in rows), key=lambda t: t.id)
+
+    def remove(self, tasks: list[Task], where: str) -> None:
+        """Drop the tasks, their attempts and incidents, and leave a tombstone for each, in
+        one write (a task already gone is skipped)."""
+        at = codec.encode_time(codec.now())
+
+        def write(g: Any) -> None:
+            for task in tasks:
+                g.V().has("incident_task", task.id).drop().iterate()
+                g.V().has("task_id", task.id).out("has_attempt").drop().iterate()
+                g.V().has("task_id", task.id).drop().iterate()
+                get_or_add(g, "tomb_task", task.id, "archived_task", {
+                    "tomb_task": task.id, "tomb_where": where, "tomb_at": at}).iterate()
+        self.graph.write(write)
+
+    def tombstone(self, task_id: str) -> Tombstone | None:
+        rows = self.graph.read(
+            lambda g: g.V().has("tomb_task", task_id).element_map().to_list())
+        if not rows:
+            return None
+        return Tombstone(rows[0]["tomb_task"], rows[0]["tomb_where"], rows[0]["tomb_at"])

@@ -1,0 +1,94 @@
+"""Recurring schedules as ``schedule`` vertices: what to create and when (``schedule_spec``),
+whether paused and up to which fire it was handled (``schedule_state``, guarded by
+``schedule_version``). A missing schedule raises
+:class:`~runner.store.errors.ScheduleNotFound`, a second one of a name
+:class:`~runner.store.errors.ScheduleExists`; a state write someone else made first,
+:class:`~runner.store.errors.CommitConflict`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from runner.store import codec
+from runner.store.errors import CommitConflict, ScheduleExists, ScheduleNotFound
+from runner.store.graph import Graph
+from runner.store.gremlin.steps import get_or_add, set_props
+from runner.store.gremlin.writes import matched_write
+
+
+@dataclass(frozen=True)
+class Schedule:
+    name: str
+    spec: dict[str, Any]  # cron or every, type, payload, priority, ordering_key, misfire...
+    created_at: datetime
+    paused: bool
+    last_fire: datetime | None  # the last fire handled (a task created, or skipped)
+    version: int
+
+
+def _from_row(row: Mapping[Any, Any]) -> Schedule:
+    state = codec.decode_json(row["schedule_state"])
+    return Schedule(name=row["schedule_name"], spec=codec.decode_json(row["schedule_spec"]),
+                    created_at=codec.decode_time(row["schedule_created"]),
+                    paused=bool(state["paused"]),
+                    last_fire=codec.decode_time(state["last"]) if state["last"] else None,
+                    version=int(row["schedule_version"]))
+
+
+def _state(paused: bool, last_fire: datetime | None) -> str:
+    return codec.encode_json({"paused": paused,
+                              "last": codec.encode_time(last_fire) if last_fire else ""})
+
+
+class GremlinScheduleStore:
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+
+    def add(self, name: str, spec: Mapping[str, Any]) -> Schedule:
+        props: dict[str, Any] = {
+            "schedule_name": name, "schedule_spec": codec.encode_json(dict(spec)),
+            "schedule_created": codec.encode_time(codec.now()),
+            "schedule_state": _state(False, None), "schedule_version": 0}
+        # one traversal: the schedule of this name, or a new one (told apart by the time)
+        row = self.graph.write(lambda g: get_or_add(g, "schedule_name", name, "schedule", props)
+                               .element_map().next())
+        schedule = _from_row(row)
+        if schedule.created_at != codec.decode_time(props["schedule_created"]) or \
+                schedule.spec != codec.decode_json(props["schedule_spec"]):
+            raise ScheduleExists(f"a schedule named {name!r} exists already")
+        return schedule
+
+    def get(self, name: str) -> Schedule:
+        rows = self.graph.read(
+            lambda g: g.V().has("schedule_name", name).element_map().to_list())
+        if not rows:
+            raise ScheduleNotFound(f"no schedule {name!r}")
+        return _from_row(rows[0])
+
+    def all(self) -> list[Schedule]:
+        rows = self.graph.read(lambda g: g.V().has_label("schedule").element_map().to_list())
+        return sorted((_from_row(r) for r in rows), key=lambda s: s.name)
+
+    def remove(self, name: str) -> None:
+        self.get(name)
+        self.graph.write(lambda g: g.V().has("schedule_name", name).drop().iterate())
+
+    def update(self, schedule: Schedule, *, paused: bool | None = None,
+               last_fire: datetime | None = None) -> Schedule:
+        """Write a new state, guarded by the version ``schedule`` was read at."""
+        new_paused = schedule.paused if paused is None else paused
+        new_last = schedule.last_fire if last_fire is None else last_fire
+        props = {"schedule_state": _state(new_paused, new_last),
+                 "schedule_version": schedule.version + 1}
+
+        def guarded(g: Any) -> Any:
+            return set_props(g.V().has("schedule_name", schedule.name)
+                             .has("schedule_version", schedule.version), props)
+
+        if not matched_write(self.graph, guarded):
+            raise CommitConflict(f"schedule {schedule.name}", schedule.version, None)
+        return Schedule(schedule.name, schedule.spec, schedule.created_at, new_paused,
+                        new_last, schedule.version + 1)

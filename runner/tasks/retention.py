@@ -1,0 +1,135 @@
+"""Retention: the master archives finished tasks older than ``retention_days`` to Parquet in
+``data_dir/archive`` and removes them from the graph, or only removes them, in small batches.
+
+The default keeps everything. With a policy, every ``retention_interval`` seconds the master
+takes at most ``retention_batch`` finished tasks, walking the days they finished on from a
+cursor in ZooKeeper (``retention/day``, started once from the days present): a task, its
+attempts and incidents become one row of ``archive/tasks-<day>-<first task id>.parquet``
+(``mode=archive``), then leave the graph in one write that also leaves a small tombstone, so
+``task show`` of an archived task says where it went. A batch is a deterministic choice (the
+day's oldest ids), and its file name follows from it: a master killed between the file and the
+graph write leaves a file the next master writes again, identically; a master killed after it
+leaves nothing to redo. Days past the cursor are never read again: the scan and listings do
+not grow with history, and the graph shrinks to a tombstone per task.
+
+Failure behaviour: a file that cannot be written stops the round before anything is removed
+(logged; tried again next round); store and ZooKeeper errors likewise.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from kazoo.exceptions import NodeExistsError, NoNodeError
+
+from coord import Session, zk_errors
+from runner.store import Attempt, GraphStore, Task, codec
+
+log = logging.getLogger("latchwork.retention")
+CURSOR = "retention/day"
+
+
+class Retention:
+    def __init__(self, session: Session, store: GraphStore, member_id: str, days: float,
+                 mode: str, data_dir: str, batch: int = 50, interval: float = 60.0) -> None:
+        self.session = session
+        self.store = store
+        self.member_id = member_id
+        self.days = days
+        self.mode = mode
+        self.archive = Path(data_dir) / "archive"
+        self.batch = batch
+        self.interval = interval
+        self._next = 0.0
+
+    def tick(self, now: datetime | None = None, force: bool = False) -> int:
+        """One round (at most one per ``interval`` unless ``force``); tasks removed."""
+        if not force and time.monotonic() < self._next:
+            return 0
+        self._next = time.monotonic() + self.interval
+        now = now or codec.now()
+        cutoff = now - timedelta(days=self.days)
+        last_day = cutoff.strftime("%Y-%m-%d")
+        day = self._cursor()
+        while day is not None and day <= last_day:
+            tasks = [t for t in self.store.retention.finished_on(day)
+                     if t.updated_at < cutoff][:self.batch]
+            if tasks:
+                self._remove(day, tasks)
+                return len(tasks)
+            if day == last_day:
+                return 0  # the rest of the cutoff's day is not old enough yet
+            day = self._advance(day)
+        return 0
+
+    def _cursor(self) -> str | None:
+        with zk_errors("cannot read the retention cursor"):
+            try:
+                data, _ = self.session.client.get(CURSOR)
+                return str(data.decode())
+            except NoNodeError:
+                pass
+        days = self.store.retention.end_days()
+        if not days:
+            return None
+        with zk_errors("cannot create the retention cursor"):
+            try:
+                self.session.client.create(CURSOR, days[0].encode(), makepath=True)
+            except NodeExistsError:
+                pass
+        return days[0]
+
+    def _advance(self, day: str) -> str:
+        following = (datetime.strptime(day, "%Y-%m-%d") + timedelta(days=1)).strftime(
+            "%Y-%m-%d")
+        with zk_errors("cannot move the retention cursor"):
+            self.session.client.set(CURSOR, following.encode())
+        return following
+
+    def _remove(self, day: str, tasks: list[Task]) -> None:
+        where = ""
+        if self.mode == "archive":
+            where = str(self._write(day, tasks))
+        self.store.retention.remove(tasks, where)
+        log.info("member %s (master): %d tasks finished on %s %s", self.member_id,
+                 len(tasks), day, f"archived to {where}" if where else "removed")
+
+    def _write(self, day: str, tasks: list[Task]) -> Path:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        self.archive.mkdir(parents=True, exist_ok=True)
+        path = self.archive / f"tasks-{day}-{tasks[0].id}.parquet"
+        rows: dict[str, list[str]] = {"id": [], "type": [], "task": [], "attempts": [],
+                                      "incidents": []}
+        for task in tasks:
+            attempts = self.store.attempts.for_task(task.id)
+            rows["id"].append(task.id)
+            rows["type"].append(task.type)
+            rows["task"].append(json.dumps(_task_doc(task)))
+            rows["attempts"].append(json.dumps([_attempt_doc(a) for a in attempts]))
+            rows["incidents"].append(json.dumps(
+                [i.view() for i in self.store.incidents.for_task(task.id)]))
+        partial = path.with_suffix(".parquet.partial")
+        pq.write_table(pa.table(rows), partial)
+        partial.replace(path)  # a reader never sees half a file
+        return path
+
+
+def _task_doc(task: Task) -> dict[str, object]:
+    return {"id": task.id, "type": task.type, "payload": task.payload,
+            "priority": task.priority, "created_at": task.created_at.isoformat(),
+            "finished_at": task.updated_at.isoformat(), "attempts": task.attempts,
+            "unique_key": task.unique_key, "ordering_key": task.ordering_key,
+            "resources": list(task.resources), "skipped": task.skipped}
+
+
+def _attempt_doc(a: Attempt) -> dict[str, object]:
+    return {"id": a.id, "seq": a.seq, "status": a.status.value, "executor": a.executor,
+            "started_at": a.started_at.isoformat(),
+            "ended_at": a.ended_at.isoformat() if a.ended_at else None,
+            "error": a.error, "stack_trace": a.stack_trace}

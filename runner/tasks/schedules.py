@@ -1,0 +1,166 @@
+"""Recurring schedules: the master creates one task per fire, exactly once across failovers.
+
+A schedule (``latchwork schedule add NAME --cron "*/5 * * * *" | --every 30s --type T``) is a
+``schedule`` vertex in the graph. Every round (the reaper's interval) the master computes each
+unpaused schedule's fires after the last one it handled, with APScheduler's triggers, up to
+:data:`LOOKAHEAD` seconds ahead, and creates a task for each, due at the fire time (the due
+index and the nodes' timers start it on time) with the uniqueness key
+``schedule:<name>:<fire time>``; then it records the last fire handled (a write guarded by
+the schedule's version). A master that dies between the two writes leaves the record behind;
+the next master creates the same tasks again, which the uniqueness keys turn into nothing new:
+one task per fire, whatever the failovers.
+
+Misfires: fires more than :data:`GRACE` seconds in the past when a master first sees them were
+missed (no master existed, or the store was down). ``misfire="run_once"`` (the default)
+creates one task for the latest missed fire, due now; ``misfire="skip"`` creates none. Either
+way the earlier missed fires are logged and dropped, as Quartz and APScheduler do with
+coalescing.
+
+Failure behaviour: a bad cron expression or spec is refused when the schedule is added
+(:class:`InvalidSchedule`, exit 2 in the CLI); a store error in a round is logged and the round
+tried again next time.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from apscheduler.triggers.base import BaseTrigger
+from apscheduler.triggers.cron import CronTrigger
+from apscheduler.triggers.interval import IntervalTrigger
+from pydantic import BaseModel, Field, model_validator
+
+from runner.errors import RunnerError
+from runner.store import CommitConflict, GraphStore, Task, codec
+from runner.store.gremlin.schedules import Schedule
+
+log = logging.getLogger("latchwork.schedules")
+
+#: fires are turned into tasks this many seconds ahead (so they start on time)
+LOOKAHEAD = 5.0
+#: a fire further in the past than this when first seen was missed
+GRACE = 10.0
+#: fires walked per schedule and round at most (an interval of a second after a long outage)
+MAX_STEPS = 100_000
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+
+
+class InvalidSchedule(RunnerError, ValueError):
+    """A schedule that cannot fire: a bad cron expression, interval or task spec."""
+
+    error_code = "schedule_invalid"
+
+
+def parse_every(text: str) -> float:
+    """``30s``, ``5m``, ``1.5h``, ``2d``, ``250ms`` or plain seconds."""
+    match = _DURATION.match(text)
+    if not match:
+        raise InvalidSchedule(f"not a duration: {text!r} (e.g. 30s, 5m, 1h)")
+    seconds = float(match.group(1)) * _UNITS[match.group(2)]
+    if seconds <= 0:
+        raise InvalidSchedule(f"the interval must be positive, not {text!r}")
+    return seconds
+
+
+class ScheduleSpec(BaseModel):
+    cron: str | None = None
+    every: float | None = Field(None, gt=0)
+    type: str = Field(min_length=1)
+    payload: dict[str, Any] = Field(default_factory=dict)
+    priority: int | None = None
+    ordering_key: str | None = Field(None, min_length=1)
+    resources: list[str] = Field(default_factory=list)
+    misfire: Literal["run_once", "skip"] = "run_once"
+
+    @model_validator(mode="after")
+    def _one_trigger(self) -> ScheduleSpec:
+        if (self.cron is None) == (self.every is None):
+            raise ValueError("give a cron expression or an interval, one of them")
+        if self.cron is not None:
+            try:
+                CronTrigger.from_crontab(self.cron, timezone="UTC")
+            except ValueError as exc:
+                raise ValueError(f"bad cron expression {self.cron!r}: {exc}") from exc
+        return self
+
+
+def trigger_of(spec: ScheduleSpec, created: datetime) -> BaseTrigger:
+    if spec.cron is not None:
+        return CronTrigger.from_crontab(spec.cron, timezone="UTC")
+    assert spec.every is not None
+    return IntervalTrigger(seconds=spec.every, start_date=created, timezone="UTC")
+
+
+def next_after(trigger: BaseTrigger, after: datetime) -> datetime | None:
+    """The trigger's first fire strictly after ``after``."""
+    fire: datetime | None = trigger.get_next_fire_time(after, after + timedelta(microseconds=1))
+    return fire
+
+
+def fire_key(name: str, fire: datetime) -> str:
+    return f"schedule:{name}:{codec.encode_time(fire)}"
+
+
+class ScheduleFirer:
+    """The master's schedule round (:meth:`tick`); ``submit`` creates a task like the API."""
+
+    def __init__(self, store: GraphStore, submit: Callable[..., Task]) -> None:
+        self.store = store
+        self.submit = submit
+
+    def tick(self, now: datetime | None = None) -> int:
+        """One round over every schedule; how many tasks it asked for."""
+        now = now or codec.now()
+        asked = 0
+        for schedule in self.store.schedules.all():
+            if schedule.paused:
+                continue
+            try:
+                asked += self._fire(schedule, now)
+            except CommitConflict:
+                log.info("schedule %s changed during the round; next round", schedule.name)
+        return asked
+
+    def _create(self, schedule: Schedule, spec: ScheduleSpec, fire: datetime,
+                run_at: datetime) -> None:
+        task = self.submit(spec.type, dict(spec.payload), fire_key(schedule.name, fire),
+                           spec.priority, run_at=run_at, ordering_key=spec.ordering_key,
+                           resources=spec.resources)
+        log.info("schedule %s: fire %s is task %s", schedule.name, fire.isoformat(), task.id)
+
+    def _fire(self, schedule: Schedule, now: datetime) -> int:
+        spec = ScheduleSpec.model_validate(schedule.spec)
+        trigger = trigger_of(spec, schedule.created_at)
+        fire = next_after(trigger, schedule.last_fire or schedule.created_at)
+        missed: list[datetime] = []
+        upcoming: list[datetime] = []
+        steps = 0
+        while fire is not None and fire <= now + timedelta(seconds=LOOKAHEAD) \
+                and steps < MAX_STEPS:
+            if fire < now - timedelta(seconds=GRACE):
+                missed = [missed[0], fire] if missed else [fire]
+            else:
+                upcoming.append(fire)
+            fire = next_after(trigger, fire)
+            steps += 1
+        asked = 0
+        if missed:
+            latest = missed[-1]
+            if spec.misfire == "run_once":
+                self._create(schedule, spec, latest, now)
+                asked += 1
+            log.warning("schedule %s: fires missed from %s to %s (no master); %s",
+                        schedule.name, missed[0].isoformat(), latest.isoformat(),
+                        "ran the latest once" if spec.misfire == "run_once" else "skipped")
+        for upcoming_fire in upcoming:
+            self._create(schedule, spec, upcoming_fire, upcoming_fire)
+            asked += 1
+        handled = upcoming[-1] if upcoming else (missed[-1] if missed else None)
+        if handled is not None:
+            self.store.schedules.update(schedule, last_fire=handled)
+        return asked
