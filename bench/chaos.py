@@ -36,7 +36,12 @@ The figures (all must be 0 but the time to drain):
 * ``ordering_violations``: a task of an ordering key (a share of the tasks carry one of 4)
   whose first attempt started before the previous task of its key had ended;
 * ``resource_holders_overlapping``: two SUCCEEDED attempts of tasks that declare one resource
-  (a share take two of 4) that overlap in time.
+  (a share take two of 4) that overlap in time;
+* ``schedule_fires_twice``: a fire of the run's every-second schedule (``chaos-tick``, fired by
+  whichever node is master through every fault) with more than one task; the fires with a task
+  and the fires missed (expected only where no master existed for over ``GRACE`` seconds:
+  the misfire policy) are reported beside it. The schedule's tasks count in the figures above
+  like the submitted ones.
 
 Usage: ``python bench/chaos.py [--profile short|full] [--seed N] [--keep DIR]``;
 ``make chaos`` runs the full profile, ``make test`` the short one (``tests/test_chaos.py``).
@@ -75,8 +80,9 @@ from messaging import (
     declare_topology,
 )
 from messaging.testing import RabbitMQServer
-from runner.store import AttemptStatus, GraphStore, codec, open_store
+from runner.store import AttemptStatus, CommitConflict, GraphStore, codec, open_store
 from runner.tasks.diag import effects
+from runner.tasks.schedules import ScheduleSpec
 from runner.testing.chaosnode import EFFECTS, RUNS
 
 CLUSTER = "chaos"
@@ -84,7 +90,9 @@ ZERO = ("tasks_lost", "finished_without_succeeded_attempt", "effects_applied_twi
         "effects_from_a_closed_attempt", "overlapping_owners",
         "interrupted_attempts_not_cancelled_by_system", "confirmed_master_messages_lost",
         "master_messages_handled_twice", "lock_znodes_left", "started_before_run_at",
-        "ordering_violations", "resource_holders_overlapping")
+        "ordering_violations", "resource_holders_overlapping", "schedule_fires_twice")
+#: the run's recurring schedule: every second, through every fault
+SCHEDULE = "chaos-tick"
 #: resources some tasks take (two of these each), and ordering keys some tasks carry
 RESOURCES = ("ontology:brick", "aspect:geo", "aspect:time", "file:/shared")
 KEYS = 4
@@ -215,6 +223,23 @@ class Run:
             except (BrokerUnavailable, PublishFailed) as exc:
                 self.say(f"publish of {envelope.id} not confirmed: {exc}")
 
+    def start_schedule(self) -> None:
+        spec = ScheduleSpec.model_validate({"every": 1.0, "type": "diag.sleep",
+                                            "payload": {"seconds": 0.05}})
+        self.store.schedules.add(SCHEDULE, spec.model_dump())
+
+    def stop_schedule(self) -> None:
+        """Pause the schedule (the master may be writing it: again on a conflict), then take
+        the tasks it made into the run's tasks, so the drain waits for them too."""
+        while True:
+            try:
+                self.store.schedules.update(self.store.schedules.get(SCHEDULE), paused=True)
+                break
+            except CommitConflict:
+                time.sleep(0.05)
+        for task_id, _key in schedule_tasks(self.store):
+            self.tasks[task_id] = "diag.sleep"
+
     # -- faults -----------------------------------------------------------------------------
     def inject(self, fault: str, reader: Session) -> None:
         hold = self.profile.session * 2.5
@@ -288,6 +313,29 @@ def drained(run: Run, reader: Session) -> bool:
     return all(client.exists(f"{EFFECTS}/{m}") is not None for m in run.confirmed)
 
 
+def schedule_tasks(store: GraphStore) -> list[tuple[str, str]]:
+    """(task id, uniqueness key) of every task the run's schedule made."""
+    prefix = f"schedule:{SCHEDULE}:"
+    rows = store.graph.read(lambda g: g.V().has_label("task").has("task_unique")
+                            .value_map("task_id", "task_unique").to_list())
+    return [(row["task_id"][0], row["task_unique"][0]) for row in rows
+            if row["task_unique"][0].startswith(prefix)]
+
+
+def fires(run: Run) -> dict[str, int]:
+    """The schedule's fires with a task, fires with more than one, and fires missed between
+    the first and the last one made."""
+    keys = Counter(key for _, key in schedule_tasks(run.store))
+    prefix = f"schedule:{SCHEDULE}:"
+    times = sorted(codec.decode_time(key[len(prefix):]) for key in keys)
+    missed = 0
+    for before, after in itertools.pairwise(times):
+        missed += max(0, round((after - before).total_seconds()) - 1)
+    return {"schedule_fires": len(keys),
+            "schedule_fires_twice": sum(1 for n in keys.values() if n > 1),
+            "schedule_fires_missed": missed}
+
+
 def figures(run: Run, reader: Session) -> dict[str, Any]:
     store = run.store
     lost = without_success = overlapping = interrupted = 0
@@ -347,7 +395,7 @@ def figures(run: Run, reader: Session) -> dict[str, Any]:
         "master_messages_handled_twice": sum(1 for n in runs.values() if n > 1),
         "lock_znodes_left": len(locks),
         "started_before_run_at": early, "ordering_violations": ordering,
-        "resource_holders_overlapping": resources,
+        "resource_holders_overlapping": resources, **fires(run),
     }
 
 
@@ -410,6 +458,7 @@ def chaos(profile_name: str, seed: int, keep: Path | None) -> dict[str, Any]:
             for i in range(3):
                 run.start_node(i)
             run.say(f"3 nodes up: {[n.member for n in run.nodes]}")
+            run.start_schedule()
             faults = list(FAULTS)
             rng.shuffle(faults)
             per_round = profile.tasks // (len(faults) + 1)
@@ -430,6 +479,7 @@ def chaos(profile_name: str, seed: int, keep: Path | None) -> dict[str, Any]:
                                      profile.messages - len(run.confirmed))
             finally:
                 publisher.close()
+            run.stop_schedule()
             last_fault = time.monotonic()
             run.say(f"faults done; draining {len(run.tasks)} tasks, {len(run.confirmed)} "
                     f"messages")
