@@ -23,7 +23,7 @@ from coord.membership import MemberInfo, Membership, live_member_ids, read_membe
 from coord.queue import LockFreeQueue, QueueConflict, QueueElementTooLarge, QueueIndexExpired
 from coord.register import VersionedRegister
 from coord.session import Session, SessionState
-from coord.slots import Booking, SlotLevel, Slots, holders
+from coord.slots import Booking, SlotLevel, Slots, exclusive_holders, holders
 
 __all__ = [
     "ExactlyOnceHandler", "LockFreeQueue", "QueueConflict", "QueueElementTooLarge",
@@ -31,6 +31,7 @@ __all__ = [
     "Booking", "ConnectionLost", "CoordError", "HeldLock", "LeaderLatch", "LifecycleError",
     "LockNotHeld", "MemberIdTaken", "MemberInfo", "Membership", "NotLeader", "Session",
     "SessionExpired", "SessionState", "SlotLevel", "Slots", "TaskLock", "VersionConflict",
-    "VersionedRegister", "force_release", "held_locks", "holders", "live_member_ids", "lock_owner",
+    "VersionedRegister", "exclusive_holders", "force_release", "held_locks", "holders",
+    "live_member_ids", "lock_owner",
     "read_leader", "read_members", "zk_errors",
 ]

@@ -6,9 +6,15 @@ cannot both commit: the second transaction fails on the version and re-reads. So
 holds more leases than its limit. (ZooKeeper's ``check`` op sees the data version only, not the
 child version, which is why the transaction rewrites each level's data.)
 
+A booking may also take **exclusive holds** (a resource, an ordering key: a limit of one) in
+the same transaction: one ephemeral node ``slots/held/<name>`` each, created only if absent.
+That is one write where a counted level of one costs three reads and a write, and a name leaves
+nothing behind once released (a counted level's node stays).
+
 Failure behaviour: a booking is released by ``release()``, and vanishes with the session (leases
-are ephemeral) when the holder dies or its session is LOST; a transaction whose reply was lost is
-recognised on retry by its uuid-named lease.
+and holds are ephemeral) when the holder dies or its session is LOST; a transaction whose reply
+was lost is recognised on retry by its uuid-named lease or, with holds only, by the hold's
+ephemeral owner being this session.
 """
 
 from __future__ import annotations
@@ -20,13 +26,19 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kazoo.exceptions import BadVersionError, NoNodeError
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from coord._znodes import retry_policy, zk_errors
 from coord.session import Session
 
 log = logging.getLogger(__name__)
 SLOTS = "/slots"
+HELD = f"{SLOTS}/held"
+
+
+def _check_held_name(name: str) -> None:
+    if not name or name.startswith("/") or ".." in name.split("/"):
+        raise ValueError(f"invalid exclusive hold name {name!r}")
 
 
 @dataclass(frozen=True)
@@ -91,20 +103,28 @@ class Slots:
         self.max_attempts = max_attempts
         self._ensured: set[str] = set()  # level nodes known to exist (they are never deleted)
 
-    def try_book(self, levels: Sequence[SlotLevel]) -> Booking | None:
-        """A booking when every level has room, else None. Never waits for a slot to free up."""
-        if not levels:
-            raise ValueError("a booking needs at least one level")
+    def try_book(self, levels: Sequence[SlotLevel],
+                 exclusive: Sequence[str] = ()) -> Booking | None:
+        """A booking when every level has room and no ``exclusive`` name is held (by anyone,
+        this owner too), else None. Never waits for a slot to free up."""
+        if not levels and not exclusive:
+            raise ValueError("a booking needs at least one level or exclusive hold")
+        for name in exclusive:
+            _check_held_name(name)
         self.session.require_connected()
         client = self.session.client
         lease_name = f"{uuid.uuid4().hex}-lease"
+        held = [f"{HELD}/{name}" for name in sorted(set(exclusive))]
         with zk_errors("slot booking failed"):
-            for level in levels:
-                if level.path not in self._ensured:
-                    client.retry(client.ensure_path, level.path)
-                    self._ensured.add(level.path)
+            parents = [level.path for level in levels] + sorted(
+                {h.rsplit("/", 1)[0] for h in held})
+            for path in parents:
+                if path not in self._ensured:
+                    client.retry(client.ensure_path, path)
+                    self._ensured.add(path)
+            tried: list[bool] = []  # a commit whose reply was lost is looked for on a retry
             for attempt in range(self.max_attempts):
-                outcome = retry_policy()(self._attempt, levels, lease_name)
+                outcome = retry_policy()(self._attempt, levels, held, lease_name, tried)
                 if outcome is None or isinstance(outcome, Booking):
                     return outcome
                 time.sleep(random.uniform(0, min(0.05, 0.002 * 2 ** attempt)))
@@ -112,11 +132,21 @@ class Slots:
                     [lv.name for lv in levels], self.max_attempts)
         return None
 
-    def _attempt(self, levels: Sequence[SlotLevel], lease_name: str) -> Booking | object | None:
+    def _attempt(self, levels: Sequence[SlotLevel], held: list[str], lease_name: str,
+                 tried: list[bool]) -> Booking | object | None:
         client = self.session.client
         leases = [f"{level.path}/{lease_name}" for level in levels]
-        if client.exists(leases[0]) is not None:  # an earlier commit whose reply was lost
-            return Booking(self.session, leases)
+        retry, tried[:] = bool(tried), [True]
+        if retry and leases and client.exists(leases[0]) is not None:
+            return Booking(self.session, leases + held)  # a commit whose reply was lost
+        if retry and not leases:
+            stat = client.exists(held[0])
+            if stat is not None and stat.ephemeralOwner == client.client_id[0]:
+                # ours (a commit whose reply was lost), unless this owner holds it already:
+                # a second booking of a name it holds is refused like anyone else's
+                data, _ = client.get(held[0])
+                if data == self._hold_data(lease_name):
+                    return Booking(self.session, held)
         tx = client.transaction()
         for level in levels:
             data, stat = client.get(level.path)  # version first, then the children
@@ -126,15 +156,24 @@ class Slots:
             tx.set_data(level.path, data, version=stat.version)
         for lease in leases:
             tx.create(lease, self.owner.encode(), ephemeral=True)
+        for path in held:
+            tx.create(path, self._hold_data(lease_name), ephemeral=True)
         results = tx.commit()
         if not any(isinstance(r, Exception) for r in results):
-            return Booking(self.session, leases)
+            return Booking(self.session, leases + held)
+        if any(isinstance(r, NodeExistsError) for r in results[len(levels) + len(leases):]):
+            return None  # a name held by someone
         if any(isinstance(r, BadVersionError) for r in results):
             return _CONFLICT
         for result in results:
             if isinstance(result, Exception) and not _is_rolled_back(result):
                 raise result
         return _CONFLICT
+
+    def _hold_data(self, lease_name: str) -> bytes:
+        """An exclusive hold's data: the owner, then the booking's uuid (a retry after a lost
+        reply recognises its own)."""
+        return f"{self.owner}\n{lease_name}".encode()
 
     def usage(self, level: SlotLevel) -> int:
         with zk_errors("cannot read slot usage"):
@@ -145,6 +184,25 @@ class Slots:
 
 
 _CONFLICT = object()
+
+
+def exclusive_holders(session: Session, group: str) -> dict[str, str]:
+    """The exclusive holds directly below ``slots/held/<group>/``, each with its owner (what an
+    operator's status shows)."""
+    client = session.client
+    found: dict[str, str] = {}
+    with zk_errors("cannot read exclusive holds"):
+        try:
+            names = retry_policy()(client.get_children, f"{HELD}/{group}")
+        except NoNodeError:
+            return found
+        for name in sorted(names):
+            try:
+                data, _ = retry_policy()(client.get, f"{HELD}/{group}/{name}")
+            except NoNodeError:
+                continue  # released meanwhile
+            found[name] = data.decode().split("\n", 1)[0]
+    return found
 
 
 def holders(session: Session, group: str) -> dict[str, list[str]]:

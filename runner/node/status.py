@@ -7,7 +7,7 @@ import time
 from typing import Any
 from urllib.parse import unquote
 
-from coord import Session, held_locks, holders, read_leader, read_members
+from coord import Session, exclusive_holders, held_locks, holders, read_leader, read_members
 from runner.config import Settings
 from runner.store import GraphStore
 from runner.tasks.claim import slot_name
@@ -29,7 +29,7 @@ def cluster_status(session: Session, settings: Settings, member_id: str,
         "concurrency": [{"group": group, "limit": limit,
                          "used": len(groups.get(slot_name(group), []))}
                         for group, limit in sorted(settings.concurrency.items())],
-        "resources": {unquote(k): v for k, v in holders(session, "resource").items()},
-        "ordering_keys": {unquote(k): v for k, v in holders(session, "key").items()},
+        "resources": {unquote(k): [v] for k, v in exclusive_holders(session, "resource").items()},
+        "ordering_keys": {unquote(k): [v] for k, v in exclusive_holders(session, "key").items()},
         "incidents": [i.view() for i in store.incidents.open()],
     }

@@ -1,12 +1,14 @@
 """Taking a task: its slots, its lock, and the claim that writes the RUNNING attempt.
 
 :func:`claim` books every slot level the task needs, all-or-nothing in one ZooKeeper
-transaction (:func:`levels`): its type's cluster-wide limit, the configured limits of the
-groups its type belongs to (``{"aspect": 2, "aspect.create": 1}``: a type ``aspect.create``
-books both), one slot of its ordering key, and one of each resource it declares. One
-transaction means no deadlock and no partial holding, whatever the order resources are named
-in. For a task with an ordering key it then checks, holding the key's only slot, that the task
-is the first unfinished one of its key (submission order). It then registers the task as
+transaction: the counted levels (:func:`levels`: its type's cluster-wide limit, the configured
+limits of the groups its type belongs to, ``{"aspect": 2, "aspect.create": 1}``: a type
+``aspect.create`` books both) and the exclusive holds (:func:`holds`: each resource it
+declares, and its ordering key). One transaction means no deadlock and no partial holding,
+whatever the order resources are named in. For a task with an ordering key it then checks,
+holding its key, that the task is the first unfinished one of its key (submission order): so
+one task of a key runs at a time even if clocks disagree on submission order, and in order
+when they agree. It then registers the task as
 running here (with a lost-lock listener, before the lock is tried, so a lost lock or
 session during the try or the claim still cancels it), tries the lock without waiting, and
 claims the task with a version- and token-guarded update that writes the RUNNING attempt in the
@@ -56,10 +58,15 @@ def release(lock: TaskLock, booking: Booking | None, member_id: str) -> None:
     except (LockNotHeld, CoordError) as exc:
         log.info("member %s: lock of task %s already gone: %s", member_id, lock.task_id, exc)
     if booking is not None:
-        try:
-            booking.release()
-        except CoordError as exc:
-            log.info("member %s: slot booking already gone: %s", member_id, exc)
+        release_booking(booking, member_id)
+
+
+def release_booking(booking: Booking, member_id: str) -> None:
+    """Release a booking; one already gone is logged, not raised."""
+    try:
+        booking.release()
+    except CoordError as exc:
+        log.info("member %s: slot booking already gone: %s", member_id, exc)
 
 
 def slot_name(value: str) -> str:
@@ -83,25 +90,43 @@ def levels(task: Task, kind: TaskType, limits: Mapping[str, int]) -> list[SlotLe
         found.append(SlotLevel(f"type/{slot_name(task.type)}", kind.slot_limit))
     if task.ordering_key is not None:
         found.append(SlotLevel(f"key/{slot_name(task.ordering_key)}", 1))
-    found.extend(SlotLevel(f"resource/{slot_name(r)}", 1)
-                 for r in sorted(set(task.resources)))
     return found
+
+
+def holds(task: Task) -> list[str]:
+    """The exclusive holds ``task`` takes before it starts: its resources and ordering key
+    (a limit of one each: one ephemeral node, nothing left once released)."""
+    found = [f"resource/{slot_name(r)}" for r in sorted(set(task.resources))]
+    if task.ordering_key is not None:
+        found.append(f"key/{slot_name(task.ordering_key)}")
+    return found
+
+
+def key_only(task: Task, kind: TaskType, limits: Mapping[str, int]) -> bool:
+    """Whether the ordering key is all ``task`` books (no resource, no counted level)."""
+    return task.ordering_key is not None and not task.resources and not levels(
+        task, kind, limits)
 
 
 def claim(session: Session, store: GraphStore, member_id: str, task: Task, kind: TaskType,
           register: Callable[[Running], None], forget: Callable[[Running], None],
           stats: Counter[str], limits: Mapping[str, int] | None = None,
-          slots: Slots | None = None) -> Running | None:
+          slots: Slots | None = None, first_checked: bool = False,
+          held: Booking | None = None) -> Running | None:
     """Take ``task`` for this member, or None when someone else has it (see the module).
-    ``slots``: the member's booker, reused (it remembers the level nodes it created)."""
-    booking = None
-    needed = levels(task, kind, limits or {})
-    if needed:
-        booking = (slots or Slots(session, member_id)).try_book(needed)
+    ``slots``: the member's booker, reused (it remembers the level nodes it created).
+    ``first_checked``: the caller has just read that ``task`` is its key's first unfinished
+    one (the worker that finished the one before it); the hold on the key keeps others out
+    either way. ``held``: that worker's booking of the key, carried over (only when the key
+    is all ``task`` books, :func:`key_only`); released like a new one when the claim fails."""
+    booking = held
+    needed, exclusive = levels(task, kind, limits or {}), holds(task)
+    if booking is None and (needed or exclusive):
+        booking = (slots or Slots(session, member_id)).try_book(needed, exclusive)
         if booking is None:
             stats["slots_busy"] += 1
             return None
-    if task.ordering_key is not None:
+    if task.ordering_key is not None and not first_checked:
         try:
             first = store.tasks.with_key(task.ordering_key)
         except BaseException:

@@ -254,15 +254,16 @@ class Execution:
     def conclude(self, r: Running, attempt: Attempt | None, result: AttemptResult,
                  outcome: Outcome, run_at: datetime | None = None) -> None:
         """Write the attempt's end (unless already written) and the task's new state as its
-        owner, in one transaction. Once the attempt was closed by someone else, or the token is
-        no longer the task's, nothing more is written on the task."""
+        owner, in one transaction (``r.task`` becomes the task as written). Once the attempt
+        was closed by someone else, or the token is no longer the task's, nothing more is
+        written on the task."""
         changes = task_changes(outcome, run_at)
         try:
             if attempt is not None:
-                self.store.conclude(attempt, result.status, result.error, result.stack, r.task,
-                                    r.token, changes)
+                r.task = self.store.conclude(attempt, result.status, result.error, result.stack,
+                                             r.task, r.token, changes)
             else:
-                self.store.release(r.task.id, r.token, changes)
+                r.task = self.store.release(r.task.id, r.token, changes)
         except StaleFencingToken:
             log.warning("member %s: task %s was taken over by another owner; leaving it",
                         self.member_id, r.task.id)

@@ -47,10 +47,10 @@ from typing import Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from coord import CoordError, Session, SessionState, Slots, live_member_ids
-from runner.store import GraphStore, StoreError, Task, codec
+from coord import Booking, CoordError, Session, SessionState, Slots, live_member_ids
+from runner.store import GraphStore, StoreError, Task, TaskStatus, codec
 from runner.tasks import backlog
-from runner.tasks.claim import Running, claim, release
+from runner.tasks.claim import Running, claim, key_only, release, release_booking
 from runner.tasks.execution import AfterHook, BeforeHook, Execution
 from runner.tasks.outcomes import Outcome
 from runner.tasks.registry import TaskError, TaskRegistry
@@ -70,7 +70,7 @@ class TaskProcessHandler:
                  live_members: Callable[[], set[str] | None] | None = None,
                  scan_observer: Callable[[float], None] | None = None,
                  limits: Mapping[str, int] | None = None,
-                 others_grace: float = 0.1) -> None:
+                 others_grace: float = 0.3) -> None:
         self.session = session
         self.member_id = member_id
         self.store = store
@@ -106,8 +106,6 @@ class TaskProcessHandler:
         self._backlog: list[tuple[Task, float, bool]] = []
         #: listed tasks not due yet, and the timer that starts a scan when one is
         self._later = DueTimer(self._on_due, others_grace)
-        #: the next task of an ordering key whose task a worker here just finished
-        self._hints: list[Task] = []
         self._stale_chunks = 0  # version checks in a row that found every candidate changed
         self._listed = (0.0, 0.0)  # when the last listing ended, and how long it took
         # how claims went: started / lock held elsewhere / stale listing (claim conflict)
@@ -155,6 +153,9 @@ class TaskProcessHandler:
                     break
         timer.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        import os
+        if os.environ.get("LW_STATS"):
+            log.warning("STATS %s", dict(self.stats))
         log.info("member %s: task loop stopped; claims: %d started, %d locked elsewhere, "
                  "%d stale; %d changed tasks skipped before locking, %d running elsewhere "
                  "skipped; %d listings", self.member_id, self.stats["started"],
@@ -207,17 +208,16 @@ class TaskProcessHandler:
             return 0
         started = 0
         with self._scan_lock:
-            # due tasks (this member's taken as fresh: the others leave them alone for a
-            # while), and the next task of a key that a worker here just finished
-            now = time.monotonic()
-            due = self._later.take_due()
-            with self._lock:
-                hints, self._hints = self._hints, []
-            self._backlog[:0] = [(t, now, True) for t in hints] + [
-                (t, now if own else 0.0, own) for t, own in due]
+            started += self._start_due(self._later.take_due())
             if self._free() <= 0:
-                return 0
-            if (relist or not self._backlog) and not self._list():
+                return started
+            # a follow-up with nothing left lists again (within the listing budget) to find
+            # tasks that came back without a word (another node's lost task); not while
+            # listed tasks wait for their time: the timer wakes this node for those, new
+            # submissions announce themselves, the interval scan catches the rest, and
+            # listing every open task after every finished one would cost more than the tasks
+            if (relist or (not self._backlog and not self._later.planned()
+                           and self._may_relist())) and not self._list():
                 return 0
             while self._backlog:
                 if self._free() <= 0 or self._stopping.is_set():
@@ -255,6 +255,38 @@ class TaskProcessHandler:
                                 exc)
         return started
 
+    def _start_due(self, due: list[tuple[Task, bool]]) -> int:
+        """Start the tasks whose time came (the due-time timer), before the backlog: this
+        member's as listed, the others' (their preferred member had ``others_grace`` to take
+        them) after one read of their versions. That those others mostly changed says nothing
+        about the rest of the backlog, so it asks no new listing. Tasks left over when the
+        workers are busy go to the front of the backlog."""
+        if not due:
+            return 0
+        others = [t.id for t, own in due if not own]
+        current: dict[str, int] = {}
+        if others:
+            try:
+                current = self.store.tasks.versions(others)
+            except StoreError as exc:
+                log.error("member %s: cannot check due tasks: %s", self.member_id, exc)
+        now = time.monotonic()
+        ready = [(t, own) for t, own in due if own or current.get(t.id) == t.version]
+        self.stats["skipped_stale"] += len(due) - len(ready)
+        started = 0
+        for n, (task, _own) in enumerate(ready):
+            if self._free() <= 0 or self._stopping.is_set():
+                self._backlog[:0] = [(t, now, o) for t, o in ready[n:]]
+                break
+            with self._lock:
+                if task.id in self._running:
+                    continue
+            try:
+                started += self._try_start(task)
+            except (CoordError, StoreError) as exc:
+                log.warning("member %s: task %s not started: %s", self.member_id, task.id, exc)
+        return started
+
     def _list(self) -> bool:
         """List the open tasks into the backlog, in the order to try them; False when the
         store cannot be read (logged)."""
@@ -279,17 +311,6 @@ class TaskProcessHandler:
                           for t in later])
         self._stale_chunks = 0
         return True
-
-    def _hint_next(self, key: str) -> None:
-        try:
-            queue = self.store.tasks.with_key(key)
-        except StoreError as exc:
-            log.info("member %s: next task of key %s unknown: %s", self.member_id, key, exc)
-            return
-        if queue and queue[0].open and (queue[0].run_at is None
-                                         or queue[0].run_at <= codec.now()):
-            with self._lock:
-                self._hints.append(queue[0])
 
     def _on_due(self) -> None:
         try:
@@ -350,30 +371,93 @@ class TaskProcessHandler:
         with self._lock:
             self._running.pop(r.task.id, None)
 
-    def _execute(self, r: Running) -> None:
+    def _execute(self, first: Running) -> None:
+        """Run ``first``; when it was a task of an ordering key and finished, run the key's
+        next task in this same worker (:meth:`_next_of_key`), and so on; then look for work."""
+        r: Running | None = first
         outcome = Outcome.CANCELLED
+        while r is not None:
+            outcome, kept = self._run_one(r)
+            key, r = r.task.ordering_key, None
+            if self._stopping.is_set() or key is None or outcome is not Outcome.FINISHED:
+                if kept is not None:
+                    release_booking(kept, self.member_id)
+            else:
+                r = self._next_of_key(key, kept)
+        if self._stopping.is_set():
+            return
+        if outcome is Outcome.CANCELLED:
+            # a task this node lost goes back as it stands; look again a little later
+            # (at once would loop on a lock that keeps being lost), whoever takes it
+            timer = threading.Timer(self.rescan_after_cancel, self.trigger)
+            timer.daemon = True
+            timer.start()
+            return
+        try:
+            self.scan(relist=False)  # a worker is free
+        except Exception:
+            log.exception("member %s: follow-up scan failed", self.member_id)
+
+    def _next_of_key(self, key: str, kept: Booking | None) -> Running | None:
+        """The next task of ``key``, claimed by this worker, which just finished the key's
+        task before it and may still hold the key (``kept``): the last listing left that task
+        out (one task per key), and a claim here needs no scan (and, with the key kept, no
+        new booking). One read of the key's queue; None, with the key let go, when there is
+        nothing to start now or someone else has it (the scans find it then)."""
+        task = None
+        try:
+            queue = self.store.tasks.with_key(key)
+            if queue and queue[0].open and queue[0].status is TaskStatus.WAITING and (
+                    queue[0].run_at is None or queue[0].run_at <= codec.now()):
+                task = queue[0]
+        except StoreError as exc:
+            log.info("member %s: next task of key %s unknown: %s", self.member_id, key, exc)
+        kind = None
+        if task is not None:
+            try:
+                kind = self.registry.get(task.type)  # else the nodes that have its type
+            except TaskError:
+                kind = None
+            with self._lock:
+                if self._declined.get(task.id, 0.0) > time.monotonic():
+                    kind = None
+        if task is None or kind is None:
+            if kept is not None:
+                release_booking(kept, self.member_id)
+            return None
+        held = kept
+        if kept is not None and not key_only(task, kind, self.limits):
+            release_booking(kept, self.member_id)  # it books more: one booking of it all
+            held = None
+        try:
+            return claim(self.session, self.store, self.member_id, task, kind,
+                         register=self._register, forget=self._forget, stats=self.stats,
+                         limits=self.limits, slots=self._slots, first_checked=True,
+                         held=held)
+        except (CoordError, StoreError) as exc:
+            log.warning("member %s: task %s not started: %s", self.member_id, task.id, exc)
+            return None
+
+    def _run_one(self, r: Running) -> tuple[Outcome, Booking | None]:
+        """Run ``r``; its outcome, and its booking when kept for the key's next task (a
+        finished task whose booking is its ordering key alone)."""
+        outcome = Outcome.CANCELLED
+        kept = None
         try:
             outcome = self.execution.run(r)
             if outcome is Outcome.DECLINED:  # left to the other nodes for a while
                 with self._lock:
                     self._declined[r.task.id] = time.monotonic() + self.decline_for
+            kind = self.registry.get(r.task.type)
+            if outcome is Outcome.FINISHED and r.booking is not None \
+                    and not self._stopping.is_set() and key_only(r.task, kind, self.limits):
+                kept = r.booking
         finally:
             # locks go only after the attempt and the task are written
-            release(r.lock, r.booking, self.member_id)
+            release(r.lock, None if kept is not None else r.booking, self.member_id)
             self._forget(r)
             r.done.set()
-            if outcome is Outcome.CANCELLED and not self._stopping.is_set():
-                # a task this node lost goes back as it stands; look again a little later
-                # (at once would loop on a lock that keeps being lost), whoever takes it
-                timer = threading.Timer(self.rescan_after_cancel, self.trigger)
-                timer.daemon = True
-                timer.start()
-            elif not self._stopping.is_set():
-                try:
-                    # a worker is free; a task of an ordering key lets the key's next one
-                    # start, which the last listing left out: one read of the key finds it
-                    if r.task.ordering_key is not None:
-                        self._hint_next(r.task.ordering_key)
-                    self.scan(relist=False)
-                except Exception:
-                    log.exception("member %s: follow-up scan failed", self.member_id)
+            if outcome is Outcome.RETRY_LATER and r.task.run_at is not None:
+                # its next attempt is this member's to time (the others' listings find it too)
+                self._later.add(r.task, True)
+        return outcome, kept

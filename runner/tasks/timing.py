@@ -21,7 +21,7 @@ from runner.store import Task
 
 
 class DueTimer:
-    def __init__(self, on_due: Callable[[], None], others_grace: float = 0.1) -> None:
+    def __init__(self, on_due: Callable[[], None], others_grace: float = 0.3) -> None:
         self.on_due = on_due
         self.others_grace = others_grace
         self._lock = threading.Lock()
@@ -40,6 +40,21 @@ class DueTimer:
         with self._lock:
             self._future = future
         self._arm()
+
+    def add(self, task: Task, own: bool) -> None:
+        """Plan one more task (this member's retry waiting for its backoff), until the next
+        :meth:`plan` replaces the lot."""
+        assert task.run_at is not None
+        entry = (task.run_at.timestamp() + (0.0 if own else self.others_grace), task, own)
+        with self._lock:
+            self._future = sorted([*[f for f in self._future if f[1].id != task.id], entry],
+                                  key=lambda f: f[0])
+        self._arm()
+
+    def planned(self) -> int:
+        """How many tasks wait for their time here."""
+        with self._lock:
+            return len(self._future)
 
     def take_due(self) -> list[tuple[Task, bool]]:
         """The planned tasks whose time has come (highest priority first), removed."""
