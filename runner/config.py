@@ -32,6 +32,7 @@ _TOML_FILE: ContextVar[Path | None] = ContextVar("latchwork_toml_file", default=
 # The ports `latchwork dev up` uses by default, so a default Settings reaches its servers.
 DEFAULT_ZK_PORT = 22181
 DEFAULT_AMQP_PORT = 25673
+DEFAULT_SPARK_PORT = 27077
 
 class ConfigError(RunnerError, ValueError):
     """The configuration file or environment holds something latchwork cannot use."""
@@ -73,6 +74,13 @@ class Settings(BaseSettings):
                                       "Hadoop URI every node reaches (file://, hdfs://, s3a://)")
     spark_master: str = Field("local[*]", description="Spark master URL for pipeline tasks")
     spark_driver_memory: str = Field("1g", description="Spark driver memory, e.g. 2g")
+    spark_driver_host: str | None = Field(
+        None, description="the address executors reach this node's Spark driver at (unset: "
+                          "127.0.0.1 with a local master, else this host's name as it "
+                          "resolves)")
+    spark_driver_bind_address: str | None = Field(
+        None, description="the address the driver listens on (unset: 127.0.0.1 with a local "
+                          "master, else 0.0.0.0)")
     spark_conf: dict[str, str] = Field(default_factory=dict,
                                        description="extra Spark settings (JSON object in the "
                                                    "environment)")

@@ -22,15 +22,19 @@ def latchwork(*args: str, env: dict[str, str] | None = None,
 def test_up_status_check_down_leaves_no_process_or_listener(tmp_path: Path) -> None:
     zk_port = free_port_block(3)  # an ensemble of 3 takes zk_port .. zk_port + 2
     amqp_port = free_port_block(3)  # the AMQP, distribution and epmd ports
+    spark_port = free_port_block(4)  # the Spark master, its UI, one worker and its UI
     d = str(tmp_path / "dev")
     up = latchwork("dev", "up", "--dir", d, "--zk-ensemble", "3", "--zk-port", str(zk_port),
-                   "--amqp-port", str(amqp_port), "--tick-time", "500")
+                   "--amqp-port", str(amqp_port), "--tick-time", "500", "--spark-workers", "1",
+                   "--spark-port", str(spark_port))
     env = DevEnvironment.load(Path(d))
     try:
         assert up.returncode == 0, up.stderr
         zk_hosts = ",".join(f"{LOOPBACK}:{zk_port + i}" for i in range(3))
         assert f"export LATCHWORK_ZK_HOSTS={zk_hosts}" in up.stdout.splitlines()
         assert (f"export LATCHWORK_AMQP_URL=amqp://guest:guest@{LOOPBACK}:{amqp_port}/%2F"
+                in up.stdout.splitlines())
+        assert (f"export LATCHWORK_SPARK_MASTER=spark://{LOOPBACK}:{spark_port}"
                 in up.stdout.splitlines())
 
         again = latchwork("dev", "up", "--dir", d)
@@ -41,8 +45,10 @@ def test_up_status_check_down_leaves_no_process_or_listener(tmp_path: Path) -> N
         assert status.returncode == 0, status.stdout + status.stderr
         services = json.loads(status.stdout)["services"]
         assert [s["name"] for s in services] == [
-            "zookeeper-1", "zookeeper-2", "zookeeper-3", "rabbitmq"]
-        assert all(s["running"] and s["ready"] for s in services)
+            "zookeeper-1", "zookeeper-2", "zookeeper-3", "rabbitmq", "spark-master",
+            "spark-worker-0"]
+        assert all(s["running"] and s["ready"] for s in services), services
+        assert "workers=1" in services[4]["detail"]
         modes = sorted(s["detail"].split("mode=")[1] for s in services[:3])
         assert modes == ["follower", "follower", "leader"]
 
@@ -52,9 +58,11 @@ def test_up_status_check_down_leaves_no_process_or_listener(tmp_path: Path) -> N
         assert "rabbitmq: confirmed publish/get/ack ok" in check.stdout
 
         assert env is not None
-        records = [s.record for s in env.zookeeper.servers] + [env.rabbitmq.record,
-                                                               env.rabbitmq.launcher]
-        ports = {**env.zookeeper.ports(), **env.rabbitmq.ports()}
+        assert env.spark is not None and env.spark.master is not None
+        records = [s.record for s in env.zookeeper.servers] + [
+            env.rabbitmq.record, env.rabbitmq.launcher, env.spark.master.record,
+            *[w.record for w in env.spark.worker_daemons]]
+        ports = {**env.zookeeper.ports(), **env.rabbitmq.ports(), **env.spark.port_map()}
         assert all(r is not None and r.is_ours() for r in records)
     finally:
         down = latchwork("dev", "down", "--dir", d)

@@ -11,7 +11,13 @@ import click
 
 from coord.testing import DevServerError
 from runner.cli.root import DEFAULT_DEV_DIR, cli, fail
-from runner.config import DEFAULT_AMQP_PORT, DEFAULT_ZK_PORT, ConfigError, Settings
+from runner.config import (
+    DEFAULT_AMQP_PORT,
+    DEFAULT_SPARK_PORT,
+    DEFAULT_ZK_PORT,
+    ConfigError,
+    Settings,
+)
 from runner.devenv import DevEnvironment
 from runner.devenv.smoke import SmokeCheckFailed, check_rabbitmq, check_zookeeper
 
@@ -27,7 +33,8 @@ dir_option = click.option(
 
 @cli.group()
 def dev() -> None:
-    """Local ZooKeeper and RabbitMQ for development, from the Debian packages.
+    """Local ZooKeeper and RabbitMQ (and a Spark standalone cluster on request) for
+    development, from the Debian packages and the pyspark distribution.
 
     The servers run as background processes bound to 127.0.0.1 with all their state under
     --dir. `up` prints the connection settings as shell exports:
@@ -48,18 +55,27 @@ def dev() -> None:
               "distribution port and its private epmd")
 @click.option("--tick-time", type=click.IntRange(100, 10000), default=2000, show_default=True,
               help="ZooKeeper tickTime in ms (sessions may last 2 to 20 ticks)")
+@click.option("--spark-workers", type=click.IntRange(0, 16), default=0, show_default=True,
+              help="also start a Spark standalone cluster: a Master and this many Workers "
+              "(pipeline tasks then run on it: LATCHWORK_SPARK_MASTER is exported)")
+@click.option("--spark-port", type=click.IntRange(1, 65000), default=DEFAULT_SPARK_PORT,
+              show_default=True, help="the Spark Master's port; its web UI and each Worker's "
+              "port and web UI use the following ports")
 @click.option("--timeout", type=click.FloatRange(1, 600), default=90.0, show_default=True,
               help="seconds to wait for the servers to be ready")
 def dev_up(directory: Path, zk_ensemble: int, zk_port: int, amqp_port: int, tick_time: int,
-           timeout: float) -> None:
-    """Start ZooKeeper and RabbitMQ and wait until both really serve.
+           spark_workers: int, spark_port: int, timeout: float) -> None:
+    """Start ZooKeeper and RabbitMQ (and Spark with --spark-workers) and wait until they
+    really serve.
 
     Refuses to start twice from the same --dir, and refuses ports already in use. On any
     failure it stops what it had started and exits 1 with the reason.
     """
-    env = DevEnvironment.plan(directory, zk_ensemble, zk_port, amqp_port, tick_time)
-    click.echo(f"starting {zk_ensemble} ZooKeeper server(s) and RabbitMQ under {env.directory} ...",
-               err=True)
+    env = DevEnvironment.plan(directory, zk_ensemble, zk_port, amqp_port, tick_time,
+                              spark_workers, spark_port)
+    spark = f" and a Spark master with {spark_workers} worker(s)" if spark_workers else ""
+    click.echo(f"starting {zk_ensemble} ZooKeeper server(s), RabbitMQ{spark} under "
+               f"{env.directory} ...", err=True)
     try:
         env.up(timeout)
     except DevServerError as exc:

@@ -1,4 +1,5 @@
-"""The set of local servers ``latchwork dev`` starts: ZooKeeper and RabbitMQ, state on disk.
+"""The set of local servers ``latchwork dev`` starts: ZooKeeper, RabbitMQ and, on request, a
+Spark standalone cluster (a Master and N Workers), state on disk.
 
 ``up()`` checks packages and ports before starting anything and stops what it started when a
 later step fails; ``down()`` signals only the PIDs recorded in ``state.json``, and only while
@@ -15,7 +16,8 @@ from coord.testing.ports import check_ports_free
 from coord.testing.processes import LOOPBACK, DevServerError, ProcessRecord
 from coord.testing.zookeeper import ZooKeeperCluster, ZooKeeperServer, check_zookeeper_installed
 from messaging.testing.rabbitmq import RabbitMQServer, check_rabbitmq_installed
-from runner.config import DEFAULT_AMQP_PORT, DEFAULT_ZK_PORT
+from runner.config import DEFAULT_AMQP_PORT, DEFAULT_SPARK_PORT, DEFAULT_ZK_PORT
+from runner.testing.sparkcluster import SparkDaemon, SparkStandalone, check_spark_installed
 
 STATE_FILE = "state.json"
 
@@ -51,17 +53,22 @@ class DevEnvironment:
     directory: Path
     zookeeper: ZooKeeperCluster
     rabbitmq: RabbitMQServer
+    spark: SparkStandalone | None = None
 
     @classmethod
     def plan(cls, directory: Path, zk_size: int = 1, zk_port: int = DEFAULT_ZK_PORT,
-             amqp_port: int = DEFAULT_AMQP_PORT, tick_time: int = 2000) -> DevEnvironment:
+             amqp_port: int = DEFAULT_AMQP_PORT, tick_time: int = 2000, spark_workers: int = 0,
+             spark_port: int = DEFAULT_SPARK_PORT) -> DevEnvironment:
         directory = directory.resolve()
         clients = [zk_port + i for i in range(zk_size)]
         zookeeper = ZooKeeperCluster(directory / "zookeeper", zk_size, tick_time, clients)
         # Distribution and epmd ports sit next to the AMQP port so a user can predict them.
         rabbitmq = RabbitMQServer(directory / "rabbitmq", amqp_port, amqp_port + 1, amqp_port + 2,
                                   nodename=f"latchwork-dev{amqp_port}@localhost")
-        return cls(directory, zookeeper, rabbitmq)
+        # the Master's web UI and each Worker's port and UI follow the Master's port
+        spark = SparkStandalone(directory / "spark", spark_workers, master_port=spark_port) \
+            if spark_workers else None
+        return cls(directory, zookeeper, rabbitmq, spark)
 
     # -- persistence -------------------------------------------------------------------------
 
@@ -81,6 +88,15 @@ class DevEnvironment:
                 "launcher": _record_to_json(self.rabbitmq.launcher),
             },
         }
+        if self.spark is not None:
+            daemons = [self.spark.master, *self.spark.worker_daemons]
+            state["spark"] = {
+                "directory": str(self.spark.directory), "workers": self.spark.workers,
+                "cores": self.spark.cores, "memory": self.spark.memory,
+                "master_port": self.spark.master_port, "ports": self.spark.ports,
+                "daemons": [{"name": d.name, "directory": str(d.directory), "argv": d.argv,
+                             "ui_port": d.ui_port, "record": _record_to_json(d.record)}
+                            for d in daemons if d is not None]}
         (self.directory / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
 
     @classmethod
@@ -105,7 +121,18 @@ class DevEnvironment:
                                   int(r["epmd_port"]), str(r["nodename"]),
                                   record=_record_from_json(r["record"]),
                                   launcher=_record_from_json(r.get("launcher")))
-        return cls(directory, zookeeper, rabbitmq)
+        spark = None
+        if raw.get("spark"):
+            sp = raw["spark"]
+            daemons = [SparkDaemon(d["name"], Path(d["directory"]), list(d["argv"]),
+                                   int(d["ui_port"]), _record_from_json(d["record"]))
+                       for d in sp["daemons"]]
+            spark = SparkStandalone(Path(sp["directory"]), int(sp["workers"]), int(sp["cores"]),
+                                    str(sp["memory"]), int(sp["master_port"]),
+                                    [int(x) for x in sp["ports"]],
+                                    next((d for d in daemons if d.name == "spark-master"), None),
+                                    [d for d in daemons if d.name != "spark-master"])
+        return cls(directory, zookeeper, rabbitmq, spark)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -116,7 +143,11 @@ class DevEnvironment:
                                  f"run 'latchwork dev down --dir {self.directory}' first")
         check_zookeeper_installed()
         check_rabbitmq_installed()
-        check_ports_free({**self.zookeeper.ports(), **self.rabbitmq.ports()})
+        spark_ports = {}
+        if self.spark is not None:
+            check_spark_installed()
+            spark_ports = self.spark.port_map()
+        check_ports_free({**self.zookeeper.ports(), **self.rabbitmq.ports(), **spark_ports})
         self.directory.mkdir(parents=True, exist_ok=True)
         try:
             for server in self.zookeeper.servers:
@@ -127,17 +158,27 @@ class DevEnvironment:
             self.zookeeper.wait_quorum(timeout)
             self.rabbitmq.wait_ready(timeout)
             self.save()  # now with the broker VM's own PID
+            if self.spark is not None:
+                try:
+                    self.spark.start(timeout)
+                finally:
+                    self.save()
         except BaseException:
             self.down()
             raise
 
     def down(self) -> None:
+        if self.spark is not None:
+            self.spark.stop()
         self.rabbitmq.stop()
         self.zookeeper.stop()
         (self.directory / STATE_FILE).unlink(missing_ok=True)
 
     def any_running(self) -> bool:
-        return self.rabbitmq.is_running() or any(s.is_running() for s in self.zookeeper.servers)
+        spark = self.spark is not None and any(
+            d.alive() for d in [self.spark.master, *self.spark.worker_daemons] if d is not None)
+        return spark or self.rabbitmq.is_running() or any(
+            s.is_running() for s in self.zookeeper.servers)
 
     def status(self) -> list[ServiceStatus]:
         rows = []
@@ -152,10 +193,29 @@ class DevEnvironment:
         pid = running.pid if running else None
         rows.append(ServiceStatus("rabbitmq", pid,
                                   rabbit.is_running(), ready, f"{LOOPBACK}:{rabbit.node_port}"))
+        if self.spark is not None:
+            master = self.spark.master
+            seen = self.spark.status() if master is not None and master.alive() else {}
+            alive = {int(w["port"]) for w in seen.get("workers", []) if w.get("state") == "ALIVE"}
+            rows.append(ServiceStatus(
+                "spark-master", master.record.pid if master and master.record else None,
+                bool(master and master.alive()), seen.get("status") == "ALIVE",
+                f"{self.spark.url} ui={LOOPBACK}:{self.spark.master_ui_port} "
+                f"workers={len(alive)}"))
+            for i, worker in enumerate(self.spark.worker_daemons):
+                port = self.spark.ports[1 + 2 * i]
+                rows.append(ServiceStatus(
+                    worker.name, worker.record.pid if worker.record else None, worker.alive(),
+                    worker.alive() and port in alive,
+                    f"{LOOPBACK}:{port} cores={self.spark.cores} memory={self.spark.memory}"))
         return rows
 
     def exports(self) -> dict[str, str]:
         """Connection settings, named as :class:`runner.config.Settings` reads them."""
-        return {"LATCHWORK_ZK_HOSTS": self.zookeeper.hosts, "LATCHWORK_AMQP_URL": self.rabbitmq.url}
+        found = {"LATCHWORK_ZK_HOSTS": self.zookeeper.hosts,
+                 "LATCHWORK_AMQP_URL": self.rabbitmq.url}
+        if self.spark is not None:
+            found["LATCHWORK_SPARK_MASTER"] = self.spark.url
+        return found
 
 

@@ -4,9 +4,10 @@
 It loads the ZooKeeper fixtures of :mod:`coord.testing.plugin` and the RabbitMQ fixtures of
 :mod:`messaging.testing.plugin`, and adds ``cluster`` (a :class:`~runner.testing.cluster.Cluster`
 of node processes in the test's own ZooKeeper root and vhost, started with
-``cluster.start_node()``) and ``spark`` (the run's one SparkSession: local[2], UI off). A
-Docker engine is never required: the local-process path is the one CI runs (see
-docs/testing.md).
+``cluster.start_node()``), ``spark`` (the run's one SparkSession: local[2], UI off) and
+``spark_standalone`` (a Spark standalone Master and two Workers of the test's own, from the
+pyspark distribution: :mod:`runner.testing.sparkcluster`). A Docker engine is never required:
+the local-process path is the one CI runs (see docs/testing.md).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pytest
 
 from coord.testing.nodeprocess import NodeProcess
 from runner.testing.cluster import Cluster
+from runner.testing.sparkcluster import SparkStandalone
 
 if TYPE_CHECKING:  # imported at run time by pytest as plugins (for assertion rewriting)
     from coord.testing.plugin import ZkNamespace
@@ -36,6 +38,16 @@ def cluster(zk_namespace: ZkNamespace, amqp_vhost: AmqpNamespace, tmp_path: Path
     c.store.close()
 
 
+@pytest.fixture
+def spark_standalone(tmp_path: Path) -> Iterator[SparkStandalone]:
+    """A Spark standalone cluster of the test's own: a Master and two Workers (2 cores and
+    1 GiB each) on loopback; stopped, executors included, after the test."""
+    cluster = SparkStandalone(tmp_path / "spark", workers=2, cores=2, memory="1g")
+    cluster.start()
+    yield cluster
+    cluster.stop()
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """The test run's one SparkSession (local[2], UI off, 2 shuffle partitions)."""
@@ -45,3 +57,14 @@ def spark() -> Iterator[Any]:
                                           spark_driver_memory="1g"), "latchwork-tests")
     yield session
     stop_spark()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test that used ``spark_standalone`` carries its daemons' log tails."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    cluster = getattr(item, "funcargs", {}).get("spark_standalone")
+    if report.failed and isinstance(cluster, SparkStandalone):
+        for name, text in cluster.log_tails().items():
+            report.sections.append((f"{name} log tail", text))
