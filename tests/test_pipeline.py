@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from coord import Session
+from coord import Session, VersionedRegister
 from coord.batches import BatchCoordinator, BatchState, SeriesState
 from coord.testing import NodeProcess, wait_until
 from coord.testing.plugin import ZkNamespace
@@ -356,6 +356,54 @@ def test_on_a_standalone_cluster_kill_9_of_a_worker_costs_only_its_batches(
         c.store.close()
 
 
+def test_the_snapshot_is_exported_in_pages_and_resumed_after_kill_9(
+        zk_namespace: ZkNamespace, tmp_path: Path, spawn_node: Callable[..., NodeProcess],
+        spark: Any) -> None:
+    """The export writes a page, records it in ZooKeeper, writes the next: killed -9 in the
+    middle, a new export resumes at the first unrecorded page, leaves the recorded pages as
+    they were, and the snapshot holds every eligible avatar once, at positions 0..n-1, which
+    Spark reads and a batch's position range selects."""
+    n = 2400
+    graph = str(tmp_path / "g.db")
+    with open_store(graph) as store:
+        store.avatars.upsert([Avatar(f"av-{i:05d}", CLASSES[i % 3], {"lat": i, "lon": -i})
+                              for i in range(n)])
+    root = SeriesPaths.of(str(tmp_path / "data"), "snap-1").root
+    argv = ["-m", "runner.testing.snapshotter", zk_namespace.hosts, "c1", graph, root,
+            "snap-1", f"{EX}Pump", "100", "0.3"]
+    first = spawn_node(argv, name="exporter")
+    first.wait_for_line("PAGE 300", 60)
+    first.kill()  # while it sleeps after its third page or writes the fourth
+    with Session(zk_namespace.hosts, "c1") as s:
+        recorded, _ = VersionedRegister(s, "snapshots/snap-1").get()
+    assert recorded["pages"] >= 3 and not recorded["done"], recorded
+    pages_dir = tmp_path / "data" / "series" / "snap-1" / "_snapshot-pages"
+    kept = {p.name: p.stat().st_mtime_ns for p in pages_dir.glob("page-*.parquet")
+            if int(p.name[5:11]) < recorded["pages"]}
+    assert len(kept) == recorded["pages"]
+    second = spawn_node([*argv[:-1], "0"], name="exporter")
+    done = second.wait_for_line("DONE", 120)
+    assert done == f"DONE {n // 3}"
+    assert f"resuming at page {recorded['pages']}" in second.stderr_tail(200)
+    snapshot = tmp_path / "data" / "series" / "snap-1" / "snapshot"
+    assert {p.name: p.stat().st_mtime_ns for p in snapshot.glob("page-*.parquet")
+            if p.name in kept} == kept  # the recorded pages were not written again
+    assert not list(snapshot.glob("_*")) and not pages_dir.exists()
+    table = pq.read_table(snapshot)
+    assert sorted(table.column("pos").to_pylist()) == list(range(n // 3))
+    ids = table.column("id").to_pylist()
+    assert len(set(ids)) == len(ids) == n // 3
+    assert set(ids) == {f"av-{i:05d}" for i in range(0, n, 3)}
+    # Spark reads it, and a batch's range reads its rows only
+    from pyspark.sql import functions as F
+    frame = spark.read.parquet(root + "/snapshot")
+    assert frame.count() == n // 3
+    assert frame.where((F.col("pos") >= 250) & (F.col("pos") < 300)).count() == 50
+    with Session(zk_namespace.hosts, "c1") as s:
+        final, _ = VersionedRegister(s, "snapshots/snap-1").get()
+    assert final["done"] and final["rows"] == n // 3
+
+
 def _store_with(path: Path, edges: list[tuple[str, str]]) -> GraphStore:
     store = open_store(str(path))
     classes = {c for e in edges for c in e}
@@ -412,7 +460,7 @@ def _snapshot_series(spark: Any, session: Session, store: GraphStore, tmp_path: 
                                  properties={"lat": 40 + i / 1000, "lon": -3 - i / 1000})
                           for i in range(n)])
     paths = SeriesPaths.of(str(tmp_path / "data"), sid)
-    rows = write_snapshot(spark, store, [f"{EX}Pump", f"{EX}Equipment"], paths)
+    rows = write_snapshot(store, [f"{EX}Pump", f"{EX}Equipment"], paths)
     coordinator = BatchCoordinator(session, sid, timeout=timeout)
     coordinator.create(end=rows, meta={"aspect": "geo", "root": paths.root,
                                        "batch_rows": batch_rows, "timeout": timeout,

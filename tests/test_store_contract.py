@@ -459,6 +459,37 @@ def test_aspect_bulk_upsert_is_idempotent_and_removable(store: GraphStore) -> No
         store.avatars.upsert_aspect("Bad Name", {})
 
 
+def test_the_export_pages_every_eligible_avatar_once_in_bounded_pages(
+        store: GraphStore) -> None:
+    """Pages of at most twice the limit, every avatar of the classes once, none of the
+    others; resumable from any page's cursor."""
+    wanted = [Avatar(f"av{i:05d}", BASE + ("AHU" if i % 3 else "Room"), {"n": i})
+              for i in range(1200)]
+    store.avatars.upsert(wanted)
+    store.avatars.upsert_aspect("geo", {a.id: {"x": 1} for a in wanted[:100]})
+    classes = [BASE + "AHU"]
+    pages, cursors, after = [], [], None
+    while True:
+        rows, after = store.avatars.export_page(classes, after, 150)
+        pages.append(rows)
+        cursors.append(after)
+        assert len(rows) <= 2 * 150
+        if after is None:
+            break
+    got = [r for page in pages for r in page]
+    assert sorted(r[0] for r in got) == sorted(a.id for a in wanted if int(a.id[2:]) % 3)
+    assert len({r[0] for r in got}) == len(got) == 800
+    assert all(r[1] == BASE + "AHU" and r[2] == f'{{"n":{int(r[0][2:])}}}' for r in got)
+    assert len(pages) > 1
+    # from the second page's cursor on, the same rows again
+    again, after = [], cursors[0]
+    while after is not None:
+        rows, after = store.avatars.export_page(classes, after, 150)
+        again.extend(rows)
+    assert again == [r for page in pages[1:] for r in page]
+    assert store.avatars.export_page([], None, 10) == ([], None)
+
+
 # -- the portable subset ------------------------------------------------------------------------
 
 FORBIDDEN = re.compile(r"\.(merge_v|merge_e|has_not|dedup|range_|group|group_count)\(|"
@@ -466,10 +497,14 @@ FORBIDDEN = re.compile(r"\.(merge_v|merge_e|has_not|dedup|range_|group|group_cou
 
 
 def test_the_store_uses_only_the_portable_subset() -> None:
+    """Every query module, gremlin/ included. A comparison on strings that only the remote
+    path sends (the export keyset: gremlite answers it with a scan of every string, so the
+    embedded path pages by vertex id instead) says so on its line with "remote only"."""
     sources = Path(__file__).resolve().parent.parent / "runner" / "store"
-    offenders = [f"{p.name}:{n}: {line.strip()}" for p in sorted(sources.glob("*.py"))
+    offenders = [f"{p.name}:{n}: {line.strip()}" for p in sorted(sources.rglob("*.py"))
                  for n, line in enumerate(p.read_text().splitlines(), 1)
-                 if FORBIDDEN.search(line) and not line.lstrip().startswith("#")]
+                 if FORBIDDEN.search(line) and not line.lstrip().startswith("#")
+                 and "remote only" not in line]
     assert offenders == []
 
 

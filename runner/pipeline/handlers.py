@@ -211,8 +211,9 @@ class Pipeline:
         if not coordinator.exists():
             classes = eligible_classes(definition, self.cache)
             paths = SeriesPaths.of(self.settings.data_dir, sid)
-            spark = spark_session(self.settings, app_name=f"latchwork {self.member}")
-            rows = write_snapshot(spark, self.store, classes, paths)
+            # in pages straight to Parquet, resumable by page (progress in ZooKeeper)
+            rows = write_snapshot(self.store, classes, paths, self.session, sid,
+                                  check=ctx.check, report=ctx.progress)
             digest = hashlib.sha256("\n".join(sorted(classes)).encode()).hexdigest()[:16]
             coordinator.create(end=rows, meta={
                 "aspect": payload.aspect, "generation": payload.generation, "root": paths.root,

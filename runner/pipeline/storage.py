@@ -9,15 +9,15 @@ written raises :class:`PipelineError`.
 
 from __future__ import annotations
 
-import json
 import logging
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from coord import Session
 from runner.errors import RunnerError
 from runner.store import GraphStore
 
@@ -101,24 +101,14 @@ class HadoopFS:
         return True
 
 
-def write_snapshot(spark: Any, store: GraphStore, classes: Iterable[str],
-                   paths: SeriesPaths) -> int:
-    """Export the avatars of ``classes`` once; returns the committed snapshot's row count."""
-    import pyarrow as pa
-    fs = HadoopFS(spark)
-    if not fs.exists(paths.snapshot):
-        rows = [(a.id, a.class_iri, json.dumps(a.properties, sort_keys=True))
-                for page in store.avatars.scan(classes) for a in page]
-        rows.sort()
-        table = pa.table({
-            "pos": pa.array(range(len(rows)), pa.int64()),
-            "id": pa.array([r[0] for r in rows], pa.string()),
-            "class_iri": pa.array([r[1] for r in rows], pa.string()),
-            "props": pa.array([r[2] for r in rows], pa.string()),
-        })
-        tmp = paths.tmp("snapshot")
-        spark.createDataFrame(table).coalesce(1).write.parquet(tmp)
-        if fs.commit(tmp, paths.snapshot):
-            log.info("snapshot %s: %d avatars", paths.snapshot, len(rows))
-            return len(rows)
-    return int(spark.read.parquet(paths.snapshot).count())
+def write_snapshot(store: GraphStore, classes: Iterable[str], paths: SeriesPaths,
+                   session: Session | None = None, series_id: str | None = None,
+                   page_rows: int | None = None, check: Callable[[], None] | None = None,
+                   report: Callable[[int, int | None, str], None] | None = None) -> int:
+    """Export the avatars of ``classes`` once, in pages (:mod:`runner.pipeline.snapshot`);
+    returns the committed snapshot's row count. With ``session`` and ``series_id`` the export's
+    progress is kept in ZooKeeper, so a later call resumes an interrupted one."""
+    from runner.pipeline.snapshot import PAGE_ROWS, SnapshotExport, ZkProgress
+    progress = ZkProgress(session, series_id) if session is not None and series_id else None
+    return SnapshotExport(store, classes, paths, progress, page_rows or PAGE_ROWS, check,
+                          report).run()

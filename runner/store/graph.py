@@ -153,6 +153,16 @@ class EmbeddedGraph:
     def read(self, fn: Callable[[Any], T]) -> T:
         return self._run("BEGIN DEFERRED", fn)  # one consistent snapshot for the whole read
 
+    def element_id_bound(self) -> int:
+        """The highest element id gremlite has handed out (vertex ids are below it): paging
+        over windows of vertex ids stops there. One read of an integer primary key."""
+        remote = self._connection()
+        try:
+            row = remote.con.execute("SELECT max(id) FROM graphelts").fetchone()
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"graph file {self.path}: {exc}") from exc
+        return int(row[0] or 0)
+
     def write(self, fn: Callable[[Any], T]) -> T:
         return self._run("BEGIN IMMEDIATE", fn)
 

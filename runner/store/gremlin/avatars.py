@@ -33,6 +33,10 @@ from runner.store.model import (
 
 # -- avatars ----------------------------------------------------------------------------------
 
+#: vertex ids one embedded export read looks at, at most (each avatar also uses an id per
+#: property, so a window holds fewer avatars than ids)
+EXPORT_WINDOW = 5000
+
 def aspect_key(aspect: str) -> str:
     if not ASPECT_NAME.match(aspect):
         raise InvalidValue(f"invalid aspect name {aspect!r} (lower case, digits, _ and -)")
@@ -169,6 +173,49 @@ class GremlinAvatarStore:
             rows = self.graph.read(run)
             if rows:
                 yield [avatar_from_row(r) for r in rows]
+
+    def export_page(self, class_iris: Iterable[str], after: str | None, limit: int
+                    ) -> tuple[list[tuple[str, str, str]], str | None]:
+        """Up to about ``limit`` avatars (twice that at most) of ``class_iris`` after the
+        cursor ``after`` (None: from the start) as ``(id, class, properties as stored
+        JSON)``, and the cursor of the next page (None: there is none). Memory is bounded by
+        ``limit`` whatever the graph's size; a page is one consistent read, later pages may
+        see later writes.
+
+        * Embedded (gremlite): windows of vertex ids in id order (``g.V(ids)``, an indexed
+          lookup), up to the highest element id; the cursor is the next id. A keyset on
+          ``avatar_id`` would cost a scan of every string per page there.
+        * Remote: a keyset on ``avatar_id`` (``has(avatar_id, gt(last)).order().by(avatar_id)
+          .limit(n)``), which needs an index that orders ``avatar_id`` on the server; the
+          cursor is the last id."""
+        classes = sorted(set(class_iris))
+        if not classes or limit < 1:
+            return [], None
+        bound = getattr(self.graph, "element_id_bound", None)
+        if bound is not None:
+            return self._export_windows(classes, int(after or 1), limit, int(bound()))
+        rows = self.graph.read(
+            lambda g: g.V().has("avatar_class", P.within(classes))
+            .has("avatar_id", P.gt(after or ""))  # a string keyset: remote only
+            .order().by("avatar_id").limit(limit)
+            .element_map().to_list())
+        found = [(r["avatar_id"], r["avatar_class"], r["avatar_props"]) for r in rows]
+        return found, (found[-1][0] if len(found) == limit else None)
+
+    def _export_windows(self, classes: list[str], start: int, limit: int, top: int
+                        ) -> tuple[list[tuple[str, str, str]], str | None]:
+        found: list[tuple[str, str, str]] = []
+        window = max(64, min(EXPORT_WINDOW, limit))  # a window never holds more avatars
+        while start <= top and len(found) < limit:
+            end = min(start + window, top + 1)
+
+            def run(g: Any, ids: range = range(start, end)) -> list[Any]:
+                return list(g.V(*ids).has_label("avatar")
+                            .has("avatar_class", P.within(classes)).element_map().to_list())
+            found.extend((r["avatar_id"], r["avatar_class"], r["avatar_props"])
+                         for r in self.graph.read(run))
+            start = end
+        return found, (str(start) if start <= top else None)
 
     def with_aspect(self, aspect: str) -> dict[str, Any]:
         """``avatar id -> value`` of every avatar that has the aspect."""
