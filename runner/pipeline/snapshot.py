@@ -6,10 +6,11 @@ the series is created: ``<series>/snapshot/`` holds ``page-<k>.parquet`` files w
 ``props`` (the stored JSON). :class:`SnapshotExport` builds it without holding the graph in
 memory:
 
-* it reads the avatars a page at a time (``AvatarStore.export_page``: at most ``page_rows``
-  avatars plus one read window, whatever the graph's size), writes each page with pyarrow as one
+* it reads the avatars a page at a time (``AvatarStore.export_page``: at most twice
+  ``page_rows`` avatars, whatever the graph's size), writes each page with pyarrow as one
   Parquet file (one row group, so its ``pos`` range is in the file's statistics and a batch's
-  ``pos`` filter reads only the files it needs), first to a ``.partial`` name, then renamed;
+  ``pos`` filter reads only the files it needs), first to a ``_partial-`` name, then renamed;
+  a page is written by a thread while the next one is read;
 * after every page it records ``{pages, rows, cursor}`` in a versioned ZooKeeper register
   (``snapshots/<series id>``): a creating task that dies (kill -9, a lost session) leaves
   the pages it wrote and that record, and the next one resumes at the first unrecorded page
@@ -18,8 +19,9 @@ memory:
   rename on a local or HDFS file system) and records ``done``. Rows are numbered in page order,
   so positions are ``[0, rows)`` without a gap.
 
-Memory: one page of rows and its Arrow table (about ``page_rows`` times the average properties'
-size, a few tens of MB for the default 50,000), not the graph; nothing goes through Spark.
+Memory: two pages of rows and one Arrow table (about ``page_rows`` times the average
+properties' size each, a few tens of MB for the default 50,000), not the graph; nothing goes
+through Spark.
 
 Failure behaviour: store errors propagate (the task's attempt fails and a new one resumes);
 ``check`` (the task's ``ctx.check``) runs before every page and before the rename, so an owner
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,21 +130,30 @@ class SnapshotExport:
             log.info("snapshot %s: resuming at page %d (%d rows written)", self.paths.snapshot,
                      state.pages, state.rows)
         self.fs.create_dir(self.pages_dir, recursive=True)
-        while state.pages == 0 or state.cursor is not None:
-            if self.check is not None:
-                self.check()
-            rows, cursor = self.store.avatars.export_page(self.classes, state.cursor,
-                                                          self.page_rows)
-            if rows:
-                self._write_page(state.pages, state.rows, rows)
-            state = Progress(state.pages + 1 if rows else state.pages,
-                             state.rows + len(rows), cursor)
-            self.progress.save(state)
-            if self.report is not None:
-                self.report(state.rows, None, f"snapshot: {state.rows} avatars in "
-                                              f"{state.pages} pages")
-            if cursor is None:
-                break
+        # a page is written (pyarrow, without the GIL) while the next one is read; it is
+        # recorded once its file is in place
+        with ThreadPoolExecutor(1, thread_name_prefix="snapshot-writer") as writer:
+            pending: tuple[Future[None], Progress] | None = None
+            while state.pages == 0 or state.cursor is not None:
+                if self.check is not None:
+                    self.check()
+                rows, cursor = self.store.avatars.export_page(self.classes, state.cursor,
+                                                              self.page_rows)
+                if pending is not None:
+                    self._record(*pending)
+                    pending = None
+                after = Progress(state.pages + 1 if rows else state.pages,
+                                 state.rows + len(rows), cursor)
+                if rows:
+                    pending = (writer.submit(self._write_page, state.pages, state.rows, rows),
+                               after)
+                else:
+                    self.progress.save(after)
+                state = after
+                if cursor is None:
+                    break
+            if pending is not None:
+                self._record(*pending)
         if self.check is not None:
             self.check()
         self._drop_unrecorded(state.pages)
@@ -150,6 +162,13 @@ class SnapshotExport:
         log.info("snapshot %s: %d avatars in %d pages", self.paths.snapshot, state.rows,
                  state.pages)
         return state.rows
+
+    def _record(self, written: Future[None], state: Progress) -> None:
+        written.result()  # a page that could not be written stops the export here
+        self.progress.save(state)
+        if self.report is not None:
+            self.report(state.rows, None, f"snapshot: {state.rows} avatars in "
+                                          f"{state.pages} pages")
 
     def _write_page(self, page: int, first: int, rows: list[tuple[str, str, str]]) -> None:
         import pyarrow as pa
