@@ -7,12 +7,18 @@ from contextlib import contextmanager
 from typing import Any
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import KazooException, NoNodeError, SessionExpiredError
+from kazoo.exceptions import (
+    AuthFailedError,
+    KazooException,
+    NoAuthError,
+    NoNodeError,
+    SessionExpiredError,
+)
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import ZnodeStat
 from kazoo.retry import KazooRetry
 
-from coord.errors import ConnectionLost, SessionExpired
+from coord.errors import ConnectionLost, NotAuthorised, SessionExpired
 
 SEQ_DIGITS = 10
 
@@ -29,6 +35,10 @@ def zk_errors(what: str) -> Iterator[None]:
         yield
     except SessionExpiredError as exc:
         raise SessionExpired(f"{what}: the ZooKeeper session expired") from exc
+    except (NoAuthError, AuthFailedError) as exc:
+        raise NotAuthorised(f"{what}: ZooKeeper refused it: the znodes' ACL does not admit "
+                            "these credentials (set zk_auth to the cluster's digest user)"
+                            ) from exc
     except (KazooException, KazooTimeoutError) as exc:
         raise ConnectionLost(f"{what}: {exc!r}") from exc
 

@@ -3,6 +3,7 @@
     CoordError
     ├── ConnectionLost            the connection is down (SUSPENDED), or a call failed on it
     │   └── SessionExpired        the session is gone (LOST): ephemeral nodes and locks with it
+    ├── NotAuthorised             the server refused a call: no credentials, or the wrong ones
     ├── NotLeader                 a master-only action was attempted without leadership
     ├── LockNotHeld               release or use of a task lock that is not (or no longer) held
     ├── MemberIdTaken             another live session registered the same member id
@@ -26,6 +27,11 @@ class ConnectionLost(CoordError):
 
 class SessionExpired(ConnectionLost):
     """The ZooKeeper session expired (or was declared lost by the client-side timer)."""
+
+
+class NotAuthorised(CoordError):
+    """ZooKeeper refused the call: the znode's ACL does not admit these credentials (or
+    none were given), or the digest credentials were refused."""
 
 
 class NotLeader(CoordError):

@@ -41,6 +41,7 @@ from typing import Any
 from kazoo.client import KazooClient, KazooState
 from kazoo.handlers.threading import KazooTimeoutError, SequentialThreadingHandler
 from kazoo.handlers.utils import selector_select
+from kazoo.protocol.serialization import Auth
 from kazoo.security import make_digest_acl
 
 from coord._znodes import zk_errors
@@ -80,11 +81,21 @@ class _KazooLogger(logging.Logger):
         super().__init__(name, BLATHER)
         self.parent = logging.getLogger("kazoo.client")
         self.ms: int | None = None
+        #: why kazoo's last connection attempt failed (a refused TLS handshake, a reset), for
+        #: the error a start that cannot connect raises
+        self.last_drop: str | None = None
 
     def isEnabledFor(self, level: int) -> bool:
         return self.parent is not None and self.parent.isEnabledFor(level)
 
+    def warning(self, msg: object, *args: object, **kwargs: Any) -> None:
+        if isinstance(msg, str) and msg.startswith("Connection dropped") and args:
+            self.last_drop = str(args[0])
+        super().warning(msg, *args, **kwargs)
+
     def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
+        # kazoo narrates the digest credentials it sends ("Sending request: Auth(...)")
+        args = tuple(arg._replace(auth="***") if isinstance(arg, Auth) else arg for arg in args)
         if level == BLATHER and isinstance(msg, str) and msg.startswith("Session created") \
                 and len(args) >= 3:
             try:
@@ -143,6 +154,9 @@ class Session:
 
     ``auth`` is ``"user:password"``: the client authenticates with digest and every znode it
     creates gets an ACL that gives that user all rights and nobody else anything.
+    ``tls_ca`` (a PEM file) makes it connect over TLS (the servers' ``secureClientPort``),
+    checking the server's certificate against that CA, and presenting ``tls_cert`` /
+    ``tls_key`` when the server asks for a client certificate.
 
     Failure: ``start()`` raises :class:`ConnectionLost` when ZooKeeper cannot be reached within
     ``connect_timeout``; a second ``start()`` raises :class:`LifecycleError`.
@@ -150,7 +164,8 @@ class Session:
 
     def __init__(self, hosts: str, cluster: str = "default", timeout: float = 10.0,
                  auth: str | None = None, connect_timeout: float = 30.0,
-                 margin: float | None = None) -> None:
+                 margin: float | None = None, tls_ca: str | None = None,
+                 tls_cert: str | None = None, tls_key: str | None = None) -> None:
         self.hosts = hosts
         #: how long before the server could expire it the session is declared lost (seconds;
         #: default a fifth of the negotiated timeout)
@@ -160,6 +175,7 @@ class Session:
         self.connect_timeout = connect_timeout
         self.root = cluster_root(cluster)
         self._auth = auth
+        self._tls = (tls_ca, tls_cert, tls_key)
         self._lifecycle = _Lifecycle.LATENT
         self._state = SessionState.LOST
         self._session_id: int | None = None
@@ -186,6 +202,9 @@ class Session:
             user, _, password = self._auth.partition(":")
             options["auth_data"] = [("digest", self._auth)]
             options["default_acl"] = [make_digest_acl(user, password, all=True)]
+        ca, cert, key = self._tls
+        if ca is not None:
+            options.update(use_ssl=True, verify_certs=True, ca=ca, certfile=cert, keyfile=key)
         return options
 
     def _ensure_root(self) -> None:
@@ -193,7 +212,14 @@ class Session:
         bootstrap = KazooClient(hosts=self.hosts, **self._client_options())
         try:
             with zk_errors(f"cannot reach ZooKeeper at {self.hosts}"):
-                bootstrap.start(timeout=self.connect_timeout)
+                try:
+                    bootstrap.start(timeout=self.connect_timeout)
+                except KazooTimeoutError:
+                    why = self._logger.last_drop
+                    if why is None:
+                        raise
+                    raise ConnectionLost(f"cannot reach ZooKeeper at {self.hosts}: the last "
+                                         f"attempt failed: {why}") from None
                 bootstrap.ensure_path(self.root)
         finally:
             bootstrap.stop()

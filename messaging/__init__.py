@@ -12,6 +12,7 @@ from messaging.deadletters import DeadLetter, DeadLetterNotFound, DeadLetterQueu
 from messaging.delivery import Delivery, DeliveryState
 from messaging.envelope import MAX_BODY, Envelope, Paradigm, decode, summary, validate_payload
 from messaging.errors import (
+    BrokerRefused,
     BrokerUnavailable,
     DeliveryAlreadySettled,
     EnvelopeError,
@@ -37,7 +38,8 @@ from messaging.topology import RetryPolicy, Topology
 
 __all__ = [
     "DeadLetter", "DeadLetterNotFound", "DeadLetterQueue",
-    "MAX_BODY", "ApiClient", "ApiResponder", "Backoff", "BrokerUnavailable", "Connector",
+    "MAX_BODY", "ApiClient", "ApiResponder", "Backoff", "BrokerRefused", "BrokerUnavailable",
+    "Connector",
     "Consumer",
     "Delivery", "DeliveryAlreadySettled", "DeliveryState", "Envelope", "EnvelopeError",
     "HandlerContext", "HandlerOutcome", "HandlerRegistry", "InvalidEnvelope", "LifecycleError",

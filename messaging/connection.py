@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import random
+import ssl
 import threading
 import time
 from collections.abc import Iterator
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 import pika
 import pika.exceptions as pe
 
-from messaging.errors import BrokerUnavailable
+from messaging.errors import BrokerRefused, BrokerUnavailable
 
 log = logging.getLogger("latchwork.messaging")
 
@@ -53,6 +54,11 @@ class Connector:
     connect_deadline: float = 30.0
     backoff: Backoff = Backoff()
     name: str = "latchwork"
+    #: amqps://: the CA the broker's certificate is checked against (None: the system's), and
+    #: the client certificate and key the broker may ask for (PEM files)
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
 
     def parameters(self) -> pika.URLParameters:
         params = pika.URLParameters(self.url)
@@ -61,7 +67,15 @@ class Connector:
         params.socket_timeout = 5.0
         params.blocked_connection_timeout = 60.0
         params.client_properties = {"connection_name": self.name}
+        if self.url.startswith("amqps://"):
+            context = ssl.create_default_context(cafile=self.tls_ca)
+            if self.tls_cert is not None:
+                context.load_cert_chain(self.tls_cert, self.tls_key)
+            params.ssl_options = pika.SSLOptions(context, params.host)
         return params
+
+    def __repr__(self) -> str:  # the URL holds the password
+        return f"Connector({_redact(self.url)!r}, name={self.name!r})"
 
     def connect(self, deadline: float | None = None,
                 stop: threading.Event | None = None) -> pika.BlockingConnection:
@@ -77,6 +91,12 @@ class Connector:
                 break
             try:
                 return pika.BlockingConnection(self.parameters())
+            except (pe.ProbableAuthenticationError, pe.ProbableAccessDeniedError,
+                    pe.AuthenticationError) as exc:  # not transient: said at once
+                user = _redact(self.url).split("://", 1)[-1].split(":", 1)[0]
+                raise BrokerRefused(f"RabbitMQ at {_redact(self.url)} refused the login of "
+                                    f"user {user!r} ({type(exc).__name__}): check the user, "
+                                    "its password and its permissions on the vhost") from None
             except CONNECTION_ERRORS as exc:
                 last = exc
             if time.monotonic() + delay >= limit:

@@ -2,6 +2,7 @@
 
     MessagingError
     ├── BrokerUnavailable         no connection to RabbitMQ within the deadline
+    │   └── BrokerRefused         the broker refused the login (user, password, vhost)
     ├── PublishFailed             the broker nacked or could not route a confirmed publish
     ├── EnvelopeError             a message body is not a valid envelope (poison)
     │   ├── UndecodableMessage    not UTF-8 JSON
@@ -33,6 +34,10 @@ class MessagingError(Exception):
 
 class BrokerUnavailable(MessagingError):
     """RabbitMQ could not be reached (or kept dropping the connection) until the deadline."""
+
+
+class BrokerRefused(BrokerUnavailable):
+    """RabbitMQ refused the login: a wrong user or password, or no permission on the vhost."""
 
 
 class PublishFailed(MessagingError):

@@ -47,6 +47,7 @@ from messaging import (
     Topology,
 )
 from runner.config import Settings
+from runner.connect import amqp_connector
 from runner.errors import RunnerError
 from runner.node.views import (
     Cancelled,
@@ -119,9 +120,11 @@ class Client:
     poll_interval: ClassVar[float] = 0.25
 
     def __init__(self, amqp_url: str, cluster: str, *, timeout: float = 10.0,
-                 sender: str | None = None, name: str = "latchwork client") -> None:
+                 sender: str | None = None, name: str = "latchwork client",
+                 connector: Connector | None = None) -> None:
         self.timeout = timeout
-        connector = Connector(amqp_url, connect_deadline=min(timeout, 10.0), name=name)
+        connector = connector or Connector(amqp_url, connect_deadline=min(timeout, 10.0),
+                                           name=name)
         self._api = ApiClient(connector, Topology(cluster), sender=sender or operator())
         self._dead = DeadLetterQueue(connector, Topology(cluster))
 
@@ -131,7 +134,10 @@ class Client:
         """A client of the cluster the settings name (a TOML file and ``LATCHWORK_*``); a bad
         configuration raises :class:`~runner.config.ConfigError`."""
         settings = settings or Settings.load(config)
-        return cls(settings.amqp_url, settings.cluster, timeout=timeout, **kwargs)
+        connector = amqp_connector(settings, name=kwargs.pop("name", "latchwork client"),
+                                   connect_deadline=min(timeout, 10.0))
+        return cls(connector.url, settings.cluster, timeout=timeout, connector=connector,
+                   **kwargs)
 
     # -- the calls ------------------------------------------------------------------------------
     def submit(self, task_type: str, payload: dict[str, Any] | None = None, *,

@@ -11,7 +11,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -50,11 +50,32 @@ class Settings(BaseSettings):
     zk_hosts: str = Field(f"127.0.0.1:{DEFAULT_ZK_PORT}",
                           description="ZooKeeper connection string, host:port[,host:port...]")
     session_timeout: float = Field(10.0, gt=0, description="ZooKeeper session timeout, seconds")
-    zk_auth: str | None = Field(None, description="digest credentials user:password, optional")
-    amqp_url: str = Field(f"amqp://guest:guest@127.0.0.1:{DEFAULT_AMQP_PORT}/%2F",
-                          description="RabbitMQ URL")
+    zk_auth: SecretStr | None = Field(
+        None, description="digest credentials user:password: every znode gets an ACL for that "
+                          "user alone (never printed)")
+    zk_tls_ca: str | None = Field(
+        None, description="PEM file of the CA ZooKeeper's certificate is checked against; set, "
+                          "the client connects over TLS (to the servers' secureClientPort)")
+    zk_tls_cert: str | None = Field(None, description="PEM client certificate for ZooKeeper")
+    zk_tls_key: str | None = Field(None, description="PEM private key of zk_tls_cert")
+    amqp_url: SecretStr = Field(
+        SecretStr(f"amqp://guest:guest@127.0.0.1:{DEFAULT_AMQP_PORT}/%2F"),
+        description="RabbitMQ URL, amqp:// or amqps:// (it holds the password: never printed)")
+    amqp_tls_ca: str | None = Field(
+        None, description="PEM file of the CA the broker's certificate is checked against "
+                          "(amqps://; default: the system's CAs)")
+    amqp_tls_cert: str | None = Field(None, description="PEM client certificate for RabbitMQ")
+    amqp_tls_key: str | None = Field(None, description="PEM private key of amqp_tls_cert")
     graph: str = Field(".latchwork/graph.db",
-                       description="graph store: a SQLite path (gremlite) or ws://host:8182/gremlin")
+                       description="graph store: a SQLite path (gremlite) or "
+                                   "ws://host:8182/gremlin, wss:// with TLS")
+    graph_username: str | None = Field(None, description="Gremlin Server user (SASL plain)")
+    graph_password: SecretStr | None = Field(None, description="Gremlin Server password")
+    graph_tls_ca: str | None = Field(
+        None, description="PEM file of the CA a wss:// server's certificate is checked against")
+    allow_untransactional_graph: bool = Field(
+        False, description="run against a remote graph without transactions (guarded writes "
+                           "become check-then-act: see docs/graph.md); logged at every start")
     workers: int = Field(4, ge=1, le=256, description="task worker threads per node")
     scan_interval: float = Field(5.0, gt=0, description="seconds between task scans")
     reap_interval: float = Field(2.0, gt=0,

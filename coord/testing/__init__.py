@@ -25,6 +25,7 @@ from coord.testing.processes import (
     terminate_all,
 )
 from coord.testing.proxy import TcpProxy
+from coord.testing.tls import Pki, ServerTls
 from coord.testing.zookeeper import ZooKeeperCluster, ZooKeeperServer
 
 __all__ = [
@@ -32,6 +33,8 @@ __all__ = [
     "DevServerError",
     "FaultInjectionFailed",
     "NodeProcess",
+    "Pki",
+    "ServerTls",
     "TcpProxy",
     "ZooKeeperCluster",
     "ZooKeeperServer",

@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
@@ -29,11 +30,16 @@ from coord.testing.processes import (
     spawn,
     tail,
 )
+from coord.testing.tls import ServerTls
 
 ZOOKEEPER_CLASSPATH = os.environ.get(
     "LATCHWORK_DEV_ZOOKEEPER_CLASSPATH",
     "/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-simple.jar",
 )
+#: the Netty jars a TLS port needs beyond what zookeeper.jar's manifest names (Debian's
+#: libnetty-java, which the zookeeper package pulls in)
+NETTY_CLASSPATH = ("/usr/share/java/netty-codec.jar:/usr/share/java/netty-resolver.jar:"
+                   "/usr/share/java/netty-transport-native-unix-common.jar")
 
 
 # --------------------------------------------------------------------------------------------
@@ -41,10 +47,12 @@ ZOOKEEPER_CLASSPATH = os.environ.get(
 
 
 def zk_four_letter(port: int, command: str = "srvr", host: str = LOOPBACK,
-                   timeout: float = 1.0) -> str | None:
-    """Send a four-letter word; None when the server does not answer."""
+                   timeout: float = 1.0, tls: ssl.SSLContext | None = None) -> str | None:
+    """Send a four-letter word (over TLS with ``tls``); None when the server does not
+    answer."""
     try:
-        with socket.create_connection((host, port), timeout=timeout) as sock:
+        with socket.create_connection((host, port), timeout=timeout) as raw, \
+                (raw if tls is None else tls.wrap_socket(raw, server_hostname=host)) as sock:
             sock.sendall(command.encode())
             chunks = []
             while True:
@@ -52,18 +60,18 @@ def zk_four_letter(port: int, command: str = "srvr", host: str = LOOPBACK,
                 if not data:
                     break
                 chunks.append(data)
-    except OSError:
+    except OSError:  # ssl.SSLError included
         return None
     return b"".join(chunks).decode(errors="replace")
 
 
-def zk_mode(port: int, host: str = LOOPBACK) -> str | None:
+def zk_mode(port: int, host: str = LOOPBACK, tls: ssl.SSLContext | None = None) -> str | None:
     """'standalone', 'leader' or 'follower' once the server serves clients, else None.
 
     ``ruok`` answers ``imok`` before an ensemble has a quorum; ``srvr`` prints a ``Mode:``
     line only once the server really serves requests.
     """
-    answer = zk_four_letter(port, "srvr", host)
+    answer = zk_four_letter(port, "srvr", host, tls=tls)
     if not answer:
         return None
     for line in answer.splitlines():
@@ -95,6 +103,9 @@ class ZooKeeperServer:
     peers: Mapping[int, tuple[int, int, int]] = field(default_factory=dict)
     heap_mb: int = 256
     record: ProcessRecord | None = None
+    #: a TLS client port instead of the plain one (standalone servers only), clients
+    #: required to present a certificate of ``tls.ca``
+    tls: ServerTls | None = None
     _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     @property
@@ -116,11 +127,21 @@ class ZooKeeperServer:
     def write_config(self) -> Path:
         data = self.directory / "data"
         data.mkdir(parents=True, exist_ok=True)
+        if self.tls is None:
+            port = [f"clientPort={self.client_port}", f"clientPortAddress={LOOPBACK}"]
+        else:  # the secure port only: no client reaches this server without TLS
+            port = [f"secureClientPort={self.client_port}",
+                    f"secureClientPortAddress={LOOPBACK}",
+                    "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory",
+                    f"ssl.keyStore.location={self.tls.server_pem}", "ssl.keyStore.type=PEM",
+                    f"ssl.trustStore.location={self.tls.ca}", "ssl.trustStore.type=PEM",
+                    "ssl.clientAuth=need",
+                    "authProvider.x509="
+                    "org.apache.zookeeper.server.auth.X509AuthenticationProvider"]
         lines = [
             f"tickTime={self.tick_time}",
             f"dataDir={data}",
-            f"clientPort={self.client_port}",
-            f"clientPortAddress={LOOPBACK}",
+            *port,
             "admin.enableServer=false",
             "4lw.commands.whitelist=ruok,srvr,stat,mntr",
             # Sessions from 2 to 20 ticks, the ZooKeeper defaults, stated so tests can rely on them.
@@ -147,13 +168,14 @@ class ZooKeeperServer:
         argv = [
             "java", f"-Xmx{self.heap_mb}m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
             "-Dzookeeper.jmx.log4j.disable=true",
-            "-cp", ZOOKEEPER_CLASSPATH,
+            "-cp", ZOOKEEPER_CLASSPATH + ("" if self.tls is None else ":" + NETTY_CLASSPATH),
             "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(config),
         ]
         self._proc, self.record = spawn(self.name, argv, self.log_path, cwd=self.directory)
 
     def mode(self) -> str | None:
-        return zk_mode(self.client_port)
+        return zk_mode(self.client_port,
+                       tls=None if self.tls is None else self.tls.client_context())
 
     def wait_ready(self, timeout: float = 30.0) -> str:
         deadline = time.monotonic() + timeout

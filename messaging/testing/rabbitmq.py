@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from coord.testing.processes import (
     spawn,
     tail,
 )
+from coord.testing.tls import ServerTls
 
 RABBITMQ_BIN = Path(os.environ.get("LATCHWORK_DEV_RABBITMQ_BIN", "/usr/lib/rabbitmq/bin"))
 
@@ -38,13 +40,16 @@ RABBITMQ_BIN = Path(os.environ.get("LATCHWORK_DEV_RABBITMQ_BIN", "/usr/lib/rabbi
 AMQP_HEADER = b"AMQP\x00\x00\x09\x01"
 
 
-def amqp_handshake(port: int, host: str = LOOPBACK, timeout: float = 1.0) -> bool:
-    """True when the broker answers the AMQP 0-9-1 protocol header with Connection.Start."""
+def amqp_handshake(port: int, host: str = LOOPBACK, timeout: float = 1.0,
+                   tls: ssl.SSLContext | None = None) -> bool:
+    """True when the broker answers the AMQP 0-9-1 protocol header with Connection.Start
+    (over TLS with ``tls``)."""
     try:
-        with socket.create_connection((host, port), timeout=timeout) as sock:
+        with socket.create_connection((host, port), timeout=timeout) as raw, \
+                (raw if tls is None else tls.wrap_socket(raw, server_hostname=host)) as sock:
             sock.sendall(AMQP_HEADER)
             frame = sock.recv(7)
-    except OSError:
+    except OSError:  # ssl.SSLError included
         return False
     # A method frame (type 1) on channel 0: Connection.Start.
     return len(frame) == 7 and frame[0] == 1 and frame[1:3] == b"\x00\x00"
@@ -81,6 +86,9 @@ class RabbitMQServer:
     epmd_port: int
     nodename: str = ""
     consumer_timeout_ms: int = 30 * 60 * 1000
+    #: a TLS listener on ``node_port`` instead of the plain one, clients required to present
+    #: a certificate of ``tls.ca`` (the same files as ZooKeeper's; see coord.testing.tls)
+    tls: ServerTls | None = None
     #: The broker's VM (beam.smp), read from its pid file once it is ready.
     record: ProcessRecord | None = None
     #: The ``rabbitmq-server`` shell script, which stays the VM's parent while it runs.
@@ -101,13 +109,18 @@ class RabbitMQServer:
         return self.directory / "log" / "console.log"
 
     @property
+    def scheme(self) -> str:
+        return "amqp" if self.tls is None else "amqps"
+
+    @property
     def url(self) -> str:
-        return f"amqp://guest:guest@{LOOPBACK}:{self.node_port}/%2F"
+        return f"{self.scheme}://guest:guest@{LOOPBACK}:{self.node_port}/%2F"
 
     def url_for(self, vhost: str) -> str:
         from urllib.parse import quote
 
-        return f"amqp://guest:guest@{LOOPBACK}:{self.node_port}/{quote(vhost, safe='')}"
+        return (f"{self.scheme}://guest:guest@{LOOPBACK}:{self.node_port}/"
+                f"{quote(vhost, safe='')}")
 
     def ports(self) -> dict[str, int]:
         return {"rabbitmq amqp": self.node_port, "rabbitmq distribution": self.dist_port,
@@ -145,8 +158,18 @@ class RabbitMQServer:
         d = self.directory
         for sub in ("home", "mnesia", "log"):
             (d / sub).mkdir(parents=True, exist_ok=True)
+        if self.tls is None:
+            listener = f"listeners.tcp.default = {LOOPBACK}:{self.node_port}\n"
+        else:  # TLS only: no plain listener at all
+            listener = ("listeners.tcp = none\n"
+                        f"listeners.ssl.default = {LOOPBACK}:{self.node_port}\n"
+                        f"ssl_options.cacertfile = {self.tls.ca}\n"
+                        f"ssl_options.certfile = {self.tls.server_cert}\n"
+                        f"ssl_options.keyfile = {self.tls.server_key}\n"
+                        "ssl_options.verify = verify_peer\n"
+                        "ssl_options.fail_if_no_peer_cert = true\n")
         (d / "rabbitmq.conf").write_text(
-            f"listeners.tcp.default = {LOOPBACK}:{self.node_port}\n"
+            listener +
             f"consumer_timeout = {self.consumer_timeout_ms}\n"
             "log.console = true\n"
             "log.console.level = info\n"
@@ -172,7 +195,8 @@ class RabbitMQServer:
         )
 
     def is_ready(self) -> bool:
-        return amqp_handshake(self.node_port)
+        return amqp_handshake(self.node_port,
+                              tls=None if self.tls is None else self.tls.client_context())
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout

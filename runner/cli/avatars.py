@@ -21,12 +21,12 @@ def avatars() -> None:
 
 
 def _local_store(config: Path | None) -> Any:
-    from runner.store import open_store
+    from runner.connect import graph_store
     try:
         settings = Settings.load(config)
     except ConfigError as exc:
         raise fail(str(exc)) from exc
-    return open_store(settings.graph)
+    return graph_store(settings)
 
 
 @avatars.command("import")

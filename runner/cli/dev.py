@@ -149,7 +149,7 @@ def dev_check(directory: Path | None) -> None:
             settings = Settings.load()
         except ConfigError as exc:
             raise fail(str(exc)) from exc
-        zk_hosts, amqp_url = settings.zk_hosts, settings.amqp_url
+        zk_hosts, amqp_url = settings.zk_hosts, settings.amqp_url.get_secret_value()
     try:
         for result in (check_zookeeper(zk_hosts), check_rabbitmq(amqp_url)):
             click.echo(f"{result.service}: {result.detail}")

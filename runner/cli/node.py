@@ -51,7 +51,7 @@ def node_start(config: Path | None, log_level: str, log_format: str, log_file: P
     """
     import logging
 
-    from coord import ConnectionLost
+    from coord import ConnectionLost, NotAuthorised
     from runner import logs
     from runner.node.main import run
 
@@ -85,7 +85,7 @@ def node_start(config: Path | None, log_level: str, log_format: str, log_file: P
         raise fail(str(exc), 2) from exc
     try:
         sys.exit(run(settings, node=node))
-    except (ConnectionLost, BrokerUnavailable, StoreError) as exc:
+    except (ConnectionLost, NotAuthorised, BrokerUnavailable, StoreError) as exc:
         raise fail(str(exc)) from exc
 
 

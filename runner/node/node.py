@@ -29,13 +29,13 @@ from typing import Any
 from coord import (
     LeaderLatch,
     Membership,
-    Session,
     SessionState,
     force_release,
 )
-from messaging import Connector, HandlerContext, MessageBus, Topology, ZkProcessedLog
+from messaging import HandlerContext, MessageBus, Topology, ZkProcessedLog
 from runner import __version__
 from runner.config import Settings
+from runner.connect import amqp_connector, graph_store, zk_session
 from runner.node.api import NodeApi
 from runner.node.metrics import NodeMetrics
 from runner.node.views import task_view
@@ -43,7 +43,7 @@ from runner.ontology import OntologyCache, OntologySync, register_ontology_tasks
 from runner.pipeline.aspects import AspectRegistry
 from runner.pipeline.handlers import Pipeline, register_pipeline_tasks
 from runner.pipeline.spark import stop_spark
-from runner.store import GraphStore, Task, open_store
+from runner.store import GraphStore, Task
 from runner.tasks import TaskRegistry, due
 from runner.tasks.authoring import load_entry_points, load_modules
 from runner.tasks.diag import register_diagnostics
@@ -85,8 +85,7 @@ class Node:
         self.streams = example_streams()
         self.registry = registry or node_registry(settings, self.streams)
         self.incident_hooks = load_hooks(settings.incident_hooks)
-        self.session = Session(settings.zk_hosts, settings.cluster,
-                               timeout=settings.session_timeout, auth=settings.zk_auth)
+        self.session = zk_session(settings)
         self.membership: Membership | None = None
         self.latch: LeaderLatch | None = None
         self.store: GraphStore | None = None
@@ -122,14 +121,14 @@ class Node:
             lambda state: log.log(logging.INFO if state is SessionState.CONNECTED
                                   else logging.WARNING,
                                   "member %s: ZooKeeper session %s", member, state.value))
-        self.store = open_store(s.graph)
+        self.store = graph_store(s)
         self.cache.reload(self.store)
         self.latch = LeaderLatch(self.session, member)
         self.latch.add_listener(
             on_gain=lambda: log.info("member %s: became master", member),
             on_loss=lambda: log.warning("member %s: no longer master", member))
         metrics = self.metrics = NodeMetrics() if s.metrics_port is not None else None
-        self.bus = MessageBus(Connector(s.amqp_url, name=f"latchwork {member}"),
+        self.bus = MessageBus(amqp_connector(s, name=f"latchwork {member}"),
                               Topology(s.cluster), member, max_body=s.max_message_bytes,
                               on_outcome=[metrics.on_outcome] if metrics else None)
         latch = self.latch

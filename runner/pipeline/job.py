@@ -265,8 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     SIGTERM cancels the Spark job group and releases the current batch.
     """
     from runner.config import Settings
+    from runner.connect import graph_store, zk_session
     from runner.pipeline.aspects import AspectRegistry
-    from runner.store import open_store
 
     parser = argparse.ArgumentParser(prog="latchwork-pipeline-job", description=main.__doc__)
     parser.add_argument("--series", required=True, help="the series to work")
@@ -282,11 +282,10 @@ def main(argv: list[str] | None = None) -> int:
     cancel = CancelToken()
     received: list[int] = []  # the handler only records; the main thread acts on it
     signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
-    with Session(settings.zk_hosts, settings.cluster, timeout=settings.session_timeout,
-                 auth=settings.zk_auth) as session:
+    with zk_session(settings) as session:
         coordinator = coordinator_for(session, args.series)
         meta = coordinator.status().meta
-        store = open_store(settings.graph)
+        store = graph_store(settings)
         outcome: list[SeriesStatus | BaseException] = []
         try:
             worker = BatchWorker(

@@ -9,6 +9,7 @@ Errors are in :mod:`runner.store.errors`.
 from runner.store.errors import (
     AttemptAlreadyFinished,
     CommitConflict,
+    GraphNotTransactional,
     InvalidValue,
     OntologyNotFound,
     StaleFencingToken,
@@ -45,7 +46,7 @@ __all__ = [
     "GremlinAvatarStore", "GremlinOntologyStore", "GremlinTaskStore", "InvalidValue",
     "LoadResult", "Ontology", "OntologyClass", "OntologyNotFound", "OntologyRecord",
     "OntologyStore", "Progress", "RemoteGraph",
-    "StaleFencingToken", "StoreError", "StoreUnavailable", "Task", "TaskArchived",
-    "TaskNotFound", "TaskStatus",
+    "GraphNotTransactional", "StaleFencingToken", "StoreError", "StoreUnavailable", "Task",
+    "TaskArchived", "TaskNotFound", "TaskStatus",
     "TaskStore", "UnknownStoreFormat", "open_graph", "open_store",
 ]

@@ -31,6 +31,12 @@ class StoreUnavailable(StoreError):
     error_code = "store_unavailable"
 
 
+class GraphNotTransactional(StoreError):
+    """A remote graph without transactions, and no one accepted the risk."""
+
+    error_code = "graph_not_transactional"
+
+
 class TaskNotFound(StoreError, LookupError):
     """No task or attempt with this id."""
 
