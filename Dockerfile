@@ -13,7 +13,7 @@ COPY messaging ./messaging
 COPY runner ./runner
 RUN pip install --no-cache-dir .
 
-RUN useradd --create-home latchwork
+RUN useradd --create-home latchwork && mkdir /data && chown latchwork /data
 USER latchwork
 WORKDIR /home/latchwork
 

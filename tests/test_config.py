@@ -59,9 +59,25 @@ def test_compose_passes_only_settings_the_code_reads() -> None:
         Settings(**{k.removeprefix("LATCHWORK_").lower(): v for k, v in env.items()})
         hosts = [h.split(":")[0] for h in env["LATCHWORK_ZK_HOSTS"].split(",")]
         assert sorted(hosts) == sorted(zookeepers)
-        assert "@rabbitmq:5672/" in env["LATCHWORK_AMQP_URL"]
+        # secure by configuration: ZooKeeper's TLS port with digest ACLs, amqps, certificates
+        # from the certs volume (deploy/certs.sh), a transactional graph
+        assert {h.split(":")[1] for h in env["LATCHWORK_ZK_HOSTS"].split(",")} == {"2281"}
+        assert env["LATCHWORK_ZK_AUTH"].startswith("latchwork:${")
+        assert env["LATCHWORK_AMQP_URL"].startswith("amqps://latchwork:${")
+        assert "@rabbitmq:5671/" in env["LATCHWORK_AMQP_URL"]
+        for name in ("ZK", "AMQP"):
+            assert {env[f"LATCHWORK_{name}_TLS_{part}"] for part in ("CA", "CERT", "KEY")} == {
+                "/certs/ca.pem", "/certs/client.crt", "/certs/client.key"}
         assert env["LATCHWORK_GRAPH"].startswith("ws://gremlin:")
+        assert "certs:/certs:ro" in service["volumes"]
         assert service["command"][0] == "latchwork"
+    for name in zookeepers:  # the port the nodes use is the servers' TLS port
+        extra = services[name]["environment"]["ZOO_CFG_EXTRA"]
+        assert "secureClientPort=2281" in extra and "ssl.clientAuth=need" in extra
+    assert "janusgraph" in services["gremlin"]["image"]
+    assert (ROOT / "deploy" / "janusgraph-schema.groovy").exists()
+    rabbit_conf = (ROOT / "deploy" / "rabbitmq.conf").read_text()
+    assert "listeners.tcp = none" in rabbit_conf and "fail_if_no_peer_cert = true" in rabbit_conf
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert 'CMD ["latchwork", "node", "start"]' in dockerfile
     # the command the nodes run is a real one

@@ -516,3 +516,68 @@ def test_gremlite_still_silently_ignores_numeric_comparisons(tmp_path: Path) -> 
         s.graph.write(lambda g: g.add_v("n").property("x", 5).iterate())
         found = s.graph.read(lambda g: g.V().has("x", P.gt(1)).count().next())
     assert found == 0
+
+
+# -- transactions on a remote server ------------------------------------------------------------
+
+def test_a_remote_write_commits_or_rolls_back_as_one_transaction() -> None:
+    """The remote half: a write that fails after its first change leaves nothing (the
+    server rolled the transaction back), and the server says it has transactions."""
+    if not REMOTE_URL:
+        pytest.skip("no remote Gremlin Server: set LATCHWORK_TEST_GREMLIN_URL=ws://host:8182/"
+                    "gremlin (a disposable one) to run the contract against it")
+    from runner.store.graph import RemoteGraph
+    graph = RemoteGraph(REMOTE_URL)
+    try:
+        assert graph.supports_transactions()
+        graph.write(lambda g: g.V().drop().iterate())
+
+        def half(g: object) -> None:
+            g.add_v("probe").property("n", 1).iterate()  # type: ignore[attr-defined]
+            raise RuntimeError("fails after its first change")
+
+        with pytest.raises(RuntimeError):
+            graph.write(half)
+        assert graph.read(lambda g: g.V().has_label("probe").count().next()) == 0
+    finally:
+        graph.close()
+
+
+def test_a_node_refuses_a_remote_graph_without_transactions(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The start's decision, with the server's answer stubbed (no Gremlin Server runs here;
+    the answer itself is the remote half above): refused in one line naming the override,
+    or, with the override, run with plain writes and a WARNING."""
+    from runner import connect
+    from runner.config import Settings
+    from runner.store import GraphNotTransactional
+    from runner.store.graph import RemoteGraph
+
+    class NoTransactions(RemoteGraph):
+        def __init__(self, url: str, **kwargs: object) -> None:
+            self.url, self.transactional, self.closed = url, True, False
+            self.kwargs = kwargs
+
+        def supports_transactions(self) -> bool:
+            return False
+
+        def close(self) -> None:
+            self.closed = True
+
+    made: list[NoTransactions] = []
+
+    def fake_open(location: str, **kwargs: object) -> NoTransactions:
+        made.append(NoTransactions(location, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr("runner.store.open_graph", fake_open)
+    url = "wss://graph.example:8182/gremlin"
+    with pytest.raises(GraphNotTransactional) as refused:
+        connect.graph_store(Settings(graph=url, graph_username="lw",
+                                     graph_password="s3cret-graph"))
+    assert "allow_untransactional_graph" in str(refused.value)
+    assert made[0].closed and made[0].kwargs["password"] == "s3cret-graph"
+    assert "s3cret-graph" not in str(refused.value)
+    store = connect.graph_store(Settings(graph=url, allow_untransactional_graph=True))
+    assert store.graph is made[1] and not made[1].transactional
+    assert "no transactions" in caplog.text and "check-then-act" in caplog.text

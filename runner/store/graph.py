@@ -32,7 +32,7 @@ from typing import Any, Protocol, TypeVar
 
 from gremlin_python.process.anonymous_traversal import traversal
 
-from runner.store.errors import StoreUnavailable
+from runner.store.errors import StoreError, StoreUnavailable
 
 log = logging.getLogger("latchwork.store")
 
@@ -178,6 +178,19 @@ class EmbeddedGraph:
         self._local = threading.local()
 
 
+class WriteRaceLost(StoreError):
+    """A remote server refused to commit a write because a concurrent transaction held or
+    changed what it guards (JanusGraph's locking exceptions): as if its guards matched
+    nothing, the caller reads again."""
+
+    error_code = "write_race_lost"
+
+
+#: what a server says when its locks refuse a commit (JanusGraph: PermanentLockingException,
+#: TemporaryLockingException; Neo4j: DeadlockDetected)
+_RACE_LOST = ("lockingexception", "deadlock", "concurrentmodification", "concurrent modification")
+
+
 class RemoteGraph:
     """A Gremlin Server (``ws://host:8182/gremlin`` or ``wss://``) through gremlinpython's driver.
 
@@ -224,13 +237,16 @@ class RemoteGraph:
             result = fn(gtx)
             tx.commit()
             return result
-        except BaseException:
+        except BaseException as exc:
             if tx.is_open():
                 try:
                     tx.rollback()
                 except Exception:
                     log.warning("Gremlin Server %s: rollback failed; the server drops the "
                                 "session's transaction when the session closes", self.url)
+            if any(word in str(exc).lower() for word in _RACE_LOST):
+                raise WriteRaceLost(f"Gremlin Server {self.url}: a concurrent transaction "
+                                    f"won: {type(exc).__name__}") from exc
             raise
 
     def supports_transactions(self) -> bool:

@@ -28,7 +28,7 @@ from runner.store.errors import (
     InvalidValue,
     StaleFencingToken,
 )
-from runner.store.graph import Graph
+from runner.store.graph import Graph, WriteRaceLost
 from runner.store.gremlin.rows import (
     TASK_CHANGES,
     TASK_FIXED,
@@ -203,7 +203,7 @@ def matched_write(graph: Graph, guarded: Callable[[Any], Any]) -> bool:
 
     try:
         graph.write(write)
-    except _Unmatched:
+    except (_Unmatched, WriteRaceLost):  # a server whose locks refused the commit: the same
         return False
     return True
 
