@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 from kazoo.client import KazooClient
 
+from coord.testing.containers import ZooKeeperContainer, servers_backend
 from coord.testing.nodeprocess import NodeProcess
 from coord.testing.zookeeper import ZooKeeperCluster
 
@@ -67,8 +68,15 @@ class NodeSpawner:
 
 
 @pytest.fixture(scope="session")
-def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperCluster]:
-    cluster = ZooKeeperCluster(tmp_path_factory.mktemp("zookeeper"), 1, TEST_TICK_MS)
+def zookeeper(tmp_path_factory: pytest.TempPathFactory
+              ) -> Iterator[ZooKeeperCluster | ZooKeeperContainer]:
+    """The run's ZooKeeper: a local server process, or a container with
+    ``LATCHWORK_TEST_SERVERS=containers`` (:mod:`coord.testing.containers`)."""
+    cluster: ZooKeeperCluster | ZooKeeperContainer
+    if servers_backend() == "containers":
+        cluster = ZooKeeperContainer(tick_ms=TEST_TICK_MS)
+    else:
+        cluster = ZooKeeperCluster(tmp_path_factory.mktemp("zookeeper"), 1, TEST_TICK_MS)
     cluster.start()
     yield cluster
     cluster.stop()
@@ -105,7 +113,7 @@ def _drop_namespace(namespace: ZkNamespace) -> None:
 
 
 @pytest.fixture
-def zk_namespace(zookeeper: ZooKeeperCluster) -> Iterator[ZkNamespace]:
+def zk_namespace(zookeeper: ZooKeeperCluster | ZooKeeperContainer) -> Iterator[ZkNamespace]:
     namespace = _make_namespace(zookeeper.hosts)
     yield namespace
     _drop_namespace(namespace)
@@ -140,7 +148,7 @@ def _log_sections(funcargs: dict[str, Any]) -> list[tuple[str, str]]:
     sections = []
     for name in ("zookeeper", "zookeeper_ensemble"):
         cluster = funcargs.get(name)
-        if isinstance(cluster, ZooKeeperCluster):
+        if isinstance(cluster, ZooKeeperCluster | ZooKeeperContainer):
             for server, text in cluster.log_tails().items():
                 sections.append((f"{name}: {server} log tail", text))
     spawner = funcargs.get("spawn_node")

@@ -6,12 +6,19 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Protocol
 
-from messaging.testing.rabbitmq import RabbitMQServer
+
+class Broker(Protocol):
+    """A local RabbitMQ node or a container: both can stop and start the application."""
+
+    def stop_app(self) -> None: ...
+
+    def start_app(self) -> None: ...
 
 
 @contextmanager
-def broker_outage(rabbitmq: RabbitMQServer) -> Iterator[None]:
+def broker_outage(rabbitmq: Broker) -> Iterator[None]:
     """Stop the RabbitMQ application for the body of the ``with``, then start it again.
 
     Clients lose their connections at once; durable queues and persistent messages survive.

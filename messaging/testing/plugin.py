@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from coord.testing.processes import tail
+from coord.testing.containers import servers_backend
+from messaging.testing.containers import RabbitMQContainer
 from messaging.testing.rabbitmq import RabbitMQServer
 
 
@@ -26,12 +27,19 @@ class AmqpNamespace:
 
     vhost: str
     url: str
-    server: RabbitMQServer
+    server: RabbitMQServer | RabbitMQContainer
 
 
 @pytest.fixture(scope="session")
-def rabbitmq(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitMQServer]:
-    server = RabbitMQServer.on_free_ports(tmp_path_factory.mktemp("rabbitmq"))
+def rabbitmq(tmp_path_factory: pytest.TempPathFactory
+             ) -> Iterator[RabbitMQServer | RabbitMQContainer]:
+    """The run's broker: a local RabbitMQ node, or a container with
+    ``LATCHWORK_TEST_SERVERS=containers`` (:mod:`messaging.testing.containers`)."""
+    server: RabbitMQServer | RabbitMQContainer
+    if servers_backend() == "containers":
+        server = RabbitMQContainer()
+    else:
+        server = RabbitMQServer.on_free_ports(tmp_path_factory.mktemp("rabbitmq"))
     try:
         server.start()
         server.wait_ready()
@@ -41,7 +49,7 @@ def rabbitmq(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitMQServe
 
 
 @pytest.fixture
-def amqp_vhost(rabbitmq: RabbitMQServer) -> Iterator[AmqpNamespace]:
+def amqp_vhost(rabbitmq: RabbitMQServer | RabbitMQContainer) -> Iterator[AmqpNamespace]:
     vhost = f"test-{uuid.uuid4().hex[:12]}"
     rabbitmq.add_vhost(vhost)
     yield AmqpNamespace(vhost, rabbitmq.url_for(vhost), rabbitmq)
@@ -54,5 +62,5 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     outcome = yield
     report = outcome.get_result()  # type: ignore[attr-defined]
     rabbit = getattr(item, "funcargs", {}).get("rabbitmq")
-    if report.failed and isinstance(rabbit, RabbitMQServer):
-        report.sections.append(("rabbitmq log tail", tail(rabbit.log_path, 40)))
+    if report.failed and isinstance(rabbit, RabbitMQServer | RabbitMQContainer):
+        report.sections.append(("rabbitmq log tail", rabbit.log_tail(40)))

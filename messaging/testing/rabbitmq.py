@@ -222,6 +222,9 @@ class RabbitMQServer:
             raise ServerNotReady(f"rabbitmq answers but wrote no pid file at {pid_file}") from exc
         self.record = ProcessRecord.of("rabbitmq", pid)
 
+    def log_tail(self, lines: int = 40) -> str:
+        return tail(self.log_path, lines)
+
     def ctl(self, *args: str, timeout: float = 60.0) -> str:
         """Run ``rabbitmqctl`` on this node; DevServerError carries its output on failure."""
         result = subprocess.run(
