@@ -376,6 +376,7 @@ class TaskProcessHandler:
         next task in this same worker (:meth:`_next_of_key`), and so on; then look for work."""
         r: Running | None = first
         outcome = Outcome.CANCELLED
+        queue: list[Task] = []  # the key's queue as read at the chain's last read
         while r is not None:
             outcome, kept = self._run_one(r)
             key, r = r.task.ordering_key, None
@@ -383,7 +384,7 @@ class TaskProcessHandler:
                 if kept is not None:
                     release_booking(kept, self.member_id)
             else:
-                r = self._next_of_key(key, kept)
+                r = self._next_of_key(key, kept, queue)
         if self._stopping.is_set():
             return
         if outcome is Outcome.CANCELLED:
@@ -398,22 +399,39 @@ class TaskProcessHandler:
         except Exception:
             log.exception("member %s: follow-up scan failed", self.member_id)
 
-    def _next_of_key(self, key: str, kept: Booking | None) -> Running | None:
+    def _next_of_key(self, key: str, kept: Booking | None, queue: list[Task]
+                     ) -> Running | None:
         """The next task of ``key``, claimed by this worker, which just finished the key's
         task before it and may still hold the key (``kept``): the last listing left that task
         out (one task per key), and a claim here needs no scan (and, with the key kept, no
-        new booking). One read of the key's queue; None, with the key let go, when there is
-        nothing to start now or someone else has it (the scans find it then)."""
-        task = None
+        new booking). ``queue`` is the key's queue as this chain last read it: tasks are only
+        ever added at its end, and the claim is guarded by the version read, so its next
+        entry is claimed without a read; when it is spent, or its entry changed since (an
+        operator stopped or skipped it: the claim fails), the key's queue is read once.
+        None, with the key let go, when there is nothing to start now or someone else has it
+        (the scans find it then)."""
+        if queue:
+            started = self._claim_next(queue.pop(0), kept)
+            if started is not None:
+                return started
+            kept = None  # a refused claim let the key go
         try:
-            queue = self.store.tasks.with_key(key)
-            if queue and queue[0].open and queue[0].status is TaskStatus.WAITING and (
-                    queue[0].run_at is None or queue[0].run_at <= codec.now()):
-                task = queue[0]
+            queue[:] = self.store.tasks.with_key(key)
         except StoreError as exc:
             log.info("member %s: next task of key %s unknown: %s", self.member_id, key, exc)
+            queue.clear()
+        if not queue:
+            if kept is not None:
+                release_booking(kept, self.member_id)
+            return None
+        return self._claim_next(queue.pop(0), kept)
+
+    def _claim_next(self, task: Task, kept: Booking | None) -> Running | None:
+        """Claim ``task``, the first of its key's queue, for this worker (see
+        :meth:`_next_of_key`); ``kept`` is used when the key is all it books, else let go."""
         kind = None
-        if task is not None:
+        if task.open and task.status is TaskStatus.WAITING and (
+                task.run_at is None or task.run_at <= codec.now()):
             try:
                 kind = self.registry.get(task.type)  # else the nodes that have its type
             except TaskError:
@@ -421,7 +439,7 @@ class TaskProcessHandler:
             with self._lock:
                 if self._declined.get(task.id, 0.0) > time.monotonic():
                     kind = None
-        if task is None or kind is None:
+        if kind is None:
             if kept is not None:
                 release_booking(kept, self.member_id)
             return None
