@@ -52,6 +52,12 @@ Handler = Callable[[Any, list[tuple[str, int, bytes]]], tuple[Any, list[bytes]]]
 
 #: how often a wait for input looks at its stop event
 STOP_CHECK = 0.05
+#: a follower steps in when the state stood still with work waiting for PATIENCE_FACTOR times
+#: the delay it has seen the copy ahead take (an average weighted STEP_WEIGHT to the newest),
+#: PATIENCE_FLOOR seconds at least and ``follower_idle`` at most
+PATIENCE_FACTOR = 3.0
+PATIENCE_FLOOR = 0.003
+STEP_WEIGHT = 0.2
 
 
 class Stop(Protocol):
@@ -116,6 +122,9 @@ class ExactlyOnceHandler:
         #: the state the last step started from (its input positions are what to watch)
         self._last: dict[str, Any] = self._initial()
         self._wake = threading.Event()
+        #: how long this follower has seen the copy ahead take to move the state once work
+        #: appeared (seconds; learned, starting high so the first waits are long)
+        self._step = 1.0
 
     def _initial(self) -> dict[str, Any]:
         return {"phase": Phase.HANDLING.value, "state": self.initial_state,
@@ -211,15 +220,31 @@ class ExactlyOnceHandler:
         return self._wake.is_set()
 
     def stalled(self, stop: Stop, follower_idle: float) -> bool:
-        """A follower's watch: True when the state has not moved for ``follower_idle`` seconds
-        while there is work (an input after its positions, or outputs to write)."""
-        doc, version = self.register.get()
+        """A follower's watch: True when the state stood still while there was work (an
+        input after its positions, or outputs to write) for longer than the copy ahead takes
+        to move it: a few times the delay this follower has seen between work appearing and
+        the state moving (a watch on the state node tells it), ``follower_idle`` at most."""
+        moved = threading.Event()
+        doc, version = self.register.get(watch=lambda _event: moved.set())  # one read: both
         self._last = doc if doc is not None else self._initial()
         if Phase(self._last["phase"]) is Phase.HANDLING \
                 and not self.await_input(stop, follower_idle):
             return False
-        stop.wait(follower_idle)
-        return self.register.get()[1] == version
+        since = time.monotonic()
+        if moved.is_set():
+            return False  # it moved meanwhile: the copy ahead is at work
+        patience = min(follower_idle, max(PATIENCE_FLOOR, PATIENCE_FACTOR * self._step))
+        deadline = since + patience
+        while not moved.is_set() and not stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            moved.wait(min(left, STOP_CHECK))
+        if moved.is_set():  # the copy ahead moved it: learn how long that takes
+            took = time.monotonic() - since
+            self._step = (1 - STEP_WEIGHT) * self._step + STEP_WEIGHT * took
+            return False
+        return not stop.is_set() and self.register.get()[1] == version
 
     def run(self, stop: Stop, idle: float = 0.05, follower_idle: float = 0.1,
             yield_after_loss: float = 0.004, on_turn: Callable[[], None] | None = None
@@ -230,10 +255,11 @@ class ExactlyOnceHandler:
         * The copy that is ahead (its last CAS won) steps on from the state it wrote; with no
           input it waits on a watch of the next input slot (``idle`` seconds at most).
         * A follower (every copy at start, and a copy that lost a CAS) does not step while the
-          state moves: it waits for an input, then ``follower_idle`` seconds, and steps only if
-          the state has not changed meanwhile (the copy ahead died, froze or lost its
-          session). So the copies do not race on every transition, and a dead copy costs
-          about ``follower_idle`` plus one transition, never a session timeout.
+          state moves: it waits for an input, then watches the state node, and steps only if
+          the state stood still for a few times the delay it has seen the copy ahead take to
+          move it (``follower_idle`` at most; :meth:`stalled`). So the copies do not race on
+          every transition, and a dead copy costs that short wait plus one transition, never a
+          session timeout.
         * After a lost CAS a copy waits up to ``yield_after_loss`` seconds (random) before it
           goes on: copies that all retry at once only slow each other down."""
         while not stop.is_set():

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.protocol.states import WatchedEvent
 
 from coord._znodes import retry_policy, zk_errors
 from coord.errors import VersionConflict
@@ -35,19 +37,25 @@ class VersionedRegister:
         #: (the usual read-then-write) needs no second read to carry them on
         self._known: tuple[int, list[str]] = (-1, [])
 
-    def _read(self) -> tuple[dict[str, Any] | None, int]:
+    def _read(self, watch: Callable[[WatchedEvent], object] | None = None
+              ) -> tuple[dict[str, Any] | None, int]:
         client = self.session.client
         try:
-            data, stat = client.get(self.path)
+            data, stat = client.get(self.path, watch=watch)
         except NoNodeError:
+            if watch is not None:  # a watch on the node's creation
+                client.exists(self.path, watch=watch)
             return None, -1
         envelope: dict[str, Any] = json.loads(data) if data else {"value": None, "writes": []}
         self._known = (int(stat.version), list(envelope["writes"]))
         return envelope, int(stat.version)
 
-    def get(self) -> tuple[Any, int]:
+    def get(self, watch: Callable[[WatchedEvent], object] | None = None) -> tuple[Any, int]:
+        """``(value, version)``; with ``watch``, it is called once when the register next
+        changes (a ZooKeeper data watch set by the same read; a session that expires drops it,
+        so wait with a timeout)."""
         with zk_errors(f"cannot read {self.path}"):
-            envelope, version = retry_policy()(self._read)
+            envelope, version = retry_policy()(self._read, watch)
         return (None if envelope is None else envelope["value"]), version
 
     def compare_and_set(self, expected_version: int, value: Any) -> int:

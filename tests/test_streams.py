@@ -181,6 +181,35 @@ def test_a_follower_steps_in_only_when_the_state_stalls(zk_namespace: ZkNamespac
         assert a.lost == 1
 
 
+def test_a_follower_learns_the_pace_of_the_copy_ahead(zk_namespace: ZkNamespace) -> None:
+    """A follower that has watched the copy ahead move the state quickly, input after input,
+    steps in after a few of those step times when it stops, not after ``follower_idle``."""
+    with session(zk_namespace) as s:
+        source, sink = LockFreeQueue(s, "in"), LockFreeQueue(s, "out")
+        a, b = (ExactlyOnceHandler(s, "pace", [source], QueueOutput(sink), running_sum,
+                                   initial_state=0, copy_id=c) for c in "ab")
+        stop = threading.Event()
+
+        def a_steps(n: int) -> None:
+            time.sleep(0.005)  # b looks first: the state still stands, the input waits
+            while a.step():  # a works the input through, then finds none
+                pass
+
+        for n in range(30):  # b watches: each input, a moves the state within milliseconds
+            source.push(b"1")
+            worker = threading.Thread(target=a_steps, args=(n,))
+            worker.start()
+            assert not b.stalled(stop, 2.0)
+            worker.join()
+        assert sink.end() == 30
+        source.push(b"1")  # a is gone now
+        began = time.monotonic()
+        assert b.stalled(stop, 2.0)
+        waited = time.monotonic() - began
+        assert waited < 0.5, waited  # a few learned step times, far below follower_idle
+        assert b.step() and b.ahead
+
+
 def test_watch_tells_when_an_element_arrives(zk_namespace: ZkNamespace) -> None:
     with session(zk_namespace) as s:
         q = LockFreeQueue(s, "w")
