@@ -124,6 +124,18 @@ def committed_ids(c: Cluster, sid: str) -> list[str]:
     return ids
 
 
+def assert_exactly_once(c: Cluster, sid: str, root: str, n: int, spark: Any) -> None:
+    """No duplicate or missing avatar in the committed batch outputs or the graph, and the
+    graph equal, by checksum, to one plain local Spark job over the same snapshot."""
+    ids = committed_ids(c, sid)
+    assert len(ids) == len(set(ids)) == len(expected_geo(n))
+    got = c.store.avatars.with_aspect("geo")
+    clean_rows = compute(spark.read.parquet(root + "/snapshot"),
+                         AspectRegistry(json.loads(ASPECTS)).get("geo")).collect()
+    clean = {r["id"]: json.loads(r["value"]) for r in clean_rows}
+    assert checksum(got) == checksum(clean) == checksum(expected_geo(n))
+
+
 def test_create_twice_from_two_nodes_reports_progress_then_delete(
         plant: Cluster, tmp_path: Path) -> None:
     n = 240
@@ -257,15 +269,7 @@ def test_node_killed_mid_batch_its_batch_is_retried_and_the_result_is_exact(
         retried
     assert all(b.owner != member for b in retried)
 
-    # exactly once: no duplicate or missing avatar in the committed outputs or the graph
-    ids = committed_ids(plant, sid)
-    assert len(ids) == len(set(ids)) == len(expected_geo(n))
-    got = plant.store.avatars.with_aspect("geo")
-    # a clean run: one plain Spark job over the same snapshot
-    clean_rows = compute(spark.read.parquet(status.meta["root"] + "/snapshot"),
-                         AspectRegistry(json.loads(ASPECTS)).get("geo")).collect()
-    clean = {r["id"]: json.loads(r["value"]) for r in clean_rows}
-    assert checksum(got) == checksum(clean) == checksum(expected_geo(n))
+    assert_exactly_once(plant, sid, status.meta["root"], n, spark)
 
 
 # PySpark's collect() leaves its local result socket to the garbage collector
@@ -344,14 +348,7 @@ def test_on_a_standalone_cluster_kill_9_of_a_worker_costs_only_its_batches(
         retried = {b.no for b in status.batches if b.attempt > 1}
         started_after = {b.no for b in status.batches if b.no > max(running) + 2}
         assert not (retried & started_after), (retried, running, status.batches)
-        ids = committed_ids(c, sid)
-        assert len(ids) == len(set(ids)) == len(expected_geo(n))
-        got = c.store.avatars.with_aspect("geo")
-        # the same snapshot through a plain local[2] job
-        local_rows = compute(spark.read.parquet(status.meta["root"] + "/snapshot"),
-                             AspectRegistry(json.loads(ASPECTS)).get("geo")).collect()
-        local = {r["id"]: json.loads(r["value"]) for r in local_rows}
-        assert checksum(got) == checksum(local) == checksum(expected_geo(n))
+        assert_exactly_once(c, sid, status.meta["root"], n, spark)
     finally:
         c.store.close()
 
