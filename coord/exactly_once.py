@@ -55,9 +55,12 @@ STOP_CHECK = 0.05
 #: a follower steps in when the state stood still with work waiting for PATIENCE_FACTOR times
 #: the delay it has seen the copy ahead take (an average weighted STEP_WEIGHT to the newest),
 #: PATIENCE_FLOOR seconds at least and ``follower_idle`` at most
-PATIENCE_FACTOR = 3.0
-PATIENCE_FLOOR = 0.003
+PATIENCE_FACTOR = 2.0
+PATIENCE_FLOOR = 0.002
 STEP_WEIGHT = 0.2
+#: a follower that saw the state move waits one learned step (SETTLE_MAX seconds at most)
+#: before it looks again: its read then does not compete with the copy ahead's next move
+SETTLE_MAX = 0.01
 
 
 class Stop(Protocol):
@@ -125,6 +128,9 @@ class ExactlyOnceHandler:
         #: how long this follower has seen the copy ahead take to move the state once work
         #: appeared (seconds; learned, starting high so the first waits are long)
         self._step = 1.0
+        #: the state moved at the last look: the next look waits one such delay first, so
+        #: that followers' reads do not compete with the copy ahead's next transition
+        self._settle = False
 
     def _initial(self) -> dict[str, Any]:
         return {"phase": Phase.HANDLING.value, "state": self.initial_state,
@@ -224,6 +230,9 @@ class ExactlyOnceHandler:
         input after its positions, or outputs to write) for longer than the copy ahead takes
         to move it: a few times the delay this follower has seen between work appearing and
         the state moving (a watch on the state node tells it), ``follower_idle`` at most."""
+        if self._settle:  # it moved last time: let it make its next move before looking
+            self._settle = False
+            stop.wait(min(self._step, follower_idle, SETTLE_MAX))
         moved = threading.Event()
         doc, version = self.register.get(watch=lambda _event: moved.set())  # one read: both
         self._last = doc if doc is not None else self._initial()
@@ -243,6 +252,7 @@ class ExactlyOnceHandler:
         if moved.is_set():  # the copy ahead moved it: learn how long that takes
             took = time.monotonic() - since
             self._step = (1 - STEP_WEIGHT) * self._step + STEP_WEIGHT * took
+            self._settle = True
             return False
         return not stop.is_set() and self.register.get()[1] == version
 
@@ -257,8 +267,10 @@ class ExactlyOnceHandler:
         * A follower (every copy at start, and a copy that lost a CAS) does not step while the
           state moves: it waits for an input, then watches the state node, and steps only if
           the state stood still for a few times the delay it has seen the copy ahead take to
-          move it (``follower_idle`` at most; :meth:`stalled`). So the copies do not race on
-          every transition, and a dead copy costs that short wait plus one transition, never a
+          move it (``follower_idle`` at most; :meth:`stalled`). After a move it waits one such
+          delay (:data:`SETTLE_MAX` at most) before it looks again, so that its reads do not
+          compete with the copy ahead's next transition. So the copies do not race on every
+          transition, and a dead copy costs those short waits plus one transition, never a
           session timeout.
         * After a lost CAS a copy waits up to ``yield_after_loss`` seconds (random) before it
           goes on: copies that all retry at once only slow each other down."""

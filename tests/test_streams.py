@@ -191,7 +191,7 @@ def test_a_follower_learns_the_pace_of_the_copy_ahead(zk_namespace: ZkNamespace)
         stop = threading.Event()
 
         def a_steps(n: int) -> None:
-            time.sleep(0.005)  # b looks first: the state still stands, the input waits
+            time.sleep(0.03)  # b looks first (after its settle): the state stands, the input waits
             while a.step():  # a works the input through, then finds none
                 pass
 
