@@ -263,6 +263,28 @@ def test_a_frozen_owner_wakes_up_and_cannot_overwrite_the_new_owners_result(
     assert wait_until(lambda: locks_held(zk_client) == [], 10)
 
 
+def test_an_owner_frozen_past_its_session_does_not_record_the_success_of_its_handler(
+        cluster: Cluster) -> None:
+    """The chaos suite's ``resource_holders_overlapping`` once: a node frozen (SIGSTOP) while
+    its handler ran, the handler's sleep over while frozen, the session expired meanwhile (and
+    with it the task lock and the resource hold another node could then take). On waking, the
+    worker thread can reach the store before any thread has learned the session is gone: it
+    recorded SUCCEEDED. Now the lock is confirmed with ZooKeeper before a success is written:
+    the attempt ends CANCELLED_BY_SYSTEM (whichever thread learns it first) and the task runs
+    again."""
+    member = cluster.start_node()
+    task = cluster.store.tasks.create("diag.sleep", {"seconds": 0.8},
+                                      resources=["ontology:frozen"])
+    assert cluster.wait_running_on(task.id) == member
+    cluster.pause(member)
+    time.sleep(SESSION * 2.5)  # the handler's sleep ends and the session expires, both frozen
+    cluster.nodes[member].resume()
+    cluster.wait_finished(task.id, timeout=60)
+    first, *rest = cluster.store.attempts.for_task(task.id)
+    assert first.status is AttemptStatus.CANCELLED_BY_SYSTEM, first
+    assert [a.status for a in rest][-1:] == [AttemptStatus.SUCCEEDED]
+
+
 def test_an_owner_frozen_past_its_session_cannot_finish_the_task_the_master_took_back(
         zk_namespace: ZkNamespace, amqp_vhost: AmqpNamespace, tmp_path: Path,
         spawn_node: Callable[..., NodeProcess], zk_client: KazooClient) -> None:

@@ -168,6 +168,10 @@ class Execution:
             entered = list(self.after)
             r.cancel.raise_if_cancelled()
             kind.handler(ctx, kind.parse(task.payload))
+            if not r.cancel.cancelled and not r.completed and not r.lock.verify():
+                # frozen or cut off past its session while the handler ran: its lock and holds
+                # may be someone else's now, so it must not record a success it cannot own
+                r.cancel.cancel("its task lock could not be confirmed when its handler ended")
             if r.cancel.cancelled:
                 raise TaskCancelled(r.cancel.reason)
         except TaskCancelled:
@@ -217,7 +221,11 @@ class Execution:
 
     def complete(self, r: Running, attempt: Attempt, write: Callable[[Any], Any]) -> Any:
         """``ctx.complete()``: the effect, the attempt's success and the task's finish in one
-        store write; a refusal cancels the token and raises TaskCancelled."""
+        store write, once the task lock is confirmed (one ZooKeeper read); a refusal cancels
+        the token and raises TaskCancelled."""
+        if not r.lock.verify():
+            r.cancel.cancel("its task lock could not be confirmed before it completed")
+            r.cancel.raise_if_cancelled()
         try:
             result, r.task = self.store.complete(attempt, r.task, r.token, write)
         except AttemptAlreadyFinished:
