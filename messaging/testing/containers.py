@@ -17,12 +17,14 @@ from urllib.parse import quote
 
 from coord.testing.containers import log_tail, publish, require_docker
 from coord.testing.processes import LOOPBACK, DevServerError, ServerNotReady
-from messaging.testing.rabbitmq import amqp_handshake
+from messaging.testing.rabbitmq import BrokerControl, amqp_handshake
 
 USER = "latchwork"
 
 
-class RabbitMQContainer:
+class RabbitMQContainer(BrokerControl):
+    user = USER
+
     def __init__(self, image: str = "rabbitmq:3.12",
                  consumer_timeout_ms: int = 30 * 60 * 1000) -> None:
         self.image = image
@@ -67,20 +69,6 @@ class RabbitMQContainer:
         if code != 0:
             raise DevServerError(f"rabbitmqctl {' '.join(args)} failed: {text.strip()}")
         return text
-
-    def add_vhost(self, vhost: str) -> None:
-        self.ctl("add_vhost", vhost)
-        self.ctl("set_permissions", "-p", vhost, USER, ".*", ".*", ".*")
-
-    def delete_vhost(self, vhost: str) -> None:
-        self.ctl("delete_vhost", vhost)
-
-    def stop_app(self) -> None:
-        self.ctl("stop_app")
-
-    def start_app(self) -> None:
-        self.ctl("start_app")
-        self.wait_ready()
 
     def stop(self) -> None:
         if self._container is not None:

@@ -17,6 +17,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from coord.testing.ports import check_ports_free, free_ports
 from coord.testing.processes import (
@@ -71,8 +72,37 @@ def _find_epmd() -> str:
     raise MissingPackage("erlang-base", "epmd")
 
 
+class BrokerControl:
+    """What the fixtures and faults do to a broker through ``rabbitmqctl``: shared by the local
+    node (:class:`RabbitMQServer`) and the container (``messaging.testing.containers``)."""
+
+    #: the user the tests connect as; every vhost made here grants it everything
+    user: ClassVar[str] = "guest"
+
+    def ctl(self, *args: str, timeout: float = 60.0) -> str:
+        raise NotImplementedError
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        raise NotImplementedError
+
+    def add_vhost(self, vhost: str) -> None:
+        self.ctl("add_vhost", vhost)
+        self.ctl("set_permissions", "-p", vhost, self.user, ".*", ".*", ".*")
+
+    def delete_vhost(self, vhost: str) -> None:
+        self.ctl("delete_vhost", vhost)
+
+    def stop_app(self) -> None:
+        """Stop the RabbitMQ application (the Erlang node stays up): clients see the broker go."""
+        self.ctl("stop_app")
+
+    def start_app(self) -> None:
+        self.ctl("start_app")
+        self.wait_ready()
+
+
 @dataclass
-class RabbitMQServer:
+class RabbitMQServer(BrokerControl):
     """One RabbitMQ node with its own HOME (Erlang cookie), mnesia, logs, ports and epmd.
 
     The node listens on ``node_port`` (AMQP), ``dist_port`` (Erlang distribution) and a private
@@ -236,21 +266,6 @@ class RabbitMQServer:
             raise DevServerError(f"rabbitmqctl {' '.join(args)} failed: "
                                  f"{(result.stderr or result.stdout).strip()}")
         return result.stdout
-
-    def add_vhost(self, vhost: str) -> None:
-        self.ctl("add_vhost", vhost)
-        self.ctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
-
-    def delete_vhost(self, vhost: str) -> None:
-        self.ctl("delete_vhost", vhost)
-
-    def stop_app(self) -> None:
-        """Stop the RabbitMQ application (the Erlang node stays up): clients see the broker go."""
-        self.ctl("stop_app")
-
-    def start_app(self) -> None:
-        self.ctl("start_app")
-        self.wait_ready()
 
     def _reap(self) -> None:
         reap(self._proc)
