@@ -428,11 +428,15 @@ def semantics(run: Run) -> tuple[int, int, int]:
             last_end = max(ends) if ends and None not in ends else None
             if after and (last_end is None or min(a.started_at for a in after) < last_end):
                 ordering += 1
-    for attempts in held.values():
+    for resource, attempts in held.items():
         attempts.sort(key=lambda a: a.started_at)
         for a, b in itertools.pairwise(attempts):
             if a.ended_at is None or a.ended_at > b.started_at:
                 overlapping += 1
+                run.say(f"resource {resource} held twice: " + " and ".join(
+                    f"task {x.task_id} attempt {x.seq} by {x.executor} "
+                    f"[{x.started_at.isoformat()}, "
+                    f"{x.ended_at.isoformat() if x.ended_at else '-'}]" for x in (a, b)))
     return early, ordering, overlapping
 
 

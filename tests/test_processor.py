@@ -428,3 +428,56 @@ def test_progress_is_throttled_and_the_last_value_wins(
         finally:
             processor.close()
     assert seen["cancelled"] == "its attempt was closed by someone else"
+
+
+def test_a_holder_cut_off_after_its_last_check_cannot_record_a_success_over_the_next_holder(
+        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+    """The chaos suite's ``resource_holders_overlapping`` on CI (2026-11-23), after the task lock
+    was confirmed before every success: a holder can still lose its session *between* that
+    confirmation and its write, and another task can claim the resource meanwhile. Here the
+    holder's after-attempt hook (which runs between the two) has the server expire its session
+    and waits until another node has claimed a task that needs the same resource. Before, the
+    holder then wrote SUCCEEDED over the other's start. Now each claim records its attempt as
+    the resource's holder in the store, in the claim's own write: the late success is refused
+    (ResourceTaken), the attempt ends CANCELLED_BY_SYSTEM, and the task runs again later."""
+    from coord.testing import expire_session
+
+    release_b = threading.Event()
+    registry_a, registry_b = TaskRegistry(), TaskRegistry()
+    registry_a.register("a", lambda ctx, p: None)
+    registry_b.register("b", lambda ctx, p: release_b.wait(30))
+    task_a = store.tasks.create("a", resources=["ontology:brick"])
+    later: list[Task] = []
+
+    def cut_off(ctx: TaskContext, status: AttemptStatus, error: str | None) -> None:
+        if ctx.task.id != task_a.id or ctx.attempt.seq != 1:
+            return
+        assert status is AttemptStatus.SUCCEEDED  # the handler ended, its lock confirmed
+        expire_session(s1.client)  # its lock and its hold on the resource go with it
+        later.append(store.tasks.create("b", resources=["ontology:brick", "aspect:geo"]))
+        assert wait_until(lambda: [a.status for a in store.attempts.for_task(later[0].id)]
+                          == [AttemptStatus.RUNNING], 30)
+
+    s1, s2 = session(zk_namespace).start(), session(zk_namespace).start()
+    p1 = TaskProcessHandler(s1, "m1", store, registry_a, workers=1, scan_interval=0.2,
+                            after=[cut_off]).start()
+    p2 = TaskProcessHandler(s2, "m2", store, registry_b, workers=1, scan_interval=0.2).start()
+    try:
+        assert wait_until(lambda: len(store.attempts.for_task(task_a.id)) >= 1
+                          and store.attempts.for_task(task_a.id)[0].ended_at is not None, 60)
+        first = store.attempts.for_task(task_a.id)[0]
+        assert first.status is AttemptStatus.CANCELLED_BY_SYSTEM, first
+        assert "resource 'ontology:brick' was claimed by another attempt" in (first.error or "")
+        assert not store.tasks.get(task_a.id).finished
+        release_b.set()  # B ends; A, back in the queue, runs again once the resource is free
+        assert wait_until(lambda: not store.tasks.unfinished(), 60)
+    finally:
+        release_b.set()
+        p1.close()
+        p2.close()
+        s1.close()
+        s2.close()
+    held = sorted((a for t in (task_a, later[0]) for a in store.attempts.for_task(t.id)
+                   if a.status is AttemptStatus.SUCCEEDED), key=lambda a: a.started_at)
+    assert len(held) == 2
+    assert held[0].ended_at is not None and held[0].ended_at <= held[1].started_at

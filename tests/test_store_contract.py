@@ -29,6 +29,7 @@ from runner.store import (
     InvalidValue,
     Ontology,
     OntologyClass,
+    ResourceTaken,
     StaleFencingToken,
     TaskNotFound,
     TaskStatus,
@@ -336,6 +337,49 @@ def test_closing_the_owners_attempt_moves_the_fence_so_the_owner_can_write_nothi
     assert done.finished
     assert [a.status for a in store.attempts.for_task(listed.id)] == [
         AttemptStatus.CANCELLED_BY_SYSTEM, AttemptStatus.SUCCEEDED]
+
+
+def test_a_resource_claimed_by_another_attempt_refuses_the_previous_holders_success(
+        store: GraphStore) -> None:
+    """Each claim records its attempt as the holder of the task's resources, in the claim's
+    write. A holder that lost its ZooKeeper hold (frozen, cut off) and has not learned it yet
+    can then record no success, complete nothing and make no fenced write that needs them
+    (ResourceTaken, nothing written), while its token is still the task's; a failure or a
+    cancel it may still record. A holder that wrote its success before the next claim keeps
+    it, and the next claim starts after that end."""
+    first = store.tasks.create("t", resources=["ontology:brick", "aspect:geo"])
+    second = store.tasks.create("t", resources=["aspect:geo"])
+    third = store.tasks.create("t", resources=["ontology:brick"])
+    task, attempt = store.claim(first, 7, "m1")
+    mine = Fence(task.id, 7, attempt.id, task.resources)
+    store.fenced_write(mine, lambda g: g.add_v("effect").iterate())  # still the holder
+    _, other = store.claim(second, 3, "m2")  # m1's hold on aspect:geo expired meanwhile
+    finished = {"status": TaskStatus.WAITING, "finished": True}
+    with pytest.raises(ResourceTaken) as refused:
+        store.conclude(attempt, AttemptStatus.SUCCEEDED, None, None, task, 7, finished)
+    assert refused.value.resource == "aspect:geo" and refused.value.attempt_id == attempt.id
+    with pytest.raises(ResourceTaken):
+        store.complete(attempt, task, 7, lambda g: g.add_v("effect").iterate())
+    with pytest.raises(ResourceTaken):
+        store.fenced_write(mine, lambda g: g.add_v("effect").iterate())
+    assert int(store.graph.read(lambda g: g.V().has_label("effect").count().next())) == 1
+    assert store.attempts.get(attempt.id).status is AttemptStatus.RUNNING
+    assert store.tasks.get(first.id) == task
+    # a fenced write without the attempt (an older caller) is guarded by the token alone
+    store.fenced_write(Fence(task.id, 7), lambda g: g.add_v("effect").iterate())
+    back = store.conclude(attempt, AttemptStatus.CANCELLED_BY_SYSTEM, "lost its hold", None,
+                          task, 7, {"status": TaskStatus.WAITING})
+    assert not back.finished and store.attempts.get(attempt.id).ended_at is not None
+    # the next holder's success stands; a success written before the next claim stands too
+    other_task = store.tasks.get(second.id)
+    done = store.conclude(other, AttemptStatus.SUCCEEDED, None, None, other_task, 3, finished)
+    assert done.finished
+    task3, attempt3 = store.claim(third, 1, "m3")
+    store.conclude(attempt3, AttemptStatus.SUCCEEDED, None, None, task3, 1, finished)
+    again, retried = store.claim(back, 8, "m1")
+    assert retried.started_at >= store.attempts.get(attempt3.id).ended_at  # type: ignore[operator]
+    store.conclude(retried, AttemptStatus.SUCCEEDED, None, None, again, 8, finished)
+    assert store.tasks.get(first.id).finished
 
 
 def test_an_operator_cancel_closes_the_running_attempt_and_fences_its_owner(

@@ -75,6 +75,21 @@ class StaleFencingToken(StoreError):
         self.recorded = recorded
 
 
+class ResourceTaken(StoreError):
+    """An owner's write that needs its task's resources was refused: another task's attempt
+    claimed one of them since this attempt did (its holder lost its ZooKeeper hold: a freeze
+    or a partition past its session). Nothing was written."""
+
+    error_code = "resource_taken"
+
+    def __init__(self, task_id: str, attempt_id: str, resource: str) -> None:
+        super().__init__(f"task {task_id}: resource {resource!r} was claimed by another "
+                         f"attempt after attempt {attempt_id} took it; its holder lost it")
+        self.task_id = task_id
+        self.attempt_id = attempt_id
+        self.resource = resource
+
+
 class AttemptAlreadyFinished(StoreError):
     """finish() on an attempt that is no longer RUNNING."""
 

@@ -117,8 +117,8 @@ class TaskContext:
     @property
     def fence(self) -> Fence:
         """This attempt's fencing token, for store writes that must be refused once it is
-        stale."""
-        return Fence(self.task.id, self.fence_token)
+        stale, or once another attempt claimed one of the task's resources."""
+        return Fence(self.task.id, self.fence_token, self.attempt.id, self.task.resources)
 
     def check(self) -> None:
         """Raise :class:`TaskCancelled` unless this attempt still owns its task.

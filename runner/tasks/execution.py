@@ -32,6 +32,7 @@ from runner.store import (
     AttemptStatus,
     CommitConflict,
     GraphStore,
+    ResourceTaken,
     StaleFencingToken,
     StoreError,
     codec,
@@ -112,8 +113,7 @@ class Execution:
                                   "its attempt stays SUCCEEDED", self.member_id, task.id,
                                   task.type, result.error)
                     return Outcome.FINISHED  # concluded by ctx.complete()
-                self.conclude(r, attempt, result, outcome, run_at)
-                return outcome
+                return self.conclude(r, attempt, result, outcome, run_at)
         except Exception as exc:
             log.exception("member %s: task %s: unexpected failure in the task loop",
                           self.member_id, task.id)
@@ -180,6 +180,9 @@ class Execution:
             result = AttemptResult.declined(f"declined: {exc}")
         except (TaskConflict, CommitConflict) as exc:
             result = AttemptResult.conflict(f"commit conflict: {exc}")
+        except ResourceTaken as exc:  # a fenced write of the handler: it lost a resource
+            r.cancel.cancel(f"it lost a resource: {exc}")
+            result = AttemptResult.cancelled(f"cancelled by system: {r.cancel.reason}")
         except Exception as exc:
             if r.cancel.cancelled:
                 result = AttemptResult.cancelled(
@@ -232,6 +235,8 @@ class Execution:
             r.cancel.cancel("its attempt was closed by someone else before it completed")
         except StaleFencingToken as exc:
             r.cancel.cancel(f"its fencing token was superseded before it completed ({exc})")
+        except ResourceTaken as exc:
+            r.cancel.cancel(f"it lost a resource before it completed ({exc})")
         r.cancel.raise_if_cancelled()
         r.completed = True
         return result
@@ -260,11 +265,14 @@ class Execution:
                           self.member_id, r.task.type, r.task.id)
 
     def conclude(self, r: Running, attempt: Attempt | None, result: AttemptResult,
-                 outcome: Outcome, run_at: datetime | None = None) -> None:
+                 outcome: Outcome, run_at: datetime | None = None) -> Outcome:
         """Write the attempt's end (unless already written) and the task's new state as its
-        owner, in one transaction (``r.task`` becomes the task as written). Once the attempt
-        was closed by someone else, or the token is no longer the task's, nothing more is
-        written on the task."""
+        owner, in one transaction (``r.task`` becomes the task as written); returns the
+        outcome written. Once the attempt was closed by someone else, or the token is no
+        longer the task's, nothing more is written on the task. A success refused because
+        another attempt claimed one of the task's resources since (this node lost its hold
+        with its session) is written as CANCELLED_BY_SYSTEM instead, and the task runs
+        again."""
         changes = task_changes(outcome, run_at)
         try:
             if attempt is not None:
@@ -272,6 +280,12 @@ class Execution:
                                              r.task, r.token, changes)
             else:
                 r.task = self.store.release(r.task.id, r.token, changes)
+        except ResourceTaken as exc:
+            assert attempt is not None  # only a success needs its resources
+            log.warning("member %s: task %s (%s) attempt %d: its success is not recorded: %s",
+                        self.member_id, r.task.id, r.task.type, attempt.seq, exc)
+            cancelled = AttemptResult.cancelled(f"cancelled by system: {exc}")
+            return self.conclude(r, attempt, cancelled, Outcome.CANCELLED)
         except StaleFencingToken:
             log.warning("member %s: task %s was taken over by another owner; leaving it",
                         self.member_id, r.task.id)
@@ -282,3 +296,4 @@ class Execution:
         except CommitConflict:
             log.error("member %s: could not record the end of task %s", self.member_id,
                       r.task.id)
+        return outcome

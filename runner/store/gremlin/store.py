@@ -18,7 +18,7 @@ from runner.store.errors import (
     CommitConflict,
     StaleFencingToken,
 )
-from runner.store.graph import Graph, open_graph
+from runner.store.graph import Graph, WriteRaceLost, open_graph
 from runner.store.gremlin.attempts import GremlinAttemptLog
 from runner.store.gremlin.avatars import GremlinAvatarStore
 from runner.store.gremlin.incidents import GremlinIncidentStore
@@ -27,10 +27,13 @@ from runner.store.gremlin.retention import GremlinRetentionStore
 from runner.store.gremlin.schedules import GremlinScheduleStore
 from runner.store.gremlin.tasks import GremlinTaskStore
 from runner.store.gremlin.writes import (
+    AttemptEnd,
     attempt_end,
     attempt_start,
     fence_guard,
     matched_write,
+    resource_guard,
+    take_resources,
     task_change,
     until_written,
 )
@@ -69,6 +72,13 @@ class GraphStore:
         that owner's RUNNING attempts closed in the same traversal ("superseded"), so the
         history never shows two owners running it at once. Other claims read nothing.
 
+        A task that declares resources records the new attempt as the holder of each (a
+        ``resource`` vertex per name) in the same write, and takes the attempt's start time
+        once that write holds the graph's writer slot (embedded graph): so it is later than
+        the end of any attempt that wrote its success before, and a previous holder that has
+        not (it lost its ZooKeeper hold) can no longer write a success
+        (:class:`~runner.store.errors.ResourceTaken`).
+
         A task that moved on since it was listed raises :class:`CommitConflict`, one whose
         fence is not older than ``fence_token`` :class:`StaleFencingToken`, and nothing is
         written.
@@ -82,18 +92,46 @@ class GraphStore:
                                 f"{fence_token}); its executor {a.executor} had lost the task")
                     for a in self.attempts.for_task(task.id)
                     if a.status is AttemptStatus.RUNNING]
-        start = attempt_start(change.task, member_id, fence_token)
+        if task.resources:
+            started = self._claim_resources(task.id, change.traverse, ends, change.task,
+                                            member_id, fence_token, task.resources)
+        else:
+            start = attempt_start(change.task, member_id, fence_token)
 
-        def guarded(g: Any) -> Any:
-            for end in ends:
-                g = end.traverse(g)
-            return start.extend(change.traverse(g))
+            def guarded(g: Any) -> Any:
+                for end in ends:
+                    g = end.traverse(g)
+                return start.extend(change.traverse(g))
 
-        if not matched_write(self.graph, guarded):
+            started = start.attempt if matched_write(self.graph, guarded) else None
+        if started is None:
             # moved on since it was listed: a fresh read says how (or it is a plain conflict)
             self._tasks.prepare_update(task.id, task.version, fence_token, {})
             raise CommitConflict(task.id, task.version, None)
-        return change.task, start.attempt
+        return change.task, started
+
+    def _claim_resources(self, task_id: str, change: Callable[[Any], Any],
+                         ends: list[AttemptEnd], claimed: Task, member_id: str,
+                         fence_token: int, resources: tuple[str, ...]) -> Attempt | None:
+        """The claim of a task with resources (see :meth:`claim`); None when its guards
+        matched nothing."""
+        def write(g: Any) -> Attempt:
+            # the first statement takes the writer slot: the start time read after it is
+            # later than every write committed before this one
+            g.V().has("task_id", task_id).id_().to_list()
+            start = attempt_start(claimed, member_id, fence_token)
+            t = g
+            for end in ends:
+                t = end.traverse(t)
+            if not start.extend(change(t)).id_().to_list():
+                raise _Refused
+            take_resources(g, start.attempt.id, resources)
+            return start.attempt
+
+        try:
+            return self.graph.write(write)
+        except (_Refused, WriteRaceLost):
+            return None
 
     def conclude(self, attempt: Attempt, attempt_status: AttemptStatus, error: str | None,
                  stack_trace: str | None, task: Task, fence_token: int,
@@ -109,10 +147,19 @@ class GraphStore:
         * The token is no longer the task's (another owner claimed it): the attempt is closed
           as CANCELLED_BY_SYSTEM ("superseded"), whatever the handler did, the task is left
           alone and :class:`StaleFencingToken` is raised.
+        * A success of a task with resources, one of which another attempt claimed since
+          (its holder lost its ZooKeeper hold): :class:`~runner.store.errors.ResourceTaken`,
+          and nothing is written; the owner ends the attempt otherwise.
         """
         end = attempt_end(attempt, attempt_status, error, stack_trace)
         change = task_change(task, fence_token, changes)
-        if matched_write(self.graph, lambda g: change.traverse(end.traverse(g))):
+        needs = task.resources if attempt_status is AttemptStatus.SUCCEEDED else ()
+
+        def held(g: Any) -> Any:
+            resource_guard(g, task.id, attempt.id, needs)
+            return g
+
+        if matched_write(self.graph, lambda g: change.traverse(end.traverse(held(g)))):
             return change.task
 
         def once() -> Task | None:
@@ -131,9 +178,10 @@ class GraphStore:
                 raise StaleFencingToken(task.id, fence_token, task_now.fence)
             again = task_change(task_now, fence_token, changes)
             if ours:
-                return again.task if matched_write(self.graph, again.traverse) else None
+                return again.task if matched_write(
+                    self.graph, lambda g: again.traverse(held(g))) else None
             return again.task if matched_write(
-                self.graph, lambda g: again.traverse(end.traverse(g))) else None
+                self.graph, lambda g: again.traverse(end.traverse(held(g)))) else None
 
         return until_written(once, task.id)
 
@@ -206,6 +254,8 @@ class GraphStore:
         """A handler's last effect, its attempt SUCCEEDED and its task finished, in one write
         (one transaction on the embedded graph): ``fn(g)`` runs after the fence guard, and
         everything rolls back if the attempt is no longer RUNNING or the task's guards refuse.
+        A task with resources also needs the attempt to still be their last claimant
+        (:class:`~runner.store.errors.ResourceTaken` otherwise, nothing written).
 
         An owner killed before this write leaves no effect (the task is run again); after it,
         the effect and the success are both recorded. Raises :class:`AttemptAlreadyFinished`
@@ -213,7 +263,7 @@ class GraphStore:
         that moved on while the token is still its own is re-read and written again.
         """
         end = attempt_end(attempt, AttemptStatus.SUCCEEDED)
-        fence = Fence(task.id, fence_token)
+        fence = Fence(task.id, fence_token, attempt.id, task.resources)
         changes = {"status": TaskStatus.WAITING, "finished": True}
         current = [task]
 

@@ -26,6 +26,7 @@ from runner.store.errors import (
     AttemptAlreadyFinished,
     CommitConflict,
     InvalidValue,
+    ResourceTaken,
     StaleFencingToken,
 )
 from runner.store.graph import Graph, WriteRaceLost
@@ -39,6 +40,7 @@ from runner.store.gremlin.rows import (
 from runner.store.gremlin.steps import (
     X,
     add_vertex,
+    get_or_add,
     set_props,
 )
 from runner.store.model import (
@@ -148,6 +150,29 @@ def fence_guard(g: Any, fence: Fence) -> None:
     if not (g.V().has("task_id", fence.task_id)
             .has("task_fence", codec.encode_big(fence.token)).id_().to_list()):
         raise StaleFencingToken(fence.task_id, fence.token, -1)
+    if fence.attempt_id is not None:
+        resource_guard(g, fence.task_id, fence.attempt_id, fence.resources)
+
+
+def resource_guard(g: Any, task_id: str, attempt_id: str, resources: tuple[str, ...]) -> None:
+    """Inside a write: raise :class:`ResourceTaken` unless attempt ``attempt_id`` is still the
+    last to have claimed each of ``resources`` (:func:`take_resources`). The ZooKeeper hold
+    keeps live holders apart; this keeps a holder that lost its hold with its session (frozen,
+    cut off) from writing after the next holder's claim, whatever it has not yet learned."""
+    for resource in sorted(set(resources)):
+        if not (g.V().has("resource_name", resource)
+                .has("resource_holder", attempt_id).id_().to_list()):
+            raise ResourceTaken(task_id, attempt_id, resource)
+
+
+def take_resources(g: Any, attempt_id: str, resources: tuple[str, ...]) -> None:
+    """Inside the claim's write: record attempt ``attempt_id`` as the holder of each of
+    ``resources`` (a ``resource`` vertex per name, made on first use), which refuses every
+    later write of the previous holder that needs them (:func:`resource_guard`)."""
+    for resource in sorted(set(resources)):
+        set_props(get_or_add(g, "resource_name", resource, "resource",
+                             {"resource_name": resource}),
+                  {"resource_holder": attempt_id}).iterate()
 
 
 def attempt_start(task: Task, executor: str, fence_token: int) -> AttemptStart:
