@@ -3,6 +3,7 @@ priorities, per-type slots across nodes, hooks, cancellation."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -13,7 +14,7 @@ import pytest
 from coord import Session
 from coord.testing import wait_until
 from coord.testing.plugin import ZkNamespace
-from runner.store import AttemptStatus, GraphStore, Task, TaskStatus, open_store
+from runner.store import AttemptStatus, GraphStore, Task, TaskStatus, codec, open_store
 from runner.tasks import TaskContext, TaskRegistry
 from runner.tasks.backlog import candidates, preferred_index
 from runner.tasks.loop import TaskProcessHandler
@@ -481,3 +482,23 @@ def test_a_holder_cut_off_after_its_last_check_cannot_record_a_success_over_the_
                    if a.status is AttemptStatus.SUCCEEDED), key=lambda a: a.started_at)
     assert len(held) == 2
     assert held[0].ended_at is not None and held[0].ended_at <= held[1].started_at
+
+
+def test_an_ordering_key_is_one_exclusive_hold_that_a_chain_keeps() -> None:
+    """A key was booked twice over, as a counted level (a persistent znode per key, left
+    forever) and as an exclusive hold; being a level, it was never "all a task books", so the
+    worker that finished a keyed task let the key go and booked it again for the next one
+    (ordered / unordered throughput 0.77-0.80). A key is now an exclusive hold only."""
+    from runner.tasks.claim import holds, key_only, levels
+    from runner.tasks.registry import TaskType
+
+    kind = TaskType("t", lambda ctx, p: None)
+    keyed = Task(id="x", type="t", payload={}, active=True, status=TaskStatus.WAITING,
+                 finished=False, priority=0, created_at=codec.now(), updated_at=codec.now(),
+                 version=1, fence=0, ordering_key="orders/42")
+    assert levels(keyed, kind, {}) == []
+    assert holds(keyed) == ["key/orders%2F42"]
+    assert key_only(keyed, kind, {})
+    assert not key_only(dataclasses.replace(keyed, resources=("db",)), kind, {})
+    assert [lv.name for lv in levels(keyed, kind, {"t": 2})] == ["group/t"]
+    assert not key_only(keyed, kind, {"t": 2})

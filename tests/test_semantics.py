@@ -246,6 +246,10 @@ def test_ordering_keys_run_one_at_a_time_in_order_through_kill_9(
         for (_, end, _, a), (start, _, _, b) in itertools.pairwise(spans):
             assert start >= end, f"{key}: attempt {b.id} started before {a.id} ended"
         assert all(c.task(t).attempts >= 1 for t in ids)
+    # keys are exclusive holds (ephemeral): no persistent znode per key is left behind
+    with Session(c.env["LATCHWORK_ZK_HOSTS"], c.env["LATCHWORK_CLUSTER"], timeout=4.0) as s:
+        assert s.client.exists("/slots/key") is None
+        assert s.client.get_children("/slots/held/key") == []
 
 
 def test_a_stopped_task_blocks_its_key_until_skipped_or_reactivated(

@@ -88,9 +88,7 @@ def levels(task: Task, kind: TaskType, limits: Mapping[str, int]) -> list[SlotLe
              for group, limit in group_limits(task.type, limits)]
     if kind.slot_limit is not None:
         found.append(SlotLevel(f"type/{slot_name(task.type)}", kind.slot_limit))
-    if task.ordering_key is not None:
-        found.append(SlotLevel(f"key/{slot_name(task.ordering_key)}", 1))
-    return found
+    return found  # an ordering key is an exclusive hold (:func:`holds`), never a level
 
 
 def holds(task: Task) -> list[str]:
