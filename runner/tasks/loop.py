@@ -153,9 +153,6 @@ class TaskProcessHandler:
                     break
         timer.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
-        import os
-        if os.environ.get("LW_STATS"):
-            log.warning("STATS %s", dict(self.stats))
         log.info("member %s: task loop stopped; claims: %d started, %d locked elsewhere, "
                  "%d stale; %d changed tasks skipped before locking, %d running elsewhere "
                  "skipped; %d listings", self.member_id, self.stats["started"],
