@@ -26,11 +26,14 @@ def index = { name, prop, unique ->
  'incident_open', 'incident_task', 'incident_pending', 'event_key', 'event_kind',
  'tomb_task'].each { index("by_${it}", it, false) }
 index('by_task_unique', 'task_unique', true)
-// the keys the guarded writes check: versions are integers, the fence a 20-digit string
+index('by_resource_name', 'resource_name', true)
+// the keys the guarded writes check: versions are integers, the fence a 20-digit string, the
+// resource holder an attempt id
 key('task_version', Integer)
 key('schedule_version', Integer)
 key('task_fence')
-['task_version', 'task_fence', 'attempt_status', 'schedule_version'].each {
+key('resource_holder')
+['task_version', 'task_fence', 'attempt_status', 'schedule_version', 'resource_holder'].each {
     mgmt.setConsistency(mgmt.getPropertyKey(it), ConsistencyModifier.LOCK)
 }
 mgmt.commit()
