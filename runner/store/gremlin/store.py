@@ -18,7 +18,7 @@ from runner.store.errors import (
     CommitConflict,
     StaleFencingToken,
 )
-from runner.store.graph import Graph, WriteRaceLost, open_graph
+from runner.store.graph import Graph, open_graph
 from runner.store.gremlin.attempts import GremlinAttemptLog
 from runner.store.gremlin.avatars import GremlinAvatarStore
 from runner.store.gremlin.incidents import GremlinIncidentStore
@@ -27,13 +27,12 @@ from runner.store.gremlin.retention import GremlinRetentionStore
 from runner.store.gremlin.schedules import GremlinScheduleStore
 from runner.store.gremlin.tasks import GremlinTaskStore
 from runner.store.gremlin.writes import (
-    AttemptEnd,
     attempt_end,
     attempt_start,
+    claim_resources,
     fence_guard,
     matched_write,
     resource_guard,
-    take_resources,
     task_change,
     until_written,
 )
@@ -93,8 +92,8 @@ class GraphStore:
                     for a in self.attempts.for_task(task.id)
                     if a.status is AttemptStatus.RUNNING]
         if task.resources:
-            started = self._claim_resources(task.id, change.traverse, ends, change.task,
-                                            member_id, fence_token, task.resources)
+            started = claim_resources(self.graph, change, ends, member_id, fence_token,
+                                      task.resources)
         else:
             start = attempt_start(change.task, member_id, fence_token)
 
@@ -109,29 +108,6 @@ class GraphStore:
             self._tasks.prepare_update(task.id, task.version, fence_token, {})
             raise CommitConflict(task.id, task.version, None)
         return change.task, started
-
-    def _claim_resources(self, task_id: str, change: Callable[[Any], Any],
-                         ends: list[AttemptEnd], claimed: Task, member_id: str,
-                         fence_token: int, resources: tuple[str, ...]) -> Attempt | None:
-        """The claim of a task with resources (see :meth:`claim`); None when its guards
-        matched nothing."""
-        def write(g: Any) -> Attempt:
-            # the first statement takes the writer slot: the start time read after it is
-            # later than every write committed before this one
-            g.V().has("task_id", task_id).id_().to_list()
-            start = attempt_start(claimed, member_id, fence_token)
-            t = g
-            for end in ends:
-                t = end.traverse(t)
-            if not start.extend(change(t)).id_().to_list():
-                raise _Refused
-            take_resources(g, start.attempt.id, resources)
-            return start.attempt
-
-        try:
-            return self.graph.write(write)
-        except (_Refused, WriteRaceLost):
-            return None
 
     def conclude(self, attempt: Attempt, attempt_status: AttemptStatus, error: str | None,
                  stack_trace: str | None, task: Task, fence_token: int,

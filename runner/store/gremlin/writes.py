@@ -165,6 +165,31 @@ def resource_guard(g: Any, task_id: str, attempt_id: str, resources: tuple[str, 
             raise ResourceTaken(task_id, attempt_id, resource)
 
 
+def claim_resources(graph: Graph, change: TaskChange, ends: list[AttemptEnd], member_id: str,
+                    fence_token: int, resources: tuple[str, ...]) -> Attempt | None:
+    """The claim of a task with resources (``GraphStore.claim``): ``change`` with its new
+    attempt, the ``ends`` of the attempts it supersedes, and the attempt recorded as the holder
+    of each resource, in one transaction; the attempt, or None when its guards matched
+    nothing. The start time is read once the write holds the writer slot (its first
+    statement takes it on the embedded graph), so it is later than every write committed
+    before, the previous holder's success among them."""
+    def write(g: Any) -> Attempt:
+        g.V().has("task_id", change.task_id).id_().to_list()  # takes the writer slot
+        start = attempt_start(change.task, member_id, fence_token)
+        t = g
+        for end in ends:
+            t = end.traverse(t)
+        if not start.extend(change.traverse(t)).id_().to_list():
+            raise _Unmatched
+        take_resources(g, start.attempt.id, resources)
+        return start.attempt
+
+    try:
+        return graph.write(write)
+    except (_Unmatched, WriteRaceLost):
+        return None
+
+
 def take_resources(g: Any, attempt_id: str, resources: tuple[str, ...]) -> None:
     """Inside the claim's write: record attempt ``attempt_id`` as the holder of each of
     ``resources`` (a ``resource`` vertex per name, made on first use), which refuses every
