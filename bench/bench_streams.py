@@ -8,7 +8,7 @@
    processes, one input every 20 ms, five kills, each output timed by a watch on its slot),
    median and worst, against one transition (an input to its output with one copy; target:
    the kill adds no more) and against the session timeout a lock-based failover waits. A
-   follower steps in when the state has stood still with an input waiting for twice the
+   follower steps in when the state has stood still with an input waiting for 1.5 times the
    delay it has seen the copy ahead take (50 ms at most).
 """
 

@@ -55,8 +55,8 @@ STOP_CHECK = 0.05
 #: a follower steps in when the state stood still with work waiting for PATIENCE_FACTOR times
 #: the delay it has seen the copy ahead take (an average weighted STEP_WEIGHT to the newest),
 #: PATIENCE_FLOOR seconds at least and ``follower_idle`` at most
-PATIENCE_FACTOR = 2.0
-PATIENCE_FLOOR = 0.002
+PATIENCE_FACTOR = 1.5
+PATIENCE_FLOOR = 0.001
 STEP_WEIGHT = 0.2
 #: a follower that saw the state move waits one learned step (SETTLE_MAX seconds at most)
 #: before it looks again: its read then does not compete with the copy ahead's next move
@@ -131,6 +131,9 @@ class ExactlyOnceHandler:
         #: the state moved at the last look: the next look waits one such delay first, so
         #: that followers' reads do not compete with the copy ahead's next transition
         self._settle = False
+        #: the state a follower found standing still (read with the watch that would have
+        #: told it of a move): its step starts from it without reading it again
+        self._stood: tuple[dict[str, Any], int] | None = None
 
     def _initial(self) -> dict[str, Any]:
         return {"phase": Phase.HANDLING.value, "state": self.initial_state,
@@ -158,8 +161,11 @@ class ExactlyOnceHandler:
 
     def step(self) -> bool:
         """One transition; False when there was nothing to do (no new input)."""
+        stood, self._stood = self._stood, None
         if self._mine is not None:
             doc, version = self._mine
+        elif stood is not None:
+            doc, version = stood
         else:
             doc, version = self.register.get()
             if doc is None:
@@ -254,7 +260,12 @@ class ExactlyOnceHandler:
             self._step = (1 - STEP_WEIGHT) * self._step + STEP_WEIGHT * took
             self._settle = True
             return False
-        return not stop.is_set() and self.register.get()[1] == version
+        if stop.is_set():
+            return False
+        # no word from the watch: it stood still. The step starts from the state as read (a
+        # move whose event is still on its way only makes the step's CAS lose)
+        self._stood = (self._last, version if doc is not None else -1)
+        return True
 
     def run(self, stop: Stop, idle: float = 0.05, follower_idle: float = 0.1,
             yield_after_loss: float = 0.004, on_turn: Callable[[], None] | None = None
