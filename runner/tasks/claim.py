@@ -49,6 +49,8 @@ class Running:
     completed: bool = False  # the handler's ctx.complete() concluded the attempt
     cancel: CancelToken = field(default_factory=CancelToken)
     done: threading.Event = field(default_factory=threading.Event)
+    #: the tasks after this one in its key's queue, as the claim read it (its first check)
+    key_queue: list[Task] = field(default_factory=list)
 
 
 def release(lock: TaskLock, booking: Booking | None, member_id: str) -> None:
@@ -118,6 +120,7 @@ def claim(session: Session, store: GraphStore, member_id: str, task: Task, kind:
     either way. ``held``: that worker's booking of the key, carried over (only when the key
     is all ``task`` books, :func:`key_only`); released like a new one when the claim fails."""
     booking = held
+    after: list[Task] = []
     needed, exclusive = levels(task, kind, limits or {}), holds(task)
     if booking is None and (needed or exclusive):
         booking = (slots or Slots(session, member_id)).try_book(needed, exclusive)
@@ -136,8 +139,9 @@ def claim(session: Session, store: GraphStore, member_id: str, task: Task, kind:
             if booking is not None:
                 booking.release()
             return None
+        after = first[1:]
     lock = TaskLock(session, task.id, member_id)
-    running = Running(task, lock, booking)
+    running = Running(task, lock, booking, key_queue=after)
     lock.add_lost_listener(lambda _task: running.cancel.cancel("its task lock was lost"))
     register(running)
 

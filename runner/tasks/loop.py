@@ -373,7 +373,7 @@ class TaskProcessHandler:
         next task in this same worker (:meth:`_next_of_key`), and so on; then look for work."""
         r: Running | None = first
         outcome = Outcome.CANCELLED
-        queue: list[Task] = []  # the key's queue as read at the chain's last read
+        queue = list(first.key_queue)  # the key's queue as read at the chain's last read
         while r is not None:
             outcome, kept = self._run_one(r)
             key, r = r.task.ordering_key, None
