@@ -502,3 +502,54 @@ def test_an_ordering_key_is_one_exclusive_hold_that_a_chain_keeps() -> None:
     assert not key_only(dataclasses.replace(keyed, resources=("db",)), kind, {})
     assert [lv.name for lv in levels(keyed, kind, {"t": 2})] == ["group/t"]
     assert not key_only(keyed, kind, {"t": 2})
+
+
+def test_a_holder_cut_off_mid_handler_cannot_write_a_fenced_effect_once_its_resource_is_taken(
+        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+    """The same fence inside a handler: a holder whose session expired mid-handler, its
+    resource then claimed by another node's task, makes a fenced write
+    (``store.fenced_write(ctx.fence, ...)``) before it has learned anything. The task's own
+    fence is still its token (nobody closed its attempt), so only the resource's holder refuses
+    the write: ResourceTaken, nothing written, and the attempt ends CANCELLED_BY_SYSTEM (not
+    FAILED: the task is not stopped) and runs again. Exactly one effect is left, the one of the
+    attempt that SUCCEEDED."""
+    from coord.testing import expire_session
+
+    release_b = threading.Event()
+    later: list[Task] = []
+
+    def effect(ctx: TaskContext, payload: object) -> None:
+        if ctx.attempt.seq == 1:
+            expire_session(s1.client)  # its lock and its hold on the resource go with it
+            later.append(store.tasks.create("b", resources=["ontology:brick"]))
+            assert wait_until(lambda: [a.status for a in store.attempts.for_task(later[0].id)]
+                              == [AttemptStatus.RUNNING], 30)
+        store.fenced_write(ctx.fence, lambda g: g.add_v("effect")
+                           .property("effect_attempt", ctx.attempt.id).iterate())
+
+    registry_a, registry_b = TaskRegistry(), TaskRegistry()
+    registry_a.register("a", effect)
+    registry_b.register("b", lambda ctx, p: release_b.wait(30))
+    task_a = store.tasks.create("a", resources=["ontology:brick"])
+    s1, s2 = session(zk_namespace).start(), session(zk_namespace).start()
+    p1 = TaskProcessHandler(s1, "m1", store, registry_a, workers=1, scan_interval=0.2).start()
+    p2 = TaskProcessHandler(s2, "m2", store, registry_b, workers=1, scan_interval=0.2).start()
+    try:
+        assert wait_until(lambda: store.attempts.for_task(task_a.id)[0].ended_at is not None
+                          if store.attempts.for_task(task_a.id) else False, 60)
+        first = store.attempts.for_task(task_a.id)[0]
+        assert first.status is AttemptStatus.CANCELLED_BY_SYSTEM, first
+        assert store.tasks.get(task_a.id).active
+        release_b.set()
+        assert wait_until(lambda: not store.tasks.unfinished(), 60)
+    finally:
+        release_b.set()
+        p1.close()
+        p2.close()
+        s1.close()
+        s2.close()
+    attempts = store.attempts.for_task(task_a.id)
+    (succeeded,) = [a for a in attempts if a.status is AttemptStatus.SUCCEEDED]
+    effects = store.graph.read(lambda g: g.V().has_label("effect").values("effect_attempt")
+                               .to_list())
+    assert effects == [succeeded.id]
