@@ -14,7 +14,7 @@ import pytest
 from coord import Session
 from coord.testing import wait_until
 from coord.testing.plugin import ZkNamespace
-from runner.store import AttemptStatus, GraphStore, Task, TaskStatus, codec, open_store
+from runner.store import Attempt, AttemptStatus, GraphStore, Task, TaskStatus, codec, open_store
 from runner.tasks import TaskContext, TaskRegistry
 from runner.tasks.backlog import candidates, preferred_index
 from runner.tasks.loop import TaskProcessHandler
@@ -441,47 +441,78 @@ def test_a_holder_cut_off_after_its_last_check_cannot_record_a_success_over_the_
     holder then wrote SUCCEEDED over the other's start. Now each claim records its attempt as
     the resource's holder in the store, in the claim's own write: the late success is refused
     (ResourceTaken), the attempt ends CANCELLED_BY_SYSTEM, and the task runs again later."""
-    from coord.testing import expire_session
-
-    release_b = threading.Event()
-    registry_a, registry_b = TaskRegistry(), TaskRegistry()
-    registry_a.register("a", lambda ctx, p: None)
-    registry_b.register("b", lambda ctx, p: release_b.wait(30))
-    task_a = store.tasks.create("a", resources=["ontology:brick"])
-    later: list[Task] = []
-
     def cut_off(ctx: TaskContext, status: AttemptStatus, error: str | None) -> None:
-        if ctx.task.id != task_a.id or ctx.attempt.seq != 1:
-            return
-        assert status is AttemptStatus.SUCCEEDED  # the handler ended, its lock confirmed
-        expire_session(s1.client)  # its lock and its hold on the resource go with it
-        later.append(store.tasks.create("b", resources=["ontology:brick", "aspect:geo"]))
-        assert wait_until(lambda: [a.status for a in store.attempts.for_task(later[0].id)]
-                          == [AttemptStatus.RUNNING], 30)
+        if ctx.task.type == "a" and ctx.attempt.seq == 1:
+            assert status is AttemptStatus.SUCCEEDED  # the handler ended, its lock confirmed
+            pair.cut()
 
-    s1, s2 = session(zk_namespace).start(), session(zk_namespace).start()
-    p1 = TaskProcessHandler(s1, "m1", store, registry_a, workers=1, scan_interval=0.2,
-                            after=[cut_off]).start()
-    p2 = TaskProcessHandler(s2, "m2", store, registry_b, workers=1, scan_interval=0.2).start()
-    try:
-        assert wait_until(lambda: len(store.attempts.for_task(task_a.id)) >= 1
-                          and store.attempts.for_task(task_a.id)[0].ended_at is not None, 60)
-        first = store.attempts.for_task(task_a.id)[0]
+    with HolderAndNext(zk_namespace, store, lambda ctx, p: None, after=[cut_off]) as pair:
+        task_a = store.tasks.create("a", resources=["ontology:brick"])
+        first = pair.first_attempt(task_a)
         assert first.status is AttemptStatus.CANCELLED_BY_SYSTEM, first
         assert "resource 'ontology:brick' was claimed by another attempt" in (first.error or "")
         assert not store.tasks.get(task_a.id).finished
-        release_b.set()  # B ends; A, back in the queue, runs again once the resource is free
-        assert wait_until(lambda: not store.tasks.unfinished(), 60)
-    finally:
-        release_b.set()
-        p1.close()
-        p2.close()
-        s1.close()
-        s2.close()
-    held = sorted((a for t in (task_a, later[0]) for a in store.attempts.for_task(t.id)
+        pair.finish()  # B ends; A, back in the queue, runs again once the resource is free
+    held = sorted((a for t in (task_a, pair.task_b) for a in store.attempts.for_task(t.id)
                    if a.status is AttemptStatus.SUCCEEDED), key=lambda a: a.started_at)
     assert len(held) == 2
     assert held[0].ended_at is not None and held[0].ended_at <= held[1].started_at
+
+
+class HolderAndNext:
+    """Two task loops on sessions of their own: ``m1`` runs type ``a`` (the resource holder a
+    test cuts off), ``m2`` type ``b`` (the next holder, held running until :meth:`finish`).
+    :meth:`cut` has the server expire ``m1``'s session (its lock and holds go with it), submits
+    a ``b`` task that needs the same resource and waits until ``m2`` runs it."""
+
+    def __init__(self, ns: ZkNamespace, store: GraphStore,
+                 handler: Callable[[TaskContext, object], None],
+                 after: list[Callable[[TaskContext, AttemptStatus, str | None], None]]
+                 | None = None) -> None:
+        self.store = store
+        self.release_b = threading.Event()
+        self.task_b: Task | None = None
+        registry_a, registry_b = TaskRegistry(), TaskRegistry()
+        registry_a.register("a", handler)
+        registry_b.register("b", lambda ctx, p: self.release_b.wait(30))
+        self.sessions = [session(ns).start(), session(ns).start()]
+        self.loops = [
+            TaskProcessHandler(self.sessions[0], "m1", store, registry_a, workers=1,
+                               scan_interval=0.2, after=after or []).start(),
+            TaskProcessHandler(self.sessions[1], "m2", store, registry_b, workers=1,
+                               scan_interval=0.2).start()]
+
+    def cut(self) -> None:
+        from coord.testing import expire_session
+
+        expire_session(self.sessions[0].client)
+        self.task_b = self.store.tasks.create("b", resources=["ontology:brick", "aspect:geo"])
+        b = self.task_b.id
+        assert wait_until(lambda: [a.status for a in self.store.attempts.for_task(b)]
+                          == [AttemptStatus.RUNNING], 30)
+
+    def first_attempt(self, task: Task) -> Attempt:
+        """``task``'s first attempt once it has ended."""
+        def ended() -> bool:
+            attempts = self.store.attempts.for_task(task.id)
+            return bool(attempts) and attempts[0].ended_at is not None
+        assert wait_until(ended, 60)
+        return self.store.attempts.for_task(task.id)[0]
+
+    def finish(self) -> None:
+        """Let B end, and wait until every task has finished."""
+        self.release_b.set()
+        assert wait_until(lambda: not self.store.tasks.unfinished(), 60)
+
+    def __enter__(self) -> HolderAndNext:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release_b.set()
+        for loop in self.loops:
+            loop.close()
+        for s in self.sessions:
+            s.close()
 
 
 def test_an_ordering_key_is_one_exclusive_hold_that_a_chain_keeps() -> None:
@@ -513,41 +544,18 @@ def test_a_holder_cut_off_mid_handler_cannot_write_a_fenced_effect_once_its_reso
     the write: ResourceTaken, nothing written, and the attempt ends CANCELLED_BY_SYSTEM (not
     FAILED: the task is not stopped) and runs again. Exactly one effect is left, the one of the
     attempt that SUCCEEDED."""
-    from coord.testing import expire_session
-
-    release_b = threading.Event()
-    later: list[Task] = []
-
     def effect(ctx: TaskContext, payload: object) -> None:
         if ctx.attempt.seq == 1:
-            expire_session(s1.client)  # its lock and its hold on the resource go with it
-            later.append(store.tasks.create("b", resources=["ontology:brick"]))
-            assert wait_until(lambda: [a.status for a in store.attempts.for_task(later[0].id)]
-                              == [AttemptStatus.RUNNING], 30)
+            pair.cut()
         store.fenced_write(ctx.fence, lambda g: g.add_v("effect")
                            .property("effect_attempt", ctx.attempt.id).iterate())
 
-    registry_a, registry_b = TaskRegistry(), TaskRegistry()
-    registry_a.register("a", effect)
-    registry_b.register("b", lambda ctx, p: release_b.wait(30))
-    task_a = store.tasks.create("a", resources=["ontology:brick"])
-    s1, s2 = session(zk_namespace).start(), session(zk_namespace).start()
-    p1 = TaskProcessHandler(s1, "m1", store, registry_a, workers=1, scan_interval=0.2).start()
-    p2 = TaskProcessHandler(s2, "m2", store, registry_b, workers=1, scan_interval=0.2).start()
-    try:
-        assert wait_until(lambda: store.attempts.for_task(task_a.id)[0].ended_at is not None
-                          if store.attempts.for_task(task_a.id) else False, 60)
-        first = store.attempts.for_task(task_a.id)[0]
+    with HolderAndNext(zk_namespace, store, effect) as pair:
+        task_a = store.tasks.create("a", resources=["ontology:brick"])
+        first = pair.first_attempt(task_a)
         assert first.status is AttemptStatus.CANCELLED_BY_SYSTEM, first
         assert store.tasks.get(task_a.id).active
-        release_b.set()
-        assert wait_until(lambda: not store.tasks.unfinished(), 60)
-    finally:
-        release_b.set()
-        p1.close()
-        p2.close()
-        s1.close()
-        s2.close()
+        pair.finish()
     attempts = store.attempts.for_task(task_a.id)
     (succeeded,) = [a for a in attempts if a.status is AttemptStatus.SUCCEEDED]
     effects = store.graph.read(lambda g: g.V().has_label("effect").values("effect_attempt")
