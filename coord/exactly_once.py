@@ -32,7 +32,6 @@ import base64
 import enum
 import json
 import os
-import random
 import socket
 import threading
 import time
@@ -268,8 +267,7 @@ class ExactlyOnceHandler:
         return True
 
     def run(self, stop: Stop, idle: float = 0.05, follower_idle: float = 0.1,
-            yield_after_loss: float = 0.004, on_turn: Callable[[], None] | None = None
-            ) -> None:
+            on_turn: Callable[[], None] | None = None) -> None:
         """Step until ``stop`` is set (a ``threading.Event`` or anything with ``is_set()`` and
         ``wait(seconds)``); ``on_turn`` is called after every turn (progress reports).
 
@@ -283,18 +281,15 @@ class ExactlyOnceHandler:
           compete with the copy ahead's next transition. So the copies do not race on every
           transition, and a dead copy costs those short waits plus one transition, never a
           session timeout.
-        * After a lost CAS a copy waits up to ``yield_after_loss`` seconds (random) before it
-          goes on: copies that all retry at once only slow each other down."""
+        * A copy whose CAS lost is a follower from then on: it goes straight back to watching
+          (no extra wait: its patience already keeps it from racing the copy that won)."""
         while not stop.is_set():
             if self._mine is None and self.won + self.lost > 0 \
                     and not self.stalled(stop, follower_idle):
                 if on_turn is not None:
                     on_turn()
                 continue
-            lost = self.lost
             if not self.step():
                 self.await_input(stop, idle)
-            elif self.lost > lost and yield_after_loss > 0:
-                stop.wait(random.uniform(0, yield_after_loss))
             if on_turn is not None:
                 on_turn()

@@ -12,7 +12,8 @@ created slot is never changed), so:
   pusher finds the slot taken and moves on, and :meth:`end` walks past created slots;
 * :meth:`push_at` writes at a given index and is idempotent: the same value already there is
   success, another value is :class:`QueueConflict` (a concurrent exactly-once handler writes its
-  outputs this way, see :mod:`coord.exactly_once`);
+  outputs this way, see :mod:`coord.exactly_once`); the element and the raised hint go in one
+  ZooKeeper transaction when this object's view of the hint is current (one round trip);
 * a push retried after a lost reply recognises its own element (each push carries a unique
   token), so a value is never pushed twice by one call.
 
@@ -51,6 +52,9 @@ DIGITS = 10
 KEPT_CHECK_EVERY = 1.0
 #: ZooKeeper's default jute.maxbuffer is 1 MiB; the JSON envelope and base64 take a third more
 MAX_ELEMENT_BYTES = 700_000
+#: read() asks for this many slots at once, then twice as many each round: a reader that finds
+#: one new element (the usual case) learns that the next slot is empty in the same round trip
+READ_AHEAD = 2
 
 
 class QueueError(CoordError):
@@ -169,6 +173,8 @@ class LockFreeQueue:
         data = _encode(value, "at")
 
         def attempt() -> None:
+            if self._create_raising(index, data):
+                return
             try:
                 self.session.client.create(self._slot(index), data, makepath=True)
             except NodeExistsError:
@@ -179,6 +185,27 @@ class LockFreeQueue:
 
         with zk_errors(f"cannot write queue {self.name} at {index}"):
             retry_policy()(attempt)
+
+    def _create_raising(self, index: int, data: bytes) -> bool:
+        """Create the element and raise the hint past it in one transaction, from the hint
+        this object saw last (read again once if that view is stale); False (nothing
+        written) when the slot is taken, the hint is past it already or the queue has no
+        hint yet: the caller then goes step by step."""
+        hint, version = self._seen
+        for _ in range(2):  # a stale view of the hint: read it, and try once more
+            if version == -1 or hint > index:
+                return False
+            tx = self.session.client.transaction()
+            tx.create(self._slot(index), data)
+            tx.set_data(f"{self.root}/end", str(index + 1).encode(), version=version)
+            results = tx.commit()
+            if not any(isinstance(r, Exception) for r in results):
+                self._seen = (index + 1, int(getattr(results[1], "version", version + 1)))
+                return True
+            if not isinstance(results[1], BadVersionError):
+                return False  # the slot is taken (or its parent is missing)
+            hint, version = self._seen = self._hint()
+        return False
 
     # -- reading ----------------------------------------------------------------------------
     def _read(self, index: int) -> tuple[bytes, str] | None:
@@ -237,15 +264,35 @@ class LockFreeQueue:
         Raises :class:`QueueIndexExpired` when ``start`` was pruned; a reader polling an empty
         start learns of a prune within :data:`KEPT_CHECK_EVERY` seconds (pruning is by an age
         of days, so the delay loses nothing)."""
-        for index in range(start, start + limit):
+        index, window = start, READ_AHEAD
+        while index < start + limit:
+            count = min(window, start + limit - index)
             with zk_errors(f"cannot read queue {self.name}"):
-                held = retry_policy()(self._read, index)
-            if held is None:
-                if index == start and time.monotonic() - self._kept_at >= KEPT_CHECK_EVERY:
-                    self._check_kept(index)
-                    self._kept_at = time.monotonic()
-                return  # past the start, an element pruned since is for the next read
-            yield index, held[0]
+                window_held = retry_policy()(self._read_window, index, count)
+            for held in window_held:
+                if held is None:
+                    if index == start \
+                            and time.monotonic() - self._kept_at >= KEPT_CHECK_EVERY:
+                        self._check_kept(index)
+                        self._kept_at = time.monotonic()
+                    return  # past the start, an element pruned since is for the next read
+                yield index, held[0]
+                index += 1
+            window *= 2
+
+    def _read_window(self, start: int, count: int) -> list[tuple[bytes, str] | None]:
+        """The slots ``start`` .. ``start + count - 1``, asked for at once (one round trip)."""
+        client = self.session.client
+        asked = [client.get_async(self._slot(i)) for i in range(start, start + count)]
+        held: list[tuple[bytes, str] | None] = []
+        for result in asked:
+            try:
+                data, _ = result.get()
+            except NoNodeError:
+                held.append(None)
+            else:
+                held.append(_decode(data))
+        return held
 
     def prune(self, older_than: float, now: float | None = None) -> int:
         """Drop elements created more than ``older_than`` seconds ago from the head (never

@@ -52,6 +52,31 @@ def test_push_push_at_read_and_the_limits(zk_namespace: ZkNamespace) -> None:
             q.get(3)
 
 
+def test_push_at_from_a_stale_view_and_reads_across_windows_and_gaps(
+        zk_namespace: ZkNamespace) -> None:
+    """push_at writes the element and raises the end hint in one transaction from the hint its
+    object saw last: when another writer moved the hint, it reads it and still raises it (never
+    lowers it). read() asks for slots a window at a time: it stops at the first empty slot and
+    at its limit, wherever they fall in a window."""
+    with session(zk_namespace) as s:
+        a, b = LockFreeQueue(s, "w"), LockFreeQueue(s, "w")
+        a.push_at(0, b"0")  # the queue's first element: no hint yet, step by step
+        for i in range(1, 5):
+            a.push_at(i, str(i).encode())
+        for i in range(5, 13):  # b moves the hint; a's view of it is now stale
+            b.push_at(i, str(i).encode())
+        a.push_at(13, b"13")
+        assert a._hint()[0] == 14 and b.push(b"14") == 14
+        a.push_at(20, b"20")  # past a gap: the hint rises past it, the gap stays empty
+        a.push_at(2, b"2")  # below the hint: the same value is success, the hint stays
+        assert a._hint()[0] == 21 and a.get(17) is None and a.end() == 21
+        values = [(i, str(i).encode()) for i in range(15)]
+        assert list(a.read(0)) == values  # windows of 2, 4, 8, 16: stops at the gap at 15
+        for start, limit in ((0, 1), (0, 2), (0, 3), (1, 6), (5, 7), (3, 100)):
+            assert list(a.read(start, limit)) == values[start:start + limit], (start, limit)
+        assert list(a.read(15)) == [] and list(a.read(20)) == [(20, b"20")]
+
+
 def test_eight_pushers_frozen_and_killed_push_every_value_once(
         zk_namespace: ZkNamespace, spawn_node: Callable[..., NodeProcess]) -> None:
     rng = random.Random(18)
@@ -299,29 +324,50 @@ def test_a_stream_runs_as_copies_on_distinct_nodes_through_kill_9(
 def test_an_output_write_whose_reply_is_lost_is_written_once(zk_namespace: ZkNamespace,
                                                              monkeypatch: Any) -> None:
     """The output's create reaches the server but its reply is lost (ConnectionLoss): the retry
-    finds the same value at the index (success), so every output is there once."""
+    finds the same value at the index (success), so every output is there once. The loss hits
+    both ways an output is written: a plain create (the queue's first element) and the
+    transaction that creates it and raises the end hint (the later ones)."""
     from kazoo.exceptions import ConnectionLoss
 
     with session(zk_namespace) as s:
         source, sink = LockFreeQueue(s, "in"), LockFreeQueue(s, "out")
         for n in range(1, 21):
             source.push(str(n).encode())
-        real_create = s.client.create
+        real_create, real_transaction = s.client.create, s.client.transaction
         lost: list[str] = []
 
         def create_then_lose_reply(path: str, *args: Any, **kwargs: Any) -> Any:
             result = real_create(path, *args, **kwargs)
             if "/out/e/" in path and len(lost) < 5:
-                lost.append(path)
+                lost.append(f"create {path}")
                 raise ConnectionLoss("reply lost")
             return result
 
+        def transaction_then_lose_reply() -> Any:
+            tx = real_transaction()
+            real_commit = tx.commit
+
+            def commit() -> Any:
+                results = real_commit()
+                paths = [str(getattr(op, "path", "")) for op in tx.operations]
+                if any("/out/e/" in p for p in paths) and len(lost) < 5 \
+                        and not any(isinstance(r, Exception) for r in results):
+                    lost.append(f"transaction {paths}")
+                    raise ConnectionLoss("reply lost")
+                return results
+
+            tx.commit = commit
+            return tx
+
         monkeypatch.setattr(s.client, "create", create_then_lose_reply)
+        monkeypatch.setattr(s.client, "transaction", transaction_then_lose_reply)
         handler = ExactlyOnceHandler(s, "sums", [source], QueueOutput(sink), running_sum,
                                      initial_state=0, batch=6)
         while handler.step():
             pass
         assert len(lost) == 5
+        assert any(way.startswith("create") for way in lost) \
+            and any(way.startswith("transaction") for way in lost), lost
         outputs = [int(v) for _, v in sink.read(0, limit=100)]
         assert outputs == [sum(range(1, n + 1)) for n in range(1, 21)]
 
