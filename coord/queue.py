@@ -52,9 +52,8 @@ DIGITS = 10
 KEPT_CHECK_EVERY = 1.0
 #: ZooKeeper's default jute.maxbuffer is 1 MiB; the JSON envelope and base64 take a third more
 MAX_ELEMENT_BYTES = 700_000
-#: read() asks for this many slots at once, then twice as many each round: a reader that finds
-#: one new element (the usual case) learns that the next slot is empty in the same round trip
-READ_AHEAD = 2
+#: read() asks for this many slots at once, then twice as many each round: one new element
+READ_AHEAD = 2  # (the usual case) and the empty slot after it come in one round trip
 
 
 class QueueError(CoordError):
@@ -188,9 +187,8 @@ class LockFreeQueue:
 
     def _create_raising(self, index: int, data: bytes) -> bool:
         """Create the element and raise the hint past it in one transaction, from the hint
-        this object saw last (read again once if that view is stale); False (nothing
-        written) when the slot is taken, the hint is past it already or the queue has no
-        hint yet: the caller then goes step by step."""
+        this object saw last (read again once if stale); False (nothing written) when the slot
+        is taken, the hint is past it or there is none yet: the caller goes step by step."""
         hint, version = self._seen
         for _ in range(2):  # a stale view of the hint: read it, and try once more
             if version == -1 or hint > index:
@@ -271,8 +269,7 @@ class LockFreeQueue:
                 window_held = retry_policy()(self._read_window, index, count)
             for held in window_held:
                 if held is None:
-                    if index == start \
-                            and time.monotonic() - self._kept_at >= KEPT_CHECK_EVERY:
+                    if index == start and time.monotonic() - self._kept_at >= KEPT_CHECK_EVERY:
                         self._check_kept(index)
                         self._kept_at = time.monotonic()
                     return  # past the start, an element pruned since is for the next read
@@ -282,16 +279,13 @@ class LockFreeQueue:
 
     def _read_window(self, start: int, count: int) -> list[tuple[bytes, str] | None]:
         """The slots ``start`` .. ``start + count - 1``, asked for at once (one round trip)."""
-        client = self.session.client
-        asked = [client.get_async(self._slot(i)) for i in range(start, start + count)]
+        asked = [self.session.client.get_async(self._slot(i)) for i in range(start, start + count)]
         held: list[tuple[bytes, str] | None] = []
         for result in asked:
             try:
-                data, _ = result.get()
+                held.append(_decode(result.get()[0]))
             except NoNodeError:
                 held.append(None)
-            else:
-                held.append(_decode(data))
         return held
 
     def prune(self, older_than: float, now: float | None = None) -> int:
