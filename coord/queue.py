@@ -198,7 +198,7 @@ class LockFreeQueue:
             tx.set_data(f"{self.root}/end", str(index + 1).encode(), version=version)
             results = tx.commit()
             if not any(isinstance(r, Exception) for r in results):
-                self._seen = (index + 1, int(getattr(results[1], "version", version + 1)))
+                self._seen = (index + 1, int(results[1].version))
                 return True
             if not isinstance(results[1], BadVersionError):
                 return False  # the slot is taken (or its parent is missing)
