@@ -3,7 +3,11 @@ connection that holds the file's write lock the way another node process would."
 
 from __future__ import annotations
 
+import os
+import signal
 import sqlite3
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -98,3 +102,51 @@ def test_a_failed_write_rolls_back_every_statement_and_nested_write(
     graph.write(lambda g: [graph.write(lambda inner: inner.add_v("job").iterate())
                            for _ in range(3)])
     assert count(graph, "job") == 3
+
+
+def test_a_process_frozen_holding_the_first_open_lock_blocks_no_thread_or_node_start(
+        graph: EmbeddedGraph, tmp_path: Path) -> None:
+    """A fresh-clone CI run: a node frozen (SIGSTOP) while one of its threads opened its own
+    connection kept the file lock over gremlite's table creation, which every new thread of
+    every process took with no deadline: the next master's duties thread, opening its first
+    connection, waited for ever, and the frozen owner's attempt was never closed. Now only the
+    first open of a file without tables takes that lock, and waits for it up to the busy
+    timeout."""
+    fresh = tmp_path / "fresh.db"
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import fcntl, sys, time\n"
+         "files = [open(p + '.init-lock', 'w') for p in sys.argv[1:]]\n"
+         "[fcntl.flock(f, fcntl.LOCK_EX) for f in files]\n"
+         "print('held', flush=True)\n"
+         "time.sleep(60)\n", str(graph.path), str(fresh)],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        os.kill(holder.pid, signal.SIGSTOP)  # frozen with both locks held
+        failures: list[BaseException] = []
+
+        def new_thread() -> None:  # a thread with no connection yet, as the duties thread was
+            try:
+                graph.write(lambda g: g.add_v("job").iterate())
+            except BaseException as exc:  # pragma: no cover - reported below
+                failures.append(exc)
+
+        thread = threading.Thread(target=new_thread)
+        thread.start()
+        thread.join(10)
+        assert not thread.is_alive(), "a new thread waited for the frozen process's file lock"
+        assert not failures
+        starting = EmbeddedGraph(graph.path, busy_timeout=0.5)  # a node starting meanwhile
+        try:
+            assert count(starting, "job") == 1
+        finally:
+            starting.close()
+        # a file whose tables are not made yet does need the lock: a typed error, not a hang
+        with pytest.raises(StoreUnavailable, match=r"first open of the file\) for 0\.5s"):
+            EmbeddedGraph(fresh, busy_timeout=0.5)
+    finally:
+        holder.kill()
+        holder.wait()
+        if holder.stdout is not None:
+            holder.stdout.close()

@@ -175,7 +175,15 @@ def test_an_owner_whose_attempt_the_master_closed_cannot_finish_the_task(
     """The first-round defect, made deterministic: the handler succeeds only after the master
     closed its attempt (the owner was frozen past its session, say). The owner used to re-read
     the task and finish it with its old token (``finished``, its only attempt
-    CANCELLED_BY_SYSTEM); the close now moves the fence, and the owner writes nothing."""
+    CANCELLED_BY_SYSTEM); the close now moves the fence, and the owner writes nothing.
+
+    And it takes the task up again by itself: a fresh-clone CI run once left the task WAITING
+    past the test's 10 s. The refused end counted as FINISHED, so the worker's follow-up scan
+    only walked what was left of its old listing, and listed again only within its relisting
+    budget (a listing slowed by a loaded box used it up): the task waited for the interval
+    scan. A refused end is now a lost task (CANCELLED: a full scan a moment later). The budget
+    is set here so that a follow-up scan never lists again, which made that run's timing the
+    rule."""
     go, returned = threading.Event(), threading.Event()
 
     def succeed_after_go(ctx: TaskContext, payload: dict[str, Any]) -> None:
@@ -187,7 +195,7 @@ def test_an_owner_whose_attempt_the_master_closed_cannot_finish_the_task(
     task = store.tasks.create("t")
     with session(zk_namespace) as s:
         processor = TaskProcessHandler(s, "m1", store, registry, workers=1,
-                                       scan_interval=60).start()
+                                       scan_interval=60, relist_share=1e-9).start()
         try:
             assert wait_until(lambda: len(store.attempts.running()) == 1, 10)
             duties = MasterDuties(s, LeaderLatch(s, "master"), "master", store)

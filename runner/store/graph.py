@@ -26,7 +26,8 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -98,38 +99,84 @@ class EmbeddedGraph:
         self._all: list[Any] = []
         self._lock = threading.Lock()
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        #: gremlite's tables are all there: no open of this object needs the init lock
+        self._initialised = self._tables_exist()
         self._connection()  # create and initialise the file now, so errors show early
 
     def _connection(self) -> Any:
         remote = getattr(self._local, "remote", None)
         if remote is not None:
             return remote
-        from gremlite import SQLiteConnection
-
-        # gremlite creates its tables on first open; several processes opening a new file at
-        # once would race on that, so the first open holds an exclusive file lock
-        with open(f"{self.path}.init-lock", "w") as lock_file:
-            fcntl.flock(lock_file, fcntl.LOCK_EX)
-            try:
-                remote = SQLiteConnection(self.path, isolation_level=None,
-                                          timeout=self.busy_timeout)
-                # gremlite made (and initialised the file through) a plain connection; its
-                # traversals use ``remote.con`` as they run, so ours, which begins lazily, takes
-                # its place
-                remote.con.close()
-                remote.con = _LazyBegin(self.path, self.busy_timeout)
-                remote.con.execute("PRAGMA journal_mode=WAL")
-                remote.con.execute("PRAGMA synchronous=NORMAL")
-            except sqlite3.Error as exc:
-                raise StoreUnavailable(f"cannot open graph file {self.path}: {exc}") from exc
-            finally:
-                fcntl.flock(lock_file, fcntl.LOCK_UN)
+        if self._initialised:
+            remote = self._open()
+        else:
+            # gremlite creates its tables on first open; several processes opening a new file
+            # at once would race on that, so an open that may create them holds an exclusive
+            # file lock. Only an object's first open of a file without them can: a thread
+            # opening its own connection later takes no lock, so a process frozen while it held
+            # this one (SIGSTOP) cannot stop another process's new thread from reaching the store.
+            with self._init_lock():
+                remote = self._open()
+            self._initialised = True
         self._local.remote = remote
         self._local.g = traversal().with_remote(remote)
         self._local.depth = 0
         with self._lock:
             self._all.append(remote)
         return remote
+
+    def _tables_exist(self) -> bool:
+        """Whether another process already created gremlite's tables (a read, which WAL lets
+        run beside any writer). Anything short of all of them: the open takes the lock."""
+        from gremlite.connection import db_already_initialized
+
+        if not self.path.exists():
+            return False
+        try:
+            con = sqlite3.connect(self.path, timeout=self.busy_timeout)
+            try:
+                return bool(db_already_initialized(con))
+            finally:
+                con.close()
+        except Exception:  # half made (BadDatabase), unreadable: the locked open will tell
+            return False
+
+    def _open(self) -> Any:
+        from gremlite import SQLiteConnection
+
+        try:
+            remote = SQLiteConnection(self.path, isolation_level=None, timeout=self.busy_timeout)
+            # gremlite made (and initialised the file through) a plain connection; its
+            # traversals use ``remote.con`` as they run, so ours, which begins lazily, takes its
+            # place
+            remote.con.close()
+            remote.con = _LazyBegin(self.path, self.busy_timeout)
+            remote.con.execute("PRAGMA journal_mode=WAL")
+            remote.con.execute("PRAGMA synchronous=NORMAL")
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"cannot open graph file {self.path}: {exc}") from exc
+        return remote
+
+    @contextmanager
+    def _init_lock(self) -> Iterator[None]:
+        """The exclusive file lock over a first open, waited for up to the busy timeout (then
+        :class:`StoreUnavailable`), never for ever."""
+        deadline = time.monotonic() + self.busy_timeout
+        with open(f"{self.path}.init-lock", "w") as lock_file:
+            while True:
+                try:
+                    fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise StoreUnavailable(
+                            f"graph file {self.path}: another process held {lock_file.name} "
+                            f"(the first open of the file) for {self.busy_timeout:g}s") from None
+                    time.sleep(0.01)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock_file, fcntl.LOCK_UN)
 
     def _run(self, begin: str, fn: Callable[[Any], T]) -> T:
         remote = self._connection()

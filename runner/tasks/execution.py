@@ -269,10 +269,13 @@ class Execution:
         """Write the attempt's end (unless already written) and the task's new state as its
         owner, in one transaction (``r.task`` becomes the task as written); returns the
         outcome written. Once the attempt was closed by someone else, or the token is no
-        longer the task's, nothing more is written on the task. A success refused because
-        another attempt claimed one of the task's resources since (this node lost its hold
-        with its session) is written as CANCELLED_BY_SYSTEM instead, and the task runs
-        again."""
+        longer the task's, nothing more is written on the task and the outcome is CANCELLED:
+        the others left the task as it stands and this node lost it, so the worker looks for
+        work with a full scan a moment later, as after a lost lock (counted as FINISHED, its
+        follow-up scan walked only the rest of its old listing, and the task could wait for the
+        interval scan). A success refused because another attempt claimed one of the task's
+        resources since (this node lost its hold with its session) is written as
+        CANCELLED_BY_SYSTEM instead, and the task runs again."""
         changes = task_changes(outcome, run_at)
         try:
             if attempt is not None:
@@ -289,11 +292,14 @@ class Execution:
         except StaleFencingToken:
             log.warning("member %s: task %s was taken over by another owner; leaving it",
                         self.member_id, r.task.id)
+            return Outcome.CANCELLED
         except AttemptAlreadyFinished:
             log.warning("member %s: the attempt of task %s was closed by the master meanwhile "
                         "(or by an operator); leaving the task to them", self.member_id,
                         r.task.id)
+            return Outcome.CANCELLED
         except CommitConflict:
             log.error("member %s: could not record the end of task %s", self.member_id,
                       r.task.id)
+            return Outcome.CANCELLED
         return outcome
