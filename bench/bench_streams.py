@@ -7,10 +7,12 @@
 3. What kill -9 of the copy that is ahead adds to the latency of the inputs around it (3 copy
    processes, one input every 20 ms, five kills, each output timed by a watch on its slot),
    median and worst, against one transition (an input to its output with one copy; target:
-   the kill adds no more) and against the session timeout a lock-based failover waits. A
-   follower steps in when the state has stood still with an input waiting for 1.5 times the
-   delay it has seen the copy ahead take (50 ms at most). The same measure over windows of
-   three inputs with no kill is printed beside it: the machine's own noise in that figure.
+   the kill adds no more) and against the session timeout a lock-based failover waits. The
+   copies have beacons (coord.liveness): the follower the killed copy named steps in as soon
+   as its connection closes. The same kills with no beacons (a follower steps in when the state
+   has stood still with an input waiting for 1.5 times the delay it has seen the copy ahead
+   take) and the same measure over windows of three inputs with no kill (the machine's own
+   noise in that figure) are printed beside it.
 """
 
 from __future__ import annotations
@@ -101,14 +103,16 @@ def transition(hosts: str) -> float:
     return statistics.median(latency(hosts, 1, "step"))
 
 
-def _copy(hosts: str, tmp: str, n: int) -> NodeProcess:
-    proc = NodeProcess(["-m", "coord.testing.streamcopy", hosts, "bench", "gap", "gap-in",
-                        "gap-out"], Path(tmp) / f"copy{n}.log", name=f"c{n}")
+def _copy(hosts: str, tmp: str, n: int, name: str, liveness: str) -> NodeProcess:
+    proc = NodeProcess(["-m", "coord.testing.streamcopy", hosts, "bench", name, f"{name}-in",
+                        f"{name}-out", "0.05", "7", liveness], Path(tmp) / f"copy{n}.log",
+                       name=f"c{n}")
     proc.start(30)
     return proc
 
 
-def kill_gaps(hosts: str) -> tuple[list[float], list[float], float]:
+def kill_gaps(hosts: str, name: str = "gap", liveness: str = "127.0.0.1"
+              ) -> tuple[list[float], list[float], float]:
     """What kill -9 of the copy that is ahead adds to the latency of the inputs around it: 3
     copy processes, one input every 20 ms, KILLS kills (a random 0-4 ms after an input's
     push, so that some land mid-transition), each killed copy replaced 30 inputs later (its
@@ -116,14 +120,15 @@ def kill_gaps(hosts: str) -> tuple[list[float], list[float], float]:
     time is taken by a watch on its slot. Returns, per kill, the longest latency of the three
     inputs from the kill on minus the median latency of the inputs before the first kill; the
     same measure over the windows of three inputs before the first kill (a control: what it
-    gives with no kill at all, the machine's own noise); and that median."""
+    gives with no kill at all, the machine's own noise); and that median. ``liveness`` is the
+    copies' beacon host (``-``: none, the followers' timing alone)."""
     total = 100 + KILLS * 60 + 20
     with tempfile.TemporaryDirectory() as tmp:
-        procs = [_copy(hosts, tmp, n) for n in range(3)]
+        procs = [_copy(hosts, tmp, n, name, liveness) for n in range(3)]
         try:
             with Session(hosts, "bench", timeout=SESSION) as s:
-                source, sink = LockFreeQueue(s, "gap-in"), LockFreeQueue(s, "gap-out")
-                state = VersionedRegister(s, "handlers/gap/state")
+                source, sink = LockFreeQueue(s, f"{name}-in"), LockFreeQueue(s, f"{name}-out")
+                state = VersionedRegister(s, f"handlers/{name}/state")
                 pushed: list[float] = []
                 arrived = [0.0] * total
                 events = [threading.Event() for _ in range(total)]
@@ -147,7 +152,7 @@ def kill_gaps(hosts: str) -> tuple[list[float], list[float], float]:
                         procs.remove(victim)
                         kills.append(i)
                     elif kills and i == kills[-1] + 30:
-                        procs.append(_copy(hosts, tmp, 3 + len(kills)))
+                        procs.append(_copy(hosts, tmp, 3 + len(kills), name, liveness))
                     time.sleep(INPUT_EVERY)
                 for event in events:
                     if not event.wait(60):
@@ -174,6 +179,7 @@ def main() -> int:
             threes += latency(hosts, 3, f"three{r}")
         one, three = statistics.median(ones), statistics.median(threes)
         added, control, steady = kill_gaps(hosts)
+        timed, _, timed_steady = kill_gaps(hosts, "gap-timing", "-")
         step = transition(hosts)
     worst = max(added)
     print(f"raw kazoo sequential create: {raw:.0f}/s; LockFreeQueue.push: {ours:.0f}/s")
@@ -182,6 +188,10 @@ def main() -> int:
           f" latency {steady * 1000:.1f} ms before): latency added "
           + ", ".join(f"{a * 1000:.1f}" for a in added)
           + f" ms; median {statistics.median(added) * 1000:.1f} ms (session timeout {SESSION:g} s)")
+    print("the same kills without beacons (patience alone): latency added "
+          + ", ".join(f"{a * 1000:.1f}" for a in timed)
+          + f" ms (latency {timed_steady * 1000:.1f} ms before); median "
+          f"{statistics.median(timed) * 1000:.1f} ms, worst {max(timed) * 1000:.1f} ms")
     print(f"the same measure with no kill ({len(control)} windows of three inputs before the "
           f"first kill): median {statistics.median(control) * 1000:.1f} ms, worst "
           f"{max(control) * 1000:.1f} ms, over one transition in "
@@ -194,6 +204,8 @@ def main() -> int:
     print(f"ratio median latency a kill added/one transition: "
           f"{statistics.median(added) / step:.2f} (target: <= 1)")
     print(f"ratio worst latency a kill added/one transition: {worst / step:.2f} (target: <= 1)")
+    print(f"ratio worst latency a kill added/one transition without beacons: "
+          f"{max(timed) / step:.2f}")
     return 0
 
 

@@ -10,15 +10,13 @@ Every copy runs the same loop over one state register (``handlers/<name>/state``
   positions and the outputs (or straight back to HANDLING when there are none);
 * PREPARING / WRITING: the outputs are fixed; each is written at its own index
   (``out_next + k``) through an idempotent write (:meth:`~coord.queue.LockFreeQueue.push_at`,
-  or a store write keyed by (queue, index) for the heterogeneous case), then the CAS records
-  ``written = k + 1``; after the last one, the CAS goes back to HANDLING with ``out_next``
-  advanced.
+  or a store write keyed by (queue, index)), then the CAS records ``written = k + 1``; after
+  the last one, the CAS goes back to HANDLING with ``out_next`` advanced.
 
-A copy that loses a CAS reloads the state and continues from there; a copy that is killed or
-frozen at any point costs nothing, because the others are at the same point and every step is
-safe to repeat (the same output at the same index is a no-op). No step waits for a lock or a
-session timeout. Outputs must be written only by this handler's copies (their indexes are the
-handler's own count).
+A copy that loses a CAS reloads the state and continues from there; a copy killed or frozen at
+any point costs nothing but a follower's wait (:meth:`ExactlyOnceHandler.run`), because every
+step is safe to repeat (the same output at the same index is a no-op). No step waits for a lock
+or a session timeout. Only this handler's copies may write its outputs (the indexes are its own).
 
 Failure behaviour: ZooKeeper errors surface from :meth:`step` as
 :class:`~coord.errors.ConnectionLost` / :class:`~coord.errors.SessionExpired` (the copy stops
@@ -39,6 +37,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from coord.errors import CoordError, VersionConflict
+from coord.liveness import Liveness
 from coord.queue import LockFreeQueue, QueueIndexExpired
 from coord.register import VersionedRegister
 from coord.session import Session
@@ -51,14 +50,12 @@ Handler = Callable[[Any, list[tuple[str, int, bytes]]], tuple[Any, list[bytes]]]
 
 #: how often a wait for input looks at its stop event
 STOP_CHECK = 0.05
-#: a follower steps in when the state stood still with work waiting for PATIENCE_FACTOR times
-#: the delay it has seen the copy ahead take (an average weighted STEP_WEIGHT to the newest),
-#: PATIENCE_FLOOR seconds at least and ``follower_idle`` at most
+#: a follower's patience: PATIENCE_FACTOR times the delay it has seen the copy ahead take
+#: (weighted STEP_WEIGHT to the newest), PATIENCE_FLOOR s at least, ``follower_idle`` at most
 PATIENCE_FACTOR = 1.5
 PATIENCE_FLOOR = 0.001
 STEP_WEIGHT = 0.2
-#: a follower that saw the state move waits one learned step (SETTLE_MAX seconds at most)
-#: before it looks again: its read then does not compete with the copy ahead's next move
+#: after a move a follower waits one learned step (SETTLE_MAX s at most) before it looks
 SETTLE_MAX = 0.01
 
 
@@ -105,7 +102,8 @@ class ExactlyOnceHandler:
 
     def __init__(self, session: Session, name: str, inputs: Sequence[LockFreeQueue],
                  output: Output, handler: Handler, initial_state: Any = None,
-                 batch: int = 100, copy_id: str | None = None) -> None:
+                 batch: int = 100, copy_id: str | None = None,
+                 liveness: str | None = None) -> None:
         self.name = name
         #: who this copy is, recorded as ``by`` in every state it writes (who is ahead)
         self.copy_id = copy_id or f"{socket.gethostname()}:{os.getpid()}"
@@ -118,21 +116,22 @@ class ExactlyOnceHandler:
         #: transitions this copy won and lost (for tests and operators)
         self.won = 0
         self.lost = 0
-        #: the state this copy wrote last, while no CAS of it has failed since: the copy that
-        #: is ahead goes on from it without reading it back (a stale one only loses a CAS)
+        #: a follower's steps in, by what told it to: the copy ahead gone, or its patience
+        self.stepped_in = {"gone": 0, "patience": 0}
+        #: the state this copy wrote last, while no CAS of it has failed since (ahead)
         self._mine: tuple[dict[str, Any], int] | None = None
         #: the state the last step started from (its input positions are what to watch)
         self._last: dict[str, Any] = self._initial()
         self._wake = threading.Event()
-        #: how long this follower has seen the copy ahead take to move the state once work
-        #: appeared (seconds; learned, starting high so the first waits are long)
+        #: the delay this follower has seen the copy ahead take to move the state (learned)
         self._step = 1.0
-        #: the state moved at the last look: the next look waits one such delay first, so
-        #: that followers' reads do not compete with the copy ahead's next transition
+        #: the state moved at the last look: the next look waits one such delay first
         self._settle = False
-        #: the state a follower found standing still (read with the watch that would have
-        #: told it of a move): its step starts from it without reading it again
+        #: the state a follower found standing still: its step starts from it
         self._stood: tuple[dict[str, Any], int] | None = None
+        self.liveness = liveness  # the host of this copy's beacon (None: none; see run())
+        self._live: Liveness | None = None
+        self._poke = threading.Event()  # the state's watch or the liveness watch: look again
 
     def _initial(self) -> dict[str, Any]:
         return {"phase": Phase.HANDLING.value, "state": self.initial_state,
@@ -144,7 +143,8 @@ class ExactlyOnceHandler:
         return doc if doc is not None else self._initial()
 
     def _cas(self, version: int, doc: dict[str, Any]) -> bool:
-        doc = {**doc, "by": self.copy_id}
+        doc = {**doc, "by": self.copy_id,
+               **(self._live.stamp() if self._live else {"at": None, "next": None})}
         if len(json.dumps(doc)) > MAX_STATE_BYTES:
             raise HandlerStateTooLarge(f"handler {self.name}: state and pending outputs over "
                                        f"{MAX_STATE_BYTES} bytes")
@@ -155,6 +155,8 @@ class ExactlyOnceHandler:
             self._mine = None
             return False
         self.won += 1
+        if self._mine is None and self._live is not None:
+            self._live.lead()
         self._mine = (doc, new_version)
         return True
 
@@ -231,16 +233,25 @@ class ExactlyOnceHandler:
         return self._wake.is_set()
 
     def stalled(self, stop: Stop, follower_idle: float) -> bool:
-        """A follower's watch: True when the state stood still while there was work (an
-        input after its positions, or outputs to write) for longer than the copy ahead takes
-        to move it: a few times the delay this follower has seen between work appearing and
-        the state moving (a watch on the state node tells it), ``follower_idle`` at most."""
+        """A follower's watch: True when the state stood still with work waiting (an input
+        after its positions, or outputs to write) past the follower's patience (the state
+        node's watch tells of moves), or at once when the copy ahead is known gone."""
         if self._settle:  # it moved last time: let it make its next move before looking
             self._settle = False
-            stop.wait(min(self._step, follower_idle, SETTLE_MAX))
+            if not self._ahead_gone():
+                self._poke.clear()
+                self._poke.wait(min(self._step, follower_idle, SETTLE_MAX))
         moved = threading.Event()
-        doc, version = self.register.get(watch=lambda _event: moved.set())  # one read: both
+
+        def on_move(_event: object) -> None:
+            moved.set()
+            self._poke.set()
+
+        self._poke.clear()
+        doc, version = self.register.get(watch=on_move)  # one read: both
         self._last = doc if doc is not None else self._initial()
+        if self._live is not None:
+            self._live.follow(self._last)
         if Phase(self._last["phase"]) is Phase.HANDLING \
                 and not self.await_input(stop, follower_idle):
             return False
@@ -249,22 +260,27 @@ class ExactlyOnceHandler:
             return False  # it moved meanwhile: the copy ahead is at work
         patience = min(follower_idle, max(PATIENCE_FLOOR, PATIENCE_FACTOR * self._step))
         deadline = since + patience
-        while not moved.is_set() and not stop.is_set():
+        while not moved.is_set() and not stop.is_set() and not self._ahead_gone():
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            moved.wait(min(left, STOP_CHECK))
-        if moved.is_set():  # the copy ahead moved it: learn how long that takes
+            if self._poke.wait(min(left, STOP_CHECK)):
+                self._poke.clear()  # what it was for is checked above
+        if moved.is_set() and not self._ahead_gone():  # it moved: learn how long that takes
             took = time.monotonic() - since
             self._step = (1 - STEP_WEIGHT) * self._step + STEP_WEIGHT * took
             self._settle = True
             return False
         if stop.is_set():
             return False
-        # no word from the watch: it stood still. The step starts from the state as read (a
-        # move whose event is still on its way only makes the step's CAS lose)
+        # it stood still, or the copy ahead is gone: the step starts from the state as read
+        # (a move whose event is still on its way only makes the step's CAS lose)
+        self.stepped_in["gone" if self._ahead_gone() else "patience"] += 1
         self._stood = (self._last, version if doc is not None else -1)
         return True
+
+    def _ahead_gone(self) -> bool:
+        return self._live is not None and self._live.ahead_gone(self._last)
 
     def run(self, stop: Stop, idle: float = 0.05, follower_idle: float = 0.1,
             on_turn: Callable[[], None] | None = None) -> None:
@@ -273,16 +289,25 @@ class ExactlyOnceHandler:
 
         * The copy that is ahead (its last CAS won) steps on from the state it wrote; with no
           input it waits on a watch of the next input slot (``idle`` seconds at most).
-        * A follower (every copy at start, and a copy that lost a CAS) does not step while the
-          state moves: it waits for an input, then watches the state node, and steps only if
-          the state stood still for a few times the delay it has seen the copy ahead take to
-          move it (``follower_idle`` at most; :meth:`stalled`). After a move it waits one such
-          delay (:data:`SETTLE_MAX` at most) before it looks again, so that its reads do not
-          compete with the copy ahead's next transition. So the copies do not race on every
-          transition, and a dead copy costs those short waits plus one transition, never a
-          session timeout.
-        * A copy whose CAS lost is a follower from then on: it goes straight back to watching
-          (no extra wait: its patience already keeps it from racing the copy that won)."""
+        * A follower (every copy at start, and one whose CAS lost) steps only when the state
+          stood still with work waiting past its patience (:meth:`stalled`), and after a move
+          waits one learned step (:data:`SETTLE_MAX` at most) before it looks again.
+        * With ``liveness`` (a host) every state this copy writes names its beacon and the
+          follower to step in first, and a follower keeps a connection to the copy ahead's
+          beacon (:mod:`coord.liveness`): when that process ends (kill -9 included) the named
+          follower steps in at once. A frozen or cut-off copy, or the others, wait their
+          patience: a few times one transition, never a session timeout."""
+        if self.liveness is not None:
+            self._live = Liveness(self.liveness, self.copy_id, self._poke.set)
+        try:
+            self._loop(stop, idle, follower_idle, on_turn)
+        finally:
+            live, self._live = self._live, None
+            if live is not None:
+                live.close()
+
+    def _loop(self, stop: Stop, idle: float, follower_idle: float,
+              on_turn: Callable[[], None] | None) -> None:
         while not stop.is_set():
             if self._mine is None and self.won + self.lost > 0 \
                     and not self.stalled(stop, follower_idle):

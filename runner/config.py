@@ -114,6 +114,11 @@ class Settings(BaseSettings):
         None, ge=1, le=65535, description="serve Prometheus metrics on this port (off: unset)")
     metrics_host: str = Field("127.0.0.1", description="address the metrics port binds to "
                                                       "(0.0.0.0 to be scraped from elsewhere)")
+    stream_liveness_host: str | None = Field(
+        "127.0.0.1", description="address the beacon of each stream copy on this node listens "
+                                 "on; the other copies connect to it and step in at once when "
+                                 "this node's process ends. Across hosts, an address they can "
+                                 "reach; empty: no beacon (they wait their patience)")
     tasks: list[str] = Field(
         default_factory=list,
         description="modules of your own task types (@task), loaded at start besides the "

@@ -141,7 +141,8 @@ class Node:
             scan_interval=s.scan_interval, live_members=self.membership.live_ids,
             limits=s.concurrency,
             services={"bus": self.bus, "sync": self.sync, "pipeline": self.pipeline,
-                      "session": self.session, "streams": self.streams},
+                      "session": self.session, "streams": self.streams,
+                      "stream_liveness": s.stream_liveness_host or None},
             before=[metrics.before_attempt] if metrics else (),
             after=[metrics.after_attempt] if metrics else (),
             scan_observer=metrics.scan_seconds.observe if metrics else None)

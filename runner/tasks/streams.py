@@ -153,7 +153,8 @@ def run_copy(ctx: TaskContext, payload: CopyPayload) -> None:
             output = QueueOutput(LockFreeQueue(session, definition.output))
         handler = ExactlyOnceHandler(session, definition.name, inputs, output,
                                      definition.handler, definition.initial_state,
-                                     definition.batch, copy_id=ctx.member_id)
+                                     definition.batch, copy_id=ctx.member_id,
+                                     liveness=ctx.services.get("stream_liveness"))
         reported = 0.0
 
         def report() -> None:
