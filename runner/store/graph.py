@@ -107,14 +107,9 @@ class EmbeddedGraph:
         remote = getattr(self._local, "remote", None)
         if remote is not None:
             return remote
-        if self._initialised:
+        if self._initialised:  # no lock: a process frozen holding it stops no new thread
             remote = self._open()
-        else:
-            # gremlite creates its tables on first open; several processes opening a new file
-            # at once would race on that, so an open that may create them holds an exclusive
-            # file lock. Only an object's first open of a file without them can: a thread
-            # opening its own connection later takes no lock, so a process frozen while it held
-            # this one (SIGSTOP) cannot stop another process's new thread from reaching the store.
+        else:  # gremlite may create its tables: processes opening a new file at once would race
             with self._init_lock():
                 remote = self._open()
             self._initialised = True
@@ -146,9 +141,7 @@ class EmbeddedGraph:
 
         try:
             remote = SQLiteConnection(self.path, isolation_level=None, timeout=self.busy_timeout)
-            # gremlite made (and initialised the file through) a plain connection; its
-            # traversals use ``remote.con`` as they run, so ours, which begins lazily, takes its
-            # place
+            # gremlite's traversals use ``remote.con``: ours, which begins lazily, replaces it
             remote.con.close()
             remote.con = _LazyBegin(self.path, self.busy_timeout)
             remote.con.execute("PRAGMA journal_mode=WAL")
