@@ -266,10 +266,10 @@ class ExactlyOnceHandler:
                 break
             if self._poke.wait(min(left, STOP_CHECK)):
                 self._poke.clear()  # what it was for is checked above
-        if moved.is_set() and not self._ahead_gone():  # it moved: learn how long that takes
-            took = time.monotonic() - since
-            self._step = (1 - STEP_WEIGHT) * self._step + STEP_WEIGHT * took
-            self._settle = True
+        if moved.is_set():  # it moved: learn how long that takes, unless it died since (then
+            if not self._ahead_gone():  # the next look, fresh, steps at once: not a lost CAS)
+                self._step += STEP_WEIGHT * (time.monotonic() - since - self._step)
+                self._settle = True
             return False
         if stop.is_set():
             return False

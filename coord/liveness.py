@@ -169,10 +169,12 @@ class Watcher:
         except OSError:
             pass  # a reset: the recv below tells
         with self._lock:
-            if self._address != address or self._closed:
-                _quietly_close(sock)
-                return
-            self._sock = sock
+            ours = self._address == address and not self._closed and self._sock is None
+            if ours:  # (not dropped, and not beaten by a second follow of the same address)
+                self._sock = sock
+        if not ours:
+            _quietly_close(sock)
+            return
         try:
             while sock.recv(64):  # a beacon sends nothing: this returns at the close
                 pass
