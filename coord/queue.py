@@ -187,9 +187,9 @@ class LockFreeQueue:
 
     def _create_raising(self, index: int, data: bytes) -> bool:
         """Create the element and raise the hint past it in one transaction, from the hint
-        this object saw last (read again once if stale); False (nothing written) when the slot
-        is taken, the hint is past it or there is none yet: the caller goes step by step."""
-        hint, version = self._seen
+        this object saw last (read first if none, again once if stale); False (nothing
+        written) when the slot is taken, the hint is past it or there is none yet."""
+        hint, version = self._seen = self._seen if self._seen[1] != -1 else self._hint()
         for _ in range(2):  # a stale view of the hint: read it, and try once more
             if version == -1 or hint > index:
                 return False
