@@ -26,6 +26,7 @@ replace it, the one that steps in at once (the others keep their patience and do
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import selectors
 import socket
@@ -201,6 +202,14 @@ class Watcher:
         self.drop()
 
 
+def _loopback(address: str) -> bool:
+    host = address.rpartition(":")[0].strip("[]")
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def _quietly_close(sock: socket.socket) -> None:
     try:
         sock.shutdown(socket.SHUT_RDWR)  # wakes a recv blocked on it in another thread
@@ -229,9 +238,16 @@ class Liveness:
         self.watcher.drop()
 
     def follow(self, doc: dict[str, Any]) -> None:
-        """Watch the beacon of the copy that wrote ``doc`` (unless it is this one)."""
-        if doc.get("at") and doc.get("by") != self.name:
-            self.watcher.follow(str(doc["at"]))
+        """Watch the beacon of the copy that wrote ``doc`` (unless it is this one). A loopback
+        beacon of a copy on another host (its id's first field, the host name, differs) is
+        out of reach, a cluster left on the loopback default: not followed, so nothing on this
+        host's loopback is taken for it, and the patience decides."""
+        at, by = doc.get("at"), str(doc.get("by"))
+        if not at or by == self.name:
+            return
+        if _loopback(str(at)) and by.split(":")[0] != self.name.split(":")[0]:
+            return
+        self.watcher.follow(str(at))
 
     def ahead_gone(self, doc: dict[str, Any]) -> bool:
         """Whether the copy that wrote ``doc`` is known to be gone and this copy is the one to

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from coord.liveness import Beacon, Watcher
+from coord.liveness import Beacon, Liveness, Watcher
 from coord.testing import wait_until
 
 BEACON_PROCESS = (
@@ -112,3 +112,20 @@ def test_a_closed_watcher_reports_nothing_more() -> None:
     beacon.close()
     time.sleep(0.3)
     assert not told.is_set() and not watcher.gone(beacon.address)
+
+
+def test_a_loopback_beacon_of_a_copy_on_another_host_is_not_followed() -> None:
+    """A cluster left on the loopback default across hosts: the address points at this host's
+    own loopback, where anything (or nothing) may listen; following it would take a stranger's
+    close (or a refusal) for the copy's death. It is not followed: the patience decides."""
+    beacon = Beacon("127.0.0.1")
+    here = Liveness("127.0.0.1", "hosta:10", lambda: None)
+    try:
+        here.follow({"by": "hostb:20", "at": beacon.address, "next": "hosta:10"})
+        time.sleep(0.3)
+        assert beacon.watchers == []
+        here.follow({"by": "hosta:30", "at": beacon.address, "next": "hosta:10"})  # same host
+        assert wait_until(lambda: beacon.watchers == ["hosta:10"], 5)
+    finally:
+        here.close()
+        beacon.close()
