@@ -155,7 +155,7 @@ class Watcher:
             return address in self._gone
 
     def _watch(self, address: str) -> None:
-        host, _, port = address.rpartition(":")
+        host, port = _split(address)
         try:
             sock = socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT)
         except ConnectionRefusedError:
@@ -202,8 +202,14 @@ class Watcher:
         self.drop()
 
 
+def _split(address: str) -> tuple[str, str]:
+    """``host:port`` (a beacon's address; an IPv6 host may come bracketed) as (host, port)."""
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), port
+
+
 def _loopback(address: str) -> bool:
-    host = address.rpartition(":")[0].strip("[]")
+    host = _split(address)[0]
     try:
         return host == "localhost" or ipaddress.ip_address(host).is_loopback
     except ValueError:
