@@ -10,8 +10,8 @@ Every copy runs the same loop over one state register (``handlers/<name>/state``
   positions and the outputs (or straight back to HANDLING when there are none);
 * PREPARING / WRITING: the outputs are fixed; each is written at its own index
   (``out_next + k``) through an idempotent write (:meth:`~coord.queue.LockFreeQueue.push_at`,
-  or a store write keyed by (queue, index)), then the CAS records ``written = k + 1``; after
-  the last one, the CAS goes back to HANDLING with ``out_next`` advanced.
+  or a store write keyed by (queue, index)), then the CAS records ``written = k + 1``; the
+  last one's CAS goes straight back to HANDLING with ``out_next`` advanced.
 
 A copy that loses a CAS reloads the state and continues from there; a copy killed or frozen at
 any point costs nothing but a follower's wait (:meth:`ExactlyOnceHandler.run`), because every
@@ -46,7 +46,6 @@ MAX_STATE_BYTES = 800_000
 
 #: ``handler(state, inputs) -> (state, outputs)``; inputs are ``(queue name, index, value)``
 Handler = Callable[[Any, list[tuple[str, int, bytes]]], tuple[Any, list[bytes]]]
-
 
 #: how often a wait for input looks at its stop event
 STOP_CHECK = 0.05
@@ -179,8 +178,9 @@ class ExactlyOnceHandler:
         written = int(doc["written"])
         if written < len(pending):
             self.output.write(int(doc["out_next"]) + written, pending[written])
-            self._cas(version, {**doc, "phase": Phase.WRITING.value, "written": written + 1})
-            return True
+            if written + 1 < len(pending):
+                self._cas(version, {**doc, "phase": Phase.WRITING.value, "written": written + 1})
+                return True
         self._cas(version, {**doc, "phase": Phase.HANDLING.value, "pending": [], "written": 0,
                             "out_next": int(doc["out_next"]) + len(pending)})
         return True

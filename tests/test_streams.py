@@ -199,7 +199,7 @@ def test_a_follower_steps_in_only_when_the_state_stalls(zk_namespace: ZkNamespac
 
         def a_goes_on() -> None:
             time.sleep(0.05)
-            assert a.step() and a.step()  # the output, then back to HANDLING
+            assert a.step()  # the output, and back to HANDLING in the same CAS
 
         going = threading.Thread(target=a_goes_on)
         going.start()
@@ -213,6 +213,31 @@ def test_a_follower_steps_in_only_when_the_state_stalls(zk_namespace: ZkNamespac
         assert b.step() and b.ahead and b.status()["by"] == "b"
         assert a.step() and not a.ahead  # a comes back: its CAS from a stale state loses
         assert a.lost == 1
+
+
+def test_an_output_is_one_transition_and_the_last_returns_to_handling(
+        zk_namespace: ZkNamespace) -> None:
+    """HANDLING to PREPARING, then one CAS per output written, the last one straight back to
+    HANDLING: one input with one output is two transitions, three inputs in one batch four.
+    A copy that stops after an output's write but before its CAS (simulated: the write made by
+    hand) leaves it to the next step, which writes the same value again and moves on."""
+    with session(zk_namespace) as s:
+        source, sink = LockFreeQueue(s, "in"), LockFreeQueue(s, "out")
+        a = ExactlyOnceHandler(s, "count", [source], QueueOutput(sink), running_sum,
+                               initial_state=0, batch=3)
+        source.push(b"1")
+        assert a.step() and a.status()["phase"] == "PREPARING"
+        assert a.step() and a.status()["phase"] == "HANDLING" and a.won == 2
+        assert not a.step()
+        for n in (2, 3, 4):
+            source.push(str(n).encode())
+        assert a.step() and a.status()["pending"] != []
+        sink.push_at(1, b"3")  # the first output written, its CAS not made
+        assert a.step() and a.status()["phase"] == "WRITING" and a.status()["written"] == 1
+        assert a.step() and a.status()["phase"] == "WRITING"
+        assert a.step() and a.status()["phase"] == "HANDLING" and a.won == 6
+        assert a.status()["out_next"] == 4 and a.status()["pending"] == []
+        assert [v for _, v in sink.read(0)] == [b"1", b"3", b"6", b"10"]
 
 
 def test_a_follower_learns_the_pace_of_the_copy_ahead(zk_namespace: ZkNamespace) -> None:
