@@ -13,7 +13,8 @@ created slot is never changed), so:
 * :meth:`push_at` writes at a given index and is idempotent: the same value already there is
   success, another value is :class:`QueueConflict` (a concurrent exactly-once handler writes its
   outputs this way, see :mod:`coord.exactly_once`); the element and the raised hint go in one
-  ZooKeeper transaction when this object's view of the hint is current (one round trip);
+  ZooKeeper transaction (one round trip when this object's view of the hint is current), and
+  a taken slot is read together with the hint (one more);
 * a push retried after a lost reply recognises its own element (each push carries a unique
   token), so a value is never pushed twice by one call.
 
@@ -28,11 +29,16 @@ Failure behaviour: connection loss is retried for 30 s inside each call, then ra
 :class:`~coord.errors.ConnectionLost`; an expired session raises
 :class:`~coord.errors.SessionExpired`. Throughput is ZooKeeper's write rate (two writes per
 push, about a thousand pushes a second on one ensemble).
+
+Why one module: push, push_at, end and prune share one znode layout and one view of the end
+hint (``_seen``), and the argument that no pusher blocks another runs across all of them;
+together, it can be checked in one place.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import time
 import uuid
@@ -174,35 +180,56 @@ class LockFreeQueue:
         def attempt() -> None:
             if self._create_raising(index, data):
                 return
-            try:
-                self.session.client.create(self._slot(index), data, makepath=True)
-            except NodeExistsError:
-                held = self._read(index)
-                if held is None or held[0] != value:
-                    raise QueueConflict(self.name, index) from None
+            # taken, or below the hint: the slot, and the hint (to raise if the slot's creator
+            # died first), at once
+            client = self.session.client
+            slot, end = (client.get_async(path) for path in (self._slot(index),
+                                                             f"{self.root}/end"))
+            held: tuple[bytes, str] | None = None
+            with contextlib.suppress(NoNodeError):
+                held = _decode(slot.get()[0])
+            with contextlib.suppress(NoNodeError):
+                hint, stat = end.get()
+                self._seen = (int(hint or b"0"), int(stat.version))
+            if held is None:  # a gap below the hint (a push_at past it): filled now
+                try:
+                    client.create(self._slot(index), data, makepath=True)
+                    held = (value, "at")
+                except NodeExistsError:
+                    held = self._read(index)
+            if held is None or held[0] != value:
+                raise QueueConflict(self.name, index)
             self._raise_hint(index + 1)
 
         with zk_errors(f"cannot write queue {self.name} at {index}"):
             retry_policy()(attempt)
 
     def _create_raising(self, index: int, data: bytes) -> bool:
-        """Create the element and raise the hint past it in one transaction, from the hint
-        this object saw last (read first if none, again once if stale); False (nothing
-        written) when the slot is taken, the hint is past it or there is none yet."""
-        hint, version = self._seen = self._seen if self._seen[1] != -1 else self._hint()
-        for _ in range(2):  # a stale view of the hint: read it, and try once more
-            if version == -1 or hint > index:
-                return False
-            tx = self.session.client.transaction()
+        """Create the element and raise the hint past it in one transaction (one round trip),
+        from the hint this object saw last (read again when it is stale or there is none);
+        False (nothing written) when the slot is taken: the transaction found it, or the hint
+        is past it (only ever raised past created slots)."""
+        client, end = self.session.client, f"{self.root}/end"
+        hint, version = self._seen if self._seen[1] != -1 else self._hint()
+        while hint <= index:
+            tx = client.transaction()
             tx.create(self._slot(index), data)
-            tx.set_data(f"{self.root}/end", str(index + 1).encode(), version=version)
+            if version == -1:  # the first write: the hint's node is created with it
+                tx.create(end, str(index + 1).encode())
+            else:
+                tx.set_data(end, str(index + 1).encode(), version=version)
             results = tx.commit()
             if not any(isinstance(r, Exception) for r in results):
-                self._seen = (index + 1, int(results[1].version))
+                self._seen = (index + 1, version + 1)
                 return True
-            if not isinstance(results[1], BadVersionError):
-                return False  # the slot is taken (or its parent is missing)
-            hint, version = self._seen = self._hint()
+            first, second = results
+            if isinstance(first, NodeExistsError):
+                return False
+            if isinstance(first, NoNodeError):
+                client.ensure_path(f"{self.root}/e")  # the queue's first element
+            elif not isinstance(second, BadVersionError | NodeExistsError):
+                raise first if isinstance(first, Exception) else second
+            hint, version = self._seen = self._hint()  # moved since: read it again
         return False
 
     # -- reading ----------------------------------------------------------------------------

@@ -60,7 +60,7 @@ def test_push_at_from_a_stale_view_and_reads_across_windows_and_gaps(
     at its limit, wherever they fall in a window."""
     with session(zk_namespace) as s:
         a, b = LockFreeQueue(s, "w"), LockFreeQueue(s, "w")
-        a.push_at(0, b"0")  # the queue's first element: no hint yet, step by step
+        a.push_at(0, b"0")  # the queue's first element: its transaction creates the hint
         for i in range(1, 5):
             a.push_at(i, str(i).encode())
         for i in range(5, 13):  # b moves the hint; a's view of it is now stale
@@ -70,11 +70,47 @@ def test_push_at_from_a_stale_view_and_reads_across_windows_and_gaps(
         a.push_at(20, b"20")  # past a gap: the hint rises past it, the gap stays empty
         a.push_at(2, b"2")  # below the hint: the same value is success, the hint stays
         assert a._hint()[0] == 21 and a.get(17) is None and a.end() == 21
+        b.push_at(18, b"18")  # in the gap, below the hint: written, the hint stays
+        assert a.get(18) == b"18" and a._hint()[0] == 21
+        s.client.delete(f"queues/w/e/{18:010d}")  # (the gap as it was, for the reads below)
         values = [(i, str(i).encode()) for i in range(15)]
         assert list(a.read(0)) == values  # windows of 2, 4, 8, 16: stops at the gap at 15
         for start, limit in ((0, 1), (0, 2), (0, 3), (1, 6), (5, 7), (3, 100)):
             assert list(a.read(start, limit)) == values[start:start + limit], (start, limit)
         assert list(a.read(15)) == [] and list(a.read(20)) == [(20, b"20")]
+
+
+def test_push_at_on_a_taken_slot_reads_it_and_the_hint_in_one_round_trip(
+        zk_namespace: ZkNamespace, monkeypatch: Any) -> None:
+    """A copy that redoes an output write another wrote (it took over from a copy that died
+    before recording it) makes one transaction, finds the slot taken, and reads the slot and
+    the hint together: no plain create, no separate read. A slot below its view of the hint is
+    read at once, with no transaction. A taken slot whose creator died before raising the
+    hint gets the hint raised; another value there is a conflict."""
+    with session(zk_namespace) as s:
+        a, b = LockFreeQueue(s, "t"), LockFreeQueue(s, "t")
+        for i in range(3):
+            a.push_at(i, str(i).encode())
+        b.push_at(0, b"0")  # b's view of the hint: 3
+        a.push_at(3, b"3")  # a moves on: b's view is stale
+        calls: list[str] = []
+        for name in ("create", "get", "get_async", "set", "transaction", "exists"):
+            real = getattr(s.client, name)
+            monkeypatch.setattr(s.client, name, lambda *a_, _r=real, _n=name, **k: (
+                calls.append(_n), _r(*a_, **k))[1])
+        b.push_at(3, b"3")  # taken: its transaction fails on the slot
+        assert calls == ["transaction", "get_async", "get_async"], calls
+        assert b._seen[0] == 4
+        calls.clear()
+        b.push_at(1, b"1")  # below the hint b saw: only the read
+        assert calls == ["get_async", "get_async"], calls
+        with pytest.raises(QueueConflict):
+            b.push_at(2, b"other")
+        monkeypatch.undo()
+        s.client.create(f"queues/t/e/{4:010d}", b'{"v": "NA==", "t": "died"}')  # "4", no hint
+        assert a._hint()[0] == 4
+        b.push_at(4, b"4")
+        assert a._hint()[0] == 5 and a.end() == 5 and a.get(4) == b"4"
 
 
 def test_eight_pushers_frozen_and_killed_push_every_value_once(
@@ -359,8 +395,9 @@ def test_an_output_write_whose_reply_is_lost_is_written_once(zk_namespace: ZkNam
                                                              monkeypatch: Any) -> None:
     """The output's create reaches the server but its reply is lost (ConnectionLoss): the retry
     finds the same value at the index (success), so every output is there once. The loss hits
-    both ways an output is written: a plain create (the queue's first element) and the
-    transaction that creates it and raises the end hint (the later ones)."""
+    the transaction that creates an output and raises the end hint, the queue's first element
+    (whose transaction creates the hint's node) included; a plain create of an output would be
+    lost too (none is made)."""
     from kazoo.exceptions import ConnectionLoss
 
     with session(zk_namespace) as s:
@@ -400,8 +437,8 @@ def test_an_output_write_whose_reply_is_lost_is_written_once(zk_namespace: ZkNam
         while handler.step():
             pass
         assert len(lost) == 5
-        assert any(way.startswith("create") for way in lost) \
-            and any(way.startswith("transaction") for way in lost), lost
+        assert all(way.startswith("transaction") for way in lost), lost
+        assert "/out/e/0000000000" in lost[0] and "/out/end" in lost[0], lost
         outputs = [int(v) for _, v in sink.read(0, limit=100)]
         assert outputs == [sum(range(1, n + 1)) for n in range(1, 21)]
 
