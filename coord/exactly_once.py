@@ -22,6 +22,11 @@ Failure behaviour: ZooKeeper errors surface from :meth:`step` as
 :class:`~coord.errors.ConnectionLost` / :class:`~coord.errors.SessionExpired` (the copy stops
 or retries, the others go on); a state that grows past ZooKeeper's node size raises
 :class:`HandlerStateTooLarge` (keep the state small; outputs are written and dropped from it).
+
+Why one module: the state machine (:meth:`ExactlyOnceHandler.step`) and the policy of when a
+copy steps (:meth:`ExactlyOnceHandler.run`, ``stalled``) read and write one state document
+(``by``, ``at``, ``next``, ``out_view``) and one copy's fields; split, each would reach into the
+other's.
 """
 
 from __future__ import annotations
@@ -77,7 +82,10 @@ class HandlerStateTooLarge(CoordError):
 
 
 class Output(Protocol):
-    """Where outputs go: ``write(index, value)`` must be idempotent per index."""
+    """Where outputs go: ``write(index, value)`` must be idempotent per index. An output may
+    also have ``view()`` (a small JSON value: where its writes stand, recorded in every state a
+    copy writes) and ``adopt(view)`` (called with it by a copy that steps in), as
+    :class:`QueueOutput` has."""
 
     def write(self, index: int, value: bytes) -> None: ...
 
@@ -90,6 +98,15 @@ class QueueOutput:
 
     def write(self, index: int, value: bytes) -> None:
         self.queue.push_at(index, value)
+
+    def view(self) -> list[int]:
+        """Where this copy last saw the queue's end hint: recorded in every state it writes,
+        so that a copy stepping in writes its first output in one round trip too."""
+        return list(self.queue.end_view)
+
+    def adopt(self, view: Any) -> None:
+        if view:
+            self.queue.see_end(int(view[0]), int(view[1]))
 
 
 def _b64(values: Sequence[bytes]) -> list[str]:
@@ -142,7 +159,8 @@ class ExactlyOnceHandler:
         return doc if doc is not None else self._initial()
 
     def _cas(self, version: int, doc: dict[str, Any]) -> bool:
-        doc = {**doc, "by": self.copy_id,
+        view = getattr(self.output, "view", None)
+        doc = {**doc, "by": self.copy_id, "out_view": view() if view else None,
                **(self._live.stamp() if self._live else {"at": None, "next": None})}
         if len(json.dumps(doc)) > MAX_STATE_BYTES:
             raise HandlerStateTooLarge(f"handler {self.name}: state and pending outputs over "
@@ -170,6 +188,9 @@ class ExactlyOnceHandler:
             doc, version = self.register.get()
             if doc is None:
                 doc, version = self._initial(), -1
+        adopt = getattr(self.output, "adopt", None)
+        if self._mine is None and adopt is not None:
+            adopt(doc.get("out_view"))  # stepping in: the output as its last writer saw it
         self._last = doc
         phase = Phase(doc["phase"])
         if phase is Phase.HANDLING:

@@ -111,6 +111,19 @@ class LockFreeQueue:
     def _slot(self, index: int) -> str:
         return f"{self.root}/e/{index:0{DIGITS}d}"
 
+    @property
+    def end_view(self) -> tuple[int, int]:
+        """The end hint and its version as this object last saw them (``version`` -1: none);
+        a writer can hand it to the next (:meth:`see_end`), whose first write then does not
+        fail on a stale view of the hint and read it again first."""
+        return self._seen
+
+    def see_end(self, hint: int, version: int) -> None:
+        """Take another writer's view of the end hint when it is newer than this object's (a
+        stale one only costs a failed write transaction and a read)."""
+        if version > self._seen[1]:
+            self._seen = (hint, version)
+
     # -- the end hint -----------------------------------------------------------------------
     def _hint(self) -> tuple[int, int]:
         """(hint, version); (0, -1) before the first push."""

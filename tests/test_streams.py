@@ -276,6 +276,33 @@ def test_an_output_is_one_transition_and_the_last_returns_to_handling(
         assert [v for _, v in sink.read(0)] == [b"1", b"3", b"6", b"10"]
 
 
+def test_a_copy_that_steps_in_writes_its_first_output_in_one_transaction(
+        zk_namespace: ZkNamespace, monkeypatch: Any) -> None:
+    """Every state records where its writer saw the output queue's end hint (``out_view``); a
+    copy that steps in takes it up, so its first output write is one transaction, not a read
+    of the hint first (or a transaction that fails on a stale view, a read and another)."""
+    with session(zk_namespace) as s:
+        source = LockFreeQueue(s, "in")
+        a, b = (ExactlyOnceHandler(s, "view", [source], QueueOutput(LockFreeQueue(s, "out")),
+                                   running_sum, initial_state=0, copy_id=c) for c in "ab")
+        for _ in range(5):
+            source.push(b"1")
+            assert a.step() and a.step()
+        assert a.status()["out_view"] == [5, 4]  # the hint's node: created, then set 4 times
+        source.push(b"1")
+        assert b.step() and b.ahead  # a is gone: b steps in (HANDLING to PREPARING)
+        calls: list[str] = []
+        for name in ("get", "get_async", "transaction", "create", "set"):
+            real = getattr(s.client, name)
+            monkeypatch.setattr(s.client, name, lambda *a_, _r=real, _n=name, **k: (
+                calls.append(_n), _r(*a_, **k))[1])
+        assert b.step()
+        assert calls == ["transaction", "set"], calls  # the output, then the CAS: no read
+        monkeypatch.undo()
+        assert b.status()["phase"] == "HANDLING"
+        assert LockFreeQueue(s, "out").get(5) == b"6" and b.status()["out_view"] == [6, 5]
+
+
 def test_a_follower_learns_the_pace_of_the_copy_ahead(zk_namespace: ZkNamespace) -> None:
     """A follower that has watched the copy ahead move the state quickly, input after input,
     steps in after a few of those step times when it stops, not after ``follower_idle``."""

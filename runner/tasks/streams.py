@@ -219,17 +219,17 @@ def moving_average(window_s: float = 60.0, bound: int = 10) -> Handler:
     return handle
 
 
-class AveragesOutput:
+class AveragesOutput(QueueOutput):
     """The example's heterogeneous output: every average to the ``averages`` queue at its
     index, and each crossing counted in the graph, keyed by (queue, index) so a repeated write
     counts once."""
 
     def __init__(self, session: Session, store: Any) -> None:
-        self.queue = LockFreeQueue(session, "averages")
+        super().__init__(LockFreeQueue(session, "averages"))
         self.store = store
 
     def write(self, index: int, value: bytes) -> None:
-        self.queue.push_at(index, value)
+        super().write(index, value)
         if json.loads(value).get("crossed"):
             self.store.record_event(f"averages:{index}", EXAMPLE)
 
