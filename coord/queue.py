@@ -45,7 +45,12 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.exceptions import (
+    BadVersionError,
+    NodeExistsError,
+    NoNodeError,
+    RuntimeInconsistency,
+)
 from kazoo.protocol.states import WatchedEvent
 
 from coord._znodes import retry_policy, zk_errors
@@ -241,7 +246,7 @@ class LockFreeQueue:
             if isinstance(first, NoNodeError):
                 client.ensure_path(f"{self.root}/e")  # the queue's first element
             elif not isinstance(second, BadVersionError | NodeExistsError):
-                raise first if isinstance(first, Exception) else second
+                raise first if isinstance(second, RuntimeInconsistency) else second  # the cause
             hint, version = self._seen = self._hint()  # moved since: read it again
         return False
 

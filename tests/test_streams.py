@@ -113,6 +113,33 @@ def test_push_at_on_a_taken_slot_reads_it_and_the_hint_in_one_round_trip(
         assert a._hint()[0] == 5 and a.end() == 5 and a.get(4) == b"4"
 
 
+def test_push_at_raises_the_cause_when_its_transaction_fails_otherwise(
+        zk_namespace: ZkNamespace, monkeypatch: Any) -> None:
+    """A write transaction refused for another reason than a taken slot or a moved hint (here
+    the server's ACL, on either of its two operations) raises that cause, typed, at once."""
+    from kazoo.exceptions import NoAuthError, RolledBackError, RuntimeInconsistency
+
+    from coord.errors import NotAuthorised
+
+    with session(zk_namespace) as s:
+        q = LockFreeQueue(s, "f")
+        q.push_at(0, b"0")
+        real = s.client.transaction
+        for results in ([NoAuthError(), RuntimeInconsistency()],
+                        [RolledBackError(), NoAuthError()]):
+            def refused(results: list[Exception] = results) -> Any:
+                tx = real()
+                tx.commit = lambda: results
+                return tx
+
+            monkeypatch.setattr(s.client, "transaction", refused)
+            with pytest.raises(NotAuthorised):
+                q.push_at(1, b"1")
+        monkeypatch.undo()
+        q.push_at(1, b"1")
+        assert q.get(1) == b"1" and q.end() == 2
+
+
 def test_eight_pushers_frozen_and_killed_push_every_value_once(
         zk_namespace: ZkNamespace, spawn_node: Callable[..., NodeProcess]) -> None:
     rng = random.Random(18)
