@@ -25,10 +25,11 @@ from coord.queue import LockFreeQueue, QueueConflict, QueueElementTooLarge, Queu
 from coord.register import VersionedRegister
 from coord.session import Session, SessionState
 from coord.slots import Booking, SlotLevel, Slots, exclusive_holders, holders
+from coord.stream_input import BadInput, HandlerFailed
 
 __all__ = [
-    "ExactlyOnceHandler", "LockFreeQueue", "QueueConflict", "QueueElementTooLarge",
-    "QueueIndexExpired", "QueueOutput",
+    "BadInput", "ExactlyOnceHandler", "HandlerFailed", "LockFreeQueue", "QueueConflict",
+    "QueueElementTooLarge", "QueueIndexExpired", "QueueOutput",
     "Booking", "ConnectionLost", "CoordError", "HeldLock", "LeaderLatch", "LifecycleError",
     "LockNotHeld", "MemberIdTaken", "MemberInfo", "Membership", "NotAuthorised", "NotLeader",
     "Session",

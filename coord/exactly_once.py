@@ -22,6 +22,10 @@ Failure behaviour: ZooKeeper errors surface from :meth:`step` as
 :class:`~coord.errors.ConnectionLost` / :class:`~coord.errors.SessionExpired` (the copy stops
 or retries, the others go on); a state that grows past ZooKeeper's node size raises
 :class:`HandlerStateTooLarge` (keep the state small; outputs are written and dropped from it).
+An input the handler refuses with :class:`~coord.stream_input.BadInput` becomes a dead letter
+among the outputs (written once, in order, to ``<name>.dead``); anything else it raises stops
+the step with :class:`~coord.stream_input.HandlerFailed`, nothing written
+(:mod:`coord.stream_input`).
 
 Why one module: the state machine (:meth:`ExactlyOnceHandler.step`) and the policy of when a
 copy steps (:meth:`ExactlyOnceHandler.run`, ``stalled``) read and write one state document
@@ -46,6 +50,7 @@ from coord.liveness import Liveness
 from coord.queue import LockFreeQueue, QueueIndexExpired
 from coord.register import VersionedRegister
 from coord.session import Session
+from coord.stream_input import dead_letter, dead_queue, run_handler
 
 MAX_STATE_BYTES = 800_000
 
@@ -109,10 +114,6 @@ class QueueOutput:
             self.queue.see_end(int(view[0]), int(view[1]))
 
 
-def _b64(values: Sequence[bytes]) -> list[str]:
-    return [base64.b64encode(v).decode() for v in values]
-
-
 class ExactlyOnceHandler:
     """One copy of the handler ``name`` (see the module); run as many as you like."""
 
@@ -129,6 +130,7 @@ class ExactlyOnceHandler:
         self.initial_state = initial_state
         self.batch = batch
         self.register = VersionedRegister(session, f"handlers/{name}/state")
+        self.dead = LockFreeQueue(session, dead_queue(name))  # bad inputs' records
         #: transitions this copy won and lost (for tests and operators)
         self.won = 0
         self.lost = 0
@@ -152,7 +154,7 @@ class ExactlyOnceHandler:
     def _initial(self) -> dict[str, Any]:
         return {"phase": Phase.HANDLING.value, "state": self.initial_state,
                 "positions": {q.name: 0 for q in self.inputs}, "out_next": 0,
-                "pending": [], "written": 0, "by": None}
+                "pending": [], "written": 0, "dead_next": 0, "by": None}
 
     def status(self) -> dict[str, Any]:
         doc, _ = self.register.get()
@@ -195,15 +197,22 @@ class ExactlyOnceHandler:
         phase = Phase(doc["phase"])
         if phase is Phase.HANDLING:
             return self._handle(doc, version)
-        pending = [base64.b64decode(v) for v in doc["pending"]]
-        written = int(doc["written"])
+        pending, written = doc["pending"], int(doc["written"])
+        outs = sum(isinstance(item, str) for item in pending[:written])  # those before it
+        out_next, dead_next = int(doc["out_next"]), int(doc.get("dead_next", 0))
         if written < len(pending):
-            self.output.write(int(doc["out_next"]) + written, pending[written])
+            item = pending[written]
+            if isinstance(item, str):
+                self.output.write(out_next + outs, base64.b64decode(item))
+            else:  # a dead letter (coord.stream_input)
+                self.dead.push_at(dead_next + written - outs, dead_letter(self.name, item))
             if written + 1 < len(pending):
                 self._cas(version, {**doc, "phase": Phase.WRITING.value, "written": written + 1})
                 return True
+        outs = sum(isinstance(item, str) for item in pending)
         self._cas(version, {**doc, "phase": Phase.HANDLING.value, "pending": [], "written": 0,
-                            "out_next": int(doc["out_next"]) + len(pending)})
+                            "out_next": out_next + outs,
+                            "dead_next": dead_next + len(pending) - outs})
         return True
 
     def _handle(self, doc: dict[str, Any], version: int) -> bool:
@@ -222,10 +231,10 @@ class ExactlyOnceHandler:
             positions[queue.name] = start + len(read)
         if not inputs:
             return False
-        state, outputs = self.handler(doc["state"], inputs)
-        phase = Phase.PREPARING if outputs else Phase.HANDLING
+        state, pending = run_handler(self.name, self.handler, doc["state"], inputs)
+        phase = Phase.PREPARING if pending else Phase.HANDLING
         self._cas(version, {**doc, "phase": phase.value, "state": state,
-                            "positions": positions, "pending": _b64(outputs), "written": 0})
+                            "positions": positions, "pending": pending, "written": 0})
         return True
 
     @property

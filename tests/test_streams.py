@@ -3,6 +3,7 @@ participants as processes that are frozen (SIGSTOP) and killed -9 while they wor
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 import time
@@ -20,6 +21,7 @@ from coord.queue import (
     QueueElementTooLarge,
     QueueIndexExpired,
 )
+from coord.stream_input import HandlerFailed, dead_letter
 from coord.testing import NodeProcess, wait_until
 from coord.testing.plugin import ZkNamespace
 from coord.testing.streamcopy import running_sum
@@ -303,6 +305,69 @@ def test_an_output_is_one_transition_and_the_last_returns_to_handling(
         assert [v for _, v in sink.read(0)] == [b"1", b"3", b"6", b"10"]
 
 
+def test_bad_inputs_become_dead_letters_once_each_and_in_order(zk_namespace: ZkNamespace
+                                                               ) -> None:
+    """Two copies (threads) race over inputs among which some are not integers: each bad one
+    is recorded once, in input order, in ``<handler>.dead`` (its queue, index and the reason),
+    the outputs are the running sums of the good ones, and the stream never stops."""
+    values = [str(n).encode() for n in range(1, 121)]
+    bad = {3: b"three", 40: b"", 41: b"4l", 119: b"\xff"}
+    values = [bad.get(i, v) for i, v in enumerate(values)]
+    with session(zk_namespace) as s:
+        source, sink = LockFreeQueue(s, "in"), LockFreeQueue(s, "out")
+        for v in values:
+            source.push(v)
+        stop = threading.Event()
+        handlers = [ExactlyOnceHandler(s, "sums", [source], QueueOutput(sink), running_sum,
+                                       initial_state=0, batch=5, copy_id=c) for c in "ab"]
+        threads = [threading.Thread(target=h.run, args=(stop,)) for h in handlers]
+        for t in threads:
+            t.start()
+        try:
+            assert wait_until(lambda: handlers[0].status()["positions"] == {"in": 120}
+                              and handlers[0].status()["phase"] == "HANDLING", 30)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(10)
+        good = [int(v) for i, v in enumerate(values) if i not in bad]
+        assert [int(v) for _, v in sink.read(0, 200)] == \
+            [sum(good[:k + 1]) for k in range(len(good))]
+        dead = [json.loads(v) for _, v in LockFreeQueue(s, "sums.dead").read(0, 200)]
+        assert [(d["queue"], d["index"]) for d in dead] == [("in", i) for i in sorted(bad)]
+        assert all("not an integer" in d["reason"] and d["handler"] == "sums" for d in dead)
+        state = handlers[0].status()
+        assert state["dead_next"] == 4 and state["out_next"] == 116
+
+
+def test_a_handler_that_fails_otherwise_stops_the_step_naming_the_inputs(
+        zk_namespace: ZkNamespace) -> None:
+    """A handler that raises anything but BadInput (a bug, a dependency down) is not the
+    input's fault: the step raises HandlerFailed naming the inputs and writes nothing, and a
+    copy with the handler mended goes on from the same place. A dead letter written whose
+    CAS was not made (the copy died) is not written twice."""
+    def broken(state: Any, inputs: list[tuple[str, int, bytes]]) -> tuple[Any, list[bytes]]:
+        raise ZeroDivisionError("oops")
+
+    with session(zk_namespace) as s:
+        source, sink = LockFreeQueue(s, "in"), LockFreeQueue(s, "out")
+        for v in (b"1", b"x", b"2"):
+            source.push(v)
+        h = ExactlyOnceHandler(s, "f", [source], QueueOutput(sink), broken, initial_state=0)
+        with pytest.raises(HandlerFailed, match=r"handler f failed on inputs in@0, in@1, in@2"):
+            h.step()
+        assert h.status()["positions"] == {"in": 0} and sink.end() == 0
+        mended = ExactlyOnceHandler(s, "f", [source], QueueOutput(sink), running_sum,
+                                    initial_state=0)
+        assert mended.step() and mended.status()["phase"] == "PREPARING"
+        assert mended.step()  # output 1
+        LockFreeQueue(s, "f.dead").push_at(0, dead_letter("f", mended.status()["pending"][1]))
+        assert mended.step() and mended.step()  # the dead letter again (the same), output 3
+        assert mended.status()["phase"] == "HANDLING" and mended.status()["dead_next"] == 1
+        assert [v for _, v in sink.read(0)] == [b"1", b"3"]
+        assert len(list(LockFreeQueue(s, "f.dead").read(0))) == 1
+
+
 def test_a_copy_that_steps_in_writes_its_first_output_in_one_transaction(
         zk_namespace: ZkNamespace, monkeypatch: Any) -> None:
     """Every state records where its writer saw the output queue's end hint (``out_view``); a
@@ -404,7 +469,8 @@ def test_a_stream_runs_as_copies_on_distinct_nodes_through_kill_9(
         cluster: Any, zk_client: Any) -> None:
     """`stream start --redundancy 2` on 3 nodes: two copies on two distinct nodes; kill -9 of a
     node running one: the third node takes its copy over; the averages and the graph counter
-    are exactly the sequential result."""
+    are exactly the sequential result. Two malformed readings (one before the kill, one after)
+    become dead letters, once each, and the stream goes on without them."""
     import json as json_
 
     from runner.tasks.streams import EXAMPLE, moving_average
@@ -422,6 +488,8 @@ def test_a_stream_runs_as_copies_on_distinct_nodes_through_kill_9(
 
     assert wait_until(lambda: len(running()) == 2, 60, 0.5)
     readings = [json_.dumps({"t": i * 5.0, "v": (i * 7) % 13}).encode() for i in range(240)]
+    bad = {50: b"not json", 170: b'{"t": "soon", "v": 1}'}
+    readings = [bad.get(i, raw) for i, raw in enumerate(readings)]
     with Session(cluster.env["LATCHWORK_ZK_HOSTS"], "r1", timeout=4.0) as s:
         source, sink = LockFreeQueue(s, "readings"), LockFreeQueue(s, "averages")
         for raw in readings[:120]:
@@ -433,16 +501,21 @@ def test_a_stream_runs_as_copies_on_distinct_nodes_through_kill_9(
             source.push(raw)
         survivors = [m for m in members if m != victim]
         assert wait_until(lambda: set(running()) == set(survivors), 60, 0.5)
-        assert wait_until(lambda: sink.end() == len(readings), 60, 0.2)
+        assert wait_until(lambda: sink.end() == len(readings) - len(bad), 60, 0.2)
         outputs = [v for _, v in sink.read(0, limit=1000)]
+        dead = [json_.loads(v) for _, v in LockFreeQueue(s, f"{EXAMPLE}.dead").read(0)]
     _, expected = moving_average()({"window": [], "over": False},
-                                   [("readings", i, raw) for i, raw in enumerate(readings)])
+                                   [("readings", i, raw) for i, raw in enumerate(readings)
+                                    if i not in bad])
     assert outputs == expected
+    assert [(d["queue"], d["index"]) for d in dead] == [("readings", 50), ("readings", 170)]
+    assert all("not a reading" in d["reason"] and d["handler"] == EXAMPLE for d in dead)
+    assert "dead letters 2" in cluster.cli("stream", "status", EXAMPLE).output
     crossings = sum(1 for v in expected if json_.loads(v).get("crossed"))
     assert crossings > 0 and cluster.store.count_events(EXAMPLE) == crossings
     listing = cluster.cli("task", "list", "--unfinished")
     assert "copy 0:" in listing.output or "copy 1:" in listing.output
-    assert "out 240" in listing.output
+    assert "out 238" in listing.output
 
 
 def test_an_output_write_whose_reply_is_lost_is_written_once(zk_namespace: ZkNamespace,

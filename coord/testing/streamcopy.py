@@ -13,16 +13,20 @@ import sys
 import threading
 from typing import Any
 
-from coord import Session
+from coord import BadInput, Session
 from coord.exactly_once import ExactlyOnceHandler, QueueOutput
 from coord.queue import LockFreeQueue
 
 
 def running_sum(state: Any, inputs: list[tuple[str, int, bytes]]) -> tuple[Any, list[bytes]]:
+    """The running sum of integers; anything else is refused (BadInput: a dead letter)."""
     total = int(state or 0)
     outputs = []
-    for _, _, value in inputs:
-        total += int(value)
+    for queue, index, value in inputs:
+        try:
+            total += int(value)
+        except ValueError:
+            raise BadInput(f"{queue}@{index}: not an integer: {value[:40]!r}") from None
         outputs.append(str(total).encode())
     return total, outputs
 

@@ -36,7 +36,8 @@ def stream_start(name: str, redundancy: int, config: Path | None, as_json: bool,
 def _render(status: dict[str, Any]) -> None:
     state = status["state"] or {}
     click.echo(f"stream {status['stream']}: {state.get('phase', 'not started')}, "
-               f"inputs {state.get('positions', {})}, output end {state.get('out_next', 0)}")
+               f"inputs {state.get('positions', {})}, output end {state.get('out_next', 0)}, "
+               f"dead letters {state.get('dead_next', 0)} (queue {status['stream']}.dead)")
     for member, copy in sorted(status["copies"].items(), key=lambda kv: kv[1]):
         click.echo(f"  copy {copy} on {member}")
 

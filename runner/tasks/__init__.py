@@ -17,6 +17,7 @@
 It knows nothing of ontologies or pipelines; those register their task types here.
 """
 
+from coord.stream_input import BadInput
 from runner.tasks.authoring import TaskLoadError, task
 from runner.tasks.context import (
     CancelToken,
@@ -37,6 +38,7 @@ from runner.tasks.retry import RetryPolicy
 from runner.tasks.streams import stream
 
 __all__ = [
+    "BadInput",
     "CancelToken",
     "Handler",
     "InvalidPayload",

@@ -25,6 +25,7 @@ loss cancels the copy's task like any other.
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from typing import Any
 from kazoo.exceptions import NodeExistsError, NoNodeError
 from pydantic import BaseModel, Field
 
-from coord import ExactlyOnceHandler, LockFreeQueue, QueueOutput, Session, zk_errors
+from coord import BadInput, ExactlyOnceHandler, LockFreeQueue, QueueOutput, Session, zk_errors
 from coord.exactly_once import Handler, Output
 from runner.errors import RunnerError
 from runner.tasks.context import TaskContext, TaskDeclined
@@ -197,6 +198,19 @@ def start(submit: Callable[..., Any], streams: StreamRegistry, name: str,
 EXAMPLE = "example.moving_average"
 
 
+def _reading(queue: str, index: int, raw: bytes) -> tuple[float, float]:
+    """A reading's (t, v); BadInput (a dead letter, the stream goes on) for anything else."""
+    try:
+        reading = json.loads(raw)
+        t, v = float(reading["t"]), float(reading["v"])
+    except (ValueError, TypeError, KeyError) as exc:
+        raise BadInput(f"{queue}@{index}: not a reading {{\"t\": seconds, \"v\": number}}: "
+                       f"{raw[:80]!r} ({exc!r})") from None
+    if not (math.isfinite(t) and math.isfinite(v)):
+        raise BadInput(f"{queue}@{index}: t and v must be finite numbers: {raw[:80]!r}")
+    return t, v
+
+
 def moving_average(window_s: float = 60.0, bound: int = 10) -> Handler:
     """Readings ``{"t": seconds, "v": number}`` in, one ``{"t", "avg", "size"}`` out per
     reading: the mean over the last ``window_s`` seconds of event time. When the window grows
@@ -205,9 +219,8 @@ def moving_average(window_s: float = 60.0, bound: int = 10) -> Handler:
         window: list[list[float]] = list((state or {}).get("window", []))
         over = bool((state or {}).get("over", False))
         outputs = []
-        for _, _, raw in inputs:
-            reading = json.loads(raw)
-            t, v = float(reading["t"]), float(reading["v"])
+        for queue, index, raw in inputs:
+            t, v = _reading(queue, index, raw)
             window = [w for w in [*window, [t, v]] if w[0] > t - window_s]
             out: dict[str, Any] = {"t": t, "avg": round(sum(w[1] for w in window) / len(window),
                                                         6), "size": len(window)}
