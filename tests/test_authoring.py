@@ -27,7 +27,7 @@ BILLING = '''
 
     from pydantic import BaseModel
 
-    from runner.tasks import TaskContext, stream, task
+    from runner.tasks import BadInput, TaskContext, stream, task
 
 
     class SyncPayload(BaseModel):
@@ -48,7 +48,11 @@ BILLING = '''
     def totals(state, inputs):
         """Running total of the invoice amounts."""
         outputs = []
-        for _, _, amount in inputs:
+        for queue, index, amount in inputs:
+            if amount == b"boom":
+                raise RuntimeError("the ledger is offline")  # the handler's failure
+            if not amount.isdigit():
+                raise BadInput(f"{queue}@{index}: not an amount: {amount!r}")
             state += int(amount)
             outputs.append(str(state).encode())
         return state, outputs
@@ -142,10 +146,25 @@ def test_a_users_task_types_run_on_the_cluster(cluster: Cluster) -> None:
     with Session(cluster.env["LATCHWORK_ZK_HOSTS"], "r1", timeout=4.0) as s:
         invoices, totals = LockFreeQueue(s, "invoices"), LockFreeQueue(s, "totals")
         for amount in range(1, 31):
-            invoices.push(str(amount).encode())
-        assert wait_until(lambda: totals.end() == 30, 60, 0.2)
+            invoices.push(str(amount).encode() if amount != 12 else b"12 EUR")
+        assert wait_until(lambda: totals.end() == 29, 60, 0.2)
+        amounts = [n for n in range(1, 31) if n != 12]
         assert [int(v) for _, v in totals.read(0, 100)] == [
-            sum(range(1, n + 1)) for n in range(1, 31)]
+            sum(amounts[:k + 1]) for k in range(len(amounts))]
+        dead = [json.loads(v) for _, v in LockFreeQueue(s, "billing.totals.dead").read(0)]
+        assert [(d["queue"], d["index"]) for d in dead] == [("invoices", 11)]
+        # the handler itself fails: the copies are retried with a backoff, not stopped
+        invoices.push(b"boom")
+
+        def copies_failed_and_wait() -> bool:
+            copies = cluster.store.tasks.all("stream.copy")
+            errors = [a.error or "" for c in copies
+                      for a in cluster.store.attempts.for_task(c.id)]
+            return (any("HandlerFailed" in e and "invoices@30" in e for e in errors)
+                    and all(c.active and not c.finished for c in copies)
+                    and any(c.run_at is not None for c in copies))
+        assert wait_until(copies_failed_and_wait, 60, 0.5)
+        assert totals.end() == 29
     top = cluster.cli("top", "--once")
     assert top.exit_code == 0
     assert "billing.sync" in top.output and "the ledger is locked" in top.output

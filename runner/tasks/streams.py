@@ -19,7 +19,10 @@ by ``task list``, ``task show`` and ``latchwork top``.
 
 Failure behaviour: kill -9 or SIGSTOP of a copy costs nothing (the others go on, see
 :mod:`coord.exactly_once`); the copy's own task is freed after its session expires. A session
-loss cancels the copy's task like any other.
+loss cancels the copy's task like any other. A malformed input is a dead letter
+(:mod:`coord.stream_input`); a copy that fails otherwise (its handler raised: ``HandlerFailed``,
+or ZooKeeper or the graph out of reach past the calls' own retries) runs again after a backoff
+(:data:`COPY_RETRY`), its error on the task meanwhile.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from coord.exactly_once import Handler, Output
 from runner.errors import RunnerError
 from runner.tasks.context import TaskContext, TaskDeclined
 from runner.tasks.registry import TaskRegistry
+from runner.tasks.retry import RetryPolicy
 
 COPY_TASK = "stream.copy"
 #: a copy ahead waits on a watch of its next input up to this long (then reads again)
@@ -179,8 +183,14 @@ def run_copy(ctx: TaskContext, payload: CopyPayload) -> None:
             pass
 
 
+#: a copy that fails (its handler raised, ZooKeeper or the graph out of reach past the calls'
+#: own retries) runs again after a backoff, 1 s doubling to a minute, like a stream processor's
+#: restart strategy: a stream is meant to run on, and the failure shows on the task meanwhile
+COPY_RETRY = RetryPolicy(max_attempts=100_000, backoff=1.0, multiplier=2.0, max_backoff=60.0)
+
+
 def register_stream_tasks(registry: TaskRegistry) -> None:
-    registry.register(COPY_TASK, run_copy, CopyPayload,
+    registry.register(COPY_TASK, run_copy, CopyPayload, retry=COPY_RETRY,
                       description="one copy of a concurrent exactly-once stream handler "
                                   "(started by `latchwork stream start`)")
 
