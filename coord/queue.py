@@ -333,16 +333,18 @@ class LockFreeQueue:
                 held.append(None)
         return held
 
-    def prune(self, older_than: float, now: float | None = None) -> int:
+    def prune(self, older_than: float, now: float | None = None,
+              below: int | None = None, limit: int | None = None) -> int:
         """Drop elements created more than ``older_than`` seconds ago from the head (never
-        past an empty slot); returns how many. The first kept index is recorded first, so a
+        past an empty slot, nor to ``below`` when given: a consumer's position; at most
+        ``limit`` of them); returns how many. The first kept index is recorded first, so a
         reader never sees a hole."""
         cutoff = (now or time.time()) - older_than
         client = self.session.client
         start = self.first()
         index = start
         with zk_errors(f"cannot prune queue {self.name}"):
-            while True:
+            while (below is None or index < below) and (limit is None or index < start + limit):
                 stat = retry_policy()(client.exists, self._slot(index))
                 if stat is None or stat.ctime / 1000.0 >= cutoff:
                     break

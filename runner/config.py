@@ -114,6 +114,13 @@ class Settings(BaseSettings):
         None, ge=1, le=65535, description="serve Prometheus metrics on this port (off: unset)")
     metrics_host: str = Field("127.0.0.1", description="address the metrics port binds to "
                                                       "(0.0.0.0 to be scraped from elsewhere)")
+    stream_retention: float = Field(
+        7 * 86400.0, ge=0,
+        description="seconds a stream's queue elements are kept (consumed inputs, outputs, dead "
+                    "letters; the master prunes older ones, never an input not read yet); "
+                    "0: kept for ever (ZooKeeper holds them all in memory)")
+    stream_retention_interval: float = Field(
+        600.0, gt=0, description="seconds between the master's passes over the stream queues")
     stream_liveness_host: str | None = Field(
         "127.0.0.1", description="address the beacon of each stream copy on this node listens "
                                  "on; the other copies connect to it and step in at once when "

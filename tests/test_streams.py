@@ -48,7 +48,10 @@ def test_push_push_at_read_and_the_limits(zk_namespace: ZkNamespace) -> None:
         s.client.create(f"queues/q/e/{5:010d}", b'{"v": "ZnJvemVu", "t": "frozen"}')
         assert q.end() == 6 and q.get(5) == b"frozen"
         assert q.push(b"next") == 6
-        assert q.prune(older_than=0, now=time.time() + 1) == 7
+        assert q.prune(older_than=0, now=time.time() + 1, below=2) == 2  # a consumer at 2
+        assert q.prune(older_than=0, now=time.time() + 1, limit=3) == 3
+        assert q.first() == 5
+        assert q.prune(older_than=0, now=time.time() + 1) == 2
         assert q.first() == 7 and q.end() == 7
         with pytest.raises(QueueIndexExpired):
             q.get(3)
@@ -516,6 +519,66 @@ def test_a_stream_runs_as_copies_on_distinct_nodes_through_kill_9(
     listing = cluster.cli("task", "list", "--unfinished")
     assert "copy 0:" in listing.output or "copy 1:" in listing.output
     assert "out 238" in listing.output
+
+
+def test_the_master_prunes_stream_queues_but_never_an_unread_input(
+        zk_namespace: ZkNamespace) -> None:
+    """StreamRetention (the master's pass): two streams read one queue, one of them further
+    than the other; elements past the retention go from the outputs and the dead letters, and
+    from the shared input only below the slower stream's position. At most ``batch`` a queue a
+    pass; the streams read on from where they were."""
+    from runner.tasks.streams import StreamDefinition, StreamRegistry, StreamRetention
+
+    registry = StreamRegistry()
+    for name, out in (("fast", "fast-out"), ("slow", "slow-out")):
+        registry.define(StreamDefinition(name, ("shared",), running_sum, output=out,
+                                         initial_state=0, batch=4))
+    with session(zk_namespace) as s:
+        source = LockFreeQueue(s, "shared")
+        for v in [b"1", b"2", b"x", *[b"1"] * 9]:
+            source.push(v)
+        fast, slow = (ExactlyOnceHandler(s, n, [source], QueueOutput(LockFreeQueue(s, f"{n}-out")),
+                                         running_sum, initial_state=0, batch=4)
+                      for n in ("fast", "slow"))
+        while fast.step():
+            pass
+        for _ in range(5):  # one batch of 4 inputs: PREPARING, then 3 outputs and 1 dead letter
+            assert slow.step()
+        assert slow.status()["positions"] == {"shared": 4}
+        assert slow.status()["phase"] == "HANDLING"
+        time.sleep(0.05)
+        retention = StreamRetention(s, registry, "m1", retention=0.01, interval=3600, batch=100)
+        assert retention.tick() > 0
+        assert retention.tick() == 0  # not before the interval
+        assert source.first() == 4  # the slow stream had not read past 4
+        assert LockFreeQueue(s, "fast-out").first() == 11
+        assert LockFreeQueue(s, "slow-out").first() == 3
+        assert LockFreeQueue(s, "fast.dead").first() == 1
+        assert LockFreeQueue(s, "slow.dead").first() == 1
+        assert slow.step() and slow.status()["positions"] == {"shared": 8}  # reads on
+        capped = StreamRetention(s, registry, "m1", retention=0.01, batch=2)
+        assert capped.tick() == 2  # the shared input, 4 more readable: 2 a pass
+        assert source.first() == 6
+
+
+def test_a_node_master_prunes_the_example_streams_queues(cluster: Any) -> None:
+    """The setting end to end: a node with ``stream_retention`` 1 s prunes the example's
+    consumed readings and its averages once they are older, and the stream goes on."""
+    from runner.tasks.streams import EXAMPLE
+
+    cluster.env["LATCHWORK_STREAM_RETENTION"] = "1"
+    cluster.env["LATCHWORK_STREAM_RETENTION_INTERVAL"] = "0.5"
+    cluster.start_node()
+    assert cluster.cli("stream", "start", EXAMPLE, "--redundancy", "1").exit_code == 0
+    with Session(cluster.env["LATCHWORK_ZK_HOSTS"], "r1", timeout=4.0) as s:
+        source, sink = LockFreeQueue(s, "readings"), LockFreeQueue(s, "averages")
+        for i in range(5):
+            source.push(json.dumps({"t": i, "v": i}).encode())
+        assert wait_until(lambda: sink.end() == 5, 60, 0.2)
+        assert wait_until(lambda: source.first() == 5 and sink.first() == 5, 30, 0.2)
+        source.push(json.dumps({"t": 5, "v": 5}).encode())
+        assert wait_until(lambda: sink.end() == 6, 30, 0.2)
+        assert json.loads(sink.get(5) or b"{}")["avg"] == 2.5
 
 
 def test_an_output_write_whose_reply_is_lost_is_written_once(zk_namespace: ZkNamespace,

@@ -52,7 +52,12 @@ from runner.tasks.loop import TaskProcessHandler
 from runner.tasks.master import MasterDuties
 from runner.tasks.retention import Retention
 from runner.tasks.schedules import ScheduleFirer
-from runner.tasks.streams import StreamRegistry, example_streams, register_stream_tasks
+from runner.tasks.streams import (
+    StreamRegistry,
+    StreamRetention,
+    example_streams,
+    register_stream_tasks,
+)
 
 log = logging.getLogger("latchwork.node")
 
@@ -158,6 +163,10 @@ class Node:
                     ("incidents", IncidentWatch(self.store, self.registry, member,
                                                 self.incident_hooks,
                                                 s.incident_webhook).tick),
+                    *([("stream retention", StreamRetention(
+                        self.session, self.streams, member, s.stream_retention,
+                        s.stream_retention_interval).tick)]
+                      if s.stream_retention > 0 else []),
                     *([("retention", Retention(
                         self.session, self.store, member, s.retention_days, s.retention_mode,
                         s.data_dir, s.retention_batch, s.retention_interval).tick)]

@@ -28,6 +28,7 @@ or ZooKeeper or the graph out of reach past the calls' own retries) runs again a
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -37,13 +38,22 @@ from typing import Any
 from kazoo.exceptions import NodeExistsError, NoNodeError
 from pydantic import BaseModel, Field
 
-from coord import BadInput, ExactlyOnceHandler, LockFreeQueue, QueueOutput, Session, zk_errors
+from coord import (
+    BadInput,
+    ExactlyOnceHandler,
+    LockFreeQueue,
+    QueueOutput,
+    Session,
+    VersionedRegister,
+    zk_errors,
+)
 from coord.exactly_once import Handler, Output
 from runner.errors import RunnerError
 from runner.tasks.context import TaskContext, TaskDeclined
 from runner.tasks.registry import TaskRegistry
 from runner.tasks.retry import RetryPolicy
 
+log = logging.getLogger("latchwork.streams")
 COPY_TASK = "stream.copy"
 #: a copy ahead waits on a watch of its next input up to this long (then reads again)
 IDLE = 0.5
@@ -69,6 +79,8 @@ class StreamDefinition:
     initial_state: Any = None
     batch: int = 100
     description: str = ""
+    #: queues the ``writer`` fills, kept for the retention age like ``output``
+    retained: tuple[str, ...] = ()
 
 
 def stream(name: str, *, inputs: list[str] | tuple[str, ...], output: str,
@@ -113,6 +125,44 @@ class StreamRegistry:
 
     def names(self) -> list[str]:
         return sorted(self._streams)
+
+
+class StreamRetention:
+    """The master's pass over the streams' queues, every ``interval`` seconds: elements older
+    than ``retention`` seconds are pruned from the inputs (never one that a stream reading the
+    queue has not consumed yet, however old: a stopped stream keeps its backlog), the outputs
+    and the dead letters. At most ``batch`` elements per queue a pass, so that a long history
+    never holds up the master's other duties."""
+
+    def __init__(self, session: Session, streams: StreamRegistry, member_id: str,
+                 retention: float, interval: float = 600.0, batch: int = 1000) -> None:
+        self.session, self.streams, self.member_id = session, streams, member_id
+        self.retention, self.interval, self.batch = retention, interval, batch
+        self._next = 0.0
+
+    def tick(self) -> int:
+        if time.monotonic() < self._next:
+            return 0
+        self._next = time.monotonic() + self.interval
+        below: dict[str, int] = {}  # a queue some stream reads: its lowest unread index
+        kept: set[str] = set()
+        for name in self.streams.names():
+            definition = self.streams.get(name)
+            state, _ = VersionedRegister(self.session, f"handlers/{name}/state").get()
+            positions = (state or {}).get("positions", {})
+            for queue in definition.inputs:
+                below[queue] = min(below.get(queue, 1 << 62), int(positions.get(queue, 0)))
+            kept.update(q for q in (definition.output, *definition.retained) if q)
+            kept.add(f"{name}.dead")
+        removed = 0
+        for queue in sorted(kept | set(below)):
+            gone = LockFreeQueue(self.session, queue).prune(self.retention, below=below.get(queue),
+                                                            limit=self.batch)
+            if gone:
+                log.info("member %s (master): pruned %d elements of stream queue %s older than "
+                         "%gs", self.member_id, gone, queue, self.retention)
+            removed += gone
+        return removed
 
 
 def copies(session: Session, stream: str) -> dict[str, int]:
@@ -262,6 +312,7 @@ def example_streams() -> StreamRegistry:
     streams.define(StreamDefinition(
         EXAMPLE, ("readings",), moving_average(), initial_state={"window": [], "over": False},
         writer=lambda ctx: AveragesOutput(ctx.services["session"], ctx.store),
+        retained=("averages",),
         description="moving average of `readings` over 60 s; crossings of 10 counted in the "
                     "graph"))
     return streams
