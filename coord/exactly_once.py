@@ -50,12 +50,9 @@ from coord.liveness import Liveness
 from coord.queue import LockFreeQueue, QueueIndexExpired
 from coord.register import VersionedRegister
 from coord.session import Session
-from coord.stream_input import dead_letter, dead_queue, run_handler
+from coord.stream_input import Handler, dead_letter, dead_queue, run_handler
 
 MAX_STATE_BYTES = 800_000
-
-#: ``handler(state, inputs) -> (state, outputs)``; inputs are ``(queue name, index, value)``
-Handler = Callable[[Any, list[tuple[str, int, bytes]]], tuple[Any, list[bytes]]]
 
 #: how often a wait for input looks at its stop event
 STOP_CHECK = 0.05

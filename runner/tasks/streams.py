@@ -47,7 +47,8 @@ from coord import (
     VersionedRegister,
     zk_errors,
 )
-from coord.exactly_once import Handler, Output
+from coord.exactly_once import Output
+from coord.stream_input import Handler, dead_queue
 from runner.errors import RunnerError
 from runner.tasks.context import TaskContext, TaskDeclined
 from runner.tasks.registry import TaskRegistry
@@ -153,7 +154,7 @@ class StreamRetention:
             for queue in definition.inputs:
                 below[queue] = min(below.get(queue, 1 << 62), int(positions.get(queue, 0)))
             kept.update(q for q in (definition.output, *definition.retained) if q)
-            kept.add(f"{name}.dead")
+            kept.add(dead_queue(name))
         removed = 0
         for queue in sorted(kept | set(below)):
             gone = LockFreeQueue(self.session, queue).prune(self.retention, below=below.get(queue),
