@@ -18,7 +18,8 @@ Failure behaviour:
   orphan contender node is left (kazoo issue 732); errors other than connection loss propagate;
 * session LOST: the node is gone; lost listeners are told; ``release()`` is then a no-op;
 * the node deleted under us (``force_release`` by the master): lost listeners are told;
-* SUSPENDED: the lock is in doubt; the Session turns a long suspension into LOST.
+* SUSPENDED: the lock is in doubt, not lost: ``verify()`` waits for RECONNECTED (held) or LOST
+  (not), bounded by the session's deadline; the Session turns a long suspension into LOST.
 
 Why one module: the lock and the master's view of held locks (``held_locks``, ``lock_owner``,
 ``force_release``) read and write the same znode layout; keeping them together keeps that
@@ -29,15 +30,18 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from kazoo.exceptions import (
+    ConnectionLoss,
     NodeExistsError,
     NoNodeError,
     NotEmptyError,
 )
+from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import EventType, WatchedEvent
 
 from coord._znodes import create_protected, find_own, retry_policy, sort_by_seq, zk_errors
@@ -89,15 +93,25 @@ class TaskLock:
 
     def verify(self) -> bool:
         """Whether this owner still holds the lock, asked of the server (one read): our node
-        exists with the czxid we got as token. False on any error (connection lost too)."""
-        node, token = self._node, self._token
-        if node is None or self.session.state is not SessionState.CONNECTED:
-            return False
-        try:
-            stat = self.session.client.exists(node)
-        except Exception:  # any doubt is "not held"
-            return False
-        return stat is not None and stat.czxid == token
+        exists with the czxid we got as token.
+
+        While the session is SUSPENDED the answer waits, at most until the session's deadline
+        (:meth:`Session.confirm`): the node lives as long as the session, so a connection that
+        comes back in time (a ZooKeeper leader election) confirms the lock, and one that does
+        not is False. A read cut by a dropped connection is asked again the same way. False on
+        any other error, and once the session is LOST or past its deadline."""
+        while True:
+            node, token = self._node, self._token
+            if node is None or not self.session.confirm():
+                return False
+            try:
+                stat = self.session.client.exists_async(node).get(
+                    timeout=max(0.001, self.session.deadline - time.monotonic()))
+            except (ConnectionLoss, KazooTimeoutError):
+                continue  # dropped under the read, or no answer yet: confirm again
+            except Exception:  # any other doubt is "not held"
+                return False
+            return stat is not None and stat.czxid == token
 
     def add_lost_listener(self, listener: LockLostListener) -> None:
         """``listener(task_id)`` when a held lock is lost; called on kazoo's or the session's

@@ -4,7 +4,9 @@ States (:class:`SessionState`):
 
 * CONNECTED: the session is live and the connection up;
 * SUSPENDED: the connection dropped; the session may still be alive on the server. Recipes stop
-  acting (no new tasks, no master duties) until it is CONNECTED again;
+  starting things (no new tasks, no master duties) until it is CONNECTED again, but SUSPENDED
+  means unknown, not lost: a confirmation asked for meanwhile (:meth:`Session.confirm`, a
+  lock's ``verify()``) waits, bounded by the session's deadline, for RECONNECTED or LOST;
 * LOST: the session is gone: ephemeral nodes (members, latch nodes, locks) are gone with it.
 
 kazoo reports LOST only once it reconnects and learns that the session expired; while ZooKeeper
@@ -14,8 +16,10 @@ expires a session one session timeout after the last message it received from th
 that message came before the last reply the client got. So the Session keeps its own deadline,
 counted from the last bytes it read from the server: at ``last reply + session timeout -
 margin`` (``margin`` a fifth of the timeout by default) it reports LOST, whatever kazoo says,
-which is always before the server can have expired the session. If kazoo still believes the
-connection is up then, the Session closes that session and opens a new one; if the old session
+which is always before the server can have expired the session. :meth:`Session.expired` reads
+that deadline from the clock alone, so a thread that runs first after a pause knows at once.
+If kazoo still believes the connection is up then, the Session closes that session and opens
+a new one; if the old session
 comes back later (the partition healed, or a whole ensemble restarted and revived it), it is
 replaced too, so nothing keeps running on a session every recipe already treated as lost.
 
@@ -128,10 +132,21 @@ class _ReplyClock:
 
     kazoo reads every message from the server through its connection's ``_read_socket``; the
     clock wraps that method of one client's connection and notes the time after each message
-    read whole (a socket closed by the server, an error, is no message)."""
+    read whole (a socket closed by the server, an error, is no message).
 
-    def __init__(self) -> None:
+    ``lapsed``: a message arrived later than ``span()`` after the one before (the process was
+    paused, or starved, past the session's deadline). A message read after such a gap may have
+    sat in the socket since before it, so it must not make the deadline look fresh: the gap is
+    remembered until the session is replaced or :meth:`reset`."""
+
+    def __init__(self, span: Callable[[], float]) -> None:
         self.last = time.monotonic()
+        self.lapsed = False
+        self._span = span
+
+    def reset(self) -> None:
+        self.last = time.monotonic()
+        self.lapsed = False
 
     def attach(self, client: KazooClient) -> None:
         connection = client._connection
@@ -139,7 +154,10 @@ class _ReplyClock:
 
         def read_and_note(*args: Any, **kwargs: Any) -> Any:
             result = read(*args, **kwargs)
-            self.last = time.monotonic()
+            now = time.monotonic()
+            if now >= self.last + self._span():
+                self.lapsed = True
+            self.last = now
             return result
 
         connection._read_socket = read_and_note
@@ -183,7 +201,7 @@ class Session:
         self._events: queue.Queue[tuple[str, Any] | None] = queue.Queue()
         self._dispatcher: threading.Thread | None = None
         self._watchdog: threading.Thread | None = None
-        self._replies = _ReplyClock()
+        self._replies = _ReplyClock(self._span)
         self._lost_locally: int | None = None  # session id we declared LOST ourselves
         # A logger of our own for kazoo, not registered with logging (it goes with the Session);
         # its records still reach kazoo's handlers through the parent.
@@ -234,6 +252,7 @@ class Session:
         self._ensure_root()
         self._client = KazooClient(hosts=f"{self.hosts}{self.root}", **self._client_options())
         self._replies.attach(self._client)
+        self._replies.reset()
         self._client.add_listener(self._on_kazoo_state)
         self._dispatcher = threading.Thread(target=self._dispatch, daemon=True,
                                             name=f"coord-session-{self.cluster}")
@@ -245,7 +264,7 @@ class Session:
             raise ConnectionLost(f"cannot reach ZooKeeper at {self.hosts} within "
                                  f"{self.connect_timeout}s") from exc
         # kazoo's CONNECTED event may still be in the queue; the state is CONNECTED now.
-        self._replies.last = time.monotonic()
+        self._replies.reset()
         self._set_state(SessionState.CONNECTED, notify=False)
         self._session_id = self._client.client_id[0]
         self._watchdog = threading.Thread(target=self._watch_deadline, daemon=True,
@@ -294,9 +313,40 @@ class Session:
     def deadline(self) -> float:
         """``time.monotonic()`` at which the session is declared LOST unless the server sends
         something before: the last reply plus the negotiated timeout, less the margin."""
+        return self._replies.last + self._span()
+
+    def _span(self) -> float:
         timeout = self.negotiated_timeout
-        margin = timeout / 5 if self.margin is None else self.margin
-        return self._replies.last + timeout - margin
+        return timeout - (timeout / 5 if self.margin is None else self.margin)
+
+    def expired(self, session_id: int | None = None) -> bool:
+        """Whether nothing may be done any more on the strength of this session: it is LOST,
+        its deadline has passed, or it is no longer the session ``session_id`` (when given).
+
+        A clock read, no server call and no thread: a thread that runs first after a pause
+        longer than the session (SIGSTOP, a GC pause, a starved process) knows at once, before
+        the watchdog has declared the session LOST. SUSPENDED within the deadline is not
+        expired: the session and its ephemeral nodes may well still be there."""
+        if self._state is SessionState.LOST or self._past_deadline():
+            return True
+        return session_id is not None and session_id != self._session_id
+
+    def _past_deadline(self) -> bool:
+        return self._replies.lapsed or time.monotonic() >= self.deadline
+
+    def confirm(self) -> bool:
+        """Whether the session is still valid, waiting while it is SUSPENDED.
+
+        SUSPENDED means unknown, not lost (a ZooKeeper leader election, a rolling restart):
+        until the session's deadline its ephemeral nodes, and so every lock, are still there.
+        So this waits, at most until that deadline, for RECONNECTED (True) or LOST (False);
+        CONNECTED is True at once, LOST or a passed deadline False at once."""
+        with self._changed:
+            while not self.expired():
+                if self._state is SessionState.CONNECTED:
+                    return True
+                self._changed.wait(max(0.001, self.deadline - time.monotonic()))
+        return False
 
     @property
     def negotiated_timeout(self) -> float:
@@ -364,9 +414,14 @@ class Session:
                             session_id)
                 self._replace_session()
                 return
+            if self._replies.lapsed and session_id == self._session_id:
+                # back on the same session, but only after a gap past its deadline (the
+                # process was paused): every recipe must treat it as lost, so it is
+                self._handle_deadline(session_id)
+                return
             self._lost_locally = None
             self._session_id = session_id
-            self._replies.last = time.monotonic()
+            self._replies.reset()
             self._set_state(SessionState.CONNECTED)
 
     def _watch_deadline(self) -> None:
@@ -374,22 +429,24 @@ class Session:
         deadline passed (checked every twentieth of the timeout, at most every 100 ms)."""
         while self._lifecycle is _Lifecycle.STARTED:
             time.sleep(min(0.1, self.negotiated_timeout / 20))
-            if self._state is not SessionState.LOST and time.monotonic() >= self.deadline:
+            if self._state is not SessionState.LOST and self._past_deadline():
                 self._events.put(("deadline", self._session_id))
                 with self._changed:  # once per declaration: wait until it is handled
                     self._changed.wait_for(
                         lambda: self._state is SessionState.LOST
-                        or time.monotonic() < self.deadline
+                        or not self._past_deadline()
                         or self._lifecycle is not _Lifecycle.STARTED, timeout=1.0)
 
     def _handle_deadline(self, session_id: int | None) -> None:
         if self._lifecycle is not _Lifecycle.STARTED or self._state is SessionState.LOST \
-                or session_id != self._session_id or time.monotonic() < self.deadline:
+                or session_id != self._session_id or not self._past_deadline():
             return
         silent = time.monotonic() - self._replies.last
-        log.warning("session 0x%x: nothing from ZooKeeper for %.1fs (session timeout %.1fs): "
-                    "declaring it LOST before the server can expire it", session_id or 0,
-                    silent, self.negotiated_timeout)
+        log.warning("session 0x%x: %s (session timeout %.1fs): declaring it LOST before the "
+                    "server can expire it", session_id or 0,
+                    "a gap past its deadline between two messages from ZooKeeper (a pause?)"
+                    if self._replies.lapsed else f"nothing from ZooKeeper for {silent:.1f}s",
+                    self.negotiated_timeout)
         self._lost_locally = session_id
         self._set_state(SessionState.LOST)
         if self.client.state == KazooState.CONNECTED:

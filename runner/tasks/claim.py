@@ -141,7 +141,7 @@ def claim(session: Session, store: GraphStore, member_id: str, task: Task, kind:
             return None
         after = first[1:]
     lock = TaskLock(session, task.id, member_id)
-    running = Running(task, lock, booking, key_queue=after)
+    running = Running(task, lock, booking, key_queue=after, cancel=CancelToken(session))
     lock.add_lost_listener(lambda _task: running.cancel.cancel("its task lock was lost"))
     register(running)
 

@@ -11,10 +11,12 @@ control flow, not errors (see :mod:`runner.errors`).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from coord import Session
 from runner.store import Attempt, Fence, GraphStore, Task
 
 T = TypeVar("T")
@@ -34,12 +36,27 @@ class TaskCancelled(Exception):
     """The handler noticed its cancellation token and stopped."""
 
 
+#: the reason a token bound to a session gives once that session expired
+SESSION_EXPIRED = "the ZooKeeper session was lost (past its deadline)"
+
+
 class CancelToken:
-    def __init__(self) -> None:
+    """Cancellation of one attempt: set by the task loop (shutdown, a lost lock or session, an
+    operator's cancel), read by the handler.
+
+    A token bound to a ``session`` (the one its task's lock was taken on) also reads that
+    session's deadline itself whenever it is asked (:attr:`cancelled`, :meth:`wait`,
+    :meth:`raise_if_cancelled`): a monotonic clock read, no server call. So a handler that
+    runs first after its process was paused past the session sees itself cancelled on its
+    first look, before the session's watchdog thread has declared the session LOST."""
+
+    def __init__(self, session: Session | None = None) -> None:
         self._event = threading.Event()
         self._lock = threading.Lock()
         self._callbacks: list[Callable[[str], None]] = []
         self.reason = ""
+        self._session = session
+        self._session_id = session.session_id if session is not None else None
 
     def cancel(self, reason: str) -> None:
         with self._lock:
@@ -69,18 +86,33 @@ class CancelToken:
 
     @property
     def cancelled(self) -> bool:
-        return self._event.is_set()
+        if self._event.is_set():
+            return True
+        if self._session is not None and self._session.expired(self._session_id):
+            self.cancel(SESSION_EXPIRED)
+            return True
+        return False
 
     def is_set(self) -> bool:
         """The same as :attr:`cancelled` (so a token stops what a ``threading.Event`` would)."""
-        return self._event.is_set()
+        return self.cancelled
 
     def wait(self, seconds: float) -> bool:
-        """Sleep up to ``seconds``; True as soon as the token is cancelled."""
-        return self._event.wait(seconds)
+        """Sleep up to ``seconds``; True as soon as the token is cancelled (a bound session's
+        deadline passing included, however long the process was paused meanwhile)."""
+        if self._session is None:
+            return self._event.wait(seconds)
+        end = time.monotonic() + seconds
+        while not self.cancelled:
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            # wake at the session's deadline at the latest (it moves on with every reply)
+            self._event.wait(min(left, max(0.005, self._session.deadline - time.monotonic())))
+        return True
 
     def raise_if_cancelled(self) -> None:
-        if self._event.is_set():
+        if self.cancelled:
             raise TaskCancelled(self.reason)
 
 

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from coord import Session, SessionState
+from coord import Session
 from runner import logs
 from runner.store import (
     Attempt,
@@ -205,11 +205,13 @@ class Execution:
 
     def check(self, r: Running) -> None:
         """``ctx.check()``: raise TaskCancelled (and cancel the token) unless this node still
-        owns the task: session CONNECTED, lock node there with the same czxid (one ZooKeeper
-        read), the token still the task's (one store read)."""
-        state = self.session.state
-        if state is not SessionState.CONNECTED:
-            r.cancel.cancel(f"the ZooKeeper session is {state.value}")
+        owns the task: session valid, lock node there with the same czxid (one ZooKeeper
+        read), the token still the task's (one store read). While the session is SUSPENDED
+        the check waits, bounded by the session's deadline, for RECONNECTED (then it goes on)
+        or LOST (then it cancels): a ZooKeeper leader election costs no work."""
+        if not self.session.confirm():
+            r.cancel.cancel(f"the ZooKeeper session is {self.session.state.value} "
+                            "(or past its deadline)")
         elif not r.lock.verify():
             r.cancel.cancel("its task lock was lost")
         else:

@@ -17,7 +17,11 @@ others' tasks right after its own.
 Failure behaviour:
 
 * a lock or slot it cannot take: someone else runs the task; it moves on;
-* SUSPENDED session: no new tasks until CONNECTED again; LOST session or a lost lock: the
+* SUSPENDED session: no claim is tried until CONNECTED again, but running handlers go on: a
+  confirmation they ask for meanwhile (``ctx.check()``, ``ctx.complete()``, the lock check
+  when the handler ends) waits, bounded by the session's deadline, for RECONNECTED (confirmed)
+  or LOST (cancelled), so a ZooKeeper leader election costs no work; LOST session (or its
+  deadline passed, which each handler's token reads from the clock) or a lost lock: the
   affected handlers are cancelled, their attempts end CANCELLED_BY_SYSTEM and only then are the
   locks released (a LOST session has dropped them already);
 * a commit conflict: a new attempt after a backoff, up to ``max_conflict_retries``; any other
@@ -201,7 +205,7 @@ class TaskProcessHandler:
         in proportion to the open tasks, a version read to the candidates it checks), in which
         case the next version read covers more candidates at once.
         """
-        if self._stopping.is_set() or self.session.state is not SessionState.CONNECTED:
+        if not self._may_claim():
             return 0
         started = 0
         with self._scan_lock:
@@ -217,7 +221,7 @@ class TaskProcessHandler:
                            and self._may_relist())) and not self._list():
                 return 0
             while self._backlog:
-                if self._free() <= 0 or self._stopping.is_set():
+                if self._free() <= 0 or not self._may_claim():
                     break
                 task, seen, own = self._backlog[0]
                 if time.monotonic() - seen > (self.own_fresh_for if own else self.fresh_for):
@@ -272,7 +276,7 @@ class TaskProcessHandler:
         self.stats["skipped_stale"] += len(due) - len(ready)
         started = 0
         for n, (task, _own) in enumerate(ready):
-            if self._free() <= 0 or self._stopping.is_set():
+            if self._free() <= 0 or not self._may_claim():
                 self._backlog[:0] = [(t, now, o) for t, o in ready[n:]]
                 break
             with self._lock:
@@ -314,6 +318,11 @@ class TaskProcessHandler:
             self.scan(relist=False)
         except Exception:
             log.exception("member %s: scan of due tasks failed", self.member_id)
+
+    def _may_claim(self) -> bool:
+        """No claim is tried while the session is not CONNECTED (SUSPENDED: unknown), nor
+        once the loop stops; the scan that follows RECONNECTED picks the work up."""
+        return not self._stopping.is_set() and self.session.state is SessionState.CONNECTED
 
     def _may_relist(self) -> bool:
         """Whether listing again now keeps listing within ``relist_share`` of the time."""

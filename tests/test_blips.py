@@ -1,0 +1,169 @@
+"""Reliability II: a routine ZooKeeper blip costs no work, a paused owner's cheap cancellation
+check sees the pause, and a paused schedule stops its pending fires. Real ZooKeeper (an
+ensemble whose leader is killed -9), node processes frozen with SIGSTOP, an embedded graph."""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from coord import Session, SessionState
+from coord.testing import NodeProcess, ZooKeeperCluster, wait_until
+from coord.testing.plugin import ZkNamespace
+from messaging.testing.plugin import AmqpNamespace
+from runner.store import AttemptStatus, GraphStore, open_store
+from runner.tasks import TaskContext, TaskRegistry
+from runner.tasks.loop import TaskProcessHandler
+from runner.testing.cluster import Cluster
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[GraphStore]:
+    with open_store(str(tmp_path / "graph.db")) as s:
+        yield s
+
+
+@pytest.mark.slow
+def test_handlers_ending_during_a_zookeeper_leader_election_succeed_once(
+        zookeeper_ensemble: ZooKeeperCluster, ensemble_namespace: ZkNamespace,
+        store: GraphStore) -> None:
+    """The ensemble's leader is killed -9 while two handlers end: one simply returns, the
+    other calls ``ctx.check()`` and ``ctx.complete()``, both while the session is SUSPENDED.
+    The session survives the election, so both attempts SUCCEED and each handler ran once.
+    (Before: the end's lock check and ``ctx.check()`` cancelled on any SUSPENDED, and the
+    same node ran the task again: its effect twice.)"""
+    runs: Counter[str] = Counter()
+    state_at_end: dict[str, SessionState] = {}
+    suspended = threading.Event()
+    go = threading.Event()
+    session = Session(ensemble_namespace.hosts, "blip", timeout=4.0)
+
+    def wait_for_the_blip(ctx: TaskContext) -> None:
+        runs[ctx.task.id] += 1
+        assert go.wait(30)
+        assert suspended.wait(10), "the session never saw the leader go"
+
+    def ends(ctx: TaskContext, payload: dict[str, Any]) -> None:
+        wait_for_the_blip(ctx)
+        state_at_end.setdefault(ctx.task.id, session.state)
+
+    def checks_and_completes(ctx: TaskContext, payload: dict[str, Any]) -> None:
+        wait_for_the_blip(ctx)
+        state_at_end.setdefault(ctx.task.id, session.state)
+        ctx.check()
+        ctx.complete(lambda g: g.add_v("blip_effect").property("effect_task", ctx.task.id)
+                     .iterate())
+
+    registry = TaskRegistry()
+    registry.register("blip.ends", ends)
+    registry.register("blip.completes", checks_and_completes)
+    session.add_listener(lambda s: suspended.set() if s is SessionState.SUSPENDED else None)
+    with session:
+        plain = store.tasks.create("blip.ends")
+        completing = store.tasks.create("blip.completes")
+        loop = TaskProcessHandler(session, "m1", store, registry, workers=2,
+                                  scan_interval=60).start()
+        victim = None
+        try:
+            assert wait_until(lambda: len(store.attempts.running()) == 2, 15)
+            victim = zookeeper_ensemble.leader()
+            victim.kill()
+            go.set()
+            assert wait_until(lambda: store.tasks.get(plain.id).finished
+                              and store.tasks.get(completing.id).finished, 20)
+            assert session.state is SessionState.CONNECTED
+        finally:
+            go.set()
+            if victim is not None:
+                victim.start()
+                victim.wait_ready()
+            loop.close()
+    assert runs == {plain.id: 1, completing.id: 1}
+    for task in (plain, completing):
+        assert [a.status for a in store.attempts.for_task(task.id)] == [
+            AttemptStatus.SUCCEEDED]
+    # both handlers really ended while the connection was down
+    assert state_at_end == {plain.id: SessionState.SUSPENDED,
+                            completing.id: SessionState.SUSPENDED}
+    effects = store.graph.read(lambda g: g.V().has_label("blip_effect")
+                               .values("effect_task").to_list())
+    assert effects == [completing.id]
+
+
+PROBE = '''
+    """A handler written the way docs/runner.md tells users to: it polls ``ctx.cancel``."""
+    import time
+    from pathlib import Path
+
+    from pydantic import BaseModel
+
+    from runner.tasks import TaskContext, task
+
+
+    class Probe(BaseModel):
+        out: str
+        wait: float
+
+
+    def note(path: str, line: str) -> None:
+        with open(path, "a") as out:
+            out.write(line + "\\n")
+
+
+    @task("probe.pause", payload=Probe)
+    def pause_probe(ctx: TaskContext, payload: Probe) -> None:
+        note(payload.out, f"waiting {ctx.attempt.id}")
+        woke = ctx.cancel.wait(payload.wait)
+        seen = ctx.cancel.cancelled  # the first look after the wait
+        note(payload.out, f"woke {ctx.attempt.id} {woke} {seen} {time.time()}")
+'''
+
+
+@pytest.fixture
+def probe_cluster(zk_namespace: ZkNamespace, amqp_vhost: AmqpNamespace, tmp_path: Path,
+                  spawn_node: Callable[..., NodeProcess]) -> Iterator[Cluster]:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "probe.py").write_text(textwrap.dedent(PROBE))
+    c = Cluster(zk_namespace.hosts, amqp_vhost, tmp_path, spawn_node,
+                tasks=json.dumps(["probe"]))
+    c.env["PYTHONPATH"] = os.pathsep.join([str(site), c.env.get("PYTHONPATH", "")])
+    yield c
+    c.store.close()
+
+
+@pytest.mark.slow
+def test_a_handler_paused_past_its_session_sees_itself_cancelled_on_its_first_look(
+        probe_cluster: Cluster, tmp_path: Path) -> None:
+    """The node is SIGSTOPped past its session while its handler sleeps in
+    ``ctx.cancel.wait()``; on SIGCONT the wait, or the handler's first look at
+    ``ctx.cancel.cancelled`` after it, reports cancelled, whether or not the session's
+    watchdog thread has run yet. (Before: the wait returned False and ``cancelled`` was still
+    False, so the handler went on to its effect.)"""
+    member = probe_cluster.start_node()
+    out = tmp_path / "probe.log"
+    task_id = probe_cluster.submit("probe.pause", {"out": str(out), "wait": 1.5})
+    assert wait_until(lambda: out.exists() and "waiting" in out.read_text(), 30)
+    probe_cluster.pause(member)
+    time.sleep(3 * 2.0)  # the cluster's session is 2 s
+    probe_cluster.nodes[member].resume()
+    first = out.read_text().split()[1]  # the attempt that was paused
+    assert wait_until(lambda: f"woke {first}" in out.read_text(), 15)
+    (woke_line,) = [line for line in out.read_text().splitlines()
+                    if line.startswith(f"woke {first}")]
+    _, attempt_id, woke, seen, _at = woke_line.split()
+    assert (woke, seen) != ("False", "False"), "the handler did not see its session was gone"
+    assert wait_until(lambda: probe_cluster.store.attempts.get(attempt_id).status
+                      is not AttemptStatus.RUNNING, 15)
+    attempt = probe_cluster.store.attempts.get(attempt_id)
+    assert attempt.status is AttemptStatus.CANCELLED_BY_SYSTEM
+    assert attempt.task_id == task_id
