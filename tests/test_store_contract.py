@@ -402,6 +402,20 @@ def test_an_operator_cancel_closes_the_running_attempt_and_fences_its_owner(
     assert store.cancel(idle.id, "bob")[0] == first
 
 
+def test_stop_unstarted_stops_a_waiting_task_with_its_reason_and_never_a_started_one(
+        store: GraphStore) -> None:
+    waiting = store.tasks.create("t", unique_key="schedule:s:1")
+    stopped = store.tasks.stop_unstarted(waiting.id, "schedule s paused")
+    assert stopped is not None and not stopped.active and not stopped.finished
+    assert store.tasks.get(waiting.id).stop_reason == "schedule s paused"
+    assert store.tasks.stop_unstarted(waiting.id, "again") is None  # stopped already
+    assert store.tasks.reactivate(waiting.id).stop_reason is None
+    running = store.tasks.create("t")
+    store.claim(running, 7, "m1")
+    assert store.tasks.stop_unstarted(running.id, "schedule s paused") is None
+    assert store.tasks.get(running.id).active
+
+
 def test_a_claim_of_a_task_left_running_closes_the_old_attempt_in_the_same_write(
         store: GraphStore) -> None:
     listed = store.tasks.create("t")

@@ -33,7 +33,8 @@ def _state(task: dict[str, Any]) -> Text:
     if task["finished"]:
         return Text("skipped" if task.get("skipped") else "finished", style="green")
     if not task["active"]:
-        return Text("stopped", style="bold red")
+        why = task.get("stop_reason")
+        return Text(f"stopped: {why}" if why else "stopped", style="bold red")
     if task["status"] == "RUNNING":
         return Text(f"running on {task['owner']}", style="yellow")
     run_at = task.get("run_at")

@@ -94,7 +94,8 @@ def schedule_list(config: Path | None, as_json: bool, timeout: float) -> None:
 @config_option
 @timeout_option
 def schedule_remove(name: str, config: Path | None, timeout: float) -> None:
-    """Remove schedule NAME (the tasks it created stay)."""
+    """Remove schedule NAME (the tasks it created stay; those made ahead that have not
+    started are stopped, with the reason "schedule NAME removed")."""
     request(config, "schedule.remove", {"name": name}, timeout)
     click.echo(f"schedule {name} removed")
 
@@ -106,6 +107,7 @@ def schedule_remove(name: str, config: Path | None, timeout: float) -> None:
 @timeout_option
 def schedule_pause(name: str, resume: bool, config: Path | None, timeout: float) -> None:
     """Pause schedule NAME: no fires until it is resumed (fires while paused are not made
-    up)."""
+    up). Fires already made ahead (up to 5 s) that have not started are stopped too, with the
+    reason "schedule NAME paused" (task show prints it); one that started runs to its end."""
     request(config, "schedule.pause", {"name": name, "paused": not resume}, timeout)
     click.echo(f"schedule {name} {'resumed' if resume else 'paused'}")

@@ -39,8 +39,8 @@ from runner.node.requests import (
 from runner.node.status import cluster_status
 from runner.node.views import attempt_view, ontology_view, progress_view, task_view
 from runner.ontology import NoOntologySource
-from runner.store import OntologyNotFound, TaskArchived, TaskNotFound, codec
-from runner.tasks import streams
+from runner.store import OntologyNotFound, TaskArchived, TaskNotFound
+from runner.tasks import schedules, streams
 
 log = logging.getLogger("latchwork.node")
 
@@ -251,16 +251,15 @@ class NodeApi:
 
     @api("schedule.remove", ScheduleRef)
     def schedule_remove(self, ctx: HandlerContext, ref: ScheduleRef) -> dict[str, Any]:
-        self.store.schedules.remove(ref.name)
+        """Remove a schedule; its fires that have not started are stopped."""
+        schedules.remove(self.store, ref.name)
         return {"name": ref.name, "removed": True}
 
     @api("schedule.pause", SchedulePause)
     def schedule_pause(self, ctx: HandlerContext, req: SchedulePause) -> dict[str, Any]:
-        """Pause (or resume) a schedule; fires while paused are not made up on resume."""
-        schedule = self.store.schedules.get(req.name)
-        last = None if req.paused else codec.now()  # resuming: from now on
-        return schedule_view(self.store.schedules.update(schedule, paused=req.paused,
-                                                         last_fire=last))
+        """Pause (or resume) a schedule: a pause also stops its fires that have not started;
+        fires while paused are not made up on resume."""
+        return schedule_view(schedules.pause(self.store, req.name, req.paused))
 
     @api("cluster.status")
     def status(self, ctx: HandlerContext, payload: dict[str, Any]) -> dict[str, Any]:

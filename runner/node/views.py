@@ -22,7 +22,7 @@ def task_view(task: Task) -> dict[str, Any]:
         "owner": task.owner, "attempts": task.attempts,
         "run_at": task.run_at.isoformat() if task.run_at else None,
         "ordering_key": task.ordering_key, "resources": list(task.resources),
-        "skipped": task.skipped,
+        "skipped": task.skipped, "stop_reason": task.stop_reason,
     }
 
 
@@ -84,6 +84,7 @@ class TaskView(TaskRef):
     ordering_key: str | None = None
     resources: list[str] = []
     skipped: bool = False  # finished by `task skip`, without a run
+    stop_reason: str | None = None  # why it was stopped unrun (a paused schedule's fire)
 
     @property
     def stopped(self) -> bool:

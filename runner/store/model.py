@@ -47,6 +47,8 @@ class Task:
     #: taken all-or-nothing before it starts, released after its attempt is written
     resources: tuple[str, ...] = ()
     skipped: bool = False  # finished by an operator's ``task skip``, not by a run
+    #: why it was stopped before it ran, when no attempt says so (a paused schedule's fire)
+    stop_reason: str | None = None
 
     @property
     def open(self) -> bool:

@@ -63,6 +63,9 @@ class TaskStore(Protocol):
 
     def reactivate(self, task_id: str) -> Task: ...
 
+    def stop_unstarted(self, task_id: str, reason: str) -> Task | None:
+        """Deactivate a waiting task with ``reason``; None when it started first."""
+
     def skip(self, task_id: str) -> Task:
         """Finish a task that is not running, without running it."""
         ...

@@ -16,6 +16,13 @@ creates one task for the latest missed fire, due now; ``misfire="skip"`` creates
 way the earlier missed fires are logged and dropped, as Quartz and APScheduler do with
 coalescing.
 
+Pausing or removing a schedule (:func:`pause`, :func:`remove`) also stops the fires it made
+that have not started: the tasks made ahead within :data:`LOOKAHEAD`, and any still waiting for
+a worker, are deactivated with the reason ``schedule <name> paused`` (or ``removed``), which
+``task show`` prints. A fire that started first runs to its end. A master whose round made a
+fire while the pause was written sees its own record of the round refused (the schedule's
+version moved) and stops that fire too. Resuming does not bring the stopped fires back.
+
 Failure behaviour: a bad cron expression or spec is refused when the schedule is added
 (:class:`InvalidSchedule`, exit 2 in the CLI); a store error in a round is logged and the round
 tried again next time.
@@ -35,7 +42,8 @@ from apscheduler.triggers.interval import IntervalTrigger
 from pydantic import BaseModel, Field, model_validator
 
 from runner.errors import RunnerError
-from runner.store import CommitConflict, GraphStore, Task, codec
+from runner.store import CommitConflict, GraphStore, Task, TaskStatus, codec
+from runner.store.errors import ScheduleNotFound
 from runner.store.gremlin.schedules import Schedule
 
 log = logging.getLogger("latchwork.schedules")
@@ -106,6 +114,45 @@ def fire_key(name: str, fire: datetime) -> str:
     return f"schedule:{name}:{codec.encode_time(fire)}"
 
 
+def stop_pending_fires(store: GraphStore, name: str, why: str) -> list[str]:
+    """Deactivate, with ``why``, the tasks of ``name``'s fires that have not started; their
+    ids. Fires are made at most :data:`LOOKAHEAD` ahead, so they wait in the open queue the
+    nodes list (no scan of finished tasks)."""
+    prefix = f"schedule:{name}:"
+    stopped = []
+    for task in store.tasks.unfinished():
+        if (task.unique_key or "").startswith(prefix) and task.status is TaskStatus.WAITING \
+                and store.tasks.stop_unstarted(task.id, why) is not None:
+            stopped.append(task.id)
+    if stopped:
+        log.info("%s: %d fire(s) not started are stopped: %s", why, len(stopped),
+                 ", ".join(stopped))
+    return stopped
+
+
+def pause(store: GraphStore, name: str, paused: bool = True) -> Schedule:
+    """Pause a schedule and stop its fires that have not started; or resume it (from now
+    on: fires missed while paused are not made up). Written again when the master's round
+    wrote the schedule first."""
+    while True:
+        schedule = store.schedules.get(name)
+        try:
+            updated = store.schedules.update(schedule, paused=paused,
+                                             last_fire=None if paused else codec.now())
+            break
+        except CommitConflict:
+            continue
+    if paused:
+        stop_pending_fires(store, name, f"schedule {name} paused")
+    return updated
+
+
+def remove(store: GraphStore, name: str) -> None:
+    """Remove a schedule and stop its fires that have not started."""
+    store.schedules.remove(name)
+    stop_pending_fires(store, name, f"schedule {name} removed")
+
+
 class ScheduleFirer:
     """The master's schedule round (:meth:`tick`); ``submit`` creates a task like the API."""
 
@@ -124,7 +171,19 @@ class ScheduleFirer:
                 asked += self._fire(schedule, now)
             except CommitConflict:
                 log.info("schedule %s changed during the round; next round", schedule.name)
+                self._after_conflict(schedule.name)
         return asked
+
+    def _after_conflict(self, name: str) -> None:
+        """The round's record was refused: if a pause or a removal came in meanwhile, the
+        fires this round made must not run either."""
+        try:
+            paused = self.store.schedules.get(name).paused
+            why = f"schedule {name} paused"
+        except ScheduleNotFound:
+            paused, why = True, f"schedule {name} removed"
+        if paused:
+            stop_pending_fires(self.store, name, why)
 
     def _create(self, schedule: Schedule, spec: ScheduleSpec, fire: datetime,
                 run_at: datetime) -> None:

@@ -20,7 +20,7 @@ from runner.store.model import (
 )
 
 TASK_CHANGES = {"status", "finished", "active", "payload", "owner", "priority", "run_at",
-                "skipped"}
+                "skipped", "stop_reason"}
 
 
 TASK_FIXED = ("task_id", "task_type", "task_created", "task_unique", "task_okey")
@@ -37,7 +37,8 @@ def task_props(task: Task) -> dict[str, Any]:
             "owner": task.owner or "", "updated": codec.encode_time(task.updated_at),
             "attempts": task.attempts,
             "run_at": codec.encode_time(task.run_at) if task.run_at else "",
-            "resources": list(task.resources), "skipped": task.skipped}),
+            "resources": list(task.resources), "skipped": task.skipped,
+            **({"stop_reason": task.stop_reason} if task.stop_reason else {})}),
         "task_fence": codec.encode_big(task.fence),
         # the unfinished tasks of an ordering key, found from an index ("" once finished)
         "task_okey_open": task.ordering_key if task.ordering_key and not task.finished else "",
@@ -69,7 +70,7 @@ def task_from_row(row: Mapping[Any, Any]) -> Task:
         owner=state["owner"] or None, attempts=int(state["attempts"]),
         run_at=codec.decode_time(state["run_at"]) if state.get("run_at") else None,
         ordering_key=row.get("task_okey"), resources=tuple(state.get("resources", ())),
-        skipped=bool(state.get("skipped", False)))
+        skipped=bool(state.get("skipped", False)), stop_reason=state.get("stop_reason"))
 
 
 def attempt_from_row(row: Mapping[Any, Any]) -> Attempt:

@@ -40,6 +40,10 @@ from runner.store.model import (
 )
 
 
+class _Started(Exception):
+    """The task a stop_unstarted meant to stop is running or ended already."""
+
+
 def read_task(graph: Graph, task_id: str) -> Task:
     rows = graph.read(lambda g: g.V().has("task_id", task_id).element_map().to_list())
     if not rows:
@@ -166,7 +170,24 @@ class GremlinTaskStore:
 
     def _flip(self, task_id: str, active: bool) -> Task:
         task = self.get(task_id)
-        return task if task.active is active else self.modify(task_id, None, {"active": active})
+        if task.active is active:
+            return task
+        return self.modify(task_id, None, {"active": active, "stop_reason": None})
+
+    def stop_unstarted(self, task_id: str, reason: str) -> Task | None:
+        """Deactivate the task, with ``reason``, only while it waits: unfinished, active and
+        not running. None when it started (or ended, or was stopped) first: a claim that gets
+        in first wins, and a claim after this is refused (the task is inactive)."""
+        def once() -> Task | None:
+            task = read_task(self.graph, task_id)
+            if not task.open or task.status is not TaskStatus.WAITING:
+                raise _Started
+            change = task_change(task, None, {"active": False, "stop_reason": reason})
+            return change.task if matched_write(self.graph, change.traverse) else None
+        try:
+            return until_written(once, task_id)
+        except _Started:
+            return None
 
     def deactivate(self, task_id: str) -> Task:
         """Stop the task (the task loop no longer picks it); kept forever, like every task.
