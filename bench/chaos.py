@@ -8,15 +8,18 @@ What runs (all on loopback, servers and nodes started here and stopped by PID):
   its session credentials in a file and a recorded MASTER command), each reaching ZooKeeper
   through loopback proxies that can silently partition it;
 * mixed tasks in a shared embedded graph: ``diag.effect`` (sleep, ``ctx.check()``, then an
-  effect record and the success in one fenced write), ``diag.sleep``, ``diag.conflict`` (commit
-  conflicts, retried), ``diag.fail`` (stops the task, by design);
+  effect record and the success in one fenced write), ``diag.append`` (sleep polling
+  ``ctx.cancel``, ``ctx.check()``, then one line appended to a file: an effect nothing fences,
+  the way a user's handler touches a system that cannot check a token), ``diag.sleep``,
+  ``diag.conflict`` (commit conflicts, retried), ``diag.fail`` (stops the task, by design);
 * MASTER ``CHAOS_RECORD`` messages published with confirms, some published twice back to back
   (what a publisher retry after a lost confirm sends).
 
 Faults injected while they run, in an order drawn from the seed: kill -9 of a node and of the
 master (each restarted), SIGSTOP past the session timeout, a silent partition of one node
-(packets dropped, sockets open), kill -9 and restart of the ZooKeeper leader, RabbitMQ
-stop_app/start_app, a forced expiry of a node's session.
+(packets dropped, sockets open), kill -9 and restart of the ZooKeeper leader (twice: once at
+a random moment, once at the very moment a burst of handlers ends, ``zk_leader_ending``),
+RabbitMQ stop_app/start_app, a forced expiry of a node's session.
 
 The figures (all must be 0 but the time to drain):
 
@@ -25,6 +28,14 @@ The figures (all must be 0 but the time to drain):
 * ``finished_without_succeeded_attempt``;
 * ``effects_applied_twice``: a ``diag.effect`` task with more than one effect record;
 * ``effects_from_a_closed_attempt``: an effect record whose attempt did not end SUCCEEDED;
+* ``unfenced_effects_twice``: a ``diag.append`` task with more than one line in the file;
+* ``unfenced_effects_from_a_closed_attempt``: a line whose attempt did not end SUCCEEDED.
+  Both leave out the one window docs/reliability.md states (the owner paused between its
+  last ``ctx.check()`` and its effect: a SIGSTOP that began after the check returned); those
+  cases are listed apart, with their timings, as ``unfenced_effects_in_the_stated_window``;
+* ``needless_reruns``: an attempt closed CANCELLED_BY_SYSTEM although its owner was not
+  disrupted while it ran (not killed, paused, partitioned, nor its session expired): a
+  ZooKeeper leader election, a broker restart or another node's fault cost it its work;
 * ``overlapping_owners``: two attempts of one task whose [start, end] overlap;
 * ``interrupted_attempts_not_cancelled_by_system``: an attempt that ended FAILED or CANCELLED
   for any reason but its handler's own (a diag.fail or a commit conflict), or is still RUNNING;
@@ -80,14 +91,16 @@ from messaging import (
     declare_topology,
 )
 from messaging.testing import RabbitMQServer
-from runner.store import AttemptStatus, CommitConflict, GraphStore, codec, open_store
-from runner.tasks.diag import effects
+from runner.store import Attempt, AttemptStatus, GraphStore, Task, codec, open_store
+from runner.tasks import schedules
+from runner.tasks.diag import AppendRecord, appended, effects
 from runner.tasks.schedules import ScheduleSpec
 from runner.testing.chaosnode import EFFECTS, RUNS
 
 CLUSTER = "chaos"
 ZERO = ("tasks_lost", "finished_without_succeeded_attempt", "effects_applied_twice",
-        "effects_from_a_closed_attempt", "overlapping_owners",
+        "effects_from_a_closed_attempt", "unfenced_effects_twice",
+        "unfenced_effects_from_a_closed_attempt", "needless_reruns", "overlapping_owners",
         "interrupted_attempts_not_cancelled_by_system", "confirmed_master_messages_lost",
         "master_messages_handled_twice", "lock_znodes_left", "started_before_run_at",
         "ordering_violations", "resource_holders_overlapping", "schedule_fires_twice")
@@ -96,8 +109,10 @@ SCHEDULE = "chaos-tick"
 #: resources some tasks take (two of these each), and ordering keys some tasks carry
 RESOURCES = ("ontology:brick", "aspect:geo", "aspect:time", "file:/shared")
 KEYS = 4
-FAULTS = ("kill_node", "kill_master", "sigstop", "partition", "zk_leader", "broker_restart",
-          "session_expiry")
+FAULTS = ("kill_node", "kill_master", "sigstop", "partition", "zk_leader", "zk_leader_ending",
+          "broker_restart", "session_expiry")
+#: how many handlers the ``zk_leader_ending`` fault makes end at the moment of the kill
+ENDING = 12
 
 
 @dataclass(frozen=True)
@@ -137,6 +152,13 @@ class Run:
     injected: Counter[str] = field(default_factory=Counter)
     restarts: int = 0
     log: list[str] = field(default_factory=list)
+    #: (member, fault, from, to): epoch seconds during which the fault may cost that member
+    #: its work (``to`` infinite for a kill: the member never comes back)
+    disrupted: list[tuple[str, str, float, float]] = field(default_factory=list)
+
+    @property
+    def appends(self) -> Path:
+        return self.workdir / "appended.jsonl"
 
     def say(self, line: str) -> None:
         stamp = f"{time.monotonic() - T0:7.1f}s"
@@ -190,8 +212,11 @@ class Run:
         for _ in range(count):
             roll = self.rng.random()
             seconds = round(self.rng.uniform(low, high), 2)
-            if roll < 0.6:
+            payload: dict[str, Any]
+            if roll < 0.4:
                 kind, payload = "diag.effect", {"seconds": seconds}
+            elif roll < 0.6:
+                kind, payload = "diag.append", {"seconds": seconds, "path": str(self.appends)}
             elif roll < 0.8:
                 kind, payload = "diag.sleep", {"seconds": seconds}
             elif roll < 0.9:
@@ -199,7 +224,7 @@ class Run:
             else:
                 kind, payload = "diag.fail", {"message": "chaos: failing by design"}
             extra: dict[str, Any] = {}
-            if kind in ("diag.effect", "diag.sleep"):  # they end: they cannot block a key
+            if kind in ("diag.effect", "diag.append", "diag.sleep"):  # they end: no key blocks
                 shape = self.rng.random()
                 if shape < 0.15:
                     extra["ordering_key"] = f"key-{self.rng.randrange(KEYS)}"
@@ -229,16 +254,23 @@ class Run:
         self.store.schedules.add(SCHEDULE, spec.model_dump())
 
     def stop_schedule(self) -> None:
-        """Pause the schedule (the master may be writing it: again on a conflict), then take
-        the tasks it made into the run's tasks, so the drain waits for them too."""
-        while True:
-            try:
-                self.store.schedules.update(self.store.schedules.get(SCHEDULE), paused=True)
-                break
-            except CommitConflict:
-                time.sleep(0.05)
+        """Pause the schedule as an operator does (its fires made ahead that have not started
+        are stopped: :func:`paused_fire`), then take the tasks it made into the run's tasks,
+        so the drain waits for them too."""
+        schedules.pause(self.store, SCHEDULE)
         for task_id, _key in schedule_tasks(self.store):
             self.tasks[task_id] = "diag.sleep"
+
+    def ending_burst(self) -> float:
+        """:data:`ENDING` ``diag.append`` tasks (of the highest priority) whose handlers all
+        end at one moment, a few seconds from now; that moment."""
+        until = time.time() + 3.0
+        for _ in range(ENDING):
+            task = self.store.tasks.create("diag.append", {"until": until,
+                                                           "path": str(self.appends)},
+                                           priority=3)
+            self.tasks[task.id] = "diag.append"
+        return until
 
     # -- faults -----------------------------------------------------------------------------
     def inject(self, fault: str, reader: Session) -> None:
@@ -248,9 +280,11 @@ class Run:
             victim = self.master_index(reader)
         node = self.nodes[victim]
         self.injected[fault] += 1
+        began = time.time()
         if fault in ("kill_node", "kill_master"):
             self.say(f"{fault}: kill -9 node{victim} ({node.member})")
             node.process.kill()
+            self.disrupted.append((node.member, fault, began, float("inf")))
             time.sleep(self.profile.session * 1.5)
             self.restart(victim)
         elif fault == "sigstop":
@@ -258,6 +292,7 @@ class Run:
             node.process.pause()
             time.sleep(hold)
             node.process.resume()
+            self.disrupted.append((node.member, fault, began, time.time() + 1.0))
         elif fault == "partition":
             self.say(f"partition: node{victim} ({node.member}) silent for {hold:.1f}s")
             for proxy in node.proxies:
@@ -265,13 +300,19 @@ class Run:
             time.sleep(hold)
             for proxy in node.proxies:
                 proxy.heal()
-        elif fault == "zk_leader":
+            self.disrupted.append((node.member, fault, began, time.time() + 1.0))
+        elif fault in ("zk_leader", "zk_leader_ending"):
+            if fault == "zk_leader_ending":
+                until = self.ending_burst()
+                time.sleep(max(0.0, until - time.time() - 0.01))
+                running = len(self.store.attempts.running())
+                self.say(f"{fault}: {running} attempts running, a burst of handlers ends now")
             dead = kill_ensemble_leader(self.zk)
-            self.say(f"zk_leader: killed {dead.name}; a new leader serves")
+            self.say(f"{fault}: killed {dead.name}; a new leader serves")
             time.sleep(self.profile.session)
             dead.start()
             dead.wait_ready()
-            self.say(f"zk_leader: {dead.name} back")
+            self.say(f"{fault}: {dead.name} back")
         elif fault == "broker_restart":
             self.say("broker_restart: RabbitMQ stop_app")
             self.rabbit.stop_app()
@@ -281,6 +322,7 @@ class Run:
         elif fault == "session_expiry":
             self.say(f"session_expiry: node{victim} ({node.member})")
             expire(self.zk.hosts, node.session_file)
+            self.disrupted.append((node.member, fault, began, time.time() + 1.0))
         time.sleep(self.profile.session * 0.5)
 
 
@@ -299,6 +341,11 @@ def expire(hosts: str, session_file: Path) -> None:
 T0 = time.monotonic()
 
 
+def paused_fire(task: Task) -> bool:
+    """A fire of the run's schedule that its pause stopped before it started."""
+    return task.stop_reason == f"schedule {SCHEDULE} paused" and task.attempts == 0
+
+
 def drained(run: Run, reader: Session) -> bool:
     if run.store.attempts.running():
         return False
@@ -307,7 +354,7 @@ def drained(run: Run, reader: Session) -> bool:
         if kind == "diag.fail":
             if task.active:
                 return False
-        elif not task.finished:
+        elif not (task.finished or paused_fire(task)):
             return False
     client = reader.client
     return all(client.exists(f"{EFFECTS}/{m}") is not None for m in run.confirmed)
@@ -340,15 +387,20 @@ def figures(run: Run, reader: Session) -> dict[str, Any]:
     store = run.store
     lost = without_success = overlapping = interrupted = 0
     attempts_total = 0
+    status: dict[str, AttemptStatus] = {}
+    needless = []
     for task_id, kind in run.tasks.items():
         task = store.tasks.get(task_id)
         attempts = store.attempts.for_task(task_id)
         attempts_total += len(attempts)
+        status.update((a.id, a.status) for a in attempts)
+        needless += [a for a in attempts if a.status is AttemptStatus.CANCELLED_BY_SYSTEM
+                     and not disrupted_while(run, a)]
         statuses = [a.status for a in attempts]
         if kind == "diag.fail":
             if task.active or task.finished or AttemptStatus.FAILED not in statuses:
                 lost += 1
-        elif not task.finished:
+        elif not (task.finished or paused_fire(task)):
             lost += 1
         if task.finished and AttemptStatus.SUCCEEDED not in statuses:
             without_success += 1
@@ -364,6 +416,11 @@ def figures(run: Run, reader: Session) -> dict[str, Any]:
             if a.status in (AttemptStatus.RUNNING, AttemptStatus.CANCELLED) or (
                     a.status is AttemptStatus.FAILED and not own):
                 interrupted += 1
+    for a in needless:
+        run.say(f"needless rerun: task {a.task_id} attempt {a.seq} on {a.executor} "
+                f"[{a.started_at.isoformat()}, {a.ended_at.isoformat() if a.ended_at else '-'}]"
+                f": {a.error}")
+    unfenced = unfenced_figures(run, status)
     records = effects(store)
     per_task = Counter(r.task_id for r in records)
     closed = sum(1 for r in records
@@ -383,13 +440,15 @@ def figures(run: Run, reader: Session) -> dict[str, Any]:
         shapes["delayed"] += task.run_at is not None
         shapes["ordered"] += task.ordering_key is not None
         shapes["resource_locked"] += bool(task.resources)
+        shapes["schedule_fires_stopped_by_the_pause"] += paused_fire(task)
     return {
         "tasks": len(run.tasks), "attempts": attempts_total, "task_shapes": dict(shapes),
         "master_messages_confirmed": len(run.confirmed),
         "faults": dict(run.injected), "node_restarts": run.restarts,
         "tasks_lost": lost, "finished_without_succeeded_attempt": without_success,
         "effects_applied_twice": sum(1 for n in per_task.values() if n > 1),
-        "effects_from_a_closed_attempt": closed, "overlapping_owners": overlapping,
+        "effects_from_a_closed_attempt": closed, **unfenced,
+        "needless_reruns": len(needless), "overlapping_owners": overlapping,
         "interrupted_attempts_not_cancelled_by_system": interrupted,
         "confirmed_master_messages_lost": messages_lost,
         "master_messages_handled_twice": sum(1 for n in runs.values() if n > 1),
@@ -397,6 +456,53 @@ def figures(run: Run, reader: Session) -> dict[str, Any]:
         "started_before_run_at": early, "ordering_violations": ordering,
         "resource_holders_overlapping": resources, **fires(run),
     }
+
+
+def disrupted_while(run: Run, attempt: Attempt) -> bool:
+    """Whether a fault hit ``attempt``'s owner while the attempt ran (see ``needless_reruns``)."""
+    start = attempt.started_at.timestamp()
+    end = attempt.ended_at.timestamp() if attempt.ended_at else float("inf")
+    return any(member == attempt.executor and begin <= end and start <= until
+               for member, _, begin, until in run.disrupted)
+
+
+def in_stated_window(run: Run, line: AppendRecord) -> tuple[str, float, float] | None:
+    """The SIGSTOP of the line's owner that began after its ``ctx.check()`` returned and
+    before the line was written (the window docs/reliability.md states), if any: (fault,
+    from, to)."""
+    for member, fault, begin, until in run.disrupted:
+        if member == line.member and fault == "sigstop" and line.checked <= begin \
+                and (line.at - line.checked < 0.05 or line.at >= begin):
+            return fault, begin, until
+    return None
+
+
+def unfenced_figures(run: Run, status: dict[str, AttemptStatus]) -> dict[str, Any]:
+    """``diag.append``'s lines: written twice for a task, written by an attempt that did not
+    succeed, and those of either kind that the stated window explains (listed with timings)."""
+    lines = appended(run.appends)
+    window: list[dict[str, Any]] = []
+    counted = []
+    for line in lines:
+        pause = in_stated_window(run, line) \
+            if status.get(line.attempt_id) is not AttemptStatus.SUCCEEDED else None
+        if pause is None:
+            counted.append(line)
+            continue
+        window.append({"task": line.task_id, "attempt": line.attempt_id,
+                       "checked": round(line.checked, 3), "paused_from": round(pause[1], 3),
+                       "paused_to": round(pause[2], 3), "written": round(line.at, 3)})
+    per_task = Counter(line.task_id for line in counted)
+    closed = [line for line in counted
+              if status.get(line.attempt_id) is not AttemptStatus.SUCCEEDED]
+    for line in closed:
+        run.say(f"unfenced effect from a closed attempt: task {line.task_id} attempt "
+                f"{line.attempt_id} ({status.get(line.attempt_id)}) by {line.member}, "
+                f"checked {line.checked:.3f}, written {line.at:.3f}")
+    return {"unfenced_effects": len(lines),
+            "unfenced_effects_twice": sum(1 for n in per_task.values() if n > 1),
+            "unfenced_effects_from_a_closed_attempt": len(closed),
+            "unfenced_effects_in_the_stated_window": window}
 
 
 def semantics(run: Run) -> tuple[int, int, int]:

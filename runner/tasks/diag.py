@@ -8,12 +8,23 @@
   writes one effect record (a ``diag_effect`` vertex: task, attempt, token, time) together
   with its success (``ctx.complete()``: one fenced write). The chaos suite counts these
   records: an effect written twice for one task, or by an attempt that did not succeed, is a
-  broken guarantee (:func:`effects`).
+  broken guarantee (:func:`effects`);
+* ``diag.append`` ``{"path": "/tmp/effects", "seconds": 0.5}`` (or ``"until"``: an epoch time
+  to wait for instead): the way a user's handler touches a system that cannot check a token.
+  It waits polling ``ctx.cancel``, calls ``ctx.check()`` right before its effect, then appends
+  one JSON line (task, attempt, token, member, when the check returned, when it wrote) to
+  ``path`` with O_APPEND. Nothing fences that line: the chaos suite counts lines written twice
+  for one task or by an attempt that did not succeed, which is what a user would see
+  (:func:`appended`).
 """
 
 from __future__ import annotations
 
+import json
+import os
+import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -89,6 +100,50 @@ def effect(ctx: TaskContext, payload: Effect) -> None:
     ctx.complete(write)  # the record, the attempt's success and the finish: one write
 
 
+class Append(_Payload):
+    path: str = Field(min_length=1)
+    seconds: float = Field(0.0, ge=0, le=3600)
+    until: float | None = None  # epoch seconds: wait until then instead
+
+
+@dataclass(frozen=True)
+class AppendRecord:
+    task_id: str
+    attempt_id: str
+    token: int
+    member: str
+    checked: float  # epoch seconds when ctx.check() returned
+    at: float  # epoch seconds right before the write
+
+
+def append(ctx: TaskContext, payload: Append) -> None:
+    wait = payload.seconds if payload.until is None else max(0.0, payload.until - time.time())
+    if ctx.cancel.wait(wait):
+        raise TaskCancelled(ctx.cancel.reason)
+    ctx.check()  # right before the effect, as docs/runner.md asks
+    checked = time.time()
+    line = json.dumps({"task": ctx.task.id, "attempt": ctx.attempt.id,
+                       "token": ctx.fence_token, "member": ctx.member_id,
+                       "checked": checked, "at": time.time()})
+    fd = os.open(payload.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def appended(path: Path) -> list[AppendRecord]:
+    """Every line ``diag.append`` wrote to ``path`` (none when it does not exist)."""
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        records.append(AppendRecord(row["task"], row["attempt"], int(row["token"]),
+                                    row["member"], float(row["checked"]), float(row["at"])))
+    return records
+
+
 def effects(store: GraphStore) -> list[EffectRecord]:
     """Every effect record ``diag.effect`` wrote."""
     rows = store.graph.read(
@@ -104,3 +159,5 @@ def register_diagnostics(registry: TaskRegistry) -> None:
                       description="N commit conflicts, then success")
     registry.register("diag.effect", effect, Effect,
                       description="sleep, then write one fenced effect record")
+    registry.register("diag.append", append, Append,
+                      description="sleep, ctx.check(), then append one unfenced line to a file")
