@@ -1,4 +1,5 @@
-"""coord's exceptions, one root, split by cause::
+"""coord's exceptions, one root, split by cause (a recipe's own errors live with the recipe,
+named in brackets; ``tests/test_layout.py`` checks that this tree equals the classes)::
 
     CoordError
     ├── ConnectionLost            the connection is down (SUSPENDED), or a call failed on it
@@ -8,7 +9,21 @@
     ├── LockNotHeld               release or use of a task lock that is not (or no longer) held
     ├── MemberIdTaken             another live session registered the same member id
     ├── VersionConflict           a compare-and-set met a newer version than expected
-    └── LifecycleError            start() twice, or use after close()
+    ├── LifecycleError            start() twice, or use after close() (every component's)
+    ├── QueueError                [coord.queue] the lock-free queue's own errors
+    │   ├── QueueConflict         push_at found another value at its index
+    │   ├── QueueElementTooLarge  an element over the size limit: pass a reference instead
+    │   └── QueueIndexExpired     the index was pruned by retention
+    ├── BadInput                  [coord.stream_input] a handler cannot take this input
+    ├── HandlerFailed             [coord.stream_input] the handler raised anything else
+    ├── HandlerStateTooLarge      [coord.exactly_once] state and pending outputs exceed a znode
+    └── BatchError                [coord.series] the batch coordinator's own errors
+        ├── SeriesNotFound        no series with this id
+        ├── SeriesFailed          a batch failed max_attempts times
+        ├── BatchLost             the batch is no longer this worker's
+        ├── BatchClosed           an open-ended batch was closed already
+        ├── InvalidBatch          positions that leave a gap or an overlap
+        └── SeriesTooLarge        the series document would exceed a znode
 
 Driver errors (kazoo) are translated at the boundary with ``raise ... from exc``; callers of coord
 never need to import kazoo's exceptions.
@@ -58,4 +73,5 @@ class VersionConflict(CoordError):
 
 
 class LifecycleError(CoordError):
-    """A recipe was started twice, or used before start / after close."""
+    """A component was started twice, or used before start / after close: the project's one
+    lifecycle error (messaging's components and the runner's node raise it too)."""

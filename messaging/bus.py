@@ -195,7 +195,8 @@ class ApiClient:
             return reply.get("result")
         error = reply.get("error") or {}
         raise RemoteError(str(error.get("kind", "error")), str(error.get("detail", "")),
-                          str(error["code"]) if error.get("code") else None)
+                          str(error["code"]) if error.get("code") else None,
+                          refused=error.get("refused") is True)
 
     def close(self) -> None:
         connection, self._connection = self._connection, None

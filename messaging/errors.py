@@ -1,4 +1,5 @@
-"""messaging's exceptions, one root, split by cause::
+"""messaging's exceptions, one root, split by cause (``tests/test_layout.py`` checks that this
+tree equals the classes; one lives with its module, named in brackets)::
 
     MessagingError
     ├── BrokerUnavailable         no connection to RabbitMQ within the deadline
@@ -13,7 +14,10 @@
     ├── DeliveryAlreadySettled    a delivery was acked, rejected or requeued twice
     ├── RequestTimeout            an API request got no reply in time
     ├── RemoteError               the API responder answered with an error
-    └── LifecycleError            start() twice, or use after close()
+    └── DeadLetterNotFound        [messaging.deadletters] no dead letter has this id
+
+    LifecycleError                start() twice, or use after close(): coord's one class
+                                  (coord.errors), the same for every component of the project
 
     HandlerOutcome (control flow, raised by handlers; never logged as errors)
     ├── Retry                     transient failure: try again later, with backoff
@@ -23,6 +27,13 @@ pika's exceptions are translated at the boundary; callers never import pika to h
 """
 
 from __future__ import annotations
+
+from coord.errors import LifecycleError
+
+__all__ = ["INTERNAL_ERROR", "BrokerRefused", "BrokerUnavailable", "DeliveryAlreadySettled",
+           "EnvelopeError", "HandlerOutcome", "InvalidEnvelope", "LifecycleError",
+           "MessageTooLarge", "MessagingError", "PublishFailed", "Reject", "RemoteError",
+           "RequestTimeout", "Retry", "UndecodableMessage", "UnknownCommand"]
 
 #: the code of an API error reply for an exception without an ``error_code`` attribute
 INTERNAL_ERROR = "internal_error"
@@ -94,18 +105,18 @@ class RequestTimeout(MessagingError):
 class RemoteError(MessagingError):
     """The node that handled an API request answered with an error."""
 
-    def __init__(self, kind: str, detail: str, code: str | None = None) -> None:
+    def __init__(self, kind: str, detail: str, code: str | None = None,
+                 refused: bool = False) -> None:
         super().__init__(f"{kind}: {detail}")
         self.kind = kind  # the exception's class name on the node: for people, not programs
         self.detail = detail
+        #: the request itself was wrong (the node's exception declared ``refused``, or the
+        #: node's messaging layer refused it): sending it again will not help
+        self.refused = refused
         #: the stable code to decide on (the exception's ``error_code``, ``internal_error`` for
         #: one without, or the reason the request was refused); ``kind`` when the node is too
         #: old to send one
         self.code = code or kind
-
-
-class LifecycleError(MessagingError):
-    """A component was started twice, or used before start / after close."""
 
 
 class HandlerOutcome(Exception):

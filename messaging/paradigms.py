@@ -165,11 +165,12 @@ class ApiResponder(Consumer):
     """Answers API requests (competing consumers on one durable queue).
 
     The reply goes to the request's ``reply_to`` with its ``correlation_id``: ``{"ok": true,
-    "result": ...}`` or ``{"ok": false, "error": {"kind", "code", "detail"}}``: ``code`` is the
-    exception's ``error_code`` attribute (a stable string the client decides on),
-    ``internal_error`` for an exception without one, or the reason a refused request was
-    dead-lettered for (``invalid``, ``unknown-command``, ``too-large``). A request without
-    ``reply_to`` is dead-lettered.
+    "result": ...}`` or ``{"ok": false, "error": {"kind", "code", "detail", "refused"}}``:
+    ``code`` is the exception's ``error_code`` attribute (a stable string the client decides
+    on), ``internal_error`` for an exception without one, or the reason a refused request was
+    dead-lettered for (``invalid``, ``unknown-command``, ``too-large``); ``refused`` is the
+    exception's ``refused`` attribute (the caller asked wrongly), and true for a request
+    dead-lettered. A request without ``reply_to`` is dead-lettered.
     """
 
     paradigm = Paradigm.API
@@ -200,7 +201,8 @@ class ApiResponder(Consumer):
         code = getattr(exc, "error_code", None)
         self._reply(delivery, envelope, {"ok": False, "error": {
             "kind": type(exc).__name__, "detail": str(exc),
-            "code": code if isinstance(code, str) else INTERNAL_ERROR}})
+            "code": code if isinstance(code, str) else INTERNAL_ERROR,
+            "refused": getattr(exc, "refused", False) is True}})
         delivery.ack()
         self._emit(delivery, envelope, Outcome.HANDLED, f"answered with error {exc!r}")
 
@@ -212,7 +214,8 @@ class ApiResponder(Consumer):
                 reply = Envelope(paradigm=Paradigm.API, sender=self.member_id,
                                  command=envelope.command if envelope else "error",
                                  payload={"ok": False, "error": {"kind": reason, "code": reason,
-                                                                 "detail": detail}})
+                                                                 "detail": detail,
+                                                                 "refused": True}})
                 self.publisher.publish("", delivery.properties.reply_to, reply,
                                        persistent=False, mandatory=False,
                                        correlation_id=delivery.properties.correlation_id,

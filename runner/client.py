@@ -14,7 +14,8 @@ client gives up, answered by any node). Errors are one tree under :class:`Client
 (a :class:`~runner.errors.RunnerError`), each with a stable ``code``:
 
 * :class:`RequestRefused` (code: the node's, e.g. ``task_type_unknown``, ``payload_invalid``,
-  ``invalid``): the request itself is wrong; sending it again will not help;
+  ``invalid``): the request itself is wrong (the node's error declares itself ``refused``,
+  see :mod:`runner.errors`); sending it again will not help;
 * :class:`RequestFailed` (code: the node's, e.g. ``task_not_found``, ``aspect_busy``,
   ``internal_error``): the node could not do it;
 * :class:`NoAnswer` (``no_answer``): no node answered in time (none running, or all busy);
@@ -48,7 +49,13 @@ from messaging import (
 )
 from runner.config import Settings
 from runner.connect import amqp_connector
-from runner.errors import RunnerError
+from runner.errors import (
+    BrokerUnreachable,
+    ClientError,
+    NoAnswer,
+    RequestFailed,
+    RequestRefused,
+)
 from runner.node.views import (
     Cancelled,
     ClusterStatus,
@@ -59,49 +66,9 @@ from runner.node.views import (
 
 T = TypeVar("T")
 
-#: codes that mean the request itself was wrong (the CLI exits 2 for them)
-REFUSED_CODES = frozenset({"task_type_unknown", "payload_invalid", "invalid_value",
-                           "aspect_unknown", "aspect_invalid", "invalid", "unknown-command",
-                           "too-large", "schedule_invalid", "schedule_exists"})
+__all__ = ["BrokerUnreachable", "Client", "ClientError", "NoAnswer", "RequestFailed",
+           "RequestRefused", "operator"]
 
-
-class ClientError(RunnerError):
-    """Root of the client's errors; ``code`` is stable (see the module)."""
-
-    error_code = "client_error"
-
-    def __init__(self, message: str, code: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code or self.error_code
-
-
-class RequestFailed(ClientError):
-    """The node answered with an error; ``code`` is the node's, ``detail`` its message."""
-
-    error_code = "request_failed"
-
-    def __init__(self, command: str, code: str, detail: str) -> None:
-        super().__init__(detail, code)
-        self.command = command
-        self.detail = detail
-
-
-class RequestRefused(RequestFailed):
-    """The request was invalid: an unknown type, a payload that does not validate, ..."""
-
-    error_code = "request_refused"
-
-
-class NoAnswer(ClientError):
-    """No node answered within the timeout."""
-
-    error_code = "no_answer"
-
-
-class BrokerUnreachable(ClientError):
-    """RabbitMQ could not be reached."""
-
-    error_code = "broker_unreachable"
 
 
 def operator() -> str:
@@ -271,7 +238,7 @@ class Client:
         try:
             return self._api.request(command, payload, timeout=timeout or self.timeout)
         except RemoteError as exc:
-            kind = RequestRefused if exc.code in REFUSED_CODES else RequestFailed
+            kind = RequestRefused if exc.refused else RequestFailed
             raise kind(command, exc.code, exc.detail) from exc
         except RequestTimeout as exc:
             raise NoAnswer(str(exc)) from exc

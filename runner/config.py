@@ -21,7 +21,7 @@ from pydantic_settings import (
 )
 
 from messaging.envelope import summary
-from runner.errors import RunnerError
+from runner.errors import ConfigError
 
 ENV_PREFIX = "LATCHWORK_"
 
@@ -33,12 +33,6 @@ _TOML_FILE: ContextVar[Path | None] = ContextVar("latchwork_toml_file", default=
 DEFAULT_ZK_PORT = 22181
 DEFAULT_AMQP_PORT = 25673
 DEFAULT_SPARK_PORT = 27077
-
-class ConfigError(RunnerError, ValueError):
-    """The configuration file or environment holds something latchwork cannot use."""
-
-    error_code = "config_invalid"
-
 
 class Settings(BaseSettings):
     """Everything a latchwork node or client needs to find its cluster."""

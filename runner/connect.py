@@ -11,7 +11,7 @@ Every part of latchwork that reaches a server goes through here, so secrets leav
   ``graph_password``, ``graph_tls_ca``), checking that a remote graph has transactions.
 
 Failure behaviour: a remote graph without transactions raises
-:class:`~runner.store.errors.GraphNotTransactional` unless ``allow_untransactional_graph`` is
+:class:`~runner.errors.GraphNotTransactional` unless ``allow_untransactional_graph`` is
 set, in which case every start logs a WARNING saying what is given up. Errors name hosts and
 users, never passwords (the tests grep for them).
 """
@@ -55,7 +55,8 @@ def amqp_connector(settings: Settings, name: str = "latchwork",
 
 def graph_store(settings: Settings) -> GraphStore:
     """The graph store of ``settings``; a remote one is checked for transactions."""
-    from runner.store import GraphNotTransactional, GraphStore, open_graph
+    from runner.errors import GraphNotTransactional
+    from runner.store import GraphStore, open_graph
     from runner.store.graph import RemoteGraph
     graph = open_graph(settings.graph, username=settings.graph_username,
                        password=(settings.graph_password.get_secret_value()

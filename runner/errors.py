@@ -1,34 +1,63 @@
-"""The runner's one exception root, and the stable error codes API replies carry.
+"""The runner's one error catalogue: every error it raises on purpose, its stable code, and
+what it means for the caller.
 
-Every error the runner raises on purpose derives from :class:`RunnerError` and has an
-``error_code``: a short snake_case string that is part of the API (a reply's
-``error.code``, the CLI's exit code, a client's ``except``), so renaming or moving a class never
-changes what a client sees. A code is declared once; declaring it twice fails at import.
+Why one module: the catalogue is one thing to read and to keep stable (httpx's and dramatiq's
+exception modules are the model); the modules that raise these errors import them from here,
+and the packages re-export the ones their callers catch (``runner.store``, ``runner.tasks``,
+``runner.client``).
 
-::
+Every error derives from :class:`RunnerError` and declares:
 
-    RunnerError                        runner_error
-    ├── ConfigError                    config_invalid            runner.config
-    ├── TaskError                      task_error                runner.tasks.registry
-    │   ├── UnknownTaskType            task_type_unknown
-    │   └── InvalidPayload             payload_invalid
-    ├── StoreError                     store_error               runner.store.errors
-    │   ├── StoreUnavailable           store_unavailable
-    │   ├── TaskNotFound               task_not_found
-    │   ├── CommitConflict             commit_conflict
-    │   ├── StaleFencingToken          stale_fencing_token
-    │   ├── AttemptAlreadyFinished     attempt_already_finished
-    │   ├── InvalidValue               invalid_value
-    │   └── UnknownStoreFormat         unknown_store_format
-    ├── OntologyError                  ontology_invalid          runner.ontology.parse
-    ├── SourceError                    ontology_source_failed    runner.ontology.sources
-    ├── AspectError                    aspect_error              runner.pipeline.aspects
-    │   ├── UnknownAspect              aspect_unknown
-    │   ├── InvalidAspect              aspect_invalid
-    │   └── AspectBusy                 aspect_busy
-    ├── InvalidAvatars                 avatars_invalid           runner.pipeline.avatars_io
-    ├── PipelineError                  pipeline_failed           runner.pipeline.job
-    └── SmokeCheckFailed               smoke_check_failed        runner.devenv.smoke
+* ``error_code``: a short snake_case string that is part of the API (a reply's
+  ``error.code``, a client's ``except``), so renaming or moving a class never changes what a
+  client sees. A code is declared once; declaring it twice fails at import.
+* ``refused``: True when the error means *the caller asked wrongly* (an unknown type, a payload
+  or value that does not validate, a name taken): an API reply carries it
+  (``error.refused``), a client raises :class:`RequestRefused` for it, and the CLI exits 2.
+  Every other error is a failure: the client raises :class:`RequestFailed`, the CLI exits 1
+  with the error's message.
+
+The tree (``tests/test_layout.py`` checks that it equals the classes and codes below)::
+
+    RunnerError                     runner_error
+    ├── ConfigError                 config_invalid            refused
+    ├── TaskLoadError               task_module_invalid
+    │   └── HookLoadError           incident_hook_invalid
+    ├── TaskError                   task_error
+    │   ├── UnknownTaskType         task_type_unknown         refused
+    │   └── InvalidPayload          payload_invalid           refused
+    ├── InvalidSchedule             schedule_invalid          refused
+    ├── UnknownStream               stream_unknown
+    ├── StoreError                  store_error
+    │   ├── StoreUnavailable        store_unavailable
+    │   ├── GraphNotTransactional   graph_not_transactional
+    │   ├── TaskNotFound            task_not_found
+    │   │   └── TaskArchived        task_archived
+    │   ├── OntologyNotFound        ontology_not_found
+    │   ├── ScheduleNotFound        schedule_not_found
+    │   ├── ScheduleExists          schedule_exists           refused
+    │   ├── CommitConflict          commit_conflict
+    │   ├── WriteRaceLost           write_race_lost
+    │   ├── StaleFencingToken       stale_fencing_token
+    │   ├── ResourceTaken           resource_taken
+    │   ├── AttemptAlreadyFinished  attempt_already_finished
+    │   ├── InvalidValue            invalid_value             refused
+    │   └── UnknownStoreFormat      unknown_store_format
+    ├── OntologyError               ontology_invalid
+    ├── SourceError                 ontology_source_failed
+    │   └── NoOntologySource        ontology_source_missing
+    ├── AspectError                 aspect_error
+    │   ├── UnknownAspect           aspect_unknown            refused
+    │   ├── InvalidAspect           aspect_invalid            refused
+    │   └── AspectBusy              aspect_busy
+    ├── InvalidAvatars              avatars_invalid
+    ├── PipelineError               pipeline_failed
+    ├── ClientError                 client_error
+    │   ├── RequestFailed           request_failed
+    │   │   └── RequestRefused      request_refused           refused
+    │   ├── NoAnswer                no_answer
+    │   └── BrokerUnreachable       broker_unreachable
+    └── SmokeCheckFailed            smoke_check_failed
 
 Control flow is not an error and stays outside the tree: a handler's
 :class:`~runner.tasks.context.TaskCancelled` (the attempt ends CANCELLED_BY_SYSTEM) and
@@ -37,7 +66,9 @@ Control flow is not an error and stays outside the tree: a handler's
 
 An API reply for an exception outside the tree (a bug) carries ``internal_error``; a request
 the node's messaging layer refused carries the dead-letter reason as its code (``invalid``,
-``unknown-command``, ``too-large``).
+``unknown-command``, ``too-large``) and ``refused``. Of the store's errors,
+:class:`CommitConflict` is the retryable one; :class:`StaleFencingToken` must never be retried:
+another owner holds the task now.
 """
 
 from __future__ import annotations
@@ -50,11 +81,12 @@ from messaging.errors import INTERNAL_ERROR
 ERROR_CODES: dict[str, type[RunnerError]] = {}
 
 
-
 class RunnerError(Exception):
     """Root of every error the runner raises on purpose."""
 
     error_code: ClassVar[str] = "runner_error"
+    #: the caller asked wrongly (see the module); declared by each class that means it
+    refused: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
@@ -76,3 +108,288 @@ def error_code(exc: BaseException) -> str:
     """The stable code of ``exc`` for an API reply."""
     code = getattr(exc, "error_code", None)
     return code if isinstance(code, str) else INTERNAL_ERROR
+
+
+# -- configuration and loading -------------------------------------------------------------------
+
+
+class ConfigError(RunnerError, ValueError):
+    """The configuration file or environment holds something latchwork cannot use."""
+
+    error_code = "config_invalid"
+    refused = True
+
+
+class TaskLoadError(RunnerError):
+    """A task module or entry point could not be loaded into the registry."""
+
+    error_code = "task_module_invalid"
+
+
+class HookLoadError(TaskLoadError):
+    """An ``incident_hooks`` entry that does not name a callable."""
+
+    error_code = "incident_hook_invalid"
+
+# -- task types, schedules, streams --------------------------------------------------------------
+
+
+class TaskError(RunnerError):
+    """Root of the task-definition errors."""
+
+    error_code = "task_error"
+
+
+class UnknownTaskType(TaskError, LookupError):
+    """No handler is registered for this task type."""
+
+    error_code = "task_type_unknown"
+    refused = True
+
+
+class InvalidPayload(TaskError, ValueError):
+    """The payload does not validate against the task type's model."""
+
+    error_code = "payload_invalid"
+    refused = True
+
+
+class InvalidSchedule(RunnerError, ValueError):
+    """A schedule that cannot fire: a bad cron expression, interval or task spec."""
+
+    error_code = "schedule_invalid"
+    refused = True
+
+
+class UnknownStream(RunnerError, LookupError):
+    """No stream of this name is defined on the node."""
+
+    error_code = "stream_unknown"
+
+# -- the graph store -----------------------------------------------------------------------------
+
+
+class StoreError(RunnerError):
+    """Root of every error raised by runner.store."""
+
+    error_code = "store_error"
+
+
+class StoreUnavailable(StoreError):
+    """The graph backend could not be reached, or stayed locked past the deadline."""
+
+    error_code = "store_unavailable"
+
+
+class GraphNotTransactional(StoreError):
+    """A remote graph without transactions, and no one accepted the risk."""
+
+    error_code = "graph_not_transactional"
+
+
+class TaskNotFound(StoreError, LookupError):
+    """No task or attempt with this id."""
+
+    error_code = "task_not_found"
+
+
+class TaskArchived(TaskNotFound):
+    """The task left the graph by retention: the message says where it went."""
+
+    error_code = "task_archived"
+
+
+class OntologyNotFound(StoreError, LookupError):
+    """No ontology with this IRI is loaded."""
+
+    error_code = "ontology_not_found"
+
+
+class ScheduleNotFound(StoreError, LookupError):
+    """No schedule has this name."""
+
+    error_code = "schedule_not_found"
+
+
+class ScheduleExists(StoreError, ValueError):
+    """A schedule with this name exists already (remove it first)."""
+
+    error_code = "schedule_exists"
+    refused = True
+
+
+class CommitConflict(StoreError):
+    """A conditional update met another version than the one it expected."""
+
+    error_code = "commit_conflict"
+
+    def __init__(self, task_id: str, expected: int, actual: int | None) -> None:
+        super().__init__(f"task {task_id}: expected version {expected}, found {actual}")
+        self.task_id = task_id
+        self.expected = expected
+        self.actual = actual
+
+
+class WriteRaceLost(StoreError):
+    """A remote server refused to commit a write because a concurrent transaction held or
+    changed what it guards (JanusGraph's locking exceptions): as if its guards matched
+    nothing, the caller reads again."""
+
+    error_code = "write_race_lost"
+
+
+class StaleFencingToken(StoreError):
+    """A write carried a fencing token older than the one recorded on the task."""
+
+    error_code = "stale_fencing_token"
+
+    def __init__(self, task_id: str, token: int, recorded: int | None = None) -> None:
+        than = "the task's" if recorded is None or recorded < 0 else str(recorded)
+        super().__init__(f"task {task_id}: fencing token {token} is not {than}; another owner "
+                         f"took the task, or its attempt was closed by someone else")
+        self.task_id = task_id
+        self.token = token
+        self.recorded = recorded
+
+
+class ResourceTaken(StoreError):
+    """An owner's write that needs its task's resources was refused: another task's attempt
+    claimed one of them since this attempt did (its holder lost its ZooKeeper hold: a freeze
+    or a partition past its session). Nothing was written."""
+
+    error_code = "resource_taken"
+
+    def __init__(self, task_id: str, attempt_id: str, resource: str) -> None:
+        super().__init__(f"task {task_id}: resource {resource!r} was claimed by another "
+                         f"attempt after attempt {attempt_id} took it; its holder lost it")
+        self.task_id = task_id
+        self.attempt_id = attempt_id
+        self.resource = resource
+
+
+class AttemptAlreadyFinished(StoreError):
+    """finish() on an attempt that is no longer RUNNING."""
+
+    error_code = "attempt_already_finished"
+
+
+class InvalidValue(StoreError, ValueError):
+    """A value that cannot be stored as given."""
+
+    error_code = "invalid_value"
+    refused = True
+
+
+class UnknownStoreFormat(StoreError):
+    """A task or attempt vertex without the properties this version writes (a graph from an
+    older, unreleased format): recreate the graph, nothing is guessed."""
+
+    error_code = "unknown_store_format"
+
+# -- the domain: ontologies, aspects, avatars, the pipeline --------------------------------------
+
+
+class OntologyError(RunnerError, ValueError):
+    """The file is not a readable ontology; the message says why."""
+
+    error_code = "ontology_invalid"
+
+
+class SourceError(RunnerError):
+    """The ontology source cannot be read (missing directory, HTTP error)."""
+
+    error_code = "ontology_source_failed"
+
+
+class NoOntologySource(SourceError):
+    """No ontology source is configured (the ``ontology_source`` setting)."""
+
+    error_code = "ontology_source_missing"
+
+
+class AspectError(RunnerError):
+    """Root of the aspect errors."""
+
+    error_code = "aspect_error"
+
+
+class UnknownAspect(AspectError, LookupError):
+    """No definition with this name."""
+
+    error_code = "aspect_unknown"
+    refused = True
+
+
+class InvalidAspect(AspectError, ValueError):
+    """A definition in the configuration is malformed."""
+
+    error_code = "aspect_invalid"
+    refused = True
+
+
+class AspectBusy(AspectError):
+    """The aspect is being created or deleted; the other operation has to wait."""
+
+    error_code = "aspect_busy"
+
+
+class InvalidAvatars(RunnerError, ValueError):
+    """The Parquet file is not an avatar file, or one of its rows is malformed."""
+
+    error_code = "avatars_invalid"
+
+
+class PipelineError(RunnerError, RuntimeError):
+    """The pipeline's storage did something it must not (e.g. a rename that did not happen)."""
+
+    error_code = "pipeline_failed"
+
+# -- the client ----------------------------------------------------------------------------------
+
+
+class ClientError(RunnerError):
+    """Root of the client's errors; ``code`` is stable (see :mod:`runner.errors`)."""
+
+    error_code = "client_error"
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code or self.error_code
+
+
+class RequestFailed(ClientError):
+    """The node answered with an error; ``code`` is the node's, ``detail`` its message."""
+
+    error_code = "request_failed"
+
+    def __init__(self, command: str, code: str, detail: str) -> None:
+        super().__init__(detail, code)
+        self.command = command
+        self.detail = detail
+
+
+class RequestRefused(RequestFailed):
+    """The request was invalid: an unknown type, a payload that does not validate, ..."""
+
+    error_code = "request_refused"
+    refused = True
+
+
+class NoAnswer(ClientError):
+    """No node answered within the timeout."""
+
+    error_code = "no_answer"
+
+
+class BrokerUnreachable(ClientError):
+    """RabbitMQ could not be reached."""
+
+    error_code = "broker_unreachable"
+
+# -- the dev servers -----------------------------------------------------------------------------
+
+
+class SmokeCheckFailed(RunnerError, RuntimeError):
+    """A server did not complete its round trip."""
+
+    error_code = "smoke_check_failed"

@@ -14,13 +14,8 @@ import pytest
 
 from coord.testing import free_ports
 from messaging.testing.plugin import AmqpNamespace
-from runner.client import (
-    BrokerUnreachable,
-    Client,
-    NoAnswer,
-    RequestFailed,
-    RequestRefused,
-)
+from runner.client import Client
+from runner.errors import BrokerUnreachable, NoAnswer, RequestFailed, RequestRefused
 from runner.testing.cluster import CLUSTER, Cluster
 
 README = Path(__file__).resolve().parent.parent / "README.md"

@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from runner.cli import cli
-from runner.config import ConfigError, Settings
+from runner.config import Settings
+from runner.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 

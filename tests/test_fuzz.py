@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from messaging import EnvelopeError, HandlerRegistry, Paradigm, UnknownCommand, decode
 from messaging.envelope import MAX_BODY
+from runner.errors import InvalidPayload, TaskError
 from runner.node.node import default_registry
-from runner.tasks import InvalidPayload, TaskError
 
 EXAMPLES = 10_000
 PER_INPUT = 0.5  # seconds: far above what one input takes; a hang or blow-up fails

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from runner.store import EmbeddedGraph, StoreUnavailable
+from runner.errors import StoreUnavailable
+from runner.store import EmbeddedGraph
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -168,3 +169,98 @@ def test_a_second_class_with_a_taken_code_is_refused() -> None:
         type("Imposter", (RunnerError,), {"error_code": "task_not_found"})
     with pytest.raises(TypeError, match="must declare"):
         type("Anonymous", (RunnerError,), {})
+
+
+_TREE_LINE = re.compile(r"^    (?P<prefix>(?:│   |    )*)(?P<branch>├── |└── )?(?P<name>[A-Z]\w+)"
+                        r"(?:\s{2,}(?P<rest>.*))?$")
+
+
+def drawn_tree(doc: str, root: str) -> dict[str, tuple[str | None, str]]:
+    """The tree drawn in a module docstring under ``root``: each class name with its drawn
+    parent and the rest of its line."""
+    found: dict[str, tuple[str | None, str]] = {}
+    stack: list[str] = []
+    inside = False
+    for line in doc.splitlines():
+        match = _TREE_LINE.match(line)
+        if match is None or (not match["branch"] and match["prefix"]):
+            continue  # prose, or a description's second line
+        depth = len(match["prefix"]) // 4 + (1 if match["branch"] else 0)
+        if depth == 0:
+            inside = match["name"] == root
+            stack = [match["name"]]
+            if inside:
+                found[root] = (None, match["rest"] or "")
+            continue
+        if not inside:
+            continue
+        del stack[depth:]
+        found[match["name"]] = (stack[depth - 1], match["rest"] or "")
+        stack.append(match["name"])
+    return found
+
+
+def real_tree(root: type[BaseException]) -> dict[str, tuple[str | None, type[BaseException]]]:
+    found: dict[str, tuple[str | None, type[BaseException]]] = {root.__name__: (None, root)}
+    todo = [root]
+    while todo:
+        parent = todo.pop()
+        for cls in parent.__subclasses__():
+            if cls.__module__.split(".")[0] == root.__module__.split(".")[0] \
+                    and ".testing" not in cls.__module__ and cls.__bases__[0] is parent:
+                found[cls.__name__] = (parent.__name__, cls)
+                todo.append(cls)
+    return found
+
+
+def import_everything() -> None:
+    for name, _ in modules():
+        if not name.endswith("__main__") and ".testing" not in f"{name}.":
+            importlib.import_module(name)
+
+
+def test_the_runner_error_tree_drawn_is_every_class_its_code_and_its_meaning() -> None:
+    """runner/errors.py draws the catalogue: every RunnerError, its parent, its code and
+    whether it means the caller asked wrongly (``refused``)."""
+    import_everything()
+    from runner import errors
+
+    drawn = drawn_tree(errors.__doc__ or "", "RunnerError")
+    real = real_tree(errors.RunnerError)
+    assert {name: parent for name, (parent, _) in drawn.items()} == \
+        {name: parent for name, (parent, _) in real.items()}
+    for name, (_, rest) in drawn.items():
+        cls = real[name][1]
+        assert issubclass(cls, errors.RunnerError)
+        assert cls.__module__ == "runner.errors", f"{name} is declared outside the catalogue"
+        code, *meaning = rest.split()
+        assert (code, meaning) == (cls.error_code, ["refused"] if cls.refused else [])
+    assert set(errors.ERROR_CODES) == {real[n][1].error_code  # type: ignore[attr-defined]
+                                       for n in drawn}
+
+
+@pytest.mark.parametrize(("package", "root"), [("coord", "CoordError"),
+                                               ("messaging", "MessagingError")])
+def test_coord_and_messaging_draw_every_error_class_they_have(package: str, root: str) -> None:
+    import_everything()
+    errors = importlib.import_module(f"{package}.errors")
+    drawn = drawn_tree(errors.__doc__ or "", root)
+    real = real_tree(getattr(errors, root))
+    assert {name: parent for name, (parent, _) in drawn.items()} == \
+        {name: parent for name, (parent, _) in real.items()}
+    def drawn_module(name: str | None) -> str:
+        """A class's bracketed module, else its parent's, else the errors module."""
+        if name is None:
+            return f"{package}.errors"
+        parent, rest = drawn[name]
+        where = re.match(r"\[([\w.]+)\]", rest)
+        return where[1] if where else drawn_module(parent)
+
+    for name in drawn:
+        assert drawn_module(name) == real[name][1].__module__, name
+
+
+def test_there_is_one_lifecycle_error() -> None:
+    import coord
+    import messaging
+    assert messaging.LifecycleError is coord.LifecycleError

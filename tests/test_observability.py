@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from coord.testing import free_ports, wait_until
-from runner.client import RequestRefused
+from runner.errors import RequestRefused
 from runner.testing.cluster import Cluster
 from runner.testing.metrics import scrape
 

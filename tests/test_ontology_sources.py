@@ -15,13 +15,8 @@ from typing import Any
 
 import pytest
 
-from runner.ontology import (
-    DirectorySource,
-    OlsSource,
-    OntologyCache,
-    OntologySync,
-    SourceError,
-)
+from runner.errors import SourceError
+from runner.ontology import DirectorySource, OlsSource, OntologyCache, OntologySync
 from runner.ontology.parse import checksum_of
 from runner.store import GraphStore, Ontology, OntologyClass, open_store
 

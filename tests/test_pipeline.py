@@ -601,7 +601,7 @@ def test_avatars_import_validates_first_and_export_round_trips(tmp_path: Path) -
 
 
 def test_aspect_definitions_from_configuration_are_validated() -> None:
-    from runner.pipeline.aspects import InvalidAspect
+    from runner.errors import InvalidAspect
     registry = AspectRegistry({"geo": {"classes": [f"{EX}Equipment"]},
                                "tags": {"kind": "simple", "classes": [f"{EX}Asset"]}})
     assert registry.get("geo").classes == (f"{EX}Equipment",)

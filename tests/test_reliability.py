@@ -16,7 +16,8 @@ import runner.tasks.master as master_module
 from coord import LeaderLatch, Membership, Session, TaskLock, force_release, lock_owner
 from coord.testing import wait_until
 from coord.testing.plugin import ZkNamespace
-from runner.store import AttemptStatus, GraphStore, StaleFencingToken, open_store
+from runner.errors import StaleFencingToken
+from runner.store import AttemptStatus, GraphStore, open_store
 from runner.tasks import TaskCancelled, TaskContext, TaskRegistry
 from runner.tasks.diag import effects, register_diagnostics
 from runner.tasks.loop import TaskProcessHandler

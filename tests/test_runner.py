@@ -19,8 +19,7 @@ from coord.testing import NodeProcess, ZooKeeperCluster, wait_until
 from coord.testing.plugin import TEST_TICK_MS, ZkNamespace
 from messaging.testing import broker_outage
 from messaging.testing.plugin import AmqpNamespace
-from runner.client import RequestFailed, RequestRefused
-from runner.errors import ERROR_CODES
+from runner.errors import ERROR_CODES, RequestFailed, RequestRefused
 from runner.store import AttemptStatus, Ontology, OntologyClass, Task, TaskStatus
 from runner.testing.cluster import CLUSTER, SESSION, Cluster
 

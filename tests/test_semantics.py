@@ -24,7 +24,8 @@ from coord import Session
 from coord.testing import NodeProcess, wait_until
 from coord.testing.plugin import ZkNamespace
 from messaging.testing.plugin import AmqpNamespace
-from runner.store import Attempt, AttemptStatus, Task, TaskNotFound, codec, open_store
+from runner.errors import TaskNotFound
+from runner.store import Attempt, AttemptStatus, Task, codec, open_store
 from runner.store.due import queue_of
 from runner.tasks.due import ensure_cursor, promote
 from runner.tasks.retention import Retention

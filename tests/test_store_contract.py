@@ -18,22 +18,24 @@ from rdflib import RDFS, Graph, URIRef
 
 from coord import Session, TaskLock, force_release
 from coord.testing.plugin import ZkNamespace
-from runner.ontology import parse_ontology
-from runner.store import (
+from runner.errors import (
     AttemptAlreadyFinished,
-    AttemptStatus,
-    Avatar,
     CommitConflict,
-    Fence,
-    GraphStore,
     InvalidValue,
-    Ontology,
-    OntologyClass,
     ResourceTaken,
     StaleFencingToken,
     TaskNotFound,
-    TaskStatus,
     UnknownStoreFormat,
+)
+from runner.ontology import parse_ontology
+from runner.store import (
+    AttemptStatus,
+    Avatar,
+    Fence,
+    GraphStore,
+    Ontology,
+    OntologyClass,
+    TaskStatus,
     open_store,
 )
 
@@ -608,7 +610,7 @@ def test_a_node_refuses_a_remote_graph_without_transactions(
     or, with the override, run with plain writes and a WARNING."""
     from runner import connect
     from runner.config import Settings
-    from runner.store import GraphNotTransactional
+    from runner.errors import GraphNotTransactional
     from runner.store.graph import RemoteGraph
 
     class NoTransactions(RemoteGraph):

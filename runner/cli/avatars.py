@@ -12,7 +12,8 @@ from runner.cli.client import (
     config_option,
 )
 from runner.cli.root import cli, fail
-from runner.config import ConfigError, Settings
+from runner.config import Settings
+from runner.errors import ConfigError
 
 
 @cli.group()
@@ -36,7 +37,8 @@ def avatars_import(path: Path, config: Path | None) -> None:
     """Upsert the avatars of a Parquet file (columns id, class_iri, properties as JSON).
 
     The whole file is validated first; a malformed row exits 2 and writes nothing."""
-    from runner.pipeline.avatars_io import InvalidAvatars, import_avatars
+    from runner.errors import InvalidAvatars
+    from runner.pipeline.avatars_io import import_avatars
     store = _local_store(config)
     try:
         count = import_avatars(store, path)

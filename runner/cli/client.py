@@ -3,10 +3,12 @@ over the API paradigm, any node answers), the options they share, and the mappin
 stable ``error.code`` (:mod:`runner.errors`) to the exit code, so a renamed class never changes
 an exit code:
 
-* 2 (usage error): the request was invalid (``runner.client.REFUSED_CODES``);
-* 1 with the node's message: :data:`PLAIN_CODES` (a missing task, a busy aspect);
-* 1 with "the node answered with an error" for any other code; 1 for no answer in time or no
-  broker.
+* 2 (usage error): the request was invalid (the node's error declares itself ``refused``:
+  :class:`~runner.client.RequestRefused`);
+* 1 with the node's message: any other declared error (:mod:`runner.errors`: a missing task, a
+  busy aspect, an unreachable graph; a missing dead letter);
+* 1 with "the node answered with an error" for an error nobody declared (a bug on the node:
+  ``internal_error``); 1 for no answer in time or no broker.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ from typing import Any
 
 import click
 
+from messaging.errors import INTERNAL_ERROR
 from runner.cli.root import fail
-from runner.client import Client, ClientError, RequestFailed, RequestRefused
-from runner.config import ConfigError, Settings
+from runner.client import Client
+from runner.config import Settings
+from runner.errors import ClientError, ConfigError, RequestFailed, RequestRefused
 
 # ---------------------------------------------------------------------------------------------
 # clients: task, cluster, ontology (through the API paradigm: any node answers)
@@ -33,17 +37,13 @@ json_option = click.option("--json", "as_json", is_flag=True, help="print JSON i
 timeout_option = click.option("--timeout", type=click.FloatRange(0.1, 3600), default=10.0,
                               show_default=True, help="seconds to wait for a node's answer")
 
-#: codes whose message is the whole story (exit 1 with it alone)
-PLAIN_CODES = {"task_not_found", "aspect_busy", "ontology_not_found", "ontology_source_missing",
-               "dead_letter_not_found", "task_archived", "schedule_not_found",
-               "schedule_exists"}
 
 
 @contextmanager
 def connect(config: Path | None, timeout: float) -> Iterator[Client]:
     """A :class:`~runner.client.Client` of the configured cluster, with its errors turned into
-    the CLI's exits: a refused request (``RequestRefused``: an invalid request, whatever its
-    code) exits 2, :data:`PLAIN_CODES` exit 1 with the node's message, any other error 1."""
+    the CLI's exits: a refused request (``RequestRefused``) exits 2, an error of the catalogue
+    exits 1 with the node's message, any other error 1 saying the node failed."""
     try:
         settings = Settings.load(config)
     except ConfigError as exc:
@@ -54,7 +54,7 @@ def connect(config: Path | None, timeout: float) -> Iterator[Client]:
     except RequestRefused as exc:
         raise click.UsageError(exc.detail) from exc
     except RequestFailed as exc:
-        if exc.code in PLAIN_CODES:
+        if exc.code != INTERNAL_ERROR:  # a declared error: its message is the whole story
             raise fail(exc.detail) from exc
         raise fail(f"the node answered with an error: {exc.code}: {exc.detail}") from exc
     except ClientError as exc:

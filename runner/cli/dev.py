@@ -11,15 +11,10 @@ import click
 
 from coord.testing import DevServerError
 from runner.cli.root import DEFAULT_DEV_DIR, cli, fail
-from runner.config import (
-    DEFAULT_AMQP_PORT,
-    DEFAULT_SPARK_PORT,
-    DEFAULT_ZK_PORT,
-    ConfigError,
-    Settings,
-)
+from runner.config import DEFAULT_AMQP_PORT, DEFAULT_SPARK_PORT, DEFAULT_ZK_PORT, Settings
 from runner.devenv import DevEnvironment
-from runner.devenv.smoke import SmokeCheckFailed, check_rabbitmq, check_zookeeper
+from runner.devenv.smoke import check_rabbitmq, check_zookeeper
+from runner.errors import ConfigError, SmokeCheckFailed
 
 # ---------------------------------------------------------------------------------------------
 # dev: local servers

@@ -9,7 +9,8 @@ from pathlib import Path
 import click
 
 from runner.cli.root import cli, fail
-from runner.config import ConfigError, Settings
+from runner.config import Settings
+from runner.errors import ConfigError
 
 # ---------------------------------------------------------------------------------------------
 # node
@@ -74,10 +75,8 @@ def node_start(config: Path | None, log_level: str, log_format: str, log_file: P
     except ConfigError as exc:
         raise fail(str(exc), 2) from exc
     from messaging import BrokerUnavailable
+    from runner.errors import InvalidAspect, StoreError, TaskLoadError
     from runner.node.node import Node
-    from runner.pipeline.aspects import InvalidAspect
-    from runner.store import StoreError
-    from runner.tasks import TaskLoadError
 
     try:
         node = Node(settings)  # loads task types and aspects before anything joins the cluster

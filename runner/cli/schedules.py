@@ -17,7 +17,8 @@ from runner.cli.client import (
     timeout_option,
 )
 from runner.cli.root import cli
-from runner.tasks.schedules import InvalidSchedule, parse_every
+from runner.errors import InvalidSchedule
+from runner.tasks.schedules import parse_every
 
 
 @cli.group()

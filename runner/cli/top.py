@@ -27,7 +27,8 @@ from rich.text import Text
 from runner.cli.client import config_option, connect, timeout_option
 from runner.cli.console import STATUS_STYLE, STATUS_TEXT, bar
 from runner.cli.root import cli
-from runner.client import Client, ClientError
+from runner.client import Client
+from runner.errors import ClientError
 from runner.node.views import ClusterStatus, RecentAttempt, TaskView
 
 

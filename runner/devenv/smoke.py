@@ -9,19 +9,13 @@ from dataclasses import dataclass
 import pika
 from kazoo.client import KazooClient
 
-from runner.errors import RunnerError
+from runner.errors import SmokeCheckFailed
 
 
 @dataclass(frozen=True)
 class CheckResult:
     service: str
     detail: str
-
-
-class SmokeCheckFailed(RunnerError, RuntimeError):
-    """A server did not complete its round trip."""
-
-    error_code = "smoke_check_failed"
 
 
 def check_zookeeper(hosts: str, timeout: float = 10.0) -> CheckResult:

@@ -20,6 +20,7 @@ from coord import (
     VersionedRegister,
 )
 from messaging import HandlerContext, MessageBus
+from runner.errors import NoOntologySource, OntologyNotFound, TaskArchived, TaskNotFound
 from runner.node.requests import (
     AspectCreate,
     AspectRef,
@@ -38,8 +39,6 @@ from runner.node.requests import (
 )
 from runner.node.status import cluster_status
 from runner.node.views import attempt_view, ontology_view, progress_view, task_view
-from runner.ontology import NoOntologySource
-from runner.store import OntologyNotFound, TaskArchived, TaskNotFound
 from runner.tasks import schedules, streams
 
 log = logging.getLogger("latchwork.node")

@@ -1,15 +1,14 @@
 """The ontology domain: parse (rdflib), sources (directory, OLS), the node cache, and the
 synchronisation that diffs a source against the graph and loads what is missing as tasks."""
 
+from runner.errors import NoOntologySource, OntologyError, SourceError
 from runner.ontology.cache import OntologyCache, ReadWriteLock
-from runner.ontology.parse import OntologyError, parse_ontology, parse_ontology_bytes
+from runner.ontology.parse import parse_ontology, parse_ontology_bytes
 from runner.ontology.sources import (
     DirectorySource,
-    NoOntologySource,
     OlsSource,
     OntologySource,
     SourceEntry,
-    SourceError,
     open_source,
 )
 from runner.ontology.sync import LOAD_TASK, OntologySync, register_ontology_tasks

@@ -17,17 +17,11 @@ from pathlib import Path
 
 from rdflib import OWL, RDF, RDFS, Graph, Literal, URIRef
 
-from runner.errors import RunnerError
+from runner.errors import OntologyError
 from runner.store.model import Ontology, OntologyClass
 
 FORMATS = {".ttl": "turtle", ".owl": "xml", ".rdf": "xml", ".xml": "xml", ".nt": "nt",
            ".n3": "n3", ".jsonld": "json-ld"}
-
-
-class OntologyError(RunnerError, ValueError):
-    """The file is not a readable ontology; the message says why."""
-
-    error_code = "ontology_invalid"
 
 
 def checksum_of(data: bytes) -> str:

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from runner.errors import RunnerError
-from runner.ontology.parse import FORMATS, OntologyError, checksum_of, parse_ontology_bytes
+from runner.errors import OntologyError, SourceError
+from runner.ontology.parse import FORMATS, checksum_of, parse_ontology_bytes
 
 if TYPE_CHECKING:
     pass
@@ -28,18 +28,6 @@ log = logging.getLogger("latchwork.ontology")
 
 
 
-
-
-class SourceError(RunnerError):
-    """The ontology source cannot be read (missing directory, HTTP error)."""
-
-    error_code = "ontology_source_failed"
-
-
-class NoOntologySource(SourceError):
-    """No ontology source is configured (the ``ontology_source`` setting)."""
-
-    error_code = "ontology_source_missing"
 
 
 @dataclass(frozen=True)

@@ -26,13 +26,9 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from runner.ontology.parse import OntologyError, checksum_of, parse_ontology_bytes
-from runner.ontology.sources import (
-    DirectorySource,
-    SourceEntry,
-    SourceError,
-    open_source,
-)
+from runner.errors import OntologyError, SourceError
+from runner.ontology.parse import checksum_of, parse_ontology_bytes
+from runner.ontology.sources import DirectorySource, SourceEntry, open_source
 from runner.store import GraphStore
 from runner.tasks import TaskContext, TaskRegistry
 

@@ -30,34 +30,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from coord import Session, VersionConflict, VersionedRegister
 from messaging import summary
-from runner.errors import RunnerError
+from runner.errors import InvalidAspect, UnknownAspect
 from runner.store.model import ASPECT_PATTERN
 
 BRICK = "https://brickschema.org/schema/Brick#"
-
-
-class AspectError(RunnerError):
-    """Root of the aspect errors."""
-
-    error_code = "aspect_error"
-
-
-class UnknownAspect(AspectError, LookupError):
-    """No definition with this name."""
-
-    error_code = "aspect_unknown"
-
-
-class InvalidAspect(AspectError, ValueError):
-    """A definition in the configuration is malformed."""
-
-    error_code = "aspect_invalid"
-
-
-class AspectBusy(AspectError):
-    """The aspect is being created or deleted; the other operation has to wait."""
-
-    error_code = "aspect_busy"
 
 
 class Kind(enum.StrEnum):

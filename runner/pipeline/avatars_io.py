@@ -14,17 +14,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from runner.errors import RunnerError
+from runner.errors import InvalidAvatars
 from runner.store import Avatar, GraphStore
 
 READ_ROWS = 10_000
 WRITE_CHUNK = 500
-
-
-class InvalidAvatars(RunnerError, ValueError):
-    """The Parquet file is not an avatar file, or one of its rows is malformed."""
-
-    error_code = "avatars_invalid"
 
 
 def _rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:

@@ -25,9 +25,9 @@ from pydantic import BaseModel, Field
 from coord import Session
 from coord.batches import BatchCoordinator, SeriesNotFound, SeriesState
 from runner.config import Settings
+from runner.errors import AspectBusy
 from runner.ontology import OntologyCache
 from runner.pipeline.aspects import (
-    AspectBusy,
     AspectDefinition,
     AspectRegistry,
     AspectState,

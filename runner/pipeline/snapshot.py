@@ -38,7 +38,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from coord import Session, VersionConflict, VersionedRegister
-from runner.pipeline.storage import PipelineError, SeriesPaths
+from runner.errors import PipelineError
+from runner.pipeline.storage import SeriesPaths
 from runner.store import GraphStore
 
 log = logging.getLogger("latchwork.pipeline")

@@ -18,18 +18,12 @@ from typing import Any
 from urllib.parse import urlparse
 
 from coord import Session
-from runner.errors import RunnerError
+from runner.errors import PipelineError
 from runner.store import GraphStore
 
 log = logging.getLogger("latchwork.pipeline")
 
 APPLY_CHUNK = 500
-
-
-class PipelineError(RunnerError, RuntimeError):
-    """The pipeline's storage did something it must not (e.g. a rename that did not happen)."""
-
-    error_code = "pipeline_failed"
 
 
 def data_uri(data_dir: str) -> str:

@@ -3,10 +3,10 @@
 ``open_store(location)`` returns a :class:`GraphStore` over gremlite (a SQLite file path, the
 embedded default) or a remote Gremlin Server (``ws://host:8182/gremlin``). Its ``tasks``,
 ``attempts``, ``ontologies`` and ``avatars`` implement the ports in :mod:`runner.store.ports`.
-Errors are in :mod:`runner.store.errors`.
+Errors are in :mod:`runner.errors` (the one catalogue); the store's are re-exported here.
 """
 
-from runner.store.errors import (
+from runner.errors import (
     AttemptAlreadyFinished,
     CommitConflict,
     GraphNotTransactional,

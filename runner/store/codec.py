@@ -14,7 +14,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from runner.store.errors import InvalidValue
+from runner.errors import InvalidValue
 
 _TIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
 

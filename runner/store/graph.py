@@ -33,7 +33,7 @@ from typing import Any, Protocol, TypeVar
 
 from gremlin_python.process.anonymous_traversal import traversal
 
-from runner.store.errors import StoreError, StoreUnavailable
+from runner.errors import StoreUnavailable, WriteRaceLost
 
 log = logging.getLogger("latchwork.store")
 
@@ -216,14 +216,6 @@ class EmbeddedGraph:
             except sqlite3.ProgrammingError:
                 pass  # opened by another thread, which is gone; SQLite closes it with the file
         self._local = threading.local()
-
-
-class WriteRaceLost(StoreError):
-    """A remote server refused to commit a write because a concurrent transaction held or
-    changed what it guards (JanusGraph's locking exceptions): as if its guards matched
-    nothing, the caller reads again."""
-
-    error_code = "write_race_lost"
 
 
 #: what a server says when its locks refuse a commit (JanusGraph: PermanentLockingException,

@@ -59,8 +59,8 @@ class Task:
 @dataclass(frozen=True)
 class Fence:
     """What a task's owner carries into a store write: the write is refused
-    (:class:`~runner.store.errors.StaleFencingToken`) unless ``token`` is still the task's,
-    and (:class:`~runner.store.errors.ResourceTaken`) unless attempt ``attempt_id`` is still
+    (:class:`~runner.errors.StaleFencingToken`) unless ``token`` is still the task's,
+    and (:class:`~runner.errors.ResourceTaken`) unless attempt ``attempt_id`` is still
     the last to have claimed each of ``resources`` (the task's declared resources)."""
 
     task_id: str

@@ -18,7 +18,8 @@ It knows nothing of ontologies or pipelines; those register their task types her
 """
 
 from coord.stream_input import BadInput
-from runner.tasks.authoring import TaskLoadError, task
+from runner.errors import InvalidPayload, TaskError, TaskLoadError, UnknownTaskType
+from runner.tasks.authoring import task
 from runner.tasks.context import (
     CancelToken,
     TaskCancelled,
@@ -26,14 +27,7 @@ from runner.tasks.context import (
     TaskContext,
     TaskDeclined,
 )
-from runner.tasks.registry import (
-    Handler,
-    InvalidPayload,
-    TaskError,
-    TaskRegistry,
-    TaskType,
-    UnknownTaskType,
-)
+from runner.tasks.registry import Handler, TaskRegistry, TaskType
 from runner.tasks.retry import RetryPolicy
 from runner.tasks.streams import stream
 

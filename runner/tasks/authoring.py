@@ -39,19 +39,13 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from runner.errors import RunnerError
+from runner.errors import TaskLoadError
 from runner.tasks.registry import TaskRegistry
 from runner.tasks.retry import RetryPolicy
 from runner.tasks.streams import StreamDefinition, StreamRegistry
 
 ENTRY_POINT_GROUP = "latchwork.tasks"
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-class TaskLoadError(RunnerError):
-    """A task module or entry point could not be loaded into the registry."""
-
-    error_code = "task_module_invalid"
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from urllib.parse import quote
 
 from coord import Booking, CoordError, LockNotHeld, Session, SlotLevel, Slots, TaskLock
-from runner.store import Attempt, CommitConflict, GraphStore, StaleFencingToken, Task
+from runner.errors import CommitConflict, StaleFencingToken
+from runner.store import Attempt, GraphStore, Task
 from runner.tasks.context import CancelToken
 from runner.tasks.registry import TaskType
 

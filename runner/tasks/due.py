@@ -9,7 +9,7 @@ records each step (:func:`promote`). A master that dies between a move and its r
 the same buckets again: moving is idempotent.
 
 Failure behaviour: ZooKeeper errors surface as :class:`~coord.errors.CoordError`, store errors
-as :class:`~runner.store.errors.StoreError`; the master logs them and tries again next round.
+as :class:`~runner.errors.StoreError`; the master logs them and tries again next round.
 Documented limit: the nodes' clocks must agree within a bucket (a minute).
 """
 

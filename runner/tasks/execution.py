@@ -26,17 +26,14 @@ from typing import Any
 
 from coord import Session
 from runner import logs
-from runner.store import (
-    Attempt,
+from runner.errors import (
     AttemptAlreadyFinished,
-    AttemptStatus,
     CommitConflict,
-    GraphStore,
     ResourceTaken,
     StaleFencingToken,
     StoreError,
-    codec,
 )
+from runner.store import Attempt, AttemptStatus, GraphStore, codec
 from runner.tasks import due
 from runner.tasks.claim import Running
 from runner.tasks.context import TaskCancelled, TaskConflict, TaskContext, TaskDeclined

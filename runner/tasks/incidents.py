@@ -31,10 +31,10 @@ from typing import Any
 
 import httpx
 
-from runner.store import AttemptStatus, GraphStore, TaskNotFound, TaskStatus, codec
+from runner.errors import HookLoadError, TaskError, TaskNotFound
+from runner.store import AttemptStatus, GraphStore, TaskStatus, codec
 from runner.store.gremlin.incidents import Incident
-from runner.tasks.authoring import TaskLoadError
-from runner.tasks.registry import TaskError, TaskRegistry
+from runner.tasks.registry import TaskRegistry
 
 log = logging.getLogger("latchwork.incidents")
 
@@ -42,12 +42,6 @@ Hook = Callable[[dict[str, Any]], object]
 RUNNING = "running_too_long"
 WAITING = "waiting_too_long"
 STOPPED = "stopped"
-
-
-class HookLoadError(TaskLoadError):
-    """An ``incident_hooks`` entry that does not name a callable."""
-
-    error_code = "incident_hook_invalid"
 
 
 def load_hooks(names: Sequence[str]) -> list[Hook]:

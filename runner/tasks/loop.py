@@ -52,12 +52,13 @@ from typing import Any
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from coord import Booking, CoordError, Session, SessionState, Slots, live_member_ids
-from runner.store import GraphStore, StoreError, Task, TaskStatus, codec
+from runner.errors import StoreError, TaskError
+from runner.store import GraphStore, Task, TaskStatus, codec
 from runner.tasks import backlog
 from runner.tasks.claim import Running, claim, key_only, release, release_booking
 from runner.tasks.execution import AfterHook, BeforeHook, Execution
 from runner.tasks.outcomes import Outcome
-from runner.tasks.registry import TaskError, TaskRegistry
+from runner.tasks.registry import TaskRegistry
 from runner.tasks.timing import DueTimer
 
 log = logging.getLogger("latchwork.tasks")

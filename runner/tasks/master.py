@@ -30,7 +30,8 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from coord import CoordError, LeaderLatch, Session, force_release, held_locks, read_members
-from runner.store import AttemptStatus, GraphStore, StoreError, TaskNotFound
+from runner.errors import StoreError, TaskNotFound
+from runner.store import AttemptStatus, GraphStore
 from runner.tasks import due
 
 log = logging.getLogger("latchwork.master")

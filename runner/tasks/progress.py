@@ -18,7 +18,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from runner.store import GraphStore, StoreError
+from runner.errors import StoreError
+from runner.store import GraphStore
 from runner.tasks.context import CancelToken
 
 log = logging.getLogger("latchwork.tasks")

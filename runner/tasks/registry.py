@@ -28,28 +28,9 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from messaging import summary, validate_payload
-from runner.errors import RunnerError
+from runner.errors import InvalidPayload, UnknownTaskType
 from runner.tasks.context import TaskContext
 from runner.tasks.retry import RetryPolicy
-
-
-class TaskError(RunnerError):
-    """Root of the task-definition errors."""
-
-    error_code = "task_error"
-
-
-class UnknownTaskType(TaskError, LookupError):
-    """No handler is registered for this task type."""
-
-    error_code = "task_type_unknown"
-
-
-class InvalidPayload(TaskError, ValueError):
-    """The payload does not validate against the task type's model."""
-
-    error_code = "payload_invalid"
-
 
 Handler = Callable[[TaskContext, Any], None]
 

@@ -41,9 +41,8 @@ from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 from pydantic import BaseModel, Field, model_validator
 
-from runner.errors import RunnerError
-from runner.store import CommitConflict, GraphStore, Task, TaskStatus, codec
-from runner.store.errors import ScheduleNotFound
+from runner.errors import CommitConflict, InvalidSchedule, ScheduleNotFound
+from runner.store import GraphStore, Task, TaskStatus, codec
 from runner.store.gremlin.schedules import Schedule
 
 log = logging.getLogger("latchwork.schedules")
@@ -56,12 +55,6 @@ GRACE = 10.0
 MAX_STEPS = 100_000
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
-
-
-class InvalidSchedule(RunnerError, ValueError):
-    """A schedule that cannot fire: a bad cron expression, interval or task spec."""
-
-    error_code = "schedule_invalid"
 
 
 def parse_every(text: str) -> float:

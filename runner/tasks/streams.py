@@ -49,7 +49,7 @@ from coord import (
 )
 from coord.exactly_once import Output
 from coord.stream_input import Handler, dead_queue
-from runner.errors import RunnerError
+from runner.errors import UnknownStream
 from runner.tasks.context import TaskContext, TaskDeclined
 from runner.tasks.registry import TaskRegistry
 from runner.tasks.retry import RetryPolicy
@@ -62,12 +62,6 @@ IDLE = 0.5
 FOLLOWER_IDLE = 0.2
 #: a copy reports its positions as task progress this often
 REPORT_EVERY = 1.0
-
-
-class UnknownStream(RunnerError, LookupError):
-    """No stream of this name is defined on the node."""
-
-    error_code = "stream_unknown"
 
 
 @dataclass(frozen=True)

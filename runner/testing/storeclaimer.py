@@ -14,7 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from runner.store import CommitConflict, TaskStatus, open_store
+from runner.errors import CommitConflict
+from runner.store import TaskStatus, open_store
 
 
 def main(argv: list[str]) -> int:

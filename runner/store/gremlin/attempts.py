@@ -1,6 +1,6 @@
 """Attempts as ``attempt`` vertices with a ``has_attempt`` edge from their task: started
 before the handler runs (with the claim), finished exactly once (a second finish raises
-:class:`~runner.store.errors.AttemptAlreadyFinished`)."""
+:class:`~runner.errors.AttemptAlreadyFinished`)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from datetime import timedelta
 
 from gremlin_python.process.traversal import Cardinality, P
 
-from runner.store import codec
-from runner.store.errors import (
+from runner.errors import (
     TaskNotFound,
 )
+from runner.store import codec
 from runner.store.graph import Graph
 from runner.store.gremlin.rows import (
     attempt_from_row,

@@ -1,6 +1,6 @@
 """Avatars and their aspects (``aspect.<name>`` JSON properties): bulk upserts and aspect
 applies keyed by avatar id, so a rerun batch writes the same values again; fenced by the
-task's token. An invalid aspect name raises :class:`~runner.store.errors.InvalidValue`."""
+task's token. An invalid aspect name raises :class:`~runner.errors.InvalidValue`."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from typing import Any
 from gremlin_python.process.graph_traversal import __
 from gremlin_python.process.traversal import Cardinality, P
 
-from runner.store import codec
-from runner.store.errors import (
+from runner.errors import (
     InvalidValue,
     TaskNotFound,
 )
+from runner.store import codec
 from runner.store.graph import Graph
 from runner.store.gremlin.steps import (
     ASPECT_NAME,

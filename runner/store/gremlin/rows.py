@@ -1,16 +1,16 @@
 """Rows of the task and attempt vertices: the properties a task is written as, and the
 decoders from a ``valueMap``-style row back to the model. An unknown stored format raises
-:class:`~runner.store.errors.UnknownStoreFormat`."""
+:class:`~runner.errors.UnknownStoreFormat`."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from runner.store import codec, due
-from runner.store.errors import (
+from runner.errors import (
     UnknownStoreFormat,
 )
+from runner.store import codec, due
 from runner.store.model import (
     Attempt,
     AttemptStatus,

@@ -1,9 +1,9 @@
 """Recurring schedules as ``schedule`` vertices: what to create and when (``schedule_spec``),
 whether paused and up to which fire it was handled (``schedule_state``, guarded by
 ``schedule_version``). A missing schedule raises
-:class:`~runner.store.errors.ScheduleNotFound`, a second one of a name
-:class:`~runner.store.errors.ScheduleExists`; a state write someone else made first,
-:class:`~runner.store.errors.CommitConflict`."""
+:class:`~runner.errors.ScheduleNotFound`, a second one of a name
+:class:`~runner.errors.ScheduleExists`; a state write someone else made first,
+:class:`~runner.errors.CommitConflict`."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from runner.errors import CommitConflict, ScheduleExists, ScheduleNotFound
 from runner.store import codec
-from runner.store.errors import CommitConflict, ScheduleExists, ScheduleNotFound
 from runner.store.graph import Graph
 from runner.store.gremlin.steps import get_or_add, set_props
 from runner.store.gremlin.writes import matched_write

@@ -2,10 +2,10 @@
 and its attempts: claim, conclude, release, close_attempts, cancel, complete, fenced_write.
 
 Each of these is one guarded traversal or one graph transaction, so a refused guard changes
-nothing. A version moved by another writer raises :class:`~runner.store.errors.CommitConflict`;
+nothing. A version moved by another writer raises :class:`~runner.errors.CommitConflict`;
 a fencing token that is no longer the task's raises
-:class:`~runner.store.errors.StaleFencingToken`; an attempt someone else closed raises
-:class:`~runner.store.errors.AttemptAlreadyFinished`.
+:class:`~runner.errors.StaleFencingToken`; an attempt someone else closed raises
+:class:`~runner.errors.AttemptAlreadyFinished`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from runner.store.errors import (
+from runner.errors import (
     AttemptAlreadyFinished,
     CommitConflict,
     StaleFencingToken,
@@ -76,7 +76,7 @@ class GraphStore:
         once that write holds the graph's writer slot (embedded graph): so it is later than
         the end of any attempt that wrote its success before, and a previous holder that has
         not (it lost its ZooKeeper hold) can no longer write a success
-        (:class:`~runner.store.errors.ResourceTaken`).
+        (:class:`~runner.errors.ResourceTaken`).
 
         A task that moved on since it was listed raises :class:`CommitConflict`, one whose
         fence is not older than ``fence_token`` :class:`StaleFencingToken`, and nothing is
@@ -124,7 +124,7 @@ class GraphStore:
           as CANCELLED_BY_SYSTEM ("superseded"), whatever the handler did, the task is left
           alone and :class:`StaleFencingToken` is raised.
         * A success of a task with resources, one of which another attempt claimed since
-          (its holder lost its ZooKeeper hold): :class:`~runner.store.errors.ResourceTaken`,
+          (its holder lost its ZooKeeper hold): :class:`~runner.errors.ResourceTaken`,
           and nothing is written; the owner ends the attempt otherwise.
         """
         end = attempt_end(attempt, attempt_status, error, stack_trace)
@@ -231,7 +231,7 @@ class GraphStore:
         (one transaction on the embedded graph): ``fn(g)`` runs after the fence guard, and
         everything rolls back if the attempt is no longer RUNNING or the task's guards refuse.
         A task with resources also needs the attempt to still be their last claimant
-        (:class:`~runner.store.errors.ResourceTaken` otherwise, nothing written).
+        (:class:`~runner.errors.ResourceTaken` otherwise, nothing written).
 
         An owner killed before this write leaves no effect (the task is run again); after it,
         the effect and the success are both recorded. Raises :class:`AttemptAlreadyFinished`

@@ -1,6 +1,6 @@
 """Tasks as ``task`` vertices: create (unique key), read, list the open queue, version reads,
-guarded modify. A missing task raises :class:`~runner.store.errors.TaskNotFound`; a guard lost
-to another writer, :class:`~runner.store.errors.CommitConflict`."""
+guarded modify. A missing task raises :class:`~runner.errors.TaskNotFound`; a guard lost
+to another writer, :class:`~runner.errors.CommitConflict`."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from typing import Any
 
 from gremlin_python.process.traversal import P
 
-from runner.store import codec, due
-from runner.store.errors import (
+from runner.errors import (
     CommitConflict,
     InvalidValue,
     TaskNotFound,
 )
+from runner.store import codec, due
 from runner.store.graph import Graph
 
 # -- tasks ------------------------------------------------------------------------------------

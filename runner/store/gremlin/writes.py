@@ -8,7 +8,7 @@ go out as one traversal.
 
 A guard that matches nothing means someone else wrote first: the caller re-reads and retries
 (:func:`until_written`, the one re-read-and-write loop of the store) or reports
-:class:`~runner.store.errors.CommitConflict` / :class:`~runner.store.errors.StaleFencingToken`.
+:class:`~runner.errors.CommitConflict` / :class:`~runner.errors.StaleFencingToken`.
 """
 
 from __future__ import annotations
@@ -21,15 +21,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from runner.store import codec
-from runner.store.errors import (
+from runner.errors import (
     AttemptAlreadyFinished,
     CommitConflict,
     InvalidValue,
     ResourceTaken,
     StaleFencingToken,
+    WriteRaceLost,
 )
-from runner.store.graph import Graph, WriteRaceLost
+from runner.store import codec
+from runner.store.graph import Graph
 from runner.store.gremlin.rows import (
     TASK_CHANGES,
     TASK_FIXED,
