@@ -5,6 +5,7 @@ Each recipe is a small class over a :class:`Session` with ``start()``/``close()`
 connection loss. Errors are in :mod:`coord.errors`.
 """
 
+from coord import markers
 from coord._znodes import zk_errors
 from coord.errors import (
     ConnectionLost,
@@ -35,6 +36,6 @@ __all__ = [
     "Session",
     "SessionExpired", "SessionState", "SlotLevel", "Slots", "TaskLock", "VersionConflict",
     "VersionedRegister", "exclusive_holders", "force_release", "held_locks", "holders",
-    "live_member_ids", "lock_owner",
+    "live_member_ids", "lock_owner", "markers",
     "read_leader", "read_members", "zk_errors",
 ]

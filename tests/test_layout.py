@@ -72,6 +72,8 @@ RULES: list[tuple[str, tuple[str, ...], str]] = [
                        "runner.tasks", "runner.store.gremlin", "runner.ontology",
                        "runner.pipeline", "runner.devenv", "runner.testing"),
      "the client speaks to nodes only through the API (it reads the node's views)"),
+    ("runner", ("kazoo",), "all ZooKeeper state goes through coord's recipes, and coord "
+                           "translates kazoo's errors: the runner never needs kazoo"),
     ("runner.errors", ("runner.",), "the error root is importable from anywhere"),
     ("runner.logs", ("runner.",), "logging setup is importable from anywhere"),
     ("runner.config", ("runner.devenv", "runner.testing", "runner.cli", "runner.node"),
@@ -101,6 +103,46 @@ def test_imports_point_down_only() -> None:
                 if within(target, harness) and not any(within(name, u) for u in HARNESS_USERS):
                     broken.append(f"{name}:{line} imports the test harness {target}")
     assert broken == []
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Each module of the packages and the modules of the packages it imports (anywhere in
+    it, functions included); ``from package import name`` counts the submodule ``name`` when
+    there is one, else the package."""
+    names = dict(modules())
+    graph: dict[str, set[str]] = {}
+    for name, path in names.items():
+        deps: set[str] = set()
+        for target, imported, _ in imports_of(path):
+            for candidate in [*(f"{target}.{n}" for n in imported), target]:
+                if candidate in names:
+                    if candidate != name:
+                        deps.add(candidate)
+                    break
+        graph[name] = deps
+    return graph
+
+
+def test_no_import_cycles() -> None:
+    """A cycle hides an order nobody chose (one side must import lazily, or at the right
+    moment); every module here can be imported on its own."""
+    graph = import_graph()
+    cycles = []
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> None:
+        if module in path:
+            cycles.append(" -> ".join(path[path.index(module):] + [module]))
+            return
+        if module in done:
+            return
+        for dep in sorted(graph[module]):
+            visit(dep, [*path, module])
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module, [])
+    assert cycles == []
 
 
 def test_private_names_stay_in_their_package() -> None:

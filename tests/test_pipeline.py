@@ -31,8 +31,9 @@ from runner.pipeline.aspects import COMPUTATIONS, AspectDefinition, AspectRegist
 from runner.pipeline.bundle import build
 from runner.pipeline.handlers import eligible_classes, series_id
 from runner.pipeline.job import BatchWorker
+from runner.pipeline.snapshot import write_snapshot
 from runner.pipeline.spark import TEST_CONF
-from runner.pipeline.storage import SeriesPaths, write_snapshot
+from runner.pipeline.storage import SeriesPaths
 from runner.store import Avatar, GraphStore, Ontology, OntologyClass, open_store
 from runner.tasks import CancelToken, TaskCancelled
 from runner.testing.cluster import CLUSTER, Cluster

@@ -18,7 +18,7 @@ import selectors
 import socket
 import threading
 
-from coord.testing import LOOPBACK
+from coord.testing.processes import LOOPBACK
 
 
 class TcpProxy:

@@ -1,4 +1,5 @@
-"""A real round trip through ZooKeeper (kazoo) and RabbitMQ (pika), for ``latchwork dev check``."""
+"""A real round trip through ZooKeeper (coord's session, over kazoo) and RabbitMQ (pika), for
+``latchwork dev check``."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import uuid
 from dataclasses import dataclass
 
 import pika
-from kazoo.client import KazooClient
 
+from coord import Session, markers
 from runner.errors import SmokeCheckFailed
 
 
@@ -19,28 +20,27 @@ class CheckResult:
 
 
 def check_zookeeper(hosts: str, timeout: float = 10.0) -> CheckResult:
-    """Create an ephemeral node, read it back, delete it."""
-    client = KazooClient(hosts=hosts, timeout=timeout)
+    """Open a session, create an ephemeral node, read it back, delete it."""
+    session = Session(hosts, "smoke", timeout=timeout, connect_timeout=timeout)
     try:
         started = time.monotonic()
-        client.start(timeout=timeout)
-        path = f"/latchwork-smoke/{uuid.uuid4().hex}"
-        token = uuid.uuid4().bytes
-        client.create(path, token, ephemeral=True, makepath=True)
-        data, stat = client.get(path)
+        session.start()
+        name, token = uuid.uuid4().hex, uuid.uuid4().hex
+        if not markers.place(session, "checks", name, token):
+            raise SmokeCheckFailed(f"ZooKeeper says checks/{name} is taken")
+        data = markers.read(session, "checks").get(name)
         if data != token:
-            raise SmokeCheckFailed(f"ZooKeeper returned {data!r} for {path}")
-        client.delete(path)
+            raise SmokeCheckFailed(f"ZooKeeper returned {data!r} for checks/{name}")
+        markers.remove(session, "checks", name)
         elapsed = (time.monotonic() - started) * 1000
         return CheckResult("zookeeper", f"ephemeral create/read/delete ok in {elapsed:.0f} ms "
-                                        f"(czxid {stat.czxid})")
+                                        f"(session 0x{session.session_id or 0:x})")
     except SmokeCheckFailed:
         raise
     except Exception as exc:
         raise SmokeCheckFailed(f"zookeeper at {hosts}: {type(exc).__name__}: {exc}") from exc
     finally:
-        client.stop()
-        client.close()
+        session.close()
 
 
 def check_rabbitmq(url: str, timeout: float = 10.0) -> CheckResult:

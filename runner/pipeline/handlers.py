@@ -36,8 +36,9 @@ from runner.pipeline.aspects import (
     State,
 )
 from runner.pipeline.job import BatchWorker, coordinator_for, progress
+from runner.pipeline.snapshot import write_snapshot
 from runner.pipeline.spark import spark_session
-from runner.pipeline.storage import SeriesPaths, write_snapshot
+from runner.pipeline.storage import SeriesPaths
 from runner.store import GraphStore, Task
 from runner.store.model import ASPECT_PATTERN
 from runner.tasks import TaskContext, TaskRegistry

@@ -203,3 +203,15 @@ class SnapshotExport:
         infos = self.fs.get_file_info(pafs.FileSelector(self.final))
         return sum(pq.ParquetFile(self.fs.open_input_file(i.path)).metadata.num_rows
                    for i in infos if i.path.endswith(".parquet"))
+
+
+def write_snapshot(store: GraphStore, classes: Iterable[str], paths: SeriesPaths,
+                   session: Session | None = None, series_id: str | None = None,
+                   page_rows: int | None = None, check: Callable[[], None] | None = None,
+                   report: Callable[[int, int | None, str], None] | None = None) -> int:
+    """Export the avatars of ``classes`` once, in pages (:class:`SnapshotExport`);
+    returns the committed snapshot's row count. With ``session`` and ``series_id`` the export's
+    progress is kept in ZooKeeper, so a later call resumes an interrupted one."""
+    progress = ZkProgress(session, series_id) if session is not None and series_id else None
+    return SnapshotExport(store, classes, paths, progress, page_rows or PAGE_ROWS, check,
+                          report).run()

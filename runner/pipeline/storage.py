@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from coord import Session
 from runner.errors import PipelineError
-from runner.store import GraphStore
 
 log = logging.getLogger("latchwork.pipeline")
 
@@ -93,16 +90,3 @@ class HadoopFS:
                 raise PipelineError(f"rename {tmp} -> {final} failed")
             return False
         return True
-
-
-def write_snapshot(store: GraphStore, classes: Iterable[str], paths: SeriesPaths,
-                   session: Session | None = None, series_id: str | None = None,
-                   page_rows: int | None = None, check: Callable[[], None] | None = None,
-                   report: Callable[[int, int | None, str], None] | None = None) -> int:
-    """Export the avatars of ``classes`` once, in pages (:mod:`runner.pipeline.snapshot`);
-    returns the committed snapshot's row count. With ``session`` and ``series_id`` the export's
-    progress is kept in ZooKeeper, so a later call resumes an interrupted one."""
-    from runner.pipeline.snapshot import PAGE_ROWS, SnapshotExport, ZkProgress
-    progress = ZkProgress(session, series_id) if session is not None and series_id else None
-    return SnapshotExport(store, classes, paths, progress, page_rows or PAGE_ROWS, check,
-                          report).run()

@@ -1,7 +1,8 @@
 """The due-time index's cursor: which time buckets the master has moved into the open queue.
 
 A task due later than the open queue's horizon waits in a minute bucket
-(:mod:`runner.store.due`). ``due/promoted`` in ZooKeeper holds the last bucket moved. Whoever
+(:mod:`runner.store.due`). ``due/promoted`` in ZooKeeper (a :class:`~coord.VersionedRegister`)
+holds the last bucket moved. Whoever
 writes a task into a bucket first makes sure the cursor exists (:func:`ensure_cursor`: the
 current minute when absent), so the master never starts past a bucket that holds a task; the
 master then moves every bucket after the cursor up to the horizon, a hundred per read, and
@@ -17,9 +18,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
-
-from coord import Session, zk_errors
+from coord import Session, VersionConflict, VersionedRegister
 from runner.store import codec
 from runner.store.due import BUCKET, HORIZON, bucket_of, promote_through
 from runner.store.ports import TaskStore
@@ -30,12 +29,10 @@ PER_READ = 100
 
 def ensure_cursor(session: Session, now: datetime | None = None) -> None:
     """Create the cursor at the current minute unless it exists (before a bucketed write)."""
-    start = bucket_of(now or codec.now())
-    with zk_errors("cannot create the due-time cursor"):
-        try:
-            session.client.create(CURSOR, str(start).encode(), makepath=True)
-        except NodeExistsError:
-            pass
+    try:
+        VersionedRegister(session, CURSOR).compare_and_set(-1, bucket_of(now or codec.now()))
+    except VersionConflict:
+        pass  # it exists
 
 
 def promote(session: Session, tasks: TaskStore, now: datetime | None = None) -> int:
@@ -43,22 +40,19 @@ def promote(session: Session, tasks: TaskStore, now: datetime | None = None) -> 
     how many tasks moved. No cursor: no task was ever bucketed, nothing to do."""
     target = promote_through(now or codec.now())
     moved = 0
-    with zk_errors("cannot read the due-time cursor"):
+    cursor = VersionedRegister(session, CURSOR)
+    value, version = cursor.get()
+    if version == -1:
+        return 0
+    last = int(value)
+    while last < target:
+        upto = min(last + PER_READ, target)
+        moved += tasks.promote(list(range(last + 1, upto + 1)))
         try:
-            data, stat = session.client.get(CURSOR)
-        except NoNodeError:
-            return 0
-    cursor, version = int(data), stat.version
-    while cursor < target:
-        upto = min(cursor + PER_READ, target)
-        moved += tasks.promote(list(range(cursor + 1, upto + 1)))
-        with zk_errors("cannot move the due-time cursor"):
-            try:
-                version = session.client.set(CURSOR, str(upto).encode(),
-                                             version=version).version
-            except BadVersionError:  # another master moved it meanwhile: it goes on
-                return moved
-        cursor = upto
+            version = cursor.compare_and_set(version, upto)
+        except VersionConflict:  # another master moved it meanwhile: it goes on
+            return moved
+        last = upto
     return moved
 
 

@@ -3,7 +3,8 @@
 
 The default keeps everything. With a policy, every ``retention_interval`` seconds the master
 takes at most ``retention_batch`` finished tasks, walking the days they finished on from a
-cursor in ZooKeeper (``retention/day``, started once from the days present): a task, its
+cursor in ZooKeeper (``retention/day``, a :class:`~coord.VersionedRegister` started once from the
+days present and moved by compare-and-set): a task, its
 attempts and incidents become one row of ``archive/tasks-<day>-<first task id>.parquet``
 (``mode=archive``), then leave the graph in one write that also leaves a small tombstone, so
 ``task show`` of an archived task says where it went. A batch is a deterministic choice (the
@@ -24,9 +25,7 @@ import time
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from kazoo.exceptions import NodeExistsError, NoNodeError
-
-from coord import Session, zk_errors
+from coord import Session, VersionConflict, VersionedRegister
 from runner.store import Attempt, GraphStore, Task, codec
 
 log = logging.getLogger("latchwork.retention")
@@ -45,6 +44,8 @@ class Retention:
         self.batch = batch
         self.interval = interval
         self._next = 0.0
+        self._register = VersionedRegister(session, CURSOR)
+        self._version = -1
 
     def tick(self, now: datetime | None = None, force: bool = False) -> int:
         """One round (at most one per ``interval`` unless ``force``); tasks removed."""
@@ -67,28 +68,30 @@ class Retention:
         return 0
 
     def _cursor(self) -> str | None:
-        with zk_errors("cannot read the retention cursor"):
+        """The first day not yet walked past; started at the oldest day present."""
+        value, version = self._register.get()
+        if version == -1:
+            days = self.store.retention.end_days()
+            if not days:
+                return None
             try:
-                data, _ = self.session.client.get(CURSOR)
-                return str(data.decode())
-            except NoNodeError:
-                pass
-        days = self.store.retention.end_days()
-        if not days:
-            return None
-        with zk_errors("cannot create the retention cursor"):
-            try:
-                self.session.client.create(CURSOR, days[0].encode(), makepath=True)
-            except NodeExistsError:
-                pass
-        return days[0]
+                version = self._register.compare_and_set(-1, days[0])
+                value = days[0]
+            except VersionConflict:  # another master started it meanwhile
+                value, version = self._register.get()
+        self._version = version
+        return str(value)
 
     def _advance(self, day: str) -> str:
+        """Move the cursor past ``day``, unless another master moved it first (its value is
+        then read again and the round goes on from there)."""
         following = (datetime.strptime(day, "%Y-%m-%d") + timedelta(days=1)).strftime(
             "%Y-%m-%d")
-        with zk_errors("cannot move the retention cursor"):
-            self.session.client.set(CURSOR, following.encode())
-        return following
+        try:
+            self._version = self._register.compare_and_set(self._version, following)
+            return following
+        except VersionConflict:
+            return self._cursor() or following
 
     def _remove(self, day: str, tasks: list[Task]) -> None:
         where = ""

@@ -35,17 +35,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kazoo.exceptions import NodeExistsError, NoNodeError
 from pydantic import BaseModel, Field
 
 from coord import (
     BadInput,
+    CoordError,
     ExactlyOnceHandler,
     LockFreeQueue,
     QueueOutput,
     Session,
     VersionedRegister,
-    zk_errors,
+    markers,
 )
 from coord.exactly_once import Output
 from coord.stream_input import Handler, dead_queue
@@ -162,20 +162,8 @@ class StreamRetention:
 
 def copies(session: Session, stream: str) -> dict[str, int]:
     """The members running a copy of ``stream``, and which copy each runs."""
-    client = session.client
-    with zk_errors(f"cannot list the copies of stream {stream}"):
-        try:
-            children = client.get_children(f"streams/{stream}/copies")
-        except NoNodeError:
-            return {}
-        found = {}
-        for member in children:
-            try:
-                data, _ = client.get(f"streams/{stream}/copies/{member}")
-            except NoNodeError:
-                continue
-            found[member] = int(json.loads(data)["copy"])
-    return found
+    return {member: int(value["copy"])
+            for member, value in markers.read(session, f"streams/{stream}/copies").items()}
 
 
 def run_copy(ctx: TaskContext, payload: CopyPayload) -> None:
@@ -183,16 +171,11 @@ def run_copy(ctx: TaskContext, payload: CopyPayload) -> None:
     streams: StreamRegistry = ctx.services["streams"]
     session: Session = ctx.services["session"]
     definition = streams.get(payload.stream)
-    marker = f"streams/{payload.stream}/copies/{ctx.member_id}"
-    client = session.client
-    with zk_errors(f"cannot register copy {payload.copy_no} of {payload.stream}"):
-        try:  # inside zk_errors, which would turn NodeExistsError into ConnectionLost
-            client.create(marker, json.dumps({"copy": payload.copy_no,
-                                              "task": ctx.task.id}).encode(),
-                          ephemeral=True, makepath=True)
-        except NodeExistsError:
-            raise TaskDeclined(f"member {ctx.member_id} already runs a copy of stream "
-                               f"{payload.stream}") from None
+    copies_of = f"streams/{payload.stream}/copies"
+    if not markers.place(session, copies_of, ctx.member_id,
+                         {"copy": payload.copy_no, "task": ctx.task.id}):
+        raise TaskDeclined(f"member {ctx.member_id} already runs a copy of stream "
+                           f"{payload.stream}")
     try:
         inputs = [LockFreeQueue(session, name) for name in definition.inputs]
         output: Output
@@ -223,8 +206,8 @@ def run_copy(ctx: TaskContext, payload: CopyPayload) -> None:
         ctx.cancel.raise_if_cancelled()
     finally:
         try:
-            client.delete(marker)
-        except Exception:  # gone with the session, or unreachable: it is ephemeral anyway
+            markers.remove(session, copies_of, ctx.member_id)
+        except CoordError:  # unreachable: it is ephemeral, it goes with the session anyway
             pass
 
 

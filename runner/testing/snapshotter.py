@@ -2,7 +2,7 @@
 
 ``python -m runner.testing.snapshotter ZK_HOSTS CLUSTER GRAPH_FILE ROOT SERIES CLASS PAGE_ROWS
 PAUSE`` exports the avatars of CLASS from GRAPH_FILE into ``ROOT`` (a series' data directory)
-with its progress in ZooKeeper (:func:`runner.pipeline.storage.write_snapshot`), printing
+with its progress in ZooKeeper (:func:`runner.pipeline.snapshot.write_snapshot`), printing
 ``PAGE <rows so far>`` after each page it recorded and waiting PAUSE seconds there (so a test
 can kill it between two pages or in the middle of one), then ``DONE <rows>``; the pipeline's
 log lines (``resuming at page N``) go to stderr.
@@ -15,7 +15,8 @@ import sys
 import time
 
 from coord import Session
-from runner.pipeline.storage import SeriesPaths, write_snapshot
+from runner.pipeline.snapshot import write_snapshot
+from runner.pipeline.storage import SeriesPaths
 from runner.store import open_store
 
 

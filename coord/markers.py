@@ -1,0 +1,74 @@
+"""Markers: named ephemeral entries with a JSON value under one parent: "who runs what".
+
+``place(session, parent, name, value)`` creates ``parent/name`` (ephemeral) and returns False
+when a live session holds that name already; ``remove`` deletes one; ``read`` lists every live
+entry with its value. A stream's copies mark themselves this way (``streams/<name>/copies/
+<member>``), so a member never runs two copies of one stream and anyone can list who runs it.
+
+Failure behaviour:
+
+* the holder killed -9, frozen past its session, or its session LOST: its marker goes with the
+  session (within the session timeout);
+* a lost reply to ``place`` (a connection blip): the retry finds the name taken, possibly by
+  the create that was lost; so ``place`` reads the entry and says True when it is this
+  session's own (the entry's ephemeral owner);
+* ZooKeeper unreachable past the calls' retries: :class:`~coord.errors.ConnectionLost`;
+  ``remove`` of an entry already gone (its session expired) is not an error.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kazoo.exceptions import NodeExistsError, NoNodeError
+
+from coord._znodes import retry_policy, zk_errors
+from coord.session import Session
+
+
+def place(session: Session, parent: str, name: str, value: Any) -> bool:
+    """Mark ``name`` under ``parent`` with ``value`` (JSON) for as long as this session lives;
+    False when another live session holds it."""
+    client = session.client
+    path = f"{parent}/{name}"
+
+    def attempt() -> bool:
+        try:
+            client.create(path, json.dumps(value).encode(), ephemeral=True, makepath=True)
+            return True
+        except NodeExistsError:
+            stat = client.exists(path)
+            return stat is not None and stat.ephemeralOwner == session.session_id
+
+    with zk_errors(f"cannot mark {path}"):
+        placed: bool = retry_policy()(attempt)
+    return placed
+
+
+def remove(session: Session, parent: str, name: str) -> None:
+    """Delete the marker (nothing when it is gone already)."""
+    client = session.client
+    with zk_errors(f"cannot remove the marker {parent}/{name}"):
+        try:
+            retry_policy()(client.delete, f"{parent}/{name}")
+        except NoNodeError:
+            pass
+
+
+def read(session: Session, parent: str) -> dict[str, Any]:
+    """Every live marker under ``parent`` and its value."""
+    client = session.client
+    found: dict[str, Any] = {}
+    with zk_errors(f"cannot read the markers under {parent}"):
+        try:
+            names = client.get_children(parent)
+        except NoNodeError:
+            return {}
+        for name in names:
+            try:
+                data, _ = client.get(f"{parent}/{name}")
+            except NoNodeError:
+                continue  # gone while we were reading
+            found[name] = json.loads(data) if data else None
+    return found
