@@ -25,6 +25,7 @@ from coord import (
     force_release,
     held_locks,
     lock_owner,
+    markers,
     read_leader,
 )
 from coord.testing import expire_session, lose_first_set_reply
@@ -293,3 +294,23 @@ def test_register_recognises_its_own_write_after_a_lost_reply(
     assert reg.compare_and_set(0, 1) == 1
     assert calls["n"] == 1  # applied once, recognised on retry
     assert reg.get() == (1, 1)
+
+
+def test_markers_are_ephemeral_named_entries_one_session_each(session: Session,
+                                                              zk_namespace: ZkNamespace) -> None:
+    assert markers.read(session, "streams/s/copies") == {}
+    assert markers.place(session, "streams/s/copies", "m1", {"copy": 0})
+    # a place retried after a lost reply finds the name taken by its own session: True
+    assert markers.place(session, "streams/s/copies", "m1", {"copy": 0})
+    other = other_session(zk_namespace)
+    try:
+        assert not markers.place(other, "streams/s/copies", "m1", {"copy": 1})
+        assert markers.place(other, "streams/s/copies", "m2", {"copy": 1})
+        assert markers.read(session, "streams/s/copies") == {"m1": {"copy": 0},
+                                                             "m2": {"copy": 1}}
+    finally:
+        other.close()  # its marker goes with its session
+    assert markers.read(session, "streams/s/copies") == {"m1": {"copy": 0}}
+    markers.remove(session, "streams/s/copies", "m1")
+    markers.remove(session, "streams/s/copies", "m1")  # gone already: no error
+    assert markers.read(session, "streams/s/copies") == {}

@@ -132,7 +132,7 @@ def test_no_import_cycles() -> None:
 
     def visit(module: str, path: list[str]) -> None:
         if module in path:
-            cycles.append(" -> ".join(path[path.index(module):] + [module]))
+            cycles.append(" -> ".join([*path[path.index(module):], module]))
             return
         if module in done:
             return

@@ -496,3 +496,23 @@ def test_retention_delete_mode_and_the_default_keep_everything(zk_namespace: ZkN
         assert tomb is not None and tomb.where == ""
         assert not (tmp_path / "data" / "archive").exists()
         assert retention.tick(later, force=True) == 0
+
+
+def test_two_masters_in_a_failover_move_the_retention_cursor_once(zk_namespace: ZkNamespace,
+                                                                  tmp_path: Path) -> None:
+    """The cursor is moved by compare-and-set: a master whose view is stale (another moved it
+    meanwhile) reads it again instead of writing over it."""
+    with open_store(str(tmp_path / "g.db")) as store, \
+            Session(zk_namespace.hosts, "ret", timeout=4.0) as session:
+        task = store.tasks.create("diag.sleep", {"seconds": 0})
+        store.tasks.update(task.id, task.version, None, finished=True)
+        old, new = (Retention(session, store, name, days=1, mode="delete",
+                              data_dir=str(tmp_path / "data"), batch=10)
+                    for name in ("old", "new"))
+        today = old._cursor()
+        assert today == new._cursor() == codec.now().strftime("%Y-%m-%d")
+        tomorrow = new._advance(today)  # the new master moves on
+        # the old master's write from its stale view is refused; it reads where the cursor is
+        assert old._advance(today) == tomorrow
+        assert new._cursor() == tomorrow
+
