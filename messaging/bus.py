@@ -127,7 +127,9 @@ class ApiClient:
     ``request`` publishes a persistent, confirmed request that expires from the queue after the
     timeout (so a late node never acts on a request its client gave up on), then waits for the
     reply with the same correlation id. No reply in time raises :class:`RequestTimeout`; an
-    error reply raises :class:`RemoteError`; no broker raises ``BrokerUnavailable``.
+    error reply raises :class:`RemoteError`; no broker raises ``BrokerUnavailable`` (the next
+    request connects again). After :meth:`close`, a request raises :class:`LifecycleError`
+    instead of opening a new connection behind the caller's back.
     """
 
     def __init__(self, connector: Connector, topology: Topology, sender: str = "client") -> None:
@@ -138,6 +140,7 @@ class ApiClient:
         self._channel: Any = None
         self._reply_queue = ""
         self._replies: dict[str, Envelope] = {}
+        self._closed = False
 
     def _open(self) -> None:
         if self._connection is not None and self._connection.is_open:
@@ -163,6 +166,8 @@ class ApiClient:
 
     def request(self, command: str, payload: dict[str, Any] | None = None,
                 timeout: float = 10.0) -> Any:
+        if self._closed:
+            raise LifecycleError(f"API client is closed; cannot send {command}")
         envelope = Envelope(paradigm=Paradigm.API, command=command, sender=self.sender,
                             payload=payload or {})
         correlation = str(envelope.id)
@@ -188,7 +193,7 @@ class ApiClient:
                             f"{self.topology.cluster!r}?")
                     self._connection.process_data_events(time_limit=min(remaining, 0.2))
         except CONNECTION_ERRORS:
-            self.close()
+            self._drop()  # the next request connects again
             raise
         reply = self._replies.pop(correlation).payload
         if reply.get("ok"):
@@ -199,6 +204,11 @@ class ApiClient:
                           refused=error.get("refused") is True)
 
     def close(self) -> None:
+        """Close the connection; the client cannot be used again (a second close is a no-op)."""
+        self._closed = True
+        self._drop()
+
+    def _drop(self) -> None:
         connection, self._connection = self._connection, None
         if connection is not None:
             try:

@@ -36,6 +36,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
+from pydantic import ValidationError
+
 from messaging import (
     ApiClient,
     BrokerUnavailable,
@@ -46,6 +48,8 @@ from messaging import (
     RemoteError,
     RequestTimeout,
     Topology,
+    summary,
+    validate_payload,
 )
 from runner.config import Settings
 from runner.connect import amqp_connector
@@ -62,6 +66,32 @@ from runner.node.views import (
     RecentAttempt,
     TaskReport,
     TaskView,
+)
+from runner.requests import (
+    AspectCreate,
+    AspectDelete,
+    AspectGet,
+    AspectList,
+    AttemptRecent,
+    ClusterStatusQuery,
+    OntologyList,
+    OntologyShow,
+    OntologySync,
+    Request,
+    ScheduleAdd,
+    ScheduleList,
+    SchedulePause,
+    ScheduleRemove,
+    StreamStart,
+    StreamStatus,
+    TaskCancel,
+    TaskDeactivate,
+    TaskGet,
+    TaskList,
+    TaskReactivate,
+    TaskSkip,
+    TaskSubmit,
+    TaskTypes,
 )
 
 T = TypeVar("T")
@@ -117,21 +147,20 @@ class Client:
         (seconds): not started before then. ``ordering_key``: tasks with the same key run one
         at a time in submission order. ``resources``: taken all-or-nothing before it starts
         (besides its type's)."""
-        reply = self.request("task.submit", {
-            "type": task_type, "payload": payload or {}, "priority": priority,
-            "unique_key": unique_key, "run_at": run_at.isoformat() if run_at else None,
-            "delay": delay, "ordering_key": ordering_key, "resources": list(resources)})
-        return TaskView.model_validate(reply)
+        return TaskView.model_validate(self.call(
+            TaskSubmit, type=task_type, payload=payload or {}, priority=priority,
+            unique_key=unique_key, run_at=run_at, delay=delay, ordering_key=ordering_key,
+            resources=list(resources)))
 
     def get(self, task_id: str) -> TaskReport:
-        return TaskReport.model_validate(self.request("task.get", {"id": task_id}))
+        return TaskReport.model_validate(self.call(TaskGet, id=task_id))
 
     def list(self, *, unfinished: bool = False, task_type: str | None = None,
-             ordering_key: str | None = None) -> list[TaskView]:
+             ordering_key: str | None = None) -> builtins.list[TaskView]:
         """Tasks, newest first; ``unfinished``: the open ones in the order nodes take them;
         ``ordering_key``: that key's unfinished tasks in the order they will run."""
-        reply = self.request("task.list", {"unfinished": unfinished, "type": task_type,
-                                           "ordering_key": ordering_key})
+        reply = self.call(TaskList, unfinished=unfinished, type=task_type,
+                                      ordering_key=ordering_key)
         return [TaskView.model_validate(t) for t in reply]
 
     def wait(self, task_id: str, timeout: float) -> TaskReport:
@@ -151,15 +180,32 @@ class Client:
     def cancel(self, task_id: str, reason: str | None = None) -> Cancelled:
         """Deactivate the task and cancel its running attempt cluster-wide: the attempt ends
         CANCELLED "cancelled by operator <sender>" and its owner is fenced off."""
-        return Cancelled.model_validate(self.request("task.cancel", {"id": task_id,
-                                                                     "reason": reason}))
+        return Cancelled.model_validate(self.call(TaskCancel, id=task_id,
+                                                              reason=reason))
 
     def deactivate(self, task_id: str) -> Cancelled:
         """Stop the task (it is kept); a running attempt is cancelled as with :meth:`cancel`."""
-        return Cancelled.model_validate(self.request("task.deactivate", {"id": task_id}))
+        return Cancelled.model_validate(self.call(TaskDeactivate, id=task_id))
 
     def reactivate(self, task_id: str) -> TaskView:
-        return TaskView.model_validate(self.request("task.reactivate", {"id": task_id}))
+        return TaskView.model_validate(self.call(TaskReactivate, id=task_id))
+
+    def skip(self, task_id: str) -> TaskView:
+        """Finish a stopped or waiting task without running it (its ordering key goes on)."""
+        return TaskView.model_validate(self.call(TaskSkip, id=task_id))
+
+    def recent_attempts(self, limit: int = 10) -> builtins.list[RecentAttempt]:
+        """The attempts that ended last (today and yesterday), newest first."""
+        return [RecentAttempt.model_validate(a)
+                for a in self.call(AttemptRecent, limit=limit)]
+
+    def task_types(self) -> builtins.list[dict[str, Any]]:
+        """Every task type the answering node knows: name, description, default priority,
+        slots and payload JSON schema."""
+        return builtins.list(self.call(TaskTypes))
+
+    def cluster_status(self) -> ClusterStatus:
+        return ClusterStatus.model_validate(self.call(ClusterStatusQuery))
 
     # -- schedules ---------------------------------------------------------------------------
     def schedule_add(self, name: str, task_type: str, payload: dict[str, Any] | None = None,
@@ -172,39 +218,68 @@ class Client:
         ``skip`` for fires missed while no master existed."""
         spec = {"cron": cron, "every": every, "type": task_type, "payload": payload or {},
                 "priority": priority, "ordering_key": ordering_key,
-                "resources": list(resources), "misfire": misfire}
-        reply: dict[str, Any] = self.request("schedule.add", {"name": name, "spec": spec})
+                "resources": builtins.list(resources), "misfire": misfire}
+        reply: dict[str, Any] = self.call(ScheduleAdd, name=name, spec=spec)
         return reply
 
     def schedules(self) -> builtins.list[dict[str, Any]]:
-        reply: builtins.list[dict[str, Any]] = self.request("schedule.list")
+        reply: builtins.list[dict[str, Any]] = self.call(ScheduleList)
         return reply
 
     def schedule_remove(self, name: str) -> None:
-        self.request("schedule.remove", {"name": name})
+        """Remove a schedule; its fires made ahead that have not started are stopped."""
+        self.call(ScheduleRemove, name=name)
 
     def schedule_pause(self, name: str, paused: bool = True) -> dict[str, Any]:
-        """Pause a schedule, or resume it (``paused=False``: from now on, missed fires are
-        not made up)."""
-        reply: dict[str, Any] = self.request("schedule.pause", {"name": name, "paused": paused})
+        """Pause a schedule (its fires made ahead that have not started are stopped), or
+        resume it (``paused=False``: from now on, missed fires are not made up)."""
+        reply: dict[str, Any] = self.call(SchedulePause, name=name, paused=paused)
         return reply
 
-    def skip(self, task_id: str) -> TaskView:
-        """Finish a stopped or waiting task without running it (its ordering key goes on)."""
-        return TaskView.model_validate(self.request("task.skip", {"id": task_id}))
+    # -- streams, aspects, ontologies ---------------------------------------------------------
+    def stream_start(self, name: str, redundancy: int = 2) -> dict[str, Any]:
+        """Create the copy tasks of stream ``name`` (idempotent): ``{"stream", "copies"}``."""
+        reply: dict[str, Any] = self.call(StreamStart, name=name,
+                                                      redundancy=redundancy)
+        return reply
 
-    def recent_attempts(self, limit: int = 10) -> builtins.list[RecentAttempt]:
-        """The attempts that ended last (today and yesterday), newest first."""
-        return [RecentAttempt.model_validate(a)
-                for a in self.request("attempt.recent", {"limit": limit})]
+    def stream_status(self, name: str) -> dict[str, Any]:
+        """The stream handler's state (phase, positions, output end) and its running copies."""
+        reply: dict[str, Any] = self.call(StreamStatus, name=name)
+        return reply
 
-    def task_types(self) -> builtins.list[dict[str, Any]]:
-        """Every task type the answering node knows: name, description, default priority,
-        slots and payload JSON schema."""
-        return list(self.request("task.types"))
+    def aspect_create(self, name: str, *, batch_rows: int | None = None,
+                      pause: float = 0.0) -> dict[str, Any]:
+        reply: dict[str, Any] = self.call(AspectCreate, name=name,
+                                                      batch_rows=batch_rows, pause=pause)
+        return reply
 
-    def cluster_status(self) -> ClusterStatus:
-        return ClusterStatus.model_validate(self.request("cluster.status"))
+    def aspect_delete(self, name: str) -> dict[str, Any]:
+        reply: dict[str, Any] = self.call(AspectDelete, name=name)
+        return reply
+
+    def aspect(self, name: str) -> dict[str, Any]:
+        """An aspect's state, its task, and its batches done and total."""
+        reply: dict[str, Any] = self.call(AspectGet, name=name)
+        return reply
+
+    def aspects(self) -> builtins.list[dict[str, Any]]:
+        reply: builtins.list[dict[str, Any]] = self.call(AspectList)
+        return reply
+
+    def ontology_sync(self) -> dict[str, Any]:
+        """Ask the master to load new or changed ontologies: ``{"message_id"}``."""
+        reply: dict[str, Any] = self.call(OntologySync)
+        return reply
+
+    def ontologies(self) -> builtins.list[dict[str, Any]]:
+        reply: builtins.list[dict[str, Any]] = self.call(OntologyList)
+        return reply
+
+    def ontology(self, iri: str) -> dict[str, Any]:
+        """An ontology and its classes, each with its parents and its number of children."""
+        reply: dict[str, Any] = self.call(OntologyShow, iri=iri)
+        return reply
 
     # -- the dead-letter queue (read from RabbitMQ directly: no node needed) ------------------
     def dead_letters(self, limit: int = 100) -> builtins.list[DeadLetter]:
@@ -232,9 +307,22 @@ class Client:
             raise BrokerUnreachable(str(exc)) from exc
 
     # -- plumbing -------------------------------------------------------------------------------
+    def call(self, model: type[Request], **fields: Any) -> Any:
+        """Send one request of the API's contract (:mod:`runner.requests`): ``model`` of
+        ``fields``, validated here as the node validates it, so a wrong request is refused
+        before it is sent (:class:`RequestRefused`, code ``invalid``). The reply's ``result``
+        as JSON, or a :class:`ClientError`."""
+        try:
+            request = validate_payload(model, fields)
+        except ValidationError as exc:
+            raise RequestRefused(model.command, "invalid",
+                                 f"{model.command}: {summary(exc)}") from exc
+        return self.request(model.command, request.model_dump(mode="json"))
+
     def request(self, command: str, payload: dict[str, Any] | None = None,
                 timeout: float | None = None) -> Any:
-        """One API request; the reply's ``result``, or a :class:`ClientError`."""
+        """One API request by its command name, as it goes on the wire (prefer the typed
+        methods, or :meth:`call`); the reply's ``result``, or a :class:`ClientError`."""
         try:
             return self._api.request(command, payload, timeout=timeout or self.timeout)
         except RemoteError as exc:

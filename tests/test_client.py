@@ -8,10 +8,12 @@ import re
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 
+from coord import LifecycleError
 from coord.testing import free_ports
 from messaging.testing.plugin import AmqpNamespace
 from runner.client import Client
@@ -78,6 +80,29 @@ def test_errors_have_their_types_and_codes(cluster: Cluster,
         assert not isinstance(missing.value, RequestRefused)
         with pytest.raises(NoAnswer):
             client.wait(client.submit("diag.sleep", {"seconds": 30}).id, timeout=0.5)
+        # the contract is checked here too: a wrong request is refused before it is sent
+        with pytest.raises(RequestRefused) as empty:
+            client.get("")
+        assert (empty.value.code, empty.value.command) == ("invalid", "task.get")
+        with pytest.raises(RequestRefused) as naive:
+            client.submit("diag.sleep", {"seconds": 1}, run_at=datetime(2030, 1, 1))
+        assert naive.value.code == "invalid" and "timezone" in naive.value.detail
+    # a closed client refuses to be used instead of reconnecting behind its owner's back
+    with pytest.raises(LifecycleError, match="closed"):
+        client.list()
+
+
+def test_the_contract_is_every_command_the_node_answers() -> None:
+    """One request model per command (runner.requests), and the node has a handler for each
+    and for nothing else: the client, the node and the CLI share these models."""
+    from runner.node.api import NodeApi
+    from runner.requests import COMMANDS
+
+    handlers = NodeApi.handlers()
+    assert set(handlers) == set(COMMANDS)
+    assert all(model is COMMANDS[command] for command, (_, model) in handlers.items())
+    cli_sources = "\n".join(p.read_text() for p in (README.parent / "runner" / "cli").glob("*.py"))
+    assert ".request(" not in cli_sources, "the CLI sends raw command strings"
 
 
 def test_the_readme_example_runs(cluster: Cluster) -> None:

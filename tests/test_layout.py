@@ -75,6 +75,10 @@ RULES: list[tuple[str, tuple[str, ...], str]] = [
     ("runner", ("kazoo",), "all ZooKeeper state goes through coord's recipes, and coord "
                            "translates kazoo's errors: the runner never needs kazoo"),
     ("runner.errors", ("runner.",), "the error root is importable from anywhere"),
+    ("runner.requests", ("runner.tasks", "runner.ontology", "runner.pipeline", "runner.node",
+                         "runner.cli", "runner.devenv", "runner.testing", "runner.client",
+                         "runner.store.gremlin"),
+     "the API's contract is shared by the client and the node: it depends on neither"),
     ("runner.logs", ("runner.",), "logging setup is importable from anywhere"),
     ("runner.config", ("runner.devenv", "runner.testing", "runner.cli", "runner.node"),
      "loading settings loads no subprocess or front-end code"),

@@ -10,13 +10,14 @@ from typing import Any, cast
 import click
 
 from runner.cli.client import (
+    call,
     config_option,
     json_option,
     output,
-    request,
     timeout_option,
 )
 from runner.cli.root import cli, fail
+from runner.requests import AspectCreate, AspectDelete, AspectGet, AspectList
 
 
 @cli.group()
@@ -33,8 +34,7 @@ def _wait_aspect(name: str, config: Path | None, timeout: float, done: set[str])
                   TextColumn("{task.fields[rate]}")) as bar:
         job = bar.add_task(f"aspect {name}", total=None, rate="")
         while True:
-            result = cast(dict[str, Any], request(config, "aspect.get", {"name": name},
-                                                   timeout))
+            result = cast(dict[str, Any], call(config, AspectGet, timeout, name=name))
             p = result.get("progress") or {}
             bar.update(job, total=p.get("batches_total"), completed=p.get("batches_done", 0),
                        description=f"aspect {name} {result['state']}",
@@ -70,9 +70,8 @@ def aspect_create(name: str, wait: bool, batch_rows: int | None, pause: float,
                   config: Path | None, as_json: bool, timeout: float) -> None:
     """Create aspect NAME on every eligible avatar (the same request twice: one task)."""
     from runner.cli.console import render_aspect
-    result = cast(dict[str, Any], request(
-        config, "aspect.create", {"name": name, "batch_rows": batch_rows, "pause": pause},
-        timeout))
+    result = cast(dict[str, Any], call(config, AspectCreate, timeout, name=name,
+                                       batch_rows=batch_rows, pause=pause))
     if not wait:
         output(result, as_json, render_aspect)
         return
@@ -89,7 +88,7 @@ def aspect_delete(name: str, wait: bool, config: Path | None, as_json: bool,
                   timeout: float) -> None:
     """Remove aspect NAME from every avatar (through a task)."""
     from runner.cli.console import render_aspect
-    result = cast(dict[str, Any], request(config, "aspect.delete", {"name": name}, timeout))
+    result = cast(dict[str, Any], call(config, AspectDelete, timeout, name=name))
     if not wait:
         output(result, as_json, render_aspect)
         return
@@ -105,7 +104,7 @@ def aspect_delete(name: str, wait: bool, config: Path | None, as_json: bool,
 def aspect_show(name: str, config: Path | None, as_json: bool, timeout: float) -> None:
     """State, task and progress of aspect NAME."""
     from runner.cli.console import render_aspect
-    output(request(config, "aspect.get", {"name": name}, timeout), as_json, render_aspect)
+    output(call(config, AspectGet, timeout, name=name), as_json, render_aspect)
 
 
 @aspect.command("list")
@@ -115,6 +114,6 @@ def aspect_show(name: str, config: Path | None, as_json: bool, timeout: float) -
 def aspect_list(config: Path | None, as_json: bool, timeout: float) -> None:
     """Every defined aspect with its state."""
     from runner.cli.console import render_aspect_list
-    output(request(config, "aspect.list", None, timeout), as_json, render_aspect_list)
+    output(call(config, AspectList, timeout), as_json, render_aspect_list)
 
 

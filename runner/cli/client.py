@@ -26,6 +26,7 @@ from runner.cli.root import fail
 from runner.client import Client
 from runner.config import Settings
 from runner.errors import ClientError, ConfigError, RequestFailed, RequestRefused
+from runner.requests import Request
 
 # ---------------------------------------------------------------------------------------------
 # clients: task, cluster, ontology (through the API paradigm: any node answers)
@@ -61,11 +62,11 @@ def connect(config: Path | None, timeout: float) -> Iterator[Client]:
         raise fail(str(exc)) from exc
 
 
-def request(config: Path | None, command: str, payload: dict[str, object] | None,
-            timeout: float) -> Any:
-    """One API request through the client; the reply's result as JSON."""
+def call(config: Path | None, model: type[Request], timeout: float, **fields: Any) -> Any:
+    """One request of the API's contract through the client (:meth:`Client.call`); the
+    reply's result as JSON, as the node sent it (what ``--json`` prints)."""
     with connect(config, timeout) as client:
-        return client.request(command, payload)
+        return client.call(model, **fields)
 
 
 def print_json(value: object) -> None:

@@ -6,13 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from runner.cli.client import (
+    call,
     config_option,
     json_option,
     output,
-    request,
     timeout_option,
 )
 from runner.cli.root import cli
+from runner.requests import ClusterStatusQuery
 
 
 @cli.group()
@@ -28,6 +29,6 @@ def cluster_status(config: Path | None, as_json: bool, timeout: float) -> None:
     """Members, the master, and held task locks with owner and age."""
     from runner.cli.console import render_cluster_status
 
-    output(request(config, "cluster.status", None, timeout), as_json, render_cluster_status)
+    output(call(config, ClusterStatusQuery, timeout), as_json, render_cluster_status)
 
 

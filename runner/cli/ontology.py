@@ -8,13 +8,14 @@ from pathlib import Path
 import click
 
 from runner.cli.client import (
+    call,
     config_option,
     json_option,
     output,
-    request,
     timeout_option,
 )
 from runner.cli.root import cli
+from runner.requests import OntologyList, OntologyShow, OntologySync
 
 
 @cli.group()
@@ -28,7 +29,7 @@ def ontology() -> None:
 @timeout_option
 def ontology_sync(config: Path | None, as_json: bool, timeout: float) -> None:
     """Ask the master to compare the ontology source with the graph and load what changed."""
-    output(request(config, "ontology.sync", None, timeout), as_json,
+    output(call(config, OntologySync, timeout), as_json,
             lambda _: click.echo("synchronisation requested from the master"))
 
 
@@ -42,7 +43,7 @@ def ontology_list(config: Path | None, as_json: bool, timeout: float) -> None:
     """The loaded ontologies: IRI, version, classes, when loaded."""
     from runner.cli.console import render_ontologies
 
-    output(request(config, "ontology.list", None, timeout), as_json, render_ontologies)
+    output(call(config, OntologyList, timeout), as_json, render_ontologies)
 
 
 @ontology.command("show")
@@ -57,5 +58,5 @@ def ontology_show(iri: str, limit: int, config: Path | None, as_json: bool,
     """One ontology's classes with their parents and how many children each has."""
     from runner.cli.console import render_ontology
 
-    output(request(config, "ontology.show", {"iri": iri}, timeout), as_json,
+    output(call(config, OntologyShow, timeout, iri=iri), as_json,
            lambda result: render_ontology(result, limit))

@@ -9,15 +9,16 @@ from typing import Any
 import click
 
 from runner.cli.client import (
+    call,
     config_option,
     connect,
     json_option,
     output,
-    request,
     timeout_option,
 )
 from runner.cli.root import cli
 from runner.errors import InvalidSchedule
+from runner.requests import ScheduleList, SchedulePause, ScheduleRemove
 from runner.tasks.schedules import parse_every
 
 
@@ -87,7 +88,7 @@ def _render(schedules: list[dict[str, Any]]) -> None:
 @timeout_option
 def schedule_list(config: Path | None, as_json: bool, timeout: float) -> None:
     """Every schedule with its last and next fire."""
-    output(request(config, "schedule.list", None, timeout), as_json, _render)
+    output(call(config, ScheduleList, timeout), as_json, _render)
 
 
 @schedule.command("remove")
@@ -97,7 +98,7 @@ def schedule_list(config: Path | None, as_json: bool, timeout: float) -> None:
 def schedule_remove(name: str, config: Path | None, timeout: float) -> None:
     """Remove schedule NAME (the tasks it created stay; those made ahead that have not
     started are stopped, with the reason "schedule NAME removed")."""
-    request(config, "schedule.remove", {"name": name}, timeout)
+    call(config, ScheduleRemove, timeout, name=name)
     click.echo(f"schedule {name} removed")
 
 
@@ -110,5 +111,5 @@ def schedule_pause(name: str, resume: bool, config: Path | None, timeout: float)
     """Pause schedule NAME: no fires until it is resumed (fires while paused are not made
     up). Fires already made ahead (up to 5 s) that have not started are stopped too, with the
     reason "schedule NAME paused" (task show prints it); one that started runs to its end."""
-    request(config, "schedule.pause", {"name": name, "paused": not resume}, timeout)
+    call(config, SchedulePause, timeout, name=name, paused=not resume)
     click.echo(f"schedule {name} {'resumed' if resume else 'paused'}")

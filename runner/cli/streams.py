@@ -8,8 +8,9 @@ from typing import Any
 
 import click
 
-from runner.cli.client import config_option, json_option, output, request, timeout_option
+from runner.cli.client import call, config_option, json_option, output, timeout_option
 from runner.cli.root import cli
+from runner.requests import StreamStart, StreamStatus
 
 
 @cli.group()
@@ -27,8 +28,7 @@ def stream() -> None:
 def stream_start(name: str, redundancy: int, config: Path | None, as_json: bool,
                  timeout: float) -> None:
     """Start stream NAME (idempotent: its copy tasks are created once)."""
-    result = request(config, "stream.start", {"name": name, "redundancy": redundancy},
-                     timeout)
+    result = call(config, StreamStart, timeout, name=name, redundancy=redundancy)
     output(result, as_json,
            lambda r: click.echo(f"stream {name}: copy tasks {', '.join(r['copies'])}"))
 
@@ -49,4 +49,4 @@ def _render(status: dict[str, Any]) -> None:
 @timeout_option
 def stream_status(name: str, config: Path | None, as_json: bool, timeout: float) -> None:
     """The stream's phase, input positions, output end and running copies."""
-    output(request(config, "stream.status", {"name": name}, timeout), as_json, _render)
+    output(call(config, StreamStatus, timeout, name=name), as_json, _render)

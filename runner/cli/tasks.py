@@ -10,16 +10,17 @@ from pathlib import Path
 import click
 
 from runner.cli.client import (
+    call,
     config_option,
     connect,
     json_option,
     output,
     print_json,
-    request,
     timeout_option,
 )
 from runner.cli.root import cli
 from runner.node.views import Cancelled
+from runner.requests import TaskGet, TaskList
 
 
 @cli.group()
@@ -95,8 +96,8 @@ def task_list(unfinished: bool, task_type: str | None, ordering_key: str | None,
     """List tasks (newest first; --unfinished: in the order nodes pick them)."""
     from runner.cli.console import render_task_list
 
-    result = request(config, "task.list", {"unfinished": unfinished, "type": task_type,
-                                           "ordering_key": ordering_key}, timeout)
+    result = call(config, TaskList, timeout, unfinished=unfinished, type=task_type,
+                  ordering_key=ordering_key)
     output(result, as_json, render_task_list)
 
 
@@ -113,7 +114,7 @@ def task_show(task_id: str, follow: bool, config: Path | None, as_json: bool,
     """The attempt report of one task: status, every attempt, errors and stack traces."""
     from runner.cli.console import render_task_report
 
-    output(request(config, "task.get", {"id": task_id}, timeout), as_json, render_task_report)
+    output(call(config, TaskGet, timeout, id=task_id), as_json, render_task_report)
     if follow:
         from runner.cli.top import follow as follow_task
 

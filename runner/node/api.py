@@ -1,4 +1,5 @@
-"""The node's API: request models and one handler per command, answered by any node.
+"""The node's API: one handler per command of the contract (:mod:`runner.requests`), answered by
+any node.
 
 Each handler is registered on the API paradigm under its command name (``task.submit``,
 ``task.list``, ...): the request payload is validated into its model first (an invalid one is
@@ -10,35 +11,42 @@ Replies are the JSON views of :mod:`runner.node.views`, which the CLI also reads
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
-from datetime import datetime
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
-
-from pydantic import BaseModel
 
 from coord import (
     VersionedRegister,
 )
 from messaging import HandlerContext, MessageBus
 from runner.errors import NoOntologySource, OntologyNotFound, TaskArchived, TaskNotFound
-from runner.node.requests import (
-    AspectCreate,
-    AspectRef,
-    OntologyRef,
-    Recent,
-    ScheduleAdd,
-    SchedulePause,
-    ScheduleRef,
-    StreamRef,
-    StreamStart,
-    Submit,
-    TaskCancel,
-    TaskId,
-    TaskQuery,
-    schedule_view,
-)
 from runner.node.status import cluster_status
 from runner.node.views import attempt_view, ontology_view, progress_view, task_view
+from runner.requests import (
+    AspectCreate,
+    AspectDelete,
+    AspectGet,
+    AspectList,
+    AttemptRecent,
+    ClusterStatusQuery,
+    OntologyList,
+    OntologyShow,
+    OntologySync,
+    Request,
+    ScheduleAdd,
+    ScheduleList,
+    SchedulePause,
+    ScheduleRemove,
+    StreamStart,
+    StreamStatus,
+    TaskCancel,
+    TaskDeactivate,
+    TaskGet,
+    TaskList,
+    TaskReactivate,
+    TaskSkip,
+    TaskSubmit,
+    TaskTypes,
+)
 from runner.tasks import schedules, streams
 
 log = logging.getLogger("latchwork.node")
@@ -55,14 +63,11 @@ if TYPE_CHECKING:
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: (command, request model) set by :func:`api`; (method name, request model) in routes()
-Route = tuple[str, type[BaseModel] | None]
 
-
-def api(command: str, model: type[BaseModel] | None = None) -> Callable[[F], F]:
-    """Mark a :class:`NodeApi` method as the handler of ``command``."""
+def api(model: type[Request]) -> Callable[[F], F]:
+    """Mark a :class:`NodeApi` method as the handler of ``model.command``."""
     def mark(method: F) -> F:
-        method.__dict__["api_route"] = (command, model)
+        method.__dict__["api_request"] = model
         return method
     return mark
 
@@ -82,9 +87,7 @@ class Node(Protocol):
     @property
     def member_id(self) -> str: ...
 
-    def submit(self, task_type: str, payload: dict[str, Any], unique_key: str | None = None,
-               priority: int | None = None, *, run_at: datetime | None = None,
-               ordering_key: str | None = None, resources: Sequence[str] = ()) -> Task: ...
+    def submit(self, req: TaskSubmit) -> Task: ...
 
     def cancel(self, task_id: str, by: str, reason: str | None = None) -> dict[str, Any]: ...
 
@@ -111,33 +114,31 @@ class NodeApi:
         return self.node.pipeline
 
     @classmethod
-    def routes(cls) -> dict[str, Route]:
+    def handlers(cls) -> dict[str, tuple[str, type[Request]]]:
         """Every API command with its handler's name and request model."""
         found = {}
         for name in dir(cls):
-            route: Route | None = getattr(getattr(cls, name), "api_route", None)
-            if route is not None:
-                found[name] = route
-        return {command: (name, model) for name, (command, model) in found.items()}
+            model: type[Request] | None = getattr(getattr(cls, name), "api_request", None)
+            if model is not None:
+                found[model.command] = (name, model)
+        return found
 
     @classmethod
     def register(cls, node: Node, bus: MessageBus) -> NodeApi:
         handlers = cls(node)
-        for command, (name, model) in cls.routes().items():
+        for command, (name, model) in cls.handlers().items():
             bus.api.handler(command, model)(getattr(handlers, name))
         return handlers
 
-    @api("task.submit", Submit)
-    def submit(self, ctx: HandlerContext, req: Submit) -> dict[str, Any]:
-        task = self.node.submit(req.type, req.payload, req.unique_key, req.priority,
-                                run_at=req.when(), ordering_key=req.ordering_key,
-                                resources=req.resources)
+    @api(TaskSubmit)
+    def submit(self, ctx: HandlerContext, req: TaskSubmit) -> dict[str, Any]:
+        task = self.node.submit(req)
         log.info("member %s: task %s (%s) submitted by %s", self.node.member_id, task.id,
                  task.type, ctx.envelope.sender)
         return task_view(task)
 
-    @api("task.list", TaskQuery)
-    def list_tasks(self, ctx: HandlerContext, q: TaskQuery) -> list[dict[str, Any]]:
+    @api(TaskList)
+    def list_tasks(self, ctx: HandlerContext, q: TaskList) -> list[dict[str, Any]]:
         if q.ordering_key is not None:
             tasks = self.store.tasks.with_key(q.ordering_key)
         elif q.unfinished:
@@ -148,8 +149,8 @@ class NodeApi:
         return [{**task_view(t), "progress": progress_view(progress.get(t.id))}
                 for t in tasks if q.type is None or t.type == q.type]
 
-    @api("attempt.recent", Recent)
-    def recent_attempts(self, ctx: HandlerContext, q: Recent) -> list[dict[str, Any]]:
+    @api(AttemptRecent)
+    def recent_attempts(self, ctx: HandlerContext, q: AttemptRecent) -> list[dict[str, Any]]:
         """The attempts that ended last, newest first, each with its task's type."""
         types: dict[str, str] = {}
         views = []
@@ -160,14 +161,14 @@ class NodeApi:
                           "type": types[attempt.task_id]})
         return views
 
-    @api("stream.start", StreamStart)
+    @api(StreamStart)
     def stream_start(self, ctx: HandlerContext, req: StreamStart) -> dict[str, Any]:
         """Create the stream's copy tasks (idempotent); the nodes start them."""
         ids = streams.start(self.node.submit, self.node.streams, req.name, req.redundancy)
         return {"stream": req.name, "copies": ids}
 
-    @api("stream.status", StreamRef)
-    def stream_status(self, ctx: HandlerContext, req: StreamRef) -> dict[str, Any]:
+    @api(StreamStatus)
+    def stream_status(self, ctx: HandlerContext, req: StreamStatus) -> dict[str, Any]:
         """The handler's state (phase, input positions, output end) and the running copies."""
         self.node.streams.get(req.name)
         state, version = VersionedRegister(self.node.session,
@@ -175,13 +176,13 @@ class NodeApi:
         return {"stream": req.name, "version": version, "state": state,
                 "copies": streams.copies(self.node.session, req.name)}
 
-    @api("task.types")
-    def task_types(self, ctx: HandlerContext, payload: dict[str, Any]) -> list[dict[str, Any]]:
+    @api(TaskTypes)
+    def task_types(self, ctx: HandlerContext, req: TaskTypes) -> list[dict[str, Any]]:
         """Every task type this node knows, with its description and payload JSON schema."""
         return [kind.describe() for kind in self.node.registry.all()]
 
-    @api("task.get", TaskId)
-    def get_task(self, ctx: HandlerContext, ref: TaskId) -> dict[str, Any]:
+    @api(TaskGet)
+    def get_task(self, ctx: HandlerContext, ref: TaskGet) -> dict[str, Any]:
         try:
             task = self.store.tasks.get(ref.id)
         except TaskNotFound:
@@ -195,38 +196,38 @@ class NodeApi:
                 "attempts": [attempt_view(a) for a in self.store.attempts.for_task(ref.id)],
                 "progress": self.pipeline.progress_of(task)}
 
-    @api("aspect.create", AspectCreate)
+    @api(AspectCreate)
     def aspect_create(self, ctx: HandlerContext, req: AspectCreate) -> dict[str, Any]:
         return self.pipeline.create(req.name, batch_rows=req.batch_rows, pause=req.pause)
 
-    @api("aspect.delete", AspectRef)
-    def aspect_delete(self, ctx: HandlerContext, req: AspectRef) -> dict[str, Any]:
+    @api(AspectDelete)
+    def aspect_delete(self, ctx: HandlerContext, req: AspectDelete) -> dict[str, Any]:
         return self.pipeline.delete(req.name)
 
-    @api("aspect.get", AspectRef)
-    def aspect_get(self, ctx: HandlerContext, req: AspectRef) -> dict[str, Any]:
+    @api(AspectGet)
+    def aspect_get(self, ctx: HandlerContext, req: AspectGet) -> dict[str, Any]:
         return self.pipeline.describe(req.name)
 
-    @api("aspect.list")
-    def aspect_list(self, ctx: HandlerContext, payload: dict[str, Any]) -> list[dict[str, Any]]:
+    @api(AspectList)
+    def aspect_list(self, ctx: HandlerContext, req: AspectList) -> list[dict[str, Any]]:
         return [self.pipeline.describe(d.name) for d in self.node.aspects.all()]
 
-    @api("task.deactivate", TaskId)
-    def deactivate(self, ctx: HandlerContext, ref: TaskId) -> dict[str, Any]:
+    @api(TaskDeactivate)
+    def deactivate(self, ctx: HandlerContext, ref: TaskDeactivate) -> dict[str, Any]:
         return self.node.cancel(ref.id, ctx.envelope.sender)
 
-    @api("task.cancel", TaskCancel)
+    @api(TaskCancel)
     def cancel(self, ctx: HandlerContext, req: TaskCancel) -> dict[str, Any]:
         return self.node.cancel(req.id, ctx.envelope.sender, req.reason)
 
-    @api("task.reactivate", TaskId)
-    def reactivate(self, ctx: HandlerContext, ref: TaskId) -> dict[str, Any]:
+    @api(TaskReactivate)
+    def reactivate(self, ctx: HandlerContext, ref: TaskReactivate) -> dict[str, Any]:
         task = self.store.tasks.reactivate(ref.id)
         self.bus.broadcast("TRIGGER_SCAN", {"task": task.id})
         return task_view(task)
 
-    @api("task.skip", TaskId)
-    def skip(self, ctx: HandlerContext, ref: TaskId) -> dict[str, Any]:
+    @api(TaskSkip)
+    def skip(self, ctx: HandlerContext, ref: TaskSkip) -> dict[str, Any]:
         """Finish a stopped or waiting task without running it: its ordering key goes on."""
         task = self.store.tasks.skip(ref.id)
         log.warning("member %s: task %s (%s) skipped by %s", self.node.member_id, task.id,
@@ -234,52 +235,50 @@ class NodeApi:
         self.bus.broadcast("TRIGGER_SCAN", {"task": task.id})
         return task_view(task)
 
-    @api("schedule.add", ScheduleAdd)
+    @api(ScheduleAdd)
     def schedule_add(self, ctx: HandlerContext, req: ScheduleAdd) -> dict[str, Any]:
         """Add a recurring schedule; the master creates one task per fire."""
         self.node.registry.get(req.spec.type).parse(req.spec.payload)
         added = self.store.schedules.add(req.name, req.spec.model_dump())
         log.info("member %s: schedule %s added by %s", self.node.member_id, req.name,
                  ctx.envelope.sender)
-        return schedule_view(added)
+        return schedules.describe(added)
 
-    @api("schedule.list")
-    def schedule_list(self, ctx: HandlerContext, payload: dict[str, Any]
-                      ) -> list[dict[str, Any]]:
-        return [schedule_view(s) for s in self.store.schedules.all()]
+    @api(ScheduleList)
+    def schedule_list(self, ctx: HandlerContext, req: ScheduleList) -> list[dict[str, Any]]:
+        return [schedules.describe(s) for s in self.store.schedules.all()]
 
-    @api("schedule.remove", ScheduleRef)
-    def schedule_remove(self, ctx: HandlerContext, ref: ScheduleRef) -> dict[str, Any]:
+    @api(ScheduleRemove)
+    def schedule_remove(self, ctx: HandlerContext, ref: ScheduleRemove) -> dict[str, Any]:
         """Remove a schedule; its fires that have not started are stopped."""
         schedules.remove(self.store, ref.name)
         return {"name": ref.name, "removed": True}
 
-    @api("schedule.pause", SchedulePause)
+    @api(SchedulePause)
     def schedule_pause(self, ctx: HandlerContext, req: SchedulePause) -> dict[str, Any]:
         """Pause (or resume) a schedule: a pause also stops its fires that have not started;
         fires while paused are not made up on resume."""
-        return schedule_view(schedules.pause(self.store, req.name, req.paused))
+        return schedules.describe(schedules.pause(self.store, req.name, req.paused))
 
-    @api("cluster.status")
-    def status(self, ctx: HandlerContext, payload: dict[str, Any]) -> dict[str, Any]:
+    @api(ClusterStatusQuery)
+    def status(self, ctx: HandlerContext, req: ClusterStatusQuery) -> dict[str, Any]:
         return cluster_status(self.node.session, self.node.settings, self.node.member_id,
                               self.store)
 
-    @api("ontology.sync")
-    def ontology_sync(self, ctx: HandlerContext, payload: dict[str, Any]) -> dict[str, Any]:
+    @api(OntologySync)
+    def ontology_sync(self, ctx: HandlerContext, req: OntologySync) -> dict[str, Any]:
         if self.node.settings.ontology_source is None:
             raise NoOntologySource("no ontology source is configured (set ontology_source, "
                                    "LATCHWORK_ONTOLOGY_SOURCE): nothing to synchronise")
         sent = self.bus.send_master("SYNCHRONIZE_MODEL", {"reason": "requested"})
         return {"message_id": str(sent.id)}
 
-    @api("ontology.list")
-    def ontology_list(self, ctx: HandlerContext, payload: dict[str, Any]
-                      ) -> list[dict[str, Any]]:
+    @api(OntologyList)
+    def ontology_list(self, ctx: HandlerContext, req: OntologyList) -> list[dict[str, Any]]:
         return [ontology_view(o) for o in self.store.ontologies.all()]
 
-    @api("ontology.show", OntologyRef)
-    def ontology_show(self, ctx: HandlerContext, ref: OntologyRef) -> dict[str, Any]:
+    @api(OntologyShow)
+    def ontology_show(self, ctx: HandlerContext, ref: OntologyShow) -> dict[str, Any]:
         """An ontology and its classes, each with its parents and how many children it has
         (in any loaded ontology)."""
         record = self.store.ontologies.get(ref.iri)

@@ -22,8 +22,6 @@ running tasks, and membership and latch register again on the next session.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from datetime import datetime
 from typing import Any
 
 from coord import (
@@ -43,6 +41,7 @@ from runner.ontology import OntologyCache, OntologySync, register_ontology_tasks
 from runner.pipeline.aspects import AspectRegistry
 from runner.pipeline.handlers import Pipeline, register_pipeline_tasks
 from runner.pipeline.spark import stop_spark
+from runner.requests import TaskSubmit
 from runner.store import GraphStore, Task
 from runner.tasks import TaskRegistry, due
 from runner.tasks.authoring import load_entry_points, load_modules
@@ -202,24 +201,23 @@ class Node:
                  "came back", self.member_id, self.cache.size)
         self.processor.trigger()
 
-    def submit(self, task_type: str, payload: dict[str, Any], unique_key: str | None = None,
-               priority: int | None = None, *, run_at: datetime | None = None,
-               ordering_key: str | None = None, resources: Sequence[str] = ()) -> Task:
-        """Create a task (validated; at its type's default priority, and with its type's
-        resources besides ``resources``) and tell every node to scan now. A task due later
-        than the open queue's horizon waits in a time bucket: the bucket cursor is made sure
-        of first (:mod:`runner.tasks.due`)."""
+    def submit(self, req: TaskSubmit) -> Task:
+        """Create a task (its payload validated; at its type's default priority, and with its
+        type's resources besides the request's) and tell every node to scan now: the API's
+        ``task.submit`` and every task the node makes itself (schedule fires, stream copies,
+        aspect tasks) come through here. A task due later than the open queue's horizon waits
+        in a time bucket: the bucket cursor is made sure of first (:mod:`runner.tasks.due`)."""
         assert self.store is not None and self.bus is not None
-        kind = self.registry.get(task_type)
-        kind.parse(payload)
-        if priority is None:
-            priority = kind.priority
+        kind = self.registry.get(req.type)
+        kind.parse(req.payload)
+        run_at = req.when()
         if due.needs_cursor(run_at):
             due.ensure_cursor(self.session)
-        task = self.store.tasks.create(task_type, payload, unique_key=unique_key,
-                                       priority=priority, run_at=run_at,
-                                       ordering_key=ordering_key,
-                                       resources=[*kind.resources, *resources])
+        task = self.store.tasks.create(req.type, req.payload, unique_key=req.unique_key,
+                                       priority=kind.priority if req.priority is None
+                                       else req.priority, run_at=run_at,
+                                       ordering_key=req.ordering_key,
+                                       resources=[*kind.resources, *req.resources])
         self.bus.broadcast("TRIGGER_SCAN", {"task": task.id})
         return task
 

@@ -39,6 +39,7 @@ from runner.pipeline.job import BatchWorker, coordinator_for, progress
 from runner.pipeline.snapshot import write_snapshot
 from runner.pipeline.spark import spark_session
 from runner.pipeline.storage import SeriesPaths
+from runner.requests import TaskSubmit
 from runner.store import GraphStore, Task
 from runner.store.model import ASPECT_PATTERN
 from runner.tasks import TaskContext, TaskRegistry
@@ -77,7 +78,7 @@ class Pipeline:
     store: GraphStore
     cache: OntologyCache
     aspects: AspectRegistry
-    submit: Callable[[str, dict[str, Any], str | None], Task]  # creates + notifies
+    submit: Callable[[TaskSubmit], Task]  # creates + notifies
     member: str
 
     @property
@@ -141,8 +142,8 @@ class Pipeline:
 
     def _attach(self, name: str, current: AspectState, task_type: str,
                 payload: AspectPayload, verb: str) -> None:
-        task = self.submit(task_type, payload.model_dump(),
-                           f"aspect:{name}:g{current.generation}:{verb}")
+        task = self.submit(TaskSubmit(type=task_type, payload=payload.model_dump(),
+                                      unique_key=f"aspect:{name}:g{current.generation}:{verb}"))
 
         def decide(cur: AspectState) -> AspectState | None:
             if cur.state is current.state and cur.generation == current.generation \
@@ -225,8 +226,9 @@ class Pipeline:
             log.info("member %s: task %s: series %s over %d avatars of %d eligible classes",
                      self.member, ctx.task.id, sid, rows, len(classes))
         for i in range(1, self.settings.batch_workers + 1):
-            self.submit("aspect.batches", HelperPayload(**payload.model_dump(), worker=i)
-                        .model_dump(), f"{sid}:worker:{i}")
+            self.submit(TaskSubmit(type="aspect.batches", unique_key=f"{sid}:worker:{i}",
+                                   payload=HelperPayload(**payload.model_dump(), worker=i)
+                                   .model_dump()))
         try:
             self._worker(ctx, payload, definition, sid).run()
         except Exception as exc:

@@ -34,14 +34,14 @@ import logging
 import re
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any
 
 from apscheduler.triggers.base import BaseTrigger
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
-from pydantic import BaseModel, Field, model_validator
 
 from runner.errors import CommitConflict, InvalidSchedule, ScheduleNotFound
+from runner.requests import ScheduleSpec, TaskSubmit
 from runner.store import GraphStore, Task, TaskStatus, codec
 from runner.store.gremlin.schedules import Schedule
 
@@ -66,28 +66,6 @@ def parse_every(text: str) -> float:
     if seconds <= 0:
         raise InvalidSchedule(f"the interval must be positive, not {text!r}")
     return seconds
-
-
-class ScheduleSpec(BaseModel):
-    cron: str | None = None
-    every: float | None = Field(None, gt=0)
-    type: str = Field(min_length=1)
-    payload: dict[str, Any] = Field(default_factory=dict)
-    priority: int | None = None
-    ordering_key: str | None = Field(None, min_length=1)
-    resources: list[str] = Field(default_factory=list)
-    misfire: Literal["run_once", "skip"] = "run_once"
-
-    @model_validator(mode="after")
-    def _one_trigger(self) -> ScheduleSpec:
-        if (self.cron is None) == (self.every is None):
-            raise ValueError("give a cron expression or an interval, one of them")
-        if self.cron is not None:
-            try:
-                CronTrigger.from_crontab(self.cron, timezone="UTC")
-            except ValueError as exc:
-                raise ValueError(f"bad cron expression {self.cron!r}: {exc}") from exc
-        return self
 
 
 def trigger_of(spec: ScheduleSpec, created: datetime) -> BaseTrigger:
@@ -146,10 +124,21 @@ def remove(store: GraphStore, name: str) -> None:
     stop_pending_fires(store, name, f"schedule {name} removed")
 
 
+def describe(s: Schedule) -> dict[str, Any]:
+    """A schedule as the API shows it: its spec, paused, last and next fire."""
+    spec = ScheduleSpec.model_validate(s.spec)
+    nxt = None if s.paused else next_after(trigger_of(spec, s.created_at),
+                                           s.last_fire or s.created_at)
+    return {"name": s.name, **s.spec, "paused": s.paused,
+            "created_at": s.created_at.isoformat(),
+            "last_fire": s.last_fire.isoformat() if s.last_fire else None,
+            "next_fire": nxt.isoformat() if nxt else None}
+
+
 class ScheduleFirer:
     """The master's schedule round (:meth:`tick`); ``submit`` creates a task like the API."""
 
-    def __init__(self, store: GraphStore, submit: Callable[..., Task]) -> None:
+    def __init__(self, store: GraphStore, submit: Callable[[TaskSubmit], Task]) -> None:
         self.store = store
         self.submit = submit
 
@@ -180,9 +169,11 @@ class ScheduleFirer:
 
     def _create(self, schedule: Schedule, spec: ScheduleSpec, fire: datetime,
                 run_at: datetime) -> None:
-        task = self.submit(spec.type, dict(spec.payload), fire_key(schedule.name, fire),
-                           spec.priority, run_at=run_at, ordering_key=spec.ordering_key,
-                           resources=spec.resources)
+        task = self.submit(TaskSubmit(type=spec.type, payload=dict(spec.payload),
+                                      unique_key=fire_key(schedule.name, fire),
+                                      priority=spec.priority, run_at=run_at,
+                                      ordering_key=spec.ordering_key,
+                                      resources=spec.resources))
         log.info("schedule %s: fire %s is task %s", schedule.name, fire.isoformat(), task.id)
 
     def _fire(self, schedule: Schedule, now: datetime) -> int:

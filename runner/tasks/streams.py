@@ -50,6 +50,7 @@ from coord import (
 from coord.exactly_once import Output
 from coord.stream_input import Handler, dead_queue
 from runner.errors import UnknownStream
+from runner.requests import TaskSubmit
 from runner.tasks.context import TaskContext, TaskDeclined
 from runner.tasks.registry import TaskRegistry
 from runner.tasks.retry import RetryPolicy
@@ -223,12 +224,13 @@ def register_stream_tasks(registry: TaskRegistry) -> None:
                                   "(started by `latchwork stream start`)")
 
 
-def start(submit: Callable[..., Any], streams: StreamRegistry, name: str,
+def start(submit: Callable[[TaskSubmit], Any], streams: StreamRegistry, name: str,
           redundancy: int) -> list[str]:
     """Create the copy tasks of stream ``name`` (idempotent); their ids."""
     streams.get(name)
-    return [submit(COPY_TASK, {"stream": name, "copy_no": k},
-                   unique_key=f"stream:{name}:copy:{k}").id for k in range(redundancy)]
+    return [submit(TaskSubmit(type=COPY_TASK, payload={"stream": name, "copy_no": k},
+                              unique_key=f"stream:{name}:copy:{k}")).id
+            for k in range(redundancy)]
 
 
 # -- the built-in example ------------------------------------------------------------------------

@@ -1,0 +1,220 @@
+"""The API's contract: one request model per command, shared by the client and the node.
+
+Each model names its command (``TaskSubmit.command == "task.submit"``) and says what the
+command accepts. The node validates every request into its model before the handler runs (an
+invalid one is refused: dead-lettered and answered ``invalid``); :class:`runner.client.Client`
+builds the same models for its typed methods, so a wrong request is refused before it is sent
+(:class:`~runner.errors.RequestRefused`, code ``invalid``), and the CLI sends only these models
+through the client. A command is declared once; declaring it twice fails at import
+(:data:`COMMANDS`). Pure models; nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Annotated, Any, ClassVar, Literal
+
+from apscheduler.triggers.cron import CronTrigger
+from pydantic import AwareDatetime, BaseModel, Field, model_validator
+
+from runner.store import codec
+from runner.store.model import ASPECT_PATTERN
+
+#: every command and its request model
+COMMANDS: dict[str, type[Request]] = {}
+
+
+class Request(BaseModel):
+    """A request of one API command (``command``)."""
+
+    command: ClassVar[str]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        command = cls.__dict__.get("command")
+        if command is None:
+            return  # a base of several requests (a shared field), not a command
+        other = COMMANDS.get(command)
+        if other is not None and other.__qualname__ != cls.__qualname__:
+            raise TypeError(f"command {command!r} of {cls.__qualname__} is already "
+                            f"{other.__qualname__}'s")
+        COMMANDS[command] = cls
+
+
+# -- tasks ------------------------------------------------------------------------------------
+
+
+class TaskSubmit(Request):
+    """Create a task; ``priority`` None: the type's default."""
+
+    command = "task.submit"
+    type: str = Field(min_length=1)
+    payload: dict[str, Any] = Field(default_factory=dict)
+    priority: int | None = None
+    unique_key: str | None = None
+    run_at: AwareDatetime | None = None  # not claimed before this instant
+    delay: float | None = Field(default=None, ge=0)  # seconds from now (instead of run_at)
+    ordering_key: str | None = Field(default=None, min_length=1, max_length=200)
+    resources: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(
+        default_factory=list, max_length=32)
+
+    @model_validator(mode="after")
+    def _one_time(self) -> TaskSubmit:
+        if self.run_at is not None and self.delay is not None:
+            raise ValueError("give run_at or delay, not both")
+        return self
+
+    def when(self) -> datetime | None:
+        if self.delay is not None:
+            return codec.now() + timedelta(seconds=self.delay)
+        return self.run_at
+
+
+class TaskList(Request):
+    """Tasks, newest first; ``unfinished``: the open ones in the order nodes take them;
+    ``ordering_key``: that key's unfinished tasks in the order they run."""
+
+    command = "task.list"
+    unfinished: bool = False
+    type: str | None = None
+    ordering_key: str | None = None
+
+
+class TaskRef(Request):
+    id: str = Field(min_length=1)
+
+
+class TaskGet(TaskRef):
+    command = "task.get"
+
+
+class TaskCancel(TaskRef):
+    command = "task.cancel"
+    reason: str | None = Field(default=None, max_length=1000)
+
+
+class TaskDeactivate(TaskRef):
+    command = "task.deactivate"
+
+
+class TaskReactivate(TaskRef):
+    command = "task.reactivate"
+
+
+class TaskSkip(TaskRef):
+    command = "task.skip"
+
+
+class TaskTypes(Request):
+    command = "task.types"
+
+
+class AttemptRecent(Request):
+    command = "attempt.recent"
+    limit: int = Field(default=10, ge=1, le=1000)
+
+
+# -- schedules --------------------------------------------------------------------------------
+
+
+class ScheduleSpec(BaseModel):
+    """What a schedule fires: a cron expression (UTC) or an interval in seconds, and the task."""
+
+    cron: str | None = None
+    every: float | None = Field(default=None, gt=0)
+    type: str = Field(min_length=1)
+    payload: dict[str, Any] = Field(default_factory=dict)
+    priority: int | None = None
+    ordering_key: str | None = Field(default=None, min_length=1)
+    resources: list[str] = Field(default_factory=list)
+    misfire: Literal["run_once", "skip"] = "run_once"
+
+    @model_validator(mode="after")
+    def _one_trigger(self) -> ScheduleSpec:
+        if (self.cron is None) == (self.every is None):
+            raise ValueError("give a cron expression or an interval, one of them")
+        if self.cron is not None:
+            try:
+                CronTrigger.from_crontab(self.cron, timezone="UTC")
+            except ValueError as exc:
+                raise ValueError(f"bad cron expression {self.cron!r}: {exc}") from exc
+        return self
+
+
+class ScheduleRef(Request):
+    name: str = Field(min_length=1, max_length=200, pattern=r"^[^\s/]+$")
+
+
+class ScheduleAdd(ScheduleRef):
+    command = "schedule.add"
+    spec: ScheduleSpec
+
+
+class ScheduleList(Request):
+    command = "schedule.list"
+
+
+class ScheduleRemove(ScheduleRef):
+    command = "schedule.remove"
+
+
+class SchedulePause(ScheduleRef):
+    """Pause a schedule (its fires that have not started are stopped too), or resume it."""
+
+    command = "schedule.pause"
+    paused: bool = True
+
+
+# -- streams, aspects, ontologies, the cluster ------------------------------------------------
+
+
+class StreamRef(Request):
+    name: str = Field(min_length=1)
+
+
+class StreamStart(StreamRef):
+    command = "stream.start"
+    redundancy: int = Field(default=2, ge=1, le=16)
+
+
+class StreamStatus(StreamRef):
+    command = "stream.status"
+
+
+class AspectRef(Request):
+    name: str = Field(pattern=ASPECT_PATTERN)
+
+
+class AspectCreate(AspectRef):
+    command = "aspect.create"
+    batch_rows: int | None = Field(default=None, ge=1)
+    pause: float = Field(default=0.0, ge=0, le=3600)
+
+
+class AspectDelete(AspectRef):
+    command = "aspect.delete"
+
+
+class AspectGet(AspectRef):
+    command = "aspect.get"
+
+
+class AspectList(Request):
+    command = "aspect.list"
+
+
+class OntologySync(Request):
+    command = "ontology.sync"
+
+
+class OntologyList(Request):
+    command = "ontology.list"
+
+
+class OntologyShow(Request):
+    command = "ontology.show"
+    iri: str = Field(min_length=1)
+
+
+class ClusterStatusQuery(Request):
+    command = "cluster.status"
