@@ -36,7 +36,13 @@ from runner.errors import (
 from runner.store import Attempt, AttemptStatus, GraphStore, codec
 from runner.tasks import due
 from runner.tasks.claim import Running
-from runner.tasks.context import TaskCancelled, TaskConflict, TaskContext, TaskDeclined
+from runner.tasks.context import (
+    CancelToken,
+    TaskCancelled,
+    TaskConflict,
+    TaskContext,
+    TaskDeclined,
+)
 from runner.tasks.outcomes import AttemptResult, Outcome, task_changes
 from runner.tasks.progress import ProgressReporter
 from runner.tasks.registry import TaskRegistry, TaskType
@@ -47,6 +53,43 @@ log = logging.getLogger("latchwork.tasks")
 #: before-attempt hooks get the context; after-attempt hooks also the final status and error
 BeforeHook = Callable[[TaskContext], None]
 AfterHook = Callable[[TaskContext, AttemptStatus, str | None], None]
+
+
+def attempt_result(body: Callable[[], None], cancel: CancelToken) -> AttemptResult:
+    """Run ``body`` (the hooks and the handler of one attempt) and say what the attempt came
+    to; never raises. Cancelled (the token, or :class:`TaskCancelled`), declined, a commit
+    conflict, a resource lost to a fenced write (which cancels the token), or failed with the
+    error and its stack trace; an error raised once the token was cancelled is a
+    cancellation."""
+    try:
+        body()
+        if cancel.cancelled:
+            raise TaskCancelled(cancel.reason)
+    except TaskCancelled:
+        return AttemptResult.cancelled(f"cancelled by system: {cancel.reason}")
+    except TaskDeclined as exc:
+        return AttemptResult.declined(f"declined: {exc}")
+    except (TaskConflict, CommitConflict) as exc:
+        return AttemptResult.conflict(f"commit conflict: {exc}")
+    except ResourceTaken as exc:  # a fenced write of the handler: it lost a resource
+        cancel.cancel(f"it lost a resource: {exc}")
+        return AttemptResult.cancelled(f"cancelled by system: {cancel.reason}")
+    except Exception as exc:
+        if cancel.cancelled:
+            return AttemptResult.cancelled(f"cancelled by system: {cancel.reason} ({exc!r})")
+        return AttemptResult.failed(f"{type(exc).__name__}: {exc}",
+                                    "".join(traceback.format_exception(exc)), exc)
+    return AttemptResult.succeeded()
+
+
+def with_retry_policy(kind: TaskType, result: AttemptResult, outcome: Outcome,
+                      attempts: int) -> tuple[Outcome, datetime | None]:
+    """A STOPPED outcome that the type's retry policy retries (after ``attempts`` attempts)
+    becomes RETRY_LATER, with the time of the next attempt; anything else stays."""
+    if outcome is Outcome.STOPPED and kind.retry is not None \
+            and kind.retry.retries(result.exception, attempts):
+        return Outcome.RETRY_LATER, codec.now() + timedelta(seconds=kind.retry.delay(attempts))
+    return outcome, None
 
 
 class Execution:
@@ -91,19 +134,15 @@ class Execution:
                     return Outcome.CANCELLED
                 if outcome is Outcome.RETRY:  # the retry budget is spent
                     outcome = Outcome.STOPPED
-                run_at = None
-                if outcome is Outcome.STOPPED and kind.retry is not None:
-                    if kind.retry.retries(result.exception, r.task.attempts):
-                        outcome = Outcome.RETRY_LATER
-                        run_at = codec.now() + timedelta(
-                            seconds=kind.retry.delay(r.task.attempts))
-                        if due.needs_cursor(run_at):
-                            due.ensure_cursor(self.session)
-                        log.info("member %s: task %s (%s) attempt %d failed: %s; next attempt "
-                                 "at %s", self.member_id, task.id, task.type, attempt.seq,
-                                 result.error, run_at.isoformat())
-                    else:
-                        self._exhausted(kind.retry, r, result)
+                outcome, run_at = with_retry_policy(kind, result, outcome, r.task.attempts)
+                if run_at is not None:
+                    if due.needs_cursor(run_at):
+                        due.ensure_cursor(self.session)
+                    log.info("member %s: task %s (%s) attempt %d failed: %s; next attempt at "
+                             "%s", self.member_id, task.id, task.type, attempt.seq,
+                             result.error, run_at.isoformat())
+                elif outcome is Outcome.STOPPED and kind.retry is not None:
+                    self._exhausted(kind.retry, r, result)
                 if r.completed:
                     if result.status is not AttemptStatus.SUCCEEDED:
                         log.error("member %s: task %s (%s) failed after ctx.complete(): %s; "
@@ -157,9 +196,10 @@ class Execution:
         task = r.task
         log.info("member %s: task %s (%s) attempt %d started", self.member_id, task.id,
                  task.type, attempt.seq)
-        result = AttemptResult.succeeded()
         entered: list[AfterHook] = []
-        try:
+
+        def body() -> None:
+            nonlocal entered
             for hook in self.before:
                 hook(ctx)
             entered = list(self.after)
@@ -169,24 +209,8 @@ class Execution:
                 # frozen or cut off past its session while the handler ran: its lock and holds
                 # may be someone else's now, so it must not record a success it cannot own
                 r.cancel.cancel("its task lock could not be confirmed when its handler ended")
-            if r.cancel.cancelled:
-                raise TaskCancelled(r.cancel.reason)
-        except TaskCancelled:
-            result = AttemptResult.cancelled(f"cancelled by system: {r.cancel.reason}")
-        except TaskDeclined as exc:
-            result = AttemptResult.declined(f"declined: {exc}")
-        except (TaskConflict, CommitConflict) as exc:
-            result = AttemptResult.conflict(f"commit conflict: {exc}")
-        except ResourceTaken as exc:  # a fenced write of the handler: it lost a resource
-            r.cancel.cancel(f"it lost a resource: {exc}")
-            result = AttemptResult.cancelled(f"cancelled by system: {r.cancel.reason}")
-        except Exception as exc:
-            if r.cancel.cancelled:
-                result = AttemptResult.cancelled(
-                    f"cancelled by system: {r.cancel.reason} ({exc!r})")
-            else:
-                result = AttemptResult.failed(f"{type(exc).__name__}: {exc}",
-                                              "".join(traceback.format_exception(exc)), exc)
+
+        result = attempt_result(body, r.cancel)
         if not r.completed:  # ctx.complete() ended the attempt: nothing more is written on it
             progress.flush()
         for after_hook in reversed(entered):  # unwound in reverse order
