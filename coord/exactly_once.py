@@ -50,7 +50,7 @@ from coord.liveness import Liveness
 from coord.queue import LockFreeQueue, QueueIndexExpired
 from coord.register import VersionedRegister
 from coord.session import Session
-from coord.stream_input import Handler, dead_letter, dead_queue, run_handler
+from coord.stream_input import StreamHandler, dead_letter, dead_queue, run_handler
 
 MAX_STATE_BYTES = 800_000
 
@@ -115,7 +115,7 @@ class ExactlyOnceHandler:
     """One copy of the handler ``name`` (see the module); run as many as you like."""
 
     def __init__(self, session: Session, name: str, inputs: Sequence[LockFreeQueue],
-                 output: Output, handler: Handler, initial_state: Any = None,
+                 output: Output, handler: StreamHandler, initial_state: Any = None,
                  batch: int = 100, copy_id: str | None = None,
                  liveness: str | None = None) -> None:
         self.name = name

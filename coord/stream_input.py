@@ -28,7 +28,7 @@ MAX_REASON = 1000
 
 Inputs = list[tuple[str, int, bytes]]
 #: ``handler(state, inputs) -> (state, outputs)``; inputs are ``(queue name, index, value)``
-Handler = Callable[[Any, Inputs], tuple[Any, list[bytes]]]
+StreamHandler = Callable[[Any, Inputs], tuple[Any, list[bytes]]]
 
 
 class BadInput(CoordError, ValueError):
@@ -48,7 +48,7 @@ def _span(inputs: Inputs) -> str:
     return ", ".join(f"{q}@{i}" for q, i, _ in inputs)
 
 
-def run_handler(name: str, handler: Handler, state: Any, inputs: Inputs
+def run_handler(name: str, handler: StreamHandler, state: Any, inputs: Inputs
                 ) -> tuple[Any, list[Any]]:
     """``handler`` over ``inputs``: the new state and the pending items, each an output
     (base64 text) or a dead letter (``{"dead": {"queue", "index", "reason"}}``), in input

@@ -29,12 +29,12 @@ from messaging.errors import (
     UndecodableMessage,
     UnknownCommand,
 )
-from messaging.outcomes import Outcome
+from messaging.outcomes import DeliveryOutcome
 from messaging.paradigms import ApiResponder, MasterConsumer, ModelConsumer
 from messaging.processed import ProcessedLog, ZkProcessedLog
 from messaging.publisher import Publisher
 from messaging.registry import HandlerContext, HandlerRegistry
-from messaging.topology import RetryPolicy, Topology
+from messaging.topology import RedeliveryPolicy, Topology
 
 __all__ = [
     "DeadLetter", "DeadLetterNotFound", "DeadLetterQueue",
@@ -43,9 +43,10 @@ __all__ = [
     "Consumer",
     "Delivery", "DeliveryAlreadySettled", "DeliveryState", "Envelope", "EnvelopeError",
     "HandlerContext", "HandlerOutcome", "HandlerRegistry", "InvalidEnvelope", "LifecycleError",
-    "MasterConsumer", "MessageBus", "MessagingError", "ModelConsumer", "Outcome", "Paradigm",
+    "MasterConsumer", "MessageBus", "MessagingError", "ModelConsumer", "DeliveryOutcome",
+    "Paradigm",
     "ProcessedLog", "PublishFailed", "Publisher", "Reject", "RemoteError", "RequestTimeout",
-    "Retry", "RetryPolicy", "Topology", "UndecodableMessage", "UnknownCommand",
+    "Retry", "RedeliveryPolicy", "Topology", "UndecodableMessage", "UnknownCommand",
     "MessageTooLarge", "ZkProcessedLog", "declare_topology", "decode", "send_master",
     "summary", "validate_payload",
 ]

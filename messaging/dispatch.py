@@ -1,13 +1,13 @@
 """What a consumer does with one delivery, on a worker thread: decode, validate, route, run the
 handler, and decide (the message policy; the transport loop is :mod:`messaging.consumer`).
 
-What happens to a message (``Outcome``):
+What happens to a message (``DeliveryOutcome``):
 
 * handled: the handler returned; the message is acked (MASTER: after its id is recorded);
 * duplicate: MASTER only, the id is in the processed log; acked without running the handler;
 * retried: MASTER only, the handler raised :class:`Retry` or an unexpected error: a copy goes to
   the delay queue for that retry (confirmed) and the original is acked; after
-  ``RetryPolicy.max_retries`` the message is dead-lettered as ``retries-exhausted``;
+  ``RedeliveryPolicy.max_retries`` the message is dead-lettered as ``retries-exhausted``;
 * dead-lettered: undecodable, invalid, unknown command, :class:`Reject`, or out of retries: a
   copy with ``x-latchwork-reason``/``x-latchwork-detail`` headers goes to the dead-letter queue
   (confirmed), then the original is ``basic_nack(requeue=False)``-ed;
@@ -40,7 +40,7 @@ from messaging.outcomes import (
     DETAIL_HEADER,
     REASON_HEADER,
     RETRIES_HEADER,
-    Outcome,
+    DeliveryOutcome,
     OutcomeHook,
     ReceiveHook,
     describe,
@@ -81,7 +81,7 @@ class Dispatcher:
     def on_success(self, delivery: Delivery, envelope: Envelope, ctx: HandlerContext,
                    result: Any) -> None:
         delivery.ack()
-        self._emit(delivery, envelope, Outcome.HANDLED, "")
+        self._emit(delivery, envelope, DeliveryOutcome.HANDLED, "")
 
     def on_failure(self, delivery: Delivery, envelope: Envelope, ctx: HandlerContext,
                    exc: BaseException) -> None:
@@ -133,7 +133,7 @@ class Dispatcher:
         except Exception as exc:
             if ctx.cancelled.is_set():
                 delivery.requeue()
-                self._emit(delivery, envelope, Outcome.REQUEUED, f"cancelled: {exc!r}")
+                self._emit(delivery, envelope, DeliveryOutcome.REQUEUED, f"cancelled: {exc!r}")
                 return
             # an error with a stable code is an expected refusal (bad input, a missing task):
             # one line; anything else is a bug worth its traceback
@@ -149,7 +149,7 @@ class Dispatcher:
     def _processed_log(self) -> ProcessedLog | None:
         return None
 
-    def _emit(self, delivery: Delivery, envelope: Envelope | None, outcome: Outcome,
+    def _emit(self, delivery: Delivery, envelope: Envelope | None, outcome: DeliveryOutcome,
               detail: str) -> None:
         for hook in self.on_outcome:
             try:
@@ -177,12 +177,12 @@ class Dispatcher:
                       "to the broker", self.member_id, delivery.delivery_tag, reason, detail,
                       exc)
             delivery.requeue()
-            self._emit(delivery, envelope, Outcome.REQUEUED, f"dead-letter failed: {exc}")
+            self._emit(delivery, envelope, DeliveryOutcome.REQUEUED, f"dead-letter failed: {exc}")
             return
         delivery.reject()
         what = envelope.command if envelope is not None else "undecodable message"
         log.warning("member %s: dead-lettered %s from %s: %s: %s", self.member_id, what,
                     delivery.queue, reason, detail)
-        self._emit(delivery, envelope, Outcome.DEAD_LETTERED, f"{reason}: {detail}")
+        self._emit(delivery, envelope, DeliveryOutcome.DEAD_LETTERED, f"{reason}: {detail}")
 
 

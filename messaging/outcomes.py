@@ -1,7 +1,8 @@
 """What happens to a message, as a type, and the headers a dead-lettered copy carries.
 
-:class:`Outcome` is reported to ``on_outcome`` hooks after each decision (handled, duplicate,
-retried, dead-lettered, requeued; see :mod:`messaging.dispatch` for when each happens).
+:class:`DeliveryOutcome` is reported to ``on_outcome`` hooks after each decision (handled,
+duplicate, retried, dead-lettered, requeued; see :mod:`messaging.dispatch` for when each
+happens).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ REASON_HEADER = "x-latchwork-reason"
 DETAIL_HEADER = "x-latchwork-detail"
 
 
-class Outcome(enum.StrEnum):
+class DeliveryOutcome(enum.StrEnum):
     HANDLED = "handled"
     DUPLICATE = "duplicate"
     RETRIED = "retried"
@@ -27,7 +28,7 @@ class Outcome(enum.StrEnum):
 
 
 #: called with (delivery, envelope or None, outcome, detail) after each decision
-OutcomeHook = Callable[[Delivery, Envelope | None, Outcome, str], None]
+OutcomeHook = Callable[[Delivery, Envelope | None, DeliveryOutcome, str], None]
 #: called with (delivery, envelope) before a handler runs
 ReceiveHook = Callable[[Delivery, Envelope], None]
 

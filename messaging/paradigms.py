@@ -25,7 +25,7 @@ from messaging.errors import (
     BrokerUnavailable,
     PublishFailed,
 )
-from messaging.outcomes import RETRIES_HEADER, Outcome, describe
+from messaging.outcomes import RETRIES_HEADER, DeliveryOutcome, describe
 from messaging.processed import Claim, ProcessedLog
 from messaging.publisher import Publisher
 from messaging.registry import HandlerContext, HandlerRegistry, Route
@@ -73,7 +73,7 @@ class MasterConsumer(Consumer):
         while True:
             if not self.latch.is_leader or self._stop.is_set():
                 delivery.requeue()
-                self._emit(delivery, envelope, Outcome.REQUEUED, "not master")
+                self._emit(delivery, envelope, DeliveryOutcome.REQUEUED, "not master")
                 return False
             claim = self.processed.claim(envelope.id, self.member_id)
             if claim is Claim.CLAIMED:
@@ -82,7 +82,7 @@ class MasterConsumer(Consumer):
                 delivery.ack()
                 log.info("member %s: MASTER message %s (%s) was already processed; acked",
                          self.member_id, envelope.id, envelope.command)
-                self._emit(delivery, envelope, Outcome.DUPLICATE, "already processed")
+                self._emit(delivery, envelope, DeliveryOutcome.DUPLICATE, "already processed")
                 return False
             log.info("member %s: MASTER message %s (%s) is being handled by another copy; "
                      "waiting", self.member_id, envelope.id, envelope.command)
@@ -117,10 +117,11 @@ class MasterConsumer(Consumer):
             log.error("member %s: could not schedule retry of %s: %s", self.member_id,
                       envelope.id, pub)
             delivery.requeue()
-            self._emit(delivery, envelope, Outcome.REQUEUED, f"retry scheduling failed: {pub}")
+            self._emit(delivery, envelope, DeliveryOutcome.REQUEUED,
+                       f"retry scheduling failed: {pub}")
             return
         delivery.ack()
-        self._emit(delivery, envelope, Outcome.RETRIED,
+        self._emit(delivery, envelope, DeliveryOutcome.RETRIED,
                    f"retry {retry} in {self.topology.retry.delay(retry):g}s: {exc!r}")
 
 
@@ -204,7 +205,7 @@ class ApiResponder(Consumer):
             "code": code if isinstance(code, str) else INTERNAL_ERROR,
             "refused": getattr(exc, "refused", False) is True}})
         delivery.ack()
-        self._emit(delivery, envelope, Outcome.HANDLED, f"answered with error {exc!r}")
+        self._emit(delivery, envelope, DeliveryOutcome.HANDLED, f"answered with error {exc!r}")
 
     def dead_letter(self, delivery: Delivery, envelope: Envelope | None, reason: str,
                     detail: str) -> None:

@@ -42,13 +42,13 @@ class HandlerContext:
         return self.envelope.id
 
 
-Handler = Callable[[HandlerContext, Any], Any]
+MessageHandler = Callable[[HandlerContext, Any], Any]
 
 
 @dataclass(frozen=True)
 class Route:
     command: str
-    handler: Handler
+    handler: MessageHandler
     payload_model: type[BaseModel] | None
 
     def parse(self, payload: dict[str, Any]) -> Any:
@@ -65,7 +65,7 @@ class HandlerRegistry:
         self.paradigm = paradigm
         self._routes: dict[str, Route] = {}
 
-    def register(self, command: str, handler: Handler,
+    def register(self, command: str, handler: MessageHandler,
                  payload_model: type[BaseModel] | None = None) -> None:
         if not re.match(COMMAND_PATTERN, command):
             raise ValueError(f"invalid command name {command!r}")
@@ -74,9 +74,9 @@ class HandlerRegistry:
         self._routes[command] = Route(command, handler, payload_model)
 
     def handler(self, command: str, payload_model: type[BaseModel] | None = None
-                ) -> Callable[[Handler], Handler]:
+                ) -> Callable[[MessageHandler], MessageHandler]:
         """Decorator form of :meth:`register`."""
-        def wrap(fn: Handler) -> Handler:
+        def wrap(fn: MessageHandler) -> MessageHandler:
             self.register(command, fn, payload_model)
             return fn
         return wrap

@@ -27,7 +27,7 @@ DEFAULT_CONSUMER_TIMEOUT_MS = 30 * 60 * 1000
 
 
 @dataclass(frozen=True)
-class RetryPolicy:
+class RedeliveryPolicy:
     """How often and how late a transiently failed MASTER message is tried again."""
 
     max_retries: int = 3
@@ -47,7 +47,7 @@ class RetryPolicy:
 @dataclass(frozen=True)
 class Topology:
     cluster: str
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    retry: RedeliveryPolicy = field(default_factory=RedeliveryPolicy)
     consumer_timeout_ms: int = DEFAULT_CONSUMER_TIMEOUT_MS
 
     @property

@@ -22,7 +22,10 @@ client gives up, answered by any node). Errors are one tree under :class:`Client
 * :class:`BrokerUnreachable` (``broker_unreachable``): RabbitMQ cannot be reached.
 
 A client is for one thread at a time; open one per thread. ``close()`` (or the ``with`` block)
-closes its connection.
+closes its connection; a closed client refuses further calls (``LifecycleError``).
+
+Why one module: the client is one class with one typed method per command of the contract
+(:mod:`runner.requests`); its error types live in :mod:`runner.errors`.
 """
 
 from __future__ import annotations
@@ -76,7 +79,7 @@ from runner.requests import (
     ClusterStatusQuery,
     OntologyList,
     OntologyShow,
-    OntologySync,
+    OntologySyncRequest,
     Request,
     ScheduleAdd,
     ScheduleList,
@@ -269,7 +272,7 @@ class Client:
 
     def ontology_sync(self) -> dict[str, Any]:
         """Ask the master to load new or changed ontologies: ``{"message_id"}``."""
-        reply: dict[str, Any] = self.call(OntologySync)
+        reply: dict[str, Any] = self.call(OntologySyncRequest)
         return reply
 
     def ontologies(self) -> builtins.list[dict[str, Any]]:

@@ -80,28 +80,28 @@ class TaskList(Request):
     ordering_key: str | None = None
 
 
-class TaskRef(Request):
+class TaskById(Request):
     id: str = Field(min_length=1)
 
 
-class TaskGet(TaskRef):
+class TaskGet(TaskById):
     command = "task.get"
 
 
-class TaskCancel(TaskRef):
+class TaskCancel(TaskById):
     command = "task.cancel"
     reason: str | None = Field(default=None, max_length=1000)
 
 
-class TaskDeactivate(TaskRef):
+class TaskDeactivate(TaskById):
     command = "task.deactivate"
 
 
-class TaskReactivate(TaskRef):
+class TaskReactivate(TaskById):
     command = "task.reactivate"
 
 
-class TaskSkip(TaskRef):
+class TaskSkip(TaskById):
     command = "task.skip"
 
 
@@ -203,7 +203,7 @@ class AspectList(Request):
     command = "aspect.list"
 
 
-class OntologySync(Request):
+class OntologySyncRequest(Request):
     command = "ontology.sync"
 
 

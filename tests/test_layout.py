@@ -310,3 +310,26 @@ def test_there_is_one_lifecycle_error() -> None:
     import coord
     import messaging
     assert messaging.LifecycleError is coord.LifecycleError
+
+
+def test_a_public_name_means_one_thing() -> None:
+    """A class or type alias name is declared once across coord, messaging and runner (their
+    harnesses aside): ``Outcome`` is what happens to a task, ``DeliveryOutcome`` to a message;
+    ``TaskHandler``, ``MessageHandler`` and ``StreamHandler`` are three kinds of handler."""
+    declared: dict[str, list[str]] = {}
+    for name, path in modules():
+        if ".testing" in f"{name}.":
+            continue
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                found = node.name
+            elif isinstance(node, ast.Assign) and len(node.targets) == 1 \
+                    and isinstance(node.targets[0], ast.Name) \
+                    and node.targets[0].id[:1].isupper() and not node.targets[0].id.isupper():
+                found = node.targets[0].id  # a type alias
+            else:
+                continue
+            if not found.startswith("_"):
+                declared.setdefault(found, []).append(name)
+    assert {n: where for n, where in declared.items() if len(where) > 1} == {}
+

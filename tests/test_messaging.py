@@ -23,19 +23,19 @@ from messaging import (
     ApiResponder,
     Connector,
     Delivery,
+    DeliveryOutcome,
     Envelope,
     HandlerContext,
     HandlerRegistry,
     MasterConsumer,
     MessageBus,
-    Outcome,
     Paradigm,
     Publisher,
+    RedeliveryPolicy,
     Reject,
     RemoteError,
     RequestTimeout,
     Retry,
-    RetryPolicy,
     Topology,
     ZkProcessedLog,
     declare_topology,
@@ -45,14 +45,14 @@ from messaging.testing import broker_outage
 from messaging.testing.plugin import AmqpNamespace
 
 CLUSTER = "m1"
-FAST_RETRY = RetryPolicy(max_retries=2, first_delay=0.2, factor=2.0)
+FAST_RETRY = RedeliveryPolicy(max_retries=2, first_delay=0.2, factor=2.0)
 
 
 class Recorder:
     """Collects consumer outcomes; tests wait on it instead of sleeping."""
 
     def __init__(self) -> None:
-        self.outcomes: list[tuple[Outcome, str, str]] = []
+        self.outcomes: list[tuple[DeliveryOutcome, str, str]] = []
         self.received: list[tuple[str, bool]] = []
         self._cond = threading.Condition()
 
@@ -61,7 +61,7 @@ class Recorder:
             self.received.append((str(envelope.id), delivery.redelivered))
             self._cond.notify_all()
 
-    def on_outcome(self, delivery: Delivery, envelope: Envelope | None, outcome: Outcome,
+    def on_outcome(self, delivery: Delivery, envelope: Envelope | None, outcome: DeliveryOutcome,
                    detail: str) -> None:
         with self._cond:
             self.outcomes.append((outcome, str(envelope.id) if envelope else "-", detail))
@@ -71,7 +71,7 @@ class Recorder:
         with self._cond:
             assert self._cond.wait_for(lambda: predicate(self), timeout), self.outcomes
 
-    def of(self, outcome: Outcome) -> list[str]:
+    def of(self, outcome: DeliveryOutcome) -> list[str]:
         return [i for o, i, _ in self.outcomes if o is outcome]
 
 
@@ -165,8 +165,8 @@ def test_poison_messages_are_dead_lettered_with_their_reason_and_consumption_goe
         good = envelope("test.count")
         channel.basic_publish("", q, good.encode())
         connection.close()
-        recorder.wait(lambda r: str(good.id) in r.of(Outcome.HANDLED)
-                      and len(r.of(Outcome.DEAD_LETTERED)) == 5)
+        recorder.wait(lambda r: str(good.id) in r.of(DeliveryOutcome.HANDLED)
+                      and len(r.of(DeliveryOutcome.DEAD_LETTERED)) == 5)
     dead = dead_letters(url, topology)
     assert sorted(body for _, body in dead) == sorted(bodies.values())
     reasons = {body: headers["x-latchwork-reason"] for headers, body in dead}
@@ -209,8 +209,8 @@ def test_envelopes_without_id_of_another_type_too_large_or_with_unknown_fields_a
         channel.basic_publish("", topology.master_queue, good.encode(),
                               pika.BasicProperties(content_type="application/json"))
         connection.close()
-        recorder.wait(lambda r: str(good.id) in r.of(Outcome.HANDLED)
-                      and len(r.of(Outcome.DEAD_LETTERED)) == 4)
+        recorder.wait(lambda r: str(good.id) in r.of(DeliveryOutcome.HANDLED)
+                      and len(r.of(DeliveryOutcome.DEAD_LETTERED)) == 4)
     assert handled == [str(good.id)]
     dead = {body: headers for headers, body in dead_letters(url, topology)}
     reason = {name: dead[body]["x-latchwork-reason"] for name, (body, _) in bodies.items()}
@@ -248,10 +248,10 @@ def test_the_same_master_message_published_twice_at_once_is_handled_once(
                     publisher.publish("", topology.master_queue, message)
         finally:
             publisher.close()
-        recorder.wait(lambda r: len(r.of(Outcome.HANDLED)) == 3
-                      and len(r.of(Outcome.DUPLICATE)) == 3)
+        recorder.wait(lambda r: len(r.of(DeliveryOutcome.HANDLED)) == 3
+                      and len(r.of(DeliveryOutcome.DUPLICATE)) == 3)
     assert sorted(i for i, _ in starts) == sorted(str(m.id) for m in messages)
-    assert sorted(recorder.of(Outcome.DUPLICATE)) == sorted(str(m.id) for m in messages)
+    assert sorted(recorder.of(DeliveryOutcome.DUPLICATE)) == sorted(str(m.id) for m in messages)
     # nothing is left claimed
     assert session.client.get_children("/messages/handling") == []
 
@@ -281,12 +281,12 @@ def test_transient_failures_are_retried_with_backoff_then_dead_lettered(
             Publisher(Connector(url)) as publisher:
         sent = {c: send_master(publisher, topology, "test", c) for c in ("flaky", "broken",
                                                                           "poison")}
-        recorder.wait(lambda r: str(sent["flaky"].id) in r.of(Outcome.HANDLED)
-                      and len(r.of(Outcome.DEAD_LETTERED)) == 2)
+        recorder.wait(lambda r: str(sent["flaky"].id) in r.of(DeliveryOutcome.HANDLED)
+                      and len(r.of(DeliveryOutcome.DEAD_LETTERED)) == 2)
     assert seen_retries == [0, 1, 2]
-    assert recorder.of(Outcome.RETRIED).count(str(sent["flaky"].id)) == 2
-    assert recorder.of(Outcome.RETRIED).count(str(sent["broken"].id)) == 2
-    assert str(sent["poison"].id) not in recorder.of(Outcome.RETRIED)
+    assert recorder.of(DeliveryOutcome.RETRIED).count(str(sent["flaky"].id)) == 2
+    assert recorder.of(DeliveryOutcome.RETRIED).count(str(sent["broken"].id)) == 2
+    assert str(sent["poison"].id) not in recorder.of(DeliveryOutcome.RETRIED)
     dead = {Envelope.model_validate_json(b).command: h for h, b in dead_letters(url, topology)}
     assert dead["broken"]["x-latchwork-reason"] == "retries-exhausted"
     assert dead["broken"]["x-latchwork-retries"] == 2
@@ -314,7 +314,7 @@ def test_a_handler_running_three_heartbeats_keeps_its_connection(
     with running_master(url, session, topology, registry, recorder, connector) as consumer, \
             Publisher(Connector(url)) as publisher:
         sent = send_master(publisher, topology, "test", "slow")
-        recorder.wait(lambda r: str(sent.id) in r.of(Outcome.HANDLED))
+        recorder.wait(lambda r: str(sent.id) in r.of(DeliveryOutcome.HANDLED))
         assert finished.is_set()
         assert consumer.connections_opened == 1
         assert recorder.received == [(str(sent.id), False)]
@@ -343,7 +343,7 @@ def test_a_decision_on_a_delivery_from_a_lost_channel_is_dropped_not_sent(
             gate.set()
             recorder.wait(lambda r: len(r.outcomes) == 2)
             other = send_master(publisher, topology, "test", "gated")
-            recorder.wait(lambda r: str(other.id) in r.of(Outcome.HANDLED))
+            recorder.wait(lambda r: str(other.id) in r.of(DeliveryOutcome.HANDLED))
             # a stale tag acked on the new channel would have closed it (or acked the wrong
             # message): the consumer would have reconnected a third time
             assert consumer.connections_opened == 2

@@ -19,7 +19,7 @@ from messaging import (
     HandlerRegistry,
     InvalidEnvelope,
     Paradigm,
-    RetryPolicy,
+    RedeliveryPolicy,
     Topology,
     UndecodableMessage,
     UnknownCommand,
@@ -119,10 +119,10 @@ def test_registry_routes_validates_and_refuses_unknown_commands() -> None:
 
 
 def test_retry_policy_and_queue_names() -> None:
-    policy = RetryPolicy(max_retries=3, first_delay=1.0, factor=4.0, max_delay=10.0)
+    policy = RedeliveryPolicy(max_retries=3, first_delay=1.0, factor=4.0, max_delay=10.0)
     assert [policy.delay(n) for n in (1, 2, 3)] == [1.0, 4.0, 10.0]
     topology = Topology("c1", retry=policy)
     assert topology.retry_queue(2) == "latchwork.c1.master.retry.4000"
     assert topology.model_queue("h:1:x") == "latchwork.c1.model.h:1:x"
     with pytest.raises(ValueError):
-        RetryPolicy(max_retries=-1)
+        RedeliveryPolicy(max_retries=-1)

@@ -31,10 +31,10 @@ from coord import LeaderLatch, Membership, Session
 from messaging import (
     Connector,
     Delivery,
+    DeliveryOutcome,
     Envelope,
     HandlerContext,
     MessageBus,
-    Outcome,
     Topology,
     ZkProcessedLog,
 )
@@ -66,7 +66,7 @@ def main(argv: list[str]) -> int:
     def received(delivery: Delivery, envelope: Envelope) -> None:
         say(f"RECEIVED {envelope.command} {envelope.id} redelivered={int(delivery.redelivered)}")
 
-    def outcome(delivery: Delivery, envelope: Envelope | None, what: Outcome,
+    def outcome(delivery: Delivery, envelope: Envelope | None, what: DeliveryOutcome,
                 detail: str) -> None:
         say(f"OUTCOME {what.value} {envelope.id if envelope else '-'}")
 

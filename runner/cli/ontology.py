@@ -15,7 +15,7 @@ from runner.cli.client import (
     timeout_option,
 )
 from runner.cli.root import cli
-from runner.requests import OntologyList, OntologyShow, OntologySync
+from runner.requests import OntologyList, OntologyShow, OntologySyncRequest
 
 
 @cli.group()
@@ -29,7 +29,7 @@ def ontology() -> None:
 @timeout_option
 def ontology_sync(config: Path | None, as_json: bool, timeout: float) -> None:
     """Ask the master to compare the ontology source with the graph and load what changed."""
-    output(call(config, OntologySync, timeout), as_json,
+    output(call(config, OntologySyncRequest, timeout), as_json,
             lambda _: click.echo("synchronisation requested from the master"))
 
 

@@ -30,7 +30,7 @@ from runner.requests import (
     ClusterStatusQuery,
     OntologyList,
     OntologyShow,
-    OntologySync,
+    OntologySyncRequest,
     Request,
     ScheduleAdd,
     ScheduleList,
@@ -72,7 +72,7 @@ def api(model: type[Request]) -> Callable[[F], F]:
     return mark
 
 
-class Node(Protocol):
+class ApiHost(Protocol):
     """What the API needs of the node it answers for (:class:`runner.node.node.Node`)."""
 
     settings: Settings
@@ -95,7 +95,7 @@ class Node(Protocol):
 class NodeApi:
     """The API handlers of one node; they read the node's parts when a request arrives."""
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: ApiHost) -> None:
         self.node = node
 
     @property
@@ -124,7 +124,7 @@ class NodeApi:
         return found
 
     @classmethod
-    def register(cls, node: Node, bus: MessageBus) -> NodeApi:
+    def register(cls, node: ApiHost, bus: MessageBus) -> NodeApi:
         handlers = cls(node)
         for command, (name, model) in cls.handlers().items():
             bus.api.handler(command, model)(getattr(handlers, name))
@@ -265,8 +265,8 @@ class NodeApi:
         return cluster_status(self.node.session, self.node.settings, self.node.member_id,
                               self.store)
 
-    @api(OntologySync)
-    def ontology_sync(self, ctx: HandlerContext, req: OntologySync) -> dict[str, Any]:
+    @api(OntologySyncRequest)
+    def ontology_sync(self, ctx: HandlerContext, req: OntologySyncRequest) -> dict[str, Any]:
         if self.node.settings.ontology_source is None:
             raise NoOntologySource("no ontology source is configured (set ontology_source, "
                                    "LATCHWORK_ONTOLOGY_SOURCE): nothing to synchronise")

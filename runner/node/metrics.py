@@ -30,7 +30,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from messaging import Delivery, Envelope, Outcome
+from messaging import Delivery, DeliveryOutcome, Envelope
 from runner.store import AttemptStatus
 from runner.tasks import TaskContext
 
@@ -95,7 +95,7 @@ class NodeMetrics:
         started = ctx.attempt.started_at.timestamp()
         self.attempt_seconds.labels(*labels).observe(max(0.0, time.time() - started))
 
-    def on_outcome(self, delivery: Delivery, envelope: Envelope | None, outcome: Outcome,
+    def on_outcome(self, delivery: Delivery, envelope: Envelope | None, outcome: DeliveryOutcome,
                    detail: str) -> None:
         paradigm = envelope.paradigm.value if envelope is not None else "undecodable"
         self.messages.labels(paradigm, outcome.value).inc()

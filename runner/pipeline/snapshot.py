@@ -48,7 +48,7 @@ PAGE_ROWS = 50_000
 
 
 @dataclass
-class Progress:
+class ExportProgress:
     """Where an export stands: pages and rows written, the store's cursor after them."""
 
     pages: int = 0
@@ -58,30 +58,30 @@ class Progress:
 
 
 class MemoryProgress:
-    """Progress kept in memory only (tests, tools): an interrupted export starts again."""
+    """Export progress kept in memory only (tests, tools): an interrupted export starts again."""
 
     def __init__(self) -> None:
-        self.value = Progress()
+        self.value = ExportProgress()
 
-    def load(self) -> Progress:
+    def load(self) -> ExportProgress:
         return self.value
 
-    def save(self, progress: Progress) -> None:
+    def save(self, progress: ExportProgress) -> None:
         self.value = progress
 
 
 class ZkProgress:
-    """Progress in a versioned ZooKeeper register: a later export resumes from it."""
+    """Export progress in a versioned ZooKeeper register: a later export resumes from it."""
 
     def __init__(self, session: Session, series_id: str) -> None:
         self.register = VersionedRegister(session, f"snapshots/{series_id}")
         self._version = -1
 
-    def load(self) -> Progress:
+    def load(self) -> ExportProgress:
         value, self._version = self.register.get()
-        return Progress(**value) if isinstance(value, dict) else Progress()
+        return ExportProgress(**value) if isinstance(value, dict) else ExportProgress()
 
-    def save(self, progress: Progress) -> None:
+    def save(self, progress: ExportProgress) -> None:
         try:
             self._version = self.register.compare_and_set(self._version, {
                 "pages": progress.pages, "rows": progress.rows, "cursor": progress.cursor,
@@ -134,7 +134,7 @@ class SnapshotExport:
         # a page is written (pyarrow, without the GIL) while the next one is read; it is
         # recorded once its file is in place
         with ThreadPoolExecutor(1, thread_name_prefix="snapshot-writer") as writer:
-            pending: tuple[Future[None], Progress] | None = None
+            pending: tuple[Future[None], ExportProgress] | None = None
             while state.pages == 0 or state.cursor is not None:
                 if self.check is not None:
                     self.check()
@@ -143,7 +143,7 @@ class SnapshotExport:
                 if pending is not None:
                     self._record(*pending)
                     pending = None
-                after = Progress(state.pages + 1 if rows else state.pages,
+                after = ExportProgress(state.pages + 1 if rows else state.pages,
                                  state.rows + len(rows), cursor)
                 if rows:
                     pending = (writer.submit(self._write_page, state.pages, state.rows, rows),
@@ -159,12 +159,12 @@ class SnapshotExport:
             self.check()
         self._drop_unrecorded(state.pages)
         self.fs.move(self.pages_dir, self.final)
-        self.progress.save(Progress(state.pages, state.rows, None, True))
+        self.progress.save(ExportProgress(state.pages, state.rows, None, True))
         log.info("snapshot %s: %d avatars in %d pages", self.paths.snapshot, state.rows,
                  state.pages)
         return state.rows
 
-    def _record(self, written: Future[None], state: Progress) -> None:
+    def _record(self, written: Future[None], state: ExportProgress) -> None:
         written.result()  # a page that could not be written stops the export here
         self.progress.save(state)
         if self.report is not None:

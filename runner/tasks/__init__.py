@@ -27,14 +27,14 @@ from runner.tasks.context import (
     TaskContext,
     TaskDeclined,
 )
-from runner.tasks.registry import Handler, TaskRegistry, TaskType
+from runner.tasks.registry import TaskHandler, TaskRegistry, TaskType
 from runner.tasks.retry import RetryPolicy
 from runner.tasks.streams import stream
 
 __all__ = [
     "BadInput",
     "CancelToken",
-    "Handler",
+    "TaskHandler",
     "InvalidPayload",
     "RetryPolicy",
     "TaskCancelled",

@@ -21,7 +21,7 @@ import logging
 import random
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from coord import Session
@@ -33,17 +33,19 @@ from runner.errors import (
     StaleFencingToken,
     StoreError,
 )
-from runner.store import Attempt, AttemptStatus, GraphStore, codec
+from runner.store import Attempt, AttemptStatus, GraphStore
 from runner.tasks import due
 from runner.tasks.claim import Running
 from runner.tasks.context import (
-    CancelToken,
-    TaskCancelled,
-    TaskConflict,
     TaskContext,
-    TaskDeclined,
 )
-from runner.tasks.outcomes import AttemptResult, Outcome, task_changes
+from runner.tasks.outcomes import (
+    AttemptResult,
+    Outcome,
+    attempt_result,
+    task_changes,
+    with_retry_policy,
+)
 from runner.tasks.progress import ProgressReporter
 from runner.tasks.registry import TaskRegistry, TaskType
 from runner.tasks.retry import RetryPolicy
@@ -53,43 +55,6 @@ log = logging.getLogger("latchwork.tasks")
 #: before-attempt hooks get the context; after-attempt hooks also the final status and error
 BeforeHook = Callable[[TaskContext], None]
 AfterHook = Callable[[TaskContext, AttemptStatus, str | None], None]
-
-
-def attempt_result(body: Callable[[], None], cancel: CancelToken) -> AttemptResult:
-    """Run ``body`` (the hooks and the handler of one attempt) and say what the attempt came
-    to; never raises. Cancelled (the token, or :class:`TaskCancelled`), declined, a commit
-    conflict, a resource lost to a fenced write (which cancels the token), or failed with the
-    error and its stack trace; an error raised once the token was cancelled is a
-    cancellation."""
-    try:
-        body()
-        if cancel.cancelled:
-            raise TaskCancelled(cancel.reason)
-    except TaskCancelled:
-        return AttemptResult.cancelled(f"cancelled by system: {cancel.reason}")
-    except TaskDeclined as exc:
-        return AttemptResult.declined(f"declined: {exc}")
-    except (TaskConflict, CommitConflict) as exc:
-        return AttemptResult.conflict(f"commit conflict: {exc}")
-    except ResourceTaken as exc:  # a fenced write of the handler: it lost a resource
-        cancel.cancel(f"it lost a resource: {exc}")
-        return AttemptResult.cancelled(f"cancelled by system: {cancel.reason}")
-    except Exception as exc:
-        if cancel.cancelled:
-            return AttemptResult.cancelled(f"cancelled by system: {cancel.reason} ({exc!r})")
-        return AttemptResult.failed(f"{type(exc).__name__}: {exc}",
-                                    "".join(traceback.format_exception(exc)), exc)
-    return AttemptResult.succeeded()
-
-
-def with_retry_policy(kind: TaskType, result: AttemptResult, outcome: Outcome,
-                      attempts: int) -> tuple[Outcome, datetime | None]:
-    """A STOPPED outcome that the type's retry policy retries (after ``attempts`` attempts)
-    becomes RETRY_LATER, with the time of the next attempt; anything else stays."""
-    if outcome is Outcome.STOPPED and kind.retry is not None \
-            and kind.retry.retries(result.exception, attempts):
-        return Outcome.RETRY_LATER, codec.now() + timedelta(seconds=kind.retry.delay(attempts))
-    return outcome, None
 
 
 class Execution:

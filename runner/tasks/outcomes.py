@@ -19,11 +19,21 @@ trace and why it failed); its :attr:`~AttemptResult.outcome` says what happens t
 from __future__ import annotations
 
 import enum
+import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
-from runner.store import AttemptStatus, TaskStatus
+from runner.errors import CommitConflict, ResourceTaken
+from runner.store import AttemptStatus, TaskStatus, codec
+from runner.tasks.context import (
+    CancelToken,
+    TaskCancelled,
+    TaskConflict,
+    TaskDeclined,
+)
+from runner.tasks.registry import TaskType
 
 
 class Failure(enum.Enum):
@@ -97,3 +107,40 @@ def task_changes(outcome: Outcome, run_at: datetime | None = None) -> dict[str, 
     elif outcome is Outcome.RETRY_LATER:
         changes["run_at"] = run_at
     return changes
+
+
+def attempt_result(body: Callable[[], None], cancel: CancelToken) -> AttemptResult:
+    """Run ``body`` (the hooks and the handler of one attempt) and say what the attempt came
+    to; never raises. Cancelled (the token, or :class:`TaskCancelled`), declined, a commit
+    conflict, a resource lost to a fenced write (which cancels the token), or failed with the
+    error and its stack trace; an error raised once the token was cancelled is a
+    cancellation."""
+    try:
+        body()
+        if cancel.cancelled:
+            raise TaskCancelled(cancel.reason)
+    except TaskCancelled:
+        return AttemptResult.cancelled(f"cancelled by system: {cancel.reason}")
+    except TaskDeclined as exc:
+        return AttemptResult.declined(f"declined: {exc}")
+    except (TaskConflict, CommitConflict) as exc:
+        return AttemptResult.conflict(f"commit conflict: {exc}")
+    except ResourceTaken as exc:  # a fenced write of the handler: it lost a resource
+        cancel.cancel(f"it lost a resource: {exc}")
+        return AttemptResult.cancelled(f"cancelled by system: {cancel.reason}")
+    except Exception as exc:
+        if cancel.cancelled:
+            return AttemptResult.cancelled(f"cancelled by system: {cancel.reason} ({exc!r})")
+        return AttemptResult.failed(f"{type(exc).__name__}: {exc}",
+                                    "".join(traceback.format_exception(exc)), exc)
+    return AttemptResult.succeeded()
+
+
+def with_retry_policy(kind: TaskType, result: AttemptResult, outcome: Outcome,
+                      attempts: int) -> tuple[Outcome, datetime | None]:
+    """A STOPPED outcome that the type's retry policy retries (after ``attempts`` attempts)
+    becomes RETRY_LATER, with the time of the next attempt; anything else stays."""
+    if outcome is Outcome.STOPPED and kind.retry is not None \
+            and kind.retry.retries(result.exception, attempts):
+        return Outcome.RETRY_LATER, codec.now() + timedelta(seconds=kind.retry.delay(attempts))
+    return outcome, None

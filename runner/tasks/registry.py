@@ -32,13 +32,13 @@ from runner.errors import InvalidPayload, UnknownTaskType
 from runner.tasks.context import TaskContext
 from runner.tasks.retry import RetryPolicy
 
-Handler = Callable[[TaskContext, Any], None]
+TaskHandler = Callable[[TaskContext, Any], None]
 
 
 @dataclass(frozen=True)
 class TaskType:
     name: str
-    handler: Handler
+    handler: TaskHandler
     payload_model: type[BaseModel] | None = None
     slot_limit: int | None = None  # cluster-wide concurrency of this type
     description: str = ""
@@ -71,8 +71,9 @@ class TaskRegistry:
     def __init__(self) -> None:
         self._types: dict[str, TaskType] = {}
 
-    def register(self, name: str, handler: Handler, payload_model: type[BaseModel] | None = None,
-                 *, slot_limit: int | None = None, description: str = "",
+    def register(self, name: str, handler: TaskHandler,
+                 payload_model: type[BaseModel] | None = None, *,
+                 slot_limit: int | None = None, description: str = "",
                  priority: int = 0, resources: tuple[str, ...] = (),
                  retry: RetryPolicy | None = None, max_duration: float | None = None,
                  max_wait: float | None = None) -> None:

@@ -48,7 +48,7 @@ from coord import (
     markers,
 )
 from coord.exactly_once import Output
-from coord.stream_input import Handler, dead_queue
+from coord.stream_input import StreamHandler, dead_queue
 from runner.errors import UnknownStream
 from runner.requests import TaskSubmit
 from runner.tasks.context import TaskContext, TaskDeclined
@@ -69,7 +69,7 @@ REPORT_EVERY = 1.0
 class StreamDefinition:
     name: str
     inputs: tuple[str, ...]
-    handler: Handler
+    handler: StreamHandler
     output: str | None = None  # an output queue; or ``writer`` for another store
     writer: Callable[[TaskContext], Output] | None = None
     initial_state: Any = None
@@ -81,12 +81,12 @@ class StreamDefinition:
 
 def stream(name: str, *, inputs: list[str] | tuple[str, ...], output: str,
            initial_state: Any = None, batch: int = 100,
-           description: str = "") -> Callable[[Handler], Handler]:
+           description: str = "") -> Callable[[StreamHandler], StreamHandler]:
     """Declare ``handler(state, inputs) -> (state, outputs)`` as the stream ``name``, from the
     queues ``inputs`` to the queue ``output``; loaded like ``@task`` types (``--tasks``, the
     ``tasks`` setting, the ``latchwork.tasks`` entry points) and started with
     ``latchwork stream start NAME --redundancy N``."""
-    def mark(handler: Handler) -> Handler:
+    def mark(handler: StreamHandler) -> StreamHandler:
         handler.__dict__["latchwork_stream"] = StreamDefinition(
             name, tuple(inputs), handler, output=output, initial_state=initial_state,
             batch=batch, description=description or (handler.__doc__ or "").strip())
@@ -251,7 +251,7 @@ def _reading(queue: str, index: int, raw: bytes) -> tuple[float, float]:
     return t, v
 
 
-def moving_average(window_s: float = 60.0, bound: int = 10) -> Handler:
+def moving_average(window_s: float = 60.0, bound: int = 10) -> StreamHandler:
     """Readings ``{"t": seconds, "v": number}`` in, one ``{"t", "avg", "size"}`` out per
     reading: the mean over the last ``window_s`` seconds of event time. When the window grows
     past ``bound`` readings the output also says ``"crossed": true`` (once per crossing)."""

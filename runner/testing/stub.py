@@ -40,8 +40,13 @@ from runner.errors import AttemptAlreadyFinished, ResourceTaken, StaleFencingTok
 from runner.store import Attempt, AttemptStatus, GraphStore, Task, open_store
 from runner.tasks import CancelToken, TaskContext, TaskRegistry, TaskType
 from runner.tasks.authoring import TaskDeclaration
-from runner.tasks.execution import attempt_result, with_retry_policy
-from runner.tasks.outcomes import AttemptResult, Outcome, task_changes
+from runner.tasks.outcomes import (
+    AttemptResult,
+    Outcome,
+    attempt_result,
+    task_changes,
+    with_retry_policy,
+)
 from runner.tasks.progress import ProgressReporter
 
 
