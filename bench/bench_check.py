@@ -23,7 +23,7 @@ from _servers import zookeeper
 from coord import Session
 from runner.store import open_store
 from runner.tasks import TaskContext, TaskRegistry
-from runner.tasks.loop import TaskProcessHandler
+from runner.tasks.worker.loop import LoopSettings, TaskLoop
 
 ROUNDS = 2000
 
@@ -50,8 +50,8 @@ def main() -> None:
         registry = TaskRegistry()
         registry.register("bench.check", measure)
         task = store.tasks.create("bench.check")
-        processor = TaskProcessHandler(session, "bench", store, registry, workers=1,
-                                       scan_interval=60).start()
+        processor = TaskLoop(session, "bench", store, registry,
+                             LoopSettings(workers=1, scan_interval=60)).start()
         try:
             assert done.wait(300), "the measuring task never ran"
         finally:

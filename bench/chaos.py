@@ -92,9 +92,9 @@ from messaging import (
 )
 from messaging.testing import RabbitMQServer
 from runner.store import Attempt, AttemptStatus, GraphStore, Task, codec, open_store
-from runner.tasks import schedules
-from runner.tasks.diag import AppendRecord, appended, effects
-from runner.tasks.schedules import ScheduleSpec
+from runner.tasks.features.diag import AppendRecord, appended, effects
+from runner.tasks.master import schedules
+from runner.tasks.master.schedules import ScheduleSpec
 from runner.testing.chaosnode import EFFECTS, RUNS
 
 CLUSTER = "chaos"

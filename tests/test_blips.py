@@ -22,8 +22,8 @@ from coord.testing.plugin import ZkNamespace
 from messaging.testing.plugin import AmqpNamespace
 from runner.store import AttemptStatus, GraphStore, Task, codec, open_store
 from runner.tasks import TaskContext, TaskRegistry
-from runner.tasks.loop import TaskProcessHandler
-from runner.tasks.schedules import LOOKAHEAD
+from runner.tasks.master.schedules import LOOKAHEAD
+from runner.tasks.worker.loop import LoopSettings, TaskLoop
 from runner.testing.cluster import Cluster
 
 
@@ -71,8 +71,8 @@ def test_handlers_ending_during_a_zookeeper_leader_election_succeed_once(
     with session:
         plain = store.tasks.create("blip.ends")
         completing = store.tasks.create("blip.completes")
-        loop = TaskProcessHandler(session, "m1", store, registry, workers=2,
-                                  scan_interval=60).start()
+        loop = TaskLoop(session, "m1", store, registry,
+                        LoopSettings(workers=2, scan_interval=60)).start()
         victim = None
         try:
             assert wait_until(lambda: len(store.attempts.running()) == 2, 15)

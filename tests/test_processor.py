@@ -1,4 +1,4 @@
-"""TaskProcessHandler in-process against real ZooKeeper and an embedded graph file:
+"""TaskLoop in-process against real ZooKeeper and an embedded graph file:
 priorities, per-type slots across nodes, hooks, cancellation."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from coord.testing import wait_until
 from coord.testing.plugin import ZkNamespace
 from runner.store import Attempt, AttemptStatus, GraphStore, Task, TaskStatus, codec, open_store
 from runner.tasks import TaskContext, TaskRegistry
-from runner.tasks.backlog import candidates, preferred_index
-from runner.tasks.loop import TaskProcessHandler
+from runner.tasks.worker.backlog import candidates, preferred_index
+from runner.tasks.worker.loop import LoopSettings, TaskLoop
 
 
 @pytest.fixture
@@ -55,9 +55,9 @@ def test_higher_priority_first_and_hooks_unwind_in_reverse(
         return lambda ctx, status, error: order.append(f"after {tag} {status.value}")
 
     with session(zk_namespace) as s:
-        processor = TaskProcessHandler(s, "m1", store, registry, workers=1, scan_interval=60,
-                                       before=[before("a"), before("b")],
-                                       after=[after("a"), after("b")]).start()
+        processor = TaskLoop(s, "m1", store, registry, LoopSettings(workers=1, scan_interval=60),
+                             before=[before("a"), before("b")],
+                             after=[after("a"), after("b")]).start()
         try:
             assert wait_until(lambda: len(store.tasks.unfinished()) == 0, 30)
         finally:
@@ -91,8 +91,8 @@ def test_a_type_slot_limits_concurrency_across_nodes(
         for i, s in enumerate(sessions):
             registry = TaskRegistry()
             registry.register("limited", limited, slot_limit=1)
-            processors.append(TaskProcessHandler(s, f"m{i}", store, registry, workers=3,
-                                                 scan_interval=0.2).start())
+            processors.append(TaskLoop(s, f"m{i}", store, registry,
+                                       LoopSettings(workers=3, scan_interval=0.2)).start())
         assert wait_until(lambda: len(store.tasks.unfinished()) == 0, 60)
     finally:
         for p in processors:
@@ -117,7 +117,7 @@ def test_close_cancels_running_handlers_and_writes_their_attempts(
     registry.register("slow", slow)
     task = store.tasks.create("slow")
     with session(zk_namespace) as s:
-        processor = TaskProcessHandler(s, "m1", store, registry, scan_interval=60).start()
+        processor = TaskLoop(s, "m1", store, registry, LoopSettings(scan_interval=60)).start()
         assert started.wait(30)
         processor.close(timeout=10)
         assert s.client.get_children("/locks/tasks") == []
@@ -137,7 +137,7 @@ def test_an_old_listing_is_rechecked_before_locking(
     tasks = [store.tasks.create("t") for _ in range(6)]
     with session(zk_namespace) as s:
         # six workers: the first version read covers the whole old listing
-        processor = TaskProcessHandler(s, "m1", store, registry, workers=6, scan_interval=600)
+        processor = TaskLoop(s, "m1", store, registry, LoopSettings(workers=6, scan_interval=600))
         listed = time.monotonic() - 1.0  # the old listing, a second ago
         processor._backlog = [(t, listed, own) for t, own
                               in candidates(store.tasks.unfinished(), None, processor.member_id,
@@ -172,8 +172,8 @@ def test_a_listing_that_goes_stale_during_the_scan_is_rechecked(
         return listing
 
     with session(zk_namespace) as s:
-        processor = TaskProcessHandler(s, "m1", store, registry, workers=6, scan_interval=600,
-                                       fresh_for=0.0)
+        processor = TaskLoop(s, "m1", store, registry,
+                             LoopSettings(workers=6, scan_interval=600, fresh_for=0.0))
         store.tasks.unfinished = listing_then_others_claim  # type: ignore[method-assign]
         try:
             assert processor.scan() == 2
@@ -188,7 +188,7 @@ def test_a_listing_that_goes_stale_during_the_scan_is_rechecked(
 
 def scan_stale_backlog(zk_namespace: ZkNamespace, store: GraphStore,
                        listed: tuple[float, float] | None = None
-                       ) -> tuple[TaskProcessHandler, str, set[str]]:
+                       ) -> tuple[TaskLoop, str, set[str]]:
     """One worker, and a listing of 20 tasks from a second ago, of which another node has since
     run and finished the first 16 in the order this node would try them; ``listed`` stands for
     the last listing (when it ended, how long it took). Scans once; returns the processor, the
@@ -199,7 +199,7 @@ def scan_stale_backlog(zk_namespace: ZkNamespace, store: GraphStore,
     for _ in range(20):
         store.tasks.create("t")
     with session(zk_namespace) as s:
-        processor = TaskProcessHandler(s, "m1", store, registry, workers=1, scan_interval=600)
+        processor = TaskLoop(s, "m1", store, registry, LoopSettings(workers=1, scan_interval=600))
         old = time.monotonic() - 1.0
         processor._backlog = [(t, old, own) for t, own
                               in candidates(store.tasks.unfinished(), None, processor.member_id,
@@ -264,8 +264,8 @@ def test_a_node_starts_its_preferred_tasks_first_and_the_others_right_after(
     with session(zk_namespace) as s:
         for member in ("m1", "m2"):
             s.client.create(f"/members/{member}", b"{}", ephemeral=True, makepath=True)
-        processor = TaskProcessHandler(s, "m1", store, registry, workers=len(own) + 2,
-                                       scan_interval=600)
+        processor = TaskLoop(s, "m1", store, registry,
+                             LoopSettings(workers=len(own) + 2, scan_interval=600))
         try:
             assert processor.scan() == len(own) + 2
             assert wait_until(lambda: len(ran) == len(own) + 2, 30)
@@ -283,7 +283,7 @@ def test_priority_comes_before_preference(zk_namespace: ZkNamespace, store: Grap
     split = preferred_split(store, ["m1", "m2"], 1)
     urgent = store.tasks.create("t", priority=5)
     with session(zk_namespace) as s:
-        processor = TaskProcessHandler(s, "m1", store, TaskRegistry(), workers=1)
+        processor = TaskLoop(s, "m1", store, TaskRegistry(), LoopSettings(workers=1))
         order = candidates(store.tasks.unfinished(), {"m1", "m2"}, processor.member_id,
                            processor.workers)
         alone = candidates(store.tasks.unfinished(), {"m1"}, processor.member_id,
@@ -304,8 +304,7 @@ def test_the_watched_membership_view_is_used_and_read_when_it_has_not_reported(
     view: dict[str, set[str] | None] = {"live": None}
     with session(zk_namespace) as s:
         s.client.create("/members/m1", b"{}", ephemeral=True, makepath=True)
-        processor = TaskProcessHandler(s, "m1", store, TaskRegistry(),
-                                       live_members=lambda: view["live"])
+        processor = TaskLoop(s, "m1", store, TaskRegistry(), live_members=lambda: view["live"])
         try:
             assert processor._live() == {"m1"}  # no report yet: one read
             view["live"] = {"m1", "m2"}
@@ -326,7 +325,7 @@ def test_tasks_running_under_another_live_member_are_not_tried(
         store.tasks.update(task.id, 0, None, status=TaskStatus.RUNNING, owner=owner)
     with session(zk_namespace) as s:
         s.client.create("/members/m2", b"{}", ephemeral=True, makepath=True)
-        processor = TaskProcessHandler(s, "m1", store, registry, workers=4, scan_interval=600)
+        processor = TaskLoop(s, "m1", store, registry, LoopSettings(workers=4, scan_interval=600))
         try:
             assert processor.scan() == 2
             assert wait_until(lambda: len(ran) == 2, 30)
@@ -364,8 +363,8 @@ def test_a_commit_conflict_is_retried_as_a_new_claim_unless_the_task_was_stopped
     first = store.tasks.create("retried")
     second = store.tasks.create("stopped")
     with session(zk_namespace) as s:
-        processor = TaskProcessHandler(s, "m1", store, registry, scan_interval=60,
-                                       conflict_backoff=(0.5, 0.5)).start()
+        processor = TaskLoop(s, "m1", store, registry,
+                             LoopSettings(scan_interval=60, conflict_backoff=(0.5, 0.5))).start()
         try:
             assert waiting.wait(30)
             store.tasks.deactivate(second.id)  # while its attempt runs
@@ -412,8 +411,8 @@ def test_progress_is_throttled_and_the_last_value_wins(
     registry.register("rows", rows)
     quick = store.tasks.create("rows", {"rows": 5000})
     with session(zk_namespace) as s:
-        processor = TaskProcessHandler(s, "m1", store, registry, workers=1,
-                                       scan_interval=60).start()
+        processor = TaskLoop(s, "m1", store, registry,
+                             LoopSettings(workers=1, scan_interval=60)).start()
         try:
             assert wait_until(lambda: store.tasks.get(quick.id).finished, 30)
             (attempt,) = store.attempts.for_task(quick.id)
@@ -477,10 +476,10 @@ class HolderAndNext:
         registry_b.register("b", lambda ctx, p: self.release_b.wait(30))
         self.sessions = [session(ns).start(), session(ns).start()]
         self.loops = [
-            TaskProcessHandler(self.sessions[0], "m1", store, registry_a, workers=1,
-                               scan_interval=0.2, after=after or []).start(),
-            TaskProcessHandler(self.sessions[1], "m2", store, registry_b, workers=1,
-                               scan_interval=0.2).start()]
+            TaskLoop(self.sessions[0], "m1", store, registry_a,
+                     LoopSettings(workers=1, scan_interval=0.2), after=after or []).start(),
+            TaskLoop(self.sessions[1], "m2", store, registry_b,
+                     LoopSettings(workers=1, scan_interval=0.2)).start()]
 
     def cut(self) -> None:
         from coord.testing import expire_session
@@ -520,8 +519,8 @@ def test_an_ordering_key_is_one_exclusive_hold_that_a_chain_keeps() -> None:
     forever) and as an exclusive hold; being a level, it was never "all a task books", so the
     worker that finished a keyed task let the key go and booked it again for the next one
     (ordered / unordered throughput 0.77-0.80). A key is now an exclusive hold only."""
-    from runner.tasks.claim import holds, key_only, levels
     from runner.tasks.registry import TaskType
+    from runner.tasks.worker.claim import holds, key_only, levels
 
     kind = TaskType("t", lambda ctx, p: None)
     keyed = Task(id="x", type="t", payload={}, active=True, status=TaskStatus.WAITING,

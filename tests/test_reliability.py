@@ -11,17 +11,17 @@ from typing import Any, ClassVar
 
 import pytest
 
-import runner.tasks.claim as claim_module
-import runner.tasks.master as master_module
+import runner.tasks.master.duties as master_module
+import runner.tasks.worker.claim as claim_module
 from coord import LeaderLatch, Membership, Session, TaskLock, force_release, lock_owner
 from coord.testing import wait_until
 from coord.testing.plugin import ZkNamespace
 from runner.errors import StaleFencingToken
 from runner.store import AttemptStatus, GraphStore, open_store
 from runner.tasks import TaskCancelled, TaskContext, TaskRegistry
-from runner.tasks.diag import effects, register_diagnostics
-from runner.tasks.loop import TaskProcessHandler
-from runner.tasks.master import MasterDuties
+from runner.tasks.features.diag import effects, register_diagnostics
+from runner.tasks.master.duties import MasterDuties
+from runner.tasks.worker.loop import LoopSettings, TaskLoop
 
 
 @pytest.fixture
@@ -91,8 +91,8 @@ def test_a_lock_lost_between_acquire_and_claim_still_cancels_the_attempt(
             return real_claim(*args, **kwargs)
 
         monkeypatch.setattr(store, "claim", claim_after_the_lock_is_gone)
-        processor = TaskProcessHandler(s, "m1", store, registry, workers=1,
-                                       scan_interval=60).start()
+        processor = TaskLoop(s, "m1", store, registry,
+                             LoopSettings(workers=1, scan_interval=60)).start()
         try:
             assert wait_until(lambda: [a.status for a in store.attempts.for_task(task.id)]
                               == [AttemptStatus.CANCELLED_BY_SYSTEM], 10)
@@ -140,8 +140,8 @@ def test_ctx_check_and_fenced_writes_stop_an_owner_that_lost_its_task(
     lock_gone = store.tasks.create("e", {"name": "lock-gone"})
     owner = store.tasks.create("e", {"name": "owner"})
     with session(zk_namespace) as s, session(zk_namespace) as master:
-        processor = TaskProcessHandler(s, "m1", store, registry, workers=3,
-                                       scan_interval=60).start()
+        processor = TaskLoop(s, "m1", store, registry,
+                             LoopSettings(workers=3, scan_interval=60)).start()
         try:
             assert wait_until(lambda: len(store.attempts.running()) == 3, 10)
             store.close_attempts(fenced_off.id, AttemptStatus.CANCELLED_BY_SYSTEM,
@@ -195,8 +195,8 @@ def test_an_owner_whose_attempt_the_master_closed_cannot_finish_the_task(
     registry.register("t", succeed_after_go)
     task = store.tasks.create("t")
     with session(zk_namespace) as s:
-        processor = TaskProcessHandler(s, "m1", store, registry, workers=1,
-                                       scan_interval=60, relist_share=1e-9).start()
+        processor = TaskLoop(s, "m1", store, registry,
+                             LoopSettings(workers=1, scan_interval=60, relist_share=1e-9)).start()
         try:
             assert wait_until(lambda: len(store.attempts.running()) == 1, 10)
             duties = MasterDuties(s, LeaderLatch(s, "master"), "master", store)
@@ -261,8 +261,8 @@ def test_ctx_complete_writes_the_effect_and_the_success_together_or_neither(
     registry.register("e", complete_after_go)
     closed, kept = store.tasks.create("e"), store.tasks.create("e")
     with session(zk_namespace) as s:
-        processor = TaskProcessHandler(s, "m1", store, registry, workers=2,
-                                       scan_interval=60).start()
+        processor = TaskLoop(s, "m1", store, registry,
+                             LoopSettings(workers=2, scan_interval=60)).start()
         try:
             assert wait_until(lambda: len(store.attempts.running()) == 2, 10)
             store.close_attempts(closed.id, AttemptStatus.CANCELLED_BY_SYSTEM,

@@ -28,8 +28,8 @@ from runner.errors import TaskNotFound
 from runner.store import Attempt, AttemptStatus, Task, codec, open_store
 from runner.store.due import queue_of
 from runner.tasks.due import ensure_cursor, promote
-from runner.tasks.retention import Retention
-from runner.tasks.schedules import GRACE, LOOKAHEAD, ScheduleFirer, ScheduleSpec
+from runner.tasks.master.retention import Retention
+from runner.tasks.master.schedules import GRACE, LOOKAHEAD, ScheduleFirer, ScheduleSpec
 from runner.testing.cluster import Cluster
 
 FLAKY = '''

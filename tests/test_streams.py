@@ -26,6 +26,9 @@ from coord.testing import NodeProcess, wait_until
 from coord.testing.plugin import ZkNamespace
 from coord.testing.streamcopy import running_sum
 
+#: the example stream is loaded like any user's (it is not on the default node path)
+EXAMPLE_MODULE = "runner.tasks.features.example_stream"
+
 
 def session(ns: ZkNamespace) -> Session:
     return Session(ns.hosts, "s1", timeout=4.0)
@@ -476,9 +479,9 @@ def test_a_stream_runs_as_copies_on_distinct_nodes_through_kill_9(
     become dead letters, once each, and the stream goes on without them."""
     import json as json_
 
-    from runner.tasks.streams import EXAMPLE, moving_average
+    from runner.tasks.features.example_stream import EXAMPLE, crossings, moving_average
 
-    members = [cluster.start_node() for _ in range(3)]
+    members = [cluster.start_node("--tasks", EXAMPLE_MODULE) for _ in range(3)]
     started = cluster.cli("stream", "start", EXAMPLE, "--redundancy", "2", "--json")
     assert started.exit_code == 0, started.output
     assert cluster.cli("stream", "start", EXAMPLE, "--json").exit_code == 0  # idempotent
@@ -514,8 +517,8 @@ def test_a_stream_runs_as_copies_on_distinct_nodes_through_kill_9(
     assert [(d["queue"], d["index"]) for d in dead] == [("readings", 50), ("readings", 170)]
     assert all("not a reading" in d["reason"] and d["handler"] == EXAMPLE for d in dead)
     assert "dead letters 2" in cluster.cli("stream", "status", EXAMPLE).output
-    crossings = sum(1 for v in expected if json_.loads(v).get("crossed"))
-    assert crossings > 0 and cluster.store.count_events(EXAMPLE) == crossings
+    crossed = sum(1 for v in expected if json_.loads(v).get("crossed"))
+    assert crossed > 0 and crossings(cluster.store) == crossed
     listing = cluster.cli("task", "list", "--unfinished")
     assert "copy 0:" in listing.output or "copy 1:" in listing.output
     assert "out 238" in listing.output
@@ -527,7 +530,7 @@ def test_the_master_prunes_stream_queues_but_never_an_unread_input(
     than the other; elements past the retention go from the outputs and the dead letters, and
     from the shared input only below the slower stream's position. At most ``batch`` a queue a
     pass; the streams read on from where they were."""
-    from runner.tasks.streams import StreamDefinition, StreamRegistry, StreamRetention
+    from runner.tasks.features.streams import StreamDefinition, StreamRegistry, StreamRetention
 
     registry = StreamRegistry()
     for name, out in (("fast", "fast-out"), ("slow", "slow-out")):
@@ -564,11 +567,11 @@ def test_the_master_prunes_stream_queues_but_never_an_unread_input(
 def test_a_node_master_prunes_the_example_streams_queues(cluster: Any) -> None:
     """The setting end to end: a node with ``stream_retention`` 1 s prunes the example's
     consumed readings and its averages once they are older, and the stream goes on."""
-    from runner.tasks.streams import EXAMPLE
+    from runner.tasks.features.example_stream import EXAMPLE
 
     cluster.env["LATCHWORK_STREAM_RETENTION"] = "1"
     cluster.env["LATCHWORK_STREAM_RETENTION_INTERVAL"] = "0.5"
-    cluster.start_node()
+    cluster.start_node("--tasks", EXAMPLE_MODULE)
     assert cluster.cli("stream", "start", EXAMPLE, "--redundancy", "1").exit_code == 0
     with Session(cluster.env["LATCHWORK_ZK_HOSTS"], "r1", timeout=4.0) as s:
         source, sink = LockFreeQueue(s, "readings"), LockFreeQueue(s, "averages")
@@ -639,7 +642,7 @@ def test_three_moving_average_copies_killed_and_restarted_equal_one_sequential_r
     import json as json_
 
     from runner.store import open_store
-    from runner.tasks.streams import EXAMPLE, moving_average
+    from runner.tasks.features.example_stream import crossings, moving_average
 
     rng = random.Random(5000)
     graph = str(tmp_path / "graph.db")
@@ -670,9 +673,9 @@ def test_three_moving_average_copies_killed_and_restarted_equal_one_sequential_r
     _, expected = moving_average()({"window": [], "over": False},
                                    [("readings", i, r) for i, r in enumerate(readings)])
     assert outputs == expected  # same values, same order, no gap, no duplicate
-    crossings = sum(1 for v in expected if json_.loads(v).get("crossed"))
+    crossed = sum(1 for v in expected if json_.loads(v).get("crossed"))
     with open_store(graph) as store:
-        assert crossings > 1 and store.count_events(EXAMPLE) == crossings
+        assert crossed > 1 and crossings(store) == crossed
     assert restarts >= 3
 
 
@@ -680,7 +683,8 @@ def test_a_node_that_runs_a_copy_declines_a_second_one(zk_namespace: ZkNamespace
                                                        tmp_path: Any) -> None:
     from runner.store import open_store
     from runner.tasks import CancelToken, TaskContext, TaskDeclined
-    from runner.tasks.streams import EXAMPLE, CopyPayload, example_streams, run_copy
+    from runner.tasks.features.example_stream import EXAMPLE, example_streams
+    from runner.tasks.features.streams import CopyPayload, run_copy
 
     with session(zk_namespace) as s, open_store(str(tmp_path / "g.db")) as store:
         s.client.create(f"streams/{EXAMPLE}/copies/m1", b'{"copy": 0, "task": "t0"}',

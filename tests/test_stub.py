@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from runner.errors import InvalidPayload
 from runner.store import AttemptStatus
 from runner.tasks import RetryPolicy, TaskContext, TaskRegistry, task
-from runner.tasks.diag import effects, register_diagnostics
+from runner.tasks.features.diag import effects, register_diagnostics
 from runner.tasks.outcomes import Outcome
 from runner.testing.stub import TaskStub
 

@@ -19,7 +19,7 @@ from runner.cli.client import (
 from runner.cli.root import cli
 from runner.errors import InvalidSchedule
 from runner.requests import ScheduleList, SchedulePause, ScheduleRemove
-from runner.tasks.schedules import parse_every
+from runner.tasks.master.schedules import parse_every
 
 
 @cli.group()

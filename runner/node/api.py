@@ -47,7 +47,8 @@ from runner.requests import (
     TaskSubmit,
     TaskTypes,
 )
-from runner.tasks import schedules, streams
+from runner.tasks.features import streams
+from runner.tasks.master import schedules
 
 log = logging.getLogger("latchwork.node")
 
@@ -58,7 +59,7 @@ if TYPE_CHECKING:
     from runner.pipeline.handlers import Pipeline
     from runner.store import GraphStore, Task
     from runner.tasks import TaskRegistry
-    from runner.tasks.streams import StreamRegistry
+    from runner.tasks.features.streams import StreamRegistry
 
 
 F = TypeVar("F", bound=Callable[..., Any])

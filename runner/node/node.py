@@ -2,8 +2,9 @@
 
 A node joins membership and the master election, opens the graph store, and runs:
 
-* the TaskProcessHandler (every node): the task loop of :mod:`runner.tasks.loop`;
-* the MASTER consumer while it is master, plus the master duties (:mod:`runner.tasks.master`);
+* the task loop (every node): :class:`~runner.tasks.worker.loop.TaskLoop`;
+* the MASTER consumer while it is master, plus the master duties
+  (:mod:`runner.tasks.master.duties`);
 * the MODEL consumer (TRIGGER_SCAN: scan now; UPDATE_CACHE: reload the ontology cache);
 * the API responder: ``task.submit``, ``task.list``, ``task.get``, ``task.deactivate`` and
   ``task.cancel`` (both cancel a running attempt cluster-wide), ``task.reactivate``,
@@ -45,18 +46,17 @@ from runner.requests import TaskSubmit
 from runner.store import GraphStore, Task
 from runner.tasks import TaskRegistry, due
 from runner.tasks.authoring import load_entry_points, load_modules
-from runner.tasks.diag import register_diagnostics
-from runner.tasks.incidents import IncidentWatch, load_hooks
-from runner.tasks.loop import TaskProcessHandler
-from runner.tasks.master import MasterDuties
-from runner.tasks.retention import Retention
-from runner.tasks.schedules import ScheduleFirer
-from runner.tasks.streams import (
+from runner.tasks.features.diag import register_diagnostics
+from runner.tasks.features.streams import (
     StreamRegistry,
     StreamRetention,
-    example_streams,
     register_stream_tasks,
 )
+from runner.tasks.master.duties import MasterDuties
+from runner.tasks.master.incidents import IncidentWatch, load_hooks
+from runner.tasks.master.retention import Retention
+from runner.tasks.master.schedules import ScheduleFirer
+from runner.tasks.worker.loop import LoopSettings, TaskLoop
 
 log = logging.getLogger("latchwork.node")
 
@@ -86,7 +86,7 @@ class Node:
 
     def __init__(self, settings: Settings, registry: TaskRegistry | None = None) -> None:
         self.settings = settings
-        self.streams = example_streams()
+        self.streams = StreamRegistry()  # filled by the --tasks modules' @stream handlers
         self.registry = registry or node_registry(settings, self.streams)
         self.incident_hooks = load_hooks(settings.incident_hooks)
         self.session = zk_session(settings)
@@ -94,7 +94,7 @@ class Node:
         self.latch: LeaderLatch | None = None
         self.store: GraphStore | None = None
         self.bus: MessageBus | None = None
-        self.processor: TaskProcessHandler | None = None
+        self.processor: TaskLoop | None = None
         self.master: MasterDuties | None = None
         self.cache = OntologyCache()
         self.sync: OntologySync | None = None
@@ -140,10 +140,10 @@ class Node:
                                  is_master=lambda: latch.is_leader)
         self.pipeline = Pipeline(s, self.session, self.store, self.cache, self.aspects,
                                  submit=self.submit, member=member)
-        self.processor = TaskProcessHandler(
-            self.session, member, self.store, self.registry, workers=s.workers,
-            scan_interval=s.scan_interval, live_members=self.membership.live_ids,
-            limits=s.concurrency,
+        self.processor = TaskLoop(
+            self.session, member, self.store, self.registry,
+            LoopSettings(workers=s.workers, scan_interval=s.scan_interval, limits=s.concurrency),
+            live_members=self.membership.live_ids,
             services={"bus": self.bus, "sync": self.sync, "pipeline": self.pipeline,
                       "session": self.session, "streams": self.streams,
                       "stream_liveness": s.stream_liveness_host or None},

@@ -10,7 +10,7 @@ from urllib.parse import unquote
 from coord import Session, exclusive_holders, held_locks, holders, read_leader, read_members
 from runner.config import Settings
 from runner.store import GraphStore
-from runner.tasks.claim import slot_name
+from runner.tasks.worker.claim import slot_name
 
 
 def cluster_status(session: Session, settings: Settings, member_id: str,

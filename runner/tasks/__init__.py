@@ -3,16 +3,16 @@
 * :mod:`~runner.tasks.registry`: task types and their payload models;
 * :mod:`~runner.tasks.authoring`: the ``@task`` decorator and loading users' task modules;
 * :mod:`~runner.tasks.context`: what a handler gets (context, cancellation token);
-* :mod:`~runner.tasks.loop`: TaskProcessHandler, the scan and its driver;
-* :mod:`~runner.tasks.backlog`: the order a node tries open tasks in (pure);
-* :mod:`~runner.tasks.claim`: slot, lock and the claim that writes the RUNNING attempt;
-* :mod:`~runner.tasks.execution`: the handler, conflict retries and the conclusion;
+* :mod:`~runner.tasks.worker.loop`: TaskProcessHandler, the scan and its driver;
+* :mod:`~runner.tasks.worker.backlog`: the order a node tries open tasks in (pure);
+* :mod:`~runner.tasks.worker.claim`: slot, lock and the claim that writes the RUNNING attempt;
+* :mod:`~runner.tasks.worker.execution`: the handler, conflict retries and the conclusion;
 * :mod:`~runner.tasks.outcomes`: what an attempt came to, as a type;
 * :mod:`~runner.tasks.retry`: retry policies per task type;
 * :mod:`~runner.tasks.due`: the cursor of the due-time buckets the master opens;
-* :mod:`~runner.tasks.master`: the master's reaper of dead owners' locks and attempts;
-* :mod:`~runner.tasks.streams`: concurrent exactly-once streams run as N copy tasks;
-* :mod:`~runner.tasks.diag`: diagnostic task types (sleep, fail, conflict, effect).
+* :mod:`~runner.tasks.master.duties`: the master's reaper of dead owners' locks and attempts;
+* :mod:`~runner.tasks.features.streams`: concurrent exactly-once streams run as N copy tasks;
+* :mod:`~runner.tasks.features.diag`: diagnostic task types (sleep, fail, conflict, effect).
 
 It knows nothing of ontologies or pipelines; those register their task types here.
 """
@@ -27,9 +27,9 @@ from runner.tasks.context import (
     TaskContext,
     TaskDeclined,
 )
+from runner.tasks.features.streams import stream
 from runner.tasks.registry import TaskHandler, TaskRegistry, TaskType
 from runner.tasks.retry import RetryPolicy
-from runner.tasks.streams import stream
 
 __all__ = [
     "BadInput",

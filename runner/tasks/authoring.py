@@ -40,9 +40,9 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from runner.errors import TaskLoadError
+from runner.tasks.features.streams import StreamDefinition, StreamRegistry
 from runner.tasks.registry import TaskRegistry
 from runner.tasks.retry import RetryPolicy
-from runner.tasks.streams import StreamDefinition, StreamRegistry
 
 ENTRY_POINT_GROUP = "latchwork.tasks"
 F = TypeVar("F", bound=Callable[..., Any])
@@ -73,7 +73,7 @@ def task(name: str, *, payload: type[BaseModel] | None = None, priority: int = 0
     every task of the type takes all-or-nothing before it starts, ``retry`` its
     :class:`~runner.tasks.retry.RetryPolicy` (None: a failure stops the task),
     ``max_duration`` / ``max_wait`` the seconds a task may run / wait once due before the
-    master raises an incident (:mod:`runner.tasks.incidents`)."""
+    master raises an incident (:mod:`runner.tasks.master.incidents`)."""
     if not name or name != name.strip():
         raise ValueError(f"invalid task type name {name!r}")
     if slots is not None and slots < 1:

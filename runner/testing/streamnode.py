@@ -11,7 +11,7 @@ import threading
 
 from coord import ExactlyOnceHandler, LockFreeQueue, Session
 from runner.store import open_store
-from runner.tasks.streams import EXAMPLE, AveragesOutput, moving_average
+from runner.tasks.features.example_stream import EXAMPLE, AveragesOutput, moving_average
 
 
 def main(argv: list[str]) -> int:

@@ -273,19 +273,6 @@ class GraphStore:
             return fn(g)
         return self.graph.write(write)
 
-    def record_event(self, key: str, kind: str) -> bool:
-        """Record the event ``key`` once (an idempotent write keyed by it: a stream output
-        written again changes nothing); False when it was there already."""
-        def write(g: Any) -> bool:
-            if g.V().has("event_key", key).id_().to_list():
-                return False
-            g.add_v("event").property("event_key", key).property("event_kind", kind).iterate()
-            return True
-        return self.graph.write(write)
-
-    def count_events(self, kind: str) -> int:
-        return int(self.graph.read(lambda g: g.V().has("event_kind", kind).count().next()))
-
     def close(self) -> None:
         self.graph.close()
 

@@ -1,6 +1,6 @@
 """Taking a task: its slots, its lock, and the claim that writes the RUNNING attempt.
 
-:func:`claim` books every slot level the task needs, all-or-nothing in one ZooKeeper
+:meth:`Claimer.claim` books every slot level the task needs, all-or-nothing in one ZooKeeper
 transaction: the counted levels (:func:`levels`: its type's cluster-wide limit, the configured
 limits of the groups its type belongs to, ``{"aspect": 2, "aspect.create": 1}``: a type
 ``aspect.create`` books both) and the exclusive holds (:func:`holds`: each resource it
@@ -23,35 +23,18 @@ leases are ephemeral: a holder killed -9 frees them with its session.
 from __future__ import annotations
 
 import logging
-import threading
 from collections import Counter
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from urllib.parse import quote
 
 from coord import Booking, CoordError, LockNotHeld, Session, SlotLevel, Slots, TaskLock
 from runner.errors import CommitConflict, StaleFencingToken
-from runner.store import Attempt, GraphStore, Task
+from runner.store import GraphStore, Task
 from runner.tasks.context import CancelToken
 from runner.tasks.registry import TaskType
+from runner.tasks.worker.running import Running, RunningSet
 
 log = logging.getLogger("latchwork.tasks")
-
-
-@dataclass
-class Running:
-    """A task this node is starting or running. ``token`` and ``attempt`` are set once the
-    claim is written."""
-    task: Task
-    lock: TaskLock
-    booking: Booking | None
-    token: int = 0
-    attempt: Attempt | None = None
-    completed: bool = False  # the handler's ctx.complete() concluded the attempt
-    cancel: CancelToken = field(default_factory=CancelToken)
-    done: threading.Event = field(default_factory=threading.Event)
-    #: the tasks after this one in its key's queue, as the claim read it (its first check)
-    key_queue: list[Task] = field(default_factory=list)
 
 
 def release(lock: TaskLock, booking: Booking | None, member_id: str) -> None:
@@ -109,64 +92,80 @@ def key_only(task: Task, kind: TaskType, limits: Mapping[str, int]) -> bool:
         task, kind, limits)
 
 
-def claim(session: Session, store: GraphStore, member_id: str, task: Task, kind: TaskType,
-          register: Callable[[Running], None], forget: Callable[[Running], None],
-          stats: Counter[str], limits: Mapping[str, int] | None = None,
-          slots: Slots | None = None, first_checked: bool = False,
-          held: Booking | None = None) -> Running | None:
-    """Take ``task`` for this member, or None when someone else has it (see the module).
-    ``slots``: the member's booker, reused (it remembers the level nodes it created).
-    ``first_checked``: the caller has just read that ``task`` is its key's first unfinished
-    one (the worker that finished the one before it); the hold on the key keeps others out
-    either way. ``held``: that worker's booking of the key, carried over (only when the key
-    is all ``task`` books, :func:`key_only`); released like a new one when the claim fails."""
-    booking = held
-    after: list[Task] = []
-    needed, exclusive = levels(task, kind, limits or {}), holds(task)
-    if booking is None and (needed or exclusive):
-        booking = (slots or Slots(session, member_id)).try_book(needed, exclusive)
-        if booking is None:
-            stats["slots_busy"] += 1
-            return None
-    if task.ordering_key is not None and not first_checked:
+class Claimer:
+    """Takes tasks for one member (see the module): its slot booker (reused: it remembers the
+    level nodes it created), the running set a claim registers into, the configured group
+    ``limits`` and the claims' counters (``stats``: started, lock_busy, slots_busy,
+    not_first, stale)."""
+
+    def __init__(self, session: Session, store: GraphStore, member_id: str,
+                 running: RunningSet, limits: Mapping[str, int] | None = None) -> None:
+        self.session = session
+        self.store = store
+        self.member_id = member_id
+        self.running = running
+        self.limits = dict(limits or {})
+        self.slots = Slots(session, member_id)
+        self.stats: Counter[str] = Counter()
+
+    def claim(self, task: Task, kind: TaskType, *, first_checked: bool = False,
+              held: Booking | None = None) -> Running | None:
+        """Take ``task`` for this member, or None when someone else has it (see the module).
+        ``first_checked``: the caller has just read that ``task`` is its key's first
+        unfinished one (the worker that finished the one before it); the hold on the key keeps
+        others out either way. ``held``: that worker's booking of the key, carried over (only
+        when the key is all ``task`` books, :func:`key_only`); released like a new one when
+        the claim fails."""
+        stats, member_id, store = self.stats, self.member_id, self.store
+        booking = held
+        after: list[Task] = []
+        needed, exclusive = levels(task, kind, self.limits), holds(task)
+        if booking is None and (needed or exclusive):
+            booking = self.slots.try_book(needed, exclusive)
+            if booking is None:
+                stats["slots_busy"] += 1
+                return None
+        if task.ordering_key is not None and not first_checked:
+            try:
+                first = store.tasks.with_key(task.ordering_key)
+            except BaseException:
+                if booking is not None:
+                    booking.release()
+                raise
+            if not first or first[0].id != task.id:
+                stats["not_first"] += 1
+                if booking is not None:
+                    booking.release()
+                return None
+            after = first[1:]
+        lock = TaskLock(self.session, task.id, member_id)
+        running = Running(task, lock, booking, key_queue=after,
+                          cancel=CancelToken(self.session))
+        lock.add_lost_listener(lambda _task: running.cancel.cancel("its task lock was lost"))
+        self.running.add(running)
+
+        def abandon() -> None:
+            release(lock, booking, member_id)
+            self.running.discard(running)
+            running.done.set()
+
         try:
-            first = store.tasks.with_key(task.ordering_key)
-        except BaseException:
-            if booking is not None:
-                booking.release()
-            raise
-        if not first or first[0].id != task.id:
-            stats["not_first"] += 1
-            if booking is not None:
-                booking.release()
-            return None
-        after = first[1:]
-    lock = TaskLock(session, task.id, member_id)
-    running = Running(task, lock, booking, key_queue=after, cancel=CancelToken(session))
-    lock.add_lost_listener(lambda _task: running.cancel.cancel("its task lock was lost"))
-    register(running)
-
-    def abandon() -> None:
-        release(lock, booking, member_id)
-        forget(running)
-        running.done.set()
-
-    try:
-        token = lock.try_acquire()
-        if token is None:  # someone else runs it
-            stats["lock_busy"] += 1
+            token = lock.try_acquire()
+            if token is None:  # someone else runs it
+                stats["lock_busy"] += 1
+                abandon()
+                return None
+            # the version read by the scan guards the claim: if the task changed since
+            # (another node finished it, an operator stopped it), the claim is a conflict and
+            # we move on.
+            running.task, running.attempt = store.claim(task, token, member_id)
+            running.token = token
+        except (CommitConflict, StaleFencingToken):
+            stats["stale"] += 1
             abandon()
             return None
-        # the version read by the scan guards the claim: if the task changed since (another
-        # node finished it, an operator stopped it), the claim is a conflict and we move on.
-        running.task, running.attempt = store.claim(task, token, member_id)
-        running.token = token
-    except (CommitConflict, StaleFencingToken):
-        stats["stale"] += 1
-        abandon()
-        return None
-    except BaseException:
-        abandon()
-        raise
-    stats["started"] += 1
-    return running
+        except BaseException:
+            abandon()
+            raise
+        stats["started"] += 1
+        return running

@@ -35,7 +35,6 @@ from runner.errors import (
 )
 from runner.store import Attempt, AttemptStatus, GraphStore
 from runner.tasks import due
-from runner.tasks.claim import Running
 from runner.tasks.context import (
     TaskContext,
 )
@@ -49,6 +48,7 @@ from runner.tasks.outcomes import (
 from runner.tasks.progress import ProgressReporter
 from runner.tasks.registry import TaskRegistry, TaskType
 from runner.tasks.retry import RetryPolicy
+from runner.tasks.worker.running import Running
 
 log = logging.getLogger("latchwork.tasks")
 

@@ -1,4 +1,5 @@
-"""TaskProcessHandler: the task loop every node runs (the scan and its driver).
+"""TaskLoop: the task loop every node runs (the scan and its driver; the design's
+"TaskProcessHandler").
 
 Every ``scan_interval`` seconds (an APScheduler interval job), and at once when :meth:`trigger`
 is called (a MODEL TRIGGER_SCAN after a submission), it lists the unfinished active tasks
@@ -7,10 +8,12 @@ is called (a MODEL TRIGGER_SCAN after a submission), it lists the unfinished act
 task with a version- and token-guarded update that writes a RUNNING attempt in the same
 transaction, and runs the handler in the bounded worker pool with a cancellation token.
 
-The order comes from :mod:`runner.tasks.backlog`, the claim from :mod:`runner.tasks.claim`, the
-run and its conclusion from :mod:`runner.tasks.execution`. Every task has a preferred member (a
-hash of its id over the sorted live members). Within a priority a node walks its own preferred
-tasks first, oldest first, and then the others', so nodes working through one queue rarely try
+The order comes from :mod:`.backlog`, the claim from :mod:`.claim` (into the running set of
+:mod:`.running`), the run and its conclusion from :mod:`.execution`, the next task of an ordering
+key from :mod:`.chain`, the due-time timer from :mod:`.timing`. Every task has a preferred
+member (a hash of its id over the sorted live members). Within a priority a node walks its own
+preferred tasks first, oldest first, and then the others', so nodes working through one queue
+rarely try
 the same task; nothing waits for its preferred member: a node with free workers takes the
 others' tasks right after its own.
 
@@ -24,7 +27,8 @@ Failure behaviour:
   deadline passed, which each handler's token reads from the clock) or a lost lock: the
   affected handlers are cancelled, their attempts end CANCELLED_BY_SYSTEM and only then are the
   locks released (a LOST session has dropped them already);
-* a commit conflict: a new attempt after a backoff, up to ``max_conflict_retries``; any other
+* a commit conflict: a new attempt after a backoff, up to ``max_conflict_retries`` (its
+  :class:`LoopSettings`); any other
   error: the attempt FAILED with error and stack trace, the task deactivated (or, with a retry
   policy, back to WAITING until its backoff ends);
 * a task this node lost (its attempt cancelled by the master, a lost lock): the worker looks
@@ -33,9 +37,8 @@ Failure behaviour:
 * :meth:`close`: no new tasks, running ones cancelled, attempts written, locks released, within
   ``shutdown_timeout``.
 
-Why one module: the scan, the backlog it walks, the running set and the worker pool share one
-pair of locks (``_scan_lock`` over a pass, ``_lock`` over the running set); the pure ordering,
-the claim, the execution and the due-time timer (:mod:`runner.tasks.timing`) are already apart.
+Why one module: the scan, the backlog it walks and the listing's freshness rules share one lock
+(``_scan_lock`` over a pass) and one set of counters; everything else is apart.
 """
 
 from __future__ import annotations
@@ -46,80 +49,97 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from coord import Booking, CoordError, Session, SessionState, Slots, live_member_ids
+from coord import Booking, CoordError, Session, SessionState, live_member_ids
 from runner.errors import StoreError, TaskError
-from runner.store import GraphStore, Task, TaskStatus, codec
-from runner.tasks import backlog
-from runner.tasks.claim import Running, claim, key_only, release, release_booking
-from runner.tasks.execution import AfterHook, BeforeHook, Execution
+from runner.store import GraphStore, Task, codec
 from runner.tasks.outcomes import Outcome
 from runner.tasks.registry import TaskRegistry
-from runner.tasks.timing import DueTimer
+from runner.tasks.worker import backlog
+from runner.tasks.worker.chain import KeyChain
+from runner.tasks.worker.claim import Claimer, key_only, release, release_booking
+from runner.tasks.worker.execution import AfterHook, BeforeHook, Execution
+from runner.tasks.worker.running import Running, RunningSet
+from runner.tasks.worker.timing import DueTimer
 
 log = logging.getLogger("latchwork.tasks")
 
 
-class TaskProcessHandler:
+@dataclass(frozen=True)
+class LoopSettings:
+    """How a node's task loop runs (the node fills it from its :class:`~runner.config.Settings`).
+
+    ``fresh_for`` / ``own_fresh_for``: how long a listed candidate's version is trusted before
+    a claim (see :meth:`TaskLoop._scan`); ``relist_share``: the share of the time a listing may
+    take; ``others_grace``: how long a due task waits for its preferred member; ``limits``:
+    cluster-wide limits per task group (:func:`~runner.tasks.worker.claim.levels`)."""
+
+    workers: int = 4
+    scan_interval: float = 5.0
+    max_conflict_retries: int = 10
+    conflict_backoff: tuple[float, float] = (0.1, 5.0)
+    fresh_for: float = 0.05
+    own_fresh_for: float = 1.0
+    relist_share: float = 0.1
+    others_grace: float = 0.3
+    limits: Mapping[str, int] = field(default_factory=dict)
+
+
+class TaskLoop:
     def __init__(self, session: Session, member_id: str, store: GraphStore,
-                 registry: TaskRegistry, *, workers: int = 4, scan_interval: float = 5.0,
+                 registry: TaskRegistry, settings: LoopSettings | None = None, *,
                  before: Sequence[BeforeHook] = (), after: Sequence[AfterHook] = (),
-                 services: Mapping[str, Any] | None = None, max_conflict_retries: int = 10,
-                 conflict_backoff: tuple[float, float] = (0.1, 5.0),
-                 fresh_for: float = 0.05, own_fresh_for: float = 1.0,
-                 relist_share: float = 0.1,
+                 services: Mapping[str, Any] | None = None,
                  live_members: Callable[[], set[str] | None] | None = None,
-                 scan_observer: Callable[[float], None] | None = None,
-                 limits: Mapping[str, int] | None = None,
-                 others_grace: float = 0.3) -> None:
+                 scan_observer: Callable[[float], None] | None = None) -> None:
         self.session = session
         self.member_id = member_id
         self.store = store
         self.registry = registry
-        self.workers = workers
-        self.scan_interval = scan_interval
+        self.settings = settings = settings or LoopSettings()
         self.execution = Execution(session, member_id, store, registry, before=before,
                                    after=after, services=services,
-                                   max_conflict_retries=max_conflict_retries,
-                                   conflict_backoff=conflict_backoff)
-        self.fresh_for = fresh_for
-        self.own_fresh_for = own_fresh_for
-        self.relist_share = relist_share
+                                   max_conflict_retries=settings.max_conflict_retries,
+                                   conflict_backoff=settings.conflict_backoff)
         # the live member ids without a read (the node's membership watch); None: read them
         self.live_members = live_members
         self.scan_observer = scan_observer  # gets the seconds each scan took (metrics)
-        self.limits = dict(limits or {})  # cluster-wide limits per task group (claim.levels)
-        self._slots = Slots(session, member_id)
-        #: tasks this node's handlers declined, and until when it leaves them to the others
-        self._declined: dict[str, float] = {}
-        self.decline_for = max(10.0, 3 * scan_interval)
+        self.running = RunningSet(settings.workers)
+        self.claimer = Claimer(session, store, member_id, self.running, settings.limits)
+        self.chain = KeyChain(self.claimer, store, registry)
+        #: how long this node leaves a task its handler declined to the others
+        self.decline_for = max(10.0, 3 * settings.scan_interval)
         #: a worker whose task was cancelled (lost) looks for work again after this long
-        self.rescan_after_cancel = min(1.0, scan_interval)
-        self._running: dict[str, Running] = {}
-        self._lock = threading.Lock()
+        self.rescan_after_cancel = min(1.0, settings.scan_interval)
         self._scan_lock = threading.Lock()
         self._stopping = threading.Event()
-        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="task-worker")
+        self._pool = ThreadPoolExecutor(settings.workers, thread_name_prefix="task-worker")
         self._scheduler = BackgroundScheduler(timezone=UTC)
         self._skipped_types: set[str] = set()
         # candidates from the last listing: the task, when its version was last confirmed, and
         # whether this member is its preferred one
         self._backlog: list[tuple[Task, float, bool]] = []
         #: listed tasks not due yet, and the timer that starts a scan when one is
-        self._later = DueTimer(self._on_due, others_grace)
+        self._later = DueTimer(self._on_due, settings.others_grace)
         self._stale_chunks = 0  # version checks in a row that found every candidate changed
         self._listed = (0.0, 0.0)  # when the last listing ended, and how long it took
-        # how claims went: started / lock held elsewhere / stale listing (claim conflict)
-        self.stats: Counter[str] = Counter()
+
+    @property
+    def stats(self) -> Counter[str]:
+        """How claims and scans went: started / lock held elsewhere / stale listing (claim
+        conflict) / ..., and the scans' own counts (skipped, listings)."""
+        return self.claimer.stats
 
     # -- lifecycle ------------------------------------------------------------------------------
-    def start(self) -> TaskProcessHandler:
+    def start(self) -> TaskLoop:
         self.session.add_listener(self._on_session)
-        self._scheduler.add_job(self.scan, "interval", seconds=self.scan_interval, id="scan",
+        self._scheduler.add_job(self.scan, "interval", seconds=self.settings.scan_interval,
+                                id="scan",
                                 max_instances=1, coalesce=True,
                                 next_run_time=datetime.now(UTC))
         self._scheduler.start()
@@ -144,7 +164,7 @@ class TaskProcessHandler:
         if self._scheduler.running:
             self._scheduler.shutdown(wait=False)
         with self._scan_lock:  # a scan in progress finishes its claims first
-            running = self._snapshot()
+            running = self.running.snapshot()
         for r in running:
             r.cancel.cancel("node shutting down")
         deadline = threading.Event()
@@ -165,16 +185,12 @@ class TaskProcessHandler:
                  self.stats["skipped_running"], self.stats["listings"])
 
     def running_tasks(self) -> list[str]:
-        return [r.task.id for r in self._snapshot()]
-
-    def _snapshot(self) -> list[Running]:
-        with self._lock:
-            return list(self._running.values())
+        return [r.task.id for r in self.running.snapshot()]
 
     # -- connection state ----------------------------------------------------------------------
     def _on_session(self, state: SessionState) -> None:
         if state is SessionState.LOST:
-            for r in self._snapshot():
+            for r in self.running.snapshot():
                 r.cancel.cancel("the ZooKeeper session was lost")
         elif state is SessionState.CONNECTED:
             self.trigger()
@@ -211,7 +227,7 @@ class TaskProcessHandler:
         started = 0
         with self._scan_lock:
             started += self._start_due(self._later.take_due())
-            if self._free() <= 0:
+            if self.running.free() <= 0:
                 return started
             # a follow-up with nothing left lists again (within the listing budget) to find
             # tasks that came back without a word (another node's lost task); not while
@@ -222,11 +238,12 @@ class TaskProcessHandler:
                            and self._may_relist())) and not self._list():
                 return 0
             while self._backlog:
-                if self._free() <= 0 or not self._may_claim():
+                if self.running.free() <= 0 or not self._may_claim():
                     break
                 task, seen, own = self._backlog[0]
-                if time.monotonic() - seen > (self.own_fresh_for if own else self.fresh_for):
-                    size = max(4, 2 * self._free()) << min(self._stale_chunks, 4)
+                trusted = self.settings.own_fresh_for if own else self.settings.fresh_for
+                if time.monotonic() - seen > trusted:
+                    size = max(4, 2 * self.running.free()) << min(self._stale_chunks, 4)
                     chunk = self._backlog[:size]
                     try:
                         current = self.store.tasks.versions([t.id for t, _, _ in chunk])
@@ -246,9 +263,8 @@ class TaskProcessHandler:
                     self._stale_chunks = 0
                     task = fresh[0][0]  # just confirmed
                 self._backlog.pop(0)
-                with self._lock:
-                    if task.id in self._running:
-                        continue
+                if task.id in self.running:
+                    continue
                 try:
                     if self._try_start(task):
                         started += 1
@@ -277,12 +293,11 @@ class TaskProcessHandler:
         self.stats["skipped_stale"] += len(due) - len(ready)
         started = 0
         for n, (task, _own) in enumerate(ready):
-            if self._free() <= 0 or not self._may_claim():
+            if self.running.free() <= 0 or not self._may_claim():
                 self._backlog[:0] = [(t, now, o) for t, o in ready[n:]]
                 break
-            with self._lock:
-                if task.id in self._running:
-                    continue
+            if task.id in self.running:
+                continue
             try:
                 started += self._try_start(task)
             except (CoordError, StoreError) as exc:
@@ -307,8 +322,8 @@ class TaskProcessHandler:
         tasks, skipped = backlog.unowned(keyed_first, live, self.member_id)
         self.stats["skipped_running"] += skipped
         ready, later = backlog.split_due(tasks, codec.now())
-        self._backlog = [(t, seen, own) for t, own
-                         in backlog.candidates(ready, live, self.member_id, self.workers)]
+        self._backlog = [(t, seen, own) for t, own in backlog.candidates(
+            ready, live, self.member_id, self.settings.workers)]
         self._later.plan([(t, backlog.is_preferred(t.id, live, self.member_id))
                           for t in later])
         self._stale_chunks = 0
@@ -328,11 +343,7 @@ class TaskProcessHandler:
     def _may_relist(self) -> bool:
         """Whether listing again now keeps listing within ``relist_share`` of the time."""
         listed_at, took = self._listed
-        return time.monotonic() - listed_at >= took / self.relist_share
-
-    def _free(self) -> int:
-        with self._lock:
-            return self.workers - len(self._running)
+        return time.monotonic() - listed_at >= took / self.settings.relist_share
 
     def _live(self) -> set[str] | None:
         """The live member ids: the watched view when the node gave one and it has reported,
@@ -349,9 +360,8 @@ class TaskProcessHandler:
             return None
 
     def _try_start(self, task: Task) -> bool:
-        with self._lock:
-            if self._declined.get(task.id, 0.0) > time.monotonic():
-                return False
+        if self.running.declined(task.id):
+            return False
         try:
             kind = self.registry.get(task.type)
         except TaskError:
@@ -360,9 +370,7 @@ class TaskProcessHandler:
                 log.warning("member %s: no handler for task type %r here; leaving %s to nodes "
                             "that have one", self.member_id, task.type, task.id)
             return False
-        running = claim(self.session, self.store, self.member_id, task, kind,
-                        register=self._register, forget=self._forget, stats=self.stats,
-                        limits=self.limits, slots=self._slots)
+        running = self.claimer.claim(task, kind)
         if running is None:
             return False
         # a lock or session lost since registration has cancelled the token already: the
@@ -370,17 +378,10 @@ class TaskProcessHandler:
         self._pool.submit(self._execute, running)
         return True
 
-    def _register(self, r: Running) -> None:
-        with self._lock:
-            self._running[r.task.id] = r
-
-    def _forget(self, r: Running) -> None:
-        with self._lock:
-            self._running.pop(r.task.id, None)
-
     def _execute(self, first: Running) -> None:
         """Run ``first``; when it was a task of an ordering key and finished, run the key's
-        next task in this same worker (:meth:`_next_of_key`), and so on; then look for work."""
+        next task in this same worker (:class:`~runner.tasks.worker.chain.KeyChain`), and so on;
+        then look for work."""
         r: Running | None = first
         outcome = Outcome.CANCELLED
         queue = list(first.key_queue)  # the key's queue as read at the chain's last read
@@ -391,7 +392,7 @@ class TaskProcessHandler:
                 if kept is not None:
                     release_booking(kept, self.member_id)
             else:
-                r = self._next_of_key(key, kept, queue)
+                r = self.chain.next(key, kept, queue)
         if self._stopping.is_set():
             return
         if outcome is Outcome.CANCELLED:
@@ -406,63 +407,6 @@ class TaskProcessHandler:
         except Exception:
             log.exception("member %s: follow-up scan failed", self.member_id)
 
-    def _next_of_key(self, key: str, kept: Booking | None, queue: list[Task]
-                     ) -> Running | None:
-        """The next task of ``key``, claimed by this worker, which just finished the key's
-        task before it and may still hold the key (``kept``): the last listing left that task
-        out (one task per key), and a claim here needs no scan (and, with the key kept, no
-        new booking). ``queue`` is the key's queue as this chain last read it: tasks are only
-        ever added at its end, and the claim is guarded by the version read, so its next
-        entry is claimed without a read; when it is spent, or its entry changed since (an
-        operator stopped or skipped it: the claim fails), the key's queue is read once.
-        None, with the key let go, when there is nothing to start now or someone else has it
-        (the scans find it then)."""
-        if queue:
-            started = self._claim_next(queue.pop(0), kept)
-            if started is not None:
-                return started
-            kept = None  # a refused claim let the key go
-        try:
-            queue[:] = self.store.tasks.with_key(key)
-        except StoreError as exc:
-            log.info("member %s: next task of key %s unknown: %s", self.member_id, key, exc)
-            queue.clear()
-        if not queue:
-            if kept is not None:
-                release_booking(kept, self.member_id)
-            return None
-        return self._claim_next(queue.pop(0), kept)
-
-    def _claim_next(self, task: Task, kept: Booking | None) -> Running | None:
-        """Claim ``task``, the first of its key's queue, for this worker (see
-        :meth:`_next_of_key`); ``kept`` is used when the key is all it books, else let go."""
-        kind = None
-        if task.open and task.status is TaskStatus.WAITING and (
-                task.run_at is None or task.run_at <= codec.now()):
-            try:
-                kind = self.registry.get(task.type)  # else the nodes that have its type
-            except TaskError:
-                kind = None
-            with self._lock:
-                if self._declined.get(task.id, 0.0) > time.monotonic():
-                    kind = None
-        if kind is None:
-            if kept is not None:
-                release_booking(kept, self.member_id)
-            return None
-        held = kept
-        if kept is not None and not key_only(task, kind, self.limits):
-            release_booking(kept, self.member_id)  # it books more: one booking of it all
-            held = None
-        try:
-            return claim(self.session, self.store, self.member_id, task, kind,
-                         register=self._register, forget=self._forget, stats=self.stats,
-                         limits=self.limits, slots=self._slots, first_checked=True,
-                         held=held)
-        except (CoordError, StoreError) as exc:
-            log.warning("member %s: task %s not started: %s", self.member_id, task.id, exc)
-            return None
-
     def _run_one(self, r: Running) -> tuple[Outcome, Booking | None]:
         """Run ``r``; its outcome, and its booking when kept for the key's next task (a
         finished task whose booking is its ordering key alone)."""
@@ -471,16 +415,16 @@ class TaskProcessHandler:
         try:
             outcome = self.execution.run(r)
             if outcome is Outcome.DECLINED:  # left to the other nodes for a while
-                with self._lock:
-                    self._declined[r.task.id] = time.monotonic() + self.decline_for
+                self.running.decline(r.task.id, self.decline_for)
             kind = self.registry.get(r.task.type)
             if outcome is Outcome.FINISHED and r.booking is not None \
-                    and not self._stopping.is_set() and key_only(r.task, kind, self.limits):
+                    and not self._stopping.is_set() \
+                    and key_only(r.task, kind, self.claimer.limits):
                 kept = r.booking
         finally:
             # locks go only after the attempt and the task are written
             release(r.lock, None if kept is not None else r.booking, self.member_id)
-            self._forget(r)
+            self.running.discard(r)
             r.done.set()
             if outcome is Outcome.RETRY_LATER and r.task.run_at is not None:
                 # its next attempt is this member's to time (the others' listings find it too)

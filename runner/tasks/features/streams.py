@@ -27,9 +27,7 @@ or ZooKeeper or the graph out of reach past the calls' own retries) runs again a
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,7 +36,6 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from coord import (
-    BadInput,
     CoordError,
     ExactlyOnceHandler,
     LockFreeQueue,
@@ -79,17 +76,23 @@ class StreamDefinition:
     retained: tuple[str, ...] = ()
 
 
-def stream(name: str, *, inputs: list[str] | tuple[str, ...], output: str,
-           initial_state: Any = None, batch: int = 100,
-           description: str = "") -> Callable[[StreamHandler], StreamHandler]:
+def stream(name: str, *, inputs: list[str] | tuple[str, ...], output: str | None = None,
+           writer: Callable[[TaskContext], Output] | None = None,
+           retained: list[str] | tuple[str, ...] = (), initial_state: Any = None,
+           batch: int = 100, description: str = "") -> Callable[[StreamHandler], StreamHandler]:
     """Declare ``handler(state, inputs) -> (state, outputs)`` as the stream ``name``, from the
-    queues ``inputs`` to the queue ``output``; loaded like ``@task`` types (``--tasks``, the
-    ``tasks`` setting, the ``latchwork.tasks`` entry points) and started with
-    ``latchwork stream start NAME --redundancy N``."""
+    queues ``inputs`` to the queue ``output`` (or through ``writer(ctx)``, an idempotent
+    :class:`~coord.exactly_once.Output` of your own, which fills the queues ``retained``);
+    loaded like ``@task`` types (``--tasks``, the ``tasks`` setting, the ``latchwork.tasks``
+    entry points) and started with ``latchwork stream start NAME --redundancy N``."""
+    if (output is None) == (writer is None):
+        raise ValueError(f"stream {name}: give an output queue or a writer, one of them")
+
     def mark(handler: StreamHandler) -> StreamHandler:
         handler.__dict__["latchwork_stream"] = StreamDefinition(
-            name, tuple(inputs), handler, output=output, initial_state=initial_state,
-            batch=batch, description=description or (handler.__doc__ or "").strip())
+            name, tuple(inputs), handler, output=output, writer=writer,
+            initial_state=initial_state, batch=batch, retained=tuple(retained),
+            description=description or (handler.__doc__ or "").strip())
         return handler
     return mark
 
@@ -100,7 +103,7 @@ class CopyPayload(BaseModel):
 
 
 class StreamRegistry:
-    """The streams a node can run (the built-in example, and the user's)."""
+    """The streams a node can run (those its ``--tasks`` modules declare)."""
 
     def __init__(self) -> None:
         self._streams: dict[str, StreamDefinition] = {}
@@ -231,68 +234,3 @@ def start(submit: Callable[[TaskSubmit], Any], streams: StreamRegistry, name: st
     return [submit(TaskSubmit(type=COPY_TASK, payload={"stream": name, "copy_no": k},
                               unique_key=f"stream:{name}:copy:{k}")).id
             for k in range(redundancy)]
-
-
-# -- the built-in example ------------------------------------------------------------------------
-
-EXAMPLE = "example.moving_average"
-
-
-def _reading(queue: str, index: int, raw: bytes) -> tuple[float, float]:
-    """A reading's (t, v); BadInput (a dead letter, the stream goes on) for anything else."""
-    try:
-        reading = json.loads(raw)
-        t, v = float(reading["t"]), float(reading["v"])
-    except (ValueError, TypeError, KeyError) as exc:
-        raise BadInput(f"{queue}@{index}: not a reading {{\"t\": seconds, \"v\": number}}: "
-                       f"{raw[:80]!r} ({exc!r})") from None
-    if not (math.isfinite(t) and math.isfinite(v)):
-        raise BadInput(f"{queue}@{index}: t and v must be finite numbers: {raw[:80]!r}")
-    return t, v
-
-
-def moving_average(window_s: float = 60.0, bound: int = 10) -> StreamHandler:
-    """Readings ``{"t": seconds, "v": number}`` in, one ``{"t", "avg", "size"}`` out per
-    reading: the mean over the last ``window_s`` seconds of event time. When the window grows
-    past ``bound`` readings the output also says ``"crossed": true`` (once per crossing)."""
-    def handle(state: Any, inputs: list[tuple[str, int, bytes]]) -> tuple[Any, list[bytes]]:
-        window: list[list[float]] = list((state or {}).get("window", []))
-        over = bool((state or {}).get("over", False))
-        outputs = []
-        for queue, index, raw in inputs:
-            t, v = _reading(queue, index, raw)
-            window = [w for w in [*window, [t, v]] if w[0] > t - window_s]
-            out: dict[str, Any] = {"t": t, "avg": round(sum(w[1] for w in window) / len(window),
-                                                        6), "size": len(window)}
-            if len(window) > bound and not over:
-                out["crossed"] = True
-            over = len(window) > bound
-            outputs.append(json.dumps(out).encode())
-        return {"window": window, "over": over}, outputs
-    return handle
-
-
-class AveragesOutput(QueueOutput):
-    """The example's heterogeneous output: every average to the ``averages`` queue at its
-    index, and each crossing counted in the graph, keyed by (queue, index) so a repeated write
-    counts once."""
-
-    def __init__(self, session: Session, store: Any) -> None:
-        super().__init__(LockFreeQueue(session, "averages"))
-        self.store = store
-
-    def write(self, index: int, value: bytes) -> None:
-        super().write(index, value)
-        if json.loads(value).get("crossed"):
-            self.store.record_event(f"averages:{index}", EXAMPLE)
-
-
-def example_streams() -> StreamRegistry:
-    streams = StreamRegistry()
-    streams.define(StreamDefinition(
-        EXAMPLE, ("readings",), moving_average(), initial_state={"window": [], "over": False},
-        writer=lambda ctx: AveragesOutput(ctx.services["session"], ctx.store),
-        retained=("averages",),
-        description="moving average of `readings` over 60 s; crossings of 10 counted in the "
-                    "graph"))
-    return streams
