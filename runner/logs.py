@@ -40,6 +40,24 @@ def attempt_context(task_id: str, attempt_id: str) -> Iterator[None]:
         _task.reset(task_token)
 
 
+#: the stable names of the events operators watch: a JSON record of one carries ``"event"``,
+#: so watching for them does not depend on the wording of a message
+EVENTS = frozenset({
+    "session.connected", "session.suspended", "session.lost",  # the node's ZooKeeper session
+    "master.gained", "master.lost",  # this node became master, or stopped being it
+    "attempt.started", "attempt.ended",  # an attempt of a task on this node (with "status")
+    "lock.freed",  # the master freed the task lock of a member that is gone
+})
+
+
+def event(name: str, **fields: object) -> dict[str, object]:
+    """The ``extra`` of a log call that records the event ``name`` (one of :data:`EVENTS`),
+    with ``fields`` (e.g. ``status``) added to its JSON record."""
+    if name not in EVENTS:
+        raise ValueError(f"unknown log event {name!r}")
+    return {"event": name, "event_fields": fields}
+
+
 class ContextFilter(logging.Filter):
     """Adds ``member``, ``task`` and ``attempt`` to every record (None when unknown)."""
 
@@ -51,7 +69,8 @@ class ContextFilter(logging.Filter):
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message, member, task, attempt, and the
+    """One JSON object per line: time, level, logger, message, member, task, attempt, the
+    event's stable name and fields when the record is one of :data:`EVENTS`, and the
     exception's traceback as ``exc`` when there is one."""
 
     def format(self, record: logging.LogRecord) -> str:
@@ -61,6 +80,10 @@ class JsonFormatter(logging.Formatter):
             "member": getattr(record, "member", None), "task": getattr(record, "task", None),
             "attempt": getattr(record, "attempt", None),
         }
+        name = getattr(record, "event", None)
+        if name is not None:
+            doc["event"] = name
+            doc.update(getattr(record, "event_fields", {}))
         if record.exc_info:
             doc["exc"] = self.formatException(record.exc_info)
         return json.dumps(doc, default=str)

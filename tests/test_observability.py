@@ -48,3 +48,19 @@ def test_metrics_and_json_logs_of_a_live_node(cluster: Cluster, tmp_path: Path) 
     assert set(done) | {failed} <= in_attempts
     refusal = [r for r in records if "InvalidPayload" in r["message"]]
     assert refusal and all("exc" not in r and r["level"] == "WARNING" for r in refusal)
+    # the events operators watch carry a stable name, whatever the message's wording
+    events = [r for r in records if r.get("event")]
+    assert {"master.gained", "attempt.started", "attempt.ended"} <= {r["event"] for r in events}
+    ended = {r["task"]: r["status"] for r in events if r["event"] == "attempt.ended"}
+    assert all(ended[t] == "SUCCEEDED" for t in done) and ended[failed] == "FAILED"
+    assert all(r["type"] for r in events if r["event"].startswith("attempt."))
+
+
+def test_an_event_name_is_one_of_the_declared_ones() -> None:
+    from runner.logs import EVENTS, event
+    assert event("lock.freed", owner="m1") == {"event": "lock.freed",
+                                              "event_fields": {"owner": "m1"}}
+    assert "session.suspended" in EVENTS
+    with pytest.raises(ValueError, match="unknown log event"):
+        event("lock.lost")
+

@@ -32,7 +32,7 @@ from coord import (
     force_release,
 )
 from messaging import HandlerContext, MessageBus, Topology, ZkProcessedLog
-from runner import __version__
+from runner import __version__, logs
 from runner.config import Settings
 from runner.connect import amqp_connector, graph_store, zk_session
 from runner.node.api import NodeApi
@@ -124,13 +124,16 @@ class Node:
         self.session.add_listener(
             lambda state: log.log(logging.INFO if state is SessionState.CONNECTED
                                   else logging.WARNING,
-                                  "member %s: ZooKeeper session %s", member, state.value))
+                                  "member %s: ZooKeeper session %s", member, state.value,
+                                  extra=logs.event(f"session.{state.value.lower()}")))
         self.store = graph_store(s)
         self.cache.reload(self.store)
         self.latch = LeaderLatch(self.session, member)
         self.latch.add_listener(
-            on_gain=lambda: log.info("member %s: became master", member),
-            on_loss=lambda: log.warning("member %s: no longer master", member))
+            on_gain=lambda: log.info("member %s: became master", member,
+                                     extra=logs.event("master.gained")),
+            on_loss=lambda: log.warning("member %s: no longer master", member,
+                                        extra=logs.event("master.lost")))
         metrics = self.metrics = NodeMetrics() if s.metrics_port is not None else None
         self.bus = MessageBus(amqp_connector(s, name=f"latchwork {member}"),
                               Topology(s.cluster), member, max_body=s.max_message_bytes,

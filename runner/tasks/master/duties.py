@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from coord import CoordError, LeaderLatch, Session, force_release, held_locks, read_members
+from runner import logs
 from runner.errors import StoreError, TaskNotFound
 from runner.store import AttemptStatus, GraphStore
 from runner.tasks import due
@@ -135,7 +136,9 @@ class MasterDuties:
             self._close_attempts(lock.task_id, lock.owner)
             force_release(self.session, lock.task_id)
             log.warning("member %s (master): freed the lock of task %s held by %s, which is not "
-                        "a live member", self.member_id, lock.task_id, lock.owner)
+                        "a live member", self.member_id, lock.task_id, lock.owner,
+                        extra=logs.event("lock.freed", freed_task=lock.task_id,
+                                         owner=lock.owner))
             freed.append(lock.task_id)
         # attempts of members that are gone, whose lock vanished with their session (or was
         # taken by a live member since): close them too. Listed after the member read, so an

@@ -160,7 +160,7 @@ class Execution:
                  progress: ProgressReporter) -> AttemptResult:
         task = r.task
         log.info("member %s: task %s (%s) attempt %d started", self.member_id, task.id,
-                 task.type, attempt.seq)
+                 task.type, attempt.seq, extra=logs.event("attempt.started", type=task.type))
         entered: list[AfterHook] = []
 
         def body() -> None:
@@ -186,7 +186,8 @@ class Execution:
         level = logging.INFO if result.status is AttemptStatus.SUCCEEDED else logging.WARNING
         log.log(level, "member %s: task %s (%s) attempt %d %s%s", self.member_id, task.id,
                 task.type, attempt.seq, result.status.value,
-                f": {result.error}" if result.error else "")
+                f": {result.error}" if result.error else "",
+                extra=logs.event("attempt.ended", type=task.type, status=result.status.value))
         return result
 
     def check(self, r: Running) -> None:
