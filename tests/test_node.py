@@ -52,3 +52,30 @@ def test_node_start_rejects_bad_configuration(tmp_path: os.PathLike[str]) -> Non
                             capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 2  # input the user must change
     assert "workers" in result.stderr and "invalid configuration" in result.stderr
+
+
+def test_a_node_has_a_lifecycle_started_once(zk_namespace: ZkNamespace,
+                                              amqp_vhost: AmqpNamespace,
+                                              tmp_path: os.PathLike[str]) -> None:
+    """LATENT, STARTED, CLOSED (Curator's model, like the coord recipes'): a second start, or
+    a start after close, is refused; close is idempotent."""
+    import pytest
+
+    from coord import LifecycleError
+    from runner.config import Settings
+    from runner.node.node import Node, NodeState
+
+    settings = Settings.load(cluster="life", zk_hosts=zk_namespace.hosts, amqp_url=amqp_vhost.url,
+                             graph=str(os.path.join(tmp_path, "graph.db")), session_timeout=2,
+                             data_dir=str(os.path.join(tmp_path, "data")))
+    node = Node(settings)
+    assert node.state is NodeState.LATENT
+    with node:
+        assert node.state is NodeState.STARTED
+        with pytest.raises(LifecycleError, match="STARTED"):
+            node.start()
+        assert node.member_id in read_members(node.session)
+    assert node.state is NodeState.CLOSED
+    node.close()  # again: nothing
+    with pytest.raises(LifecycleError, match="CLOSED"):
+        node.start()

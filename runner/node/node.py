@@ -22,11 +22,13 @@ running tasks, and membership and latch register again on the next session.
 
 from __future__ import annotations
 
+import enum
 import logging
 from typing import Any
 
 from coord import (
     LeaderLatch,
+    LifecycleError,
     Membership,
     SessionState,
     force_release,
@@ -81,10 +83,24 @@ def node_registry(settings: Settings, streams: StreamRegistry | None = None) -> 
     return registry
 
 
+class NodeState(enum.Enum):
+    """A node's lifecycle (Curator's, like the coord recipes'): LATENT until ``start()``,
+    STARTED, CLOSED after ``close()``; a node is started once."""
+
+    LATENT = "LATENT"
+    STARTED = "STARTED"
+    CLOSED = "CLOSED"
+
+
 class Node:
-    """One cluster node built from :class:`Settings`; ``start()`` then ``close()``."""
+    """One cluster node built from :class:`Settings`; ``start()`` then ``close()``.
+
+    ``start()`` a second time, or after ``close()``, raises :class:`~coord.LifecycleError`; a
+    start that fails closes what it had started and leaves the node CLOSED; ``close()`` is
+    idempotent."""
 
     def __init__(self, settings: Settings, registry: TaskRegistry | None = None) -> None:
+        self.state = NodeState.LATENT
         self.settings = settings
         self.streams = StreamRegistry()  # filled by the --tasks modules' @stream handlers
         self.registry = registry or node_registry(settings, self.streams)
@@ -109,6 +125,9 @@ class Node:
         return self.membership.member_id
 
     def start(self) -> Node:
+        if self.state is not NodeState.LATENT:
+            raise LifecycleError(f"node is {self.state.value}; start() works once")
+        self.state = NodeState.STARTED
         try:
             self._start()
         except BaseException:
@@ -266,6 +285,9 @@ class Node:
         NodeApi.register(self, bus)
 
     def close(self) -> None:
+        if self.state is NodeState.CLOSED:
+            return
+        self.state = NodeState.CLOSED
         timeout = self.settings.shutdown_timeout
         if self.metrics is not None:
             self.metrics.close()
