@@ -37,7 +37,7 @@ def registered(tmp_path: Path) -> dict[str, set[str]]:
     bus = MessageBus(Connector("amqp://guest:guest@127.0.0.1:1/%2F"), Topology("diagrams"), "m")
     node.register_messages(bus)
     return {"MASTER": set(bus.master.commands()), "MODEL": set(bus.model.commands()),
-            "API": set(NodeApi.routes()), "task": set(node.registry.names())}
+            "API": set(NodeApi.handlers()), "task": set(node.registry.names())}
 
 
 def names(text: str) -> Iterator[tuple[str, str]]:
