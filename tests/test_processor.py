@@ -16,6 +16,7 @@ from coord.testing import wait_until
 from coord.testing.plugin import ZkNamespace
 from runner.store import Attempt, AttemptStatus, GraphStore, Task, TaskStatus, codec, open_store
 from runner.tasks import TaskContext, TaskRegistry
+from runner.tasks.observer import Hooks
 from runner.tasks.worker.backlog import candidates, preferred_index
 from runner.tasks.worker.loop import LoopSettings, TaskLoop
 
@@ -56,8 +57,8 @@ def test_higher_priority_first_and_hooks_unwind_in_reverse(
 
     with session(zk_namespace) as s:
         processor = TaskLoop(s, "m1", store, registry, LoopSettings(workers=1, scan_interval=60),
-                             before=[before("a"), before("b")],
-                             after=[after("a"), after("b")]).start()
+                             observers=[Hooks(before("a"), after("a")),
+                                        Hooks(before("b"), after("b"))]).start()
         try:
             assert wait_until(lambda: len(store.tasks.unfinished()) == 0, 30)
         finally:
@@ -477,7 +478,8 @@ class HolderAndNext:
         self.sessions = [session(ns).start(), session(ns).start()]
         self.loops = [
             TaskLoop(self.sessions[0], "m1", store, registry_a,
-                     LoopSettings(workers=1, scan_interval=0.2), after=after or []).start(),
+                     LoopSettings(workers=1, scan_interval=0.2),
+                     observers=[Hooks(after=hook) for hook in after or []]).start(),
             TaskLoop(self.sessions[1], "m2", store, registry_b,
                      LoopSettings(workers=1, scan_interval=0.2)).start()]
 

@@ -33,6 +33,7 @@ from prometheus_client.registry import Collector
 from messaging import Delivery, DeliveryOutcome, Envelope
 from runner.store import AttemptStatus
 from runner.tasks import TaskContext
+from runner.tasks.observer import Observer
 
 
 class _Live(Collector):
@@ -64,7 +65,10 @@ class _Live(Collector):
         yield connections
 
 
-class NodeMetrics:
+class NodeMetrics(Observer):
+    """The node's Prometheus metrics: an :class:`~runner.tasks.observer.Observer` of its task
+    loop and message bus, plus what is read at scrape time."""
+
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.started = Counter("latchwork_attempts_started", "attempts this node started",
@@ -85,7 +89,7 @@ class NodeMetrics:
         """Register what is read at scrape time (see :class:`_Live`)."""
         self.registry.register(_Live(read))
 
-    # -- hooks ------------------------------------------------------------------------------
+    # -- the observer's hooks --------------------------------------------------------------
     def before_attempt(self, ctx: TaskContext) -> None:
         self.started.labels(ctx.task.type).inc()
 
@@ -95,8 +99,11 @@ class NodeMetrics:
         started = ctx.attempt.started_at.timestamp()
         self.attempt_seconds.labels(*labels).observe(max(0.0, time.time() - started))
 
-    def on_outcome(self, delivery: Delivery, envelope: Envelope | None, outcome: DeliveryOutcome,
-                   detail: str) -> None:
+    def after_scan(self, seconds: float) -> None:
+        self.scan_seconds.observe(seconds)
+
+    def on_delivery(self, delivery: Delivery, envelope: Envelope | None,
+                    outcome: DeliveryOutcome, detail: str) -> None:
         paradigm = envelope.paradigm.value if envelope is not None else "undecodable"
         self.messages.labels(paradigm, outcome.value).inc()
 

@@ -156,7 +156,7 @@ class Node:
         metrics = self.metrics = NodeMetrics() if s.metrics_port is not None else None
         self.bus = MessageBus(amqp_connector(s, name=f"latchwork {member}"),
                               Topology(s.cluster), member, max_body=s.max_message_bytes,
-                              on_outcome=[metrics.on_outcome] if metrics else None)
+                              on_outcome=[metrics.on_delivery] if metrics else None)
         latch = self.latch
         self.sync = OntologySync(s.ontology_source, self.store, self.bus, member,
                                  is_master=lambda: latch.is_leader)
@@ -169,9 +169,7 @@ class Node:
             services={"bus": self.bus, "sync": self.sync, "pipeline": self.pipeline,
                       "session": self.session, "streams": self.streams,
                       "stream_liveness": s.stream_liveness_host or None},
-            before=[metrics.before_attempt] if metrics else (),
-            after=[metrics.after_attempt] if metrics else (),
-            scan_observer=metrics.scan_seconds.observe if metrics else None)
+            observers=[metrics] if metrics else ())
         self.register_messages(self.bus)
         bus = self.bus
         processed = ZkProcessedLog(self.session)

@@ -1,18 +1,23 @@
 """The generic task runner: task types, the task loop every node runs, and the master's duties.
 
+What handlers and task authors see, here at the top:
+
 * :mod:`~runner.tasks.registry`: task types and their payload models;
 * :mod:`~runner.tasks.authoring`: the ``@task`` decorator and loading users' task modules;
 * :mod:`~runner.tasks.context`: what a handler gets (context, cancellation token);
-* :mod:`~runner.tasks.worker.loop`: TaskProcessHandler, the scan and its driver;
-* :mod:`~runner.tasks.worker.backlog`: the order a node tries open tasks in (pure);
-* :mod:`~runner.tasks.worker.claim`: slot, lock and the claim that writes the RUNNING attempt;
-* :mod:`~runner.tasks.worker.execution`: the handler, conflict retries and the conclusion;
-* :mod:`~runner.tasks.outcomes`: what an attempt came to, as a type;
+* :mod:`~runner.tasks.outcomes`: what an attempt came to, as a type, and how it is decided;
 * :mod:`~runner.tasks.retry`: retry policies per task type;
-* :mod:`~runner.tasks.due`: the cursor of the due-time buckets the master opens;
-* :mod:`~runner.tasks.master.duties`: the master's reaper of dead owners' locks and attempts;
-* :mod:`~runner.tasks.features.streams`: concurrent exactly-once streams run as N copy tasks;
-* :mod:`~runner.tasks.features.diag`: diagnostic task types (sleep, fail, conflict, effect).
+* :mod:`~runner.tasks.observer`: the one observer seam (attempts, scans, deliveries);
+* :mod:`~runner.tasks.progress`, :mod:`~runner.tasks.due`: progress writes, the due-time cursor.
+
+By role, below:
+
+* :mod:`~runner.tasks.worker`: every node's task loop (``TaskLoop``), the running set, the
+  ordering-key chain, the backlog's order, the claim, the execution, the due timers;
+* :mod:`~runner.tasks.master`: the master's duties (reaper, rounds, schedules, incidents,
+  retention);
+* :mod:`~runner.tasks.features`: streams run as copy tasks, the example stream, the diagnostic
+  types.
 
 It knows nothing of ontologies or pipelines; those register their task types here.
 """
@@ -28,6 +33,7 @@ from runner.tasks.context import (
     TaskDeclined,
 )
 from runner.tasks.features.streams import stream
+from runner.tasks.observer import Hooks, Observer
 from runner.tasks.registry import TaskHandler, TaskRegistry, TaskType
 from runner.tasks.retry import RetryPolicy
 
@@ -35,7 +41,9 @@ __all__ = [
     "BadInput",
     "CancelToken",
     "TaskHandler",
+    "Hooks",
     "InvalidPayload",
+    "Observer",
     "RetryPolicy",
     "TaskCancelled",
     "TaskConflict",

@@ -4,7 +4,8 @@
 (:mod:`runner.tasks.outcomes`): a commit conflict is retried with a new attempt after an
 exponential backoff with jitter, up to ``max_conflict_retries``; anything else is concluded:
 the attempt's end and the task's new state written by its owner in one guarded write.
-Before-attempt hooks run in order and after-attempt hooks unwind in reverse.
+Its observers (:mod:`runner.tasks.observer`: the attempt log first, then metrics and any other)
+hear each attempt's start in order and its end unwound in reverse.
 
 Failure behaviour:
 
@@ -38,6 +39,7 @@ from runner.tasks import due
 from runner.tasks.context import (
     TaskContext,
 )
+from runner.tasks.observer import AttemptLog, Observer
 from runner.tasks.outcomes import (
     AttemptResult,
     Outcome,
@@ -52,25 +54,22 @@ from runner.tasks.worker.running import Running
 
 log = logging.getLogger("latchwork.tasks")
 
-#: before-attempt hooks get the context; after-attempt hooks also the final status and error
-BeforeHook = Callable[[TaskContext], None]
-AfterHook = Callable[[TaskContext, AttemptStatus, str | None], None]
 
 
 class Execution:
     """Runs claimed tasks for one member (the task loop's workers call :meth:`run`)."""
 
     def __init__(self, session: Session, member_id: str, store: GraphStore,
-                 registry: TaskRegistry, *, before: Sequence[BeforeHook] = (),
-                 after: Sequence[AfterHook] = (), services: Mapping[str, Any] | None = None,
+                 registry: TaskRegistry, *, observers: Sequence[Observer] = (),
+                 services: Mapping[str, Any] | None = None,
                  max_conflict_retries: int = 10,
                  conflict_backoff: tuple[float, float] = (0.1, 5.0)) -> None:
         self.session = session
         self.member_id = member_id
         self.store = store
         self.registry = registry
-        self.before = list(before)
-        self.after = list(after)
+        #: the attempt log, then the given observers (:mod:`runner.tasks.observer`)
+        self.observers: list[Observer] = [AttemptLog(), *observers]
         self.services = dict(services or {})
         self.max_conflict_retries = max_conflict_retries
         self.conflict_backoff = conflict_backoff
@@ -159,15 +158,12 @@ class Execution:
     def _attempt(self, r: Running, kind: TaskType, attempt: Attempt, ctx: TaskContext,
                  progress: ProgressReporter) -> AttemptResult:
         task = r.task
-        log.info("member %s: task %s (%s) attempt %d started", self.member_id, task.id,
-                 task.type, attempt.seq, extra=logs.event("attempt.started", type=task.type))
-        entered: list[AfterHook] = []
+        entered: list[Observer] = []
 
         def body() -> None:
-            nonlocal entered
-            for hook in self.before:
-                hook(ctx)
-            entered = list(self.after)
+            for observer in self.observers:
+                observer.before_attempt(ctx)
+                entered.append(observer)
             r.cancel.raise_if_cancelled()
             kind.handler(ctx, kind.parse(task.payload))
             if not r.cancel.cancelled and not r.completed and not r.lock.verify():
@@ -178,16 +174,12 @@ class Execution:
         result = attempt_result(body, r.cancel)
         if not r.completed:  # ctx.complete() ended the attempt: nothing more is written on it
             progress.flush()
-        for after_hook in reversed(entered):  # unwound in reverse order
+        for observer in reversed(entered):  # unwound in reverse order
             try:
-                after_hook(ctx, result.status, result.error)
+                observer.after_attempt(ctx, result.status, result.error)
             except Exception:
-                log.exception("after-attempt hook failed for task %s", task.id)
-        level = logging.INFO if result.status is AttemptStatus.SUCCEEDED else logging.WARNING
-        log.log(level, "member %s: task %s (%s) attempt %d %s%s", self.member_id, task.id,
-                task.type, attempt.seq, result.status.value,
-                f": {result.error}" if result.error else "",
-                extra=logs.event("attempt.ended", type=task.type, status=result.status.value))
+                log.exception("observer %r failed after an attempt of task %s", observer,
+                              task.id)
         return result
 
     def check(self, r: Running) -> None:

@@ -58,12 +58,13 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from coord import Booking, CoordError, Session, SessionState, live_member_ids
 from runner.errors import StoreError, TaskError
 from runner.store import GraphStore, Task, codec
+from runner.tasks.observer import Observer, notify_scan
 from runner.tasks.outcomes import Outcome
 from runner.tasks.registry import TaskRegistry
 from runner.tasks.worker import backlog
 from runner.tasks.worker.chain import KeyChain
 from runner.tasks.worker.claim import Claimer, key_only, release, release_booking
-from runner.tasks.worker.execution import AfterHook, BeforeHook, Execution
+from runner.tasks.worker.execution import Execution
 from runner.tasks.worker.running import Running, RunningSet
 from runner.tasks.worker.timing import DueTimer
 
@@ -93,22 +94,21 @@ class LoopSettings:
 class TaskLoop:
     def __init__(self, session: Session, member_id: str, store: GraphStore,
                  registry: TaskRegistry, settings: LoopSettings | None = None, *,
-                 before: Sequence[BeforeHook] = (), after: Sequence[AfterHook] = (),
+                 observers: Sequence[Observer] = (),
                  services: Mapping[str, Any] | None = None,
-                 live_members: Callable[[], set[str] | None] | None = None,
-                 scan_observer: Callable[[float], None] | None = None) -> None:
+                 live_members: Callable[[], set[str] | None] | None = None) -> None:
         self.session = session
         self.member_id = member_id
         self.store = store
         self.registry = registry
         self.settings = settings = settings or LoopSettings()
-        self.execution = Execution(session, member_id, store, registry, before=before,
-                                   after=after, services=services,
+        self.observers = list(observers)  # hear attempts and scans (runner.tasks.observer)
+        self.execution = Execution(session, member_id, store, registry,
+                                   observers=self.observers, services=services,
                                    max_conflict_retries=settings.max_conflict_retries,
                                    conflict_backoff=settings.conflict_backoff)
         # the live member ids without a read (the node's membership watch); None: read them
         self.live_members = live_members
-        self.scan_observer = scan_observer  # gets the seconds each scan took (metrics)
         self.running = RunningSet(settings.workers)
         self.claimer = Claimer(session, store, member_id, self.running, settings.limits)
         self.chain = KeyChain(self.claimer, store, registry)
@@ -197,13 +197,12 @@ class TaskLoop:
 
     # -- the scan -------------------------------------------------------------------------------
     def scan(self, relist: bool = True) -> int:
-        """One pass (see :meth:`_scan`), timed for ``scan_observer``."""
+        """One pass (see :meth:`_scan`), timed for the observers."""
         began = time.monotonic()
         try:
             return self._scan(relist)
         finally:
-            if self.scan_observer is not None:
-                self.scan_observer(time.monotonic() - began)
+            notify_scan(self.observers, time.monotonic() - began)
 
     def _scan(self, relist: bool = True) -> int:
         """One pass; returns how many tasks it started.

@@ -1,0 +1,91 @@
+"""One observer seam for what the runner does (dramatiq's middleware is the model).
+
+The task loop tells every :class:`Observer` it was given when an attempt starts and ends and how
+long each scan took; the node hands the same objects to its message bus (``on_delivery``: what
+became of each message). Metrics (:class:`runner.node.metrics.NodeMetrics`) and the attempt log
+(:class:`AttemptLog`, always first) implement it; so can a user's tracing or audit. Every hook
+is a no-op here: implement the ones you need.
+
+Order: ``before_attempt`` runs in the order the observers were given, ``after_attempt``
+unwinds in reverse, and only for the observers whose ``before_attempt`` ran (a raising
+``before_attempt`` fails the attempt with its error, like a handler's). An ``after_attempt``,
+``after_scan`` or ``on_delivery`` that raises is logged and the others still run.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from runner import logs
+from runner.store import AttemptStatus
+from runner.tasks.context import TaskContext
+
+if TYPE_CHECKING:
+    from messaging import Delivery, DeliveryOutcome, Envelope
+
+log = logging.getLogger("latchwork.tasks")
+
+
+class Observer:
+    """What the runner tells observers; every hook does nothing unless overridden."""
+
+    def before_attempt(self, ctx: TaskContext) -> None:
+        """An attempt is about to run its handler (the attempt is written RUNNING)."""
+
+    def after_attempt(self, ctx: TaskContext, status: AttemptStatus, error: str | None) -> None:
+        """The attempt's handler ended with ``status`` (before the attempt's end is written)."""
+
+    def after_scan(self, seconds: float) -> None:
+        """One pass of the task loop took ``seconds``."""
+
+    def on_delivery(self, delivery: Delivery, envelope: Envelope | None,
+                    outcome: DeliveryOutcome, detail: str) -> None:
+        """A message was settled (handled, duplicate, retried, dead-lettered, requeued)."""
+
+
+class Hooks(Observer):
+    """An observer made of plain functions (any of them may be left out)."""
+
+    def __init__(self, before: Callable[[TaskContext], object] | None = None,
+                 after: Callable[[TaskContext, AttemptStatus, str | None], object] | None = None,
+                 scan: Callable[[float], object] | None = None) -> None:
+        self._before, self._after, self._scan = before, after, scan
+
+    def before_attempt(self, ctx: TaskContext) -> None:
+        if self._before is not None:
+            self._before(ctx)
+
+    def after_attempt(self, ctx: TaskContext, status: AttemptStatus, error: str | None) -> None:
+        if self._after is not None:
+            self._after(ctx, status, error)
+
+    def after_scan(self, seconds: float) -> None:
+        if self._scan is not None:
+            self._scan(seconds)
+
+
+class AttemptLog(Observer):
+    """The attempt's start and end as log records, with their stable event names
+    (``attempt.started``, ``attempt.ended``: :data:`runner.logs.EVENTS`)."""
+
+    def before_attempt(self, ctx: TaskContext) -> None:
+        log.info("member %s: task %s (%s) attempt %d started", ctx.member_id, ctx.task.id,
+                 ctx.task.type, ctx.attempt.seq,
+                 extra=logs.event("attempt.started", type=ctx.task.type))
+
+    def after_attempt(self, ctx: TaskContext, status: AttemptStatus, error: str | None) -> None:
+        level = logging.INFO if status is AttemptStatus.SUCCEEDED else logging.WARNING
+        log.log(level, "member %s: task %s (%s) attempt %d %s%s", ctx.member_id, ctx.task.id,
+                ctx.task.type, ctx.attempt.seq, status.value, f": {error}" if error else "",
+                extra=logs.event("attempt.ended", type=ctx.task.type, status=status.value))
+
+
+def notify_scan(observers: Sequence[Observer], seconds: float) -> None:
+    """Tell each observer a scan took ``seconds``; one that raises is logged."""
+    for observer in observers:
+        try:
+            observer.after_scan(seconds)
+        except Exception:
+            log.exception("observer %r failed on a scan", observer)
