@@ -682,7 +682,7 @@ def test_three_moving_average_copies_killed_and_restarted_equal_one_sequential_r
 def test_a_node_that_runs_a_copy_declines_a_second_one(zk_namespace: ZkNamespace,
                                                        tmp_path: Any) -> None:
     from runner.store import open_store
-    from runner.tasks import CancelToken, TaskContext, TaskDeclined
+    from runner.tasks import CancelToken, Services, TaskContext, TaskDeclined
     from runner.tasks.features.example_stream import EXAMPLE, example_streams
     from runner.tasks.features.streams import CopyPayload, run_copy
 
@@ -693,7 +693,7 @@ def test_a_node_that_runs_a_copy_declines_a_second_one(zk_namespace: ZkNamespace
         attempt = store.attempts.start(task.id, "m1")
         ctx = TaskContext(task=task, attempt=attempt, member_id="m1", fence_token=0,
                           cancel=CancelToken(), store=store,
-                          services={"session": s, "streams": example_streams()})
+                          services=Services(s, example_streams()))
         with pytest.raises(TaskDeclined, match="already runs a copy"):
             run_copy(ctx, CopyPayload(stream=EXAMPLE, copy_no=1))
         assert s.client.get(f"streams/{EXAMPLE}/copies/m1")[0] == b'{"copy": 0, "task": "t0"}'

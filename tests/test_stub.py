@@ -108,3 +108,23 @@ def test_the_diagnostic_types_through_the_stub(tmp_path: Path) -> None:
         assert lost.outcome is Outcome.CANCELLED and not appended.exists()
         wrote = stub.run(registry.get("diag.append"), {"path": str(appended)})
         assert wrote.succeeded and len(appended.read_text().splitlines()) == 1
+
+
+def test_handlers_find_their_services_by_type(tmp_path: Path) -> None:
+    """ctx.services is typed: a handler asks for a class and gets an instance of it."""
+    from runner.tasks import Services
+
+    class Ledger:
+        def total(self) -> int:
+            return 42
+
+    @task("billing.total")
+    def total(ctx: TaskContext, payload: dict[str, Any]) -> None:
+        ctx.progress(ctx.services.get(Ledger).total(), None, "")
+        assert ctx.services.find(Invoices) is None  # nothing of that class here
+
+    with TaskStub(tmp_path, services=Services(Ledger())) as stub:
+        assert stub.run(total).progress == [(42, None, "")]
+    with TaskStub(tmp_path) as stub:
+        missing = stub.run(total)
+        assert missing.outcome is Outcome.STOPPED and "no Ledger" in (missing.error or "")

@@ -46,10 +46,11 @@ from runner.pipeline.handlers import Pipeline, register_pipeline_tasks
 from runner.pipeline.spark import stop_spark
 from runner.requests import TaskSubmit
 from runner.store import GraphStore, Task
-from runner.tasks import TaskRegistry, due
+from runner.tasks import Services, TaskRegistry, due
 from runner.tasks.authoring import load_entry_points, load_modules
 from runner.tasks.features.diag import register_diagnostics
 from runner.tasks.features.streams import (
+    StreamLiveness,
     StreamRegistry,
     StreamRetention,
     register_stream_tasks,
@@ -166,9 +167,8 @@ class Node:
             self.session, member, self.store, self.registry,
             LoopSettings(workers=s.workers, scan_interval=s.scan_interval, limits=s.concurrency),
             live_members=self.membership.live_ids,
-            services={"bus": self.bus, "sync": self.sync, "pipeline": self.pipeline,
-                      "session": self.session, "streams": self.streams,
-                      "stream_liveness": s.stream_liveness_host or None},
+            services=Services(self.bus, self.sync, self.pipeline, self.session, self.streams,
+                              StreamLiveness(s.stream_liveness_host or None)),
             observers=[metrics] if metrics else ())
         self.register_messages(self.bus)
         bus = self.bus

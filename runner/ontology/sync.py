@@ -22,7 +22,7 @@ import logging
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
@@ -163,7 +163,7 @@ class OntologySync:
 
 
 def _load(ctx: TaskContext, payload: LoadPayload) -> None:
-    sync: Any = ctx.services.get("sync")
+    sync = ctx.services.find(OntologySync)
     if sync is None:
         raise SourceError("no ontology synchroniser on this node")
     sync.load(ctx, payload)

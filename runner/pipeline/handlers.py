@@ -268,9 +268,9 @@ class Pipeline:
 
 
 def _pipeline(ctx: TaskContext) -> Pipeline:
-    pipeline = ctx.services.get("pipeline")
-    if not isinstance(pipeline, Pipeline):
-        raise RuntimeError("this node runs no pipeline (no 'pipeline' service)")
+    pipeline = ctx.services.find(Pipeline)
+    if pipeline is None:
+        raise RuntimeError("this node runs no pipeline (no Pipeline service)")
     return pipeline
 
 

@@ -27,6 +27,7 @@ from runner.errors import InvalidPayload, TaskError, TaskLoadError, UnknownTaskT
 from runner.tasks.authoring import task
 from runner.tasks.context import (
     CancelToken,
+    Services,
     TaskCancelled,
     TaskConflict,
     TaskContext,
@@ -45,6 +46,7 @@ __all__ = [
     "InvalidPayload",
     "Observer",
     "RetryPolicy",
+    "Services",
     "TaskCancelled",
     "TaskConflict",
     "TaskContext",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -116,6 +116,33 @@ class CancelToken:
             raise TaskCancelled(self.reason)
 
 
+S = TypeVar("S")
+
+
+class Services:
+    """What a node gives its handlers besides their context, found by type:
+    ``ctx.services.get(Session)``, ``ctx.services.find(Pipeline)`` (typed: the result is of the
+    class asked for). The runner knows none of the domain's classes; the node registers
+    instances, one per class (a subclass instance is found by its base class too)."""
+
+    def __init__(self, *values: object) -> None:
+        self._values = list(values)
+
+    def find(self, kind: type[S]) -> S | None:
+        """The service of class ``kind``, or None when this node has none."""
+        for value in self._values:
+            if isinstance(value, kind):
+                return value
+        return None
+
+    def get(self, kind: type[S]) -> S:
+        """The service of class ``kind``; :class:`LookupError` naming it when there is none."""
+        value = self.find(kind)
+        if value is None:
+            raise LookupError(f"this node gives its handlers no {kind.__name__}")
+        return value
+
+
 @dataclass
 class TaskContext:
     """What a handler gets besides its payload.
@@ -132,7 +159,7 @@ class TaskContext:
     fence_token: int
     cancel: CancelToken
     store: GraphStore
-    services: Mapping[str, Any] = field(default_factory=dict)
+    services: Services = field(default_factory=Services)
     checker: Callable[[], None] | None = None
     completer: Callable[[Callable[[Any], Any]], Any] | None = None
     reporter: Callable[[int, int | None, str], None] | None = None

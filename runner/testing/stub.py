@@ -38,7 +38,7 @@ from typing import Any
 
 from runner.errors import AttemptAlreadyFinished, ResourceTaken, StaleFencingToken
 from runner.store import Attempt, AttemptStatus, GraphStore, Task, open_store
-from runner.tasks import CancelToken, TaskContext, TaskRegistry, TaskType
+from runner.tasks import CancelToken, Services, TaskContext, TaskRegistry, TaskType
 from runner.tasks.authoring import TaskDeclaration
 from runner.tasks.outcomes import (
     AttemptResult,
@@ -87,9 +87,9 @@ class TaskStub:
     """Runs ``@task`` handlers one attempt at a time over an embedded graph in ``directory``."""
 
     def __init__(self, directory: str | Path, *, member_id: str = "stub:0:test",
-                 services: Mapping[str, Any] | None = None) -> None:
+                 services: Services | None = None) -> None:
         self.member_id = member_id
-        self.services = dict(services or {})
+        self.services = services or Services()
         self.store: GraphStore = open_store(str(Path(directory) / "stub-graph.db"))
         self._tokens = 0
 

@@ -94,7 +94,7 @@ class AveragesOutput(QueueOutput):
 
 
 def _averages(ctx: TaskContext) -> AveragesOutput:
-    return AveragesOutput(ctx.services["session"], ctx.store)
+    return AveragesOutput(ctx.services.get(Session), ctx.store)
 
 
 example = stream(EXAMPLE, inputs=["readings"], writer=_averages, retained=["averages"],

@@ -63,6 +63,14 @@ REPORT_EVERY = 1.0
 
 
 @dataclass(frozen=True)
+class StreamLiveness:
+    """The address a node's stream copies publish their liveness beacon on (the
+    ``stream_liveness_host`` setting; None: the loopback default)."""
+
+    host: str | None = None
+
+
+@dataclass(frozen=True)
 class StreamDefinition:
     name: str
     inputs: tuple[str, ...]
@@ -172,8 +180,8 @@ def copies(session: Session, stream: str) -> dict[str, int]:
 
 def run_copy(ctx: TaskContext, payload: CopyPayload) -> None:
     """The ``stream.copy`` task: one copy of the stream's handler until cancelled."""
-    streams: StreamRegistry = ctx.services["streams"]
-    session: Session = ctx.services["session"]
+    streams = ctx.services.get(StreamRegistry)
+    session = ctx.services.get(Session)
     definition = streams.get(payload.stream)
     copies_of = f"streams/{payload.stream}/copies"
     if not markers.place(session, copies_of, ctx.member_id,
@@ -191,7 +199,8 @@ def run_copy(ctx: TaskContext, payload: CopyPayload) -> None:
         handler = ExactlyOnceHandler(session, definition.name, inputs, output,
                                      definition.handler, definition.initial_state,
                                      definition.batch, copy_id=ctx.member_id,
-                                     liveness=ctx.services.get("stream_liveness"))
+                                     liveness=(ctx.services.find(StreamLiveness)
+                                               or StreamLiveness()).host)
         reported = 0.0
 
         def report() -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import random
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -36,9 +36,7 @@ from runner.errors import (
 )
 from runner.store import Attempt, AttemptStatus, GraphStore
 from runner.tasks import due
-from runner.tasks.context import (
-    TaskContext,
-)
+from runner.tasks.context import Services, TaskContext
 from runner.tasks.observer import AttemptLog, Observer
 from runner.tasks.outcomes import (
     AttemptResult,
@@ -61,7 +59,7 @@ class Execution:
 
     def __init__(self, session: Session, member_id: str, store: GraphStore,
                  registry: TaskRegistry, *, observers: Sequence[Observer] = (),
-                 services: Mapping[str, Any] | None = None,
+                 services: Services | None = None,
                  max_conflict_retries: int = 10,
                  conflict_backoff: tuple[float, float] = (0.1, 5.0)) -> None:
         self.session = session
@@ -70,7 +68,7 @@ class Execution:
         self.registry = registry
         #: the attempt log, then the given observers (:mod:`runner.tasks.observer`)
         self.observers: list[Observer] = [AttemptLog(), *observers]
-        self.services = dict(services or {})
+        self.services = services or Services()
         self.max_conflict_retries = max_conflict_retries
         self.conflict_backoff = conflict_backoff
 

@@ -51,13 +51,13 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from coord import Booking, CoordError, Session, SessionState, live_member_ids
 from runner.errors import StoreError, TaskError
 from runner.store import GraphStore, Task, codec
+from runner.tasks.context import Services
 from runner.tasks.observer import Observer, notify_scan
 from runner.tasks.outcomes import Outcome
 from runner.tasks.registry import TaskRegistry
@@ -95,7 +95,7 @@ class TaskLoop:
     def __init__(self, session: Session, member_id: str, store: GraphStore,
                  registry: TaskRegistry, settings: LoopSettings | None = None, *,
                  observers: Sequence[Observer] = (),
-                 services: Mapping[str, Any] | None = None,
+                 services: Services | None = None,
                  live_members: Callable[[], set[str] | None] | None = None) -> None:
         self.session = session
         self.member_id = member_id
