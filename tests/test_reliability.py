@@ -18,7 +18,7 @@ from coord.testing import wait_until
 from coord.testing.plugin import ZkNamespace
 from runner.errors import StaleFencingToken
 from runner.store import AttemptStatus, GraphStore, open_store
-from runner.tasks import TaskCancelled, TaskContext, TaskRegistry
+from runner.tasks import Observer, TaskCancelled, TaskContext, TaskRegistry
 from runner.tasks.features.diag import effects, register_diagnostics
 from runner.tasks.master.duties import MasterDuties
 from runner.tasks.worker.loop import LoopSettings, TaskLoop
@@ -39,8 +39,15 @@ def test_the_reaper_does_not_take_a_member_that_joined_during_its_pass_for_dead(
     """A member joins and takes a lock right after the reaper read the members: listing the
     locks after that read took the newcomer's lock for a dead member's and freed it."""
     task = store.tasks.create("t")
+    heard: list[tuple[str, str]] = []
+
+    class Heard(Observer):  # the master's duties report through the observer seam
+        def on_lock_freed(self, task_id: str, owner: str) -> None:
+            heard.append((task_id, owner))
+
     with session(zk_namespace) as s, session(zk_namespace) as other:
-        duties = MasterDuties(s, LeaderLatch(s, "master"), "master", store)
+        duties = MasterDuties(s, LeaderLatch(s, "master"), "master", store,
+                              observers=[Heard()])
         real = master_module.read_members
         joined: list[tuple[Membership, TaskLock]] = []
 
@@ -62,6 +69,7 @@ def test_the_reaper_does_not_take_a_member_that_joined_during_its_pass_for_dead(
         newcomer.close()
         assert wait_until(lambda: duties.reap() == [task.id], 10)
         assert lock_owner(s, task.id) is None
+        assert heard == [(task.id, newcomer.member_id)]
 
 
 class RecordingLock(TaskLock):

@@ -9,7 +9,7 @@ Each node has its own registry (no global one), served by prometheus_client's HT
   hooks of the task loop;
 * ``latchwork_task_claims_total{result}``: ``started``, ``lock_busy`` (another node holds the
   lock), ``stale`` (the task changed since it was listed); ``latchwork_task_scans_total`` and
-  ``latchwork_scan_seconds`` (histogram);
+  ``latchwork_scan_seconds`` (histogram); ``latchwork_locks_freed_total``;
 * ``latchwork_session_connected``, ``latchwork_is_master`` (0 or 1, read at scrape time);
 * ``latchwork_messages_total{paradigm,outcome}``: MASTER, MODEL and API messages by what
   happened to them (handled, duplicate, retried, dead-lettered, requeued);
@@ -83,6 +83,8 @@ class NodeMetrics(Observer):
                                       registry=self.registry)
         self.messages = Counter("latchwork_messages", "messages by paradigm and outcome",
                                 ["paradigm", "outcome"], registry=self.registry)
+        self.locks_freed = Counter("latchwork_locks_freed", "task locks this node freed as "
+                                   "master (their owner was gone)", registry=self.registry)
         self._server: Any = None
 
     def watch(self, read: Callable[[], dict[str, Any]]) -> None:
@@ -106,6 +108,9 @@ class NodeMetrics(Observer):
                     outcome: DeliveryOutcome, detail: str) -> None:
         paradigm = envelope.paradigm.value if envelope is not None else "undecodable"
         self.messages.labels(paradigm, outcome.value).inc()
+
+    def on_lock_freed(self, task_id: str, owner: str) -> None:
+        self.locks_freed.inc()
 
     # -- serving ----------------------------------------------------------------------------
     def serve(self, port: int, host: str = "127.0.0.1") -> None:

@@ -178,6 +178,7 @@ class Node:
             processed=processed, processed_retention=s.processed_retention,
             on_master=lambda: bus.send_master("SYNCHRONIZE_MODEL", {"reason": "new master"}),
             on_freed=lambda ids: bus.broadcast("TRIGGER_SCAN", {"freed": ids}),
+            observers=[metrics] if metrics else (),
             duties=[("schedules", ScheduleFirer(self.store, self.submit).tick),
                     ("incidents", IncidentWatch(self.store, self.registry, member,
                                                 self.incident_hooks,

@@ -1,8 +1,9 @@
 """One observer seam for what the runner does (dramatiq's middleware is the model).
 
 The task loop tells every :class:`Observer` it was given when an attempt starts and ends and how
-long each scan took; the node hands the same objects to its message bus (``on_delivery``: what
-became of each message). Metrics (:class:`runner.node.metrics.NodeMetrics`) and the attempt log
+long each scan took, the master's duties each lock they free of a member that is gone, and the
+node hands the same objects to its message bus (``on_delivery``: what became of each
+message). Metrics (:class:`runner.node.metrics.NodeMetrics`) and the attempt log
 (:class:`AttemptLog`, always first) implement it; so can a user's tracing or audit. Every hook
 is a no-op here: implement the ones you need.
 
@@ -43,6 +44,10 @@ class Observer:
     def on_delivery(self, delivery: Delivery, envelope: Envelope | None,
                     outcome: DeliveryOutcome, detail: str) -> None:
         """A message was settled (handled, duplicate, retried, dead-lettered, requeued)."""
+
+    def on_lock_freed(self, task_id: str, owner: str) -> None:
+        """The master freed the lock of ``task_id`` held by ``owner``, a member that is gone
+        (its attempts closed CANCELLED_BY_SYSTEM)."""
 
 
 class Hooks(Observer):
@@ -89,3 +94,12 @@ def notify_scan(observers: Sequence[Observer], seconds: float) -> None:
             observer.after_scan(seconds)
         except Exception:
             log.exception("observer %r failed on a scan", observer)
+
+
+def notify_freed(observers: Sequence[Observer], task_id: str, owner: str) -> None:
+    """Tell each observer the master freed a lock; one that raises is logged."""
+    for observer in observers:
+        try:
+            observer.on_lock_freed(task_id, owner)
+        except Exception:
+            log.exception("observer %r failed on a freed lock", observer)

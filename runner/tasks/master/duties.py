@@ -34,6 +34,7 @@ from runner import logs
 from runner.errors import StoreError, TaskNotFound
 from runner.store import AttemptStatus, GraphStore
 from runner.tasks import due
+from runner.tasks.observer import Observer, notify_freed
 
 log = logging.getLogger("latchwork.master")
 
@@ -49,7 +50,8 @@ class MasterDuties:
                  on_freed: Callable[[list[str]], object] | None = None,
                  processed: Prunable | None = None, processed_retention: float = 7 * 86400,
                  prune_interval: float = 600.0,
-                 duties: Sequence[tuple[str, Callable[[], object]]] = ()) -> None:
+                 duties: Sequence[tuple[str, Callable[[], object]]] = (),
+                 observers: Sequence[Observer] = ()) -> None:
         self.session = session
         self.latch = latch
         self.member_id = member_id
@@ -62,6 +64,7 @@ class MasterDuties:
         self.prune_interval = prune_interval
         #: more passes the master makes every round, each (name, function): schedules
         self.duties = list(duties)
+        self.observers = list(observers)  # hear each lock freed (runner.tasks.observer)
         self._next_prune = 0.0
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -139,6 +142,7 @@ class MasterDuties:
                         "a live member", self.member_id, lock.task_id, lock.owner,
                         extra=logs.event("lock.freed", freed_task=lock.task_id,
                                          owner=lock.owner))
+            notify_freed(self.observers, lock.task_id, lock.owner)
             freed.append(lock.task_id)
         # attempts of members that are gone, whose lock vanished with their session (or was
         # taken by a live member since): close them too. Listed after the member read, so an
