@@ -81,9 +81,15 @@ class ApiHost(Protocol):
     aspects: AspectRegistry
     registry: TaskRegistry
     streams: StreamRegistry
-    store: GraphStore | None
-    bus: MessageBus | None
-    pipeline: Pipeline | None
+
+    @property
+    def store(self) -> GraphStore: ...
+
+    @property
+    def bus(self) -> MessageBus: ...
+
+    @property
+    def pipeline(self) -> Pipeline: ...
 
     @property
     def member_id(self) -> str: ...
@@ -101,17 +107,14 @@ class NodeApi:
 
     @property
     def store(self) -> GraphStore:
-        assert self.node.store is not None, "node not started"
         return self.node.store
 
     @property
     def bus(self) -> MessageBus:
-        assert self.node.bus is not None, "node not started"
         return self.node.bus
 
     @property
     def pipeline(self) -> Pipeline:
-        assert self.node.pipeline is not None, "node not started"
         return self.node.pipeline
 
     @classmethod

@@ -18,12 +18,23 @@ latch, leaves membership and exits 0, within ``shutdown_timeout`` plus a few sec
 Failure behaviour: killed -9, its member and latch nodes go when the server expires its session
 and the master frees its task locks and closes its RUNNING attempts; a LOST session cancels its
 running tasks, and membership and latch register again on the next session.
+
+Lifecycle: LATENT, STARTED, CLOSED (:class:`NodeState`); ``start()`` builds every part at once
+(:class:`NodeParts`), registering each one's close as it starts it, so ``close()`` (and a start
+that fails half-way) closes exactly what was started, in reverse. A part read before the start
+raises :class:`~coord.LifecycleError`.
+
+Why one module: the node is the composition root: the order its parts are built, started and
+closed in is one piece of knowledge, and its MODEL and MASTER handlers read those parts.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
 from typing import Any
 
 from coord import (
@@ -84,6 +95,21 @@ def node_registry(settings: Settings, streams: StreamRegistry | None = None) -> 
     return registry
 
 
+@dataclass(frozen=True)
+class NodeParts:
+    """What a started node runs (built by :meth:`Node.start` all at once)."""
+
+    membership: Membership
+    store: GraphStore
+    latch: LeaderLatch
+    bus: MessageBus
+    sync: OntologySync
+    pipeline: Pipeline
+    processor: TaskLoop
+    master: MasterDuties
+    metrics: NodeMetrics | None
+
+
 class NodeState(enum.Enum):
     """A node's lifecycle (Curator's, like the coord recipes'): LATENT until ``start()``,
     STARTED, CLOSED after ``close()``; a node is started once."""
@@ -107,23 +133,57 @@ class Node:
         self.registry = registry or node_registry(settings, self.streams)
         self.incident_hooks = load_hooks(settings.incident_hooks)
         self.session = zk_session(settings)
-        self.membership: Membership | None = None
-        self.latch: LeaderLatch | None = None
-        self.store: GraphStore | None = None
-        self.bus: MessageBus | None = None
-        self.processor: TaskLoop | None = None
-        self.master: MasterDuties | None = None
         self.cache = OntologyCache()
-        self.sync: OntologySync | None = None
         self.aspects = AspectRegistry(settings.aspects)  # a bad definition fails the start
-        self.pipeline: Pipeline | None = None
-        self.metrics: NodeMetrics | None = None
+        self._parts: NodeParts | None = None
+        #: what start() started, closed in reverse by close() (a failed start included)
+        self._closers = ExitStack()
+
+    def _started(self) -> NodeParts:
+        if self._parts is None:
+            raise LifecycleError(f"node is {self.state.value}, not started")
+        return self._parts
+
+    # -- the parts of a started node (LifecycleError before start() has built them) ----------
+    @property
+    def membership(self) -> Membership:
+        return self._started().membership
+
+    @property
+    def store(self) -> GraphStore:
+        return self._started().store
+
+    @property
+    def latch(self) -> LeaderLatch:
+        return self._started().latch
+
+    @property
+    def bus(self) -> MessageBus:
+        return self._started().bus
+
+    @property
+    def sync(self) -> OntologySync:
+        return self._started().sync
+
+    @property
+    def pipeline(self) -> Pipeline:
+        return self._started().pipeline
+
+    @property
+    def processor(self) -> TaskLoop:
+        return self._started().processor
+
+    @property
+    def master(self) -> MasterDuties:
+        return self._started().master
+
+    @property
+    def metrics(self) -> NodeMetrics | None:
+        return self._started().metrics
 
     @property
     def member_id(self) -> str:
-        if self.membership is None:
-            raise RuntimeError("node not started")
-        return self.membership.member_id
+        return self._started().membership.member_id
 
     def start(self) -> Node:
         if self.state is not NodeState.LATENT:
@@ -138,85 +198,102 @@ class Node:
 
     def _start(self) -> None:
         s = self.settings
+        closers = self._closers
         self.session.start()
-        self.membership = Membership(self.session, version=__version__).start()
-        member = self.membership.member_id
+        closers.callback(self.session.close)
+        closers.callback(stop_spark)
+        membership = Membership(self.session, version=__version__).start()
+        closers.callback(membership.close)
+        member = membership.member_id
         self.session.add_listener(
             lambda state: log.log(logging.INFO if state is SessionState.CONNECTED
                                   else logging.WARNING,
                                   "member %s: ZooKeeper session %s", member, state.value,
                                   extra=logs.event(f"session.{state.value.lower()}")))
-        self.store = graph_store(s)
-        self.cache.reload(self.store)
-        self.latch = LeaderLatch(self.session, member)
-        self.latch.add_listener(
+        store = graph_store(s)
+        closers.callback(store.close)
+        self.cache.reload(store)
+        latch = LeaderLatch(self.session, member)
+        latch.add_listener(
             on_gain=lambda: log.info("member %s: became master", member,
                                      extra=logs.event("master.gained")),
             on_loss=lambda: log.warning("member %s: no longer master", member,
                                         extra=logs.event("master.lost")))
-        metrics = self.metrics = NodeMetrics() if s.metrics_port is not None else None
-        self.bus = MessageBus(amqp_connector(s, name=f"latchwork {member}"),
-                              Topology(s.cluster), member, max_body=s.max_message_bytes,
-                              on_outcome=[metrics.on_delivery] if metrics else None)
-        latch = self.latch
-        self.sync = OntologySync(s.ontology_source, self.store, self.bus, member,
-                                 is_master=lambda: latch.is_leader)
-        self.pipeline = Pipeline(s, self.session, self.store, self.cache, self.aspects,
-                                 submit=self.submit, member=member)
-        self.processor = TaskLoop(
-            self.session, member, self.store, self.registry,
+        metrics = NodeMetrics() if s.metrics_port is not None else None
+        bus = MessageBus(amqp_connector(s, name=f"latchwork {member}"), Topology(s.cluster),
+                         member, max_body=s.max_message_bytes,
+                         on_outcome=[metrics.on_delivery] if metrics else None)
+        sync = OntologySync(s.ontology_source, store, bus, member,
+                            is_master=lambda: latch.is_leader)
+        pipeline = Pipeline(s, self.session, store, self.cache, self.aspects,
+                            submit=self.submit, member=member)
+        processor = TaskLoop(
+            self.session, member, store, self.registry,
             LoopSettings(workers=s.workers, scan_interval=s.scan_interval, limits=s.concurrency),
-            live_members=self.membership.live_ids,
-            services=Services(self.bus, self.sync, self.pipeline, self.session, self.streams,
+            live_members=membership.live_ids,
+            services=Services(bus, sync, pipeline, self.session, self.streams,
                               StreamLiveness(s.stream_liveness_host or None)),
             observers=[metrics] if metrics else ())
-        self.register_messages(self.bus)
-        bus = self.bus
         processed = ZkProcessedLog(self.session)
-        self.master = MasterDuties(
-            self.session, self.latch, member, self.store, reap_interval=s.reap_interval,
+        master = MasterDuties(
+            self.session, latch, member, store, reap_interval=s.reap_interval,
             processed=processed, processed_retention=s.processed_retention,
             on_master=lambda: bus.send_master("SYNCHRONIZE_MODEL", {"reason": "new master"}),
             on_freed=lambda ids: bus.broadcast("TRIGGER_SCAN", {"freed": ids}),
             observers=[metrics] if metrics else (),
-            duties=[("schedules", ScheduleFirer(self.store, self.submit).tick),
-                    ("incidents", IncidentWatch(self.store, self.registry, member,
-                                                self.incident_hooks,
-                                                s.incident_webhook).tick),
-                    *([("stream retention", StreamRetention(
-                        self.session, self.streams, member, s.stream_retention,
-                        s.stream_retention_interval).tick)]
-                      if s.stream_retention > 0 else []),
-                    *([("retention", Retention(
-                        self.session, self.store, member, s.retention_days, s.retention_mode,
-                        s.data_dir, s.retention_batch, s.retention_interval).tick)]
-                      if s.retention_days is not None else [])])
-        self.bus.start(self.latch, processed, on_model_reconnect=self._model_reconnected)
-        self.latch.start()
-        self.master.start()
-        self.processor.start()
-        self.sync.start_watching()
+            duties=self._duties(store, member))
+        self._parts = NodeParts(membership, store, latch, bus, sync, pipeline, processor,
+                                master, metrics)
+        self.register_messages(bus)
+        bus.start(latch, processed, on_model_reconnect=self._model_reconnected)
+        closers.callback(bus.close)
+        latch.start()
+        closers.callback(latch.close)
+        master.start()
+        closers.callback(master.close)
+        processor.start()
+        closers.callback(processor.close, s.shutdown_timeout)  # attempts written, locks freed
+        sync.start_watching()
+        closers.callback(sync.close)
         if metrics is not None:
-            assert s.metrics_port is not None
+            assert s.metrics_port is not None  # metrics exist because the port is set
             metrics.watch(self._live_state)
             metrics.serve(s.metrics_port, s.metrics_host)
+            closers.callback(metrics.close)
             log.info("member %s: metrics on http://%s:%d/metrics", member, s.metrics_host,
                      s.metrics_port)
 
+    def _duties(self, store: GraphStore, member: str) -> list[tuple[str, Callable[[], object]]]:
+        """The master's rounds besides reaping: schedules, incidents, and the retentions
+        configured."""
+        s = self.settings
+        duties: list[tuple[str, Callable[[], object]]] = [
+            ("schedules", ScheduleFirer(store, self.submit).tick),
+            ("incidents", IncidentWatch(store, self.registry, member, self.incident_hooks,
+                                        s.incident_webhook).tick)]
+        if s.stream_retention > 0:
+            duties.append(("stream retention", StreamRetention(
+                self.session, self.streams, member, s.stream_retention,
+                s.stream_retention_interval).tick))
+        if s.retention_days is not None:
+            duties.append(("retention", Retention(
+                self.session, store, member, s.retention_days, s.retention_mode, s.data_dir,
+                s.retention_batch, s.retention_interval).tick))
+        return duties
+
     def _live_state(self) -> dict[str, Any]:
         """What the metrics read at scrape time."""
+        parts = self._started()
         return {
             "connected": self.session.state is SessionState.CONNECTED,
-            "master": self.latch is not None and self.latch.is_leader,
-            "stats": dict(self.processor.stats) if self.processor else {},
-            "connections": {c.name: c.connections_opened
-                            for c in (self.bus.consumers if self.bus else [])},
+            "master": parts.latch.is_leader,
+            "stats": dict(parts.processor.stats),
+            "connections": {c.name: c.connections_opened for c in parts.bus.consumers},
         }
 
     def _model_reconnected(self) -> None:
         """The MODEL connection came back: broadcasts sent meanwhile were missed (UPDATE_CACHE,
         TRIGGER_SCAN), so reload the ontology cache and scan now."""
-        assert self.store is not None and self.processor is not None
         self.cache.reload(self.store)
         log.info("member %s: ontology cache reloaded (%d classes) after the MODEL connection "
                  "came back", self.member_id, self.cache.size)
@@ -228,7 +305,6 @@ class Node:
         ``task.submit`` and every task the node makes itself (schedule fires, stream copies,
         aspect tasks) come through here. A task due later than the open queue's horizon waits
         in a time bucket: the bucket cursor is made sure of first (:mod:`runner.tasks.due`)."""
-        assert self.store is not None and self.bus is not None
         kind = self.registry.get(req.type)
         kind.parse(req.payload)
         run_at = req.when()
@@ -247,7 +323,6 @@ class Node:
         CANCELLED and the task's fence moves on in one write (the owner can write nothing
         more), then the owner's lock node is deleted, which its lost-lock listener turns into
         a cancellation of the handler within a ZooKeeper round trip."""
-        assert self.store is not None
         task, closed = self.store.cancel(task_id, by, reason)
         if closed:
             owner = force_release(self.session, task_id)
@@ -261,51 +336,33 @@ class Node:
 
         @bus.model.handler("TRIGGER_SCAN")
         def trigger_scan(ctx: HandlerContext, payload: dict[str, Any]) -> None:
-            assert self.processor is not None
             self.processor.trigger()
 
         @bus.model.handler("UPDATE_CACHE")
         def update_cache(ctx: HandlerContext, payload: dict[str, Any]) -> None:
-            assert self.store is not None
             self.cache.reload(self.store)
             log.info("member %s: ontology cache reloaded (%d classes)", self.member_id,
                      self.cache.size)
 
         @bus.master.handler("SYNCHRONIZE_MODEL")
         def synchronize(ctx: HandlerContext, payload: dict[str, Any]) -> None:
-            assert self.sync is not None
             self.sync.synchronize(message_id=str(ctx.message_id))
 
         @bus.master.handler("ONTOLOGY_CHANGED")
         def changed(ctx: HandlerContext, payload: dict[str, Any]) -> None:
-            assert self.sync is not None
             self.sync.synchronize(message_id=str(ctx.message_id))
 
         NodeApi.register(self, bus)
 
     def close(self) -> None:
+        """Close what start() started, in reverse: metrics, the ontology watch, the task loop
+        (its tasks cancelled, their attempts written and locks released within
+        ``shutdown_timeout``), the master's duties, the latch, the bus, the graph, the
+        membership, Spark, the session. Idempotent."""
         if self.state is NodeState.CLOSED:
             return
         self.state = NodeState.CLOSED
-        timeout = self.settings.shutdown_timeout
-        if self.metrics is not None:
-            self.metrics.close()
-        if self.sync is not None:
-            self.sync.close()
-        if self.processor is not None:
-            self.processor.close(timeout)  # attempts written, locks released
-        if self.master is not None:
-            self.master.close()
-        if self.latch is not None:
-            self.latch.close()
-        if self.bus is not None:
-            self.bus.close()
-        if self.membership is not None:
-            self.membership.close()
-        if self.store is not None:
-            self.store.close()
-        stop_spark()
-        self.session.close()
+        self._closers.close()
 
     def __enter__(self) -> Node:
         return self.start()
