@@ -4,7 +4,7 @@ The task loop tells every :class:`Observer` it was given when an attempt starts 
 long each scan took, the master's duties each lock they free of a member that is gone, and the
 node hands the same objects to its message bus (``on_delivery``: what became of each
 message). Metrics (:class:`runner.node.metrics.NodeMetrics`) and the attempt log
-(:class:`AttemptLog`, always first) implement it; so can a user's tracing or audit. Every hook
+(:class:`AttemptLogger`, always first) implement it; so can a user's tracing or audit. Every hook
 is a no-op here: implement the ones you need.
 
 Order: ``before_attempt`` runs in the order the observers were given, ``after_attempt``
@@ -71,7 +71,7 @@ class Hooks(Observer):
             self._scan(seconds)
 
 
-class AttemptLog(Observer):
+class AttemptLogger(Observer):
     """The attempt's start and end as log records, with their stable event names
     (``attempt.started``, ``attempt.ended``: :data:`runner.logs.EVENTS`)."""
 

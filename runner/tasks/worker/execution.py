@@ -37,7 +37,7 @@ from runner.errors import (
 from runner.store import Attempt, AttemptStatus, GraphStore
 from runner.tasks import due
 from runner.tasks.context import Services, TaskContext
-from runner.tasks.observer import AttemptLog, Observer
+from runner.tasks.observer import AttemptLogger, Observer
 from runner.tasks.outcomes import (
     AttemptResult,
     Outcome,
@@ -67,7 +67,7 @@ class Execution:
         self.store = store
         self.registry = registry
         #: the attempt log, then the given observers (:mod:`runner.tasks.observer`)
-        self.observers: list[Observer] = [AttemptLog(), *observers]
+        self.observers: list[Observer] = [AttemptLogger(), *observers]
         self.services = services or Services()
         self.max_conflict_retries = max_conflict_retries
         self.conflict_backoff = conflict_backoff
