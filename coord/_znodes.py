@@ -58,6 +58,23 @@ def retry_policy(deadline: float = 30.0) -> KazooRetry:
                       ignore_expire=False)
 
 
+def read_children(client: KazooClient, parent: str) -> dict[str, bytes]:
+    """Every child of ``parent`` with its data (none when ``parent`` is missing); a child that
+    goes while it is read is left out."""
+    try:
+        names = client.get_children(parent)
+    except NoNodeError:
+        return {}
+    found = {}
+    for name in names:
+        try:
+            data, _ = client.get(f"{parent}/{name}")
+        except NoNodeError:
+            continue  # gone while we were reading
+        found[name] = bytes(data)
+    return found
+
+
 def find_own(client: KazooClient, parent: str, prefix: str) -> str | None:
     """The child of ``parent`` whose name starts with our unique ``prefix``, if any."""
     try:

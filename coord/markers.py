@@ -23,7 +23,7 @@ from typing import Any
 
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
-from coord._znodes import retry_policy, zk_errors
+from coord._znodes import read_children, retry_policy, zk_errors
 from coord.session import Session
 
 
@@ -58,17 +58,6 @@ def remove(session: Session, parent: str, name: str) -> None:
 
 def read(session: Session, parent: str) -> dict[str, Any]:
     """Every live marker under ``parent`` and its value."""
-    client = session.client
-    found: dict[str, Any] = {}
     with zk_errors(f"cannot read the markers under {parent}"):
-        try:
-            names = client.get_children(parent)
-        except NoNodeError:
-            return {}
-        for name in names:
-            try:
-                data, _ = client.get(f"{parent}/{name}")
-            except NoNodeError:
-                continue  # gone while we were reading
-            found[name] = json.loads(data) if data else None
-    return found
+        entries = read_children(session.client, parent)
+    return {name: json.loads(data) if data else None for name, data in entries.items()}

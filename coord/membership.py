@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 from kazoo.recipe.watchers import ChildrenWatch
 
-from coord._znodes import zk_errors
+from coord._znodes import read_children, zk_errors
 from coord.errors import ConnectionLost, LifecycleError, MemberIdTaken
 from coord.session import Session, SessionState
 
@@ -207,17 +207,7 @@ def live_member_ids(session: Session) -> set[str]:
 
 def read_members(session: Session) -> dict[str, MemberInfo]:
     """Live members as any client sees them (a participant or not)."""
-    client = session.client
-    members = {}
     with zk_errors("cannot read membership"):
-        try:
-            children = client.get_children(MEMBERS)
-        except NoNodeError:
-            return {}
-        for member_id in children:
-            try:
-                data, _ = client.get(f"{MEMBERS}/{member_id}")
-            except NoNodeError:
-                continue  # left while we were reading
-            members[member_id] = MemberInfo.from_json(member_id, data)
-    return members
+        entries = read_children(session.client, MEMBERS)
+    return {member_id: MemberInfo.from_json(member_id, data)
+            for member_id, data in entries.items()}
