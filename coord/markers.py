@@ -10,8 +10,9 @@ Failure behaviour:
 * the holder killed -9, frozen past its session, or its session LOST: its marker goes with the
   session (within the session timeout);
 * a lost reply to ``place`` (a connection blip): the retry finds the name taken, possibly by
-  the create that was lost; so ``place`` reads the entry and says True when it is this
-  session's own (the entry's ephemeral owner);
+  the create that was lost; so a retry reads the entry and says True when it is this
+  session's, with this value (a first try that finds the name taken says False, even when
+  this session holds it for something else: one holder per name);
 * ZooKeeper unreachable past the calls' retries: :class:`~coord.errors.ConnectionLost`;
   ``remove`` of an entry already gone (its session expired) is not an error.
 """
@@ -32,14 +33,24 @@ def place(session: Session, parent: str, name: str, value: Any) -> bool:
     False when another live session holds it."""
     client = session.client
     path = f"{parent}/{name}"
+    data = json.dumps(value).encode()
+    attempts = 0
 
     def attempt() -> bool:
+        nonlocal attempts
+        attempts += 1
         try:
-            client.create(path, json.dumps(value).encode(), ephemeral=True, makepath=True)
+            client.create(path, data, ephemeral=True, makepath=True)
             return True
         except NodeExistsError:
-            stat = client.exists(path)
-            return stat is not None and stat.ephemeralOwner == session.session_id
+            if attempts == 1:
+                return False  # held: by another session, or by this one for something else
+            # a retry after a lost reply: the create may have been ours
+            try:
+                found, stat = client.get(path)
+            except NoNodeError:
+                return False
+            return bool(found == data and stat.ephemeralOwner == session.session_id)
 
     with zk_errors(f"cannot mark {path}"):
         placed: bool = retry_policy()(attempt)

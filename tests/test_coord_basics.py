@@ -300,8 +300,8 @@ def test_markers_are_ephemeral_named_entries_one_session_each(session: Session,
                                                               zk_namespace: ZkNamespace) -> None:
     assert markers.read(session, "streams/s/copies") == {}
     assert markers.place(session, "streams/s/copies", "m1", {"copy": 0})
-    # a place retried after a lost reply finds the name taken by its own session: True
-    assert markers.place(session, "streams/s/copies", "m1", {"copy": 0})
+    # taken, even by this session: one holder per name (a second copy on one node declines)
+    assert not markers.place(session, "streams/s/copies", "m1", {"copy": 1})
     other = other_session(zk_namespace)
     try:
         assert not markers.place(other, "streams/s/copies", "m1", {"copy": 1})
@@ -314,3 +314,26 @@ def test_markers_are_ephemeral_named_entries_one_session_each(session: Session,
     markers.remove(session, "streams/s/copies", "m1")
     markers.remove(session, "streams/s/copies", "m1")  # gone already: no error
     assert markers.read(session, "streams/s/copies") == {}
+
+
+def test_a_marker_placed_again_after_a_lost_reply_is_recognised(
+        session: Session, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The create reached the server but its reply was lost: the retry finds the name taken
+    by its own create (same session, same value) and says True, not False."""
+    from kazoo.exceptions import ConnectionLoss
+
+    client = session.client
+    real_create = client.create
+    calls = {"n": 0}
+
+    def create_then_lose_the_reply(*args: object, **kwargs: object) -> object:
+        calls["n"] += 1
+        result = real_create(*args, **kwargs)
+        if calls["n"] == 1:
+            raise ConnectionLoss()
+        return result
+
+    monkeypatch.setattr(client, "create", create_then_lose_the_reply)
+    assert markers.place(session, "copies", "m1", {"copy": 0})
+    assert calls["n"] == 2 and markers.read(session, "copies") == {"m1": {"copy": 0}}
+

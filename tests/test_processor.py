@@ -142,7 +142,7 @@ def test_an_old_listing_is_rechecked_before_locking(
         listed = time.monotonic() - 1.0  # the old listing, a second ago
         processor._backlog = [(t, listed, own) for t, own
                               in candidates(store.tasks.unfinished(), None, processor.member_id,
-                                         processor.workers)]
+                                         processor.settings.workers)]
         for task in tasks[:4]:  # meanwhile another node claimed four of them
             store.tasks.update(task.id, 0, 9, owner="m2")
         try:
@@ -204,7 +204,7 @@ def scan_stale_backlog(zk_namespace: ZkNamespace, store: GraphStore,
         old = time.monotonic() - 1.0
         processor._backlog = [(t, old, own) for t, own
                               in candidates(store.tasks.unfinished(), None, processor.member_id,
-                                         processor.workers)]
+                                         processor.settings.workers)]
         order = [t for t, _, _ in processor._backlog]
         for task in order[:16]:
             store.tasks.update(task.id, 0, 9, owner="m2", finished=True)
@@ -286,11 +286,11 @@ def test_priority_comes_before_preference(zk_namespace: ZkNamespace, store: Grap
     with session(zk_namespace) as s:
         processor = TaskLoop(s, "m1", store, TaskRegistry(), LoopSettings(workers=1))
         order = candidates(store.tasks.unfinished(), {"m1", "m2"}, processor.member_id,
-                           processor.workers)
+                           processor.settings.workers)
         alone = candidates(store.tasks.unfinished(), {"m1"}, processor.member_id,
-                           processor.workers)
+                           processor.settings.workers)
         unknown = candidates(store.tasks.unfinished(), None, processor.member_id,
-                           processor.workers)
+                           processor.settings.workers)
         processor.close()
     assert (order[0][0].id, order[0][1]) == (urgent.id, preferred_index(urgent.id, 2) == 0)
     flags = [own for _, own in order[1:]]

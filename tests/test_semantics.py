@@ -25,6 +25,7 @@ from coord.testing import NodeProcess, wait_until
 from coord.testing.plugin import ZkNamespace
 from messaging.testing.plugin import AmqpNamespace
 from runner.errors import TaskNotFound
+from runner.requests import TaskSubmit
 from runner.store import Attempt, AttemptStatus, Task, codec, open_store
 from runner.store.due import queue_of
 from runner.tasks.due import ensure_cursor, promote
@@ -370,12 +371,11 @@ def test_schedule_fires_missed_while_no_master_run_once_or_skip(tmp_path: Path) 
     with open_store(str(tmp_path / "g.db")) as store:
         made: list[tuple[str, str | None, datetime]] = []
 
-        def submit(task_type: str, payload: dict[str, object], unique_key: str | None,
-                   priority: int | None, **kw: object) -> Task:
-            run_at = kw["run_at"]
+        def submit(req: TaskSubmit) -> Task:
+            run_at = req.run_at
             assert isinstance(run_at, datetime)
-            made.append((task_type, unique_key, run_at))
-            return store.tasks.create(task_type, payload, unique_key=unique_key,
+            made.append((req.type, req.unique_key, run_at))
+            return store.tasks.create(req.type, req.payload, unique_key=req.unique_key,
                                       run_at=run_at)
 
         firer = ScheduleFirer(store, submit)
