@@ -5,6 +5,7 @@ own effects (``ctx.check()``, fenced store writes)."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -294,3 +295,27 @@ def test_ctx_complete_writes_the_effect_and_the_success_together_or_neither(
         assert final.status is AttemptStatus.SUCCEEDED and records[task_id] == final.id
     assert [a.status for a in store.attempts.for_task(closed.id)] == [
         AttemptStatus.CANCELLED_BY_SYSTEM, AttemptStatus.SUCCEEDED]
+
+
+def test_closing_the_master_duties_waits_for_their_on_master_action(
+        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+    """The on-master action (publish SYNCHRONIZE_MODEL) runs on a thread of its own, using the
+    bus, which the node closes right after the duties: a node closed just after it became
+    master closed the bus under that publish (pika failed in another thread, seen in a full
+    suite's run). close() now returns only once the action has ended."""
+    began, finished = threading.Event(), threading.Event()
+
+    def announce() -> None:
+        began.set()
+        time.sleep(0.5)  # a publish waiting for its confirm
+        finished.set()
+
+    with session(zk_namespace) as s:
+        latch = LeaderLatch(s, "master").start()
+        duties = MasterDuties(s, latch, "master", store, on_master=announce).start()
+        try:
+            assert began.wait(10)
+        finally:
+            duties.close()
+            assert finished.is_set(), "close() returned while the on-master action ran"
+            latch.close()

@@ -68,6 +68,9 @@ class MasterDuties:
         self._next_prune = 0.0
         self._stop = threading.Event()
         self._wake = threading.Event()
+        #: the on-master action's thread, while it may run (close waits for it)
+        self._announcing: threading.Thread | None = None
+        self._announcing_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="master-duties", daemon=True)
 
     def start(self) -> MasterDuties:
@@ -76,15 +79,27 @@ class MasterDuties:
         return self
 
     def close(self) -> None:
+        """Stop the rounds, and wait (10 s at most each) for the round and for an on-master
+        action still running: it uses parts (the bus) that are closed after the duties."""
         self._stop.set()
         self._wake.set()
         if self._thread.ident is not None:
             self._thread.join(10)
+        with self._announcing_lock:
+            announcing = self._announcing
+        if announcing is not None:
+            announcing.join(10)
 
     def _gained(self) -> None:
         self._wake.set()
-        if self.on_master is not None:
-            threading.Thread(target=self._announce, name="master-announce", daemon=True).start()
+        if self.on_master is None:
+            return
+        with self._announcing_lock:
+            if self._stop.is_set():
+                return
+            self._announcing = threading.Thread(target=self._announce, name="master-announce",
+                                                daemon=True)
+            self._announcing.start()
 
     def _announce(self) -> None:
         assert self.on_master is not None
