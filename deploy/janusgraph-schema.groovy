@@ -28,12 +28,14 @@ def index = { name, prop, unique ->
 index('by_task_unique', 'task_unique', true)
 index('by_resource_name', 'resource_name', true)
 // the keys the guarded writes check: versions are integers, the fence a 20-digit string, the
-// resource holder an attempt id
+// resource holder an attempt id and its token a 20-digit string
 key('task_version', Integer)
 key('schedule_version', Integer)
 key('task_fence')
 key('resource_holder')
-['task_version', 'task_fence', 'attempt_status', 'schedule_version', 'resource_holder'].each {
+key('resource_token')
+['task_version', 'task_fence', 'attempt_status', 'schedule_version', 'resource_holder',
+ 'resource_token'].each {
     mgmt.setConsistency(mgmt.getPropertyKey(it), ConsistencyModifier.LOCK)
 }
 mgmt.commit()

@@ -355,7 +355,9 @@ def test_a_resource_claimed_by_another_attempt_refuses_the_previous_holders_succ
     task, attempt = store.claim(first, 7, "m1")
     mine = Fence(task.id, 7, attempt.id, task.resources)
     store.fenced_write(mine, lambda g: g.add_v("effect").iterate())  # still the holder
-    _, other = store.claim(second, 3, "m2")  # m1's hold on aspect:geo expired meanwhile
+    # m1's hold on aspect:geo expired meanwhile; the next claimant's lock is newer (tokens are
+    # lock czxids: they grow)
+    _, other = store.claim(second, 9, "m2")
     finished = {"status": TaskStatus.WAITING, "finished": True}
     with pytest.raises(ResourceTaken) as refused:
         store.conclude(attempt, AttemptStatus.SUCCEEDED, None, None, task, 7, finished)
@@ -374,14 +376,33 @@ def test_a_resource_claimed_by_another_attempt_refuses_the_previous_holders_succ
     assert not back.finished and store.attempts.get(attempt.id).ended_at is not None
     # the next holder's success stands; a success written before the next claim stands too
     other_task = store.tasks.get(second.id)
-    done = store.conclude(other, AttemptStatus.SUCCEEDED, None, None, other_task, 3, finished)
+    done = store.conclude(other, AttemptStatus.SUCCEEDED, None, None, other_task, 9, finished)
     assert done.finished
-    task3, attempt3 = store.claim(third, 1, "m3")
-    store.conclude(attempt3, AttemptStatus.SUCCEEDED, None, None, task3, 1, finished)
-    again, retried = store.claim(back, 8, "m1")
+    task3, attempt3 = store.claim(third, 10, "m3")
+    store.conclude(attempt3, AttemptStatus.SUCCEEDED, None, None, task3, 10, finished)
+    again, retried = store.claim(back, 11, "m1")
     assert retried.started_at >= store.attempts.get(attempt3.id).ended_at  # type: ignore[operator]
-    store.conclude(retried, AttemptStatus.SUCCEEDED, None, None, again, 8, finished)
+    store.conclude(retried, AttemptStatus.SUCCEEDED, None, None, again, 11, finished)
     assert store.tasks.get(first.id).finished
+
+
+def test_a_claim_with_an_older_token_cannot_take_a_resource_from_a_newer_holder(
+        store: GraphStore) -> None:
+    """Tokens are task-lock czxids, so they grow with time. A claimant whose claim commits
+    only after a newer one's (its write was slow, or it lost its session between its hold and
+    its write) is refused, nothing written, and the newer holder keeps the resource and its
+    success; the same token again (a retry of the same claim's task) is not refused."""
+    late = store.tasks.create("t", resources=["aspect:geo"])
+    newer = store.tasks.create("t", resources=["aspect:geo"])
+    _, attempt = store.claim(newer, 20, "m2")
+    with pytest.raises(CommitConflict):
+        store.claim(late, 15, "m1")
+    assert store.attempts.for_task(late.id) == [] and store.tasks.get(late.id) == late
+    store.attempts.finish(attempt.id, AttemptStatus.FAILED, "commit conflict: retried")
+    again, retried = store.claim(store.tasks.get(newer.id), 20, "m2")  # the same token
+    finished = {"status": TaskStatus.WAITING, "finished": True}
+    assert store.conclude(retried, AttemptStatus.SUCCEEDED, None, None, again, 20,
+                          finished).finished
 
 
 def test_an_operator_cancel_closes_the_running_attempt_and_fences_its_owner(

@@ -21,6 +21,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gremlin_python.process.traversal import P
+
 from runner.errors import (
     AttemptAlreadyFinished,
     CommitConflict,
@@ -173,16 +175,24 @@ def claim_resources(graph: Graph, change: TaskChange, ends: list[AttemptEnd], me
     of each resource, in one transaction; the attempt, or None when its guards matched
     nothing. The start time is read once the write holds the writer slot (its first
     statement takes it on the embedded graph), so it is later than every write committed
-    before, the previous holder's success among them."""
+    before, the previous holder's success among them.
+
+    A resource also records the claimant's ``fence_token`` (its task lock's czxid: ZooKeeper's
+    transaction ids only grow), and a claim whose token is older than the one recorded is
+    refused (None): a claimant that booked its hold and took its lock before another, and
+    whose write commits only after that other's claim (a slow write, a session lost between
+    the two), cannot take the resource back from the newer holder."""
     def write(g: Any) -> Attempt:
         g.V().has("task_id", change.task_id).id_().to_list()  # takes the writer slot
+        if _newer_holder(g, resources, fence_token):
+            raise _Unmatched
         start = attempt_start(change.task, member_id, fence_token)
         t = g
         for end in ends:
             t = end.traverse(t)
         if not start.extend(change.traverse(t)).id_().to_list():
             raise _Unmatched
-        take_resources(g, start.attempt.id, resources)
+        take_resources(g, start.attempt.id, resources, fence_token)
         return start.attempt
 
     try:
@@ -191,14 +201,26 @@ def claim_resources(graph: Graph, change: TaskChange, ends: list[AttemptEnd], me
         return None
 
 
-def take_resources(g: Any, attempt_id: str, resources: tuple[str, ...]) -> None:
-    """Inside the claim's write: record attempt ``attempt_id`` as the holder of each of
-    ``resources`` (a ``resource`` vertex per name, made on first use), which refuses every
-    later write of the previous holder that needs them (:func:`resource_guard`)."""
+def _newer_holder(g: Any, resources: tuple[str, ...], fence_token: int) -> bool:
+    """Inside a claim's write: whether a resource was last claimed with a newer token than
+    ``fence_token`` (compared here, in the write's own transaction: the portable subset has no
+    numeric comparison gremlite keeps)."""
+    rows = g.V().has("resource_name", P.within(sorted(set(resources)))) \
+        .values("resource_token").to_list()
+    return any(codec.decode_big(token) > fence_token for token in rows)
+
+
+def take_resources(g: Any, attempt_id: str, resources: tuple[str, ...],
+                   fence_token: int) -> None:
+    """Inside the claim's write: record attempt ``attempt_id`` and its ``fence_token`` as the
+    holder of each of ``resources`` (a ``resource`` vertex per name, made on first use), which
+    refuses every later write of the previous holder that needs them (:func:`resource_guard`),
+    and every later claim with an older token (:func:`claim_resources`)."""
     for resource in sorted(set(resources)):
         set_props(get_or_add(g, "resource_name", resource, "resource",
                              {"resource_name": resource}),
-                  {"resource_holder": attempt_id}).iterate()
+                  {"resource_holder": attempt_id,
+                   "resource_token": codec.encode_big(fence_token)}).iterate()
 
 
 def attempt_start(task: Task, executor: str, fence_token: int) -> AttemptStart:

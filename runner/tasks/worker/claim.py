@@ -14,9 +14,10 @@ session during the try or the claim still cancels it), tries the lock without wa
 claims the task with a version- and token-guarded update that writes the RUNNING attempt in the
 same transaction, before any handler runs.
 
-Failure behaviour: a slot or lock held elsewhere, a task that is not its key's first, or a task
-that changed since it was listed (CommitConflict, StaleFencingToken), gives None with
-everything taken released; ZooKeeper and store errors propagate after the same release. Slot
+Failure behaviour: a slot or lock held elsewhere, a task that is not its key's first, a task
+that changed since it was listed (CommitConflict, StaleFencingToken, or a resource claimed since
+with a newer lock token), or a session that changed between the booking and the lock, gives
+None with everything taken released; ZooKeeper and store errors propagate after the same release. Slot
 leases are ephemeral: a holder killed -9 frees them with its session.
 """
 
@@ -117,6 +118,7 @@ class Claimer:
         when the key is all ``task`` books, :func:`key_only`); released like a new one when
         the claim fails."""
         stats, member_id, store = self.stats, self.member_id, self.store
+        session_id = self.session.session_id  # the hold and the lock must be on one session
         booking = held
         after: list[Task] = []
         needed, exclusive = levels(task, kind, self.limits), holds(task)
@@ -153,6 +155,12 @@ class Claimer:
             token = lock.try_acquire()
             if token is None:  # someone else runs it
                 stats["lock_busy"] += 1
+                abandon()
+                return None
+            if self.session.expired(session_id):
+                # the session the holds were booked on is gone (a retried lock create went
+                # through on the next one): the lock is this node's, the holds are not
+                stats["session_changed"] += 1
                 abandon()
                 return None
             # the version read by the scan guards the claim: if the task changed since
