@@ -17,8 +17,8 @@ same transaction, before any handler runs.
 Failure behaviour: a slot or lock held elsewhere, a task that is not its key's first, a task
 that changed since it was listed (CommitConflict, StaleFencingToken, or a resource claimed since
 with a newer lock token), or a session that changed between the booking and the lock, gives
-None with everything taken released; ZooKeeper and store errors propagate after the same release. Slot
-leases are ephemeral: a holder killed -9 frees them with its session.
+None with everything taken released; ZooKeeper and store errors propagate after the same
+release. Slot leases are ephemeral: a holder killed -9 frees them with its session.
 """
 
 from __future__ import annotations
