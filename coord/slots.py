@@ -60,11 +60,17 @@ class SlotLevel:
 
 
 class Booking:
-    """Leases held at every level of one booking; ``release()`` frees them all at once."""
+    """Leases held at every level of one booking; ``release()`` frees them all at once.
 
-    def __init__(self, session: Session, leases: list[str]) -> None:
+    A booking is ``session_id``'s: its nodes are ephemeral and go with that session. So a
+    release that runs once the session is gone (lost, and replaced by a new one while the
+    release waited) deletes nothing: an exclusive hold's name (``held/<name>``) may be the
+    next holder's node by then, and deleting it would let a third party in beside it."""
+
+    def __init__(self, session: Session, leases: list[str], session_id: int) -> None:
         self.session = session
         self.leases = leases
+        self.session_id = session_id
 
     def release(self) -> None:
         if not self.leases:
@@ -73,6 +79,8 @@ class Booking:
         leases, self.leases = self.leases, []
 
         def attempt() -> None:
+            if client.client_id is None or client.client_id[0] != self.session_id:
+                return  # booked on a session that is gone: so are its nodes
             tx = client.transaction()
             for lease in leases:
                 tx.delete(lease)
@@ -138,7 +146,7 @@ class Slots:
         leases = [f"{level.path}/{lease_name}" for level in levels]
         retry, tried[:] = bool(tried), [True]
         if retry and leases and client.exists(leases[0]) is not None:
-            return Booking(self.session, leases + held)  # a commit whose reply was lost
+            return Booking(self.session, leases + held, client.client_id[0])  # reply lost
         if retry and not leases:
             stat = client.exists(held[0])
             if stat is not None and stat.ephemeralOwner == client.client_id[0]:
@@ -146,7 +154,7 @@ class Slots:
                 # a second booking of a name it holds is refused like anyone else's
                 data, _ = client.get(held[0])
                 if data == self._hold_data(lease_name):
-                    return Booking(self.session, held)
+                    return Booking(self.session, held, client.client_id[0])
         tx = client.transaction()
         for level in levels:
             data, stat = client.get(level.path)  # version first, then the children
@@ -160,7 +168,7 @@ class Slots:
             tx.create(path, self._hold_data(lease_name), ephemeral=True)
         results = tx.commit()
         if not any(isinstance(r, Exception) for r in results):
-            return Booking(self.session, leases + held)
+            return Booking(self.session, leases + held, client.client_id[0])
         if any(isinstance(r, NodeExistsError) for r in results[len(levels) + len(leases):]):
             return None  # a name held by someone
         if any(isinstance(r, BadVersionError) for r in results):

@@ -391,3 +391,28 @@ def test_register_has_no_lost_update_under_concurrent_writers(
     with Session(zk_namespace.hosts, "c1") as s:
         value, _ = VersionedRegister(s, path).get()
     assert value == writers * increments
+
+
+def test_a_late_release_leaves_the_next_holders_hold(zk_namespace: ZkNamespace) -> None:
+    """A booking whose session expired and was replaced before its release ran (a release
+    retrying through a partition): its hold went with the old session and another member
+    holds the name now. The late release must not delete that holder's node (it did: the
+    chaos suite saw a third claim of the resource succeed beside the holder, and the holder's
+    success refused)."""
+    from coord import Slots
+    from coord.testing import expire_session
+
+    with Session(zk_namespace.hosts, "c1", timeout=2.0) as first, \
+            Session(zk_namespace.hosts, "c1", timeout=2.0) as second:
+        mine = Slots(first, "m1").try_book([], ["resource/aspect%3Atime"])
+        assert mine is not None
+        old = first.session_id
+        expire_session(first.client)
+        assert wait_until(lambda: first.state is SessionState.CONNECTED
+                          and first.session_id != old, 15)
+        theirs = Slots(second, "m2").try_book([], ["resource/aspect%3Atime"])
+        assert theirs is not None, "the hold did not go with the expired session"
+        mine.release()  # late: the session it was booked on is gone
+        assert Slots(first, "m3").try_book([], ["resource/aspect%3Atime"]) is None
+        theirs.release()
+        assert Slots(first, "m3").try_book([], ["resource/aspect%3Atime"]) is not None
