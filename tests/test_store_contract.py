@@ -437,6 +437,12 @@ def test_stop_unstarted_stops_a_waiting_task_with_its_reason_and_never_a_started
     store.claim(running, 7, "m1")
     assert store.tasks.stop_unstarted(running.id, "schedule s paused") is None
     assert store.tasks.get(running.id).active
+    # interrupted (its attempt closed by the master, the task waiting again): it has started
+    store.close_attempts(running.id, AttemptStatus.CANCELLED_BY_SYSTEM, "master: owner gone",
+                         executor="m1")
+    assert store.tasks.get(running.id).status is TaskStatus.WAITING
+    assert store.tasks.stop_unstarted(running.id, "schedule s paused") is None
+    assert store.tasks.get(running.id).active
 
 
 def test_a_claim_of_a_task_left_running_closes_the_old_attempt_in_the_same_write(

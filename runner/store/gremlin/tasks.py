@@ -175,12 +175,13 @@ class GremlinTaskStore:
         return self.modify(task_id, None, {"active": active, "stop_reason": None})
 
     def stop_unstarted(self, task_id: str, reason: str) -> Task | None:
-        """Deactivate the task, with ``reason``, only while it waits: unfinished, active and
-        not running. None when it started (or ended, or was stopped) first: a claim that gets
-        in first wins, and a claim after this is refused (the task is inactive)."""
+        """Deactivate the task, with ``reason``, only while it has never started: unfinished,
+        active, waiting, no attempt yet. None when it started (or ended, or was stopped) first:
+        a claim that gets in first wins, and a claim after this is refused (the task is
+        inactive). A task whose attempt was interrupted has started: it runs again."""
         def once() -> Task | None:
             task = read_task(self.graph, task_id)
-            if not task.open or task.status is not TaskStatus.WAITING:
+            if not task.open or task.status is not TaskStatus.WAITING or task.attempts:
                 raise _Started
             change = task_change(task, None, {"active": False, "stop_reason": reason})
             return change.task if matched_write(self.graph, change.traverse) else None
