@@ -28,7 +28,7 @@ from coord import (
     markers,
     read_leader,
 )
-from coord.testing import expire_session, lose_first_set_reply
+from coord.testing import expire_session, lose_first_reply, lose_first_set_reply
 from coord.testing.plugin import ZkNamespace
 
 
@@ -320,20 +320,7 @@ def test_a_marker_placed_again_after_a_lost_reply_is_recognised(
         session: Session, monkeypatch: pytest.MonkeyPatch) -> None:
     """The create reached the server but its reply was lost: the retry finds the name taken
     by its own create (same session, same value) and says True, not False."""
-    from kazoo.exceptions import ConnectionLoss
-
-    client = session.client
-    real_create = client.create
-    calls = {"n": 0}
-
-    def create_then_lose_the_reply(*args: object, **kwargs: object) -> object:
-        calls["n"] += 1
-        result = real_create(*args, **kwargs)
-        if calls["n"] == 1:
-            raise ConnectionLoss()
-        return result
-
-    monkeypatch.setattr(client, "create", create_then_lose_the_reply)
+    calls = lose_first_reply(monkeypatch, session.client, "create")
     assert markers.place(session, "copies", "m1", {"copy": 0})
     assert calls["n"] == 2 and markers.read(session, "copies") == {"m1": {"copy": 0}}
 

@@ -14,6 +14,7 @@ Nothing here is imported by coord itself.
 from coord.testing.faults import (
     expire_session,
     kill_ensemble_leader,
+    lose_first_reply,
     lose_first_set_reply,
 )
 from coord.testing.nodeprocess import NodeProcess, wait_until
@@ -42,6 +43,7 @@ __all__ = [
     "free_port_block",
     "free_ports",
     "kill_ensemble_leader",
+    "lose_first_reply",
     "lose_first_set_reply",
     "port_is_free",
     "port_is_listening",

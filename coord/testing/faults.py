@@ -3,7 +3,8 @@
 * :func:`expire_session`: the server expires a client's session (as after a long GC pause or a
   partition), for real, and the call returns once the victim has seen LOST;
 * :func:`kill_ensemble_leader`: kill -9 of the server that currently leads the ensemble;
-* :func:`lose_first_set_reply`: a write that reaches the server but whose reply is lost.
+* :func:`lose_first_reply` (:func:`lose_first_set_reply`): a write that reaches the server but
+  whose reply is lost.
 
 An injector that cannot inject its fault, or whose victim never notices it, raises
 :class:`FaultInjectionFailed` (an AssertionError, so the test fails rather than errors).
@@ -72,19 +73,25 @@ def kill_ensemble_leader(cluster: ZooKeeperCluster, timeout: float = 30.0) -> Zo
                                f"{victim.name}")
 
 
-def lose_first_set_reply(monkeypatch: Any, client: Any) -> dict[str, int]:
-    """Make the next ``client.set`` reach the server but raise ConnectionLoss, as a reply lost
-    on the wire would; later calls behave. Returns the call counter (``calls["n"]``)."""
+def lose_first_reply(monkeypatch: Any, client: Any, method: str) -> dict[str, int]:
+    """Make the next ``client.<method>`` (``set``, ``create``, ...) reach the server but raise
+    ConnectionLoss, as a reply lost on the wire would; later calls behave. Returns the call
+    counter (``calls["n"]``)."""
     from kazoo.exceptions import ConnectionLoss
-    real_set = client.set
+    real = getattr(client, method)
     calls = {"n": 0}
 
-    def set_then_lose_reply(*args: object, **kwargs: object) -> object:
+    def call_then_lose_reply(*args: object, **kwargs: object) -> object:
         calls["n"] += 1
-        result = real_set(*args, **kwargs)
+        result = real(*args, **kwargs)
         if calls["n"] == 1:
             raise ConnectionLoss("reply lost")
         return result
 
-    monkeypatch.setattr(client, "set", set_then_lose_reply)
+    monkeypatch.setattr(client, method, call_then_lose_reply)
     return calls
+
+
+def lose_first_set_reply(monkeypatch: Any, client: Any) -> dict[str, int]:
+    """:func:`lose_first_reply` of ``client.set``."""
+    return lose_first_reply(monkeypatch, client, "set")
