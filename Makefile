@@ -15,7 +15,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 .PHONY: help setup apt-packages venv test lint pytest demo bench chaos diagrams pyfiles clean
 
 help:
-	@echo "make setup  - Debian packages (zookeeper, rabbitmq-server, JDK) + .venv + pip install -e .[dev]"
+	@echo "make setup  - Debian packages (zookeeper, rabbitmq-server, JDK) + .venv + pip install -e .[dev] + the Gremlin Server's jars"
 	@echo "make test   - setup, then ruff, mypy --strict and pytest against real servers"
 	@echo "make demo   - setup, then a 3-node cluster: ontology sync, kill -9 failover, reports"
 	@echo "make lint   - ruff and mypy only"
@@ -43,6 +43,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m runner.testing.gremlinserver install
 	touch $(STAMP)
 
 lint: setup

@@ -67,6 +67,14 @@ class Settings(BaseSettings):
     graph_password: SecretStr | None = Field(None, description="Gremlin Server password")
     graph_tls_ca: str | None = Field(
         None, description="PEM file of the CA a wss:// server's certificate is checked against")
+    graph_serial_server: bool = Field(
+        False, description="the remote graph has no transactions but runs one traversal at a "
+                           "time (a Gremlin Server with gremlinPool: 1, as 'latchwork dev up "
+                           "--graph-server' starts): each guarded write is one traversal, "
+                           "atomic there (docs/graph.md)")
+    graph_timeout: float = Field(
+        30.0, gt=0, description="seconds a request to a remote graph may take before the "
+                                "graph counts as unreachable")
     allow_untransactional_graph: bool = Field(
         False, description="run against a remote graph without transactions (guarded writes "
                            "become check-then-act: see docs/graph.md); logged at every start")

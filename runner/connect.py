@@ -8,12 +8,13 @@ Every part of latchwork that reaches a server goes through here, so secrets leav
 * :func:`amqp_connector`: RabbitMQ, ``amqp://`` or ``amqps://`` with a CA and a client
   certificate (``amqp_tls_*``);
 * :func:`graph_store`: the graph, embedded or a Gremlin Server (``graph_username``,
-  ``graph_password``, ``graph_tls_ca``), checking that a remote graph has transactions.
+  ``graph_password``, ``graph_tls_ca``, ``graph_timeout``), checking that a remote graph has
+  transactions unless ``graph_serial_server`` says it runs one traversal at a time.
 
 Failure behaviour: a remote graph without transactions raises
-:class:`~runner.errors.GraphNotTransactional` unless ``allow_untransactional_graph`` is
-set, in which case every start logs a WARNING saying what is given up. Errors name hosts and
-users, never passwords (the tests grep for them).
+:class:`~runner.errors.GraphNotTransactional` unless ``graph_serial_server`` or
+``allow_untransactional_graph`` is set; the latter logs a WARNING at every start saying what
+is given up. Errors name hosts and users, never passwords (the tests grep for them).
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ if TYPE_CHECKING:
     from runner.store import GraphStore
 
 log = logging.getLogger("latchwork.connect")
+
+#: seconds a remote graph has to answer the commit of an empty transaction (TinkerPop 3.5
+#: never answers one on a graph without transactions: TINKERPOP-2751)
+TX_PROBE_DEADLINE = 5.0
 
 
 def zk_session(settings: Settings, *, timeout: float | None = None) -> Session:
@@ -54,24 +59,36 @@ def amqp_connector(settings: Settings, name: str = "latchwork",
 
 
 def graph_store(settings: Settings) -> GraphStore:
-    """The graph store of ``settings``; a remote one is checked for transactions."""
+    """The graph store of ``settings``; a remote one is checked for transactions.
+
+    ``graph_serial_server`` declares a server without transactions that runs one traversal at a
+    time (each guarded write is one traversal: atomic there): no probe, plain requests.
+    Otherwise the server is asked to commit an empty transaction (an answer within
+    ``TX_PROBE_DEADLINE``); without transactions it is refused, or accepted with a WARNING
+    when ``allow_untransactional_graph`` accepts check-then-act."""
     from runner.errors import GraphNotTransactional
     from runner.store import GraphStore, open_graph
-    from runner.store.graph import RemoteGraph
-    graph = open_graph(settings.graph, username=settings.graph_username,
+    from runner.store.graph import NONE, SERIAL, TRANSACTIONS, RemoteGraph
+    if not settings.graph.startswith(("ws://", "wss://")):
+        return GraphStore(open_graph(settings.graph))
+    graph = RemoteGraph(settings.graph, username=settings.graph_username,
                        password=(settings.graph_password.get_secret_value()
                                  if settings.graph_password else None),
-                       ca_file=settings.graph_tls_ca) \
-        if settings.graph.startswith(("ws://", "wss://")) else open_graph(settings.graph)
-    if isinstance(graph, RemoteGraph) and not graph.supports_transactions():
+                       ca_file=settings.graph_tls_ca, timeout=settings.graph_timeout,
+                       atomicity=SERIAL if settings.graph_serial_server else TRANSACTIONS)
+    if settings.graph_serial_server:
+        log.info("the Gremlin Server at %s runs one traversal at a time (graph_serial_server): "
+                 "every guarded write is one traversal", settings.graph)
+    elif not graph.supports_transactions(min(TX_PROBE_DEADLINE, settings.graph_timeout)):
         if not settings.allow_untransactional_graph:
             graph.close()
             raise GraphNotTransactional(
-                f"the Gremlin Server at {settings.graph} has no transactions: version-guarded "
-                "claims and unique creates would be check-then-act there; use a transactional "
-                "graph (JanusGraph, Neo4j: docs/graph.md) or set "
-                "allow_untransactional_graph to accept the risk")
-        graph.transactional = False
+                f"the Gremlin Server at {settings.graph} has no transactions: guarded claims "
+                "and unique creates would be check-then-act there; use a transactional graph "
+                "(JanusGraph, Neo4j: docs/graph.md), set graph_serial_server if the server "
+                "runs one traversal at a time, or set allow_untransactional_graph to accept "
+                "the risk")
+        graph.atomicity = NONE
         log.warning("the Gremlin Server at %s has no transactions and "
                     "allow_untransactional_graph is set: guarded writes are check-then-act "
                     "there, two owners can both win a claim (docs/graph.md)", settings.graph)

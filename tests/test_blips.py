@@ -61,8 +61,7 @@ def test_handlers_ending_during_a_zookeeper_leader_election_succeed_once(
         wait_for_the_blip(ctx)
         state_at_end.setdefault(ctx.task.id, session.state)
         ctx.check()
-        ctx.complete(lambda g: g.add_v("blip_effect").property("effect_task", ctx.task.id)
-                     .iterate())
+        ctx.complete(lambda g: g.add_v("blip_effect").property("effect_task", ctx.task.id))
 
     registry = TaskRegistry()
     registry.register("blip.ends", ends)

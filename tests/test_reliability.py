@@ -261,7 +261,7 @@ def test_ctx_complete_writes_the_effect_and_the_success_together_or_neither(
         try:
             ctx.complete(lambda g: g.add_v("diag_effect").property("effect_task", ctx.task.id)
                          .property("effect_attempt", ctx.attempt.id)
-                         .property("effect_token", "0").property("effect_at", "-").iterate())
+                         .property("effect_token", "0").property("effect_at", "-"))
         except TaskCancelled as exc:
             refused.append(f"{ctx.task.id}: {exc}")
             raise

@@ -29,8 +29,7 @@ def pull(ctx: TaskContext, payload: Invoices) -> None:
     for n in range(1, payload.count + 1):
         ctx.progress(n, payload.count, f"inv-{n}")
     ctx.check()
-    ctx.complete(lambda g: g.add_v("invoice_batch").property("account", payload.account)
-                 .iterate())
+    ctx.complete(lambda g: g.add_v("invoice_batch").property("account", payload.account))
 
 
 @task("billing.flaky", retry=RetryPolicy(max_attempts=3, backoff=30.0, retry_on=(OSError,)))

@@ -19,8 +19,6 @@ from typing import Any, TypeVar
 from coord import Session
 from runner.store import Attempt, Fence, GraphStore, Task
 
-T = TypeVar("T")
-
 
 class TaskConflict(Exception):
     """A commit conflict inside a handler: retried automatically with backoff."""
@@ -161,7 +159,7 @@ class TaskContext:
     store: GraphStore
     services: Services = field(default_factory=Services)
     checker: Callable[[], None] | None = None
-    completer: Callable[[Callable[[Any], Any]], Any] | None = None
+    completer: Callable[[Callable[[Any], Any]], None] | None = None
     reporter: Callable[[int, int | None, str], None] | None = None
     completed: bool = False
 
@@ -191,16 +189,21 @@ class TaskContext:
         if self.checker is not None:
             self.checker()
 
-    def complete(self, write: Callable[[Any], T]) -> T:
-        """Write the handler's final graph effect (``write(g)``) together with the attempt's
-        SUCCEEDED and the task's finish, as one transaction guarded by this attempt's fence:
-        killed before it, neither happened (the task runs again); after it, both did, so the
-        effect is applied once even when the owner dies right after it. Raises
-        :class:`TaskCancelled`, nothing written, once the attempt was closed by someone else or
-        the fence moved. Return right after it: the attempt is already concluded."""
+    def complete(self, write: Callable[[Any], Any]) -> None:
+        """Write the handler's final graph effect together with the attempt's SUCCEEDED and
+        the task's finish, as one traversal guarded by this attempt's fence: killed before
+        it, neither happened (the task runs again); after it, both did, so the effect is
+        applied once even when the owner dies right after it.
+
+        ``write(g)`` builds the effect on ``g`` and returns it without running it:
+        ``lambda g: g.add_v("invoice").property("n", 7)``, or ``g.V().has(...).property(...)``;
+        ``.iterate()`` and the like raise :class:`~runner.errors.InvalidValue` (one traversal
+        is what stays atomic on every backend, a server without transactions included:
+        docs/graph.md). Raises :class:`TaskCancelled`, nothing written, once the attempt was
+        closed by someone else or the fence moved. Return right after it: the attempt is
+        already concluded."""
         self.cancel.raise_if_cancelled()
         if self.completer is None:
             raise RuntimeError("complete() needs the task loop")
-        result: T = self.completer(write)
+        self.completer(write)
         self.completed = True
-        return result

@@ -20,6 +20,7 @@ import pytest
 
 from coord.testing.nodeprocess import NodeProcess
 from runner.testing.cluster import Cluster
+from runner.testing.gremlinserver import GremlinServer
 from runner.testing.sparkcluster import SparkStandalone
 
 if TYPE_CHECKING:  # imported at run time by pytest as plugins (for assertion rewriting)
@@ -36,6 +37,17 @@ def cluster(zk_namespace: ZkNamespace, amqp_vhost: AmqpNamespace, tmp_path: Path
     c = Cluster(zk_namespace.hosts, amqp_vhost, tmp_path, spawn_node)
     yield c
     c.store.close()
+
+
+@pytest.fixture(scope="session")
+def gremlin_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GremlinServer]:
+    """The run's Gremlin Server (TinkerPop 3.5.1, TinkerGraph, one traversal at a time) on a
+    free loopback port: :mod:`runner.testing.gremlinserver`. Tests share its one graph: each
+    that uses it starts by dropping what the last one left."""
+    server = GremlinServer(tmp_path_factory.mktemp("gremlin-server"))
+    server.start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture

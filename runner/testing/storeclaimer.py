@@ -1,9 +1,20 @@
-"""One of several processes claiming tasks in a shared gremlite file (conditional updates).
+"""One of several processes writing the same tasks of one graph at once.
 
-``python -m runner.testing.storeclaimer GRAPH_FILE NAME LOG`` prints ``READY``, waits for
-``LOG.go``, then walks every unfinished task (in its own random order) and claims the WAITING
-ones: status RUNNING and owner NAME, guarded by the version it read. A CommitConflict means
-another process was first: it moves on. It writes the ids it claimed to LOG and prints
+``python -m runner.testing.storeclaimer GRAPH NAME LOG [MODE]`` prints ``READY``, waits for
+``LOG.go``, then works, in its own random order, on every unfinished task. ``GRAPH`` is a
+gremlite file or a ``ws://`` Gremlin Server that runs one traversal at a time.
+
+* ``update`` (the default): claims the WAITING ones with a plain task update (status RUNNING,
+  owner NAME) guarded by the version it read; a CommitConflict means another process was
+  first: it moves on.
+* ``cycle [ROUNDS]``: the task loop's own writes, racing: claim (``GraphStore.claim``: the
+  task, its new attempt and the ends of the attempts it supersedes, with a fencing token newer
+  than any before), then, for every other claim, conclude it SUCCEEDED
+  (``GraphStore.conclude``), finished from round ROUNDS on (1: at once); the claims left
+  open are superseded by the next claim of another process, until every task is finished. Refusals (CommitConflict, StaleFencingToken,
+  AttemptAlreadyFinished) are lost races: it moves on.
+
+It writes the ids it claimed (``update``) or concluded (``cycle``) to LOG and prints
 ``DONE <count>``; any other error is printed as ``ERROR <repr>`` and exits 1.
 """
 
@@ -14,36 +25,85 @@ import sys
 import time
 from pathlib import Path
 
-from runner.errors import CommitConflict
-from runner.store import TaskStatus, open_store
+from runner.errors import AttemptAlreadyFinished, CommitConflict, StaleFencingToken
+from runner.store import AttemptStatus, GraphStore, TaskStatus, open_store
+from runner.store.graph import SERIAL
+
+
+def _open(location: str) -> GraphStore:
+    if location.startswith(("ws://", "wss://")):
+        return open_store(location, atomicity=SERIAL)
+    return open_store(location)
+
+
+def _token(index: int) -> int:
+    """A fencing token newer than every one handed out before, unique to this process (as a
+    lock's czxid is): the clock in microseconds, the process's index in the last digit."""
+    return time.time_ns() // 1000 * 10 + index
+
+
+def _updates(store: GraphStore, name: str) -> list[str]:
+    claimed = []
+    tasks = store.tasks.unfinished()
+    random.Random(name).shuffle(tasks)
+    for listed in tasks:
+        task = store.tasks.get(listed.id)
+        if task.status is not TaskStatus.WAITING:
+            continue
+        try:
+            store.tasks.update(task.id, task.version, None, status=TaskStatus.RUNNING,
+                               owner=name)
+        except CommitConflict:
+            continue
+        claimed.append(task.id)
+    return claimed
+
+
+def _cycles(store: GraphStore, name: str, index: int, rounds: int) -> list[str]:
+    concluded = []
+    rng = random.Random(name)
+    deadline = time.monotonic() + 120
+    for round_ in range(1, 10**6):
+        tasks = store.tasks.unfinished()
+        if not tasks or time.monotonic() > deadline:
+            break
+        finish = round_ >= rounds  # the earlier rounds conclude without finishing
+        rng.shuffle(tasks)
+        for listed in tasks:
+            current = store.tasks.get(listed.id)
+            if current.finished:  # since the listing; one finished later refuses the claim
+                continue
+            try:
+                task, attempt = store.claim(current, _token(index), name)
+                if rng.random() < 0.5:
+                    continue  # left open: the next claim supersedes it
+                store.conclude(attempt, AttemptStatus.SUCCEEDED, None, None, task,
+                               attempt.fence,
+                               {"status": TaskStatus.WAITING, "finished": finish})
+            except (CommitConflict, StaleFencingToken, AttemptAlreadyFinished):
+                continue
+            if finish:
+                concluded.append(task.id)
+    return concluded
 
 
 def main(argv: list[str]) -> int:
-    graph_file, name, log_path = argv
+    graph, name, log_path, *rest = argv
+    mode = rest[0] if rest else "update"
+    rounds = int(rest[1]) if len(rest) > 1 else 1
     go = Path(log_path + ".go")
-    with open_store(graph_file) as store:
+    with _open(graph) as store:
         print("READY", flush=True)
         while not go.exists():
             time.sleep(0.01)
-        claimed = []
         try:
-            tasks = store.tasks.unfinished()
-            random.Random(name).shuffle(tasks)
-            for listed in tasks:
-                task = store.tasks.get(listed.id)
-                if task.status is not TaskStatus.WAITING:
-                    continue
-                try:
-                    store.tasks.update(task.id, task.version, None, status=TaskStatus.RUNNING,
-                                       owner=name)
-                except CommitConflict:
-                    continue
-                claimed.append(task.id)
+            done = (_updates(store, name) if mode == "update"
+                    else _cycles(store, name, int(name.lstrip("p") or 0), rounds))
         except Exception as exc:
             print(f"ERROR {exc!r}", flush=True)
             return 1
-        Path(log_path).write_text("".join(f"{t}\n" for t in claimed))
-        print(f"DONE {len(claimed)}", flush=True)
+        Path(log_path).write_text("".join(f"{t}\n" for t in done))
+        print(f"DONE {len(done)}", flush=True)
     return 0
 
 

@@ -125,15 +125,14 @@ class TaskStub:
                 cancel.cancel("its fencing token was superseded")
             cancel.raise_if_cancelled()
 
-        def complete(write: Callable[[Any], Any]) -> Any:
+        def complete(write: Callable[[Any], Any]) -> None:
             check()
             try:
-                result, run.task = self.store.complete(attempt, run.task, token, write)
+                run.task = self.store.complete(attempt, run.task, token, write)
             except (AttemptAlreadyFinished, StaleFencingToken, ResourceTaken) as exc:
                 cancel.cancel(f"it could not complete: {exc}")
                 cancel.raise_if_cancelled()
             run.completed = True
-            return result
 
         def report(done: int, total: int | None, message: str) -> None:
             run.progress.append((done, total, message))

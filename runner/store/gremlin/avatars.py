@@ -24,7 +24,7 @@ from runner.store.gremlin.steps import (
     set_props,
 )
 from runner.store.gremlin.writes import (
-    fence_guard,
+    under_fence,
 )
 from runner.store.model import (
     Avatar,
@@ -65,9 +65,9 @@ class GremlinAvatarStore:
         ``fence``, each batch is refused (StaleFencingToken) once the token is stale."""
         by_id = {a.id: a for a in avatars}
         for chunk in chunks(list(by_id), BATCH):
-            def run(g: Any, chunk: Sequence[str] = chunk) -> None:
-                if fence is not None:
-                    fence_guard(g, fence)
+            def run(g: Any, chunk: Sequence[str] = chunk, fenced: bool = False) -> None:
+                if fence is not None and not fenced:  # each traversal guarded by the fence
+                    return under_fence(g, fence, lambda f: run(f, chunk, fenced=True))
                 ids = self._ids(g, chunk)
                 t = g
                 for avatar_id in chunk:
@@ -108,9 +108,9 @@ class GremlinAvatarStore:
             texts = {avatar_id: codec.encode_json(v) for avatar_id, v in values.items()}
         written = 0
         for chunk in chunks(list(texts), BATCH):
-            def run(g: Any, chunk: Sequence[str] = chunk) -> int:
-                if fence is not None:
-                    fence_guard(g, fence)
+            def run(g: Any, chunk: Sequence[str] = chunk, fenced: bool = False) -> int:
+                if fence is not None and not fenced:  # each traversal guarded by the fence
+                    return under_fence(g, fence, lambda f: run(f, chunk, fenced=True))
                 present = list(chunk)
                 found = int(g.V().has("avatar_id", P.within(present)).count().next())
                 if found < len(present):
@@ -134,9 +134,9 @@ class GremlinAvatarStore:
         With ``fence``, each batch is refused (StaleFencingToken) once the token is stale."""
         key = aspect_key(aspect)
         if avatar_ids is None:
-            def run(g: Any) -> int:
-                if fence is not None:
-                    fence_guard(g, fence)
+            def run(g: Any, fenced: bool = False) -> int:
+                if fence is not None and not fenced:  # each traversal guarded by the fence
+                    return under_fence(g, fence, lambda f: run(f, fenced=True))
                 count = int(g.V().has(key).count().next())
                 g.V().has(key).properties(key).drop().iterate()
                 return count
@@ -144,9 +144,9 @@ class GremlinAvatarStore:
         removed = 0
         ids = sorted(set(avatar_ids))
         for chunk in chunks(ids, BATCH):
-            def run_chunk(g: Any, chunk: Sequence[str] = chunk) -> int:
-                if fence is not None:
-                    fence_guard(g, fence)
+            def run_chunk(g: Any, chunk: Sequence[str] = chunk, fenced: bool = False) -> int:
+                if fence is not None and not fenced:  # each traversal guarded by the fence
+                    return under_fence(g, fence, lambda f: run_chunk(f, chunk, fenced=True))
                 t = g.V().has("avatar_id", P.within(list(chunk))).has(key)
                 count = int(t.count().next())
                 g.V().has("avatar_id", P.within(list(chunk))).properties(key).drop().iterate()

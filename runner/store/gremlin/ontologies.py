@@ -19,7 +19,7 @@ from runner.store.gremlin.steps import (
     set_props,
 )
 from runner.store.gremlin.writes import (
-    fence_guard,
+    under_fence,
 )
 from runner.store.model import (
     Fence,
@@ -54,8 +54,8 @@ class GremlinOntologyStore:
         return self.graph.write(lambda g: self._load(g, ontology, fence))
 
     def _load(self, g: Any, onto: Ontology, fence: Fence | None) -> LoadResult:
-        if fence is not None:
-            fence_guard(g, fence)
+        if fence is not None:  # every traversal of the load guarded by the fence
+            return under_fence(g, fence, lambda fenced: self._load(fenced, onto, None))
         existing = g.V().has("ontology_iri", onto.iri).element_map().to_list()
         if existing and existing[0]["ontology_checksum"] == onto.checksum:
             return LoadResult(onto.iri, 0, 0, changed=False)

@@ -27,13 +27,17 @@ from runner.store.gremlin.retention import GremlinRetentionStore
 from runner.store.gremlin.schedules import GremlinScheduleStore
 from runner.store.gremlin.tasks import GremlinTaskStore
 from runner.store.gremlin.writes import (
+    TaskChange,
+    Write,
     attempt_end,
     attempt_start,
     claim_resources,
+    fence_finds,
     fence_guard,
     matched_write,
     resource_guard,
     task_change,
+    under_fence,
     until_written,
 )
 from runner.store.model import (
@@ -96,13 +100,11 @@ class GraphStore:
                                       task.resources)
         else:
             start = attempt_start(change.task, member_id, fence_token)
-
-            def guarded(g: Any) -> Any:
-                for end in ends:
-                    g = end.traverse(g)
-                return start.extend(change.traverse(g))
-
-            started = start.attempt if matched_write(self.graph, guarded) else None
+            w = Write()
+            for end in ends:
+                end.add_to(w)
+            start.add_to(w, change.add_to(w))
+            started = start.attempt if matched_write(self.graph, w.traverse) else None
         if started is None:
             # moved on since it was listed: a fresh read says how (or it is a plain conflict)
             self._tasks.prepare_update(task.id, task.version, fence_token, {})
@@ -130,18 +132,24 @@ class GraphStore:
         end = attempt_end(attempt, attempt_status, error, stack_trace)
         change = task_change(task, fence_token, changes)
         needs = task.resources if attempt_status is AttemptStatus.SUCCEEDED else ()
+        held = fence_finds(Fence(task.id, fence_token, attempt.id, needs))[1:]
 
-        def held(g: Any) -> Any:
-            resource_guard(g, task.id, attempt.id, needs)
-            return g
+        def guarded(change: TaskChange, with_end: bool) -> Callable[[Any], Any]:
+            w = Write()
+            if with_end:
+                end.add_to(w)
+            change.add_to(w)
+            for find in held:
+                w.guard(find)
+            return w.traverse
 
-        if matched_write(self.graph, lambda g: change.traverse(end.traverse(held(g)))):
+        if matched_write(self.graph, guarded(change, True)):
             return change.task
 
         def once() -> Task | None:
             current = self._attempts.get(attempt.id)
-            # a server without transactions may have applied our end of the attempt before the
-            # task's guard refused: that end is ours, not a close by someone else
+            # a write whose answer was lost (the server unreachable after it ran) may have
+            # ended the attempt already: that end is ours, not a close by someone else
             ours = (current.status is end.attempt.status
                     and current.ended_at == end.attempt.ended_at)
             if current.status is not AttemptStatus.RUNNING and not ours:
@@ -153,11 +161,9 @@ class GraphStore:
                     self._end_superseded(attempt, fence_token)
                 raise StaleFencingToken(task.id, fence_token, task_now.fence)
             again = task_change(task_now, fence_token, changes)
-            if ours:
-                return again.task if matched_write(
-                    self.graph, lambda g: again.traverse(held(g))) else None
-            return again.task if matched_write(
-                self.graph, lambda g: again.traverse(end.traverse(held(g)))) else None
+            if held:
+                self.graph.read(lambda g: resource_guard(g, task.id, attempt.id, needs))
+            return again.task if matched_write(self.graph, guarded(again, not ours)) else None
 
         return until_written(once, task.id)
 
@@ -204,13 +210,11 @@ class GraphStore:
                 return task, []
             ends = [attempt_end(a, status, error) for a in running]
             change = task_change(task, None, todo, move_fence=move)
-
-            def guarded(g: Any) -> Any:
-                for end in ends:
-                    g = end.traverse(g)
-                return change.traverse(g)
-
-            if matched_write(self.graph, guarded):
+            w = Write()
+            for end in ends:
+                end.add_to(w)
+            change.add_to(w)
+            if matched_write(self.graph, w.traverse):
                 return change.task, [e.attempt for e in ends]
             return None
 
@@ -226,11 +230,13 @@ class GraphStore:
                                    changes={"active": False})
 
     def complete(self, attempt: Attempt, task: Task, fence_token: int,
-                 fn: Callable[[Any], T]) -> tuple[T, Task]:
-        """A handler's last effect, its attempt SUCCEEDED and its task finished, in one write
-        (one transaction on the embedded graph): ``fn(g)`` runs after the fence guard, and
-        everything rolls back if the attempt is no longer RUNNING or the task's guards refuse.
-        A task with resources also needs the attempt to still be their last claimant
+                 effect: Callable[[Any], Any]) -> Task:
+        """A handler's last effect, its attempt SUCCEEDED and its task finished, as one guarded
+        traversal: ``effect(t)`` builds the effect on ``t`` (a traversal that stands on the
+        guards: ``t.add_v(...)``, ``t.V().has(...).property(...)``) and returns it, not
+        iterated; the store runs guards, effect and success together, and nothing if the
+        attempt is no longer RUNNING or the task's guards refuse. A task with resources also
+        needs the attempt to still be their last claimant
         (:class:`~runner.errors.ResourceTaken` otherwise, nothing written).
 
         An owner killed before this write leaves no effect (the task is run again); after it,
@@ -243,35 +249,31 @@ class GraphStore:
         changes = {"status": TaskStatus.WAITING, "finished": True}
         current = [task]
 
-        def once() -> tuple[T, Task] | None:
+        def once() -> Task | None:
             change = task_change(current[0], fence_token, changes)
-
-            def write(g: Any) -> T:
-                fence_guard(g, fence)
-                out = fn(g)
-                if not change.traverse(end.traverse(g)).id_().to_list():
-                    raise _Refused
-                return out
-
-            try:
-                return self.graph.write(write), change.task
-            except _Refused:
-                if self._attempts.get(attempt.id).status is not AttemptStatus.RUNNING:
-                    raise AttemptAlreadyFinished(
-                        f"attempt {attempt.id} was closed meanwhile") from None
-                current[0] = self._tasks.get(task.id)
-                return None
+            w = Write()
+            for find in fence_finds(fence):
+                w.guard(find)
+            end.add_to(w)
+            change.add_to(w)
+            if matched_write(self.graph, lambda g: w.traverse(g, effect)):
+                return change.task
+            if self._attempts.get(attempt.id).status is not AttemptStatus.RUNNING:
+                raise AttemptAlreadyFinished(f"attempt {attempt.id} was closed meanwhile")
+            self.graph.read(lambda g: fence_guard(g, fence))  # StaleFencingToken, ResourceTaken
+            current[0] = self._tasks.get(task.id)
+            return None
 
         return until_written(once, task.id)
 
     def fenced_write(self, fence: Fence, fn: Callable[[Any], T]) -> T:
-        """Run ``fn(g)`` as one write that is refused (:class:`StaleFencingToken`, nothing
-        written) unless ``fence`` is still the task's; the check runs inside the same
-        transaction on the embedded graph (see docs/graph.md for a remote server)."""
-        def write(g: Any) -> T:
-            fence_guard(g, fence)
-            return fn(g)
-        return self.graph.write(write)
+        """Run ``fn(g)`` as one write that is refused (:class:`StaleFencingToken` or
+        :class:`~runner.errors.ResourceTaken`) unless ``fence`` is still the task's. ``g`` is
+        a source whose every traversal starts with the fence's guards (``V()``, ``add_v()``,
+        ``add_e()``), and the fence is read again at the end (:func:`under_fence`): in a
+        transaction a refusal leaves nothing; on a server that runs one traversal at a time no
+        traversal of ``fn`` runs once the fence moved (docs/graph.md)."""
+        return self.graph.write(lambda g: under_fence(g, fence, fn))
 
     def close(self) -> None:
         self.graph.close()
@@ -283,9 +285,7 @@ class GraphStore:
         self.close()
 
 
-class _Refused(Exception):
-    """A guard of a combined write matched nothing: rolls the whole transaction back."""
-
-
-def open_store(location: str) -> GraphStore:
-    return GraphStore(open_graph(location))
+def open_store(location: str, **remote: Any) -> GraphStore:
+    """The store at ``location`` (a gremlite file path or a ``ws://`` URL: ``remote`` are
+    :class:`~runner.store.graph.RemoteGraph`'s options, ``atomicity`` among them)."""
+    return GraphStore(open_graph(location, **remote))

@@ -91,11 +91,11 @@ def effect(ctx: TaskContext, payload: Effect) -> None:
              "effect_token": codec.encode_big(ctx.fence_token),
              "effect_at": codec.encode_time(codec.now())}
 
-    def write(g: Any) -> None:
+    def write(g: Any) -> Any:
         t = g.add_v("diag_effect")
         for key, value in props.items():
             t = t.property(key, value)
-        t.iterate()
+        return t
 
     ctx.complete(write)  # the record, the attempt's success and the finish: one write
 

@@ -201,7 +201,7 @@ class Execution:
                     r.cancel.cancel(f"its fencing token {r.token} was superseded by {fence}")
         r.cancel.raise_if_cancelled()
 
-    def complete(self, r: Running, attempt: Attempt, write: Callable[[Any], Any]) -> Any:
+    def complete(self, r: Running, attempt: Attempt, write: Callable[[Any], Any]) -> None:
         """``ctx.complete()``: the effect, the attempt's success and the task's finish in one
         store write, once the task lock is confirmed (one ZooKeeper read); a refusal cancels
         the token and raises TaskCancelled."""
@@ -209,7 +209,7 @@ class Execution:
             r.cancel.cancel("its task lock could not be confirmed before it completed")
             r.cancel.raise_if_cancelled()
         try:
-            result, r.task = self.store.complete(attempt, r.task, r.token, write)
+            r.task = self.store.complete(attempt, r.task, r.token, write)
         except AttemptAlreadyFinished:
             r.cancel.cancel("its attempt was closed by someone else before it completed")
         except StaleFencingToken as exc:
@@ -218,7 +218,6 @@ class Execution:
             r.cancel.cancel(f"it lost a resource before it completed ({exc})")
         r.cancel.raise_if_cancelled()
         r.completed = True
-        return result
 
     def finish(self, attempt: Attempt, result: AttemptResult) -> None:
         """Close an attempt that will be followed by another (a retry)."""
