@@ -33,6 +33,7 @@ _TOML_FILE: ContextVar[Path | None] = ContextVar("latchwork_toml_file", default=
 DEFAULT_ZK_PORT = 22181
 DEFAULT_AMQP_PORT = 25673
 DEFAULT_SPARK_PORT = 27077
+DEFAULT_GRAPH_PORT = 28182
 
 class Settings(BaseSettings):
     """Everything a latchwork node or client needs to find its cluster."""
@@ -75,6 +76,10 @@ class Settings(BaseSettings):
     graph_timeout: float = Field(
         30.0, gt=0, description="seconds a request to a remote graph may take before the "
                                 "graph counts as unreachable")
+    graph_retry_for: float = Field(
+        60.0, gt=0, description="seconds a node keeps trying to write the end of an attempt "
+                                "while the graph is unreachable (holding the task's lock); "
+                                "then the task is left open and runs again")
     allow_untransactional_graph: bool = Field(
         False, description="run against a remote graph without transactions (guarded writes "
                            "become check-then-act: see docs/graph.md); logged at every start")

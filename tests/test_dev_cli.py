@@ -23,10 +23,12 @@ def test_up_status_check_down_leaves_no_process_or_listener(tmp_path: Path) -> N
     zk_port = free_port_block(3)  # an ensemble of 3 takes zk_port .. zk_port + 2
     amqp_port = free_port_block(3)  # the AMQP, distribution and epmd ports
     spark_port = free_port_block(4)  # the Spark master, its UI, one worker and its UI
+    graph_port = free_ports(1)[0]
     d = str(tmp_path / "dev")
     up = latchwork("dev", "up", "--dir", d, "--zk-ensemble", "3", "--zk-port", str(zk_port),
                    "--amqp-port", str(amqp_port), "--tick-time", "500", "--spark-workers", "1",
-                   "--spark-port", str(spark_port))
+                   "--spark-port", str(spark_port), "--graph-server", "--graph-port",
+                   str(graph_port))
     env = DevEnvironment.load(Path(d))
     try:
         assert up.returncode == 0, up.stderr
@@ -36,6 +38,9 @@ def test_up_status_check_down_leaves_no_process_or_listener(tmp_path: Path) -> N
                 in up.stdout.splitlines())
         assert (f"export LATCHWORK_SPARK_MASTER=spark://{LOOPBACK}:{spark_port}"
                 in up.stdout.splitlines())
+        assert (f"export LATCHWORK_GRAPH=ws://{LOOPBACK}:{graph_port}/gremlin"
+                in up.stdout.splitlines())
+        assert "export LATCHWORK_GRAPH_SERIAL_SERVER=true" in up.stdout.splitlines()
 
         again = latchwork("dev", "up", "--dir", d)
         assert again.returncode == 1
@@ -46,7 +51,7 @@ def test_up_status_check_down_leaves_no_process_or_listener(tmp_path: Path) -> N
         services = json.loads(status.stdout)["services"]
         assert [s["name"] for s in services] == [
             "zookeeper-1", "zookeeper-2", "zookeeper-3", "rabbitmq", "spark-master",
-            "spark-worker-0"]
+            "spark-worker-0", "gremlin-server"]
         assert all(s["running"] and s["ready"] for s in services), services
         assert "workers=1" in services[4]["detail"]
         modes = sorted(s["detail"].split("mode=")[1] for s in services[:3])
@@ -56,13 +61,16 @@ def test_up_status_check_down_leaves_no_process_or_listener(tmp_path: Path) -> N
         assert check.returncode == 0, check.stderr
         assert "zookeeper: ephemeral create/read/delete ok" in check.stdout
         assert "rabbitmq: confirmed publish/get/ack ok" in check.stdout
+        assert "graph: vertex add/read/drop ok" in check.stdout
 
         assert env is not None
         assert env.spark is not None and env.spark.master is not None
+        assert env.graph is not None
         records = [s.record for s in env.zookeeper.servers] + [
             env.rabbitmq.record, env.rabbitmq.launcher, env.spark.master.record,
-            *[w.record for w in env.spark.worker_daemons]]
-        ports = {**env.zookeeper.ports(), **env.rabbitmq.ports(), **env.spark.port_map()}
+            *[w.record for w in env.spark.worker_daemons], env.graph.record]
+        ports = {**env.zookeeper.ports(), **env.rabbitmq.ports(), **env.spark.port_map(),
+                 **env.graph.ports()}
         assert all(r is not None and r.is_ours() for r in records)
     finally:
         down = latchwork("dev", "down", "--dir", d)
@@ -71,6 +79,7 @@ def test_up_status_check_down_leaves_no_process_or_listener(tmp_path: Path) -> N
     listening = [name for name, port in ports.items() if port_is_listening(port)]
     assert listening == []
     assert not (Path(d) / "state.json").exists()
+    assert (Path(d) / "gremlin-server" / "graph.kryo").exists()  # written on the clean stop
     status = latchwork("dev", "status", "--dir", d)
     assert status.returncode == 1
     assert "nothing was started" in status.stderr

@@ -33,6 +33,10 @@ def locks_held(zk_client: KazooClient) -> list[str]:
     return zk_client.get_children(path) if zk_client.exists(path) else []
 
 
+#: every end-to-end test here runs twice: nodes sharing the embedded graph file, and nodes
+#: sharing a Gremlin Server (as on several machines)
+pytestmark = pytest.mark.parametrize("cluster", ["gremlite", "server"], indirect=True)
+
 def test_tasks_run_once_retry_conflicts_stop_on_errors_and_report(cluster: Cluster) -> None:
     cluster.start_node()
     cluster.start_node()

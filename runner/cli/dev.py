@@ -5,15 +5,22 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import click
 
 from coord.testing import DevServerError
 from runner.cli.root import DEFAULT_DEV_DIR, cli, fail
-from runner.config import DEFAULT_AMQP_PORT, DEFAULT_SPARK_PORT, DEFAULT_ZK_PORT, Settings
+from runner.config import (
+    DEFAULT_AMQP_PORT,
+    DEFAULT_GRAPH_PORT,
+    DEFAULT_SPARK_PORT,
+    DEFAULT_ZK_PORT,
+    Settings,
+)
 from runner.devenv import DevEnvironment
-from runner.devenv.smoke import check_rabbitmq, check_zookeeper
+from runner.devenv.smoke import CheckResult, check_graph, check_rabbitmq, check_zookeeper
 from runner.errors import ConfigError, SmokeCheckFailed
 
 # ---------------------------------------------------------------------------------------------
@@ -28,8 +35,8 @@ dir_option = click.option(
 
 @cli.group()
 def dev() -> None:
-    """Local ZooKeeper and RabbitMQ (and a Spark standalone cluster on request) for
-    development, from the Debian packages and the pyspark distribution.
+    """Local ZooKeeper and RabbitMQ (and, on request, a Spark standalone cluster and a Gremlin
+    Server) for development, from the Debian packages and registry wheels.
 
     The servers run as background processes bound to 127.0.0.1 with all their state under
     --dir. `up` prints the connection settings as shell exports:
@@ -56,20 +63,29 @@ def dev() -> None:
 @click.option("--spark-port", type=click.IntRange(1, 65000), default=DEFAULT_SPARK_PORT,
               show_default=True, help="the Spark Master's port; its web UI and each Worker's "
               "port and web UI use the following ports")
+@click.option("--graph-server", is_flag=True,
+              help="also start a Gremlin Server (TinkerPop 3.5.1, TinkerGraph, one traversal at "
+              "a time, from the jars 'make setup' installed): LATCHWORK_GRAPH=ws://... and "
+              "LATCHWORK_GRAPH_SERIAL_SERVER are exported, so nodes on several machines can "
+              "share one graph; its data is written to its directory on 'dev down'")
+@click.option("--graph-port", type=click.IntRange(1, 65535), default=DEFAULT_GRAPH_PORT,
+              show_default=True, help="the Gremlin Server's port")
 @click.option("--timeout", type=click.FloatRange(1, 600), default=90.0, show_default=True,
               help="seconds to wait for the servers to be ready")
 def dev_up(directory: Path, zk_ensemble: int, zk_port: int, amqp_port: int, tick_time: int,
-           spark_workers: int, spark_port: int, timeout: float) -> None:
-    """Start ZooKeeper and RabbitMQ (and Spark with --spark-workers) and wait until they
-    really serve.
+           spark_workers: int, spark_port: int, graph_server: bool, graph_port: int,
+           timeout: float) -> None:
+    """Start ZooKeeper and RabbitMQ (and Spark with --spark-workers, a Gremlin Server with
+    --graph-server) and wait until they really serve.
 
     Refuses to start twice from the same --dir, and refuses ports already in use. On any
     failure it stops what it had started and exits 1 with the reason.
     """
     env = DevEnvironment.plan(directory, zk_ensemble, zk_port, amqp_port, tick_time,
-                              spark_workers, spark_port)
-    spark = f" and a Spark master with {spark_workers} worker(s)" if spark_workers else ""
-    click.echo(f"starting {zk_ensemble} ZooKeeper server(s), RabbitMQ{spark} under "
+                              spark_workers, spark_port, graph_server, graph_port)
+    spark = f", a Spark master with {spark_workers} worker(s)" if spark_workers else ""
+    graph = ", a Gremlin Server" if graph_server else ""
+    click.echo(f"starting {zk_ensemble} ZooKeeper server(s), RabbitMQ{spark}{graph} under "
                f"{env.directory} ...", err=True)
     try:
         env.up(timeout)
@@ -135,18 +151,26 @@ def dev_down(directory: Path) -> None:
               default=None, help="check the servers started from this --dir "
               "(default: the LATCHWORK_ZK_HOSTS / LATCHWORK_AMQP_URL settings)")
 def dev_check(directory: Path | None) -> None:
-    """A real round trip through both servers: a kazoo ephemeral node, a confirmed message."""
+    """A real round trip through the servers: a kazoo ephemeral node, a confirmed message, and
+    a vertex when the graph is a Gremlin Server."""
     if directory is not None:
         exports = _load_env(directory).exports()
         zk_hosts, amqp_url = exports["LATCHWORK_ZK_HOSTS"], exports["LATCHWORK_AMQP_URL"]
+        graph = exports.get("LATCHWORK_GRAPH", "")
     else:
         try:
             settings = Settings.load()
         except ConfigError as exc:
             raise fail(str(exc)) from exc
         zk_hosts, amqp_url = settings.zk_hosts, settings.amqp_url.get_secret_value()
+        graph = settings.graph
     try:
-        for result in (check_zookeeper(zk_hosts), check_rabbitmq(amqp_url)):
+        checks: list[Callable[[], CheckResult]] = [
+            lambda: check_zookeeper(zk_hosts), lambda: check_rabbitmq(amqp_url)]
+        if graph.startswith(("ws://", "wss://")):
+            checks.append(lambda: check_graph(graph))
+        for check in checks:
+            result = check()
             click.echo(f"{result.service}: {result.detail}")
     except SmokeCheckFailed as exc:
         raise fail(str(exc)) from exc

@@ -1,5 +1,5 @@
 """The set of local servers ``latchwork dev`` starts: ZooKeeper, RabbitMQ and, on request, a
-Spark standalone cluster (a Master and N Workers), state on disk.
+Spark standalone cluster (a Master and N Workers) and a Gremlin Server, state on disk.
 
 ``up()`` checks packages and ports before starting anything and stops what it started when a
 later step fails; ``down()`` signals only the PIDs recorded in ``state.json``, and only while
@@ -16,7 +16,13 @@ from coord.testing.ports import check_ports_free
 from coord.testing.processes import LOOPBACK, DevServerError, ProcessRecord
 from coord.testing.zookeeper import ZooKeeperCluster, ZooKeeperServer, check_zookeeper_installed
 from messaging.testing.rabbitmq import RabbitMQServer, check_rabbitmq_installed
-from runner.config import DEFAULT_AMQP_PORT, DEFAULT_SPARK_PORT, DEFAULT_ZK_PORT
+from runner.config import (
+    DEFAULT_AMQP_PORT,
+    DEFAULT_GRAPH_PORT,
+    DEFAULT_SPARK_PORT,
+    DEFAULT_ZK_PORT,
+)
+from runner.testing.gremlinserver import GremlinServer, check_gremlin_installed
 from runner.testing.sparkcluster import SparkDaemon, SparkStandalone, check_spark_installed
 
 STATE_FILE = "state.json"
@@ -54,11 +60,13 @@ class DevEnvironment:
     zookeeper: ZooKeeperCluster
     rabbitmq: RabbitMQServer
     spark: SparkStandalone | None = None
+    graph: GremlinServer | None = None
 
     @classmethod
     def plan(cls, directory: Path, zk_size: int = 1, zk_port: int = DEFAULT_ZK_PORT,
              amqp_port: int = DEFAULT_AMQP_PORT, tick_time: int = 2000, spark_workers: int = 0,
-             spark_port: int = DEFAULT_SPARK_PORT) -> DevEnvironment:
+             spark_port: int = DEFAULT_SPARK_PORT, graph_server: bool = False,
+             graph_port: int = DEFAULT_GRAPH_PORT) -> DevEnvironment:
         directory = directory.resolve()
         clients = [zk_port + i for i in range(zk_size)]
         zookeeper = ZooKeeperCluster(directory / "zookeeper", zk_size, tick_time, clients)
@@ -68,7 +76,8 @@ class DevEnvironment:
         # the Master's web UI and each Worker's port and UI follow the Master's port
         spark = SparkStandalone(directory / "spark", spark_workers, master_port=spark_port) \
             if spark_workers else None
-        return cls(directory, zookeeper, rabbitmq, spark)
+        graph = GremlinServer(directory / "gremlin-server", graph_port) if graph_server else None
+        return cls(directory, zookeeper, rabbitmq, spark, graph)
 
     # -- persistence -------------------------------------------------------------------------
 
@@ -97,6 +106,9 @@ class DevEnvironment:
                 "daemons": [{"name": d.name, "directory": str(d.directory), "argv": d.argv,
                              "ui_port": d.ui_port, "record": _record_to_json(d.record)}
                             for d in daemons if d is not None]}
+        if self.graph is not None:
+            state["graph"] = {"directory": str(self.graph.directory), "port": self.graph.port,
+                              "record": _record_to_json(self.graph.record)}
         (self.directory / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
 
     @classmethod
@@ -132,7 +144,12 @@ class DevEnvironment:
                                     [int(x) for x in sp["ports"]],
                                     next((d for d in daemons if d.name == "spark-master"), None),
                                     [d for d in daemons if d.name != "spark-master"])
-        return cls(directory, zookeeper, rabbitmq, spark)
+        graph = None
+        if raw.get("graph"):
+            gr = raw["graph"]
+            graph = GremlinServer(Path(gr["directory"]), int(gr["port"]),
+                                  record=_record_from_json(gr["record"]))
+        return cls(directory, zookeeper, rabbitmq, spark, graph)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -147,7 +164,12 @@ class DevEnvironment:
         if self.spark is not None:
             check_spark_installed()
             spark_ports = self.spark.port_map()
-        check_ports_free({**self.zookeeper.ports(), **self.rabbitmq.ports(), **spark_ports})
+        graph_ports = {}
+        if self.graph is not None:
+            check_gremlin_installed()
+            graph_ports = self.graph.ports()
+        check_ports_free({**self.zookeeper.ports(), **self.rabbitmq.ports(), **spark_ports,
+                          **graph_ports})
         self.directory.mkdir(parents=True, exist_ok=True)
         try:
             for server in self.zookeeper.servers:
@@ -163,11 +185,18 @@ class DevEnvironment:
                     self.spark.start(timeout)
                 finally:
                     self.save()
+            if self.graph is not None:
+                try:
+                    self.graph.start(timeout)  # until it answers a traversal
+                finally:
+                    self.save()
         except BaseException:
             self.down()
             raise
 
     def down(self) -> None:
+        if self.graph is not None:
+            self.graph.stop()  # SIGTERM: TinkerGraph writes its data file for the next up
         if self.spark is not None:
             self.spark.stop()
         self.rabbitmq.stop()
@@ -177,7 +206,8 @@ class DevEnvironment:
     def any_running(self) -> bool:
         spark = self.spark is not None and any(
             d.alive() for d in [self.spark.master, *self.spark.worker_daemons] if d is not None)
-        return spark or self.rabbitmq.is_running() or any(
+        graph = self.graph is not None and self.graph.is_running()
+        return spark or graph or self.rabbitmq.is_running() or any(
             s.is_running() for s in self.zookeeper.servers)
 
     def status(self) -> list[ServiceStatus]:
@@ -208,6 +238,17 @@ class DevEnvironment:
                     worker.name, worker.record.pid if worker.record else None, worker.alive(),
                     worker.alive() and port in alive,
                     f"{LOOPBACK}:{port} cores={self.spark.cores} memory={self.spark.memory}"))
+        if self.graph is not None:
+            up = self.graph.is_running()
+            serving = False
+            if up:
+                try:
+                    serving = self.graph.answers(timeout=2.0)
+                except Exception:  # running, not serving
+                    serving = False
+            rows.append(ServiceStatus(
+                "gremlin-server", self.graph.record.pid if self.graph.record else None,
+                up, serving, f"{self.graph.url} (TinkerGraph, one traversal at a time)"))
         return rows
 
     def exports(self) -> dict[str, str]:
@@ -216,6 +257,9 @@ class DevEnvironment:
                  "LATCHWORK_AMQP_URL": self.rabbitmq.url}
         if self.spark is not None:
             found["LATCHWORK_SPARK_MASTER"] = self.spark.url
+        if self.graph is not None:
+            found["LATCHWORK_GRAPH"] = self.graph.url
+            found["LATCHWORK_GRAPH_SERIAL_SERVER"] = "true"
         return found
 
 

@@ -71,3 +71,28 @@ def check_rabbitmq(url: str, timeout: float = 10.0) -> CheckResult:
     except Exception as exc:
         raise SmokeCheckFailed(f"rabbitmq at {params.host}:{params.port}: "
                                f"{type(exc).__name__}: {exc}") from exc
+
+
+def check_graph(url: str, timeout: float = 10.0) -> CheckResult:
+    """Add a vertex to a remote graph, read it back, drop it (plain requests: this checks the
+    protocol and the traversals, not transactions)."""
+    from runner.store.graph import SERIAL, RemoteGraph
+
+    try:
+        started = time.monotonic()
+        graph = RemoteGraph(url, atomicity=SERIAL, timeout=timeout)
+        try:
+            token = uuid.uuid4().hex
+            graph.write(lambda g: g.add_v("smoke_check").property("smoke", token).iterate())
+            found = graph.read(lambda g: g.V().has("smoke", token).values("smoke").to_list())
+            graph.write(lambda g: g.V().has("smoke", token).drop().iterate())
+            if found != [token]:
+                raise SmokeCheckFailed(f"the Gremlin Server at {url} returned {found!r}")
+        finally:
+            graph.close()
+        elapsed = (time.monotonic() - started) * 1000
+        return CheckResult("graph", f"vertex add/read/drop ok in {elapsed:.0f} ms")
+    except SmokeCheckFailed:
+        raise
+    except Exception as exc:
+        raise SmokeCheckFailed(f"graph at {url}: {type(exc).__name__}: {exc}") from exc

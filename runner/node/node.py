@@ -229,7 +229,8 @@ class Node:
                             submit=self.submit, member=member)
         processor = TaskLoop(
             self.session, member, store, self.registry,
-            LoopSettings(workers=s.workers, scan_interval=s.scan_interval, limits=s.concurrency),
+            LoopSettings(workers=s.workers, scan_interval=s.scan_interval, limits=s.concurrency,
+                         store_retry_for=s.graph_retry_for),
             live_members=membership.live_ids,
             services=Services(bus, sync, pipeline, self.session, self.streams,
                               StreamLiveness(s.stream_liveness_host or None)),

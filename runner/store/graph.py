@@ -324,7 +324,15 @@ class RemoteGraph:
             raise
 
     def read(self, fn: Callable[[Any], T]) -> T:
-        return self._call(fn, self._connect())
+        """``fn(g)``; a read that finds its pooled connection dead (the server restarted, the
+        link was cut since) is asked once more on a new connection; a read that timed out is
+        not (it would wait as long again)."""
+        try:
+            return self._call(fn, self._connect())
+        except StoreUnavailable as exc:
+            if "no answer in time" in str(exc) or self._closed:
+                raise
+            return self._call(fn, self._connect())
 
     def write(self, fn: Callable[[Any], T]) -> T:
         g = self._connect()

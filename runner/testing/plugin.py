@@ -31,10 +31,20 @@ pytest_plugins = ["coord.testing.plugin", "messaging.testing.plugin"]
 
 
 @pytest.fixture
-def cluster(zk_namespace: ZkNamespace, amqp_vhost: AmqpNamespace, tmp_path: Path,
+def cluster(request: pytest.FixtureRequest, zk_namespace: ZkNamespace,
+            amqp_vhost: AmqpNamespace, tmp_path: Path,
             spawn_node: Callable[..., NodeProcess]) -> Iterator[Cluster]:
-    """Node processes of one cluster sharing a graph file under ``tmp_path``; none started."""
-    c = Cluster(zk_namespace.hosts, amqp_vhost, tmp_path, spawn_node)
+    """Node processes of one cluster sharing a graph file under ``tmp_path``; none started.
+    Parametrised indirectly with ``"server"`` (``@pytest.mark.parametrize("cluster",
+    ["gremlite", "server"], indirect=True)``), the nodes share the run's Gremlin Server
+    instead, its graph emptied first."""
+    graph = None
+    if getattr(request, "param", "gremlite") == "server":
+        server: GremlinServer = request.getfixturevalue("gremlin_server")
+        graph = server.url
+    c = Cluster(zk_namespace.hosts, amqp_vhost, tmp_path, spawn_node, graph=graph)
+    if graph is not None:
+        c.store.graph.write(lambda g: g.V().drop().iterate())
     yield c
     c.store.close()
 

@@ -11,8 +11,9 @@ gremlite file or a ``ws://`` Gremlin Server that runs one traversal at a time.
   task, its new attempt and the ends of the attempts it supersedes, with a fencing token newer
   than any before), then, for every other claim, conclude it SUCCEEDED
   (``GraphStore.conclude``), finished from round ROUNDS on (1: at once); the claims left
-  open are superseded by the next claim of another process, until every task is finished. Refusals (CommitConflict, StaleFencingToken,
-  AttemptAlreadyFinished) are lost races: it moves on.
+  open are superseded by the next claim of another process, until every task is finished.
+  Refusals (CommitConflict, StaleFencingToken, AttemptAlreadyFinished) are lost races: it
+  moves on.
 
 It writes the ids it claimed (``update``) or concluded (``cycle``) to LOG and prints
 ``DONE <count>``; any other error is printed as ``ERROR <repr>`` and exits 1.

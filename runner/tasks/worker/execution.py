@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from datetime import datetime
@@ -33,6 +34,7 @@ from runner.errors import (
     ResourceTaken,
     StaleFencingToken,
     StoreError,
+    StoreUnavailable,
 )
 from runner.store import Attempt, AttemptStatus, GraphStore
 from runner.tasks import due
@@ -61,7 +63,8 @@ class Execution:
                  registry: TaskRegistry, *, observers: Sequence[Observer] = (),
                  services: Services | None = None,
                  max_conflict_retries: int = 10,
-                 conflict_backoff: tuple[float, float] = (0.1, 5.0)) -> None:
+                 conflict_backoff: tuple[float, float] = (0.1, 5.0),
+                 store_retry_for: float = 60.0) -> None:
         self.session = session
         self.member_id = member_id
         self.store = store
@@ -71,6 +74,8 @@ class Execution:
         self.services = services or Services()
         self.max_conflict_retries = max_conflict_retries
         self.conflict_backoff = conflict_backoff
+        #: how long the end of an attempt is tried again while the graph is unreachable
+        self.store_retry_for = store_retry_for
 
     def run(self, r: Running) -> Outcome:
         """Run ``r`` to its outcome and write it; returns the outcome."""
@@ -219,6 +224,42 @@ class Execution:
         r.cancel.raise_if_cancelled()
         r.completed = True
 
+    def _write_end(self, r: Running, attempt: Attempt | None, result: AttemptResult,
+                   changes: dict[str, Any]) -> None:
+        """The store's conclude (or release), tried again with backoff while the graph is
+        unreachable (``StoreUnavailable``), for up to ``store_retry_for`` seconds and while the
+        task's lock is still this node's; nothing is reported before it is written. A write
+        whose answer was lost may have been applied: an attempt found ended as this one would
+        end it is taken as written."""
+        deadline = time.monotonic() + self.store_retry_for
+        delay = 0.1
+        while True:
+            try:
+                if attempt is not None:
+                    r.task = self.store.conclude(attempt, result.status, result.error,
+                                                 result.stack, r.task, r.token, changes)
+                else:
+                    r.task = self.store.release(r.task.id, r.token, changes)
+                return
+            except AttemptAlreadyFinished:
+                if attempt is None or not self._ended_by_us(attempt, result):
+                    raise
+                r.task = self.store.tasks.get(r.task.id)
+                return
+            except StoreUnavailable as exc:
+                if time.monotonic() + delay > deadline or not r.lock.verify():
+                    raise
+                log.warning("member %s: task %s (%s): cannot write the end of its attempt "
+                            "(%s); trying again in %.1fs", self.member_id, r.task.id,
+                            r.task.type, exc, delay)
+                time.sleep(delay)
+                delay = min(2.0, delay * 2)
+
+    def _ended_by_us(self, attempt: Attempt, result: AttemptResult) -> bool:
+        current = self.store.attempts.get(attempt.id)
+        return (current.status is result.status and current.executor == self.member_id
+                and current.error == (result.error or None))
+
     def finish(self, attempt: Attempt, result: AttemptResult) -> None:
         """Close an attempt that will be followed by another (a retry)."""
         try:
@@ -256,11 +297,13 @@ class Execution:
         CANCELLED_BY_SYSTEM instead, and the task runs again."""
         changes = task_changes(outcome, run_at)
         try:
-            if attempt is not None:
-                r.task = self.store.conclude(attempt, result.status, result.error, result.stack,
-                                             r.task, r.token, changes)
-            else:
-                r.task = self.store.release(r.task.id, r.token, changes)
+            self._write_end(r, attempt, result, changes)
+        except StoreUnavailable as exc:
+            log.error("member %s: task %s (%s): the end of its attempt could not be written "
+                      "for %gs (%s); the task stays open and is run again (its attempt is "
+                      "closed as superseded)", self.member_id, r.task.id, r.task.type,
+                      self.store_retry_for, exc)
+            return Outcome.CANCELLED
         except ResourceTaken as exc:
             assert attempt is not None  # only a success needs its resources
             log.warning("member %s: task %s (%s) attempt %d: its success is not recorded: %s",

@@ -78,7 +78,9 @@ class LoopSettings:
     ``fresh_for`` / ``own_fresh_for``: how long a listed candidate's version is trusted before
     a claim (see :meth:`TaskLoop._scan`); ``relist_share``: the share of the time a listing may
     take; ``others_grace``: how long a due task waits for its preferred member; ``limits``:
-    cluster-wide limits per task group (:func:`~runner.tasks.worker.claim.levels`)."""
+    cluster-wide limits per task group (:func:`~runner.tasks.worker.claim.levels`);
+    ``store_retry_for``: how long the end of an attempt is tried again while the graph is
+    unreachable."""
 
     workers: int = 4
     scan_interval: float = 5.0
@@ -89,6 +91,7 @@ class LoopSettings:
     relist_share: float = 0.1
     others_grace: float = 0.3
     limits: Mapping[str, int] = field(default_factory=dict)
+    store_retry_for: float = 60.0
 
 
 class TaskLoop:
@@ -106,7 +109,8 @@ class TaskLoop:
         self.execution = Execution(session, member_id, store, registry,
                                    observers=self.observers, services=services,
                                    max_conflict_retries=settings.max_conflict_retries,
-                                   conflict_backoff=settings.conflict_backoff)
+                                   conflict_backoff=settings.conflict_backoff,
+                                   store_retry_for=settings.store_retry_for)
         # the live member ids without a read (the node's membership watch); None: read them
         self.live_members = live_members
         self.running = RunningSet(settings.workers)
