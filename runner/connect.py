@@ -68,7 +68,7 @@ def graph_store(settings: Settings) -> GraphStore:
     when ``allow_untransactional_graph`` accepts check-then-act."""
     from runner.errors import GraphNotTransactional
     from runner.store import GraphStore, open_graph
-    from runner.store.graph import NONE, SERIAL, TRANSACTIONS, RemoteGraph
+    from runner.store.remote import NONE, SERIAL, TRANSACTIONS, RemoteGraph
     if not settings.graph.startswith(("ws://", "wss://")):
         return GraphStore(open_graph(settings.graph))
     graph = RemoteGraph(settings.graph, username=settings.graph_username,

@@ -41,7 +41,7 @@ from runner.store import (
     TaskStatus,
     open_store,
 )
-from runner.store.graph import SERIAL
+from runner.store.remote import SERIAL
 from runner.testing.gremlinserver import GremlinServer
 
 REMOTE_URL = os.environ.get("LATCHWORK_TEST_GREMLIN_URL")
@@ -626,7 +626,7 @@ def test_a_server_without_transactions_says_so_in_time_and_a_node_decides(
     from runner import connect
     from runner.config import Settings
     from runner.errors import GraphNotTransactional
-    from runner.store.graph import NONE, RemoteGraph
+    from runner.store.remote import NONE, RemoteGraph
 
     graph = RemoteGraph(gremlin_server.url, timeout=10.0)
     try:
@@ -656,7 +656,7 @@ if REMOTE_URL:  # only a transactional server has this half; none can be install
     def test_a_remote_write_commits_or_rolls_back_as_one_transaction() -> None:
         """A write that fails after its first change leaves nothing (the server rolled the
         transaction back), and the server says it has transactions."""
-        from runner.store.graph import RemoteGraph
+        from runner.store.remote import RemoteGraph
         graph = RemoteGraph(REMOTE_URL or "")
         try:
             assert graph.supports_transactions()

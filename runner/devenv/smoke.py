@@ -76,7 +76,7 @@ def check_rabbitmq(url: str, timeout: float = 10.0) -> CheckResult:
 def check_graph(url: str, timeout: float = 10.0) -> CheckResult:
     """Add a vertex to a remote graph, read it back, drop it (plain requests: this checks the
     protocol and the traversals, not transactions)."""
-    from runner.store.graph import SERIAL, RemoteGraph
+    from runner.store.remote import SERIAL, RemoteGraph
 
     try:
         started = time.monotonic()

@@ -20,7 +20,7 @@ from runner.errors import (
     TaskNotFound,
     UnknownStoreFormat,
 )
-from runner.store.graph import EmbeddedGraph, Graph, RemoteGraph, open_graph
+from runner.store.graph import EmbeddedGraph, Graph, open_graph
 from runner.store.gremlin.attempts import GremlinAttemptLog
 from runner.store.gremlin.avatars import GremlinAvatarStore
 from runner.store.gremlin.ontologies import GremlinOntologyStore
@@ -40,6 +40,7 @@ from runner.store.model import (
     TaskStatus,
 )
 from runner.store.ports import AttemptLog, AvatarStore, OntologyStore, TaskStore
+from runner.store.remote import RemoteGraph
 
 __all__ = [
     "Attempt", "AttemptAlreadyFinished", "AttemptLog", "AttemptStatus", "Avatar", "AvatarStore",

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from coord.testing import NodeProcess, wait_until
 from runner.client import Client
 from runner.store import AttemptStatus, GraphStore, Task, open_store
-from runner.store.graph import SERIAL
+from runner.store.remote import SERIAL
 
 if TYPE_CHECKING:  # pytest imports the plugin itself (assertion rewriting)
     from messaging.testing.plugin import AmqpNamespace

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from runner.errors import AttemptAlreadyFinished, CommitConflict, StaleFencingToken
 from runner.store import AttemptStatus, GraphStore, TaskStatus, open_store
-from runner.store.graph import SERIAL
+from runner.store.remote import SERIAL
 
 
 def _open(location: str) -> GraphStore:

@@ -16,15 +16,13 @@ from runner.errors import (
 )
 from runner.store import codec
 from runner.store.graph import Graph
+from runner.store.gremlin.guards import under_fence
 from runner.store.gremlin.steps import (
     ASPECT_NAME,
     BATCH,
     add_vertex,
     chunks,
     set_props,
-)
-from runner.store.gremlin.writes import (
-    under_fence,
 )
 from runner.store.model import (
     Avatar,

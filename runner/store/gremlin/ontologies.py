@@ -11,15 +11,13 @@ from gremlin_python.process.traversal import P
 
 from runner.store import codec
 from runner.store.graph import Graph
+from runner.store.gremlin.guards import under_fence
 from runner.store.gremlin.steps import (
     BATCH,
     EDGE_BATCH,
     add_vertex,
     chunks,
     set_props,
-)
-from runner.store.gremlin.writes import (
-    under_fence,
 )
 from runner.store.model import (
     Fence,

@@ -21,6 +21,13 @@ from runner.errors import (
 from runner.store.graph import Graph, open_graph
 from runner.store.gremlin.attempts import GremlinAttemptLog
 from runner.store.gremlin.avatars import GremlinAvatarStore
+from runner.store.gremlin.guards import (
+    Write,
+    fence_finds,
+    fence_guard,
+    resource_guard,
+    under_fence,
+)
 from runner.store.gremlin.incidents import GremlinIncidentStore
 from runner.store.gremlin.ontologies import GremlinOntologyStore
 from runner.store.gremlin.retention import GremlinRetentionStore
@@ -28,16 +35,11 @@ from runner.store.gremlin.schedules import GremlinScheduleStore
 from runner.store.gremlin.tasks import GremlinTaskStore
 from runner.store.gremlin.writes import (
     TaskChange,
-    Write,
     attempt_end,
     attempt_start,
     claim_resources,
-    fence_finds,
-    fence_guard,
     matched_write,
-    resource_guard,
     task_change,
-    under_fence,
     until_written,
 )
 from runner.store.model import (

@@ -27,12 +27,12 @@ from runner.errors import (
     AttemptAlreadyFinished,
     CommitConflict,
     InvalidValue,
-    ResourceTaken,
     StaleFencingToken,
     WriteRaceLost,
 )
 from runner.store import codec
 from runner.store.graph import Graph
+from runner.store.gremlin.guards import Write, finder, set_on
 from runner.store.gremlin.rows import (
     TASK_CHANGES,
     TASK_FIXED,
@@ -49,150 +49,9 @@ from runner.store.gremlin.steps import (
 from runner.store.model import (
     Attempt,
     AttemptStatus,
-    Fence,
     Task,
     TaskStatus,
 )
-
-
-class Write:
-    """One guarded traversal: every guard first, each standing on its vertex under a label of
-    its own, then every change, each from the vertex it changes (``select``).
-
-    A guard that matches nothing leaves no traverser, so no change is made: the write is
-    atomic wherever one traversal is (a transaction on the embedded graph or a transactional
-    server; a server that runs one traversal at a time), and no write ever changes a vertex
-    and then finds a later guard refusing (what a write of changes-then-guards, without a
-    transaction to roll it back, leaves half made).
-
-    An ``effect`` (``ctx.complete()``'s write, built on the traversal that stands on the
-    guards) runs after the guards and before the changes; its traversers are folded into one
-    and the guards are matched again (nothing can have moved them in the same traversal), so
-    the changes are made once, whatever number of traversers the effect leaves.
-    """
-
-    def __init__(self) -> None:
-        self._guards: list[tuple[str, Callable[[Any], Any]]] = []
-        self._changes: list[Callable[[Any], Any]] = []
-
-    def guard(self, find: Callable[[Any], Any]) -> str:
-        """``find(src)`` is ``src.V().has(...)...``: the vertex must match; its label."""
-        label = f"w{len(self._guards)}"
-        self._guards.append((label, find))
-        return label
-
-    def change(self, fn: Callable[[Any], Any]) -> None:
-        self._changes.append(fn)
-
-    def traverse(self, g: Any, effect: Callable[[Any], Any] | None = None) -> Any:
-        if not self._guards:
-            raise ValueError("a write needs at least one guard")
-        t = self._guarded(g)
-        if effect is not None:
-            built = effect(EffectTraversal(t))
-            if not isinstance(built, EffectTraversal):
-                raise InvalidValue(_NOT_RUN)
-            t = self._guarded(built.traversal.fold())
-        for fn in self._changes:
-            t = fn(t)
-        return t
-
-    def _guarded(self, t: Any) -> Any:
-        for label, find in self._guards:
-            t = find(t).as_(label)
-        return t
-
-
-_NOT_RUN = ("ctx.complete(write): write(g) must build the effect on g and return it, not run "
-            "it (no .iterate(), .to_list(), .next()): the store runs it with the success, as "
-            "one traversal")
-_TERMINAL = frozenset({"iterate", "next", "to_list", "to_set", "has_next", "toList", "toSet",
-                       "hasNext", "__next__"})
-
-
-class EffectTraversal:
-    """The traversal an effect is built on (``ctx.complete()``): every step works as on a
-    traversal, running it does not (:class:`InvalidValue`, before anything is sent): the
-    effect is run by the store, with the guards and the success."""
-
-    def __init__(self, traversal: Any) -> None:
-        self.traversal = traversal
-
-    def __getattr__(self, name: str) -> Any:
-        if name in _TERMINAL:
-            raise InvalidValue(_NOT_RUN)
-        step = getattr(self.traversal, name)
-        if not callable(step):
-            return step
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            out = step(*args, **kwargs)
-            return EffectTraversal(out) if out is self.traversal else out
-        return call
-
-
-def fence_finds(fence: Fence) -> list[Callable[[Any], Any]]:
-    """The guards of ``fence``: the task still carries its token, and its attempt is still the
-    last claimant of each of its resources (:func:`claim_resources`)."""
-    token = codec.encode_big(fence.token)
-    finds = [finder(("task_id", fence.task_id), ("task_fence", token))]
-    if fence.attempt_id is not None:
-        finds += [finder(("resource_name", r), ("resource_holder", fence.attempt_id))
-                  for r in sorted(set(fence.resources))]
-    return finds
-
-
-def finder(*pairs: tuple[str, Any]) -> Callable[[Any], Any]:
-    """A guard's ``find``: ``src.V().has(k1, v1).has(k2, v2)...``."""
-    def find(src: Any) -> Any:
-        t = src.V()
-        for key, value in pairs:
-            t = t.has(key, value)
-        return t
-    return find
-
-
-def _select_set(label: str, props: Mapping[str, Any]) -> Callable[[Any], Any]:
-    return lambda t: set_props(t.select(label), props)
-
-
-class FencedSource:
-    """A traversal source whose every traversal starts with ``fence``'s guards: given to a
-    fenced write's function in place of ``g``, so each of its traversals is refused, as one
-    traversal, once the fence moved (a server without transactions cannot refuse a write
-    of several traversals as a whole; see :func:`under_fence`)."""
-
-    def __init__(self, g: Any, fence: Fence) -> None:
-        self._g = g
-        self._finds = fence_finds(fence)
-
-    def _prefix(self) -> Any:
-        t = self._g
-        for find in self._finds:
-            t = find(t)
-        return t
-
-    def V(self, *ids: Any) -> Any:
-        return self._prefix().V(*ids)
-
-    def add_v(self, *label: Any) -> Any:
-        return self._prefix().add_v(*label)
-
-    def add_e(self, *label: Any) -> Any:
-        return self._prefix().add_e(*label)
-
-
-def under_fence(g: Any, fence: Fence, fn: Callable[[Any], X]) -> X:
-    """Inside a write: ``fn`` on a :class:`FencedSource`, then the fence read again. A fence
-    only moves forward (tokens grow, a resource's holder is a new attempt each claim), so if it
-    still holds after ``fn`` it held at every one of ``fn``'s traversals; if not,
-    :class:`StaleFencingToken` or :class:`ResourceTaken` is raised: on the embedded graph or a
-    transactional server the whole write rolls back; on a server that runs one traversal at a
-    time, the traversals that ran while the fence held stay, and none ran after."""
-    fence_guard(g, fence)
-    out = fn(FencedSource(g, fence))
-    fence_guard(g, fence)
-    return out
 
 
 @dataclass(frozen=True)
@@ -220,7 +79,7 @@ class TaskChange:
     def add_to(self, write: Write) -> str:
         """Guard ``write`` by this change and make it; the task vertex's label in it."""
         label = write.guard(self.find)
-        write.change(_select_set(label, self.props))
+        write.change(set_on(label, self.props))
         return label
 
     def write(self, g: Any) -> None:
@@ -260,7 +119,7 @@ class AttemptEnd:
         return set_props(self.find(src), self.props)
 
     def add_to(self, write: Write) -> None:
-        write.change(_select_set(write.guard(self.find), self.props))
+        write.change(set_on(write.guard(self.find), self.props))
 
     def write(self, g: Any) -> None:
         if not self.traverse(g).id_().to_list():
@@ -306,28 +165,6 @@ def task_change(task: Task, fence_token: int | None, changes: Mapping[str, Any],
     return TaskChange(task.id, task.version, task.fence, changed, task_from_row({**old, **changed}))
 
 
-def fence_guard(g: Any, fence: Fence) -> None:
-    """Inside a write: raise :class:`StaleFencingToken` unless ``fence`` is still the task's
-    (one read; in a transaction nothing can move the fence between this check and the write's
-    other steps; on a server without transactions, see :func:`under_fence`)."""
-    if not (g.V().has("task_id", fence.task_id)
-            .has("task_fence", codec.encode_big(fence.token)).id_().to_list()):
-        raise StaleFencingToken(fence.task_id, fence.token, -1)
-    if fence.attempt_id is not None:
-        resource_guard(g, fence.task_id, fence.attempt_id, fence.resources)
-
-
-def resource_guard(g: Any, task_id: str, attempt_id: str, resources: tuple[str, ...]) -> None:
-    """Inside a write: raise :class:`ResourceTaken` unless attempt ``attempt_id`` is still the
-    last to have claimed each of ``resources`` (:func:`claim_resources`). The ZooKeeper hold
-    keeps live holders apart; this keeps a holder that lost its hold with its session (frozen,
-    cut off) from writing after the next holder's claim, whatever it has not yet learned."""
-    for resource in sorted(set(resources)):
-        if not (g.V().has("resource_name", resource)
-                .has("resource_holder", attempt_id).id_().to_list()):
-            raise ResourceTaken(task_id, attempt_id, resource)
-
-
 def claim_resources(graph: Graph, change: TaskChange, ends: list[AttemptEnd], member_id: str,
                     fence_token: int, resources: tuple[str, ...]) -> Attempt | None:
     """The claim of a task with resources (``GraphStore.claim``): ``change`` with its new
@@ -365,7 +202,7 @@ def claim_resources(graph: Graph, change: TaskChange, ends: list[AttemptEnd], me
                 "resource_token": codec.encode_big(fence_token)}
         for name in names:
             label = w.guard(finder(("resource_name", name), ("resource_token", tokens[name])))
-            w.change(_select_set(label, held))
+            w.change(set_on(label, held))
         if not w.traverse(g).id_().to_list():
             raise _Unmatched
         return start.attempt

@@ -12,8 +12,14 @@ Failure behaviour:
 * the owner's token no longer the task's, or its attempt closed by someone else (the master's
   reaper, an operator's cancel): nothing more is written on the task; logged;
 * the task changed while a retry waited: no new attempt, the task goes back as it stands;
+* the graph unreachable when the attempt ends: its end is tried again with backoff for
+  ``store_retry_for`` seconds while the lock is still held (an end whose answer was lost is
+  recognised as written), then given up: the task stays open and runs again;
 * an unexpected error in the loop itself: the attempt is closed FAILED with it, the task left
   open for another try. The caller releases the lock and slot after all of this is written.
+
+Why one module: running a claimed task to its written outcome is one sequence (run, check,
+complete, conclude, retry) over one ``Running``; split, each part would reach into the others.
 """
 
 from __future__ import annotations
