@@ -33,10 +33,11 @@ def locks_held(zk_client: KazooClient) -> list[str]:
     return zk_client.get_children(path) if zk_client.exists(path) else []
 
 
-#: every end-to-end test here runs twice: nodes sharing the embedded graph file, and nodes
-#: sharing a Gremlin Server (as on several machines)
-pytestmark = pytest.mark.parametrize("cluster", ["gremlite", "server"], indirect=True)
+#: every end-to-end test here on the ``cluster`` fixture runs twice: nodes sharing the embedded
+#: graph file, and nodes sharing a Gremlin Server (as on several machines)
+BOTH_GRAPHS = pytest.mark.parametrize("cluster", ["gremlite", "server"], indirect=True)
 
+@BOTH_GRAPHS
 def test_tasks_run_once_retry_conflicts_stop_on_errors_and_report(cluster: Cluster) -> None:
     cluster.start_node()
     cluster.start_node()
@@ -81,6 +82,7 @@ def test_tasks_run_once_retry_conflicts_stop_on_errors_and_report(cluster: Clust
     assert all(member in status.output for member in cluster.nodes)
 
 
+@BOTH_GRAPHS
 def test_cli_rejects_bad_input_with_usage_errors(cluster: Cluster) -> None:
     cluster.start_node()
     bad_json = cluster.cli("task", "submit", "diag.sleep", "--payload", "{not json")
@@ -101,6 +103,7 @@ def test_cli_rejects_bad_input_with_usage_errors(cluster: Cluster) -> None:
     assert "Traceback" not in log_of(node)
 
 
+@BOTH_GRAPHS
 def test_error_replies_carry_stable_codes(cluster: Cluster) -> None:
     """A client decides on ``error.code``, never on a class name (runner.errors)."""
     import runner.node.node  # noqa: F401  (every error class, and so every code, is declared)
@@ -120,6 +123,7 @@ def test_error_replies_carry_stable_codes(cluster: Cluster) -> None:
         assert code == "invalid" or "-" in code or code in ERROR_CODES
 
 
+@BOTH_GRAPHS
 def test_killed_node_mid_task_is_freed_by_the_master_and_finished_elsewhere(
         cluster: Cluster, zk_client: KazooClient) -> None:
     for _ in range(3):
@@ -140,6 +144,7 @@ def test_killed_node_mid_task_is_freed_by_the_master_and_finished_elsewhere(
     assert "cancelled by system" in report.output
 
 
+@BOTH_GRAPHS
 def test_sigterm_cancels_running_tasks_and_leaves_no_running_attempt_or_lock(
         cluster: Cluster, zk_client: KazooClient) -> None:
     member = cluster.start_node()
@@ -246,6 +251,7 @@ def test_ontology_sync_on_master_election_loads_once_and_reports_bad_files(
         c.store.close()
 
 
+@BOTH_GRAPHS
 def test_a_frozen_owner_wakes_up_and_cannot_overwrite_the_new_owners_result(
         cluster: Cluster, zk_client: KazooClient) -> None:
     for _ in range(2):
@@ -266,6 +272,7 @@ def test_a_frozen_owner_wakes_up_and_cannot_overwrite_the_new_owners_result(
     assert wait_until(lambda: locks_held(zk_client) == [], 10)
 
 
+@BOTH_GRAPHS
 def test_an_owner_frozen_past_its_session_does_not_record_the_success_of_its_handler(
         cluster: Cluster) -> None:
     """The chaos suite's ``resource_holders_overlapping`` once: a node frozen (SIGSTOP) while
@@ -323,6 +330,7 @@ def test_an_owner_frozen_past_its_session_cannot_finish_the_task_the_master_took
         c.store.close()
 
 
+@BOTH_GRAPHS
 def test_deactivate_and_cancel_stop_a_running_attempt_cluster_wide(
         cluster: Cluster, zk_client: KazooClient) -> None:
     """`task deactivate` used to leave a running `diag.sleep 20` to run to SUCCEEDED. Now
@@ -365,6 +373,7 @@ def test_deactivate_and_cancel_stop_a_running_attempt_cluster_wide(
     assert "cancelled by operator" in report.output
 
 
+@BOTH_GRAPHS
 def test_a_broker_restart_costs_one_warning_per_connection_and_reloads_the_cache(
         cluster: Cluster, amqp_vhost: AmqpNamespace) -> None:
     """After a RabbitMQ restart each node used to log ~200 pika ERROR lines with tracebacks,
