@@ -54,8 +54,14 @@ The figures (all must be 0 but the time to drain):
   the misfire policy) are reported beside it. The schedule's tasks count in the figures above
   like the submitted ones.
 
-Usage: ``python bench/chaos.py [--profile short|full] [--seed N] [--keep DIR]``;
-``make chaos`` runs the full profile, ``make test`` the short one (``tests/test_chaos.py``).
+With ``--graph server`` the nodes share a Gremlin Server (TinkerGraph, one traversal at a
+time) instead of the file, each through a link of its own, and two faults join: one node's
+link to the graph silenced (``graph_cut``) and the server stopped and started again
+(``graph_restart``: its data written on the stop and read back).
+
+Usage: ``python bench/chaos.py [--profile short|full] [--seed N] [--keep DIR]
+[--graph embedded|server]``; ``make chaos`` runs the full profile, ``make test`` the short one
+on both graphs (``tests/test_chaos.py``).
 """
 
 from __future__ import annotations
@@ -92,10 +98,12 @@ from messaging import (
 )
 from messaging.testing import RabbitMQServer
 from runner.store import Attempt, AttemptStatus, GraphStore, Task, codec, open_store
+from runner.store.remote import SERIAL
 from runner.tasks.features.diag import AppendRecord, appended, effects
 from runner.tasks.master import schedules
 from runner.tasks.master.schedules import ScheduleSpec
 from runner.testing.chaosnode import EFFECTS, RUNS
+from runner.testing.gremlinserver import GremlinServer
 
 CLUSTER = "chaos"
 ZERO = ("tasks_lost", "finished_without_succeeded_attempt", "effects_applied_twice",
@@ -111,6 +119,9 @@ RESOURCES = ("ontology:brick", "aspect:geo", "aspect:time", "file:/shared")
 KEYS = 4
 FAULTS = ("kill_node", "kill_master", "sigstop", "partition", "zk_leader", "zk_leader_ending",
           "broker_restart", "session_expiry")
+#: the faults of the graph, added with ``--graph server``: one node's link to the graph server
+#: silenced, and the server stopped and started again (its data written and read back)
+GRAPH_FAULTS = ("graph_cut", "graph_restart")
 #: how many handlers the ``zk_leader_ending`` fault makes end at the moment of the kill
 ENDING = 12
 
@@ -136,6 +147,7 @@ class Node:
     member: str
     proxies: list[TcpProxy]
     session_file: Path
+    graph_proxy: TcpProxy | None = None
 
 
 @dataclass
@@ -155,6 +167,8 @@ class Run:
     #: (member, fault, from, to): epoch seconds during which the fault may cost that member
     #: its work (``to`` infinite for a kill: the member never comes back)
     disrupted: list[tuple[str, str, float, float]] = field(default_factory=list)
+    #: the graph server the nodes share (``--graph server``), each through a proxy of its own
+    graph_server: GremlinServer | None = None
 
     @property
     def appends(self) -> Path:
@@ -166,11 +180,13 @@ class Run:
         print(f"chaos {stamp} {line}", file=sys.stderr, flush=True)
 
     # -- nodes ------------------------------------------------------------------------------
-    def env(self, proxies: list[TcpProxy]) -> dict[str, str]:
+    def env(self, proxies: list[TcpProxy], graph_proxy: TcpProxy | None) -> dict[str, str]:
         hosts = ",".join(f"127.0.0.1:{p.port}" for p in proxies)
+        graph = {"LATCHWORK_GRAPH": str(self.workdir / "graph.db")} if graph_proxy is None else {
+            "LATCHWORK_GRAPH": f"ws://127.0.0.1:{graph_proxy.port}/gremlin",
+            "LATCHWORK_GRAPH_SERIAL_SERVER": "true", "LATCHWORK_GRAPH_TIMEOUT": "3"}
         return {**os.environ, "LATCHWORK_CLUSTER": CLUSTER, "LATCHWORK_ZK_HOSTS": hosts,
-                "LATCHWORK_AMQP_URL": self.rabbit.url,
-                "LATCHWORK_GRAPH": str(self.workdir / "graph.db"),
+                "LATCHWORK_AMQP_URL": self.rabbit.url, **graph,
                 "LATCHWORK_SESSION_TIMEOUT": str(self.profile.session),
                 "LATCHWORK_SCAN_INTERVAL": "1", "LATCHWORK_REAP_INTERVAL": "0.5",
                 "LATCHWORK_WORKERS": "2", "LATCHWORK_SHUTDOWN_TIMEOUT": "10",
@@ -178,13 +194,15 @@ class Run:
 
     def start_node(self, index: int) -> Node:
         proxies = [TcpProxy(s.client_port).start() for s in self.zk.servers]
+        graph_proxy = (TcpProxy(self.graph_server.port).start()
+                       if self.graph_server is not None else None)
         session_file = self.workdir / f"node{index}-{self.restarts}.session"
         process = NodeProcess(["-m", "runner.testing.chaosnode", str(session_file)],
                               self.workdir / f"node{index}-{self.restarts}.log",
-                              env=self.env(proxies), name=f"node{index}")
+                              env=self.env(proxies, graph_proxy), name=f"node{index}")
         line = process.start(ready_timeout=60, ready_prefix="latchwork node")
         member = line.split()[0]
-        node = Node(process, member, proxies, session_file)
+        node = Node(process, member, proxies, session_file, graph_proxy)
         if index < len(self.nodes):
             self.nodes[index] = node
         else:
@@ -193,7 +211,7 @@ class Run:
 
     def restart(self, index: int) -> None:
         old = self.nodes[index]
-        for proxy in old.proxies:
+        for proxy in [*old.proxies, *([old.graph_proxy] if old.graph_proxy else [])]:
             proxy.close()
         old.process.close()
         self.restarts += 1
@@ -323,6 +341,24 @@ class Run:
             self.say(f"session_expiry: node{victim} ({node.member})")
             expire(self.zk.hosts, node.session_file)
             self.disrupted.append((node.member, fault, began, time.time() + 1.0))
+        elif fault == "graph_cut":
+            assert node.graph_proxy is not None
+            self.say(f"graph_cut: node{victim} ({node.member}) cannot reach the graph for "
+                     f"{hold:.1f}s")
+            node.graph_proxy.blackhole()
+            time.sleep(hold)
+            node.graph_proxy.heal()
+            self.disrupted.append((node.member, fault, began, time.time() + 1.0))
+        elif fault == "graph_restart":
+            assert self.graph_server is not None
+            self.say("graph_restart: the graph server stopped (its data written)")
+            self.graph_server.stop()
+            time.sleep(1.0)
+            self.graph_server.start()
+            self.store.graph.read(lambda g: g.inject(1).to_list())  # this side reconnects
+            self.say("graph_restart: the graph server is back (its data read back)")
+            for other in self.nodes:  # a ctx.check() meanwhile cannot confirm ownership
+                self.disrupted.append((other.member, fault, began, time.time() + 1.0))
         time.sleep(self.profile.session * 0.5)
 
 
@@ -546,30 +582,37 @@ def semantics(run: Run) -> tuple[int, int, int]:
     return early, ordering, overlapping
 
 
-def chaos(profile_name: str, seed: int, keep: Path | None) -> dict[str, Any]:
+def chaos(profile_name: str, seed: int, keep: Path | None,
+          graph: str = "embedded") -> dict[str, Any]:
+    """One run; ``graph``: ``embedded`` (the nodes share a gremlite file) or ``server`` (they
+    share a Gremlin Server, each through a link of its own, and :data:`GRAPH_FAULTS` join)."""
     profile = PROFILES[profile_name]
     rng = random.Random(seed)
     workdir = Path(tempfile.mkdtemp(prefix="latchwork-chaos-"))
     zk = ZooKeeperCluster(workdir / "zk", 3, 500)
     rabbit = RabbitMQServer.on_free_ports(workdir / "rabbitmq")
+    server = GremlinServer(workdir / "gremlin-server") if graph == "server" else None
     started = time.monotonic()
     run: Run | None = None
     zk.start()
     try:
         rabbit.start()
+        if server is not None:
+            server.start()
         rabbit.wait_ready()
-        with open_store(str(workdir / "graph.db")) as store, \
-                Session(zk.hosts, CLUSTER, timeout=10.0) as reader:
+        store_at = (open_store(server.url, atomicity=SERIAL) if server is not None
+                    else open_store(str(workdir / "graph.db")))
+        with store_at as store, Session(zk.hosts, CLUSTER, timeout=10.0) as reader:
             reader.client.ensure_path(RUNS)
             reader.client.ensure_path(EFFECTS)
-            run = Run(profile, rng, workdir, zk, rabbit, store)
+            run = Run(profile, rng, workdir, zk, rabbit, store, graph_server=server)
             topology = Topology(CLUSTER)
             declare_topology(Connector(rabbit.url), topology)
             for i in range(3):
                 run.start_node(i)
-            run.say(f"3 nodes up: {[n.member for n in run.nodes]}")
+            run.say(f"3 nodes up: {[n.member for n in run.nodes]} (graph: {graph})")
             run.start_schedule()
-            faults = list(FAULTS)
+            faults = list(FAULTS) + (list(GRAPH_FAULTS) if server is not None else [])
             rng.shuffle(faults)
             per_round = profile.tasks // (len(faults) + 1)
             per_round_messages = profile.messages // (len(faults) + 1)
@@ -601,7 +644,8 @@ def chaos(profile_name: str, seed: int, keep: Path | None) -> dict[str, Any]:
             wait_until(lambda: not reader.client.exists("/locks/tasks")
                        or reader.client.get_children("/locks/tasks") == [], 10, 0.25)
             result = figures(run, reader)
-            result.update({"profile": profile_name, "seed": seed, "drained": ok,
+            result.update({"profile": profile_name, "seed": seed, "graph": graph,
+                           "drained": ok,
                            "time_to_drain_s": round(drain, 1),
                            "total_s": round(time.monotonic() - started, 1)})
             for i, node in enumerate(run.nodes):
@@ -617,8 +661,10 @@ def chaos(profile_name: str, seed: int, keep: Path | None) -> dict[str, Any]:
     finally:
         for node in run.nodes if run is not None else []:
             node.process.close()
-            for proxy in node.proxies:
+            for proxy in [*node.proxies, *([node.graph_proxy] if node.graph_proxy else [])]:
                 proxy.close()
+        if server is not None:
+            server.kill()
         rabbit.stop()
         zk.stop()
         shutil.rmtree(workdir, ignore_errors=True)
@@ -631,8 +677,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=20261122)
     parser.add_argument("--keep", type=Path, default=None,
                         help="copy the node logs and the fault log here")
+    parser.add_argument("--graph", choices=("embedded", "server"), default="embedded",
+                        help="the graph the nodes share: the embedded gremlite file, or a "
+                        "Gremlin Server (with two more faults: a node's link to it cut, the "
+                        "server restarted)")
     args = parser.parse_args(argv)
-    result = chaos(args.profile, args.seed, args.keep)
+    result = chaos(args.profile, args.seed, args.keep, args.graph)
     broken = [k for k in ZERO if result[k]] + ([] if result["drained"] else ["drained"])
     broken += ["nodes_not_stopping_cleanly"] if result.get("nodes_not_stopping_cleanly") else []
     result["ok"] = not broken

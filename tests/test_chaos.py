@@ -1,7 +1,9 @@
 """The chaos suite's short profile (bench/chaos.py): a 3-server ensemble, RabbitMQ, 3 node
 processes and mixed tasks under kill -9 (node and master), SIGSTOP, a silent partition, a
 ZooKeeper leader kill, a broker restart, a forced session expiry and duplicate MASTER
-publishes. Every guarantee figure must be 0. ``make chaos`` runs the full profile."""
+publishes, once with the nodes on the embedded graph file and once on a Gremlin Server (where
+a node's link to the graph is cut and the server restarted too). Every guarantee figure must
+be 0. ``make chaos`` runs the full profile."""
 
 from __future__ import annotations
 
@@ -16,16 +18,18 @@ BENCH = Path(__file__).resolve().parent.parent / "bench" / "chaos.py"
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_the_short_chaos_profile_breaks_no_guarantee(tmp_path: Path) -> None:
+@pytest.mark.parametrize("graph", ["embedded", "server"])
+def test_the_short_chaos_profile_breaks_no_guarantee(graph: str, tmp_path: Path) -> None:
     spec = importlib.util.spec_from_file_location("latchwork_chaos", BENCH)
     assert spec is not None and spec.loader is not None
     chaos = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = chaos  # its dataclasses look their module up there
     spec.loader.exec_module(chaos)
-    result = chaos.chaos("short", 20261122, tmp_path / "logs")
+    result = chaos.chaos("short", 20261122, tmp_path / "logs", graph)
     assert result["drained"], result
     broken = {k: result[k] for k in chaos.ZERO if result[k]}
     assert broken == {}, (result, (tmp_path / "logs" / "chaos.log").read_text())
-    assert sum(result["faults"].values()) == len(chaos.FAULTS)
+    faults = len(chaos.FAULTS) + (len(chaos.GRAPH_FAULTS) if graph == "server" else 0)
+    assert sum(result["faults"].values()) == faults and result["graph"] == graph
     assert result["tasks"] >= 120 and result["master_messages_confirmed"] >= 25
     assert not result.get("nodes_not_stopping_cleanly"), result
