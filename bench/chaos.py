@@ -86,6 +86,7 @@ from kazoo.client import KazooClient
 
 from coord import Session, read_leader
 from coord.testing import NodeProcess, TcpProxy, ZooKeeperCluster, kill_ensemble_leader, wait_until
+from coord.testing.hosts import Host, HostNetwork, hosts_unavailable_reason
 from messaging import (
     BrokerUnavailable,
     Connector,
@@ -122,6 +123,10 @@ FAULTS = ("kill_node", "kill_master", "sigstop", "partition", "zk_leader", "zk_l
 #: the faults of the graph, added with ``--graph server``: one node's link to the graph server
 #: silenced, and the server stopped and started again (its data written and read back)
 GRAPH_FAULTS = ("graph_cut", "graph_restart")
+#: with ``--hosts`` (every node and server on a host of its own), the network's faults: a
+#: node's link cut both ways is ``partition``; a one-way cut (it hears, cannot send); latency
+#: and loss (``degrade``: tc netem, where the kernel has it)
+HOST_FAULTS = ("one_way_cut", "degrade")
 #: how many handlers the ``zk_leader_ending`` fault makes end at the moment of the kill
 ENDING = 12
 
@@ -169,6 +174,12 @@ class Run:
     disrupted: list[tuple[str, str, float, float]] = field(default_factory=list)
     #: the graph server the nodes share (``--graph server``), each through a proxy of its own
     graph_server: GremlinServer | None = None
+    #: ``--hosts``: the network, and the host each node runs on (by node index)
+    network: HostNetwork | None = None
+    node_hosts: list[Host] = field(default_factory=list)
+    graph_host: Host | None = None
+    #: faults left out, each with why (e.g. no netem on this kernel)
+    skipped: list[str] = field(default_factory=list)
 
     @property
     def appends(self) -> Path:
@@ -180,11 +191,20 @@ class Run:
         print(f"chaos {stamp} {line}", file=sys.stderr, flush=True)
 
     # -- nodes ------------------------------------------------------------------------------
-    def env(self, proxies: list[TcpProxy], graph_proxy: TcpProxy | None) -> dict[str, str]:
+    def env(self, proxies: list[TcpProxy], graph_proxy: TcpProxy | None,
+            host: Host | None = None) -> dict[str, str]:
         hosts = ",".join(f"127.0.0.1:{p.port}" for p in proxies)
         graph = {"LATCHWORK_GRAPH": str(self.workdir / "graph.db")} if graph_proxy is None else {
             "LATCHWORK_GRAPH": f"ws://127.0.0.1:{graph_proxy.port}/gremlin",
             "LATCHWORK_GRAPH_SERIAL_SERVER": "true", "LATCHWORK_GRAPH_TIMEOUT": "3"}
+        if host is not None:  # on a host of its own: the servers' addresses, no proxies
+            assert self.graph_server is not None
+            hosts = self.zk.hosts
+            graph = {"LATCHWORK_GRAPH": self.graph_server.url,
+                     "LATCHWORK_GRAPH_SERIAL_SERVER": "true", "LATCHWORK_GRAPH_TIMEOUT": "3",
+                     # what other hosts reach this node at
+                     "LATCHWORK_STREAM_LIVENESS_HOST": host.address,
+                     "LATCHWORK_SPARK_DRIVER_HOST": host.address}
         return {**os.environ, "LATCHWORK_CLUSTER": CLUSTER, "LATCHWORK_ZK_HOSTS": hosts,
                 "LATCHWORK_AMQP_URL": self.rabbit.url, **graph,
                 "LATCHWORK_SESSION_TIMEOUT": str(self.profile.session),
@@ -193,13 +213,16 @@ class Run:
                 "LATCHWORK_DATA_DIR": str(self.workdir / "data")}
 
     def start_node(self, index: int) -> Node:
-        proxies = [TcpProxy(s.client_port).start() for s in self.zk.servers]
+        host = self.node_hosts[index] if self.network is not None else None
+        proxies = [] if host is not None else [TcpProxy(s.client_port).start()
+                                               for s in self.zk.servers]
         graph_proxy = (TcpProxy(self.graph_server.port).start()
-                       if self.graph_server is not None else None)
+                       if self.graph_server is not None and host is None else None)
         session_file = self.workdir / f"node{index}-{self.restarts}.session"
         process = NodeProcess(["-m", "runner.testing.chaosnode", str(session_file)],
                               self.workdir / f"node{index}-{self.restarts}.log",
-                              env=self.env(proxies, graph_proxy), name=f"node{index}")
+                              env=self.env(proxies, graph_proxy, host), name=f"node{index}",
+                              netns=host.netns if host is not None else None)
         line = process.start(ready_timeout=60, ready_prefix="latchwork node")
         member = line.split()[0]
         node = Node(process, member, proxies, session_file, graph_proxy)
@@ -311,6 +334,14 @@ class Run:
             time.sleep(hold)
             node.process.resume()
             self.disrupted.append((node.member, fault, began, time.time() + 1.0))
+        elif fault == "partition" and self.network is not None:
+            host = self.node_hosts[victim]
+            self.say(f"partition: node{victim} ({node.member}) on {host.address}: its link "
+                     f"down for {hold:.1f}s")
+            host.cut()
+            time.sleep(hold)
+            host.heal()
+            self.disrupted.append((node.member, fault, began, time.time() + 1.0))
         elif fault == "partition":
             self.say(f"partition: node{victim} ({node.member}) silent for {hold:.1f}s")
             for proxy in node.proxies:
@@ -318,6 +349,29 @@ class Run:
             time.sleep(hold)
             for proxy in node.proxies:
                 proxy.heal()
+            self.disrupted.append((node.member, fault, began, time.time() + 1.0))
+        elif fault == "one_way_cut":
+            host = self.node_hosts[victim]
+            self.say(f"one_way_cut: node{victim} ({node.member}) on {host.address} hears "
+                     f"everything and sends nothing for {hold:.1f}s")
+            host.cut_outgoing()
+            time.sleep(hold)
+            host.heal_outgoing()
+            self.disrupted.append((node.member, fault, began, time.time() + 1.0))
+        elif fault == "degrade":
+            host = self.node_hosts[victim]
+            assert self.network is not None
+            if not self.network.netem_available():
+                self.say("degrade: no tc netem on this kernel (sch_netem): latency and loss "
+                         "left out")
+                self.injected[fault] -= 1
+                self.skipped.append("degrade: no tc netem on this kernel (sch_netem)")
+                return
+            self.say(f"degrade: node{victim} ({node.member}): 150 ms latency, 5% loss for "
+                     f"{hold:.1f}s")
+            host.degrade(delay_ms=150, loss_percent=5.0)
+            time.sleep(hold)
+            host.restore()
             self.disrupted.append((node.member, fault, began, time.time() + 1.0))
         elif fault in ("zk_leader", "zk_leader_ending"):
             if fault == "zk_leader_ending":
@@ -342,12 +396,18 @@ class Run:
             expire(self.zk.hosts, node.session_file)
             self.disrupted.append((node.member, fault, began, time.time() + 1.0))
         elif fault == "graph_cut":
-            assert node.graph_proxy is not None
             self.say(f"graph_cut: node{victim} ({node.member}) cannot reach the graph for "
                      f"{hold:.1f}s")
-            node.graph_proxy.blackhole()
-            time.sleep(hold)
-            node.graph_proxy.heal()
+            if self.network is not None:  # its packets to the graph host dropped
+                assert self.graph_host is not None
+                self.node_hosts[victim].cut_outgoing(to=[self.graph_host])
+                time.sleep(hold)
+                self.node_hosts[victim].heal_outgoing()
+            else:
+                assert node.graph_proxy is not None
+                node.graph_proxy.blackhole()
+                time.sleep(hold)
+                node.graph_proxy.heal()
             self.disrupted.append((node.member, fault, began, time.time() + 1.0))
         elif fault == "graph_restart":
             assert self.graph_server is not None
@@ -463,11 +523,20 @@ def figures(run: Run, reader: Session) -> dict[str, Any]:
                  if store.attempts.get(r.attempt_id).status is not AttemptStatus.SUCCEEDED)
     client = reader.client
     runs: dict[str, int] = defaultdict(int)
+    seen: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for child in client.get_children(RUNS):
         data, _ = client.get(f"{RUNS}/{child}")
-        if "end" in json.loads(data.decode()):
+        record = json.loads(data.decode())
+        seen[child.rsplit("-", 1)[0]].append(record)
+        if "end" in record:
             runs[child.rsplit("-", 1)[0]] += 1
-    messages_lost = sum(1 for m in run.confirmed if client.exists(f"{EFFECTS}/{m}") is None)
+    for message, n in runs.items():
+        if n > 1:
+            run.say(f"CHAOS_RECORD {message} handled {n} times: {seen[message]}")
+    lost = [m for m in run.confirmed if client.exists(f"{EFFECTS}/{m}") is None]
+    for message in lost:
+        run.say(f"CHAOS_RECORD {message} confirmed, no effect; its runs: {seen.get(message)}")
+    messages_lost = len(lost)
     locks = client.get_children("/locks/tasks") if client.exists("/locks/tasks") else []
     early, ordering, resources = semantics(run)
     shapes: Counter[str] = Counter()
@@ -583,18 +652,41 @@ def semantics(run: Run) -> tuple[int, int, int]:
 
 
 def chaos(profile_name: str, seed: int, keep: Path | None,
-          graph: str = "embedded") -> dict[str, Any]:
+          graph: str = "embedded", hosts: bool = False) -> dict[str, Any]:
     """One run; ``graph``: ``embedded`` (the nodes share a gremlite file) or ``server`` (they
-    share a Gremlin Server, each through a link of its own, and :data:`GRAPH_FAULTS` join)."""
+    share a Gremlin Server, each through a link of its own, and :data:`GRAPH_FAULTS` join).
+    ``hosts``: every node and server on a host of its own (:mod:`coord.testing.hosts`), the
+    nodes on the server graph, the network's faults (:data:`HOST_FAULTS`) joining;
+    :class:`HostsUnavailable` when this machine cannot make hosts."""
     profile = PROFILES[profile_name]
     rng = random.Random(seed)
     workdir = Path(tempfile.mkdtemp(prefix="latchwork-chaos-"))
-    zk = ZooKeeperCluster(workdir / "zk", 3, 500)
-    rabbit = RabbitMQServer.on_free_ports(workdir / "rabbitmq")
-    server = GremlinServer(workdir / "gremlin-server") if graph == "server" else None
+    network = HostNetwork().start() if hosts else None
+    node_hosts: list[Host] = []
+    graph_host = None
+    if network is not None:
+        graph = "server"
+        zk_hosts = [network.add(f"zk{i}") for i in (1, 2, 3)]
+        broker, graph_host = network.add("broker"), network.add("graph")
+        node_hosts = [network.add(f"node{i}") for i in range(3)]
+        zk = ZooKeeperCluster(workdir / "zk", tick_time=500,
+                              hosts_of=[(h.address, h.netns) for h in zk_hosts])
+        rabbit = RabbitMQServer(workdir / "rabbitmq", 5672, 25672, 4369, host=broker.address,
+                                netns=broker.netns)
+        server: GremlinServer | None = GremlinServer(
+            workdir / "gremlin-server", 8182, host=graph_host.address, netns=graph_host.netns)
+    else:
+        zk = ZooKeeperCluster(workdir / "zk", 3, 500)
+        rabbit = RabbitMQServer.on_free_ports(workdir / "rabbitmq")
+        server = GremlinServer(workdir / "gremlin-server") if graph == "server" else None
     started = time.monotonic()
     run: Run | None = None
-    zk.start()
+    try:
+        zk.start()
+    except BaseException:
+        if network is not None:
+            network.close()
+        raise
     try:
         rabbit.start()
         if server is not None:
@@ -605,14 +697,18 @@ def chaos(profile_name: str, seed: int, keep: Path | None,
         with store_at as store, Session(zk.hosts, CLUSTER, timeout=10.0) as reader:
             reader.client.ensure_path(RUNS)
             reader.client.ensure_path(EFFECTS)
-            run = Run(profile, rng, workdir, zk, rabbit, store, graph_server=server)
+            run = Run(profile, rng, workdir, zk, rabbit, store, graph_server=server,
+                      network=network, node_hosts=node_hosts, graph_host=graph_host)
             topology = Topology(CLUSTER)
             declare_topology(Connector(rabbit.url), topology)
             for i in range(3):
                 run.start_node(i)
-            run.say(f"3 nodes up: {[n.member for n in run.nodes]} (graph: {graph})")
+            where = (f"hosts {[h.address for h in node_hosts]}" if network is not None
+                     else "loopback")
+            run.say(f"3 nodes up: {[n.member for n in run.nodes]} (graph: {graph}, {where})")
             run.start_schedule()
-            faults = list(FAULTS) + (list(GRAPH_FAULTS) if server is not None else [])
+            faults = (list(FAULTS) + (list(GRAPH_FAULTS) if server is not None else [])
+                      + (list(HOST_FAULTS) if network is not None else []))
             rng.shuffle(faults)
             per_round = profile.tasks // (len(faults) + 1)
             per_round_messages = profile.messages // (len(faults) + 1)
@@ -645,6 +741,7 @@ def chaos(profile_name: str, seed: int, keep: Path | None,
                        or reader.client.get_children("/locks/tasks") == [], 10, 0.25)
             result = figures(run, reader)
             result.update({"profile": profile_name, "seed": seed, "graph": graph,
+                           "hosts": network is not None, "faults_left_out": run.skipped,
                            "drained": ok,
                            "time_to_drain_s": round(drain, 1),
                            "total_s": round(time.monotonic() - started, 1)})
@@ -656,6 +753,10 @@ def chaos(profile_name: str, seed: int, keep: Path | None,
                 keep.mkdir(parents=True, exist_ok=True)
                 for path in workdir.glob("node*.log"):
                     shutil.copy(path, keep / path.name)
+                for path in [rabbit.log_path, *(s.log_path for s in zk.servers),
+                             *([server.log] if server is not None else [])]:
+                    if path.exists():
+                        shutil.copy(path, keep / f"{path.parent.name}-{path.name}")
                 (keep / "chaos.log").write_text("\n".join(run.log) + "\n")
             return result
     finally:
@@ -667,6 +768,8 @@ def chaos(profile_name: str, seed: int, keep: Path | None,
             server.kill()
         rabbit.stop()
         zk.stop()
+        if network is not None:
+            network.close()
         shutil.rmtree(workdir, ignore_errors=True)
 
 
@@ -681,8 +784,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="the graph the nodes share: the embedded gremlite file, or a "
                         "Gremlin Server (with two more faults: a node's link to it cut, the "
                         "server restarted)")
+    parser.add_argument("--hosts", action="store_true",
+                        help="every node and server on a host of its own (network namespaces "
+                        "on a bridge; root), the nodes on the server graph, the network's own "
+                        "faults: a link cut, a one-way cut, latency and loss")
     args = parser.parse_args(argv)
-    result = chaos(args.profile, args.seed, args.keep, args.graph)
+    if args.hosts:
+        reason = hosts_unavailable_reason()
+        if reason is not None:
+            print(f"chaos: {reason}", file=sys.stderr)
+            return 0
+    result = chaos(args.profile, args.seed, args.keep, args.graph, args.hosts)
     broken = [k for k in ZERO if result[k]] + ([] if result["drained"] else ["drained"])
     broken += ["nodes_not_stopping_cleanly"] if result.get("nodes_not_stopping_cleanly") else []
     result["ok"] = not broken

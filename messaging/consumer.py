@@ -84,9 +84,6 @@ class Consumer(Dispatcher):
     def declare(self, channel: Any) -> None:
         self.topology.declare(channel)
 
-    def wants_consuming(self) -> bool:
-        return True
-
     def on_connected(self) -> None:
         """Called on the connection thread once the channel is set up (see ModelConsumer)."""
 

@@ -74,6 +74,10 @@ class Dispatcher:
         return f"{self.paradigm.value.lower()}-consumer"
 
     # -- paradigm specifics -------------------------------------------------------------------
+    def wants_consuming(self) -> bool:
+        """Whether this consumer should hold its queue now (the master's: while it leads)."""
+        return True
+
     def before_handler(self, delivery: Delivery, envelope: Envelope) -> bool:
         """False when the consumer settled the delivery itself (handler must not run)."""
         return True
@@ -123,7 +127,7 @@ class Dispatcher:
                              publisher=self.publisher, processed=self._processed_log())
         with self._lock:
             self._inflight[id(delivery)] = ctx
-        if self._stop.is_set():
+        if self._stop.is_set() or not self.wants_consuming():  # a loss before ctx existed
             ctx.cancelled.set()
         try:
             result = route.handler(ctx, payload)

@@ -69,7 +69,9 @@ class MasterConsumer(Consumer):
     def before_handler(self, delivery: Delivery, envelope: Envelope) -> bool:
         """Claim the message id before its handler runs: a copy being handled elsewhere (or in
         another worker here) is waited for, then found processed and acked as a duplicate;
-        never run in parallel. Requeued when leadership goes while waiting."""
+        never run in parallel. Requeued when leadership goes while waiting, or while the claim
+        itself was on its way (a claim made on a later session than the leadership it was
+        asked under is released, not run on)."""
         while True:
             if not self.latch.is_leader or self._stop.is_set():
                 delivery.requeue()
@@ -77,7 +79,15 @@ class MasterConsumer(Consumer):
                 return False
             claim = self.processed.claim(envelope.id, self.member_id)
             if claim is Claim.CLAIMED:
-                return True
+                if self.latch.is_leader and not self._stop.is_set():
+                    return True
+                # the claim went through after leadership was lost (a claim blocked by a cut
+                # link completes on the next session): give it back, the master runs it
+                self.processed.release(envelope.id)
+                delivery.requeue()
+                self._emit(delivery, envelope, DeliveryOutcome.REQUEUED,
+                           "leadership lost while claiming")
+                return False
             if claim is Claim.DONE:
                 delivery.ack()
                 log.info("member %s: MASTER message %s (%s) was already processed; acked",

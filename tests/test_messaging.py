@@ -16,7 +16,7 @@ from kazoo.client import KazooClient
 from pydantic import BaseModel
 
 from coord import LeaderLatch, Session
-from coord.testing import NodeProcess, TcpProxy, wait_until
+from coord.testing import NodeProcess, TcpProxy, expire_session, wait_until
 from coord.testing.plugin import ZkNamespace
 from messaging import (
     ApiClient,
@@ -523,3 +523,61 @@ def test_a_node_answers_api_requests_through_the_broker(
     with ApiClient(Connector(amqp_vhost.url), Topology(CLUSTER)) as client:
         answer = client.request("ping", timeout=10)
     assert answer == {"member": member}
+
+
+def test_a_claim_that_completes_after_leadership_was_lost_is_given_back(
+        amqp_vhost: AmqpNamespace, session: Session, topology: Topology,
+        zk_namespace: ZkNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found across hosts (bench/chaos.py --hosts): a master whose link was cut while it
+    claimed a message id got the claim made on its next session, after another node had
+    become master, and ran the handler as a non-master while the new master ran the same
+    message (a second copy alongside; and a claim so left would keep the real master
+    waiting). Here member-a's session is expired by the server in the middle of the claim, as
+    a cut link does, and member-b takes the lead: a's claim is given back and its delivery
+    requeued, and the message is handled once, by the master (on the old code a ran it as a
+    non-master)."""
+    registry = HandlerRegistry(Paradigm.MASTER)
+    recorder = Recorder()
+    runs: list[tuple[str, bool]] = []
+    latches: dict[str, LeaderLatch] = {}
+
+    def record(ctx: HandlerContext, payload: dict[str, Any]) -> None:
+        runs.append((ctx.member_id, latches[ctx.member_id].is_leader))
+
+    registry.register("test.record", record)
+    url = amqp_vhost.url
+    with running_master(url, session, topology, registry, recorder) as a, \
+            Session(zk_namespace.hosts, CLUSTER, timeout=4.0) as other:
+        latches["member-a"] = a.latch
+        latch_b = LeaderLatch(other, "member-b").start()
+        latches["member-b"] = latch_b
+        publisher_b = Publisher(Connector(url))
+        b = MasterConsumer(Connector(url), topology, registry, "member-b", publisher_b,
+                           latch_b, ZkProcessedLog(other), on_outcome=[recorder.on_outcome])
+        b.start()
+        try:
+            real_claim = a.processed.claim
+            expired: list[bool] = []
+
+            def claim_across_a_session_loss(message_id: Any, member_id: str) -> Any:
+                if not expired:
+                    expired.append(True)
+                    expire_session(session.client)  # a's lead goes, b takes it
+                    assert wait_until(lambda: latch_b.is_leader, 15, 0.05)
+                return real_claim(message_id, member_id)
+
+            monkeypatch.setattr(a.processed, "claim", claim_across_a_session_loss)
+            message = envelope("test.record")
+            publisher = Publisher(Connector(url))
+            try:
+                publisher.publish("", topology.master_queue, message)
+            finally:
+                publisher.close()
+            recorder.wait(lambda r: len(r.of(DeliveryOutcome.HANDLED)) == 1, 60)
+        finally:
+            b.close()
+            publisher_b.close()
+            latch_b.close()
+    assert expired and runs == [("member-b", True)]
+    assert str(message.id) in recorder.of(DeliveryOutcome.REQUEUED)
+    assert session.client.get_children("/messages/handling") == []

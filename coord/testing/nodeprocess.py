@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
-from coord.testing.processes import FaultInjectionFailed
+from coord.testing.processes import FaultInjectionFailed, in_netns
 
 
 class NodeProcess:
@@ -30,8 +30,9 @@ class NodeProcess:
     """
 
     def __init__(self, argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None,
-                 name: str = "node") -> None:
-        self.argv = [sys.executable, "-u", *argv]
+                 name: str = "node", netns: str | None = None) -> None:
+        #: ``netns``: run inside that network namespace (a host of its own: docs/testing.md)
+        self.argv = in_netns(netns, [sys.executable, "-u", *argv])
         self.log_path = log_path
         self.env = dict(os.environ if env is None else env)
         self.name = name

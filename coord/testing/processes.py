@@ -127,6 +127,12 @@ class ProcessRecord:
             self.wait_gone(5.0)
 
 
+def in_netns(netns: str | None, argv: Sequence[str]) -> list[str]:
+    """``argv`` run inside network namespace ``netns`` (``ip netns exec``: the same process,
+    its network that of the namespace), or as it is when ``netns`` is None."""
+    return ["ip", "netns", "exec", netns, *argv] if netns else list(argv)
+
+
 def spawn(name: str, argv: Sequence[str], log: Path, env: Mapping[str, str] | None = None,
            cwd: Path | None = None) -> tuple[subprocess.Popen[bytes], ProcessRecord]:
     log.parent.mkdir(parents=True, exist_ok=True)

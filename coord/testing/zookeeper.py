@@ -26,6 +26,7 @@ from coord.testing.processes import (
     MissingPackage,
     ProcessRecord,
     ServerNotReady,
+    in_netns,
     reap,
     spawn,
     tail,
@@ -106,6 +107,10 @@ class ZooKeeperServer:
     #: a TLS client port instead of the plain one (standalone servers only), clients
     #: required to present a certificate of ``tls.ca``
     tls: ServerTls | None = None
+    #: the address it listens on, and each member's (a host of its own: ``netns``)
+    host: str = LOOPBACK
+    peer_hosts: Mapping[int, str] = field(default_factory=dict)
+    netns: str | None = None
     _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     @property
@@ -128,7 +133,7 @@ class ZooKeeperServer:
         data = self.directory / "data"
         data.mkdir(parents=True, exist_ok=True)
         if self.tls is None:
-            port = [f"clientPort={self.client_port}", f"clientPortAddress={LOOPBACK}"]
+            port = [f"clientPort={self.client_port}", f"clientPortAddress={self.host}"]
         else:  # the secure port only: no client reaches this server without TLS
             port = [f"secureClientPort={self.client_port}",
                     f"secureClientPortAddress={LOOPBACK}",
@@ -154,7 +159,8 @@ class ZooKeeperServer:
         if self.server_id is not None:
             (data / "myid").write_text(f"{self.server_id}\n")
             for sid, (_, quorum, election) in sorted(self.peers.items()):
-                lines.append(f"server.{sid}={LOOPBACK}:{quorum}:{election}")
+                peer = self.peer_hosts.get(sid, LOOPBACK)
+                lines.append(f"server.{sid}={peer}:{quorum}:{election}")
             lines.append("quorumListenOnAllIPs=false")
         config = self.directory / "zoo.cfg"
         config.write_text("\n".join(lines) + "\n")
@@ -171,10 +177,11 @@ class ZooKeeperServer:
             "-cp", ZOOKEEPER_CLASSPATH + ("" if self.tls is None else ":" + NETTY_CLASSPATH),
             "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(config),
         ]
-        self._proc, self.record = spawn(self.name, argv, self.log_path, cwd=self.directory)
+        self._proc, self.record = spawn(self.name, in_netns(self.netns, argv), self.log_path,
+                                        cwd=self.directory)
 
     def mode(self) -> str | None:
-        return zk_mode(self.client_port,
+        return zk_mode(self.client_port, self.host,
                        tls=None if self.tls is None else self.tls.client_context())
 
     def wait_ready(self, timeout: float = 30.0) -> str:
@@ -223,9 +230,22 @@ class ZooKeeperCluster:
     tick_time: int = 500
     client_ports: Sequence[int] | None = None
     servers: list[ZooKeeperServer] = field(default_factory=list)
+    #: one (address, network namespace) per server: each on a host of its own, all on the
+    #: standard ports (2181, 2888, 3888); None: all on loopback, on free ports
+    hosts_of: Sequence[tuple[str, str]] | None = None
 
     def __post_init__(self) -> None:
         if self.servers:
+            return
+        if self.hosts_of is not None:
+            peers = {i + 1: (2181, 2888, 3888) for i in range(len(self.hosts_of))}
+            addresses = {i + 1: address for i, (address, _) in enumerate(self.hosts_of)}
+            self.size = len(self.hosts_of)
+            self.servers = [
+                ZooKeeperServer(self.directory / f"server-{sid}", 2181, self.tick_time,
+                                sid if self.size > 1 else None, peers if self.size > 1 else {},
+                                host=addresses[sid], peer_hosts=addresses, netns=netns)
+                for sid, (_, netns) in zip(addresses, self.hosts_of, strict=True)]
             return
         if self.size < 1:
             raise DevServerError("a ZooKeeper ensemble needs at least one server")
@@ -245,7 +265,7 @@ class ZooKeeperCluster:
     @property
     def hosts(self) -> str:
         """The kazoo connection string, e.g. ``127.0.0.1:2181,127.0.0.1:2182``."""
-        return ",".join(f"{LOOPBACK}:{s.client_port}" for s in self.servers)
+        return ",".join(f"{s.host}:{s.client_port}" for s in self.servers)
 
     def ports(self) -> dict[str, int]:
         ports: dict[str, int] = {}
@@ -255,7 +275,8 @@ class ZooKeeperCluster:
 
     def start(self, timeout: float = 60.0) -> None:
         check_zookeeper_installed()
-        check_ports_free(self.ports())
+        if self.hosts_of is None:  # on hosts of their own, the ports are theirs
+            check_ports_free(self.ports())
         try:
             for server in self.servers:
                 server.start()

@@ -26,6 +26,7 @@ from coord.testing.processes import (
     MissingPackage,
     ProcessRecord,
     ServerNotReady,
+    in_netns,
     reap,
     spawn,
     tail,
@@ -123,6 +124,10 @@ class RabbitMQServer(BrokerControl):
     record: ProcessRecord | None = None
     #: The ``rabbitmq-server`` shell script, which stays the VM's parent while it runs.
     launcher: ProcessRecord | None = None
+    #: the address AMQP listens on; ``netns``: a host of its own (its epmd and distribution
+    #: port stay on that host's loopback)
+    host: str = LOOPBACK
+    netns: str | None = None
     _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -144,12 +149,12 @@ class RabbitMQServer(BrokerControl):
 
     @property
     def url(self) -> str:
-        return f"{self.scheme}://guest:guest@{LOOPBACK}:{self.node_port}/%2F"
+        return f"{self.scheme}://guest:guest@{self.host}:{self.node_port}/%2F"
 
     def url_for(self, vhost: str) -> str:
         from urllib.parse import quote
 
-        return (f"{self.scheme}://guest:guest@{LOOPBACK}:{self.node_port}/"
+        return (f"{self.scheme}://guest:guest@{self.host}:{self.node_port}/"
                 f"{quote(vhost, safe='')}")
 
     def ports(self) -> dict[str, int]:
@@ -163,7 +168,7 @@ class RabbitMQServer(BrokerControl):
         env.update({
             "HOME": str(d / "home"),
             "RABBITMQ_NODENAME": self.nodename,
-            "RABBITMQ_NODE_IP_ADDRESS": LOOPBACK,
+            "RABBITMQ_NODE_IP_ADDRESS": self.host,
             "RABBITMQ_NODE_PORT": str(self.node_port),
             "RABBITMQ_DIST_PORT": str(self.dist_port),
             "ERL_EPMD_PORT": str(self.epmd_port),
@@ -189,15 +194,17 @@ class RabbitMQServer(BrokerControl):
         for sub in ("home", "mnesia", "log"):
             (d / sub).mkdir(parents=True, exist_ok=True)
         if self.tls is None:
-            listener = f"listeners.tcp.default = {LOOPBACK}:{self.node_port}\n"
+            listener = f"listeners.tcp.default = {self.host}:{self.node_port}\n"
         else:  # TLS only: no plain listener at all
             listener = ("listeners.tcp = none\n"
-                        f"listeners.ssl.default = {LOOPBACK}:{self.node_port}\n"
+                        f"listeners.ssl.default = {self.host}:{self.node_port}\n"
                         f"ssl_options.cacertfile = {self.tls.ca}\n"
                         f"ssl_options.certfile = {self.tls.server_cert}\n"
                         f"ssl_options.keyfile = {self.tls.server_key}\n"
                         "ssl_options.verify = verify_peer\n"
                         "ssl_options.fail_if_no_peer_cert = true\n")
+        if self.host != LOOPBACK:  # on a host of its own: clients come from other addresses
+            listener += "loopback_users.guest = false\n"
         (d / "rabbitmq.conf").write_text(
             listener +
             f"consumer_timeout = {self.consumer_timeout_ms}\n"
@@ -215,17 +222,19 @@ class RabbitMQServer(BrokerControl):
         if self.is_running():
             raise DevServerError(f"rabbitmq is already running from {self.directory}")
         check_rabbitmq_installed()
-        check_ports_free(self.ports())
+        if self.netns is None:  # on a host of its own, the ports are its own
+            check_ports_free(self.ports())
         self.write_config()
         (self.directory / "rabbitmq.pid").unlink(missing_ok=True)
         self.record = None
         self._proc, self.launcher = spawn(
-            "rabbitmq-server", [str(RABBITMQ_BIN / "rabbitmq-server")], self.log_path,
+            "rabbitmq-server", in_netns(self.netns, [str(RABBITMQ_BIN / "rabbitmq-server")]),
+            self.log_path,
             env=self.env(), cwd=self.directory,
         )
 
     def is_ready(self) -> bool:
-        return amqp_handshake(self.node_port,
+        return amqp_handshake(self.node_port, self.host,
                               tls=None if self.tls is None else self.tls.client_context())
 
     def wait_ready(self, timeout: float = 60.0) -> None:
@@ -258,7 +267,7 @@ class RabbitMQServer(BrokerControl):
     def ctl(self, *args: str, timeout: float = 60.0) -> str:
         """Run ``rabbitmqctl`` on this node; DevServerError carries its output on failure."""
         result = subprocess.run(
-            [str(RABBITMQ_BIN / "rabbitmqctl"), "-n", self.nodename, *args],
+            in_netns(self.netns, [str(RABBITMQ_BIN / "rabbitmqctl"), "-n", self.nodename, *args]),
             env=self.env(), capture_output=True, text=True, timeout=timeout, check=False,
             stdin=subprocess.DEVNULL,
         )
@@ -277,7 +286,8 @@ class RabbitMQServer(BrokerControl):
         except MissingPackage:
             return
         env = {k: v for k, v in os.environ.items() if not k.startswith("ERL_")}
-        subprocess.run([epmd, "-port", str(self.epmd_port), "-kill"], env=env,
+        subprocess.run(in_netns(self.netns, [epmd, "-port", str(self.epmd_port), "-kill"]),
+                       env=env,
                        capture_output=True, timeout=10, check=False, stdin=subprocess.DEVNULL)
 
     def _processes(self) -> list[ProcessRecord]:

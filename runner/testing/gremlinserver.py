@@ -44,6 +44,7 @@ from coord.testing.processes import (
     DevServerError,
     ProcessRecord,
     ServerNotReady,
+    in_netns,
     reap,
     spawn,
     tail,
@@ -152,6 +153,8 @@ class GremlinServer:
     heap: str = "768m"
     indexes: tuple[str, ...] = INDEXED_KEYS
     record: ProcessRecord | None = None
+    #: a host of its own (a network namespace: runner.testing.hosts); ``host`` its address
+    netns: str | None = None
     _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -209,14 +212,15 @@ class GremlinServer:
 
     def start(self, timeout: float = 60.0) -> None:
         home = check_gremlin_installed()
-        if self.host == LOOPBACK:
+        if self.netns is None and self.host == LOOPBACK:
             check_ports_free(self.ports())
         yaml = self.write_config()
         argv = [str(java()), f"-Xmx{self.heap}", "-Xms64m", "-XX:+UseSerialGC",
                 "-XX:TieredStopAtLevel=1",
                 "-cp", f"{home / 'lib'}/*",
                 "org.apache.tinkerpop.gremlin.server.GremlinServer", str(yaml)]
-        self._proc, self.record = spawn("gremlin-server", argv, self.log, cwd=self.directory)
+        self._proc, self.record = spawn("gremlin-server", in_netns(self.netns, argv), self.log,
+                                        cwd=self.directory)
         try:
             self.wait_ready(timeout)
         except BaseException:
