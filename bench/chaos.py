@@ -59,9 +59,17 @@ time) instead of the file, each through a link of its own, and two faults join: 
 link to the graph silenced (``graph_cut``) and the server stopped and started again
 (``graph_restart``: its data written on the stop and read back).
 
+With ``--hosts`` every node and server runs on a host of its own (a network namespace on a
+bridge: :mod:`coord.testing.hosts`), the nodes on the server graph, and the faults are the
+network's: ``partition`` takes a node's link down, ``graph_cut`` drops what it sends to the
+graph host, ``one_way_cut`` lets it hear everything and send nothing, ``degrade`` adds latency
+and loss (tc netem; left out, and said so in ``faults_left_out``, where the kernel lacks it).
+A machine that cannot make namespaces (not root) prints why in one line and exits 0.
+
 Usage: ``python bench/chaos.py [--profile short|full] [--seed N] [--keep DIR]
-[--graph embedded|server]``; ``make chaos`` runs the full profile, ``make test`` the short one
-on both graphs (``tests/test_chaos.py``).
+[--graph embedded|server] [--hosts]``; ``make chaos`` runs the full profile (``CHAOS_ARGS``
+adds options), ``make test`` the short one on the file, on the server graph and across hosts
+(``tests/test_chaos.py``).
 """
 
 from __future__ import annotations
