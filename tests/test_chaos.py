@@ -3,8 +3,8 @@ processes and mixed tasks under kill -9 (node and master), SIGSTOP, a silent par
 ZooKeeper leader kill, a broker restart, a forced session expiry and duplicate MASTER
 publishes, once with the nodes on the embedded graph file, once on a Gremlin Server (where
 a node's link to the graph is cut and the server restarted too), and once with every node and
-server on a host of its own (network namespaces; link cuts and one-way cuts). Every guarantee figure must
-be 0. ``make chaos`` runs the full profile."""
+server on a host of its own (network namespaces; link cuts and one-way cuts). Every guarantee
+figure must be 0. ``make chaos`` runs the full profile."""
 
 from __future__ import annotations
 
