@@ -9,7 +9,7 @@ Per backend, one process, one thread:
 3. the task loop's two writes per task: ``claim`` (task RUNNING + its attempt, one guarded
    traversal) then ``conclude`` (attempt end + task finished, one guarded traversal), cycles/s;
 4. ``tasks.get`` by id /s (an indexed lookup);
-5. ``tasks.unfinished()`` with 100 open among 5,000 finished, median of 15, ms.
+5. ``tasks.unfinished()`` with 200 open among 5,000 finished, median of 15, ms.
 
 The last line prints server ÷ gremlite for each. No target: the server graph is the route to
 several machines, and these say what one round trip per guarded write costs against the
@@ -35,7 +35,7 @@ RAW = 500
 CREATES = 500
 CYCLES = 300
 GETS = 1000
-FINISHED, OPEN = 5_000, 100
+FINISHED, OPEN = 5_000, 200
 
 
 def rate(count: int, fn: Any) -> float:
