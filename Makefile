@@ -59,6 +59,7 @@ demo: setup
 	PATH="$(abspath $(VENV))/bin:$$PATH" ./scripts/demo.sh
 
 bench: setup
+	$(PY) -m pip install --quiet -e '.[bench]'
 	@set -e; for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b; done
 
 chaos: setup

@@ -14,7 +14,10 @@ Each node has its own registry (no global one), served by prometheus_client's HT
 * ``latchwork_messages_total{paradigm,outcome}``: MASTER, MODEL and API messages by what
   happened to them (handled, duplicate, retried, dead-lettered, requeued);
 * ``latchwork_broker_connections_total{consumer}``: connections each consumer opened (1 +
-  reconnections).
+  reconnections);
+* ``latchwork_store_calls_total{kind}`` and ``latchwork_store_seconds_total{kind}``: the graph
+  store's reads and writes (a write: one transaction, or one guarded traversal on a server
+  without transactions) and the time spent in them.
 
 Failure behaviour: a port that is taken fails the node's start with the reason; metrics never
 fail a task or a message (a hook that raises is logged by its caller and ignored).
@@ -63,6 +66,18 @@ class _Live(Collector):
         for name, count in state["connections"].items():
             connections.add_metric([name], float(count))
         yield connections
+        store = state.get("store")
+        if store is not None:
+            calls = CounterMetricFamily("latchwork_store_calls",
+                                        "graph store calls (a write is one transaction or one "
+                                        "guarded traversal)", labels=["kind"])
+            seconds = CounterMetricFamily("latchwork_store_seconds",
+                                          "time spent in graph store calls", labels=["kind"])
+            for kind in ("read", "write"):
+                calls.add_metric([kind], float(store[f"{kind}s"]))
+                seconds.add_metric([kind], float(store[f"{kind}_seconds"]))
+            yield calls
+            yield seconds
 
 
 class NodeMetrics(Observer):

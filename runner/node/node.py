@@ -290,6 +290,7 @@ class Node:
             "master": parts.latch.is_leader,
             "stats": dict(parts.processor.stats),
             "connections": {c.name: c.connections_opened for c in parts.bus.consumers},
+            "store": self.store.graph.stats.snapshot(),
         }
 
     def _model_reconnected(self) -> None:

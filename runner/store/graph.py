@@ -42,8 +42,44 @@ log = logging.getLogger("latchwork.store")
 T = TypeVar("T")
 
 
+class CallStats:
+    """How many reads and writes a graph ran and how long they took, outermost calls only (a
+    write nested in a write is part of it): the node's ``latchwork_store_*`` metrics and the
+    profile of bench/bench_runner.py. Thread-safe; costs two clock reads per call."""
+
+    def __init__(self) -> None:
+        self.counts = {"read": 0, "write": 0}
+        self.seconds = {"read": 0.0, "write": 0.0}
+        self._lock = threading.Lock()
+        self._local = threading.local()
+
+    @contextmanager
+    def timed(self, kind: str) -> Iterator[None]:
+        depth = getattr(self._local, "depth", 0)
+        if depth:
+            yield
+            return
+        self._local.depth = 1
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            took = time.perf_counter() - began
+            self._local.depth = 0
+            with self._lock:
+                self.counts[kind] += 1
+                self.seconds[kind] += took
+
+    def snapshot(self) -> dict[str, float]:
+        """``{"reads", "writes", "read_seconds", "write_seconds"}``."""
+        with self._lock:
+            return {"reads": self.counts["read"], "writes": self.counts["write"],
+                    "read_seconds": self.seconds["read"], "write_seconds": self.seconds["write"]}
+
+
 class Graph(Protocol):
     name: str
+    stats: CallStats
 
     def read(self, fn: Callable[[Any], T]) -> T: ...
 
@@ -100,6 +136,7 @@ class EmbeddedGraph:
         self._local = threading.local()
         self._all: list[Any] = []
         self._lock = threading.Lock()
+        self.stats = CallStats()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         #: gremlite's tables are all there: no open of this object needs the init lock
         self._initialised = self._tables_exist()
@@ -194,7 +231,8 @@ class EmbeddedGraph:
             self._local.depth = 0
 
     def read(self, fn: Callable[[Any], T]) -> T:
-        return self._run("BEGIN DEFERRED", fn)  # one consistent snapshot for the whole read
+        with self.stats.timed("read"):
+            return self._run("BEGIN DEFERRED", fn)  # one consistent snapshot for the read
 
     def element_id_bound(self) -> int:
         """The highest element id gremlite has handed out (vertex ids are below it): paging
@@ -207,7 +245,8 @@ class EmbeddedGraph:
         return int(row[0] or 0)
 
     def write(self, fn: Callable[[Any], T]) -> T:
-        return self._run("BEGIN IMMEDIATE", fn)
+        with self.stats.timed("write"):
+            return self._run("BEGIN IMMEDIATE", fn)
 
     def close(self) -> None:
         with self._lock:

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from gremlin_python.process.anonymous_traversal import traversal
 
 from runner.errors import StoreUnavailable, WriteRaceLost
+from runner.store.graph import CallStats
 
 log = logging.getLogger("latchwork.store")
 
@@ -79,6 +80,7 @@ class RemoteGraph:
         self._remote: Any = None
         self._g: Any = None
         self._closed = False
+        self.stats = CallStats()
         self._connect()
 
     def _connect(self) -> Any:
@@ -131,6 +133,10 @@ class RemoteGraph:
         """``fn(g)``; a read that finds its pooled connection dead (the server restarted, the
         link was cut since) is asked once more on a new connection; a read that timed out is
         not (it would wait as long again)."""
+        with self.stats.timed("read"):
+            return self._read(fn)
+
+    def _read(self, fn: Callable[[Any], T]) -> T:
         try:
             return self._call(fn, self._connect())
         except StoreUnavailable as exc:
@@ -139,6 +145,10 @@ class RemoteGraph:
             return self._call(fn, self._connect())
 
     def write(self, fn: Callable[[Any], T]) -> T:
+        with self.stats.timed("write"):
+            return self._write(fn)
+
+    def _write(self, fn: Callable[[Any], T]) -> T:
         g = self._connect()
         if self.atomicity != TRANSACTIONS:
             return self._call(fn, g)
