@@ -33,9 +33,9 @@ def _children() -> dict[int, list[int]]:
     return tree
 
 
-def cpu_seconds(pid: int) -> float:
-    """CPU seconds used so far by ``pid`` and every live descendant of it."""
-    tree = _children()
+def cpu_seconds(pid: int, descendants: bool = True) -> float:
+    """CPU seconds used so far by ``pid`` and (``descendants``) every live descendant of it."""
+    tree = _children() if descendants else {}
     total, todo = 0.0, [pid]
     while todo:
         p = todo.pop()
@@ -83,10 +83,11 @@ class Snapshot:
 
 def snapshot(processes: dict[str, list[int]], zk: tuple[str, int],
              metrics_ports: list[int]) -> Snapshot:
-    """``processes``: a name (``nodes``, ``zookeeper``, ``rabbitmq``, ``bench``) and its pids."""
+    """``processes``: a name (``nodes``, ``zookeeper``, ``rabbitmq``, ``bench``) and its pids
+    (the bench's own CPU without its children: every server and node is one of them)."""
     snap = Snapshot(zk_packets=zk_packets(*zk))
     for name, pids in processes.items():
-        snap.cpu[name] = sum(cpu_seconds(p) for p in pids)
+        snap.cpu[name] = sum(cpu_seconds(p, descendants=name != "bench") for p in pids)
     for port in metrics_ports:
         for key, value in scrape(port).items():
             snap.nodes[key] = snap.nodes.get(key, 0.0) + value

@@ -28,7 +28,7 @@ from coord import (
     markers,
     read_leader,
 )
-from coord.testing import expire_session, lose_first_reply, lose_first_set_reply
+from coord.testing import expire_session, lose_first_reply, lose_first_set_reply, wait_until
 from coord.testing.plugin import ZkNamespace
 
 
@@ -235,6 +235,47 @@ def test_task_lock_owner_tokens_release_and_no_leftovers(zk_namespace: ZkNamespa
         assert session.client.get_children("/locks/tasks") == []
     finally:
         s2.close()
+
+
+def test_locks_tried_together_win_what_is_free_and_hold_like_single_ones(
+        zk_namespace: ZkNamespace, session: Session) -> None:
+    """``TaskLock.try_acquire_all``: the free locks won (tokens that grow, watched: a force
+    release still reaches the listener), one held elsewhere refused with no node left behind,
+    one whose parent an expired holder left empty taken (the single path), and the first lock
+    ever in the namespace too (no /locks/tasks yet)."""
+    other = other_session(zk_namespace)
+    lost: list[str] = []
+    try:
+        assert session.client.exists("/locks/tasks") is None
+        first = TaskLock.try_acquire_all([TaskLock(session, "t0", "a")])
+        assert first[0] is not None
+        held = TaskLock(other, "held", "b")
+        assert held.try_acquire() is not None
+        other.client.create("/locks/tasks/empty")  # what an expired holder leaves
+        names = ["free-1", "held", "free-2", "empty", "free-3"]
+        locks = [TaskLock(session, name, "a") for name in names]
+        for lock in locks:
+            lock.add_lost_listener(lost.append)
+        tokens = TaskLock.try_acquire_all(locks)
+        won = dict(zip(names, tokens, strict=True))
+        assert won["held"] is None and not locks[1].is_held
+        assert all(won[n] is not None for n in ("free-1", "free-2", "empty", "free-3"))
+        assert all(t > first[0] for t in tokens if t is not None)  # type: ignore[operator]
+        assert lock_owner(other, "held") == "b"
+        assert len(other.client.get_children("/locks/tasks/held")) == 1
+        for name in ("free-1", "free-2", "empty", "free-3"):
+            assert lock_owner(other, name) == "a"
+        assert locks[0].verify() and locks[2].token == won["free-2"]
+        assert force_release(other, "free-2") == "a"
+        assert wait_until(lambda: lost == ["free-2"], 5)
+        for lock in locks:
+            lock.release()
+        held.release()
+        assert sorted(session.client.get_children("/locks/tasks")) == ["t0"]
+        with pytest.raises(ValueError):
+            TaskLock.try_acquire_all([TaskLock(session, "x", "a"), TaskLock(other, "y", "a")])
+    finally:
+        other.close()
 
 
 def test_lock_loss_is_reported_on_force_release_and_on_session_loss(

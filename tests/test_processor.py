@@ -7,7 +7,9 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -440,18 +442,28 @@ def test_a_holder_cut_off_after_its_last_check_cannot_record_a_success_over_the_
     and waits until another node has claimed a task that needs the same resource. Before, the
     holder then wrote SUCCEEDED over the other's start. Now each claim records its attempt as
     the resource's holder in the store, in the claim's own write: the late success is refused
-    (ResourceTaken), the attempt ends CANCELLED_BY_SYSTEM, and the task runs again later."""
-    def cut_off(ctx: TaskContext, status: AttemptStatus, error: str | None) -> None:
-        if ctx.task.type == "a" and ctx.attempt.seq == 1:
+    (ResourceTaken), the attempt ends CANCELLED_BY_SYSTEM, and the task runs again later.
+    The cut comes right before the end is handed to the group commit (the observers hear the
+    end only once it is written), and they hear the status written."""
+    told: list[AttemptStatus] = []
+
+    def cut_off(attempt: Attempt, status: AttemptStatus) -> None:
+        if attempt.seq == 1 and pair.task_b is None:  # once (the refusal ends it again)
             assert status is AttemptStatus.SUCCEEDED  # the handler ended, its lock confirmed
             pair.cut()
 
-    with HolderAndNext(zk_namespace, store, lambda ctx, p: None, after=[cut_off]) as pair:
+    def hear(ctx: TaskContext, status: AttemptStatus, error: str | None) -> None:
+        if ctx.attempt.seq == 1:
+            told.append(status)
+
+    with HolderAndNext(zk_namespace, store, lambda ctx, p: None, after=[hear],
+                       before_end=cut_off) as pair:
         task_a = store.tasks.create("a", resources=["ontology:brick"])
         first = pair.first_attempt(task_a)
         assert first.status is AttemptStatus.CANCELLED_BY_SYSTEM, first
         assert "resource 'ontology:brick' was claimed by another attempt" in (first.error or "")
         assert not store.tasks.get(task_a.id).finished
+        assert told == [AttemptStatus.CANCELLED_BY_SYSTEM]  # as written, not as the handler
         pair.finish()  # B ends; A, back in the queue, runs again once the resource is free
     held = sorted((a for t in (task_a, pair.task_b) for a in store.attempts.for_task(t.id)
                    if a.status is AttemptStatus.SUCCEEDED), key=lambda a: a.started_at)
@@ -468,7 +480,8 @@ class HolderAndNext:
     def __init__(self, ns: ZkNamespace, store: GraphStore,
                  handler: Callable[[TaskContext, object], None],
                  after: list[Callable[[TaskContext, AttemptStatus, str | None], None]]
-                 | None = None) -> None:
+                 | None = None,
+                 before_end: Callable[[Attempt, AttemptStatus], None] | None = None) -> None:
         self.store = store
         self.release_b = threading.Event()
         self.task_b: Task | None = None
@@ -482,6 +495,15 @@ class HolderAndNext:
                      observers=[Hooks(after=hook) for hook in after or []]).start(),
             TaskLoop(self.sessions[1], "m2", store, registry_b,
                      LoopSettings(workers=1, scan_interval=0.2)).start()]
+        if before_end is not None:  # between the handler's end and the write of that end
+            commits = self.loops[0].execution.commits
+            conclude = commits.conclude
+
+            def ending(attempt: Attempt, status: AttemptStatus, *rest: Any) -> Task:
+                before_end(attempt, status)
+                return conclude(attempt, status, *rest)
+
+            commits.conclude = ending  # type: ignore[method-assign]
 
     def cut(self) -> None:
         from coord.testing import expire_session
@@ -562,3 +584,81 @@ def test_a_holder_cut_off_mid_handler_cannot_write_a_fenced_effect_once_its_reso
     effects = store.graph.read(lambda g: g.V().has_label("effect").values("effect_attempt")
                                .to_list())
     assert effects == [succeeded.id]
+
+
+def test_a_task_offered_by_its_submitter_starts_without_a_listing(
+        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+    """Start on the submit: the node that created a task claims it at once when a worker is
+    free (no scan, no listing); with no worker free it is not tried and a scan finds it."""
+    started = threading.Event()
+    release = threading.Event()
+    ran: list[str] = []
+
+    def handler(ctx: TaskContext, payload: object) -> None:
+        ran.append(ctx.task.id)
+        started.set()
+        release.wait(30)
+
+    registry = TaskRegistry()
+    registry.register("t", handler)
+    with session(zk_namespace) as s:
+        processor = TaskLoop(s, "m1", store, registry,
+                             LoopSettings(workers=1, scan_interval=3600)).start()
+        try:
+            # the first interval scan runs at start: let it end (nothing open) first
+            assert wait_until(lambda: processor.stats["listings"] >= 1, 10)
+            listings = processor.stats["listings"]
+            first = store.tasks.create("t", {})
+            assert processor.offer(first)
+            assert started.wait(10)
+            assert ran == [first.id]
+            assert processor.stats["listings"] == listings  # no scan, no listing
+            assert wait_until(lambda: processor.stats["offered"] == 1, 5)
+            # the one worker is busy: a second offer is not tried
+            second = store.tasks.create("t", {})
+            assert not processor.offer(second)
+            # a task due later is not offered either
+            later = store.tasks.create("t", {}, run_at=codec.now() + timedelta(hours=1))
+            assert not processor.offer(later)
+            release.set()
+            # the finished worker's follow-up scan lists and takes the second
+            assert wait_until(lambda: second.id in ran, 10)
+        finally:
+            release.set()
+            processor.close()
+
+
+def test_a_batch_claim_that_partly_loses_keeps_what_it_won(
+        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+    """``Claimer.claim_many``: of four listed tasks, one is locked by another node and one
+    changed since it was listed; the other two are claimed in one store write, each with its
+    RUNNING attempt and its lock's token, and nothing of the two lost is left held here."""
+    from coord import TaskLock
+    from runner.tasks.worker.claim import Claimer
+    from runner.tasks.worker.running import RunningSet
+
+    tasks = [store.tasks.create("t", {"n": n}) for n in range(4)]
+    store.tasks.update(tasks[3].id, tasks[3].version, None, priority=5)  # changed since listed
+    with session(zk_namespace) as mine, session(zk_namespace) as theirs:
+        other = TaskLock(theirs, tasks[1].id, "m2")
+        assert other.try_acquire() is not None
+        running = RunningSet(4)
+        claimer = Claimer(mine, store, "m1", running)
+        writes = store.graph.stats.snapshot()["writes"]
+        started = claimer.claim_many(tasks)
+        assert store.graph.stats.snapshot()["writes"] == writes + 1  # one write for both
+        assert sorted(r.task.id for r in started) == sorted([tasks[0].id, tasks[2].id])
+        assert claimer.stats["lock_busy"] == 1 and claimer.stats["stale"] == 1
+        assert sorted(r.task.id for r in running.snapshot()) == sorted(r.task.id
+                                                                        for r in started)
+        for r in started:
+            assert r.attempt is not None and r.token == r.lock.token
+            assert store.tasks.get(r.task.id).status is TaskStatus.RUNNING
+            assert store.tasks.get(r.task.id).fence == r.token
+            assert store.attempts.for_task(r.task.id)[0].status is AttemptStatus.RUNNING
+        assert not mine.client.exists(f"/locks/tasks/{tasks[3].id}")  # released
+        assert [a for a in store.attempts.for_task(tasks[3].id)] == []
+        assert store.attempts.for_task(tasks[1].id) == []
+        for r in started:
+            r.lock.release()
+        other.release()

@@ -317,6 +317,8 @@ class Node:
                                        else req.priority, run_at=run_at,
                                        ordering_key=req.ordering_key,
                                        resources=[*kind.resources, *req.resources])
+        # this node claims it now if a worker is free; the others hear of it and scan
+        self.processor.offer(task)
         self.bus.broadcast("TRIGGER_SCAN", {"task": task.id})
         return task
 

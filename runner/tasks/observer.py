@@ -36,7 +36,9 @@ class Observer:
         """An attempt is about to run its handler (the attempt is written RUNNING)."""
 
     def after_attempt(self, ctx: TaskContext, status: AttemptStatus, error: str | None) -> None:
-        """The attempt's handler ended with ``status`` (before the attempt's end is written)."""
+        """The attempt ended with ``status``: called once its end is written (the status and
+        error written: a handler's success that its node could no longer record is told as
+        CANCELLED_BY_SYSTEM), so nothing reports an end the store does not have."""
 
     def after_scan(self, seconds: float) -> None:
         """One pass of the task loop took ``seconds``."""

@@ -56,6 +56,7 @@ from runner.tasks.outcomes import (
 from runner.tasks.progress import ProgressReporter
 from runner.tasks.registry import TaskRegistry, TaskType
 from runner.tasks.retry import RetryPolicy
+from runner.tasks.worker.commit import GroupCommit
 from runner.tasks.worker.running import Running
 
 log = logging.getLogger("latchwork.tasks")
@@ -82,6 +83,8 @@ class Execution:
         self.conflict_backoff = conflict_backoff
         #: how long the end of an attempt is tried again while the graph is unreachable
         self.store_retry_for = store_retry_for
+        #: the attempts' ends, written in groups (:mod:`runner.tasks.worker.commit`)
+        self.commits = GroupCommit(store)
 
     def run(self, r: Running) -> Outcome:
         """Run ``r`` to its outcome and write it; returns the outcome."""
@@ -91,11 +94,13 @@ class Execution:
         try:
             kind = self.registry.get(task.type)
             retries = 0
+            tell: Callable[[AttemptStatus, str | None], None] | None = None
             while True:
-                result = self.attempt(r, kind, attempt)
+                result, tell = self.attempt(r, kind, attempt)
                 outcome = result.outcome
                 if outcome is Outcome.RETRY and retries < self.max_conflict_retries:
                     self.finish(attempt, result)
+                    tell(result.status, result.error)
                     retries += 1
                     next_attempt = self._retry(r, retries, result)
                     if next_attempt is not None:
@@ -121,17 +126,22 @@ class Execution:
                         log.error("member %s: task %s (%s) failed after ctx.complete(): %s; "
                                   "its attempt stays SUCCEEDED", self.member_id, task.id,
                                   task.type, result.error)
+                    tell(AttemptStatus.SUCCEEDED, None)  # as ctx.complete() wrote it
                     return Outcome.FINISHED  # concluded by ctx.complete()
-                return self.conclude(r, attempt, result, outcome, run_at)
+                written = self.conclude(r, attempt, result, outcome, run_at)
+                tell(*r.ended)
+                return written
         except Exception as exc:
             log.exception("member %s: task %s: unexpected failure in the task loop",
                           self.member_id, task.id)
+            error = f"internal error in the task loop: {exc!r}"
             try:  # leave no RUNNING attempt behind; the task stays open for another try
-                self.store.attempts.finish(attempt.id, AttemptStatus.FAILED,
-                                           f"internal error in the task loop: {exc!r}",
+                self.store.attempts.finish(attempt.id, AttemptStatus.FAILED, error,
                                            "".join(traceback.format_exception(exc)))
             except StoreError:
                 pass  # already finished, or the store is gone: the reaper cannot help here
+            if tell is not None:
+                tell(AttemptStatus.FAILED, error)
             return Outcome.CANCELLED
 
     def _retry(self, r: Running, retries: int, result: AttemptResult) -> Attempt | None:
@@ -152,8 +162,14 @@ class Execution:
                         r.task.type, exc)
             return None
 
-    def attempt(self, r: Running, kind: TaskType, attempt: Attempt) -> AttemptResult:
-        """Run the handler once, with the hooks; never raises."""
+    def attempt(self, r: Running, kind: TaskType,
+                attempt: Attempt) -> tuple[AttemptResult, Callable[[AttemptStatus, str | None],
+                                                                    None]]:
+        """Run the handler once, with the observers' ``before_attempt``; never raises. Returns
+        its result and ``tell(status, error)``, which the caller calls once the attempt's end
+        is written (with the status written): the observers' ``after_attempt``, in reverse
+        order, so that nothing (the log, the metrics) reports an end that is not in the
+        store."""
         task = r.task
         progress = ProgressReporter(self.store, attempt.id, r.cancel)
         ctx = TaskContext(task=task, attempt=attempt, member_id=self.member_id,
@@ -161,13 +177,24 @@ class Execution:
                           services=self.services, checker=lambda: self.check(r),
                           completer=lambda write: self.complete(r, attempt, write),
                           reporter=progress.report)
+        entered: list[Observer] = []
         with logs.attempt_context(task.id, attempt.id):
-            return self._attempt(r, kind, attempt, ctx, progress)
+            result = self._attempt(r, kind, attempt, ctx, progress, entered)
+
+        def tell(status: AttemptStatus, error: str | None) -> None:
+            with logs.attempt_context(task.id, attempt.id):
+                for observer in reversed(entered):  # unwound in reverse order
+                    try:
+                        observer.after_attempt(ctx, status, error)
+                    except Exception:
+                        log.exception("observer %r failed after an attempt of task %s",
+                                      observer, task.id)
+
+        return result, tell
 
     def _attempt(self, r: Running, kind: TaskType, attempt: Attempt, ctx: TaskContext,
-                 progress: ProgressReporter) -> AttemptResult:
+                 progress: ProgressReporter, entered: list[Observer]) -> AttemptResult:
         task = r.task
-        entered: list[Observer] = []
 
         def body() -> None:
             for observer in self.observers:
@@ -183,12 +210,6 @@ class Execution:
         result = attempt_result(body, r.cancel)
         if not r.completed:  # ctx.complete() ended the attempt: nothing more is written on it
             progress.flush()
-        for observer in reversed(entered):  # unwound in reverse order
-            try:
-                observer.after_attempt(ctx, result.status, result.error)
-            except Exception:
-                log.exception("observer %r failed after an attempt of task %s", observer,
-                              task.id)
         return result
 
     def check(self, r: Running) -> None:
@@ -241,9 +262,9 @@ class Execution:
         delay = 0.1
         while True:
             try:
-                if attempt is not None:
-                    r.task = self.store.conclude(attempt, result.status, result.error,
-                                                 result.stack, r.task, r.token, changes)
+                if attempt is not None:  # written with the other workers' (group commit)
+                    r.task = self.commits.conclude(attempt, result.status, result.error,
+                                                   result.stack, r.task, r.token, changes)
                 else:
                     r.task = self.store.release(r.task.id, r.token, changes)
                 return
@@ -302,6 +323,7 @@ class Execution:
         resources since (this node lost its hold with its session) is written as
         CANCELLED_BY_SYSTEM instead, and the task runs again."""
         changes = task_changes(outcome, run_at)
+        lost = AttemptStatus.CANCELLED_BY_SYSTEM
         try:
             self._write_end(r, attempt, result, changes)
         except StoreUnavailable as exc:
@@ -309,6 +331,7 @@ class Execution:
                       "for %gs (%s); the task stays open and is run again (its attempt is "
                       "closed as superseded)", self.member_id, r.task.id, r.task.type,
                       self.store_retry_for, exc)
+            r.ended = (lost, f"its end could not be written: {exc}")
             return Outcome.CANCELLED
         except ResourceTaken as exc:
             assert attempt is not None  # only a success needs its resources
@@ -316,17 +339,21 @@ class Execution:
                         self.member_id, r.task.id, r.task.type, attempt.seq, exc)
             cancelled = AttemptResult.cancelled(f"cancelled by system: {exc}")
             return self.conclude(r, attempt, cancelled, Outcome.CANCELLED)
-        except StaleFencingToken:
+        except StaleFencingToken as exc:
             log.warning("member %s: task %s was taken over by another owner; leaving it",
                         self.member_id, r.task.id)
+            r.ended = (lost, f"cancelled by system: superseded ({exc})")
             return Outcome.CANCELLED
         except AttemptAlreadyFinished:
             log.warning("member %s: the attempt of task %s was closed by the master meanwhile "
                         "(or by an operator); leaving the task to them", self.member_id,
                         r.task.id)
+            r.ended = (lost, "closed by someone else before its end was written")
             return Outcome.CANCELLED
         except CommitConflict:
             log.error("member %s: could not record the end of task %s", self.member_id,
                       r.task.id)
+            r.ended = (lost, "its end could not be written: commit conflicts")
             return Outcome.CANCELLED
+        r.ended = (result.status, result.error)
         return outcome

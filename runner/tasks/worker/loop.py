@@ -60,10 +60,10 @@ from runner.store import GraphStore, Task, codec
 from runner.tasks.context import Services
 from runner.tasks.observer import Observer, notify_scan
 from runner.tasks.outcomes import Outcome
-from runner.tasks.registry import TaskRegistry
+from runner.tasks.registry import TaskRegistry, TaskType
 from runner.tasks.worker import backlog
 from runner.tasks.worker.chain import KeyChain
-from runner.tasks.worker.claim import Claimer, key_only, release, release_booking
+from runner.tasks.worker.claim import Claimer, key_only, plain, release, release_booking
 from runner.tasks.worker.execution import Execution
 from runner.tasks.worker.running import Running, RunningSet
 from runner.tasks.worker.timing import DueTimer
@@ -123,6 +123,8 @@ class TaskLoop:
         self._scan_lock = threading.Lock()
         self._stopping = threading.Event()
         self._pool = ThreadPoolExecutor(settings.workers, thread_name_prefix="task-worker")
+        #: claims of tasks this node has just created (:meth:`offer`), one at a time
+        self._offers = ThreadPoolExecutor(1, thread_name_prefix="task-offer")
         self._scheduler = BackgroundScheduler(timezone=UTC)
         self._skipped_types: set[str] = set()
         # candidates from the last listing: the task, when its version was last confirmed, and
@@ -158,6 +160,31 @@ class TaskLoop:
         except Exception:  # the scheduler is shutting down
             log.debug("trigger ignored: scheduler stopping")
 
+    def offer(self, task: Task) -> bool:
+        """A task this node has just created (its create committed): claimed at once by a free
+        worker of this node, without waiting for a scan or listing the open tasks (the other
+        nodes hear of it from the submit's broadcast, as before). Handed to a thread of its
+        own, so the submitter's reply is not held up; False when it is not tried (no free
+        worker, not due yet, the session not CONNECTED, the loop stopping): a scan finds it."""
+        if (self._stopping.is_set() or self.running.free() <= 0 or not self._may_claim()
+                or (task.run_at is not None and task.run_at > codec.now())):
+            return False
+        try:
+            self._offers.submit(self._start_offered, task)
+        except RuntimeError:  # shutting down
+            return False
+        return True
+
+    def _start_offered(self, task: Task) -> None:
+        with self._scan_lock:
+            if self.running.free() <= 0 or not self._may_claim() or task.id in self.running:
+                return
+            try:
+                if self._try_start(task):
+                    self.stats["offered"] += 1
+            except (CoordError, StoreError) as exc:
+                log.warning("member %s: task %s not started: %s", self.member_id, task.id, exc)
+
     def close(self, timeout: float = 20.0) -> None:
         """Stop taking tasks, cancel the running ones and wait for their attempts and locks."""
         if self._stopping.is_set():
@@ -182,11 +209,16 @@ class TaskLoop:
                     break
         timer.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._offers.shutdown(wait=False, cancel_futures=True)
         log.info("member %s: task loop stopped; claims: %d started, %d locked elsewhere, "
                  "%d stale; %d changed tasks skipped before locking, %d running elsewhere "
-                 "skipped; %d listings", self.member_id, self.stats["started"],
+                 "skipped; %d listings; %d ends written in %d groups (largest %d)",
+                 self.member_id, self.stats["started"],
                  self.stats["lock_busy"], self.stats["stale"], self.stats["skipped_stale"],
-                 self.stats["skipped_running"], self.stats["listings"])
+                 self.stats["skipped_running"], self.stats["listings"],
+                 self.execution.commits.stats["concluded"],
+                 self.execution.commits.stats["groups"],
+                 self.execution.commits.stats["largest"])
 
     def running_tasks(self) -> list[str]:
         return [r.task.id for r in self.running.snapshot()]
@@ -264,17 +296,50 @@ class TaskLoop:
                             return started
                         continue
                     self._stale_chunks = 0
-                    task = fresh[0][0]  # just confirmed
-                self._backlog.pop(0)
-                if task.id in self.running:
-                    continue
-                try:
-                    if self._try_start(task):
-                        started += 1
-                except (CoordError, StoreError) as exc:
-                    log.warning("member %s: task %s not started: %s", self.member_id, task.id,
-                                exc)
+                # as many candidates as there are free workers, all still trusted: one batch
+                batch: list[Task] = []
+                now = time.monotonic()
+                while self._backlog and len(batch) < self.running.free():
+                    task, seen, own = self._backlog[0]
+                    trusted = self.settings.own_fresh_for if own else self.settings.fresh_for
+                    if batch and now - seen > trusted:
+                        break  # the next pass through the loop checks its version first
+                    self._backlog.pop(0)
+                    if task.id not in self.running and task.id not in {t.id for t in batch}:
+                        batch.append(task)
+                started += self._start_batch(batch)
         return started
+
+    def _start_batch(self, batch: list[Task]) -> int:
+        """Start ``batch``: the plain tasks together (:meth:`Claimer.claim_many`: their locks
+        pipelined, their claims in one store write), the others (slots, holds, keys) one by
+        one; how many started."""
+        started = 0
+        alone: list[tuple[Task, TaskType]] = []
+        together: list[tuple[Task, TaskType]] = []
+        for task in batch:
+            kind = self._kind_of(task)
+            if kind is not None:
+                (together if plain(task, kind, self.claimer.limits) else alone).append(
+                    (task, kind))
+        if len(together) == 1:  # a batch of one is a claim like any other
+            alone.append(together.pop())
+        for task, kind in alone:
+            try:
+                started += self._start(task, kind)
+            except (CoordError, StoreError) as exc:
+                log.warning("member %s: task %s not started: %s", self.member_id, task.id, exc)
+        if not together:
+            return started
+        try:
+            runs = self.claimer.claim_many([task for task, _ in together])
+        except (CoordError, StoreError) as exc:
+            log.warning("member %s: tasks %s not started: %s", self.member_id,
+                        ", ".join(task.id for task, _ in together), exc)
+            return started
+        for running in runs:
+            self._pool.submit(self._execute, running)
+        return started + len(runs)
 
     def _start_due(self, due: list[tuple[Task, bool]]) -> int:
         """Start the tasks whose time came (the due-time timer), before the backlog: this
@@ -362,17 +427,25 @@ class TaskLoop:
                      exc)
             return None
 
-    def _try_start(self, task: Task) -> bool:
+    def _kind_of(self, task: Task) -> TaskType | None:
+        """The type of a task this node may try: None when its handler declined it lately or
+        this node has no handler for its type (logged once per type)."""
         if self.running.declined(task.id):
-            return False
+            return None
         try:
-            kind = self.registry.get(task.type)
+            return self.registry.get(task.type)
         except TaskError:
             if task.type not in self._skipped_types:
                 self._skipped_types.add(task.type)
                 log.warning("member %s: no handler for task type %r here; leaving %s to nodes "
                             "that have one", self.member_id, task.type, task.id)
-            return False
+            return None
+
+    def _try_start(self, task: Task) -> bool:
+        kind = self._kind_of(task)
+        return kind is not None and self._start(task, kind)
+
+    def _start(self, task: Task, kind: TaskType) -> bool:
         running = self.claimer.claim(task, kind)
         if running is None:
             return False

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 
 from coord import Booking, TaskLock
-from runner.store import Attempt, Task
+from runner.store import Attempt, AttemptStatus, Task
 from runner.tasks.context import CancelToken
 
 
@@ -29,6 +29,9 @@ class Running:
     token: int = 0
     attempt: Attempt | None = None
     completed: bool = False  # the handler's ctx.complete() concluded the attempt
+    #: the status and error its attempt's end was written with (or stands at, when it could
+    #: not be written), which the observers are told
+    ended: tuple[AttemptStatus, str | None] = (AttemptStatus.RUNNING, None)
     cancel: CancelToken = field(default_factory=CancelToken)
     done: threading.Event = field(default_factory=threading.Event)
     #: the tasks after this one in its key's queue, as the claim read it (its first check)
