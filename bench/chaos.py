@@ -752,7 +752,11 @@ def chaos(profile_name: str, seed: int, keep: Path | None,
                 for what in (["list_queues", "name", "messages_ready",
                               "messages_unacknowledged", "consumers"],
                              ["list_channels", "connection", "consumer_count",
-                              "messages_unacknowledged"]):
+                              "messages_unacknowledged"],
+                             ["list_consumers", "queue_name", "channel_pid", "consumer_tag",
+                              "active", "activity_status"],
+                             ["list_connections", "pid", "peer_host", "peer_port", "state",
+                              "timeout"]):
                     try:
                         run.say(f"rabbitmqctl {what[0]}:\n" + rabbit.ctl(*what, timeout=30))
                     except Exception as exc:
