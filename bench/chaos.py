@@ -748,6 +748,19 @@ def chaos(profile_name: str, seed: int, keep: Path | None,
             wait_until(lambda: not reader.client.exists("/locks/tasks")
                        or reader.client.get_children("/locks/tasks") == [], 10, 0.25)
             result = figures(run, reader)
+            if not ok:  # what the broker holds, for the log (a message nobody consumes, ...)
+                for what in (["list_queues", "name", "messages_ready",
+                              "messages_unacknowledged", "consumers"],
+                             ["list_channels", "connection", "consumer_count",
+                              "messages_unacknowledged"],
+                             ["list_consumers", "queue_name", "channel_pid", "consumer_tag",
+                              "active", "activity_status"],
+                             ["list_connections", "pid", "peer_host", "peer_port", "state",
+                              "timeout"]):
+                    try:
+                        run.say(f"rabbitmqctl {what[0]}:\n" + rabbit.ctl(*what, timeout=30))
+                    except Exception as exc:
+                        run.say(f"rabbitmqctl {what[0]} failed: {exc}")
             result.update({"profile": profile_name, "seed": seed, "graph": graph,
                            "hosts": network is not None, "faults_left_out": run.skipped,
                            "drained": ok,
@@ -761,7 +774,8 @@ def chaos(profile_name: str, seed: int, keep: Path | None,
                 keep.mkdir(parents=True, exist_ok=True)
                 for path in workdir.glob("node*.log"):
                     shutil.copy(path, keep / path.name)
-                for path in [rabbit.log_path, *(s.log_path for s in zk.servers),
+                for path in [rabbit.log_path, *rabbit.log_path.parent.glob("rabbit*.log"),
+                             *(s.log_path for s in zk.servers),
                              *([server.log] if server is not None else [])]:
                     if path.exists():
                         shutil.copy(path, keep / f"{path.parent.name}-{path.name}")
