@@ -623,6 +623,18 @@ def test_a_task_offered_by_its_submitter_starts_without_a_listing(
             release.set()
             # the finished worker's follow-up scan lists and takes the second
             assert wait_until(lambda: second.id in ran, 10)
+            assert wait_until(lambda: processor.running.free() == 1, 10)
+            # tried and not started (its lock held elsewhere): the others are told
+            from coord import TaskLock
+            third = store.tasks.create("t", {})
+            told = threading.Event()
+            with session(zk_namespace) as other:
+                held = TaskLock(other, third.id, "m2")
+                assert held.try_acquire() is not None
+                assert processor.offer(third, otherwise=told.set)
+                assert told.wait(10)
+                assert third.id not in ran
+                held.release()
         finally:
             release.set()
             processor.close()

@@ -317,9 +317,13 @@ class Node:
                                        else req.priority, run_at=run_at,
                                        ordering_key=req.ordering_key,
                                        resources=[*kind.resources, *req.resources])
-        # this node claims it now if a worker is free; the others hear of it and scan
-        self.processor.offer(task)
-        self.bus.broadcast("TRIGGER_SCAN", {"task": task.id})
+        # this node claims it now if a worker is free; the others hear of it (and scan) when
+        # it does not, or cannot try
+        def tell_others() -> None:
+            self.bus.broadcast("TRIGGER_SCAN", {"task": task.id})
+
+        if not self.processor.offer(task, otherwise=tell_others):
+            tell_others()
         return task
 
     def cancel(self, task_id: str, by: str, reason: str | None = None) -> dict[str, Any]:

@@ -160,30 +160,40 @@ class TaskLoop:
         except Exception:  # the scheduler is shutting down
             log.debug("trigger ignored: scheduler stopping")
 
-    def offer(self, task: Task) -> bool:
+    def offer(self, task: Task, otherwise: Callable[[], object] | None = None) -> bool:
         """A task this node has just created (its create committed): claimed at once by a free
-        worker of this node, without waiting for a scan or listing the open tasks (the other
-        nodes hear of it from the submit's broadcast, as before). Handed to a thread of its
-        own, so the submitter's reply is not held up; False when it is not tried (no free
-        worker, not due yet, the session not CONNECTED, the loop stopping): a scan finds it."""
+        worker of this node, without waiting for a scan or listing the open tasks. Handed to a
+        thread of its own, so the submitter's reply is not held up. False when it is not tried
+        (no free worker, not due yet, the session not CONNECTED, the loop stopping); when it
+        is tried and not started (its lock taken, a claim refused), ``otherwise()`` is called
+        on that thread: the node then tells the others (TRIGGER_SCAN) as it does for a task it
+        cannot take. A task that was taken needs no other node, and nobody else lists it."""
         if (self._stopping.is_set() or self.running.free() <= 0 or not self._may_claim()
                 or (task.run_at is not None and task.run_at > codec.now())):
             return False
         try:
-            self._offers.submit(self._start_offered, task)
+            self._offers.submit(self._start_offered, task, otherwise)
         except RuntimeError:  # shutting down
             return False
         return True
 
-    def _start_offered(self, task: Task) -> None:
+    def _start_offered(self, task: Task, otherwise: Callable[[], object] | None) -> None:
+        started = False
         with self._scan_lock:
-            if self.running.free() <= 0 or not self._may_claim() or task.id in self.running:
-                return
+            if self.running.free() > 0 and self._may_claim() and task.id not in self.running:
+                try:
+                    started = self._try_start(task)
+                except (CoordError, StoreError) as exc:
+                    log.warning("member %s: task %s not started: %s", self.member_id,
+                                task.id, exc)
+        if started:
+            self.stats["offered"] += 1
+        elif otherwise is not None:
             try:
-                if self._try_start(task):
-                    self.stats["offered"] += 1
-            except (CoordError, StoreError) as exc:
-                log.warning("member %s: task %s not started: %s", self.member_id, task.id, exc)
+                otherwise()
+            except Exception:
+                log.exception("member %s: task %s: telling the other nodes failed",
+                              self.member_id, task.id)
 
     def close(self, timeout: float = 20.0) -> None:
         """Stop taking tasks, cancel the running ones and wait for their attempts and locks."""
