@@ -5,12 +5,14 @@ worker's alone, a graph that fails fails the whole group and nothing of it is wr
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from coord.testing.plugin import ZkNamespace
 from runner.errors import AttemptAlreadyFinished, StoreUnavailable
 from runner.store import AttemptStatus, GraphStore, TaskStatus, open_store
 from runner.store.remote import SERIAL
@@ -184,3 +186,53 @@ def _wait_for(predicate: Any, timeout: float) -> bool:
     from coord.testing import wait_until
 
     return bool(wait_until(predicate, timeout, 0.01))
+
+
+def test_an_end_is_reported_only_once_its_group_is_written(
+        zk_namespace: ZkNamespace, tmp_path: Path) -> None:
+    """While a node's write of attempt ends is held up, a handler that returned is reported
+    nowhere: its attempt is RUNNING and its task open in the store, no observer has heard of
+    it (the attempt log, metrics and hooks are observers) and its lock is still held (so a
+    node killed -9 now leaves the attempt to the master's reaper, like any node killed while
+    running). Once written, the observers hear SUCCEEDED and the lock goes."""
+    from coord import Session, lock_owner
+    from runner.tasks import TaskContext, TaskRegistry
+    from runner.tasks.observer import Hooks
+    from runner.tasks.worker.loop import LoopSettings, TaskLoop
+
+    told: list[AttemptStatus] = []
+    returned = threading.Event()
+    registry = TaskRegistry()
+
+    def handler(ctx: TaskContext, payload: object) -> None:
+        returned.set()
+
+    registry.register("t", handler)
+    gate = threading.Event()
+    with open_store(str(tmp_path / "graph.db")) as store, \
+            Session(zk_namespace.hosts, "g1", timeout=4.0) as s:
+        loop = TaskLoop(s, "m1", store, registry, LoopSettings(workers=1, scan_interval=3600),
+                        observers=[Hooks(after=lambda ctx, status, error: told.append(status))])
+        conclude = loop.execution.commits.conclude
+
+        def held(*args: Any) -> Any:
+            gate.wait(30)
+            return conclude(*args)
+
+        loop.execution.commits.conclude = held  # type: ignore[method-assign]
+        task = store.tasks.create("t", {})
+        loop.start()
+        try:
+            assert returned.wait(10)
+            time.sleep(0.3)  # the worker is now waiting for its write
+            assert told == []
+            assert store.attempts.for_task(task.id)[0].status is AttemptStatus.RUNNING
+            assert not store.tasks.get(task.id).finished
+            assert lock_owner(s, task.id) == "m1"
+            gate.set()
+            assert _wait_for(lambda: told == [AttemptStatus.SUCCEEDED], 10)
+            assert store.tasks.get(task.id).finished
+            assert _wait_for(lambda: lock_owner(s, task.id) is None, 10)
+        finally:
+            gate.set()
+            loop.close()
