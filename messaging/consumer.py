@@ -70,6 +70,7 @@ class Consumer(Dispatcher):
         self._connection: pika.BlockingConnection | None = None
         self._channel: Any = None
         self._tag: str | None = None
+        self._redeclare = False  # the broker cancelled our consumer: declare before consuming
         self._generation = 0
         self._inflight: dict[int, HandlerContext | None] = {}
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix=f"{self.name}-worker")
@@ -182,6 +183,7 @@ class Consumer(Dispatcher):
         channel = connection.channel()
         self.declare(channel)
         channel.basic_qos(prefetch_count=self.prefetch)
+        channel.add_on_cancel_callback(self._cancelled_by_broker)
         with self._lock:
             self._connection = connection
             self._channel = channel
@@ -206,12 +208,34 @@ class Consumer(Dispatcher):
         self.cancel_inflight()
         connection.process_data_events(time_limit=0.2)
 
+    def _cancelled_by_broker(self, frame: Any) -> None:
+        """Connection thread: the broker cancelled our consumer (its queue was deleted, or its
+        process went down and came back: RabbitMQ then nacks the publishes it had not
+        confirmed and cancels the consumers). Left alone, this node would believe it still
+        consumes while nothing reaches it (a master would never see another MASTER message):
+        the queue is declared again and consumed again at once."""
+        tag = getattr(frame.method, "consumer_tag", None)
+        if tag is None or tag != self._tag:
+            return
+        log.warning("member %s: %s: the broker cancelled its consumer of %s (the queue was "
+                    "deleted or restarted); declaring it and consuming again", self.member_id,
+                    self.name, self.queue())
+        self._tag = None
+        self._consuming.clear()
+        self._redeclare = True
+        connection = self._connection
+        if connection is not None:
+            connection.add_callback_threadsafe(self._sync_consuming)
+
     def _sync_consuming(self) -> None:
         channel = self._channel
         if channel is None or not channel.is_open:
             return
         want = not self._stop.is_set() and self.wants_consuming()
         if want and self._tag is None:
+            if self._redeclare:
+                self._redeclare = False
+                self.declare(channel)
             self._tag = channel.basic_consume(self.queue(), self._on_message, auto_ack=False)
             self._consuming.set()
             log.info("member %s: consuming %s", self.member_id, self.queue())

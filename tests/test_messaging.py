@@ -256,6 +256,36 @@ def test_the_same_master_message_published_twice_at_once_is_handled_once(
     assert session.client.get_children("/messages/handling") == []
 
 
+def test_a_consumer_the_broker_cancels_consumes_again(
+        amqp_vhost: AmqpNamespace, session: Session, topology: Topology) -> None:
+    """The chaos suite across hosts (2026-11-24): RabbitMQ's master queue went down under the
+    master (the broker nacked a publish in flight) and cancelled its consumer with a
+    Basic.Cancel; the master went on believing it consumed, and every MASTER message after that
+    waited in the queue (30 confirmed messages never handled). Here the queue is deleted
+    under the master: it declares the queue again and consumes again, and a message sent after
+    is handled (on the code before, it was never delivered)."""
+    registry = HandlerRegistry(Paradigm.MASTER)
+    registry.register("test.ok", lambda ctx, payload: None)
+    recorder = Recorder()
+    url = amqp_vhost.url
+    with running_master(url, session, topology, registry, recorder) as consumer:
+        connection, channel = raw_channel(url)
+        try:
+            channel.queue_delete(topology.master_queue)
+        finally:
+            connection.close()
+        assert wait_until(lambda: consumer.is_consuming and depth(url, topology.master_queue)
+                          == 0, 10)
+        publisher = Publisher(Connector(url))
+        message = envelope("test.ok")
+        try:
+            publisher.publish("", topology.master_queue, message)
+        finally:
+            publisher.close()
+        recorder.wait(lambda r: r.of(DeliveryOutcome.HANDLED) == [str(message.id)], 15)
+        assert consumer.connections_opened == 1  # on the same connection
+
+
 def test_transient_failures_are_retried_with_backoff_then_dead_lettered(
         amqp_vhost: AmqpNamespace, session: Session, topology: Topology) -> None:
     registry = HandlerRegistry(Paradigm.MASTER)
