@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from coord.testing import wait_until
 from coord.testing.plugin import ZkNamespace
 from runner.errors import AttemptAlreadyFinished, StoreUnavailable
 from runner.store import AttemptStatus, GraphStore, TaskStatus, open_store
@@ -43,39 +44,64 @@ def claimed(store: GraphStore, n: int) -> list[tuple[Any, Any, int]]:
     return out
 
 
+class Ends:
+    """Workers ending ``work``'s attempts through ``commits`` on threads of their own, with the
+    graph's first write (the first group) held until :meth:`go`: the ends that arrive
+    meanwhile queue for the next group."""
+
+    def __init__(self, store: GraphStore, commits: GroupCommit,
+                 work: list[tuple[Any, Any, int]]) -> None:
+        self.store, self.commits, self.work = store, commits, work
+        self.gate = threading.Event()
+        self.writes = 0
+        self.results: dict[int, Any] = {}
+        self.errors: dict[int, BaseException] = {}
+        self.threads: list[threading.Thread] = []
+        self._write = store.graph.write
+        store.graph.write = self._held  # type: ignore[method-assign]
+
+    def _held(self, fn: Any) -> Any:
+        self.writes += 1
+        if self.writes == 1:
+            self.gate.wait(10)
+        return self._write(fn)
+
+    def _end(self, i: int) -> None:
+        task, attempt, token = self.work[i]
+        try:
+            self.results[i] = self.commits.conclude(attempt, AttemptStatus.SUCCEEDED, None,
+                                                    None, task, token, FINISHED)
+        except BaseException as exc:
+            self.errors[i] = exc
+
+    def start(self, *indices: int) -> None:
+        for i in indices:
+            thread = threading.Thread(target=self._end, args=(i,))
+            thread.start()
+            self.threads.append(thread)
+
+    def queue_behind_first(self, count: int) -> None:
+        """The first end's group held in its write, the next ``count`` ends queued behind it."""
+        self.start(0)
+        assert wait_until(lambda: self.writes >= 1, 10)
+        self.start(*range(1, count + 1))
+        assert wait_until(lambda: len(self.commits._queue) == count, 10)
+
+    def go(self) -> None:
+        """Let the held write through, wait for every worker, put the graph back."""
+        self.gate.set()
+        for thread in self.threads:
+            thread.join(30)
+        self.store.graph.write = self._write  # type: ignore[method-assign]
+
+
 def test_ends_that_arrive_during_a_write_go_in_the_next_group(store: GraphStore) -> None:
     commits = GroupCommit(store)
     work = claimed(store, 12)
-    gate = threading.Event()
-    write = store.graph.write
-    calls = 0
-
-    def slow_first(fn: Any) -> Any:  # the first group holds the writer until all have queued
-        nonlocal calls
-        calls += 1
-        if calls == 1:
-            gate.wait(10)
-        return write(fn)
-
-    store.graph.write = slow_first  # type: ignore[method-assign]
-    results: dict[int, Any] = {}
-
-    def end(i: int) -> None:
-        task, attempt, token = work[i]
-        results[i] = commits.conclude(attempt, AttemptStatus.SUCCEEDED, None, None, task,
-                                      token, FINISHED)
-
-    threads = [threading.Thread(target=end, args=(i,)) for i in range(len(work))]
-    threads[0].start()
-    assert _wait_for(lambda: calls >= 1, 10)
-    for t in threads[1:]:
-        t.start()
-    assert _wait_for(lambda: len(commits._queue) == len(work) - 1, 10)
-    gate.set()
-    for t in threads:
-        t.join(30)
-    store.graph.write = write  # type: ignore[method-assign]
-    assert len(results) == len(work)
+    ends = Ends(store, commits, work)
+    ends.queue_behind_first(len(work) - 1)
+    ends.go()
+    assert len(ends.results) == len(work) and not ends.errors
     assert commits.stats == {"groups": 2, "concluded": 12, "largest": 11}
     for task, attempt, _ in work:
         assert store.attempts.get(attempt.id).status is AttemptStatus.SUCCEEDED
@@ -88,40 +114,10 @@ def test_a_refused_end_is_its_own_workers_and_the_rest_of_the_group_is_written(
     work = claimed(store, 3)
     closed = work[1][1]
     store.attempts.finish(closed.id, AttemptStatus.CANCELLED, "cancelled by an operator")
-    gate = threading.Event()
-    write = store.graph.write
-    errors: dict[int, BaseException] = {}
-    calls = 0
-
-    def held(fn: Any) -> Any:
-        nonlocal calls
-        calls += 1
-        if calls == 1:
-            gate.wait(10)
-        return write(fn)
-
-    store.graph.write = held  # type: ignore[method-assign]
-
-    def end(i: int) -> None:
-        task, attempt, token = work[i]
-        try:
-            commits.conclude(attempt, AttemptStatus.SUCCEEDED, None, None, task, token,
-                             FINISHED)
-        except BaseException as exc:
-            errors[i] = exc
-
-    first = threading.Thread(target=end, args=(0,))
-    first.start()
-    assert _wait_for(lambda: calls >= 1, 10)
-    rest = [threading.Thread(target=end, args=(i,)) for i in (1, 2)]
-    for t in rest:
-        t.start()
-    assert _wait_for(lambda: len(commits._queue) == 2, 10)
-    gate.set()
-    for t in [first, *rest]:
-        t.join(30)
-    store.graph.write = write  # type: ignore[method-assign]
-    assert set(errors) == {1} and isinstance(errors[1], AttemptAlreadyFinished)
+    ends = Ends(store, commits, work)
+    ends.queue_behind_first(2)
+    ends.go()
+    assert set(ends.errors) == {1} and isinstance(ends.errors[1], AttemptAlreadyFinished)
     assert commits.stats["groups"] == 2 and commits.stats["largest"] == 2
     assert store.attempts.get(work[2][1].id).status is AttemptStatus.SUCCEEDED
     assert store.attempts.get(closed.id).status is AttemptStatus.CANCELLED
@@ -133,59 +129,27 @@ def test_a_graph_that_fails_mid_group_fails_every_end_of_it_and_writes_none(
     first unwritten too, and every worker hears the failure (each tries again on its own)."""
     with open_store(str(tmp_path / "graph.db")) as store:
         commits = GroupCommit(store)
-        work = claimed(store, 2)
+        work = claimed(store, 3)
         conclude = store.conclude
         seen = 0
 
         def failing(*args: Any) -> Any:
             nonlocal seen
             seen += 1
-            if seen == 2:
+            if seen == 3:  # the second end of the second group
                 raise StoreUnavailable("the graph went away")
             return conclude(*args)
 
         store.conclude = failing  # type: ignore[method-assign]
-        errors: list[BaseException] = []
-        gate = threading.Event()
-        write = store.graph.write
-
-        def held(fn: Any) -> Any:
-            gate.wait(10)
-            return write(fn)
-
-        store.graph.write = held  # type: ignore[method-assign]
-
-        def end(i: int) -> None:
-            task, attempt, token = work[i]
-            try:
-                commits.conclude(attempt, AttemptStatus.SUCCEEDED, None, None, task, token,
-                                 FINISHED)
-            except BaseException as exc:
-                errors.append(exc)
-
-        # both queued before the first write starts: one group of two
-        commits._writing = True
-        threads = [threading.Thread(target=end, args=(i,)) for i in range(2)]
-        for t in threads:
-            t.start()
-        assert _wait_for(lambda: len(commits._queue) == 2, 10)
-        with commits._lock:
-            commits._queue[0].lead = True
-            commits._queue[0].done.set()
-        gate.set()
-        for t in threads:
-            t.join(30)
-        store.graph.write = write  # type: ignore[method-assign]
+        ends = Ends(store, commits, work)
+        ends.queue_behind_first(2)
+        ends.go()
         store.conclude = conclude  # type: ignore[method-assign]
-        assert len(errors) == 2 and all(isinstance(e, StoreUnavailable) for e in errors)
-        for _, attempt, _ in work:  # the first end was rolled back with the group
+        assert 0 in ends.results and set(ends.errors) == {1, 2}
+        assert all(isinstance(e, StoreUnavailable) for e in ends.errors.values())
+        assert store.attempts.get(work[0][1].id).status is AttemptStatus.SUCCEEDED
+        for _, attempt, _ in work[1:]:  # the first end of the group was rolled back with it
             assert store.attempts.get(attempt.id).status is AttemptStatus.RUNNING
-
-
-def _wait_for(predicate: Any, timeout: float) -> bool:
-    from coord.testing import wait_until
-
-    return bool(wait_until(predicate, timeout, 0.01))
 
 
 def test_an_end_is_reported_only_once_its_group_is_written(
@@ -230,9 +194,9 @@ def test_an_end_is_reported_only_once_its_group_is_written(
             assert not store.tasks.get(task.id).finished
             assert lock_owner(s, task.id) == "m1"
             gate.set()
-            assert _wait_for(lambda: told == [AttemptStatus.SUCCEEDED], 10)
+            assert wait_until(lambda: told == [AttemptStatus.SUCCEEDED], 10)
             assert store.tasks.get(task.id).finished
-            assert _wait_for(lambda: lock_owner(s, task.id) is None, 10)
+            assert wait_until(lambda: lock_owner(s, task.id) is None, 10)
         finally:
             gate.set()
             loop.close()
