@@ -85,6 +85,7 @@ import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -322,6 +323,15 @@ class Run:
         return until
 
     # -- faults -----------------------------------------------------------------------------
+    def _disrupt(self, member: str, fault: str, began: float, hold: float,
+                 start: Callable[[], object], end: Callable[[], object]) -> None:
+        """``start()``, ``hold`` seconds, ``end()``; the member counts as disrupted from
+        ``began`` to a second after the end."""
+        start()
+        time.sleep(hold)
+        end()
+        self.disrupted.append((member, fault, began, time.time() + 1.0))
+
     def inject(self, fault: str, reader: Session) -> None:
         hold = self.profile.session * 2.5
         victim = self.rng.randrange(len(self.nodes))
@@ -338,34 +348,24 @@ class Run:
             self.restart(victim)
         elif fault == "sigstop":
             self.say(f"sigstop: node{victim} ({node.member}) for {hold:.1f}s")
-            node.process.pause()
-            time.sleep(hold)
-            node.process.resume()
-            self.disrupted.append((node.member, fault, began, time.time() + 1.0))
+            self._disrupt(node.member, fault, began, hold, node.process.pause,
+                          node.process.resume)
         elif fault == "partition" and self.network is not None:
             host = self.node_hosts[victim]
             self.say(f"partition: node{victim} ({node.member}) on {host.address}: its link "
                      f"down for {hold:.1f}s")
-            host.cut()
-            time.sleep(hold)
-            host.heal()
-            self.disrupted.append((node.member, fault, began, time.time() + 1.0))
+            self._disrupt(node.member, fault, began, hold, host.cut, host.heal)
         elif fault == "partition":
             self.say(f"partition: node{victim} ({node.member}) silent for {hold:.1f}s")
-            for proxy in node.proxies:
-                proxy.blackhole()
-            time.sleep(hold)
-            for proxy in node.proxies:
-                proxy.heal()
-            self.disrupted.append((node.member, fault, began, time.time() + 1.0))
+            self._disrupt(node.member, fault, began, hold,
+                          lambda: [proxy.blackhole() for proxy in node.proxies],
+                          lambda: [proxy.heal() for proxy in node.proxies])
         elif fault == "one_way_cut":
             host = self.node_hosts[victim]
             self.say(f"one_way_cut: node{victim} ({node.member}) on {host.address} hears "
                      f"everything and sends nothing for {hold:.1f}s")
-            host.cut_outgoing()
-            time.sleep(hold)
-            host.heal_outgoing()
-            self.disrupted.append((node.member, fault, began, time.time() + 1.0))
+            self._disrupt(node.member, fault, began, hold, host.cut_outgoing,
+                          host.heal_outgoing)
         elif fault == "degrade":
             host = self.node_hosts[victim]
             assert self.network is not None
@@ -377,10 +377,8 @@ class Run:
                 return
             self.say(f"degrade: node{victim} ({node.member}): 150 ms latency, 5% loss for "
                      f"{hold:.1f}s")
-            host.degrade(delay_ms=150, loss_percent=5.0)
-            time.sleep(hold)
-            host.restore()
-            self.disrupted.append((node.member, fault, began, time.time() + 1.0))
+            self._disrupt(node.member, fault, began, hold,
+                          lambda: host.degrade(delay_ms=150, loss_percent=5.0), host.restore)
         elif fault in ("zk_leader", "zk_leader_ending"):
             if fault == "zk_leader_ending":
                 until = self.ending_burst()
