@@ -25,21 +25,25 @@ def test_metrics_and_json_logs_of_a_live_node(cluster: Cluster, tmp_path: Path) 
     with cluster.client() as client:
         done = [client.submit("diag.sleep", {"seconds": 0.1}).id for _ in range(3)]
         failed = client.submit("diag.fail", {"message": "boom"}).id
-        for task_id in [*done, failed]:
+        # due later: not taken by the node at once, so the other nodes are told (a MODEL
+        # TRIGGER_SCAN; a task the accepting node takes at once needs no broadcast)
+        later = client.submit("diag.sleep", {"seconds": 0}, delay=0.5).id
+        for task_id in [*done, failed, later]:
             client.wait(task_id, timeout=30)
         with pytest.raises(RequestRefused):
             client.submit("diag.sleep", {"sceonds": 1})
     after = scrape(port)
     sleep_ok = 'latchwork_attempts_total{status="SUCCEEDED",type="diag.sleep"}'
-    assert after[sleep_ok] == 3.0
-    assert after['latchwork_attempts_started_total{type="diag.sleep"}'] == 3.0
+    assert after[sleep_ok] == 4.0
+    assert after['latchwork_attempts_started_total{type="diag.sleep"}'] == 4.0
     assert after['latchwork_attempts_total{status="FAILED",type="diag.fail"}'] == 1.0
-    assert after['latchwork_attempt_seconds_count{status="SUCCEEDED",type="diag.sleep"}'] == 3.0
-    assert after['latchwork_task_claims_total{result="started"}'] >= 4
+    assert after['latchwork_attempt_seconds_count{status="SUCCEEDED",type="diag.sleep"}'] == 4.0
+    assert after['latchwork_task_claims_total{result="started"}'] >= 5
     assert after["latchwork_scan_seconds_count"] > before.get("latchwork_scan_seconds_count", 0)
     handled = 'latchwork_messages_total{outcome="handled",paradigm="API"}'
-    assert after[handled] >= before.get(handled, 0) + 9  # 4 submits, waits, the refusal
-    assert after['latchwork_messages_total{outcome="handled",paradigm="MODEL"}'] >= 4
+    assert after[handled] >= before.get(handled, 0) + 11  # 5 submits, waits, the refusal
+    model = 'latchwork_messages_total{outcome="handled",paradigm="MODEL"}'
+    assert after[model] >= before.get(model, 0) + 1  # the delayed task's TRIGGER_SCAN
     assert after['latchwork_broker_connections_total{consumer="api-consumer"}'] >= 1
 
     records = [json.loads(line) for line in log_file.read_text().splitlines()]

@@ -4,6 +4,10 @@ Ready means the node answers the AMQP 0-9-1 header with Connection.Start. ``stop
 ``start_app`` give a broker outage while the Erlang node stays. A missing ``rabbitmq-server`` or
 Erlang raises :class:`~coord.testing.processes.MissingPackage`; a broker not ready in time raises
 :class:`~coord.testing.processes.ServerNotReady` with its log tail.
+
+Why one module: the broker's files, environment, ports and its ``rabbitmqctl`` control share
+one node name and one directory layout (on loopback or in a host's network namespace); apart,
+each part would rebuild that layout.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from gremlin_python.process.anonymous_traversal import traversal
 
 from runner.errors import StoreUnavailable, WriteRaceLost
-from runner.store.graph import CallStats
+from runner.store.calls import CallStats
 
 log = logging.getLogger("latchwork.store")
 

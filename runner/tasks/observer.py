@@ -84,9 +84,14 @@ class AttemptLogger(Observer):
 
     def after_attempt(self, ctx: TaskContext, status: AttemptStatus, error: str | None) -> None:
         level = logging.INFO if status is AttemptStatus.SUCCEEDED else logging.WARNING
-        log.log(level, "member %s: task %s (%s) attempt %d %s%s", ctx.member_id, ctx.task.id,
+        # the status is the one written; when the handler was stopped for a reason of this
+        # node's (a lost lock, a lost session), that reason is said too
+        why = ctx.cancel.reason if ctx.cancel.cancelled else ""
+        also = f" (its handler was stopped: {why})" if why and why not in (error or "") else ""
+        log.log(level, "member %s: task %s (%s) attempt %d %s%s%s", ctx.member_id, ctx.task.id,
                 ctx.task.type, ctx.attempt.seq, status.value, f": {error}" if error else "",
-                extra=logs.event("attempt.ended", type=ctx.task.type, status=status.value))
+                also, extra=logs.event("attempt.ended", type=ctx.task.type,
+                                       status=status.value))
 
 
 def notify_scan(observers: Sequence[Observer], seconds: float) -> None:

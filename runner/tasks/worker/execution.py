@@ -349,6 +349,12 @@ class Execution:
                         "(or by an operator); leaving the task to them", self.member_id,
                         r.task.id)
             r.ended = (lost, "closed by someone else before its end was written")
+            if attempt is not None:
+                try:  # what that close wrote (an operator's CANCELLED, the reaper's reason)
+                    current = self.store.attempts.get(attempt.id)
+                    r.ended = (current.status, current.error)
+                except StoreError:
+                    pass
             return Outcome.CANCELLED
         except CommitConflict:
             log.error("member %s: could not record the end of task %s", self.member_id,
