@@ -1,11 +1,12 @@
-"""A Spark standalone cluster on this host: one Master and N Workers, loopback only.
+"""A Spark standalone cluster on this host: one Master and N Workers, on loopback (or on a host's
+address inside its network namespace: ``host``, ``netns``; docs/testing.md).
 
 The pyspark distribution ships ``bin/spark-class`` and the jars a standalone cluster needs, so
 nothing is downloaded: the Master is ``org.apache.spark.deploy.master.Master`` and each Worker
 ``org.apache.spark.deploy.worker.Worker``, each a JVM in a session of its own, its log and work
 directory under one directory of the caller's. Ports are picked like the other dev servers'
 (or given, for ``latchwork dev up --spark-workers N``). The Master's status comes from its own
-web UI's ``/json/`` (bound to 127.0.0.1).
+web UI's ``/json/`` (on the cluster's address).
 
 Failure behaviour:
 
@@ -40,6 +41,7 @@ from coord.testing.processes import (
     MissingPackage,
     ProcessRecord,
     ServerNotReady,
+    in_netns,
     reap,
     spawn,
     tail,
@@ -70,6 +72,7 @@ class SparkDaemon:
     ui_port: int
     record: ProcessRecord | None = None
     _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    host: str = LOOPBACK
 
     @property
     def log_path(self) -> Path:
@@ -85,7 +88,7 @@ class SparkDaemon:
 
     def ui_json(self) -> dict[str, Any] | None:
         try:
-            with urllib.request.urlopen(f"http://{LOOPBACK}:{self.ui_port}/json/",
+            with urllib.request.urlopen(f"http://{self.host}:{self.ui_port}/json/",
                                         timeout=2) as reply:
                 value: dict[str, Any] = json.loads(reply.read())
                 return value
@@ -117,6 +120,10 @@ class SparkStandalone:
     ports: list[int] = field(default_factory=list)  # master UI, then (port, UI) per worker
     master: SparkDaemon | None = None
     worker_daemons: list[SparkDaemon] = field(default_factory=list)
+    #: the address the Master and Workers listen on, and the namespace they run in (a host of
+    #: their own: coord.testing.hosts)
+    host: str = LOOPBACK
+    netns: str | None = None
 
     def __post_init__(self) -> None:
         self.directory = self.directory.resolve()
@@ -128,7 +135,7 @@ class SparkStandalone:
 
     @property
     def url(self) -> str:
-        return f"spark://{LOOPBACK}:{self.master_port}"
+        return f"spark://{self.host}:{self.master_port}"
 
     @property
     def master_ui_port(self) -> int:
@@ -143,7 +150,7 @@ class SparkStandalone:
 
     def env(self) -> dict[str, str]:
         home = spark_home()
-        return {**os.environ, "SPARK_HOME": str(home), "SPARK_LOCAL_IP": LOOPBACK,
+        return {**os.environ, "SPARK_HOME": str(home), "SPARK_LOCAL_IP": self.host,
                 "SPARK_LOG_DIR": str(self.directory / "logs"),
                 "SPARK_WORKER_DIR": str(self.directory / "work"),
                 # executors run Python (if a job needs it) with the interpreter of this venv
@@ -152,14 +159,16 @@ class SparkStandalone:
 
     def start(self, timeout: float = 90.0) -> None:
         check_spark_installed()
-        check_ports_free(self.port_map())
+        if self.netns is None:
+            check_ports_free(self.port_map())
         spark_class = str(spark_home() / "bin" / "spark-class")
         env = self.env()
         self.master = SparkDaemon(
             "spark-master", self.directory / "master",
-            [spark_class, "org.apache.spark.deploy.master.Master", "--host", LOOPBACK,
-             "--port", str(self.master_port), "--webui-port", str(self.master_ui_port)],
-            self.master_ui_port)
+            in_netns(self.netns, [spark_class, "org.apache.spark.deploy.master.Master", "--host",
+                                  self.host, "--port", str(self.master_port), "--webui-port",
+                                  str(self.master_ui_port)]),
+            self.master_ui_port, host=self.host)
         try:
             self.master.start(env)
             self._wait(lambda: (self.master.ui_json() or {}).get("status") == "ALIVE"
@@ -175,10 +184,12 @@ class SparkStandalone:
         port, ui = self.ports[1 + 2 * index], self.ports[2 + 2 * index]
         daemon = SparkDaemon(
             f"spark-worker-{index}", self.directory / f"worker-{index}",
-            [str(spark_home() / "bin" / "spark-class"), "org.apache.spark.deploy.worker.Worker",
-             "--host", LOOPBACK, "--port", str(port), "--webui-port", str(ui),
-             "--cores", str(self.cores), "--memory", self.memory,
-             "--work-dir", str(self.directory / f"worker-{index}" / "work"), self.url], ui)
+            in_netns(self.netns, [
+                str(spark_home() / "bin" / "spark-class"), "org.apache.spark.deploy.worker.Worker",
+                "--host", self.host, "--port", str(port), "--webui-port", str(ui),
+                "--cores", str(self.cores), "--memory", self.memory,
+                "--work-dir", str(self.directory / f"worker-{index}" / "work"), self.url]),
+            ui, host=self.host)
         daemon.start(env or self.env())
         if index < len(self.worker_daemons):
             self.worker_daemons[index] = daemon
