@@ -30,7 +30,7 @@ from typing import Any
 from urllib.parse import quote
 
 from coord import Booking, CoordError, LockNotHeld, Session, SlotLevel, Slots, TaskLock
-from runner.errors import CommitConflict, StaleFencingToken, StoreError
+from runner.errors import CommitConflict, StaleFencingToken, StoreError, StoreUnavailable
 from runner.store import Attempt, GraphStore, Task
 from runner.tasks.context import CancelToken
 from runner.tasks.registry import TaskType
@@ -240,7 +240,9 @@ class Claimer:
             for n, (running, token) in enumerate(won):
                 try:
                     claims[n] = store.claim(running.task, token, member_id)
-                except (CommitConflict, StaleFencingToken) as exc:
+                except StoreUnavailable:  # the graph itself: the whole batch fails
+                    raise
+                except StoreError as exc:  # this task moved on (or went): its claim alone
                     claims[n] = exc
 
         try:
