@@ -134,6 +134,13 @@ class LeaderLatch:
         """What this participant believes; call :meth:`check_leadership` before acting on it."""
         return self._leader.is_set()
 
+    @property
+    def node(self) -> str | None:
+        """This participant's election node while it has one: ephemeral, so it lives exactly as
+        long as the session it was created on. A ZooKeeper transaction that checks it is
+        refused once that session is gone (a fence for a master's effects)."""
+        return self._node
+
     def leader_id(self) -> str | None:
         return read_leader(self.session, self.path)
 

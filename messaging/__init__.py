@@ -31,7 +31,7 @@ from messaging.errors import (
 )
 from messaging.outcomes import DeliveryOutcome
 from messaging.paradigms import ApiResponder, MasterConsumer, ModelConsumer
-from messaging.processed import ProcessedLog, ZkProcessedLog
+from messaging.processed import ProcessedLog, ZkProcessedLog, fenced_out
 from messaging.publisher import Publisher
 from messaging.registry import HandlerContext, HandlerRegistry
 from messaging.topology import RedeliveryPolicy, Topology
@@ -47,6 +47,7 @@ __all__ = [
     "Paradigm",
     "ProcessedLog", "PublishFailed", "Publisher", "Reject", "RemoteError", "RequestTimeout",
     "Retry", "RedeliveryPolicy", "Topology", "UndecodableMessage", "UnknownCommand",
-    "MessageTooLarge", "ZkProcessedLog", "declare_topology", "decode", "send_master",
+    "MessageTooLarge", "ZkProcessedLog", "declare_topology", "decode", "fenced_out",
+    "send_master",
     "summary", "validate_payload",
 ]

@@ -124,7 +124,8 @@ class Dispatcher:
         retries = int(delivery.headers.get(RETRIES_HEADER, 0) or 0)
         ctx = HandlerContext(envelope=envelope, redelivered=delivery.redelivered,
                              retries=retries, member_id=self.member_id,
-                             publisher=self.publisher, processed=self._processed_log())
+                             publisher=self.publisher, processed=self._processed_log(),
+                             fence=self._fence())
         with self._lock:
             self._inflight[id(delivery)] = ctx
         if self._stop.is_set() or not self.wants_consuming():  # a loss before ctx existed
@@ -151,6 +152,10 @@ class Dispatcher:
         self.on_success(delivery, envelope, ctx, result)
 
     def _processed_log(self) -> ProcessedLog | None:
+        return None
+
+    def _fence(self) -> str | None:
+        """The znode a handler's ``ctx.transaction()`` checks (MASTER: the election node)."""
         return None
 
     def _emit(self, delivery: Delivery, envelope: Envelope | None, outcome: DeliveryOutcome,

@@ -66,6 +66,9 @@ class MasterConsumer(Consumer):
     def _processed_log(self) -> ProcessedLog | None:
         return self.processed
 
+    def _fence(self) -> str | None:
+        return self.latch.node
+
     def before_handler(self, delivery: Delivery, envelope: Envelope) -> bool:
         """Claim the message id before its handler runs: a copy being handled elsewhere (or in
         another worker here) is waited for, then found processed and acked as a duplicate;

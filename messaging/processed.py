@@ -57,6 +57,18 @@ class ProcessedLog(Protocol):
         """Record the id and release its claim; False when it was already recorded."""
         ...
 
+    def transaction(self, message_id: uuid.UUID, member_id: str,
+                    fence: str | None = None) -> Any:
+        """A transaction that records the id with an effect's operations (see
+        :meth:`ZkProcessedLog.transaction`)."""
+        ...
+
+
+def fenced_out(results: list[Any]) -> bool:
+    """Whether a committed ``ctx.transaction()`` was refused by its fence (the master's
+    leadership session is gone); its other operations then failed with it."""
+    return bool(results) and isinstance(results[0], NoNodeError)
+
 
 class ZkProcessedLog:
     """Processed ids as persistent znodes ``/messages/processed/<uuid>`` (data: who, when)."""
@@ -140,16 +152,21 @@ class ZkProcessedLog:
         self.release(message_id)  # after the record: a waiting copy then finds it DONE
         return recorded
 
-    def transaction(self, message_id: uuid.UUID, member_id: str) -> Any:
+    def transaction(self, message_id: uuid.UUID, member_id: str,
+                    fence: str | None = None) -> Any:
         """A kazoo transaction that creates the record; add the effect's ops and commit.
 
         The commit's results hold a ``NodeExistsError`` for the record when the message was
-        already processed: then nothing in the transaction was applied.
+        already processed: then nothing in the transaction was applied. ``fence``: a znode
+        that must still exist (the master's election node: ``HandlerContext.transaction``),
+        else a ``NoNodeError`` for it and nothing applied.
         """
         client = self.session.client
         with zk_errors("preparing a processed-id transaction"):
             client.retry(client.ensure_path, self.path)
         txn = client.transaction()
+        if fence is not None:
+            txn.check(fence, -1)
         txn.create(self._node(message_id), self._data(member_id))
         return txn
 

@@ -36,10 +36,24 @@ class HandlerContext:
     #: set when the handler should stop early (node shutdown, MASTER leadership lost)
     cancelled: threading.Event = field(default_factory=threading.Event)
     processed: ProcessedLog | None = None  # MASTER only
+    #: MASTER only: the master's election node when the handler started (see transaction())
+    fence: str | None = None
 
     @property
     def message_id(self) -> uuid.UUID:
         return self.envelope.id
+
+    def transaction(self) -> Any:
+        """MASTER only: a ZooKeeper transaction that records this message as processed and
+        checks that the leadership the handler started under still stands (its election node
+        is ephemeral: gone with the session that won it). Add the effect's operations and
+        commit: the effect happens once, and never from a master that was paused or cut off
+        past its session and resumed on a new one (the commit's results then hold a
+        ``NoNodeError`` for the fence, or a ``NodeExistsError`` for the record when another
+        run recorded it first: nothing of it was applied)."""
+        if self.processed is None:
+            raise RuntimeError("ctx.transaction() is for MASTER handlers")
+        return self.processed.transaction(self.message_id, self.member_id, fence=self.fence)
 
 
 MessageHandler = Callable[[HandlerContext, Any], Any]

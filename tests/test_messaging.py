@@ -39,6 +39,7 @@ from messaging import (
     Topology,
     ZkProcessedLog,
     declare_topology,
+    fenced_out,
     send_master,
 )
 from messaging.testing import broker_outage
@@ -284,6 +285,46 @@ def test_a_consumer_the_broker_cancels_consumes_again(
             publisher.close()
         recorder.wait(lambda r: r.of(DeliveryOutcome.HANDLED) == [str(message.id)], 15)
         assert consumer.connections_opened == 1  # on the same connection
+
+
+def test_a_master_whose_session_expired_mid_handler_cannot_record_its_effect(
+        amqp_vhost: AmqpNamespace, session: Session, topology: Topology) -> None:
+    """The chaos suite across hosts (2026-11-24): a master frozen mid-handler past its session
+    resumed on a new session and committed its effect's transaction there while the next
+    master ran the same message (the effect landed once, but two runs overlapped). The
+    handler's ``ctx.transaction()`` now checks the master's election node of the session it
+    started under: here the session expires mid-handler, and the commit (on the new session)
+    applies nothing and reports the fence; a master still holding its session commits."""
+    registry = HandlerRegistry(Paradigm.MASTER)
+    outcomes: dict[str, list[Any]] = {}
+
+    def effect(ctx: HandlerContext, payload: dict[str, Any]) -> None:
+        if payload.get("expire"):
+            expire_session(session.client)
+            assert wait_until(lambda: session.client.connected and session.client.client_id
+                              is not None, 10)
+        txn = ctx.transaction()
+        txn.create(f"/effects-test/{ctx.message_id}", b"x")
+        outcomes[str(ctx.message_id)] = txn.commit()
+
+    registry.register("test.effect", effect)
+    recorder = Recorder()
+    url = amqp_vhost.url
+    session.client.ensure_path("/effects-test")
+    with running_master(url, session, topology, registry, recorder):
+        publisher = Publisher(Connector(url))
+        plain, cut = envelope("test.effect"), envelope("test.effect", {"expire": True})
+        try:
+            publisher.publish("", topology.master_queue, plain)
+            assert wait_until(lambda: str(plain.id) in outcomes, 15)
+            publisher.publish("", topology.master_queue, cut)
+            assert wait_until(lambda: str(cut.id) in outcomes, 20)
+        finally:
+            publisher.close()
+    assert not fenced_out(outcomes[str(plain.id)])
+    assert session.client.exists(f"/effects-test/{plain.id}") is not None
+    assert fenced_out(outcomes[str(cut.id)])
+    assert session.client.exists(f"/effects-test/{cut.id}") is None  # nothing applied
 
 
 def test_transient_failures_are_retried_with_backoff_then_dead_lettered(

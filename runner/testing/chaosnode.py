@@ -27,7 +27,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from coord import SessionState
-from messaging import HandlerContext, MessageBus, ZkProcessedLog
+from messaging import HandlerContext, MessageBus, fenced_out
 from runner.config import Settings
 from runner.node.main import run
 from runner.node.node import Node
@@ -75,9 +75,11 @@ class ChaosNode(Node):
                                      sequence=True, makepath=True)
             if ctx.cancelled.wait(payload.hold):
                 raise RuntimeError("cancelled: leadership lost or shutting down")
-            txn = ZkProcessedLog(self.session).transaction(ctx.message_id, self.member_id)
+            txn = ctx.transaction()  # fenced by this master's leadership
             txn.create(f"{EFFECTS}/{ctx.message_id}", self.member_id.encode())
             results: list[Any] = txn.commit()
+            if fenced_out(results):  # its leadership session is gone: a later master runs it
+                raise RuntimeError("refused: this node is no longer the master that started it")
             applied = not any(isinstance(r, Exception) for r in results)
             client.set(run_node, json.dumps({**started, "end": time.time(),
                                              "effect": applied}).encode())
