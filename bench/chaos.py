@@ -12,8 +12,8 @@ What runs (all on loopback, servers and nodes started here and stopped by PID):
   ``ctx.cancel``, ``ctx.check()``, then one line appended to a file: an effect nothing fences,
   the way a user's handler touches a system that cannot check a token), ``diag.sleep``,
   ``diag.conflict`` (commit conflicts, retried), ``diag.fail`` (stops the task, by design);
-* MASTER ``CHAOS_RECORD`` messages published with confirms, some published twice back to back
-  (what a publisher retry after a lost confirm sends).
+* the user-declared MASTER command ``chaos.record`` (``@command``) sent through the client with
+  confirms, some sent twice with the same id back to back (a retry after a lost confirm).
 
 Faults injected while they run, in an order drawn from the seed: kill -9 of a node and of the
 master (each restarted), SIGSTOP past the session timeout, a silent partition of one node
@@ -39,8 +39,8 @@ The figures (all must be 0 but the time to drain):
 * ``overlapping_owners``: two attempts of one task whose [start, end] overlap;
 * ``interrupted_attempts_not_cancelled_by_system``: an attempt that ended FAILED or CANCELLED
   for any reason but its handler's own (a diag.fail or a commit conflict), or is still RUNNING;
-* ``confirmed_master_messages_lost``: a confirmed CHAOS_RECORD without its effect;
-* ``master_messages_handled_twice``: a CHAOS_RECORD whose handler completed more than once;
+* ``confirmed_master_messages_lost``: a confirmed chaos.record without its effect;
+* ``master_messages_handled_twice``: a chaos.record whose handler completed more than once;
 * ``lock_znodes_left``: task lock parents left under ``locks/tasks`` once everything ended;
 * ``started_before_run_at``: an attempt of a delayed task (a share of the tasks get a ``run_at``
   a few seconds ahead) that started before it;
@@ -84,6 +84,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -97,22 +98,19 @@ from coord import Session, read_leader
 from coord.testing import NodeProcess, TcpProxy, ZooKeeperCluster, kill_ensemble_leader, wait_until
 from coord.testing.hosts import Host, HostNetwork, hosts_unavailable_reason
 from messaging import (
-    BrokerUnavailable,
     Connector,
-    Envelope,
-    Paradigm,
-    Publisher,
-    PublishFailed,
     Topology,
     declare_topology,
 )
 from messaging.testing import RabbitMQServer
+from runner.client import Client
+from runner.errors import ClientError
 from runner.store import Attempt, AttemptStatus, GraphStore, Task, codec, open_store
 from runner.store.remote import SERIAL
 from runner.tasks.features.diag import AppendRecord, appended, effects
 from runner.tasks.master import schedules
 from runner.tasks.master.schedules import ScheduleSpec
-from runner.testing.chaosnode import EFFECTS, RUNS
+from runner.testing.chaoscommands import COMMAND, EFFECTS, RUNS
 from runner.testing.gremlinserver import GremlinServer
 
 CLUSTER = "chaos"
@@ -144,7 +142,7 @@ ENDING = 12
 class Profile:
     tasks: int
     session: float  # ZooKeeper session timeout of the nodes, seconds
-    messages: int  # CHAOS_RECORD messages (a third of them published twice)
+    messages: int  # chaos.record messages (a third of them published twice)
     task_seconds: tuple[float, float]  # how long effect and sleep tasks take
     drain: float  # seconds allowed for everything to end after the last fault
 
@@ -174,7 +172,7 @@ class Run:
     store: GraphStore
     nodes: list[Node] = field(default_factory=list)
     tasks: dict[str, str] = field(default_factory=dict)  # task id -> type
-    confirmed: set[str] = field(default_factory=set)  # CHAOS_RECORD ids the broker confirmed
+    confirmed: set[str] = field(default_factory=set)  # chaos.record ids the broker confirmed
     injected: Counter[str] = field(default_factory=Counter)
     restarts: int = 0
     log: list[str] = field(default_factory=list)
@@ -286,17 +284,20 @@ class Run:
                                            **extra)
             self.tasks[task.id] = kind
 
-    def publish_messages(self, publisher: Publisher, topology: Topology, count: int) -> None:
-        for _ in range(count):
-            envelope = Envelope(paradigm=Paradigm.MASTER, command="CHAOS_RECORD",
-                                sender="chaos", payload={"hold": 0.05})
-            copies = 2 if self.rng.random() < 1 / 3 else 1
-            try:
-                for _ in range(copies):
-                    publisher.publish("", topology.master_queue, envelope, deadline=5.0)
-                self.confirmed.add(str(envelope.id))
-            except (BrokerUnavailable, PublishFailed) as exc:
-                self.say(f"publish of {envelope.id} not confirmed: {exc}")
+    def publish_messages(self, count: int) -> None:
+        """Send ``count`` user-declared ``chaos.record`` commands through the client, as a
+        user would (a third of them sent twice with the same id, back to back: a retry after
+        a lost confirm); a command counts as confirmed once every send of it returned."""
+        with Client(self.rabbit.url, CLUSTER, timeout=5.0, sender="chaos") as client:
+            for _ in range(count):
+                message_id = uuid.uuid4()
+                copies = 2 if self.rng.random() < 1 / 3 else 1
+                try:
+                    for _ in range(copies):
+                        client.command(COMMAND, {"hold": 0.05}, id=message_id)
+                    self.confirmed.add(str(message_id))
+                except ClientError as exc:
+                    self.say(f"send of {message_id} not confirmed: {exc}")
 
     def start_schedule(self) -> None:
         spec = ScheduleSpec.model_validate({"every": 1.0, "type": "diag.sleep",
@@ -538,10 +539,10 @@ def figures(run: Run, reader: Session) -> dict[str, Any]:
             runs[child.rsplit("-", 1)[0]] += 1
     for message, n in runs.items():
         if n > 1:
-            run.say(f"CHAOS_RECORD {message} handled {n} times: {seen[message]}")
+            run.say(f"chaos.record {message} handled {n} times: {seen[message]}")
     lost = [m for m in run.confirmed if client.exists(f"{EFFECTS}/{m}") is None]
     for message in lost:
-        run.say(f"CHAOS_RECORD {message} confirmed, no effect; its runs: {seen.get(message)}")
+        run.say(f"chaos.record {message} confirmed, no effect; its runs: {seen.get(message)}")
     messages_lost = len(lost)
     locks = client.get_children("/locks/tasks") if client.exists("/locks/tasks") else []
     early, ordering, resources = semantics(run)
@@ -718,22 +719,17 @@ def chaos(profile_name: str, seed: int, keep: Path | None,
             rng.shuffle(faults)
             per_round = profile.tasks // (len(faults) + 1)
             per_round_messages = profile.messages // (len(faults) + 1)
-            publisher = Publisher(Connector(rabbit.url))
-            try:
+            run.submit_tasks(per_round)
+            run.publish_messages(per_round_messages)
+            for fault in faults:
                 run.submit_tasks(per_round)
-                run.publish_messages(publisher, topology, per_round_messages)
-                for fault in faults:
-                    run.submit_tasks(per_round)
-                    worker = threading.Thread(target=run.publish_messages,
-                                              args=(publisher, topology, per_round_messages))
-                    worker.start()
-                    run.inject(fault, reader)
-                    worker.join()
-                run.submit_tasks(profile.tasks - len(run.tasks))
-                run.publish_messages(publisher, topology,
-                                     profile.messages - len(run.confirmed))
-            finally:
-                publisher.close()
+                worker = threading.Thread(target=run.publish_messages,
+                                          args=(per_round_messages,))
+                worker.start()
+                run.inject(fault, reader)
+                worker.join()
+            run.submit_tasks(profile.tasks - len(run.tasks))
+            run.publish_messages(profile.messages - len(run.confirmed))
             run.stop_schedule()
             last_fault = time.monotonic()
             run.say(f"faults done; draining {len(run.tasks)} tasks, {len(run.confirmed)} "

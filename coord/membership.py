@@ -19,7 +19,8 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 from kazoo.recipe.watchers import ChildrenWatch
@@ -45,17 +46,21 @@ class MemberInfo:
     pid: int
     started_at: float
     version: str
+    #: what the member declares to the others (JSON): the runner puts its commands here
+    details: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> bytes:
         return json.dumps({"host": self.host, "pid": self.pid, "started_at": self.started_at,
-                           "version": self.version}).encode()
+                           "version": self.version, "details": self.details}).encode()
 
     @classmethod
     def from_json(cls, member_id: str, data: bytes) -> MemberInfo:
         try:
             raw = json.loads(data or b"{}")
+            details = raw.get("details")
             return cls(member_id, str(raw.get("host", "")), int(raw.get("pid", 0)),
-                       float(raw.get("started_at", 0.0)), str(raw.get("version", "")))
+                       float(raw.get("started_at", 0.0)), str(raw.get("version", "")),
+                       details if isinstance(details, dict) else {})
         except (ValueError, TypeError):
             # A foreign or damaged node still counts as a member; its data is just unknown.
             host, _, _ = member_id.partition(":")
@@ -66,12 +71,12 @@ class Membership:
     """Registers this process as a member and tells listeners who joins and leaves."""
 
     def __init__(self, session: Session, member_id: str | None = None,
-                 version: str = "0.1.0") -> None:
+                 version: str = "0.1.0", details: dict[str, Any] | None = None) -> None:
         self.session = session
         self.member_id = member_id or new_member_id()
         host, _, _ = self.member_id.partition(":")
         self.info = MemberInfo(self.member_id, host or socket.gethostname(), os.getpid(),
-                               time.time(), version)
+                               time.time(), version, dict(details or {}))
         self._started = False
         self._closed = False
         self._join: list[MembershipListener] = []

@@ -40,6 +40,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -49,6 +50,7 @@ from kazoo.exceptions import (
     BadVersionError,
     NodeExistsError,
     NoNodeError,
+    RolledBackError,
     RuntimeInconsistency,
 )
 from kazoo.protocol.states import WatchedEvent
@@ -186,6 +188,73 @@ class LockFreeQueue:
 
         with zk_errors(f"cannot push to queue {self.name}"):
             result: int = retry_policy()(attempt)
+        return result
+
+    def push_many(self, values: list[bytes], token: str) -> list[int]:
+        """Append ``values`` at consecutive indexes in one ZooKeeper transaction, with a
+        record of ``token`` (the caller's: a letter or digit, then up to 127 of them or
+        ``_ . -``): a call with a token already used pushes nothing and returns the indexes
+        of the first call, so a push retried after a lost reply, from this process or
+        another, pushes once. All or nothing; together the values must fit one element's
+        limit. Token records go with :meth:`prune`."""
+        if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$", token):
+            raise ValueError(f"invalid push token {token!r}")
+        if not values:
+            return []
+        datas = [_encode(value, f"{token}.{k}") for k, value in enumerate(values)]
+        total = sum(len(data) for data in datas)
+        if total > MAX_ELEMENT_BYTES:
+            raise QueueElementTooLarge(f"{len(values)} values of {total} bytes in all are over "
+                                       f"the limit of one push, {MAX_ELEMENT_BYTES}; push "
+                                       "them in parts")
+        client, end = self.session.client, f"{self.root}/end"
+        record = f"{self.root}/pushes/{token}"
+
+        def recorded() -> list[int] | None:
+            try:
+                data, _ = client.get(record)
+            except NoNodeError:
+                return None
+            return [int(i) for i in json.loads(data)["indexes"]]
+
+        def attempt() -> list[int]:
+            done = recorded()  # a retry after a lost reply: the first call's
+            if done is not None:
+                return done
+            client.ensure_path(f"{self.root}/e")
+            client.ensure_path(f"{self.root}/pushes")
+            hint, version = self._seen if self._seen[1] != -1 else self._hint()
+            index = max(hint, self._next)
+            while True:
+                indexes = list(range(index, index + len(datas)))
+                tx = client.transaction()
+                for at, data in zip(indexes, datas, strict=True):
+                    tx.create(self._slot(at), data)
+                if version == -1:
+                    tx.create(end, str(indexes[-1] + 1).encode())
+                else:
+                    tx.set_data(end, str(indexes[-1] + 1).encode(), version=version)
+                tx.create(record, json.dumps({"indexes": indexes, "at": time.time()}).encode())
+                results = tx.commit()
+                failed = [(k, r) for k, r in enumerate(results) if isinstance(r, Exception)
+                          and not isinstance(r, RolledBackError | RuntimeInconsistency)]
+                if not failed:
+                    self._seen = (indexes[-1] + 1, version + 1)
+                    self._next = indexes[-1] + 1
+                    return indexes
+                at, error = failed[0]
+                if at == len(results) - 1 and isinstance(error, NodeExistsError):
+                    done = recorded()  # another call with this token pushed meanwhile
+                    if done is not None:
+                        return done
+                if not isinstance(error, NodeExistsError | BadVersionError):
+                    raise error
+                taken = at < len(datas)  # a slot: a pusher between its create and its hint
+                hint, version = self._seen = self._hint()
+                index = max(hint, index + 1 if taken else index)
+
+        with zk_errors(f"cannot push to queue {self.name}"):
+            result: list[int] = retry_policy()(attempt)
         return result
 
     def push_at(self, index: int, value: bytes) -> None:
@@ -361,7 +430,22 @@ class LockFreeQueue:
                     retry_policy()(client.delete, self._slot(old))
                 except NoNodeError:
                     pass
+            self._prune_tokens(cutoff, limit)
         return index - start
+
+    def _prune_tokens(self, cutoff: float, limit: int | None) -> None:
+        """Drop the records of :meth:`push_many` tokens older than ``cutoff``."""
+        client = self.session.client
+        try:
+            tokens = retry_policy()(client.get_children, f"{self.root}/pushes")
+        except NoNodeError:
+            return
+        for token in sorted(tokens)[:limit]:
+            path = f"{self.root}/pushes/{token}"
+            with contextlib.suppress(NoNodeError):
+                stat = retry_policy()(client.exists, path)
+                if stat is not None and stat.ctime / 1000.0 < cutoff:
+                    retry_policy()(client.delete, path)
 
     def describe(self) -> dict[str, Any]:
         return {"queue": self.name, "first": self.first(), "end": self.end()}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -166,31 +167,66 @@ class ApiClient:
 
     def request(self, command: str, payload: dict[str, Any] | None = None,
                 timeout: float = 10.0) -> Any:
-        if self._closed:
-            raise LifecycleError(f"API client is closed; cannot send {command}")
         envelope = Envelope(paradigm=Paradigm.API, command=command, sender=self.sender,
                             payload=payload or {})
-        correlation = str(envelope.id)
+        return self._send(envelope, "", self.topology.api_queue, wait=timeout,
+                          expiration_ms=max(1, int(timeout * 1000)),
+                          hint=f"is any latchwork node running for cluster "
+                               f"{self.topology.cluster!r}?")
+
+    def command(self, command: str, payload: dict[str, Any] | None = None, *,
+                message_id: uuid.UUID | None = None, wait: float | None = None) -> Any:
+        """Queue a MASTER command (persistent, confirmed: returns once the broker has it).
+        ``message_id``: its idempotency key (a copy sent again with it is handled once and
+        answered with the first one's answer). ``wait``: seconds to wait for the master's
+        answer (its result; :class:`RemoteError` for a failure or a refusal,
+        :class:`RequestTimeout` when none came). The command stays queued when the wait ends:
+        a master will still run it."""
+        envelope = Envelope(paradigm=Paradigm.MASTER, command=command, sender=self.sender,
+                            payload=payload or {}, id=message_id or uuid.uuid4())
+        return self._send(envelope, "", self.topology.master_queue, wait=wait,
+                          hint="is there a master (a latchwork node) that declares it?")
+
+    def broadcast(self, command: str, payload: dict[str, Any] | None = None) -> Envelope:
+        """Send a MODEL command to every node connected now (confirmed by the broker)."""
+        envelope = Envelope(paradigm=Paradigm.MODEL, command=command, sender=self.sender,
+                            payload=payload or {})
+        self._send(envelope, self.topology.model_exchange, "", wait=None, persistent=False,
+                   mandatory=False)
+        return envelope
+
+    def _send(self, envelope: Envelope, exchange: str, routing_key: str, *,
+              wait: float | None, expiration_ms: int | None = None, persistent: bool = True,
+              mandatory: bool = True, hint: str = "") -> Any:
+        if self._closed:
+            raise LifecycleError(f"API client is closed; cannot send {envelope.command}")
+        # one call, one correlation id: two calls sending the same message id each get the
+        # answer
+        correlation = uuid.uuid4().hex if wait is not None else None
         try:
             self._open()
             assert self._connection is not None
-            with translated(f"sending API request {command}"):
+            with translated(f"sending {envelope.paradigm} {envelope.command}"):
                 self._channel.basic_publish(
-                    "", self.topology.api_queue, envelope.encode(),
-                    pika.BasicProperties(content_type="application/json", delivery_mode=2,
-                                         reply_to=self._reply_queue,
-                                         correlation_id=correlation,
-                                         message_id=correlation,
-                                         expiration=str(max(1, int(timeout * 1000)))),
-                    mandatory=True)
-                deadline = time.monotonic() + timeout
+                    exchange, routing_key, envelope.encode(),
+                    pika.BasicProperties(
+                        content_type="application/json", delivery_mode=2 if persistent else 1,
+                        reply_to=self._reply_queue if wait is not None else None,
+                        correlation_id=correlation, message_id=str(envelope.id),
+                        expiration=str(expiration_ms) if expiration_ms else None),
+                    mandatory=mandatory)
+                if correlation is None:
+                    return None
+                assert wait is not None
+                deadline = time.monotonic() + wait
                 while correlation not in self._replies:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
-                        raise RequestTimeout(
-                            f"no node answered API request {command} ({correlation}) within "
-                            f"{timeout:g}s; is any latchwork node running for cluster "
-                            f"{self.topology.cluster!r}?")
+                        who = "no node answered API request" \
+                            if envelope.paradigm is Paradigm.API \
+                            else f"no answer to {envelope.paradigm} command"
+                        raise RequestTimeout(f"{who} {envelope.command} ({envelope.id}) within "
+                                             f"{wait:g}s; {hint}")
                     self._connection.process_data_events(time_limit=min(remaining, 0.2))
         except CONNECTION_ERRORS:
             self._drop()  # the next request connects again

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -126,6 +127,7 @@ class Dispatcher:
                              retries=retries, member_id=self.member_id,
                              publisher=self.publisher, processed=self._processed_log(),
                              fence=self._fence())
+        ctx.valid = self._validity(ctx)
         with self._lock:
             self._inflight[id(delivery)] = ctx
         if self._stop.is_set() or not self.wants_consuming():  # a loss before ctx existed
@@ -158,6 +160,31 @@ class Dispatcher:
         """The znode a handler's ``ctx.transaction()`` checks (MASTER: the election node)."""
         return None
 
+    def _validity(self, ctx: HandlerContext) -> Callable[[], bool]:
+        """What ``ctx.check()`` asks besides the cancellation (MASTER: the same leadership)."""
+        return lambda: not self._stop.is_set()
+
+    def answer(self, delivery: Delivery, envelope: Envelope | None,
+               reply: dict[str, Any]) -> None:
+        """Send ``reply`` (``{"ok", "result"}`` or ``{"ok": false, "error"}``) to the sender
+        waiting on the message's ``reply_to``, if any; a sender that gave up (its reply queue
+        gone) costs nothing, and a broker that cannot take it is logged, not raised: the
+        message's own fate is decided already."""
+        props = delivery.properties
+        if not props.reply_to:
+            return
+        answer = Envelope(paradigm=self.paradigm,
+                          command=envelope.command if envelope is not None else "error",
+                          sender=self.member_id, payload=reply)
+        try:
+            self.publisher.publish("", props.reply_to, answer, persistent=False,
+                                   mandatory=False,
+                                   correlation_id=props.correlation_id or props.message_id,
+                                   deadline=10.0)
+        except (BrokerUnavailable, PublishFailed) as exc:
+            log.warning("member %s: could not answer the sender of %s: %s", self.member_id,
+                        envelope.id if envelope is not None else "a message", exc)
+
     def _emit(self, delivery: Delivery, envelope: Envelope | None, outcome: DeliveryOutcome,
               detail: str) -> None:
         for hook in self.on_outcome:
@@ -189,6 +216,11 @@ class Dispatcher:
             self._emit(delivery, envelope, DeliveryOutcome.REQUEUED, f"dead-letter failed: {exc}")
             return
         delivery.reject()
+        # a sender waiting for the answer learns why: a refusal, or the last failure
+        exhausted = reason == "retries-exhausted"
+        self.answer(delivery, envelope, {"ok": False, "error": {
+            "kind": "HandlerFailed" if exhausted else reason, "code": reason,
+            "detail": detail, "refused": not exhausted}})
         what = envelope.command if envelope is not None else "undecodable message"
         log.warning("member %s: dead-lettered %s from %s: %s: %s", self.member_id, what,
                     delivery.queue, reason, detail)

@@ -13,7 +13,8 @@ tree equals the classes; one lives with its module, named in brackets)::
     ├── UnknownCommand            no handler is registered for the command (poison)
     ├── DeliveryAlreadySettled    a delivery was acked, rejected or requeued twice
     ├── RequestTimeout            an API request got no reply in time
-    ├── RemoteError               the API responder answered with an error
+    ├── RemoteError               the API responder (or the master) answered with an error
+    ├── HandlerCancelled          ctx.check(): stopping, or no longer the master it started as
     └── DeadLetterNotFound        [messaging.deadletters] no dead letter has this id
 
     LifecycleError                start() twice, or use after close(): coord's one class
@@ -31,7 +32,8 @@ from __future__ import annotations
 from coord.errors import LifecycleError
 
 __all__ = ["INTERNAL_ERROR", "BrokerRefused", "BrokerUnavailable", "DeliveryAlreadySettled",
-           "EnvelopeError", "HandlerOutcome", "InvalidEnvelope", "LifecycleError",
+           "EnvelopeError", "HandlerCancelled", "HandlerOutcome", "InvalidEnvelope",
+           "LifecycleError",
            "MessageTooLarge", "MessagingError", "PublishFailed", "Reject", "RemoteError",
            "RequestTimeout", "Retry", "UndecodableMessage", "UnknownCommand"]
 
@@ -117,6 +119,12 @@ class RemoteError(MessagingError):
         #: one without, or the reason the request was refused); ``kind`` when the node is too
         #: old to send one
         self.code = code or kind
+
+
+class HandlerCancelled(MessagingError):
+    """``ctx.check()`` found the handler cancelled: the node is stopping or, for a MASTER
+    handler, it is no longer the master it started under (leadership lost, session not
+    connected). Raised before an effect, it requeues the message for the next master."""
 
 
 class HandlerOutcome(Exception):

@@ -10,12 +10,13 @@ node that is no longer master; API answers every request, errors included, with 
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Callable
 from typing import Any
 
-from coord import LeaderLatch
+from coord import LeaderLatch, SessionState
 from messaging.connection import Connector
 from messaging.consumer import Consumer
 from messaging.delivery import Delivery
@@ -69,6 +70,16 @@ class MasterConsumer(Consumer):
     def _fence(self) -> str | None:
         return self.latch.node
 
+    def _validity(self, ctx: HandlerContext) -> Callable[[], bool]:
+        """The same leadership (the election node the handler started under is still this
+        latch's, the latch leads) on a connected session, and the consumer not stopping."""
+        def valid() -> bool:
+            return (not self._stop.is_set() and self.latch.is_leader
+                    and self.latch.node == ctx.fence
+                    and self.latch.session.state is SessionState.CONNECTED
+                    and not self.latch.session.expired())
+        return valid
+
     def before_handler(self, delivery: Delivery, envelope: Envelope) -> bool:
         """Claim the message id before its handler runs: a copy being handled elsewhere (or in
         another worker here) is waited for, then found processed and acked as a duplicate;
@@ -80,7 +91,7 @@ class MasterConsumer(Consumer):
                 delivery.requeue()
                 self._emit(delivery, envelope, DeliveryOutcome.REQUEUED, "not master")
                 return False
-            claim = self.processed.claim(envelope.id, self.member_id)
+            claim = self.processed.claim(envelope.id, self.member_id, envelope.command)
             if claim is Claim.CLAIMED:
                 if self.latch.is_leader and not self._stop.is_set():
                     return True
@@ -92,6 +103,10 @@ class MasterConsumer(Consumer):
                            "leadership lost while claiming")
                 return False
             if claim is Claim.DONE:
+                # a copy sent again (a lost confirm, a retried send) gets the first one's
+                # answer
+                self.answer(delivery, envelope, self.processed.reply_of(envelope.id)
+                            or {"ok": True, "result": None, "duplicate": True})
                 delivery.ack()
                 log.info("member %s: MASTER message %s (%s) was already processed; acked",
                          self.member_id, envelope.id, envelope.command)
@@ -110,7 +125,13 @@ class MasterConsumer(Consumer):
 
     def on_success(self, delivery: Delivery, envelope: Envelope, ctx: HandlerContext,
                    result: Any) -> None:
-        self.processed.record(envelope.id, self.member_id)
+        """Record the id with the answer (kept for a copy sent again), answer a waiting
+        sender, ack. An answer that is not JSON, or over :data:`MAX_ANSWER` bytes, is recorded
+        and sent as an error (``answer-invalid``): the effect happened, only its answer
+        cannot be carried."""
+        reply = answer_of(result)
+        self.processed.record(envelope.id, self.member_id, reply=reply)
+        self.answer(delivery, envelope, reply)
         super().on_success(delivery, envelope, ctx, result)
 
     def on_failure(self, delivery: Delivery, envelope: Envelope, ctx: HandlerContext,
@@ -124,8 +145,11 @@ class MasterConsumer(Consumer):
         headers[RETRIES_HEADER] = retry
         headers["x-latchwork-last-error"] = repr(exc)[:1000]
         try:
+            props = delivery.properties  # a waiting sender is answered by the last try
             self.publisher.publish("", self.topology.retry_queue(retry), delivery.body,
-                                   headers=headers, message_id=str(envelope.id), deadline=10.0)
+                                   headers=headers, message_id=str(envelope.id),
+                                   reply_to=props.reply_to,
+                                   correlation_id=props.correlation_id, deadline=10.0)
         except (BrokerUnavailable, PublishFailed) as pub:
             log.error("member %s: could not schedule retry of %s: %s", self.member_id,
                       envelope.id, pub)
@@ -136,6 +160,27 @@ class MasterConsumer(Consumer):
         delivery.ack()
         self._emit(delivery, envelope, DeliveryOutcome.RETRIED,
                    f"retry {retry} in {self.topology.retry.delay(retry):g}s: {exc!r}")
+
+
+#: the largest answer a MASTER command's handler may return (JSON bytes): it is kept in the
+#: processed record (a znode) for a copy sent again
+MAX_ANSWER = 64 * 1024
+
+
+def answer_of(result: Any) -> dict[str, Any]:
+    """A handler's return value as the reply its sender gets."""
+    try:
+        size = len(json.dumps(result))
+    except (TypeError, ValueError) as exc:
+        return {"ok": False, "error": {"kind": "AnswerInvalid", "code": "answer-invalid",
+                                       "detail": f"the handler's answer is not JSON: {exc}",
+                                       "refused": False}}
+    if size > MAX_ANSWER:
+        return {"ok": False, "error": {"kind": "AnswerInvalid", "code": "answer-invalid",
+                                       "detail": f"the handler's answer is {size} bytes of "
+                                                 f"JSON, over the limit of {MAX_ANSWER}",
+                                       "refused": False}}
+    return {"ok": True, "result": result}
 
 
 class ModelConsumer(Consumer):
@@ -198,43 +243,17 @@ class ApiResponder(Consumer):
             return False
         return True
 
-    def _reply(self, delivery: Delivery, envelope: Envelope, payload: dict[str, Any]) -> None:
-        reply = Envelope(paradigm=Paradigm.API, command=envelope.command, sender=self.member_id,
-                         payload=payload)
-        self.publisher.publish("", delivery.properties.reply_to, reply, persistent=False,
-                               mandatory=False, correlation_id=delivery.properties.correlation_id
-                               or str(envelope.id), deadline=10.0)
-
     def on_success(self, delivery: Delivery, envelope: Envelope, ctx: HandlerContext,
                    result: Any) -> None:
-        self._reply(delivery, envelope, {"ok": True, "result": result})
+        self.answer(delivery, envelope, {"ok": True, "result": result})
         super().on_success(delivery, envelope, ctx, result)
 
     def on_failure(self, delivery: Delivery, envelope: Envelope, ctx: HandlerContext,
                    exc: BaseException) -> None:
         code = getattr(exc, "error_code", None)
-        self._reply(delivery, envelope, {"ok": False, "error": {
+        self.answer(delivery, envelope, {"ok": False, "error": {
             "kind": type(exc).__name__, "detail": str(exc),
             "code": code if isinstance(code, str) else INTERNAL_ERROR,
             "refused": getattr(exc, "refused", False) is True}})
         delivery.ack()
         self._emit(delivery, envelope, DeliveryOutcome.HANDLED, f"answered with error {exc!r}")
-
-    def dead_letter(self, delivery: Delivery, envelope: Envelope | None, reason: str,
-                    detail: str) -> None:
-        """Dead-letter, and tell the waiting client why (when it said where to answer)."""
-        if delivery.properties.reply_to and delivery.properties.correlation_id:
-            try:
-                reply = Envelope(paradigm=Paradigm.API, sender=self.member_id,
-                                 command=envelope.command if envelope else "error",
-                                 payload={"ok": False, "error": {"kind": reason, "code": reason,
-                                                                 "detail": detail,
-                                                                 "refused": True}})
-                self.publisher.publish("", delivery.properties.reply_to, reply,
-                                       persistent=False, mandatory=False,
-                                       correlation_id=delivery.properties.correlation_id,
-                                       deadline=10.0)
-            except (BrokerUnavailable, PublishFailed) as exc:
-                log.warning("member %s: could not tell the client about its rejected request: "
-                            "%s", self.member_id, exc)
-        super().dead_letter(delivery, envelope, reason, detail)

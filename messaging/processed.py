@@ -41,8 +41,9 @@ class Claim(enum.Enum):
 class ProcessedLog(Protocol):
     def contains(self, message_id: uuid.UUID) -> bool: ...
 
-    def claim(self, message_id: uuid.UUID, member_id: str) -> Claim:
-        """Claim the id before handling it (see :class:`Claim`)."""
+    def claim(self, message_id: uuid.UUID, member_id: str, command: str = "") -> Claim:
+        """Claim the id before handling it (see :class:`Claim`); ``command`` is shown to
+        whoever lists what is in flight (:meth:`ZkProcessedLog.handling`)."""
         ...
 
     def wait_released(self, message_id: uuid.UUID, timeout: float) -> bool:
@@ -53,8 +54,14 @@ class ProcessedLog(Protocol):
         """Give up a claim (the handler failed or was cancelled); no-op when none is held."""
         ...
 
-    def record(self, message_id: uuid.UUID, member_id: str) -> bool:
-        """Record the id and release its claim; False when it was already recorded."""
+    def record(self, message_id: uuid.UUID, member_id: str,
+               reply: dict[str, Any] | None = None) -> bool:
+        """Record the id (with the ``reply`` its sender is given, kept for a copy sent again)
+        and release its claim; False when it was already recorded."""
+        ...
+
+    def reply_of(self, message_id: uuid.UUID) -> dict[str, Any] | None:
+        """The reply recorded with a processed id (None: none was kept)."""
         ...
 
     def transaction(self, message_id: uuid.UUID, member_id: str,
@@ -77,13 +84,13 @@ class ZkProcessedLog:
                  handling: str = HANDLING) -> None:
         self.session = session
         self.path = path
-        self.handling = handling
+        self.handling_path = handling
         self._claims: dict[uuid.UUID, str] = {}  # our claims: message id -> claim token
 
     def _claim_node(self, message_id: uuid.UUID) -> str:
-        return f"{self.handling}/{message_id}"
+        return f"{self.handling_path}/{message_id}"
 
-    def claim(self, message_id: uuid.UUID, member_id: str) -> Claim:
+    def claim(self, message_id: uuid.UUID, member_id: str, command: str = "") -> Claim:
         """One copy at a time: create the ephemeral claim node (its data carries a token of
         this call, so a create retried after a lost reply recognises its own node, while
         another worker of the same session does not); then check the processed record, which
@@ -91,7 +98,8 @@ class ZkProcessedLog:
         client = self.session.client
         token = uuid.uuid4().hex
         node = self._claim_node(message_id)
-        data = json.dumps({"member": member_id, "claim": token, "at": time.time()}).encode()
+        data = json.dumps({"member": member_id, "claim": token, "at": time.time(),
+                           "command": command}).encode()
         with zk_errors("claiming a MASTER message"):
             if client.retry(client.exists, self._node(message_id)) is not None:
                 return Claim.DONE
@@ -132,25 +140,68 @@ class ZkProcessedLog:
     def _node(self, message_id: uuid.UUID) -> str:
         return f"{self.path}/{message_id}"
 
-    def _data(self, member_id: str) -> bytes:
-        return json.dumps({"member": member_id, "at": time.time()}).encode()
+    def _data(self, member_id: str, reply: dict[str, Any] | None = None) -> bytes:
+        record: dict[str, Any] = {"member": member_id, "at": time.time()}
+        if reply is not None:
+            record["reply"] = reply
+        return json.dumps(record).encode()
 
     def contains(self, message_id: uuid.UUID) -> bool:
         client = self.session.client
         with zk_errors("reading a processed-id record"):
             return client.retry(client.exists, self._node(message_id)) is not None
 
-    def record(self, message_id: uuid.UUID, member_id: str) -> bool:
+    def record(self, message_id: uuid.UUID, member_id: str,
+               reply: dict[str, Any] | None = None) -> bool:
+        """Create the record (its data: who, when, and the ``reply``); when the handler's own
+        transaction created it, add the reply to it. Then release the claim."""
         client = self.session.client
+        node = self._node(message_id)
         with zk_errors("writing a processed-id record"):
             client.retry(client.ensure_path, self.path)
             try:
-                client.retry(client.create, self._node(message_id), self._data(member_id))
+                client.retry(client.create, node, self._data(member_id, reply))
                 recorded = True
             except NodeExistsError:
                 recorded = False  # recorded by the handler's own transaction, or by a retry
+                if reply is not None and message_id in self._claims:
+                    client.retry(client.set, node, self._data(member_id, reply))
         self.release(message_id)  # after the record: a waiting copy then finds it DONE
         return recorded
+
+    def reply_of(self, message_id: uuid.UUID) -> dict[str, Any] | None:
+        client = self.session.client
+        with zk_errors("reading a processed-id record"):
+            try:
+                data, _ = client.retry(client.get, self._node(message_id))
+            except NoNodeError:
+                return None
+        try:
+            reply = json.loads(data or b"{}").get("reply")
+        except ValueError:
+            return None
+        return reply if isinstance(reply, dict) else None
+
+    def handling(self) -> list[dict[str, Any]]:
+        """The MASTER messages being handled now (their claims): id, command, member, since
+        (epoch seconds), oldest first."""
+        client = self.session.client
+        found = []
+        with zk_errors("reading the MASTER messages in flight"):
+            try:
+                children = client.retry(client.get_children, self.handling_path)
+            except NoNodeError:
+                return []
+            for child in children:
+                try:
+                    data, _ = client.retry(client.get, f"{self.handling_path}/{child}")
+                    claim = json.loads(data or b"{}")
+                except (NoNodeError, ValueError):
+                    continue  # released meanwhile, or not ours to read
+                found.append({"id": child, "command": str(claim.get("command", "")),
+                              "member": str(claim.get("member", "")),
+                              "since": float(claim.get("at", 0.0))})
+        return sorted(found, key=lambda entry: entry["since"])
 
     def transaction(self, message_id: uuid.UUID, member_id: str,
                     fence: str | None = None) -> Any:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ValidationError
 
 from messaging.envelope import COMMAND_PATTERN, Envelope, Paradigm, summary, validate_payload
-from messaging.errors import InvalidEnvelope, UnknownCommand
+from messaging.errors import HandlerCancelled, InvalidEnvelope, UnknownCommand
 
 if TYPE_CHECKING:
     from messaging.processed import ProcessedLog
@@ -38,10 +38,29 @@ class HandlerContext:
     processed: ProcessedLog | None = None  # MASTER only
     #: MASTER only: the master's election node when the handler started (see transaction())
     fence: str | None = None
+    #: whether what the handler started under still stands (MASTER: the same leadership, the
+    #: session connected); read by :meth:`check`
+    valid: Callable[[], bool] | None = None
+    #: what the application gives its handlers (the runner: its ``Services``)
+    services: Any = None
 
     @property
     def message_id(self) -> uuid.UUID:
         return self.envelope.id
+
+    def check(self) -> None:
+        """Call right before an effect: raises :class:`HandlerCancelled` (and sets
+        :attr:`cancelled`) when the node is stopping or, for a MASTER handler, this node is no
+        longer the master the handler started under or its session is not connected. The
+        message then goes back to the queue for the next master. No server call: it reads the
+        latch's and the session's state."""
+        if not self.cancelled.is_set() and (self.valid is None or self.valid()):
+            return
+        self.cancelled.set()
+        what = "is no longer the master it started under" if self.fence is not None \
+            else "is stopping"
+        raise HandlerCancelled(f"member {self.member_id} {what}: {self.envelope.command} "
+                               f"{self.message_id} goes back to the queue")
 
     def transaction(self) -> Any:
         """MASTER only: a ZooKeeper transaction that records this message as processed and

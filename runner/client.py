@@ -19,7 +19,10 @@ client gives up, answered by any node). Errors are one tree under :class:`Client
 * :class:`RequestFailed` (code: the node's, e.g. ``task_not_found``, ``aspect_busy``,
   ``internal_error``): the node could not do it;
 * :class:`NoAnswer` (``no_answer``): no node answered in time (none running, or all busy);
-* :class:`BrokerUnreachable` (``broker_unreachable``): RabbitMQ cannot be reached.
+* :class:`BrokerUnreachable` (``broker_unreachable``): RabbitMQ cannot be reached;
+* for :meth:`Client.command` with ``wait``: :class:`CommandRefused` (a refusal: the master
+  dead-lettered it, code ``invalid``, ``unknown-command``, ...) and :class:`CommandFailed`
+  (its handler failed past its retries).
 
 A client is for one thread at a time; open one per thread. ``close()`` (or the ``with`` block)
 closes its connection; a closed client refuses further calls (``LifecycleError``).
@@ -34,6 +37,7 @@ import builtins
 import getpass
 import socket
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -48,6 +52,7 @@ from messaging import (
     DeadLetter,
     DeadLetterNotFound,
     DeadLetterQueue,
+    EnvelopeError,
     RemoteError,
     RequestTimeout,
     Topology,
@@ -59,6 +64,8 @@ from runner.connect import amqp_connector
 from runner.errors import (
     BrokerUnreachable,
     ClientError,
+    CommandFailed,
+    CommandRefused,
     NoAnswer,
     RequestFailed,
     RequestRefused,
@@ -77,6 +84,7 @@ from runner.requests import (
     AspectList,
     AttemptRecent,
     ClusterStatusQuery,
+    CommandList,
     OntologyList,
     OntologyShow,
     OntologySyncRequest,
@@ -85,6 +93,8 @@ from runner.requests import (
     ScheduleList,
     SchedulePause,
     ScheduleRemove,
+    StreamPush,
+    StreamRead,
     StreamStart,
     StreamStatus,
     TaskCancel,
@@ -99,8 +109,8 @@ from runner.requests import (
 
 T = TypeVar("T")
 
-__all__ = ["BrokerUnreachable", "Client", "ClientError", "NoAnswer", "RequestFailed",
-           "RequestRefused", "operator"]
+__all__ = ["BrokerUnreachable", "Client", "ClientError", "CommandFailed", "CommandRefused",
+           "NoAnswer", "RequestFailed", "RequestRefused", "operator"]
 
 
 
@@ -282,6 +292,63 @@ class Client:
     def ontology(self, iri: str) -> dict[str, Any]:
         """An ontology and its classes, each with its parents and its number of children."""
         reply: dict[str, Any] = self.call(OntologyShow, iri=iri)
+        return reply
+
+    # -- your own commands and broadcasts, and streams from the outside -----------------------
+    def command(self, name: str, payload: dict[str, Any] | None = None, *,
+                id: str | uuid.UUID | None = None, wait: float | None = None) -> Any:
+        """Send the MASTER command ``name`` (declared with ``@command`` on the nodes); returns
+        once the broker has it (a publisher confirm). ``id``: its idempotency key (a UUID):
+        sent again with the same id (after a lost confirm), it is handled once, and each call
+        that waits gets the one answer. ``wait``: seconds to wait for the master's answer (the
+        handler's return value); then :class:`CommandFailed` (the handler failed, out of
+        retries), :class:`CommandRefused` (code ``unknown-command``, ``invalid``, ...) or
+        :class:`NoAnswer` (the command stays queued: a master will still run it). Without
+        ``wait``: None."""
+        try:
+            message_id = uuid.UUID(str(id)) if id is not None else None
+        except ValueError as exc:
+            raise RequestRefused(name, "invalid", f"command id {id!r} is not a UUID") from exc
+        try:
+            return self._api.command(name, payload, message_id=message_id, wait=wait)
+        except RemoteError as exc:
+            kind = CommandRefused if exc.refused else CommandFailed
+            raise kind(name, exc.code, exc.detail) from exc
+        except RequestTimeout as exc:
+            raise NoAnswer(str(exc)) from exc
+        except BrokerUnavailable as exc:
+            raise BrokerUnreachable(str(exc)) from exc
+        except EnvelopeError as exc:  # a name or payload the envelope refuses
+            raise RequestRefused(name, "invalid", str(exc)) from exc
+
+    def broadcast(self, name: str, payload: dict[str, Any] | None = None) -> str:
+        """Send the broadcast ``name`` to every node connected now (confirmed by the broker);
+        its message id. A node disconnected meanwhile runs the broadcast's catch-up instead."""
+        try:
+            return str(self._api.broadcast(name, payload).id)
+        except BrokerUnavailable as exc:
+            raise BrokerUnreachable(str(exc)) from exc
+
+    def commands(self) -> builtins.list[dict[str, Any]]:
+        """Every command and broadcast the live nodes declare: name, kind, description,
+        payload JSON schema, built-in or not, and the members that declare it."""
+        return builtins.list(self.call(CommandList))
+
+    def stream_push(self, queue: str, values: Sequence[Any], *, token: str | None = None,
+                    raw: bool = False) -> builtins.list[int]:
+        """Append ``values`` (JSON; with ``raw``, strings stored as their text) to the queue
+        ``queue`` in one step; their indexes. ``token``: a push sent again with it (after a
+        lost reply) pushes nothing more and returns the first one's indexes. A value too
+        large is refused (:class:`RequestRefused`, code ``stream_element_too_large``)."""
+        reply = self.call(StreamPush, queue=queue, values=builtins.list(values), token=token,
+                          raw=raw)
+        return [int(i) for i in reply["indexes"]]
+
+    def stream_read(self, queue: str, start: int = 0, limit: int = 100) -> dict[str, Any]:
+        """Up to ``limit`` elements of ``queue`` from ``start``: ``{"elements": [{"index",
+        "value" | "text" | "base64"}], "next"}`` (an input, an output or a dead-letter queue,
+        ``<stream>.dead``)."""
+        reply: dict[str, Any] = self.call(StreamRead, queue=queue, start=start, limit=limit)
         return reply
 
     # -- the dead-letter queue (read from RabbitMQ directly: no node needed) ------------------

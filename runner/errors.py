@@ -28,6 +28,8 @@ The tree (``tests/test_layout.py`` checks that it equals the classes and codes b
     │   └── InvalidPayload          payload_invalid           refused
     ├── InvalidSchedule             schedule_invalid          refused
     ├── UnknownStream               stream_unknown
+    ├── StreamElementTooLarge       stream_element_too_large  refused
+    ├── StreamIndexExpired          stream_index_expired
     ├── StoreError                  store_error
     │   ├── StoreUnavailable        store_unavailable
     │   ├── GraphNotTransactional   graph_not_transactional
@@ -54,7 +56,9 @@ The tree (``tests/test_layout.py`` checks that it equals the classes and codes b
     ├── PipelineError               pipeline_failed
     ├── ClientError                 client_error
     │   ├── RequestFailed           request_failed
-    │   │   └── RequestRefused      request_refused           refused
+    │   │   ├── RequestRefused      request_refused           refused
+    │   │   │   └── CommandRefused  command_refused           refused
+    │   │   └── CommandFailed       command_failed
     │   ├── NoAnswer                no_answer
     │   └── BrokerUnreachable       broker_unreachable
     └── SmokeCheckFailed            smoke_check_failed
@@ -165,6 +169,18 @@ class UnknownStream(RunnerError, LookupError):
     """No stream of this name is defined on the node."""
 
     error_code = "stream_unknown"
+
+class StreamElementTooLarge(RunnerError, ValueError):
+    """A value pushed to a stream's queue is over the element limit (ZooKeeper's node size,
+    less its envelope); or the values of one push are together over it."""
+
+    error_code = "stream_element_too_large"
+    refused = True
+
+class StreamIndexExpired(RunnerError, LookupError):
+    """A read of a queue from an index that its retention pruned already."""
+
+    error_code = "stream_index_expired"
 
 # -- the graph store -----------------------------------------------------------------------------
 
@@ -373,6 +389,21 @@ class RequestRefused(RequestFailed):
 
     error_code = "request_refused"
     refused = True
+
+
+class CommandFailed(RequestFailed):
+    """A MASTER command's handler failed (out of retries: ``code`` ``retries-exhausted``; its
+    answer could not be carried: ``answer-invalid``); ``detail`` is the handler's message."""
+
+    error_code = "command_failed"
+
+
+class CommandRefused(RequestRefused):
+    """The master refused a command (dead-lettered): ``code`` is the reason, ``invalid`` (the
+    payload does not validate), ``unknown-command``, ``too-large``, ``undecodable`` or
+    ``rejected`` (the handler raised Reject)."""
+
+    error_code = "command_refused"
 
 
 class NoAnswer(ClientError):

@@ -218,3 +218,42 @@ class OntologyShow(Request):
 
 class ClusterStatusQuery(Request):
     command = "cluster.status"
+
+
+# -- commands and streams from the outside -------------------------------------------------------
+
+#: a stream queue's name (coord's LockFreeQueue: no slash)
+QUEUE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$"
+
+
+class CommandList(Request):
+    """Every command and broadcast the live nodes declare."""
+
+    command = "command.list"
+
+
+class StreamPush(Request):
+    """Append ``values`` to a stream's queue (all or nothing). Each value is stored as its
+    JSON text (UTF-8), or, with ``raw``, each (a string) as its UTF-8 text. ``token``: a push
+    sent again with the same token pushes nothing more and answers the first one's indexes."""
+
+    command = "stream.push"
+    queue: str = Field(pattern=QUEUE_PATTERN)
+    values: list[Any] = Field(min_length=1, max_length=10_000)
+    token: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+    raw: bool = False
+
+    @model_validator(mode="after")
+    def _raw_are_strings(self) -> StreamPush:
+        if self.raw and not all(isinstance(v, str) for v in self.values):
+            raise ValueError("raw values must be strings")
+        return self
+
+
+class StreamRead(Request):
+    """Elements of a queue from ``start`` (inputs, outputs and dead letters alike)."""
+
+    command = "stream.read"
+    queue: str = Field(pattern=QUEUE_PATTERN)
+    start: int = Field(default=0, ge=0)
+    limit: int = Field(default=100, ge=1, le=1000)

@@ -630,12 +630,13 @@ def test_a_claim_that_completes_after_leadership_was_lost_is_given_back(
             real_claim = a.processed.claim
             expired: list[bool] = []
 
-            def claim_across_a_session_loss(message_id: Any, member_id: str) -> Any:
+            def claim_across_a_session_loss(message_id: Any, member_id: str,
+                                            command: str = "") -> Any:
                 if not expired:
                     expired.append(True)
                     expire_session(session.client)  # a's lead goes, b takes it
                     assert wait_until(lambda: latch_b.is_leader, 15, 0.05)
-                return real_claim(message_id, member_id)
+                return real_claim(message_id, member_id, command)
 
             monkeypatch.setattr(a.processed, "claim", claim_across_a_session_loss)
             message = envelope("test.record")

@@ -3,7 +3,8 @@
 * :mod:`~runner.cli.root`: the root command; :mod:`~runner.cli.client`: requests to the
   cluster, shared options and the error-code to exit-code mapping;
 * groups: :mod:`~runner.cli.dev`, :mod:`~runner.cli.node`, :mod:`~runner.cli.tasks`,
-  :mod:`~runner.cli.cluster`, :mod:`~runner.cli.ontology`, :mod:`~runner.cli.aspects`,
+  :mod:`~runner.cli.cluster`, :mod:`~runner.cli.commands`, :mod:`~runner.cli.ontology`,
+  :mod:`~runner.cli.aspects`,
   :mod:`~runner.cli.avatars`, :mod:`~runner.cli.dlq`, :mod:`~runner.cli.streams`,
   :mod:`~runner.cli.schedules`,
   :mod:`~runner.cli.top`; rendering:
@@ -14,6 +15,7 @@ from runner.cli import (
     aspects,
     avatars,
     cluster,
+    commands,
     dev,
     dlq,
     node,
@@ -28,8 +30,8 @@ from runner.cli.root import cli
 __all__ = ["cli", "main"]
 
 # the command groups register themselves on ``cli`` when imported
-_GROUPS = (aspects, avatars, cluster, dev, dlq, node, ontology, schedules, streams, tasks,
-           top)
+_GROUPS = (aspects, avatars, cluster, commands, dev, dlq, node, ontology, schedules, streams,
+           tasks, top)
 
 
 def main() -> None:

@@ -11,14 +11,14 @@ Replies are the JSON views of :mod:`runner.node.views`, which the CLI also reads
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol
 
 from coord import (
     VersionedRegister,
 )
 from messaging import HandlerContext, MessageBus
 from runner.errors import NoOntologySource, OntologyNotFound, TaskArchived, TaskNotFound
+from runner.node.api_outside import OutsideApi, api
 from runner.node.status import cluster_status
 from runner.node.views import attempt_view, ontology_view, progress_view, task_view
 from runner.requests import (
@@ -62,15 +62,6 @@ if TYPE_CHECKING:
     from runner.tasks.features.streams import StreamRegistry
 
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def api(model: type[Request]) -> Callable[[F], F]:
-    """Mark a :class:`NodeApi` method as the handler of ``model.command``."""
-    def mark(method: F) -> F:
-        method.__dict__["api_request"] = model
-        return method
-    return mark
 
 
 class ApiHost(Protocol):
@@ -99,8 +90,10 @@ class ApiHost(Protocol):
     def cancel(self, task_id: str, by: str, reason: str | None = None) -> dict[str, Any]: ...
 
 
-class NodeApi:
+class NodeApi(OutsideApi):
     """The API handlers of one node; they read the node's parts when a request arrives."""
+
+    node: ApiHost
 
     def __init__(self, node: ApiHost) -> None:
         self.node = node

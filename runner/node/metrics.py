@@ -13,6 +13,11 @@ Each node has its own registry (no global one), served by prometheus_client's HT
 * ``latchwork_session_connected``, ``latchwork_is_master`` (0 or 1, read at scrape time);
 * ``latchwork_messages_total{paradigm,outcome}``: MASTER, MODEL and API messages by what
   happened to them (handled, duplicate, retried, dead-lettered, requeued);
+* ``latchwork_commands_total{command,outcome}``: the declared MASTER commands and MODEL
+  broadcasts (``@command``, ``@broadcast``) by outcome (handled, duplicate, retried,
+  dead-lettered, requeued; a name nobody declares counts as ``(unknown)``), and
+  ``latchwork_command_seconds{command,result}`` (histogram): their handlers' runs, ``ok``,
+  ``failed`` or ``cancelled``;
 * ``latchwork_broker_connections_total{consumer}``: connections each consumer opened (1 +
   reconnections);
 * ``latchwork_store_calls_total{kind}`` and ``latchwork_store_seconds_total{kind}``: the graph
@@ -33,7 +38,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from messaging import Delivery, DeliveryOutcome, Envelope
+from messaging import Delivery, DeliveryOutcome, Envelope, Paradigm
 from runner.store import AttemptStatus
 from runner.tasks import TaskContext
 from runner.tasks.observer import Observer
@@ -84,7 +89,8 @@ class NodeMetrics(Observer):
     """The node's Prometheus metrics: an :class:`~runner.tasks.observer.Observer` of its task
     loop and message bus, plus what is read at scrape time."""
 
-    def __init__(self) -> None:
+    def __init__(self, known_commands: Callable[[str], bool] = lambda name: False) -> None:
+        self.known_commands = known_commands
         self.registry = CollectorRegistry(auto_describe=True)
         self.started = Counter("latchwork_attempts_started", "attempts this node started",
                                ["type"], registry=self.registry)
@@ -98,6 +104,13 @@ class NodeMetrics(Observer):
                                       registry=self.registry)
         self.messages = Counter("latchwork_messages", "messages by paradigm and outcome",
                                 ["paradigm", "outcome"], registry=self.registry)
+        self.commands = Counter("latchwork_commands", "declared MASTER commands and MODEL "
+                                "broadcasts by what happened to their messages",
+                                ["command", "outcome"], registry=self.registry)
+        self.command_seconds = Histogram(
+            "latchwork_command_seconds", "a declared command's or broadcast's handler run, by "
+            "result (ok, failed, cancelled)", ["command", "result"],
+            buckets=(0.001, 0.01, 0.1, 0.5, 1, 5, 30, 120, 600), registry=self.registry)
         self.locks_freed = Counter("latchwork_locks_freed", "task locks this node freed as "
                                    "master (their owner was gone)", registry=self.registry)
         self._server: Any = None
@@ -123,6 +136,15 @@ class NodeMetrics(Observer):
                     outcome: DeliveryOutcome, detail: str) -> None:
         paradigm = envelope.paradigm.value if envelope is not None else "undecodable"
         self.messages.labels(paradigm, outcome.value).inc()
+        if envelope is not None and envelope.paradigm is not Paradigm.API:
+            # a name nobody declares (dead-lettered unknown) is not a label of its own
+            name = envelope.command if self.known_commands(envelope.command) else "(unknown)"
+            self.commands.labels(name, outcome.value).inc()
+
+    def command_ran(self, name: str, seconds: float, result: str) -> None:
+        """A declared command's or broadcast's handler ran (``result``: ok, failed,
+        cancelled)."""
+        self.command_seconds.labels(name, result).observe(seconds)
 
     def on_lock_freed(self, task_id: str, owner: str) -> None:
         self.locks_freed.inc()

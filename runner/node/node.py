@@ -44,10 +44,11 @@ from coord import (
     SessionState,
     force_release,
 )
-from messaging import HandlerContext, MessageBus, Topology, ZkProcessedLog
+from messaging import MessageBus, Topology, ZkProcessedLog
 from runner import __version__, logs
 from runner.config import Settings
 from runner.connect import amqp_connector, graph_store, zk_session
+from runner.node import commands as builtin_commands
 from runner.node.api import NodeApi
 from runner.node.metrics import NodeMetrics
 from runner.node.views import task_view
@@ -58,7 +59,8 @@ from runner.pipeline.spark import stop_spark
 from runner.requests import TaskSubmit
 from runner.store import GraphStore, Task
 from runner.tasks import Services, TaskRegistry, due
-from runner.tasks.authoring import load_entry_points, load_modules
+from runner.tasks.authoring import load_entry_points, load_modules, register_commands
+from runner.tasks.commands import CommandRegistry
 from runner.tasks.features.diag import register_diagnostics
 from runner.tasks.features.streams import (
     StreamLiveness,
@@ -85,13 +87,17 @@ def default_registry() -> TaskRegistry:
     return registry
 
 
-def node_registry(settings: Settings, streams: StreamRegistry | None = None) -> TaskRegistry:
+def node_registry(settings: Settings, streams: StreamRegistry | None = None,
+                  commands: CommandRegistry | None = None) -> TaskRegistry:
     """The built-in types, then the entry points of ``latchwork.tasks``, then the modules the
-    settings name (``--tasks``); their ``@stream`` definitions go to ``streams``. A bad module
-    or a duplicate name raises TaskLoadError."""
+    settings name (``--tasks``); their ``@stream`` definitions go to ``streams``, their
+    ``@command`` and ``@broadcast`` ones to ``commands`` (after the built-in ones). A bad
+    module or a duplicate name raises TaskLoadError."""
     registry = default_registry()
-    load_entry_points(registry, streams=streams)
-    load_modules(registry, settings.tasks, streams)
+    if commands is not None:
+        register_commands(commands, builtin_commands, builtin=True)
+    load_entry_points(registry, streams=streams, commands=commands)
+    load_modules(registry, settings.tasks, streams, commands)
     return registry
 
 
@@ -130,7 +136,15 @@ class Node:
         self.state = NodeState.LATENT
         self.settings = settings
         self.streams = StreamRegistry()  # filled by the --tasks modules' @stream handlers
-        self.registry = registry or node_registry(settings, self.streams)
+        #: the built-in commands and broadcasts, then the --tasks modules' own
+        self.commands = CommandRegistry()
+        if registry is None:
+            registry = node_registry(settings, self.streams, self.commands)
+        else:
+            register_commands(self.commands, builtin_commands, builtin=True)
+        self.registry = registry
+        #: what handlers get (tasks' ctx.services, commands' too): filled by start()
+        self.services = Services()
         self.incident_hooks = load_hooks(settings.incident_hooks)
         self.session = zk_session(settings)
         self.cache = OntologyCache()
@@ -202,7 +216,8 @@ class Node:
         self.session.start()
         closers.callback(self.session.close)
         closers.callback(stop_spark)
-        membership = Membership(self.session, version=__version__).start()
+        membership = Membership(self.session, version=__version__,
+                                details={"commands": self.commands.describe()}).start()
         closers.callback(membership.close)
         member = membership.member_id
         self.session.add_listener(
@@ -219,7 +234,7 @@ class Node:
                                      extra=logs.event("master.gained")),
             on_loss=lambda: log.warning("member %s: no longer master", member,
                                         extra=logs.event("master.lost")))
-        metrics = NodeMetrics() if s.metrics_port is not None else None
+        metrics = NodeMetrics(self.commands.known) if s.metrics_port is not None else None
         bus = MessageBus(amqp_connector(s, name=f"latchwork {member}"), Topology(s.cluster),
                          member, max_body=s.max_message_bytes,
                          on_outcome=[metrics.on_delivery] if metrics else None)
@@ -232,9 +247,12 @@ class Node:
             LoopSettings(workers=s.workers, scan_interval=s.scan_interval, limits=s.concurrency,
                          store_retry_for=s.graph_retry_for),
             live_members=membership.live_ids,
-            services=Services(bus, sync, pipeline, self.session, self.streams,
-                              StreamLiveness(s.stream_liveness_host or None)),
+            services=self.services,
             observers=[metrics] if metrics else ())
+        for service in (bus, sync, pipeline, self.session, self.streams,
+                        StreamLiveness(s.stream_liveness_host or None), self.cache, store,
+                        processor):
+            self.services.add(service)
         processed = ZkProcessedLog(self.session)
         master = MasterDuties(
             self.session, latch, member, store, reap_interval=s.reap_interval,
@@ -294,12 +312,11 @@ class Node:
         }
 
     def _model_reconnected(self) -> None:
-        """The MODEL connection came back: broadcasts sent meanwhile were missed (UPDATE_CACHE,
-        TRIGGER_SCAN), so reload the ontology cache and scan now."""
-        self.cache.reload(self.store)
-        log.info("member %s: ontology cache reloaded (%d classes) after the MODEL connection "
-                 "came back", self.member_id, self.cache.size)
-        self.processor.trigger()
+        """The MODEL connection came back: broadcasts sent meanwhile were missed, so each
+        broadcast's catch-up runs (the built-ins: reload the ontology cache, scan now)."""
+        log.info("member %s: the MODEL connection came back; running the broadcasts' "
+                 "catch-ups", self.member_id)
+        self.commands.reconnected(self.services)
 
     def submit(self, req: TaskSubmit) -> Task:
         """Create a task (its payload validated; at its type's default priority, and with its
@@ -339,27 +356,12 @@ class Node:
         return {**task_view(task), "cancelled_attempts": [a.id for a in closed]}
 
     def register_messages(self, bus: MessageBus) -> None:
-        """The node's MODEL and MASTER handlers, then its API (:class:`NodeApi`). Handlers read
-        the node's parts when a message arrives, so registering needs nothing started."""
-
-        @bus.model.handler("TRIGGER_SCAN")
-        def trigger_scan(ctx: HandlerContext, payload: dict[str, Any]) -> None:
-            self.processor.trigger()
-
-        @bus.model.handler("UPDATE_CACHE")
-        def update_cache(ctx: HandlerContext, payload: dict[str, Any]) -> None:
-            self.cache.reload(self.store)
-            log.info("member %s: ontology cache reloaded (%d classes)", self.member_id,
-                     self.cache.size)
-
-        @bus.master.handler("SYNCHRONIZE_MODEL")
-        def synchronize(ctx: HandlerContext, payload: dict[str, Any]) -> None:
-            self.sync.synchronize(message_id=str(ctx.message_id))
-
-        @bus.master.handler("ONTOLOGY_CHANGED")
-        def changed(ctx: HandlerContext, payload: dict[str, Any]) -> None:
-            self.sync.synchronize(message_id=str(ctx.message_id))
-
+        """The declared commands and broadcasts (:mod:`runner.node.commands`, then the
+        ``--tasks`` modules'), then the node's API (:class:`NodeApi`). Handlers read the
+        node's services when a message arrives, so registering needs nothing started."""
+        metrics = self._parts.metrics if self._parts is not None else None
+        self.commands.install(bus, self.services,
+                              on_run=metrics.command_ran if metrics is not None else None)
         NodeApi.register(self, bus)
 
     def close(self) -> None:

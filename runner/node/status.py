@@ -1,5 +1,6 @@
 """What ``cluster status`` answers: members, master, held task locks, the configured
-concurrency levels' use, the resources and ordering keys held now, and the open incidents."""
+concurrency levels' use, the resources and ordering keys held now, the MASTER commands being
+handled (``commands``: id, command, member, age), and the open incidents."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from coord import Session, exclusive_holders, held_locks, holders, read_leader, read_members
+from messaging import ZkProcessedLog
 from runner.config import Settings
 from runner.store import GraphStore
 from runner.tasks.worker.claim import slot_name
@@ -31,5 +33,7 @@ def cluster_status(session: Session, settings: Settings, member_id: str,
                         for group, limit in sorted(settings.concurrency.items())],
         "resources": {unquote(k): [v] for k, v in exclusive_holders(session, "resource").items()},
         "ordering_keys": {unquote(k): [v] for k, v in exclusive_holders(session, "key").items()},
+        "commands": [{**c, "age_s": round(now - c.pop("since"), 1)}
+                     for c in ZkProcessedLog(session).handling()],
         "incidents": [i.view() for i in store.incidents.open()],
     }

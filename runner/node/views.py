@@ -148,6 +148,14 @@ class LockView(View):
     age_s: float
 
 
+class CommandInFlight(View):
+    """A MASTER command being handled now (its claim)."""
+    id: str
+    command: str
+    member: str
+    age_s: float
+
+
 class IncidentView(View):
     key: str
     task: str
@@ -172,4 +180,5 @@ class ClusterStatus(View):
     concurrency: list[LevelView] = []
     resources: dict[str, list[str]] = {}  # resource -> the members holding it now
     ordering_keys: dict[str, list[str]] = {}  # key -> the member running its task now
+    commands: list[CommandInFlight] = []  # MASTER commands being handled, oldest first
     incidents: list[IncidentView] = []  # open ones, oldest first

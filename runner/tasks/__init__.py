@@ -4,6 +4,7 @@ What handlers and task authors see, here at the top:
 
 * :mod:`~runner.tasks.registry`: task types and their payload models;
 * :mod:`~runner.tasks.authoring`: the ``@task`` decorator and loading users' task modules;
+* :mod:`~runner.tasks.commands`: ``@command`` (master-only) and ``@broadcast`` (every node);
 * :mod:`~runner.tasks.context`: what a handler gets (context, cancellation token);
 * :mod:`~runner.tasks.outcomes`: what an attempt came to, as a type, and how it is decided;
 * :mod:`~runner.tasks.retry`: retry policies per task type;
@@ -25,6 +26,7 @@ It knows nothing of ontologies or pipelines; those register their task types her
 from coord.stream_input import BadInput
 from runner.errors import InvalidPayload, TaskError, TaskLoadError, UnknownTaskType
 from runner.tasks.authoring import task
+from runner.tasks.commands import CommandContext, CommandRegistry, broadcast, command
 from runner.tasks.context import (
     CancelToken,
     Services,
@@ -41,6 +43,8 @@ from runner.tasks.retry import RetryPolicy
 __all__ = [
     "BadInput",
     "CancelToken",
+    "CommandContext",
+    "CommandRegistry",
     "TaskHandler",
     "Hooks",
     "InvalidPayload",
@@ -56,6 +60,8 @@ __all__ = [
     "TaskType",
     "TaskLoadError",
     "UnknownTaskType",
+    "broadcast",
+    "command",
     "stream",
     "task",
 ]

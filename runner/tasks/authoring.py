@@ -40,6 +40,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from runner.errors import TaskLoadError
+from runner.tasks.commands import CommandDeclaration, CommandRegistry
 from runner.tasks.features.streams import StreamDefinition, StreamRegistry
 from runner.tasks.registry import TaskRegistry
 from runner.tasks.retry import RetryPolicy
@@ -99,10 +100,13 @@ def declared(module: ModuleType) -> list[tuple[TaskDeclaration, Callable[..., An
 
 
 def register_module(registry: TaskRegistry, module: ModuleType,
-                    streams: StreamRegistry | None = None) -> list[str]:
-    """Register every task (and, given ``streams``, every ``@stream``) ``module`` declares;
-    the names registered."""
+                    streams: StreamRegistry | None = None,
+                    commands: CommandRegistry | None = None) -> list[str]:
+    """Register every task (and, given ``streams``, every ``@stream``; given ``commands``,
+    every ``@command`` and ``@broadcast``) ``module`` declares; the names registered."""
     names = []
+    if commands is not None:
+        names.extend(register_commands(commands, module))
     for value in vars(module).values():
         definition = getattr(value, "latchwork_stream", None)
         if isinstance(definition, StreamDefinition) and streams is not None:
@@ -124,8 +128,24 @@ def register_module(registry: TaskRegistry, module: ModuleType,
     return names
 
 
+def register_commands(commands: CommandRegistry, module: ModuleType, *,
+                      builtin: bool = False) -> list[str]:
+    """Declare every ``@command`` and ``@broadcast`` of ``module``; their names."""
+    names = []
+    for value in vars(module).values():
+        declaration = getattr(value, "latchwork_command", None)
+        if isinstance(declaration, CommandDeclaration) and callable(value):
+            try:
+                commands.declare(declaration, value, builtin=builtin)
+            except ValueError as exc:
+                raise TaskLoadError(f"{module.__name__}: {exc}") from exc
+            names.append(declaration.name)
+    return names
+
+
 def load_modules(registry: TaskRegistry, modules: Iterable[str],
-                 streams: StreamRegistry | None = None) -> list[str]:
+                 streams: StreamRegistry | None = None,
+                 commands: CommandRegistry | None = None) -> list[str]:
     """Import each module (``mypkg.tasks``) and register its tasks; the names registered."""
     names = []
     for name in modules:
@@ -134,16 +154,17 @@ def load_modules(registry: TaskRegistry, modules: Iterable[str],
         except Exception as exc:  # any error of the user's module, reported in one line
             raise TaskLoadError(f"cannot import task module {name}: "
                                 f"{type(exc).__name__}: {exc}") from exc
-        found = register_module(registry, module, streams)
+        found = register_module(registry, module, streams, commands)
         if not found:
-            raise TaskLoadError(f"task module {name} declares no task (use @task(...) or "
-                                "@stream(...))")
+            raise TaskLoadError(f"task module {name} declares no task (use @task(...), "
+                                "@stream(...), @command(...) or @broadcast(...))")
         names.extend(found)
     return names
 
 
 def load_entry_points(registry: TaskRegistry, group: str = ENTRY_POINT_GROUP,
-                      streams: StreamRegistry | None = None) -> list[str]:
+                      streams: StreamRegistry | None = None,
+                      commands: CommandRegistry | None = None) -> list[str]:
     """Load every entry point of ``group``: a module (its tasks are registered) or a callable
     ``register(registry)``; the names registered."""
     names: list[str] = []
@@ -155,7 +176,7 @@ def load_entry_points(registry: TaskRegistry, group: str = ENTRY_POINT_GROUP,
             raise TaskLoadError(f"cannot load entry point {entry.name} = {entry.value} "
                                 f"({group}): {type(exc).__name__}: {exc}") from exc
         if isinstance(target, ModuleType):
-            names.extend(register_module(registry, target, streams))
+            names.extend(register_module(registry, target, streams, commands))
         elif callable(target):
             try:
                 target(registry)

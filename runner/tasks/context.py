@@ -126,6 +126,10 @@ class Services:
     def __init__(self, *values: object) -> None:
         self._values = list(values)
 
+    def add(self, value: object) -> None:
+        """Give handlers one more service (a part built after the others)."""
+        self._values.append(value)
+
     def find(self, kind: type[S]) -> S | None:
         """The service of class ``kind``, or None when this node has none."""
         for value in self._values:

@@ -4,11 +4,9 @@ runs, plus two things the suite needs to look inside it.
 * Its ZooKeeper session's id and password, written to ``SESSION_FILE`` (mode 0600) each time a
   session is established, so the suite can make the server expire that very session (a second
   client attaches to it and closes it), the way ``faults.expire_session`` does in-process.
-* A MASTER command ``CHAOS_RECORD``: each run of its handler creates a persistent sequential
-  node ``/chaos/runs/<message id>-`` (data: member, start; an ``end`` is added when the run
-  completes), and its effect, ``/chaos/effects/<message id>``, is created in the same ZooKeeper
-  transaction as the message's processed record. The suite counts completed runs per message
-  (handled twice?) and effects (a confirmed message lost?).
+* The user-declared MASTER command ``chaos.record`` (:mod:`runner.testing.chaoscommands`,
+  loaded through the ``tasks`` setting as a user's module is), whose runs and effects the
+  suite counts.
 
 Usage: ``python -m runner.testing.chaosnode SESSION_FILE`` with the usual ``LATCHWORK_*``
 settings in the environment.
@@ -16,30 +14,19 @@ settings in the environment.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
-import time
 from pathlib import Path
-from typing import Any
-
-from pydantic import BaseModel, ConfigDict, Field
 
 from coord import SessionState
-from messaging import HandlerContext, MessageBus, fenced_out
 from runner.config import Settings
 from runner.node.main import run
 from runner.node.node import Node
 
-RUNS = "/chaos/runs"
-EFFECTS = "/chaos/effects"
+#: the chaos suite's own command, declared as a user's would be
+COMMANDS = "runner.testing.chaoscommands"
 log = logging.getLogger("latchwork.chaos")
-
-
-class ChaosRecord(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    hold: float = Field(0.05, ge=0, le=10)
 
 
 class ChaosNode(Node):
@@ -64,26 +51,6 @@ class ChaosNode(Node):
             out.write(f"{session_id:x} {bytes(password).hex()}\n")
         tmp.replace(self.session_file)
 
-    def register_messages(self, bus: MessageBus) -> None:
-        super().register_messages(bus)
-
-        @bus.master.handler("CHAOS_RECORD", ChaosRecord)
-        def chaos_record(ctx: HandlerContext, payload: ChaosRecord) -> None:
-            client = self.session.client
-            started = {"member": self.member_id, "start": time.time()}
-            run_node = client.create(f"{RUNS}/{ctx.message_id}-", json.dumps(started).encode(),
-                                     sequence=True, makepath=True)
-            if ctx.cancelled.wait(payload.hold):
-                raise RuntimeError("cancelled: leadership lost or shutting down")
-            txn = ctx.transaction()  # fenced by this master's leadership
-            txn.create(f"{EFFECTS}/{ctx.message_id}", self.member_id.encode())
-            results: list[Any] = txn.commit()
-            if fenced_out(results):  # its leadership session is gone: a later master runs it
-                raise RuntimeError("refused: this node is no longer the master that started it")
-            applied = not any(isinstance(r, Exception) for r in results)
-            client.set(run_node, json.dumps({**started, "end": time.time(),
-                                             "effect": applied}).encode())
-
 
 def main(argv: list[str]) -> int:
     session_file = Path(argv[0])
@@ -93,6 +60,8 @@ def main(argv: list[str]) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     logging.getLogger("pika").setLevel(logging.CRITICAL)
     settings = Settings.load(None)
+    if COMMANDS not in settings.tasks:
+        settings = settings.model_copy(update={"tasks": [*settings.tasks, COMMANDS]})
     return run(settings, node=ChaosNode(settings, session_file))
 
 

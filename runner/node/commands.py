@@ -1,0 +1,53 @@
+"""The node's built-in commands and broadcasts, declared like a user's (``@command``,
+``@broadcast``) and loaded first, so a user's module that takes one of their names fails the
+start:
+
+* ``SYNCHRONIZE_MODEL`` and ``ONTOLOGY_CHANGED`` (MASTER): load new or changed ontologies;
+* ``TRIGGER_SCAN`` (MODEL): scan for tasks now (a task was submitted, or locks were freed);
+  on a reconnect, scan;
+* ``UPDATE_CACHE`` (MODEL): reload the ontology cache; on a reconnect, reload it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from messaging import HandlerContext
+from runner.ontology import OntologyCache, OntologySync
+from runner.store import GraphStore
+from runner.tasks import Services, broadcast, command
+from runner.tasks.worker.loop import TaskLoop
+
+log = logging.getLogger("latchwork.node")
+
+
+@command("SYNCHRONIZE_MODEL", description="load new or changed ontologies (the master)")
+def synchronize(ctx: HandlerContext, payload: dict[str, Any]) -> None:
+    ctx.services.get(OntologySync).synchronize(message_id=str(ctx.message_id))
+
+
+@command("ONTOLOGY_CHANGED", description="an ontology source changed: load it (the master)")
+def ontology_changed(ctx: HandlerContext, payload: dict[str, Any]) -> None:
+    ctx.services.get(OntologySync).synchronize(message_id=str(ctx.message_id))
+
+
+def _scan(services: Services) -> None:
+    services.get(TaskLoop).trigger()
+
+
+@broadcast("TRIGGER_SCAN", description="scan for tasks now", on_reconnect=_scan)
+def trigger_scan(ctx: HandlerContext, payload: dict[str, Any]) -> None:
+    _scan(ctx.services)
+
+
+def _reload(services: Services) -> None:
+    cache = services.get(OntologyCache)
+    cache.reload(services.get(GraphStore))
+    log.info("member %s: ontology cache reloaded (%d classes)",
+             services.get(TaskLoop).member_id, cache.size)
+
+
+@broadcast("UPDATE_CACHE", description="reload the ontology cache", on_reconnect=_reload)
+def update_cache(ctx: HandlerContext, payload: dict[str, Any]) -> None:
+    _reload(ctx.services)
