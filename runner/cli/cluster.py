@@ -1,5 +1,5 @@
 """``latchwork cluster status``: members, the master, held task locks, concurrency levels,
-resources and ordering keys held, open incidents."""
+resources and ordering keys held, MASTER commands in flight, open incidents."""
 
 from __future__ import annotations
 

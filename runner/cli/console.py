@@ -146,6 +146,9 @@ def render_cluster_status(status: dict[str, Any], console: Console | None = None
         if held:
             console.print(f"{title}: " + ", ".join(f"{name} by {', '.join(owners)}"
                                                    for name, owners in sorted(held.items())))
+    for inflight in status.get("commands") or []:
+        console.print(f"command in flight: {inflight['command']} {inflight['id']} on "
+                      f"{inflight['member']} for {inflight['age_s']} s")
     incidents = status.get("incidents") or []
     console.print(Text(f"{len(incidents)} open incident(s)",
                        style="bold red" if incidents else "green"))

@@ -89,6 +89,10 @@ def render(frame: Frame) -> RenderableType:
                       a.executor, _age(a.ended_at or a.started_at, now) + " ago",
                       Text((a.error or "")[:60]))
 
+    commands = Text(f"commands in flight on the master: {len(status.commands)}")
+    for inflight in status.commands[:5]:
+        commands.append(f"\n  {inflight.command} {inflight.id} on {inflight.member} for "
+                        f"{inflight.age_s:g} s")
     dead = Text(f"dead-lettered messages: {frame.dead_letters}",
                 style="bold red" if frame.dead_letters else "green")
     incidents = Text(f"open incidents: {len(status.incidents)}",
@@ -98,7 +102,7 @@ def render(frame: Frame) -> RenderableType:
                          f"{incident.detail[:80]}", style="red")
     head = Text(f"master {status.master or '(none)'} · answered by {status.answered_by} · "
                 f"{now.strftime('%H:%M:%S')} UTC")
-    return Group(head, members, tasks, queue, ended, dead, incidents)
+    return Group(head, members, tasks, queue, ended, commands, dead, incidents)
 
 
 @cli.command("top")
