@@ -60,6 +60,42 @@ def test_push_push_at_read_and_the_limits(zk_namespace: ZkNamespace) -> None:
             q.get(3)
 
 
+def test_push_many_is_one_step_once_per_token_and_skips_a_frozen_pushers_slot(
+        zk_namespace: ZkNamespace) -> None:
+    """What a client's ``stream_push`` does: the values at consecutive indexes in one
+    transaction with a record of the caller's token; the same token again, from this object
+    or another session's, pushes nothing more and answers the first indexes (a retry after a
+    lost reply); a slot a frozen pusher created without raising the hint is stepped over; the
+    values together over one element's limit are refused."""
+    with session(zk_namespace) as s, session(zk_namespace) as other:
+        q = LockFreeQueue(s, "many")
+        assert q.push(b"first") == 0
+        assert q.push_many([b"a", b"b", b"c"], "t-1") == [1, 2, 3]
+        assert q.push_many([b"a", b"b", b"c"], "t-1") == [1, 2, 3]
+        assert LockFreeQueue(other, "many").push_many([b"a", b"b", b"c"], "t-1") == [1, 2, 3]
+        s.client.create(f"queues/many/e/{4:010d}", b'{"v": "ZnJvemVu", "t": "frozen"}')
+        assert LockFreeQueue(other, "many").push_many([b"d", b"e"], "t-2") == [5, 6]
+        assert q.push(b"after") == 7  # the hint moved past the batch
+        assert [v for _, v in q.read(0)] == [b"first", b"a", b"b", b"c", b"frozen", b"d", b"e",
+                                             b"after"]
+        racing: list[list[int]] = []
+        threads = [threading.Thread(target=lambda x=x: racing.append(
+            LockFreeQueue(x, "many").push_many([b"r1", b"r2"], "t-3"))) for x in (s, other)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert racing == [[8, 9], [8, 9]] and q.end() == 10
+        with pytest.raises(QueueElementTooLarge):
+            q.push_many([b"x" * (MAX_ELEMENT_BYTES // 2)] * 2, "t-4")
+        with pytest.raises(ValueError, match="invalid push token"):
+            q.push_many([b"x"], "a/b")
+        assert q.end() == 10
+        # token records age out with the queue's retention
+        assert q.prune(older_than=0, now=time.time() + 1) == 10
+        assert s.client.get_children("queues/many/pushes") == []
+
+
 def test_push_at_from_a_stale_view_and_reads_across_windows_and_gaps(
         zk_namespace: ZkNamespace) -> None:
     """push_at writes the element and raises the end hint in one transaction from the hint its
