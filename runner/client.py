@@ -318,8 +318,8 @@ class Client:
             raise NoAnswer(str(exc)) from exc
         except BrokerUnavailable as exc:
             raise BrokerUnreachable(str(exc)) from exc
-        except EnvelopeError as exc:  # a name or payload the envelope refuses
-            raise RequestRefused(name, "invalid", str(exc)) from exc
+        except (EnvelopeError, ValidationError) as exc:  # a name the envelope refuses
+            raise RequestRefused(name, "invalid", f"command {name!r}: {exc}") from exc
 
     def broadcast(self, name: str, payload: dict[str, Any] | None = None) -> str:
         """Send the broadcast ``name`` to every node connected now (confirmed by the broker);
@@ -328,6 +328,8 @@ class Client:
             return str(self._api.broadcast(name, payload).id)
         except BrokerUnavailable as exc:
             raise BrokerUnreachable(str(exc)) from exc
+        except ValidationError as exc:  # a name the envelope refuses
+            raise RequestRefused(name, "invalid", f"broadcast {name!r}: {exc}") from exc
 
     def commands(self) -> builtins.list[dict[str, Any]]:
         """Every command and broadcast the live nodes declare: name, kind, description,

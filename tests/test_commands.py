@@ -303,6 +303,8 @@ def test_refusals_reach_a_waiting_sender_at_once_and_are_dead_lettered(
         reasons = {d.command: d.reason for d in client.dead_letters()}
         assert reasons == {"billing.nosuch": "unknown-command", "billing.reindex": "invalid",
                            "billing.refuse": "rejected"}
+        with pytest.raises(RequestRefused, match="command 'no such name'"):
+            client.command("no such name", {})
         # without a wait the command is queued and the call returns at once
         assert client.command("billing.reindex", {"account": "gamma"}) is None
         with pytest.raises(NoAnswer, match=r"no answer to MASTER command billing\.reindex"):
