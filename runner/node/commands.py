@@ -41,13 +41,18 @@ def trigger_scan(ctx: HandlerContext, payload: dict[str, Any]) -> None:
     _scan(ctx.services)
 
 
-def _reload(services: Services) -> None:
+def _reload(services: Services, why: str = "") -> None:
     cache = services.get(OntologyCache)
     cache.reload(services.get(GraphStore))
-    log.info("member %s: ontology cache reloaded (%d classes)",
-             services.get(TaskLoop).member_id, cache.size)
+    log.info("member %s: ontology cache reloaded (%d classes)%s",
+             services.get(TaskLoop).member_id, cache.size, why)
 
 
-@broadcast("UPDATE_CACHE", description="reload the ontology cache", on_reconnect=_reload)
+def _reload_after_reconnect(services: Services) -> None:
+    _reload(services, " after the MODEL connection came back")
+
+
+@broadcast("UPDATE_CACHE", description="reload the ontology cache",
+           on_reconnect=_reload_after_reconnect)
 def update_cache(ctx: HandlerContext, payload: dict[str, Any]) -> None:
     _reload(ctx.services)
