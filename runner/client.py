@@ -93,11 +93,13 @@ from runner.requests import (
     ScheduleList,
     SchedulePause,
     ScheduleRemove,
+    StreamList,
     StreamPush,
     StreamRead,
     StreamStart,
     StreamStatus,
     TaskCancel,
+    TaskCounts,
     TaskDeactivate,
     TaskGet,
     TaskList,
@@ -106,6 +108,7 @@ from runner.requests import (
     TaskSubmit,
     TaskTypes,
 )
+from runner.requests import TaskSearch as TaskSearchRequest
 
 T = TypeVar("T")
 
@@ -293,6 +296,31 @@ class Client:
         """An ontology and its classes, each with its parents and its number of children."""
         reply: dict[str, Any] = self.call(OntologyShow, iri=iri)
         return reply
+
+    # -- the web console's lists ------------------------------------------------------------
+    def search(self, *, type: str | None = None, state: str | None = None,
+               owner: str | None = None, ordering_key: str | None = None,
+               resource: str | None = None, before: str | None = None,
+               limit: int = 50) -> tuple[builtins.list[TaskView], str | None]:
+        """A page of tasks matching every filter given, newest first, and the cursor of the
+        next (older) page (None: this was the last). ``state``: waiting, running, stopped,
+        finished or skipped. Reads a page, never the whole history."""
+        reply = self.call(TaskSearchRequest, type=type, state=state, owner=owner,
+                          ordering_key=ordering_key, resource=resource, before=before,
+                          limit=limit)
+        return [TaskView.model_validate(t) for t in reply["tasks"]], reply["next"]
+
+    def task_counts(self, *, type: str | None = None, owner: str | None = None,
+                    ordering_key: str | None = None, resource: str | None = None
+                    ) -> dict[str, int]:
+        """How many tasks match the filters in each state."""
+        reply: dict[str, int] = self.call(TaskCounts, type=type, owner=owner,
+                                          ordering_key=ordering_key, resource=resource)
+        return reply
+
+    def streams(self) -> builtins.list[dict[str, Any]]:
+        """The streams a node declares, each with its state and running copies."""
+        return builtins.list(self.call(StreamList))
 
     # -- your own commands and broadcasts, and streams from the outside -----------------------
     def command(self, name: str, payload: dict[str, Any] | None = None, *,

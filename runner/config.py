@@ -155,6 +155,13 @@ class Settings(BaseSettings):
         default_factory=list,
         description='Python callables "module:function" called with every incident event '
                     "(JSON list in the environment)")
+    web_username: str | None = Field(
+        None, description="user name of the web console's basic authentication "
+                          "(latchwork web; with web_password)")
+    web_password: SecretStr | None = Field(
+        None, description="password of the web console's basic authentication")
+    web_token: SecretStr | None = Field(
+        None, description="bearer token the web console accepts (Authorization: Bearer ...)")
     concurrency: dict[str, Annotated[int, Field(ge=0)]] = Field(
         default_factory=dict,
         description="cluster-wide limits per task type or group of types: a group is a "

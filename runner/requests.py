@@ -257,3 +257,38 @@ class StreamRead(Request):
     queue: str = Field(pattern=QUEUE_PATTERN)
     start: int = Field(default=0, ge=0)
     limit: int = Field(default=100, ge=1, le=1000)
+
+
+# -- the web console's views ------------------------------------------------------------------
+
+#: a task's state as lists show and filter it (runner.store.gremlin.rows.LIST_STATES)
+TaskState = Literal["waiting", "running", "stopped", "finished", "skipped"]
+
+
+class TaskFilterFields(Request):
+    type: str | None = Field(default=None, min_length=1)
+    owner: str | None = Field(default=None, min_length=1)
+    ordering_key: str | None = Field(default=None, min_length=1)
+    resource: str | None = Field(default=None, min_length=1)
+
+
+class TaskSearch(TaskFilterFields):
+    """One page of tasks matching every filter given, newest first; ``before``: the ``next``
+    cursor of the previous page."""
+
+    command = "task.search"
+    state: TaskState | None = None
+    before: str | None = Field(default=None, max_length=200)
+    limit: int = Field(default=50, ge=1, le=200)
+
+
+class TaskCounts(TaskFilterFields):
+    """How many tasks match the filters in each state."""
+
+    command = "task.counts"
+
+
+class StreamList(Request):
+    """The streams the answering node declares, each with its state and running copies."""
+
+    command = "stream.list"

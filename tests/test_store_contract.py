@@ -671,3 +671,54 @@ if REMOTE_URL:  # only a transactional server has this half; none can be install
             assert graph.read(lambda g: g.V().has_label("probe").count().next()) == 0
         finally:
             graph.close()
+
+
+def test_search_pages_newest_first_by_filters_and_counts_per_state(store: GraphStore) -> None:
+    """The operator's list (the web console's): equality filters on indexed properties,
+    newest first, pages joined by a cursor with nothing lost or repeated, counts per state;
+    a burst of tasks created at once is paged like any other."""
+    from runner.store.gremlin.search import TaskFilter
+
+    made = []
+    for i in range(23):
+        task = store.tasks.create("kind.a" if i % 2 else "kind.b", {"i": i},
+                                  ordering_key="k1" if i < 5 else None,
+                                  resources=["printer"] if i % 3 == 0 else [])
+        made.append(task)
+    claimed, _ = store.claim(made[-1], 5, "m1")  # running, owned by m1
+    stopped = store.tasks.deactivate(made[-2].id)
+    second, _ = store.claim(made[-3], 6, "m2")
+    store.tasks.skip(made[-4].id)
+    newest_first = [t.id for t in reversed(made)]
+
+    def walk(where: TaskFilter, size: int) -> list[str]:
+        seen: list[str] = []
+        cursor = None
+        while True:
+            page = store.search.page(where, cursor, size)
+            assert len(page.tasks) <= size
+            seen += [t.id for t in page.tasks]
+            if page.next is None:
+                return seen
+            cursor = page.next
+
+    assert walk(TaskFilter(), 5) == newest_first
+    assert walk(TaskFilter(), 50) == newest_first
+    assert walk(TaskFilter(type="kind.a"), 4) == [i for i in newest_first
+                                                  if store.tasks.get(i).type == "kind.a"]
+    assert walk(TaskFilter(state="running"), 5) == [claimed.id, second.id]
+    assert walk(TaskFilter(owner="m1"), 5) == [claimed.id]
+    assert walk(TaskFilter(state="stopped"), 5) == [stopped.id]
+    assert walk(TaskFilter(state="skipped"), 5) == [made[-4].id]
+    assert walk(TaskFilter(ordering_key="k1"), 2) == [t.id for t in reversed(made[:5])]
+    assert walk(TaskFilter(resource="printer"), 3) == [
+        t.id for t in reversed(made) if t.resources == ("printer",)]
+    assert walk(TaskFilter(type="kind.a", resource="nothing"), 5) == []
+    assert store.search.counts(TaskFilter()) == {
+        "waiting": 19, "running": 2, "stopped": 1, "finished": 0, "skipped": 1}
+    assert store.search.counts(TaskFilter(type="kind.b", state="running")) == {
+        "waiting": 10, "running": 2, "stopped": 0, "finished": 0, "skipped": 0}
+    with pytest.raises(InvalidValue):
+        store.search.page(TaskFilter(), "not a cursor", 5)
+    with pytest.raises(InvalidValue):
+        TaskFilter(state="lost")

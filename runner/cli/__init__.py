@@ -7,7 +7,7 @@
   :mod:`~runner.cli.aspects`,
   :mod:`~runner.cli.avatars`, :mod:`~runner.cli.dlq`, :mod:`~runner.cli.streams`,
   :mod:`~runner.cli.schedules`,
-  :mod:`~runner.cli.top`; rendering:
+  :mod:`~runner.cli.top`, :mod:`~runner.cli.web` (the web console); rendering:
   :mod:`~runner.cli.console`.
 """
 
@@ -24,6 +24,7 @@ from runner.cli import (
     streams,
     tasks,
     top,
+    web,
 )
 from runner.cli.root import cli
 
@@ -31,7 +32,7 @@ __all__ = ["cli", "main"]
 
 # the command groups register themselves on ``cli`` when imported
 _GROUPS = (aspects, avatars, cluster, commands, dev, dlq, node, ontology, schedules, streams,
-           tasks, top)
+           tasks, top, web)
 
 
 def main() -> None:

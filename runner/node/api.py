@@ -18,6 +18,7 @@ from coord import (
 )
 from messaging import HandlerContext, MessageBus
 from runner.errors import NoOntologySource, OntologyNotFound, TaskArchived, TaskNotFound
+from runner.node.api_console import ConsoleApi
 from runner.node.api_outside import OutsideApi, api
 from runner.node.status import cluster_status
 from runner.node.views import attempt_view, ontology_view, progress_view, task_view
@@ -90,7 +91,7 @@ class ApiHost(Protocol):
     def cancel(self, task_id: str, by: str, reason: str | None = None) -> dict[str, Any]: ...
 
 
-class NodeApi(OutsideApi):
+class NodeApi(OutsideApi, ConsoleApi):
     """The API handlers of one node; they read the node's parts when a request arrives."""
 
     node: ApiHost

@@ -26,6 +26,24 @@ TASK_CHANGES = {"status", "finished", "active", "payload", "owner", "priority", 
 TASK_FIXED = ("task_id", "task_type", "task_created", "task_unique", "task_okey")
 
 
+#: a task's state as an operator's list shows and filters it
+LIST_STATES = ("waiting", "running", "stopped", "finished", "skipped")
+
+
+def list_state(task: Task) -> str:
+    if task.finished:
+        return "skipped" if task.skipped else "finished"
+    if not task.active:
+        return "stopped"
+    return "running" if task.status is TaskStatus.RUNNING else "waiting"
+
+
+def resource_key(resource: str) -> str:
+    """The property that marks the tasks taking ``resource`` (its name hex-encoded: any
+    name makes a valid key)."""
+    return "task_res_" + resource.encode().hex()
+
+
 def task_props(task: Task) -> dict[str, Any]:
     props = {
         "task_id": task.id, "task_type": task.type,
@@ -45,6 +63,11 @@ def task_props(task: Task) -> dict[str, Any]:
         # stopped tasks (inactive, unfinished), found from an index by the master's incidents
         "task_stopped": "1" if not task.active and not task.finished else "",
     }
+    # what an operator's list filters on (runner.store.gremlin.search), each from an index
+    props["task_list"] = list_state(task)
+    props["task_owner"] = task.owner or ""
+    for resource in task.resources:
+        props[resource_key(resource)] = "1"
     if task.unique_key is not None:
         props["task_unique"] = task.unique_key
     if task.ordering_key is not None:

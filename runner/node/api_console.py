@@ -1,0 +1,64 @@
+"""The API's requests behind the web console's lists (``latchwork web``): a filtered page of
+tasks newest first (``task.search``), their counts per state (``task.counts``) and the
+streams with their state (``stream.list``). Each reads a page or a count, never a whole table:
+:mod:`runner.store.gremlin.search` says how.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from coord import Session, VersionedRegister
+from messaging import HandlerContext
+from runner.node.api_outside import api
+from runner.node.views import progress_view, task_view
+from runner.requests import StreamList, TaskCounts, TaskSearch
+from runner.store import GraphStore
+from runner.store.gremlin.search import TaskFilter
+from runner.tasks.features import streams
+from runner.tasks.features.streams import StreamRegistry
+
+
+class ConsoleHost(Protocol):
+    session: Session
+    streams: StreamRegistry
+
+    @property
+    def store(self) -> GraphStore: ...
+
+
+def _filter(req: TaskSearch | TaskCounts, state: str | None = None) -> TaskFilter:
+    return TaskFilter(type=req.type, state=state, owner=req.owner,
+                      ordering_key=req.ordering_key, resource=req.resource)
+
+
+class ConsoleApi:
+    """The handlers of the module's requests (mixed into the node's API)."""
+
+    node: ConsoleHost
+
+    @api(TaskSearch)
+    def task_search(self, ctx: HandlerContext, req: TaskSearch) -> dict[str, Any]:
+        page = self.node.store.search.page(_filter(req, req.state), req.before, req.limit)
+        running = {t.id for t in page.tasks if t.owner and t.status.value == "RUNNING"}
+        progress = ({a.task_id: a.progress for a in self.node.store.attempts.running()
+                     if a.task_id in running} if running else {})
+        return {"tasks": [{**task_view(t), "progress": progress_view(progress.get(t.id))}
+                          for t in page.tasks], "next": page.next}
+
+    @api(TaskCounts)
+    def task_counts(self, ctx: HandlerContext, req: TaskCounts) -> dict[str, int]:
+        return self.node.store.search.counts(_filter(req))
+
+    @api(StreamList)
+    def stream_list(self, ctx: HandlerContext, req: StreamList) -> list[dict[str, Any]]:
+        found = []
+        for name in self.node.streams.names():
+            definition = self.node.streams.get(name)
+            state, version = VersionedRegister(self.node.session,
+                                               f"handlers/{name}/state").get()
+            found.append({"stream": name, "inputs": list(definition.inputs),
+                          "output": definition.output, "description": definition.description,
+                          "version": version, "state": state,
+                          "copies": streams.copies(self.node.session, name)})
+        return found

@@ -1,0 +1,134 @@
+"""What the console's pages compute from the client's views: the task list's query box, an
+attempt timeline, ages and durations. Pure functions; no I/O.
+
+The query box, in the style of Flower's: space-separated ``key:value`` terms, each a filter
+the node answers from an index (``type:billing.sync state:stopped owner:<member>
+key:<ordering key> resource:<name>``); a term without a key that is a task id opens that task.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from runner.node.views import AttemptView, TaskView
+
+STATES = ("waiting", "running", "stopped", "finished", "skipped")
+#: query key -> the client's filter argument
+KEYS = {"type": "type", "state": "state", "owner": "owner", "key": "ordering_key",
+        "resource": "resource"}
+STATUS_CLASS = {"RUNNING": "running", "SUCCEEDED": "ok", "FAILED": "failed",
+                "CANCELLED_BY_SYSTEM": "system", "CANCELLED": "cancelled"}
+
+
+class QueryError(ValueError):
+    """The query box holds a term the console does not know."""
+
+
+@dataclass
+class Query:
+    filters: dict[str, str] = field(default_factory=dict)
+    task_id: str | None = None
+
+    @property
+    def text(self) -> str:
+        inverse = {v: k for k, v in KEYS.items()}
+        return " ".join(f"{inverse[k]}:{v}" for k, v in self.filters.items())
+
+
+def parse_query(text: str) -> Query:
+    """``type:x state:y ...`` into filters (:class:`QueryError` naming a bad term)."""
+    query = Query()
+    for term in text.split():
+        key, sep, value = term.partition(":")
+        if not sep:
+            try:
+                uuid.UUID(term)
+            except ValueError:
+                raise QueryError(f"{term!r} is neither key:value nor a task id (keys: "
+                                 f"{', '.join(KEYS)})") from None
+            query.task_id = term
+            continue
+        if key not in KEYS:
+            raise QueryError(f"unknown key {key!r} (keys: {', '.join(KEYS)})")
+        if not value:
+            raise QueryError(f"{key}: needs a value")
+        if key == "state" and value not in STATES:
+            raise QueryError(f"state:{value}: one of {', '.join(STATES)}")
+        query.filters[KEYS[key]] = value
+    return query
+
+
+def task_state(task: TaskView) -> str:
+    if task.finished:
+        return "skipped" if task.skipped else "finished"
+    if not task.active:
+        return "stopped"
+    return "running" if task.status == "RUNNING" else "waiting"
+
+
+def age(since: datetime | None, now: datetime | None = None) -> str:
+    if since is None:
+        return ""
+    seconds = max(0.0, ((now or datetime.now(UTC)) - since).total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:.0f}s" if seconds >= 1 else f"{seconds * 1000:.0f}ms"
+
+
+def duration(ms: int | None) -> str:
+    if ms is None:
+        return ""
+    return f"{ms / 1000:.1f} s" if ms >= 1000 else f"{ms} ms"
+
+
+@dataclass(frozen=True)
+class Bar:
+    attempt: AttemptView
+    left: float  # percent of the timeline
+    width: float
+    css: str
+
+
+def timeline(attempts: list[AttemptView], now: datetime | None = None) -> list[Bar]:
+    """One bar per attempt on a common time axis (the first start to the last end, or now for
+    a running one); at least 0.5% wide, so an instant attempt still shows."""
+    if not attempts:
+        return []
+    now = now or datetime.now(UTC)
+    start = min(a.started_at for a in attempts)
+    end = max((a.ended_at or now) for a in attempts)
+    span = max((end - start).total_seconds(), 1e-3)
+    bars = []
+    for a in attempts:
+        left = (a.started_at - start).total_seconds() / span * 100
+        width = ((a.ended_at or now) - a.started_at).total_seconds() / span * 100
+        bars.append(Bar(a, round(min(left, 99.5), 2), round(max(width, 0.5), 2),
+                        STATUS_CLASS.get(a.status, "other")))
+    return bars
+
+
+def pretty(value: Any) -> str:
+    import json
+    return json.dumps(value, indent=2, sort_keys=True, default=str)
+
+
+def schema_fields(schema: dict[str, Any] | None) -> list[tuple[str, str, bool]]:
+    """(name, type, required) of a payload JSON schema's top-level fields."""
+    if not schema:
+        return []
+    required = set(schema.get("required", []))
+    return [(name, str(spec.get("type", spec.get("anyOf", "any"))), name in required)
+            for name, spec in (schema.get("properties") or {}).items()]
+
+
+_SAFE = re.compile(r"^[A-Za-z0-9_.:@-]+$")
+
+
+def safe_segment(value: str) -> bool:
+    """A path segment the console links to as is (a schedule name, a message id)."""
+    return bool(_SAFE.match(value))

@@ -1,0 +1,157 @@
+"""The web console's server side, with Starlette's test client against a real cluster (node
+processes, ZooKeeper, RabbitMQ): every page, the query box, live fragments, and safety: no
+action route or control without ``allow_actions``; with it, credentials and a CSRF token."""
+
+from __future__ import annotations
+
+import base64
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from pydantic import SecretStr
+from starlette.testclient import TestClient
+
+from coord.testing import NodeProcess, wait_until
+from coord.testing.plugin import ZkNamespace
+from messaging.testing.plugin import AmqpNamespace
+from runner.errors import ConfigError
+from runner.testing.cluster import Cluster
+from runner.web.app import create_app
+from runner.web.security import Credentials, check_bind
+from runner.web.views import QueryError, parse_query
+
+CREDENTIALS = Credentials("ops", SecretStr("s3cret-pass"), SecretStr("t0ken-abc"))
+BASIC = "Basic " + base64.b64encode(b"ops:s3cret-pass").decode()
+
+
+@pytest.fixture
+def cluster(zk_namespace: ZkNamespace, amqp_vhost: AmqpNamespace, tmp_path: Path,
+            spawn_node: Callable[..., NodeProcess]) -> Iterator[Cluster]:
+    c = Cluster(zk_namespace.hosts, amqp_vhost, tmp_path, spawn_node)
+    yield c
+    c.store.close()
+
+
+def console(cluster: Cluster, allow_actions: bool = False) -> TestClient:
+    app = create_app(lambda: cluster.client(timeout=10),
+                     CREDENTIALS if allow_actions else None, allow_actions=allow_actions)
+    return TestClient(app)
+
+
+def test_every_page_answers_from_the_cluster(cluster: Cluster) -> None:
+    member = cluster.start_node()
+    with cluster.client() as client:
+        done = client.submit("diag.sleep", {"seconds": 0.01})
+        failed = client.submit("diag.fail", {"message": "the ledger is locked"})
+        client.wait(done.id, 30)
+        client.wait(failed.id, 30)
+        client.schedule_add("nightly", "diag.sleep", {"seconds": 0}, cron="0 3 * * *")
+    with console(cluster) as web:
+        page = web.get("/cluster")
+        assert page.status_code == 200
+        assert member in page.text and "master" in page.text and 'hx-trigger="every 2s"' in \
+            page.text
+        assert web.get("/").url.path == "/cluster"
+        tasks = web.get("/tasks")
+        assert done.id in tasks.text and failed.id in tasks.text
+        stopped = web.get("/tasks", params={"q": "state:stopped"})
+        assert failed.id in stopped.text and done.id not in stopped.text
+        by_type = web.get("/tasks", params={"q": "type:diag.sleep state:finished"})
+        assert done.id in by_type.text and failed.id not in by_type.text
+        counts = web.get("/tasks/counts", params={"q": "type:diag.fail"})
+        assert re.search(r'id="count-stopped">1<', counts.text), counts.text
+        assert re.search(r'id="count-finished">0<', counts.text)
+        bad = web.get("/tasks", params={"q": "colour:red"})
+        assert bad.status_code == 400 and "unknown key &#39;colour&#39;" in bad.text
+        jump = web.get("/tasks", params={"q": done.id}, follow_redirects=False)
+        assert jump.status_code == 303 and jump.headers["location"] == f"/tasks/{done.id}"
+        task = web.get(f"/tasks/{failed.id}")
+        assert task.status_code == 200
+        assert "the ledger is locked" in task.text and "stack trace" in task.text
+        assert 'class="bar failed"' in task.text and "diag.fail" in task.text
+        assert "hx-get" not in task.text.split('id="task-live"')[1].split(">")[0]  # done
+        assert web.get("/tasks/no-such-task").status_code == 404
+        assert "nightly" in web.get("/schedules").text
+        assert "no stream declared" in web.get("/streams").text
+        assert "dead-letter queue is empty" in web.get("/dead-letters").text
+        types = web.get("/types")
+        assert "diag.sleep" in types.text and "SYNCHRONIZE_MODEL" in types.text
+        assert web.get("/static/htmx.min.js").status_code == 200
+
+
+def test_live_fragments_follow_a_running_task(cluster: Cluster) -> None:
+    cluster.start_node()
+    with cluster.client() as client, console(cluster) as web:
+        task = client.submit("diag.sleep", {"seconds": 3})
+        assert wait_until(lambda: task.id in web.get("/tasks/running").text, 30, 0.2)
+        live = web.get(f"/tasks/{task.id}/live")
+        assert 'hx-trigger="every 2s"' in live.text and "RUNNING" in live.text
+        assert wait_until(lambda: "SUCCEEDED" in web.get(f"/tasks/{task.id}/live").text,
+                          30, 0.2)
+        assert 'hx-trigger' not in web.get(f"/tasks/{task.id}/live").text  # stops polling
+
+
+def test_read_only_has_no_action_route_or_control(cluster: Cluster) -> None:
+    cluster.start_node()
+    with cluster.client() as client, console(cluster) as web:
+        task = client.submit("diag.sleep", {"seconds": 30})
+        page = web.get(f"/tasks/{task.id}")
+        assert "<form method=\"post\"" not in page.text and "csrf" not in page.text
+        for path in (f"/tasks/{task.id}/cancel", f"/tasks/{task.id}/deactivate",
+                     f"/tasks/{task.id}/skip", "/dead-letters/x/replay",
+                     "/schedules/x/pause"):
+            answer = web.post(path, headers={"authorization": BASIC})
+            assert answer.status_code in (404, 405), (path, answer.status_code)
+        client.cancel(task.id)
+
+
+def test_actions_need_credentials_and_a_csrf_token(cluster: Cluster) -> None:
+    cluster.start_node()
+    with cluster.client() as client, console(cluster, allow_actions=True) as web:
+        task = client.submit("diag.sleep", {"seconds": 30})
+        assert wait_until(lambda: client.get(task.id).task.status == "RUNNING", 30, 0.1)
+        page = web.get(f"/tasks/{task.id}")
+        token = re.search(r'name="csrf" value="([^"]+)"', page.text)
+        assert token and 'id="action-cancel"' in page.text
+        path = f"/tasks/{task.id}/cancel"
+        no_auth = web.post(path, data={"csrf": token.group(1)})
+        assert no_auth.status_code == 401 and "Basic" in no_auth.headers["www-authenticate"]
+        wrong = web.post(path, data={"csrf": token.group(1)},
+                         headers={"authorization": "Basic " + base64.b64encode(
+                             b"ops:wrong").decode()})
+        assert wrong.status_code == 401
+        forged = web.post(path, data={"csrf": "x" * 43}, headers={"authorization": BASIC})
+        assert forged.status_code == 403
+        other_site = web.post(path, data={"csrf": token.group(1)},
+                              headers={"authorization": BASIC,
+                                       "origin": "http://evil.example"})
+        assert other_site.status_code == 403
+        assert client.get(task.id).task.status == "RUNNING"  # nothing done so far
+        done = web.post(path, data={"csrf": token.group(1)},
+                        headers={"authorization": "Bearer t0ken-abc"},
+                        follow_redirects=False)
+        assert done.status_code == 303 and done.headers["location"] == f"/tasks/{task.id}"
+        report = client.wait(task.id, 30)
+        assert report.attempts[-1].status == "CANCELLED"
+
+
+def test_the_console_refuses_to_be_exposed_without_credentials() -> None:
+    with pytest.raises(ConfigError, match="refuses to listen on 0.0.0.0"):
+        check_bind("0.0.0.0", Credentials(), False)
+    with pytest.raises(ConfigError, match="--allow-actions needs credentials"):
+        check_bind("127.0.0.1", Credentials(), True)
+    check_bind("0.0.0.0", CREDENTIALS, True)
+    check_bind("127.0.0.1", Credentials(), False)
+    assert repr(CREDENTIALS).count("s3cret") == 0  # a SecretStr never shows
+
+
+def test_the_query_box() -> None:
+    query = parse_query("type:billing.sync state:stopped owner:h:1:ab key:acct-7 resource:p")
+    assert query.filters == {"type": "billing.sync", "state": "stopped", "owner": "h:1:ab",
+                             "ordering_key": "acct-7", "resource": "p"}
+    with pytest.raises(QueryError, match="state:lost"):
+        parse_query("state:lost")
+    with pytest.raises(QueryError, match="neither key:value nor a task id"):
+        parse_query("hello")
