@@ -8,20 +8,22 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-APT_PACKAGES := zookeeper rabbitmq-server default-jre-headless
+# chromium: the web console's browser suite (Playwright drives it; nothing is downloaded)
+APT_PACKAGES := zookeeper rabbitmq-server default-jre-headless chromium
 # As root use apt-get directly; otherwise through sudo.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help setup apt-packages venv test lint pytest demo bench chaos diagrams pyfiles clean
+.PHONY: help setup apt-packages venv test lint pytest demo bench chaos diagrams screenshots pyfiles clean
 
 help:
-	@echo "make setup  - Debian packages (zookeeper, rabbitmq-server, JDK) + .venv + pip install -e .[dev] + the Gremlin Server's jars"
+	@echo "make setup  - Debian packages (zookeeper, rabbitmq-server, JDK, chromium) + .venv + pip install -e .[dev] + the Gremlin Server's jars"
 	@echo "make test   - setup, then ruff, mypy --strict and pytest against real servers"
 	@echo "make demo   - setup, then a 3-node cluster: ontology sync, kill -9 failover, reports"
 	@echo "make lint   - ruff and mypy only"
 	@echo "make bench  - the benchmarks in bench/ (each prints its ratio last)"
 	@echo "make chaos  - the full chaos profile: faults under load, one JSON table, exit 1 if a guarantee broke"
 	@echo "make diagrams - render diagrams/*.puml to SVG (installs the Debian plantuml package when missing)"
+	@echo "make screenshots - the README's pictures of the web console, taken by its browser suite"
 	@echo "make pyfiles - dist/latchwork-pyfiles.zip for spark-submit --py-files"
 
 setup: apt-packages venv
@@ -64,6 +66,10 @@ bench: setup
 
 chaos: setup
 	$(PY) bench/chaos.py --profile full $(CHAOS_ARGS)
+
+# the browser suite saves the cluster and task pages of a live run (docs/images/web-*.png)
+screenshots: setup
+	LATCHWORK_SCREENSHOTS=docs/images $(VENV)/bin/pytest -q tests/test_web_browser.py -k in_a_browser
 
 # PlantUML from Debian (a Java program; sequence diagrams need no Graphviz). The SVGs are
 # committed; tests/test_diagrams.py fails when a source changed and its SVG was not rendered again.

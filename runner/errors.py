@@ -30,6 +30,7 @@ The tree (``tests/test_layout.py`` checks that it equals the classes and codes b
     ├── UnknownStream               stream_unknown
     ├── StreamElementTooLarge       stream_element_too_large  refused
     ├── StreamIndexExpired          stream_index_expired
+    ├── WebQueryInvalid             web_query_invalid         refused
     ├── StoreError                  store_error
     │   ├── StoreUnavailable        store_unavailable
     │   ├── GraphNotTransactional   graph_not_transactional
@@ -181,6 +182,12 @@ class StreamIndexExpired(RunnerError, LookupError):
     """A read of a queue from an index that its retention pruned already."""
 
     error_code = "stream_index_expired"
+
+class WebQueryInvalid(RunnerError, ValueError):
+    """The web console's query box holds a term it does not know (``colour:red``)."""
+
+    error_code = "web_query_invalid"
+    refused = True
 
 # -- the graph store -----------------------------------------------------------------------------
 

@@ -217,7 +217,7 @@ def test_top_and_follow_show_a_live_cluster(cluster: Cluster) -> None:
 
         def frame_text() -> str:
             console = Console(record=True, width=200)
-            console.print(render(read_frame(client)))
+            console.print(render(read_frame(client), wide=True))
             return console.export_text()
 
         def running_with_progress() -> bool:
@@ -241,6 +241,12 @@ def test_top_and_follow_show_a_live_cluster(cluster: Cluster) -> None:
         once = cluster.cli("top", "--once")
         assert once.exit_code == 0 and "last ended attempts" in once.output
         assert "dead-lettered messages: 1" in once.output
+        # task ids: short unique prefixes (git's way), whole with --wide; never cut with "…"
+        short = [t.id[:8] for t in busy if t.id[:8] in once.output]
+        assert short and not any(t.id in once.output for t in busy), once.output
+        assert "…" not in once.output.split("last ended attempts")[0]
+        wide = cluster.cli("top", "--once", "--wide")
+        assert wide.exit_code == 0 and any(t.id in wide.output for t in busy), wide.output
 
         lines: list[str] = []
         assert follow(client, busy[0].id, lines.append, poll=0.2) == 0

@@ -72,6 +72,10 @@ RULES: list[tuple[str, tuple[str, ...], str]] = [
                        "runner.tasks", "runner.store.gremlin", "runner.ontology",
                        "runner.pipeline", "runner.devenv", "runner.testing"),
      "the client speaks to nodes only through the API (it reads the node's views)"),
+    ("runner.web", ("runner.cli", "runner.node.node", "runner.node.api", "runner.node.main",
+                    "runner.tasks", "runner.store", "runner.ontology", "runner.pipeline",
+                    "runner.devenv", "runner.testing", "coord", "messaging"),
+     "the web console speaks to nodes only through the client, as the CLI does"),
     ("runner", ("kazoo",), "all ZooKeeper state goes through coord's recipes, and coord "
                            "translates kazoo's errors: the runner never needs kazoo"),
     ("runner.errors", ("runner.",), "the error root is importable from anywhere"),

@@ -673,11 +673,17 @@ if REMOTE_URL:  # only a transactional server has this half; none can be install
             graph.close()
 
 
-def test_search_pages_newest_first_by_filters_and_counts_per_state(store: GraphStore) -> None:
+@pytest.mark.parametrize("read_at_most", [200, 3])
+def test_search_pages_newest_first_by_filters_and_counts_per_state(
+        store: GraphStore, read_at_most: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The operator's list (the web console's): equality filters on indexed properties,
-    newest first, pages joined by a cursor with nothing lost or repeated, counts per state;
-    a burst of tasks created at once is paged like any other."""
+    newest first, pages joined by a cursor with nothing lost or repeated, counts per state.
+    With buckets read whole only up to 3 tasks, the walk splits the day into hours, minutes
+    and seconds, as a burst of thousands does at the real bound."""
+    from runner.store.gremlin import search
     from runner.store.gremlin.search import TaskFilter
+
+    monkeypatch.setattr(search, "READ_AT_MOST", read_at_most)
 
     made = []
     for i in range(23):

@@ -138,7 +138,7 @@ def test_actions_need_credentials_and_a_csrf_token(cluster: Cluster) -> None:
 
 
 def test_the_console_refuses_to_be_exposed_without_credentials() -> None:
-    with pytest.raises(ConfigError, match="refuses to listen on 0.0.0.0"):
+    with pytest.raises(ConfigError, match=r"refuses to listen on 0\.0\.0\.0"):
         check_bind("0.0.0.0", Credentials(), False)
     with pytest.raises(ConfigError, match="--allow-actions needs credentials"):
         check_bind("127.0.0.1", Credentials(), True)

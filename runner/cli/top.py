@@ -52,8 +52,28 @@ def _age(since: datetime, now: datetime) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
-def render(frame: Frame) -> RenderableType:
+def short_ids(ids: list[str], minimum: int = 8) -> dict[str, str]:
+    """Each id cut to its shortest prefix of at least ``minimum`` characters that no other of
+    ``ids`` shares (the way git abbreviates commits)."""
+    short: dict[str, str] = {}
+    for task_id in ids:
+        length = minimum
+        while length < len(task_id) and any(
+                other != task_id and other.startswith(task_id[:length]) for other in ids):
+            length += 1
+        short[task_id] = task_id[:length]
+    return short
+
+
+def render(frame: Frame, wide: bool = False) -> RenderableType:
+    """One frame; task ids cut to short unique prefixes unless ``wide`` (whole, never cut)."""
     status, now = frame.status, frame.at
+    every = [t.id for t in frame.open_tasks] + [a.task for a in frame.recent] + \
+        [i.task for i in status.incidents]
+    short = short_ids(sorted(set(every)))
+
+    def tid(task_id: str) -> str:
+        return task_id if wide else short.get(task_id, task_id[:8])
     running = [t for t in frame.open_tasks if t.status == "RUNNING"]
     waiting = [t for t in frame.open_tasks if t.status != "RUNNING"]
     runs_on: Counter[str] = Counter(t.owner for t in running if t.owner)
@@ -66,11 +86,13 @@ def render(frame: Frame) -> RenderableType:
         members.add_row(m.id, role, str(runs_on.get(m.id, 0)), m.version)
 
     tasks = Table(title=f"running: {len(running)}")
-    for column in ("task", "type", "owner", "age", "progress"):
+    tasks.add_column("task", no_wrap=True, min_width=36 if wide else None)
+    for column in ("type", "owner", "age", "progress"):
         tasks.add_column(column)
     for t in running:
         progress = t.progress.model_dump(mode="json") if t.progress else None
-        tasks.add_row(t.id, t.type, t.owner or "-", _age(t.updated_at, now), bar(progress))
+        tasks.add_row(tid(t.id), t.type, t.owner or "-", _age(t.updated_at, now),
+                      bar(progress))
 
     queue = Table(title=f"waiting: {len(waiting)}")
     for column in ("type", "priority", "tasks"):
@@ -80,10 +102,11 @@ def render(frame: Frame) -> RenderableType:
         queue.add_row(kind, str(priority), str(count))
 
     ended = Table(title="last ended attempts")
-    for column in ("task", "type", "#", "status", "on", "ended", "error"):
+    ended.add_column("task", no_wrap=True, min_width=36 if wide else None)
+    for column in ("type", "#", "status", "on", "ended", "error"):
         ended.add_column(column)
     for a in frame.recent:
-        ended.add_row(a.task, a.type, str(a.seq),
+        ended.add_row(tid(a.task), a.type, str(a.seq),
                       Text(STATUS_TEXT.get(a.status, a.status),
                            style=STATUS_STYLE.get(a.status, "")),
                       a.executor, _age(a.ended_at or a.started_at, now) + " ago",
@@ -98,7 +121,7 @@ def render(frame: Frame) -> RenderableType:
     incidents = Text(f"open incidents: {len(status.incidents)}",
                      style="bold red" if status.incidents else "green")
     for incident in status.incidents[:5]:
-        incidents.append(f"\n  {incident.kind}: task {incident.task} "
+        incidents.append(f"\n  {incident.kind}: task {tid(incident.task)} "
                          f"{incident.detail[:80]}", style="red")
     head = Text(f"master {status.master or '(none)'} · answered by {status.answered_by} · "
                 f"{now.strftime('%H:%M:%S')} UTC")
@@ -109,19 +132,22 @@ def render(frame: Frame) -> RenderableType:
 @click.option("--interval", type=click.FloatRange(0.2, 60), default=1.0, show_default=True,
               help="seconds between refreshes")
 @click.option("--once", is_flag=True, help="print one frame and exit")
+@click.option("--wide", is_flag=True, help="whole task ids (default: short unique prefixes, "
+                                           "as git abbreviates)")
 @config_option
 @timeout_option
-def top(interval: float, once: bool, config: Path | None, timeout: float) -> None:
+def top(interval: float, once: bool, wide: bool, config: Path | None, timeout: float) -> None:
     """A live view of the cluster: members and the master, running tasks with progress,
-    waiting tasks per type and priority, the last ended attempts, dead letters (Ctrl-C quits)."""
+    waiting tasks per type and priority, the last ended attempts, dead letters (Ctrl-C quits).
+    Task ids are short unique prefixes; --wide shows them whole."""
     with connect(config, timeout) as client:
         if once:
-            Console().print(render(read_frame(client)))
+            Console().print(render(read_frame(client), wide))
             return
 
         def frame() -> RenderableType:
             try:
-                return render(read_frame(client))
+                return render(read_frame(client), wide)
             except ClientError as exc:  # shown, then tried again at the next refresh
                 return Panel(Text(f"{type(exc).__name__}: {exc}", style="red"),
                              title="cannot read the cluster")

@@ -63,6 +63,5 @@ def web(host: str, port: int, allow_actions: bool, timeout: float,
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     mode = "actions allowed" if allow_actions else "read-only"
-    click.echo(f"latchwork web on http://{host}:{port}/ ({mode}, cluster {settings.cluster})",
-               err=True)
+    click.echo(f"latchwork web on http://{host}:{port}/ ({mode}, cluster {settings.cluster})")
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from runner.errors import WebQueryInvalid
 from runner.node.views import AttemptView, TaskView
 
 STATES = ("waiting", "running", "stopped", "finished", "skipped")
@@ -24,8 +25,8 @@ STATUS_CLASS = {"RUNNING": "running", "SUCCEEDED": "ok", "FAILED": "failed",
                 "CANCELLED_BY_SYSTEM": "system", "CANCELLED": "cancelled"}
 
 
-class QueryError(ValueError):
-    """The query box holds a term the console does not know."""
+#: the query box holds a term the console does not know
+QueryError = WebQueryInvalid
 
 
 @dataclass

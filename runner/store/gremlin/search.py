@@ -1,15 +1,21 @@
 """An operator's view of many tasks: filtered, newest first, a page at a time, and counted per
 state, at a cost that grows with a page, not with the history (the web console's task list on a
-graph of 100,000 tasks; ``bench/bench_web_list.py``).
+graph of 100,000 tasks: ``bench/bench_web_list.py``).
 
 Every filter is an equality on an indexed property the task writes keep current
 (:func:`~runner.store.gremlin.rows.task_props`): ``task_type``, ``task_list`` (the state:
 waiting, running, stopped, finished, skipped), ``task_owner``, ``task_okey``, and one key per
-resource (``task_res_<hex of the name>``). Newest first without sorting the history: the page
-is found by windows of creation time (``task_created``, a fixed-width UTC string, compared as
-text: the portable subset's ``P.gt``/``P.lt`` on strings) below the cursor, counted first (a
-count is answered by the index) and grown eight times until it holds a page, then narrowed
-while it holds far more; only that window's tasks are read, sorted and cut to the page.
+resource (``task_res_<hex of the name>``). The portable subset has no ordered range an embedded
+graph answers from an index (gremlite compares ``P.gt`` in Python, vertex by vertex), so newest
+first is found by equality too: every task carries its creation day, hour, minute and second
+(``task_d``, ``task_h``, ``task_m``, ``task_s``). A page walks the buckets back from the cursor:
+a bucket is counted (up to :data:`READ_AT_MOST` + 1, an index count), skipped when empty, read
+whole (creation time and id only) when it holds at most :data:`READ_AT_MOST`, and otherwise
+split into its finer buckets; empty stretches of days are skipped 32 days at a time. Only the
+page's own tasks are read in full.
+
+Limits, stated: tasks created more than :data:`HORIZON_DAYS` days before the cursor are not
+reached; counts per state are exact up to :data:`COUNT_CAP`, and shown as at least that above.
 
 Failure behaviour: a graph out of reach raises ``StoreUnavailable`` like every read; a cursor
 that does not parse is :class:`~runner.errors.InvalidValue` (refused).
@@ -17,9 +23,9 @@ that does not parse is :class:`~runner.errors.InvalidValue` (refused).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from gremlin_python.process.traversal import P
@@ -30,12 +36,22 @@ from runner.store.graph import Graph
 from runner.store.gremlin.rows import LIST_STATES, resource_key, task_from_row
 from runner.store.model import Task
 
-#: a window is read once it holds at least a page; narrowed while it holds more than this
-#: many pages (a burst of creations inside one window)
-MAX_PAGES_READ = 8
-#: the first window below the cursor; then eight times wider each step, up to the oldest task
-FIRST_WINDOW = timedelta(seconds=2)
-OLDEST = "0000-01-01T00:00:00.000000Z"
+#: a bucket holding at most this many matching tasks is read whole (their creation time and
+#: id); a fuller one is split into its finer buckets
+READ_AT_MOST = 200
+#: how far back a page looks, in days before its cursor
+HORIZON_DAYS = 3650
+#: counts per state are exact up to this many
+COUNT_CAP = 10_000
+#: the bucket properties: creation time digits, to the day, hour, minute and second
+LEVELS = (("task_d", 8), ("task_h", 10), ("task_m", 12), ("task_s", 14))
+#: children of a bucket at each finer level
+CHILDREN = {10: 24, 12: 60, 14: 60}
+
+
+def time_digits(created: str) -> str:
+    """``2026-11-25T01:10:33.123456Z`` -> ``20261125011033123456``."""
+    return "".join(ch for ch in created if ch.isdigit())
 
 
 @dataclass(frozen=True)
@@ -89,7 +105,7 @@ def _parse(cursor: str | None) -> tuple[str, str]:
     return created, task_id
 
 
-class TaskSearch:
+class GremlinTaskSearch:
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
 
@@ -99,64 +115,80 @@ class TaskSearch:
             t = t.has(key, value)
         return t
 
-    def _count(self, where: TaskFilter, low: str, high: str) -> int:
-        """Tasks matching with ``low <= created <= high`` (the cursor's own instant included:
-        ties are cut by id afterwards)."""
+    def _count(self, where: TaskFilter, key: str, value: Any, cap: int) -> int:
         return int(self.graph.read(
-            lambda g: self._filtered(g, where).has("task_created", P.gte(low))
-            .has("task_created", P.lte(high)).count().next()))
+            lambda g: self._filtered(g, where).has(key, value).limit(cap).count().next()))
+
+    def _keys(self, where: TaskFilter, key: str, value: str) -> list[tuple[str, str]]:
+        rows = self.graph.read(
+            lambda g: self._filtered(g, where).has(key, value)
+            .element_map("task_created", "task_id").to_list())
+        return [(str(r["task_created"]), str(r["task_id"])) for r in rows]
 
     def page(self, where: TaskFilter, before: str | None = None, limit: int = 50) -> TaskPage:
         """Up to ``limit`` tasks matching ``where``, newest first, created before the cursor
         ``before`` (from a previous page's ``next``)."""
         if limit < 1:
             raise InvalidValue(f"a page holds at least one task, not {limit}")
-        top, top_id = _parse(before)
-        # the first page starts a day ahead of now (clocks of other hosts may run ahead)
-        high = top if before is not None else codec.encode_time(codec.now() + timedelta(days=1))
-        width = FIRST_WINDOW
-        low = OLDEST
-        while True:
-            low = self._minus(high, width)
-            count = self._count(where, low, high)
-            if count > limit or low == OLDEST:
+        top = _parse(before)
+        if before is None:  # a day ahead of now: other hosts' clocks may run ahead
+            top = (codec.encode_time(codec.now() + timedelta(days=1)), "\uffff")
+        found: list[tuple[str, str]] = []
+        need = limit + 1  # one more tells whether another page follows
+        digits = time_digits(top[0])
+        for day in self._days(where, codec.decode_time(top[0])):
+            self._collect(where, 0, day, digits, top, found, need)
+            if len(found) >= need:
                 break
-            width *= 8
-        # a burst: narrow the window while it holds many pages (halving is safe: the count
-        # only drops, and stays at least a page unless a narrower window loses it)
-        while count > limit * MAX_PAGES_READ and width > timedelta(microseconds=2):
-            narrower = width / 2
-            candidate = self._minus(high, narrower)
-            fewer = self._count(where, candidate, high)
-            if fewer <= limit:
-                break
-            width, low, count = narrower, candidate, fewer
-        rows = self.graph.read(
-            lambda g: self._filtered(g, where).has("task_created", P.gte(low))
-            .has("task_created", P.lte(high)).element_map().to_list())
-        tasks = [task_from_row(r) for r in rows]
-        tasks = [t for t in tasks if (codec.encode_time(t.created_at), t.id) < (top, top_id)]
-        tasks.sort(key=lambda t: (t.created_at, t.id), reverse=True)
-        page = tasks[:limit]
-        more = len(tasks) > limit or (low != OLDEST and self._count(
-            where, OLDEST, self._minus(low, timedelta(microseconds=1))) > 0)
-        return TaskPage(page, cursor_of(page[-1]) if page and more else None)
+        found.sort(reverse=True)
+        chosen = [task_id for _, task_id in found[:limit]]
+        tasks = self._read(chosen)
+        more = len(found) > limit
+        return TaskPage(tasks, cursor_of(tasks[-1]) if tasks and more else None)
 
-    @staticmethod
-    def _minus(created: str, width: timedelta) -> str:
-        try:
-            return codec.encode_time(codec.decode_time(created) - width)
-        except (OverflowError, ValueError):
-            return OLDEST
+    def _days(self, where: TaskFilter, top: datetime) -> Iterator[str]:
+        """Days with matching tasks, newest first, from the cursor's day back over the
+        horizon; 32 days are asked about at once (one index lookup) to skip empty ones."""
+        day = top
+        for _ in range(HORIZON_DAYS // 32 + 1):
+            block = [(day - timedelta(days=k)).strftime("%Y%m%d") for k in range(32)]
+            if self._count(where, "task_d", P.within(block), 1):
+                yield from block
+            day -= timedelta(days=32)
+
+    def _collect(self, where: TaskFilter, level: int, bucket: str, top_digits: str,
+                 top: tuple[str, str], found: list[tuple[str, str]], need: int) -> None:
+        key, _ = LEVELS[level]
+        count = self._count(where, key, bucket, READ_AT_MOST + 1)
+        if count == 0:
+            return
+        if count <= READ_AT_MOST or level == len(LEVELS) - 1:
+            found.extend(k for k in self._keys(where, key, bucket) if k < top)
+            return
+        width = LEVELS[level + 1][1]
+        children = CHILDREN[width]
+        for n in reversed(range(children)):
+            child = f"{bucket}{n:02d}"
+            if child > top_digits[:width]:
+                continue  # newer than the cursor
+            self._collect(where, level + 1, child, top_digits, top, found, need)
+            if len(found) >= need:
+                return
+
+    def _read(self, task_ids: list[str]) -> list[Task]:
+        if not task_ids:
+            return []
+        rows = self.graph.read(lambda g: g.V().has("task_id", P.within(task_ids))
+                               .element_map().to_list())
+        by_id = {t.id: t for t in (task_from_row(r) for r in rows)}
+        return [by_id[i] for i in task_ids if i in by_id]
 
     def counts(self, where: TaskFilter) -> dict[str, int]:
-        """How many tasks match ``where`` in each state (its own ``state`` ignored)."""
+        """How many tasks match ``where`` in each state (its own ``state`` ignored); exact up
+        to :data:`COUNT_CAP`, and that cap above it."""
         base = TaskFilter(where.type, None, where.owner, where.ordering_key, where.resource)
-        return {state: self._count_state(base, state) for state in LIST_STATES}
-
-    def _count_state(self, where: TaskFilter, state: str) -> int:
-        return int(self.graph.read(
-            lambda g: self._filtered(g, where).has("task_list", state).count().next()))
+        return {state: self._count(base, "task_list", state, COUNT_CAP)
+                for state in LIST_STATES}
 
 
 def filter_of(fields: Mapping[str, str | None]) -> TaskFilter:

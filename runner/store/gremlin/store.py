@@ -32,7 +32,7 @@ from runner.store.gremlin.incidents import GremlinIncidentStore
 from runner.store.gremlin.ontologies import GremlinOntologyStore
 from runner.store.gremlin.retention import GremlinRetentionStore
 from runner.store.gremlin.schedules import GremlinScheduleStore
-from runner.store.gremlin.search import TaskSearch
+from runner.store.gremlin.search import GremlinTaskSearch
 from runner.store.gremlin.tasks import GremlinTaskStore
 from runner.store.gremlin.writes import (
     TaskChange,
@@ -70,7 +70,7 @@ class GraphStore:
         self.incidents = GremlinIncidentStore(graph)
         self.retention = GremlinRetentionStore(graph)
         #: an operator's filtered, paged, newest-first view (the web console's task list)
-        self.search = TaskSearch(graph)
+        self.search = GremlinTaskSearch(graph)
 
     def claim(self, task: Task, fence_token: int, member_id: str) -> tuple[Task, Attempt]:
         """Claim ``task`` as listed (RUNNING, owner, token; guarded by its version and fence)
