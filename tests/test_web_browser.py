@@ -10,11 +10,13 @@ the README's pictures."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -55,23 +57,29 @@ def start_web(cluster: Cluster, *args: str, **env: str) -> str:
     return url
 
 
-@pytest.fixture
-def browser() -> Iterator[object]:
-    from playwright.sync_api import sync_playwright
+def in_browser(scenario: Callable[[Any], Awaitable[None]]) -> None:
+    """Run ``scenario(browser)`` with a headless Chromium. Playwright's async API: its sync API
+    switches greenlets, which leaves CPython 3.11's compiler recursion counter wrong for the
+    rest of the test session ("AST constructor recursion depth mismatch" at the next import)."""
+    from playwright.async_api import async_playwright
 
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        yield chromium
-        chromium.close()
+    async def main() -> None:
+        async with async_playwright() as p:
+            chromium = await p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+            try:
+                await scenario(chromium)
+            finally:
+                await chromium.close()
+    asyncio.run(main())
 
 
-def shot(page: object, name: str) -> None:
+async def shot(page: Any, name: str) -> None:
     if SHOTS:
         Path(SHOTS).mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(Path(SHOTS) / name), full_page=True)  # type: ignore[attr-defined]
+        await page.screenshot(path=str(Path(SHOTS) / name), full_page=True)
 
 
-def test_the_console_in_a_browser(cluster: Cluster, browser: object) -> None:
+def test_the_console_in_a_browser(cluster: Cluster) -> None:
     first = cluster.start_node()
     second = cluster.start_node()
     url = start_web(cluster)
@@ -80,66 +88,71 @@ def test_the_console_in_a_browser(cluster: Cluster, browser: object) -> None:
         done = client.submit("diag.sleep", {"seconds": 0.05})
         client.wait(failed.id, 30)
         client.wait(done.id, 30)
-    page = browser.new_page(viewport={"width": 1280, "height": 900})  # type: ignore[attr-defined]
 
-    # every page opens
-    for path, text in (("/cluster", first), ("/tasks", done.id), ("/schedules", "no schedule"),
-                       ("/streams", "no stream declared"), ("/dead-letters", "empty"),
-                       ("/types", "diag.sleep")):
-        response = page.goto(url + path)
-        assert response.status == 200, path
-        assert text in page.content(), path
-    page.goto(url + "/cluster")
-    page.wait_for_selector("#members")
-    assert second in page.inner_text("#members")
+    async def scenario(browser: Any) -> None:
+        page = await browser.new_page(viewport={"width": 1280, "height": 900})
+        # every page opens
+        for path, text in (("/cluster", first), ("/tasks", done.id),
+                           ("/schedules", "no schedule"), ("/streams", "no stream declared"),
+                           ("/dead-letters", "empty"), ("/types", "diag.sleep")):
+            response = await page.goto(url + path)
+            assert response.status == 200, path
+            assert text in await page.content(), path
+        await page.goto(url + "/cluster")
+        await page.wait_for_selector("#members")
+        assert second in await page.inner_text("#members")
 
-    # the query box filters on the server; the back button goes back
-    page.goto(url + "/tasks")
-    page.fill("#q", "type:diag.fail")
-    page.click("#search button")
-    page.wait_for_url("**/tasks?q=type*")
-    rows = page.inner_text("#tasks")
-    assert failed.id in rows and done.id not in rows
-    page.wait_for_selector("#count-stopped")
-    assert page.inner_text("#count-stopped") == "1"
-    page.go_back()
-    assert page.url.rstrip("/").endswith("/tasks") and done.id in page.inner_text("#tasks")
-    assert page.locator("form[method=post]").count() == 0  # read-only: no action control
+        # the query box filters on the server; the back button goes back
+        await page.goto(url + "/tasks")
+        await page.fill("#q", "type:diag.fail")
+        await page.click("#search button")
+        await page.wait_for_url("**/tasks?q=type*")
+        rows = await page.inner_text("#tasks")
+        assert failed.id in rows and done.id not in rows
+        await page.wait_for_selector("#count-stopped")
+        assert await page.inner_text("#count-stopped") == "1"
+        await page.go_back()
+        assert page.url.rstrip("/").endswith("/tasks")
+        assert done.id in await page.inner_text("#tasks")
+        assert await page.locator("form[method=post]").count() == 0  # read-only: no control
 
-    # a task's attempts; a running task turns succeeded without a reload
-    page.goto(f"{url}/tasks/{failed.id}")
-    assert "FAILED" in page.inner_text("#attempts")
-    assert page.locator("#timeline .bar.failed").count() == 1
-    with cluster.client() as client:
-        running = client.submit("diag.sleep", {"seconds": 3})
-    page.goto(f"{url}/tasks/{running.id}")
-    page.evaluate("window.notReloaded = true")
-    page.wait_for_function("document.querySelector('#state').textContent == 'finished'",
-                           timeout=30_000)
-    assert page.evaluate("window.notReloaded") is True
-    assert "SUCCEEDED" in page.inner_text("#attempts")
+        # a task's attempts; a running task turns succeeded without a reload
+        await page.goto(f"{url}/tasks/{failed.id}")
+        assert "FAILED" in await page.inner_text("#attempts")
+        assert await page.locator("#timeline .bar.failed").count() == 1
+        with cluster.client() as client:
+            running = client.submit("diag.sleep", {"seconds": 3})
+        await page.goto(f"{url}/tasks/{running.id}")
+        await page.evaluate("window.notReloaded = true")
+        await page.wait_for_function(
+            "document.querySelector('#state').textContent == 'finished'", timeout=30_000)
+        assert await page.evaluate("window.notReloaded") is True
+        assert "SUCCEEDED" in await page.inner_text("#attempts")
 
-    # kill -9 the node running a task: CANCELLED_BY_SYSTEM appears, then the next attempt
-    with cluster.client() as client:
-        victim_task = client.submit("diag.sleep", {"seconds": 6})
-    owner = cluster.wait_running_on(victim_task.id)
-    page.goto(url + "/cluster")  # the live view names the task and its lock
-    page.wait_for_selector(f"#locks a[href='/tasks/{victim_task.id}']", timeout=10_000)
-    shot(page, "web-cluster.png")
-    page.goto(f"{url}/tasks/{victim_task.id}")
-    page.evaluate("window.notReloaded = true")
-    cluster.nodes[owner].kill()
-    page.wait_for_selector("tr.attempt[data-status=CANCELLED_BY_SYSTEM]", timeout=30_000)
-    page.wait_for_function("document.querySelectorAll('tr.attempt').length == 2",
-                           timeout=30_000)
-    page.wait_for_selector("tr.attempt[data-status=SUCCEEDED]", timeout=30_000)
-    assert page.evaluate("window.notReloaded") is True
-    assert page.locator("#timeline .bar").count() == 2
-    assert page.locator("#timeline .bar.system").count() == 1
-    shot(page, "web-task.png")
+        # kill -9 the node running a task: CANCELLED_BY_SYSTEM appears, then the next attempt
+        with cluster.client() as client:
+            victim = client.submit("diag.sleep", {"seconds": 6})
+        owner = cluster.wait_running_on(victim.id)
+        await page.goto(url + "/cluster")  # the live view names the task and its lock
+        await page.wait_for_selector(f"#locks a[href='/tasks/{victim.id}']", timeout=10_000)
+        await shot(page, "web-cluster.png")
+        await page.goto(f"{url}/tasks/{victim.id}")
+        await page.evaluate("window.notReloaded = true")
+        cluster.nodes[owner].kill()
+        await page.wait_for_selector("tr.attempt[data-status=CANCELLED_BY_SYSTEM]",
+                                     timeout=30_000)
+        await page.wait_for_function("document.querySelectorAll('tr.attempt').length == 2",
+                                     timeout=30_000)
+        await page.wait_for_selector("tr.attempt[data-status=SUCCEEDED]", timeout=30_000)
+        assert await page.evaluate("window.notReloaded") is True
+        assert await page.locator("#timeline .bar").count() == 2
+        assert await page.locator("#timeline .bar.system").count() == 1
+        await shot(page, "web-task.png")
+
+    in_browser(scenario)
 
 
-def test_actions_need_the_flag_and_credentials(cluster: Cluster, browser: object) -> None:
+def test_actions_need_the_flag_and_credentials(cluster: Cluster) -> None:
     cluster.start_node()
     read_only = start_web(cluster)
     acting = start_web(cluster, "--allow-actions", LATCHWORK_WEB_USERNAME="ops",
@@ -147,26 +160,31 @@ def test_actions_need_the_flag_and_credentials(cluster: Cluster, browser: object
     with cluster.client() as client:
         task = client.submit("diag.sleep", {"seconds": 60})
     cluster.wait_running_on(task.id)
-    page = browser.new_page()  # type: ignore[attr-defined]
-    page.goto(f"{read_only}/tasks/{task.id}")
-    assert page.locator("#action-cancel").count() == 0
-    answer = page.request.post(f"{read_only}/tasks/{task.id}/cancel")
-    assert answer.status in (404, 405)
 
-    # with --allow-actions the control is there; without credentials the browser is asked
-    page.goto(f"{acting}/tasks/{task.id}")
-    with page.expect_response(lambda r: r.url.endswith("/cancel")) as asked:
-        page.click("#action-cancel")
-    assert asked.value.status == 401
-    assert asked.value.headers["www-authenticate"].startswith("Basic")
-    with cluster.client() as client:
-        assert client.get(task.id).task.status == "RUNNING"
-    context = browser.new_context(  # type: ignore[attr-defined]
-        http_credentials={"username": "ops", "password": "s3cret-pass"})
-    authed = context.new_page()
-    authed.goto(f"{acting}/tasks/{task.id}")
-    authed.click("#action-cancel")
-    authed.wait_for_url(f"{acting}/tasks/{task.id}")
-    authed.wait_for_selector("tr.attempt[data-status=CANCELLED]", timeout=30_000)
-    assert authed.inner_text("#state") == "stopped"
-    context.close()
+    async def scenario(browser: Any) -> None:
+        page = await browser.new_page()
+        await page.goto(f"{read_only}/tasks/{task.id}")
+        assert await page.locator("#action-cancel").count() == 0
+        answer = await page.request.post(f"{read_only}/tasks/{task.id}/cancel")
+        assert answer.status in (404, 405)
+
+        # with --allow-actions the control is there; without credentials the browser is asked
+        await page.goto(f"{acting}/tasks/{task.id}")
+        async with page.expect_response(lambda r: r.url.endswith("/cancel")) as asked:
+            await page.click("#action-cancel")
+        response = await asked.value
+        assert response.status == 401
+        assert response.headers["www-authenticate"].startswith("Basic")
+        with cluster.client() as client:
+            assert client.get(task.id).task.status == "RUNNING"
+        context = await browser.new_context(
+            http_credentials={"username": "ops", "password": "s3cret-pass"})
+        authed = await context.new_page()
+        await authed.goto(f"{acting}/tasks/{task.id}")
+        await authed.click("#action-cancel")
+        await authed.wait_for_url(f"{acting}/tasks/{task.id}")
+        await authed.wait_for_selector("tr.attempt[data-status=CANCELLED]", timeout=30_000)
+        assert await authed.inner_text("#state") == "stopped"
+        await context.close()
+
+    in_browser(scenario)
