@@ -109,19 +109,22 @@ class GremlinTaskSearch:
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
 
-    def _filtered(self, g: Any, where: TaskFilter) -> Any:
-        t = g.V().has_label("task")
-        for key, value in where.equalities():
-            t = t.has(key, value)
+    def _filtered(self, g: Any, where: TaskFilter, key: str, value: Any) -> Any:
+        """The tasks with ``key`` = ``value`` and every equality of ``where``: the bucket's
+        property first, then the filters (no label step: every key is a task's, and a label
+        step first would make gremlite walk every task)."""
+        t = g.V().has(key, value)
+        for other, wanted in where.equalities():
+            t = t.has(other, wanted)
         return t
 
     def _count(self, where: TaskFilter, key: str, value: Any, cap: int) -> int:
         return int(self.graph.read(
-            lambda g: self._filtered(g, where).has(key, value).limit(cap).count().next()))
+            lambda g: self._filtered(g, where, key, value).limit(cap).count().next()))
 
     def _keys(self, where: TaskFilter, key: str, value: str) -> list[tuple[str, str]]:
         rows = self.graph.read(
-            lambda g: self._filtered(g, where).has(key, value)
+            lambda g: self._filtered(g, where, key, value)
             .element_map("task_created", "task_id").to_list())
         return [(str(r["task_created"]), str(r["task_id"])) for r in rows]
 
