@@ -155,3 +155,11 @@ def test_the_query_box() -> None:
         parse_query("state:lost")
     with pytest.raises(QueryError, match="neither key:value nor a task id"):
         parse_query("hello")
+
+
+def test_latchwork_web_refuses_an_exposed_bind_in_one_line(cluster: Cluster) -> None:
+    for args in (["--host", "0.0.0.0"], ["--allow-actions"]):
+        run = cluster.cli("web", "--port", "0", *args, timeout=60)
+        assert run.exit_code == 2, run.output
+        lines = run.output.strip().splitlines()
+        assert len(lines) == 1 and "credentials" in lines[0], run.output
