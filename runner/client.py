@@ -38,7 +38,8 @@ import getpass
 import socket
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -125,6 +126,22 @@ def operator() -> str:
     except (KeyError, OSError):
         user = "unknown"
     return f"{user}@{socket.gethostname()}"
+
+
+@contextmanager
+def _answered(command: str, refused: type[RequestRefused],
+              failed: type[RequestFailed]) -> Iterator[None]:
+    """messaging's errors of one call as the client's: an error answer (``refused`` when the
+    node says the caller asked wrongly, else ``failed``), no answer, no broker."""
+    try:
+        yield
+    except RemoteError as exc:
+        kind = refused if exc.refused else failed
+        raise kind(command, exc.code, exc.detail) from exc
+    except RequestTimeout as exc:
+        raise NoAnswer(str(exc)) from exc
+    except BrokerUnavailable as exc:
+        raise BrokerUnreachable(str(exc)) from exc
 
 
 class Client:
@@ -338,14 +355,8 @@ class Client:
         except ValueError as exc:
             raise RequestRefused(name, "invalid", f"command id {id!r} is not a UUID") from exc
         try:
-            return self._api.command(name, payload, message_id=message_id, wait=wait)
-        except RemoteError as exc:
-            kind = CommandRefused if exc.refused else CommandFailed
-            raise kind(name, exc.code, exc.detail) from exc
-        except RequestTimeout as exc:
-            raise NoAnswer(str(exc)) from exc
-        except BrokerUnavailable as exc:
-            raise BrokerUnreachable(str(exc)) from exc
+            with _answered(name, CommandRefused, CommandFailed):
+                return self._api.command(name, payload, message_id=message_id, wait=wait)
         except (EnvelopeError, ValidationError) as exc:  # a name the envelope refuses
             raise RequestRefused(name, "invalid", f"command {name!r}: {exc}") from exc
 
@@ -423,15 +434,8 @@ class Client:
                 timeout: float | None = None) -> Any:
         """One API request by its command name, as it goes on the wire (prefer the typed
         methods, or :meth:`call`); the reply's ``result``, or a :class:`ClientError`."""
-        try:
+        with _answered(command, RequestRefused, RequestFailed):
             return self._api.request(command, payload, timeout=timeout or self.timeout)
-        except RemoteError as exc:
-            kind = RequestRefused if exc.refused else RequestFailed
-            raise kind(command, exc.code, exc.detail) from exc
-        except RequestTimeout as exc:
-            raise NoAnswer(str(exc)) from exc
-        except BrokerUnavailable as exc:
-            raise BrokerUnreachable(str(exc)) from exc
 
     def close(self) -> None:
         self._api.close()

@@ -6,16 +6,12 @@ from __future__ import annotations
 
 import base64
 import re
-from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 from pydantic import SecretStr
 from starlette.testclient import TestClient
 
-from coord.testing import NodeProcess, wait_until
-from coord.testing.plugin import ZkNamespace
-from messaging.testing.plugin import AmqpNamespace
+from coord.testing import wait_until
 from runner.errors import ConfigError
 from runner.testing.cluster import Cluster
 from runner.web.app import create_app
@@ -24,14 +20,6 @@ from runner.web.views import QueryError, parse_query
 
 CREDENTIALS = Credentials("ops", SecretStr("s3cret-pass"), SecretStr("t0ken-abc"))
 BASIC = "Basic " + base64.b64encode(b"ops:s3cret-pass").decode()
-
-
-@pytest.fixture
-def cluster(zk_namespace: ZkNamespace, amqp_vhost: AmqpNamespace, tmp_path: Path,
-            spawn_node: Callable[..., NodeProcess]) -> Iterator[Cluster]:
-    c = Cluster(zk_namespace.hosts, amqp_vhost, tmp_path, spawn_node)
-    yield c
-    c.store.close()
 
 
 def console(cluster: Cluster, allow_actions: bool = False) -> TestClient:

@@ -14,15 +14,13 @@ import asyncio
 import os
 import shutil
 import urllib.request
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from coord.testing import NodeProcess, free_ports, wait_until
-from coord.testing.plugin import ZkNamespace
-from messaging.testing.plugin import AmqpNamespace
+from coord.testing import free_ports, wait_until
 from runner.testing.cluster import Cluster
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -31,14 +29,6 @@ pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
 SHOTS = os.environ.get("LATCHWORK_SCREENSHOTS")
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-
-
-@pytest.fixture
-def cluster(zk_namespace: ZkNamespace, amqp_vhost: AmqpNamespace, tmp_path: Path,
-            spawn_node: Callable[..., NodeProcess]) -> Iterator[Cluster]:
-    c = Cluster(zk_namespace.hosts, amqp_vhost, tmp_path, spawn_node)
-    yield c
-    c.store.close()
 
 
 def start_web(cluster: Cluster, *args: str, **env: str) -> str:

@@ -107,14 +107,13 @@ class Console:
             raise HTTPException(status, str(exc)) from exc
 
 
-def cluster_page(request: Request) -> Response:
-    c: Console = request.app.state.console
-    return c.render(request, "cluster.html", **_cluster(c, request))
-
-
-def cluster_live(request: Request) -> Response:
-    c: Console = request.app.state.console
-    return c.render(request, "cluster_live.html", **_cluster(c, request))
+def _view(template: str, build: Callable[[Console, Request], dict[str, Any]]
+          ) -> Callable[[Request], Response]:
+    """A page (or its live fragment) rendered from what ``build`` reads."""
+    def endpoint(request: Request) -> Response:
+        c: Console = request.app.state.console
+        return c.render(request, template, **build(c, request))
+    return endpoint
 
 
 def _cluster(c: Console, request: Request) -> dict[str, Any]:
@@ -166,16 +165,6 @@ def running_live(request: Request) -> Response:
     c: Console = request.app.state.console
     running, _ = c.call(request, lambda cl: cl.search(state="running", limit=50))
     return c.render(request, "running.html", running=running)
-
-
-def task_page(request: Request) -> Response:
-    c: Console = request.app.state.console
-    return c.render(request, "task.html", **_task(c, request))
-
-
-def task_live(request: Request) -> Response:
-    c: Console = request.app.state.console
-    return c.render(request, "task_live.html", **_task(c, request))
 
 
 def _task(c: Console, request: Request) -> dict[str, Any]:
@@ -242,13 +231,13 @@ def create_app(connect: Callable[[], Client], credentials: Credentials | None = 
     console = Console(connect, credentials, allow_actions, pages_need_auth)
     routes: list[Any] = [
         Route("/", home),
-        Route("/cluster", cluster_page),
-        Route("/cluster/live", cluster_live),
+        Route("/cluster", _view("cluster.html", _cluster)),
+        Route("/cluster/live", _view("cluster_live.html", _cluster)),
         Route("/tasks", tasks_page),
         Route("/tasks/counts", task_counts),
         Route("/tasks/running", running_live),
-        Route("/tasks/{task_id}", task_page),
-        Route("/tasks/{task_id}/live", task_live),
+        Route("/tasks/{task_id}", _view("task.html", _task)),
+        Route("/tasks/{task_id}/live", _view("task_live.html", _task)),
         Route("/schedules", schedules_page),
         Route("/streams", streams_page),
         Route("/dead-letters", dead_letters_page),
