@@ -110,7 +110,7 @@ def main() -> int:
                         default=Path(tempfile.gettempdir()) / "latchwork-bench-web")
     args = parser.parse_args()
     args.dir.mkdir(parents=True, exist_ok=True)
-    graph = args.dir / f"graph-v2-{args.tasks}.db"
+    graph = args.dir / f"graph-v3-{args.tasks}.db"
     if not graph.exists():
         t0 = time.monotonic()
         partial = graph.with_suffix(".partial")

@@ -66,8 +66,7 @@ def task_props(task: Task) -> dict[str, Any]:
     # what an operator's list filters on (runner.store.gremlin.search), each from an index
     props["task_list"] = list_state(task)
     digits = "".join(ch for ch in codec.encode_time(task.created_at) if ch.isdigit())
-    for key, width in (("task_d", 8), ("task_h", 10), ("task_m", 12), ("task_s", 14)):
-        props[key] = digits[:width]  # its creation day, hour, minute and second
+    props["task_h"], props["task_s"] = digits[:10], digits[:14]  # creation hour, second
     props["task_owner"] = task.owner or ""
     for resource in task.resources:
         props[resource_key(resource)] = "1"

@@ -7,8 +7,9 @@ Every filter is an equality on an indexed property the task writes keep current
 waiting, running, stopped, finished, skipped), ``task_owner``, ``task_okey``, and one key per
 resource (``task_res_<hex of the name>``). The portable subset has no ordered range an embedded
 graph answers from an index (gremlite compares ``P.gt`` in Python, vertex by vertex), so newest
-first is found by equality too: every task carries its creation day, hour, minute and second
-(``task_d``, ``task_h``, ``task_m``, ``task_s``). A page walks the buckets back from the cursor:
+first is found by equality too: every task carries its creation hour and second (``task_h``,
+``task_s``: two properties, each one more write on the hot create path; a day is its 24 hours
+and a minute its 60 seconds asked with ``P.within``). A page walks the buckets back from the cursor:
 a bucket is counted (up to :data:`READ_AT_MOST` + 1, an index count), skipped when empty, read
 whole (creation time and id only) when it holds at most :data:`READ_AT_MOST`, and otherwise
 split into its finer buckets; empty stretches of days are skipped 32 days at a time. Only the
@@ -43,10 +44,20 @@ READ_AT_MOST = 200
 HORIZON_DAYS = 3650
 #: counts per state are exact up to this many
 COUNT_CAP = 10_000
-#: the bucket properties: creation time digits, to the day, hour, minute and second
-LEVELS = (("task_d", 8), ("task_h", 10), ("task_m", 12), ("task_s", 14))
+#: the buckets' widths in creation time digits: day, hour, minute, second
+LEVELS = (8, 10, 12, 14)
 #: children of a bucket at each finer level
 CHILDREN = {10: 24, 12: 60, 14: 60}
+
+
+def bucket_match(bucket: str) -> tuple[str, Any]:
+    """The property and value that find a bucket's tasks: an hour or a second by equality, a
+    day as its 24 hours and a minute as its 60 seconds (``P.within``: one index lookup)."""
+    if len(bucket) == 8:
+        return "task_h", P.within([f"{bucket}{h:02d}" for h in range(24)])
+    if len(bucket) == 12:
+        return "task_s", P.within([f"{bucket}{sec:02d}" for sec in range(60)])
+    return ("task_h" if len(bucket) == 10 else "task_s"), bucket
 
 
 def time_digits(created: str) -> str:
@@ -122,7 +133,7 @@ class GremlinTaskSearch:
         return int(self.graph.read(
             lambda g: self._filtered(g, where, key, value).limit(cap).count().next()))
 
-    def _keys(self, where: TaskFilter, key: str, value: str) -> list[tuple[str, str]]:
+    def _keys(self, where: TaskFilter, key: str, value: Any) -> list[tuple[str, str]]:
         rows = self.graph.read(
             lambda g: self._filtered(g, where, key, value)
             .element_map("task_created", "task_id").to_list())
@@ -155,20 +166,21 @@ class GremlinTaskSearch:
         day = top
         for _ in range(HORIZON_DAYS // 32 + 1):
             block = [(day - timedelta(days=k)).strftime("%Y%m%d") for k in range(32)]
-            if self._count(where, "task_d", P.within(block), 1):
+            hours = [f"{d}{h:02d}" for d in block for h in range(24)]
+            if self._count(where, "task_h", P.within(hours), 1):
                 yield from block
             day -= timedelta(days=32)
 
     def _collect(self, where: TaskFilter, level: int, bucket: str, top_digits: str,
                  top: tuple[str, str], found: list[tuple[str, str]], need: int) -> None:
-        key, _ = LEVELS[level]
-        count = self._count(where, key, bucket, READ_AT_MOST + 1)
+        key, value = bucket_match(bucket)
+        count = self._count(where, key, value, READ_AT_MOST + 1)
         if count == 0:
             return
         if count <= READ_AT_MOST or level == len(LEVELS) - 1:
-            found.extend(k for k in self._keys(where, key, bucket) if k < top)
+            found.extend(k for k in self._keys(where, key, value) if k < top)
             return
-        width = LEVELS[level + 1][1]
+        width = LEVELS[level + 1]
         children = CHILDREN[width]
         for n in reversed(range(children)):
             child = f"{bucket}{n:02d}"
