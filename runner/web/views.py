@@ -8,7 +8,7 @@ key:<ordering key> resource:<name>``); a term without a key that is a task id op
 
 from __future__ import annotations
 
-import re
+import json
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -33,11 +33,6 @@ QueryError = WebQueryInvalid
 class Query:
     filters: dict[str, str] = field(default_factory=dict)
     task_id: str | None = None
-
-    @property
-    def text(self) -> str:
-        inverse = {v: k for k, v in KEYS.items()}
-        return " ".join(f"{inverse[k]}:{v}" for k, v in self.filters.items())
 
 
 def parse_query(text: str) -> Query:
@@ -114,7 +109,6 @@ def timeline(attempts: list[AttemptView], now: datetime | None = None) -> list[B
 
 
 def pretty(value: Any) -> str:
-    import json
     return json.dumps(value, indent=2, sort_keys=True, default=str)
 
 
@@ -125,11 +119,3 @@ def schema_fields(schema: dict[str, Any] | None) -> list[tuple[str, str, bool]]:
     required = set(schema.get("required", []))
     return [(name, str(spec.get("type", spec.get("anyOf", "any"))), name in required)
             for name, spec in (schema.get("properties") or {}).items()]
-
-
-_SAFE = re.compile(r"^[A-Za-z0-9_.:@-]+$")
-
-
-def safe_segment(value: str) -> bool:
-    """A path segment the console links to as is (a schedule name, a message id)."""
-    return bool(_SAFE.match(value))
