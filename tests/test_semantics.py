@@ -206,8 +206,12 @@ def test_retry_policies_back_off_stop_and_survive_a_restart(make: Callable[..., 
     assert [a.status for a in (first_, second, third)] == [
         AttemptStatus.FAILED, AttemptStatus.FAILED, AttemptStatus.SUCCEEDED]
     assert first_.ended_at is not None and second.ended_at is not None
-    assert second.started_at - first_.ended_at >= timedelta(seconds=1.0)  # backoff 1 s
-    assert third.started_at - second.ended_at >= timedelta(seconds=2.0)  # then 2 s
+    # the backoff counts from the failure's decision; the recorded end is stamped when its
+    # group commit writes it, up to that wait later (docs/reliability.md, "Batching and its
+    # windows": a few ms here; a fresh-clone run once saw 3 ms under load)
+    group_wait = timedelta(seconds=0.1)
+    assert second.started_at - first_.ended_at >= timedelta(seconds=1.0) - group_wait
+    assert third.started_at - second.ended_at >= timedelta(seconds=2.0) - group_wait
 
     assert wait_until(lambda: not c.task(never).active, 20, 0.1)
     assert c.task(never).attempts == 2 and not c.task(never).finished
