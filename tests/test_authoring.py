@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -184,9 +182,7 @@ def test_a_users_task_types_run_on_the_cluster(cluster: Cluster) -> None:
 ])
 def test_a_task_module_that_does_not_load_stops_the_start(
         cluster: Cluster, module: str, message: str) -> None:
-    env = {**cluster.env, "LATCHWORK_TASKS": "[]"}
-    run = subprocess.run([sys.executable, "-m", "runner.cli", "node", "start", "--tasks", module],
-                         env=env, capture_output=True, text=True, timeout=60, check=False)
+    run = cluster.start_without_tasks_setting("--tasks", module)
     assert run.returncode == 2
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], run.stderr

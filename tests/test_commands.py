@@ -326,9 +326,7 @@ def test_refusals_reach_a_waiting_sender_at_once_and_are_dead_lettered(
 ])
 def test_a_command_declared_twice_or_taking_a_builtin_name_stops_the_start(
         cluster: Cluster, module: str, message: str) -> None:
-    env = {**cluster.env, "LATCHWORK_TASKS": "[]"}
-    run = subprocess.run([sys.executable, "-m", "runner.cli", "node", "start", "--tasks", module],
-                         env=env, capture_output=True, text=True, timeout=60, check=False)
+    run = cluster.start_without_tasks_setting("--tasks", module)
     assert run.returncode == 2
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], run.stderr

@@ -73,6 +73,13 @@ class Cluster:
                               timeout=timeout, check=False)
         return CliResult(proc.returncode, proc.stdout)
 
+    def start_without_tasks_setting(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """Run ``latchwork node start ARGS`` (the ``tasks`` setting emptied) to its exit: for a
+        start that must be refused; stdout and stderr apart."""
+        env = {**self.env, "LATCHWORK_TASKS": "[]"}
+        return subprocess.run([sys.executable, "-m", "runner.cli", "node", "start", *args],
+                              env=env, capture_output=True, text=True, timeout=60, check=False)
+
     def client(self, timeout: float = 10.0) -> Client:
         """A :class:`~runner.client.Client` of this cluster (close it, or use ``with``)."""
         return Client(self.env["LATCHWORK_AMQP_URL"], CLUSTER, timeout=timeout, sender="tests")
