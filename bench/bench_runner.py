@@ -6,7 +6,9 @@ of bench/bench_peer.py (3 prefork workers, acks_late, reject on worker lost, pre
 result backend). Per graph:
 
 1. **submit -> start**: tasks submitted through the API one at a time, 50 ms apart; latency =
-   the first attempt's start - the task's creation (both written on this host); p50, p99;
+   the start of the handler's body - the client's clock just before its submit, as the peer
+   measures it (``bench.mark``, bench/marks.py, loaded by the nodes); p50, p99; and, printed
+   beside it, the part inside the nodes: the first attempt's start - the task's creation;
 2. **throughput**: ``THROUGHPUT_TASKS`` ``diag.sleep 0`` tasks written at once, run by the 3
    nodes (4 workers each); tasks/s from the first start to the last end, median of ``ROUNDS``;
    with the **profile** of one round: per task, ZooKeeper requests (the server's packet count,
@@ -42,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import _profile
 from bench._servers import rabbitmq, zookeeper
+from bench.bench_peer import _records
 from bench.bench_task_lock import raw_kazoo
 from coord.testing import terminate_all
 from coord.testing.ports import free_ports
@@ -50,6 +53,7 @@ from runner.store import AttemptStatus, GraphStore, open_store
 from runner.store.remote import SERIAL
 from runner.testing.gremlinserver import GremlinServer
 
+ROOT = Path(__file__).resolve().parent.parent
 SESSION = 2.0
 SCAN = 1.0
 LATENCY_TASKS = 60
@@ -110,11 +114,23 @@ def nodes(env: dict[str, str], workers: int) -> Iterator[Nodes]:
 
 
 def submit_and_wait(store: GraphStore, client: ApiClient, seconds: float) -> float:
+    """Inside the nodes: the task's creation -> its first attempt's start, both written by
+    the accepting node."""
     task = client.request("task.submit", {"type": "diag.sleep", "payload": {"seconds": seconds}})
     wait(lambda: first_start(store, task["id"]) is not None, 30, step=0.002)
     start = first_start(store, task["id"])
     assert start is not None
     return start - store.tasks.get(task["id"]).created_at.timestamp()
+
+
+def mark_and_wait(client: ApiClient, marks: Path) -> float:
+    """As the peer measures it: the client's clock just before its submit -> the handler's
+    first line (``bench.mark``, bench/marks.py)."""
+    count = len(_records(marks))
+    client.request("task.submit", {"type": "bench.mark", "payload": {"sent": time.time()}})
+    wait(lambda: len(_records(marks)) > count, 30, step=0.001)
+    sent, began, _ = max(_records(marks), key=lambda r: r[0])
+    return began - sent
 
 
 def create_at_once(store: GraphStore, count: int, seconds: float) -> list[str]:
@@ -134,10 +150,15 @@ def span(store: GraphStore, ids: list[str]) -> float:
 
 def measure(graph: str, zk: Any, mq: Any, scratch: Path,
             server_pid: int | None) -> dict[str, Any]:
+    marks = scratch / f"marks-{abs(hash(graph)) % 10**6}"
+    marks.mkdir()
     env = {**os.environ, "LATCHWORK_ZK_HOSTS": zk.hosts, "LATCHWORK_AMQP_URL": mq.url,
            "LATCHWORK_GRAPH": graph, "LATCHWORK_CLUSTER": f"bench{abs(hash(graph)) % 10**6}",
            "LATCHWORK_SESSION_TIMEOUT": str(SESSION), "LATCHWORK_SCAN_INTERVAL": str(SCAN),
-           "LATCHWORK_REAP_INTERVAL": "0.5"}
+           "LATCHWORK_REAP_INTERVAL": "0.5", "LATCHWORK_TASKS": '["bench.marks"]',
+           "LATCHWORK_BENCH_MARKS": str(marks),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
+                                                       os.environ.get("PYTHONPATH")]))}
     remote = graph.startswith("ws://")
     if remote:
         env["LATCHWORK_GRAPH_SERIAL_SERVER"] = "true"
@@ -147,12 +168,17 @@ def measure(graph: str, zk: Any, mq: Any, scratch: Path,
     try:
         with nodes(env, 4) as cluster:
             submit_and_wait(store, client, 0)  # warm
-            latencies = []
+            mark_and_wait(client, marks)
+            latencies, inside = [], []
             for _ in range(LATENCY_TASKS):
-                latencies.append(submit_and_wait(store, client, 0))
+                latencies.append(mark_and_wait(client, marks))
+                time.sleep(0.05)
+                inside.append(submit_and_wait(store, client, 0))
                 time.sleep(0.05)
             out["p50_ms"] = statistics.median(latencies) * 1000
             out["p99_ms"] = percentile(latencies, 0.99) * 1000
+            out["inside_p50_ms"] = statistics.median(inside) * 1000
+            out["inside_p99_ms"] = percentile(inside, 0.99) * 1000
 
             zk_server = zk.servers[0]
             procs = {"nodes": [p.pid for p in cluster.procs],
@@ -211,8 +237,10 @@ def takeover(store: GraphStore, client: ApiClient) -> float:
 def report(name: str, f: dict[str, Any], raw: float, peer: dict[str, Any] | None) -> None:
     ideal = SLOW_TASKS * SLOW_SECONDS / 3
     print(f"== latchwork on the {name} graph")
-    print(f"submit->start: p50 {f['p50_ms']:.2f} ms, p99 {f['p99_ms']:.2f} ms "
-          f"({LATENCY_TASKS} tasks, 50 ms apart)")
+    print(f"submit->start (the client's clock before its submit -> the handler's first line, "
+          f"as Celery's): p50 {f['p50_ms']:.2f} ms, p99 {f['p99_ms']:.2f} ms "
+          f"({LATENCY_TASKS} tasks, 50 ms apart); inside the nodes (creation -> attempt "
+          f"start): p50 {f['inside_p50_ms']:.2f} ms, p99 {f['inside_p99_ms']:.2f} ms")
     print(f"diag.sleep 0 on 3 nodes x 4 workers: {f['throughput']:.0f} tasks/s (median of "
           f"{', '.join(f'{r:.0f}' for r in f['rounds'])}; {THROUGHPUT_TASKS} tasks a round)")
     print(f"{SLOW_TASKS} x {SLOW_SECONDS:g} s tasks on 3 nodes x 1 worker: {f['slow_s']:.2f} s "

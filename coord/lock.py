@@ -128,10 +128,46 @@ class TaskLock:
                 return self._token
             self.session.require_connected()
             with zk_errors(f"task lock {self.task_id}"):
+                return self._try_acquire_or_none(None, sent=False)
+
+    def try_acquire_new(self) -> int | None:
+        """:meth:`try_acquire` of the lock of a task nobody else can know of yet (its id made
+        just now, written nowhere), in one round trip instead of two: the parent-and-node
+        transaction and the watch on the node it creates are sent together, because the first
+        sequential child of a parent created in the same transaction is numbered 0. Anything
+        else (the parent exists after all, the transaction refused, an answer lost) goes the
+        way of :meth:`try_acquire`, which looks for this try's node before creating another."""
+        with self._mutex:
+            if self._node is not None:
+                return self._token
+            session = self.session
+            session.require_connected()
+            client = session.client
+            prefix = f"{uuid.uuid4().hex}-lock-"
+            node = f"{self.parent}/{prefix}{0:010d}"
+            with zk_errors(f"task lock {self.task_id}"):
+                created = self._transaction(prefix).commit_async()
+                watched = client.exists_async(node, watch=self._on_node_event)
                 try:
-                    return self._try_acquire()
-                except NoNodeError:
-                    return None  # lost a race with concurrent releases twice: someone runs it
+                    results = created.get(timeout=max(0.001, session.deadline - time.monotonic()))
+                    stat = watched.get(timeout=max(0.001, session.deadline - time.monotonic()))
+                except Exception:  # lost, or no answer in time: it may have been applied
+                    return self._try_acquire_or_none(prefix, sent=True)
+                if any(isinstance(r, Exception) for r in results) or str(results[1]) != node:
+                    # the parent exists, or no /locks/tasks yet: a watch on a name that no node
+                    # of this try will have is left set (it never fires)
+                    return self._try_acquire_or_none(prefix, sent=False)
+                if stat is None:  # gone already (the session lost): not held
+                    return None
+                self._node, self._token = node, stat.czxid
+                session.add_listener(self._on_session)
+                return int(stat.czxid)
+
+    def _try_acquire_or_none(self, prefix: str | None, sent: bool) -> int | None:
+        try:
+            return self._try_acquire(prefix, sent)
+        except NoNodeError:
+            return None  # lost a race with concurrent releases twice: someone runs it
 
     def _try_acquire(self, prefix: str | None = None, sent: bool = False) -> int | None:
         """``prefix``: this try's unique node prefix, and ``sent``: a first transaction with it
@@ -263,10 +299,7 @@ class TaskLock:
         for i, prefix, maybe_sent in alone:
             lock = locks[i]
             with lock._mutex, zk_errors(f"task lock {lock.task_id}"):
-                try:
-                    tokens[i] = lock._try_acquire(prefix, maybe_sent)
-                except NoNodeError:
-                    tokens[i] = None
+                tokens[i] = lock._try_acquire_or_none(prefix, maybe_sent)
         return tokens
 
     # -- release ---------------------------------------------------------------------------

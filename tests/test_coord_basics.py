@@ -278,6 +278,43 @@ def test_locks_tried_together_win_what_is_free_and_hold_like_single_ones(
         other.close()
 
 
+def test_the_lock_of_a_task_nobody_knows_yet_is_taken_watched_in_one_go(
+        zk_namespace: ZkNamespace, session: Session) -> None:
+    """``TaskLock.try_acquire_new``: the parent-and-node transaction and the watch on the
+    node it makes are sent together (a new parent's first child is numbered 0); the token is
+    that node's czxid and a force release reaches the listener through that watch. The first
+    lock ever in the namespace, a parent someone holds after all and an empty parent left by
+    an expired holder go the single path's way: taken, refused (no node left), taken."""
+    other = other_session(zk_namespace)
+    lost: list[str] = []
+    try:
+        assert session.client.exists("/locks/tasks") is None
+        first = TaskLock(session, "first", "a")
+        assert first.try_acquire_new() is not None  # no /locks/tasks yet
+        lock = TaskLock(session, "new", "a")
+        lock.add_lost_listener(lost.append)
+        token = lock.try_acquire_new()
+        (node,) = other.client.get_children("/locks/tasks/new")
+        assert node.endswith("-lock-0000000000")
+        assert token == other.client.exists(f"/locks/tasks/new/{node}").czxid == lock.token
+        assert token > first.token and lock.verify() and lock_owner(other, "new") == "a"
+        assert force_release(other, "new") == "a"
+        assert wait_until(lambda: lost == ["new"], 5) and not lock.is_held
+
+        held = TaskLock(other, "held", "b")
+        assert held.try_acquire() is not None
+        assert TaskLock(session, "held", "a").try_acquire_new() is None
+        assert len(other.client.get_children("/locks/tasks/held")) == 1
+        other.client.create("/locks/tasks/empty")  # what an expired holder leaves
+        empty = TaskLock(session, "empty", "a")
+        assert empty.try_acquire_new() is not None and lock_owner(other, "empty") == "a"
+        for each in (first, empty, held):
+            each.release()
+        assert session.client.get_children("/locks/tasks") == []
+    finally:
+        other.close()
+
+
 def test_lock_loss_is_reported_on_force_release_and_on_session_loss(
         zk_namespace: ZkNamespace, session: Session) -> None:
     master = other_session(zk_namespace)

@@ -640,6 +640,90 @@ def test_a_task_offered_by_its_submitter_starts_without_a_listing(
             processor.close()
 
 
+def test_a_new_task_is_written_claimed_by_its_submitter_in_one_store_write(
+        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+    """``TaskLoop.start_new``: a plain task the node just accepted is written RUNNING with its
+    attempt and its lock's token in one store write, after its lock (one round trip, the watch
+    on the lock node set with it: a lock taken away cancels the handler); not tried when no
+    worker is free or something must be looked up or booked first (nothing is written then:
+    the caller writes the task WAITING); a failed write leaves neither the task nor the lock."""
+    from coord import force_release
+    from runner.errors import StoreUnavailable
+
+    started = threading.Event()
+    release = threading.Event()
+    ran: list[str] = []
+
+    def handler(ctx: TaskContext, payload: object) -> None:
+        ran.append(ctx.task.id)
+        started.set()
+        while not release.is_set():
+            ctx.cancel.raise_if_cancelled()
+            time.sleep(0.01)
+
+    registry = TaskRegistry()
+    registry.register("t", handler)
+    with session(zk_namespace) as s:
+        processor = TaskLoop(s, "m1", store, registry,
+                             LoopSettings(workers=1, scan_interval=3600)).start()
+        try:
+            assert wait_until(lambda: processor.stats["listings"] >= 1, 10)
+            listings = processor.stats["listings"]
+            new = store.tasks.new("t", {"n": 1})
+            writes = store.graph.stats.snapshot()["writes"]
+            task = processor.start_new(new)
+            assert task is not None and task.id == new.id
+            assert store.graph.stats.snapshot()["writes"] == writes + 1
+            stored = store.tasks.get(new.id)
+            assert (stored.status, stored.owner, stored.version, stored.attempts) == (
+                TaskStatus.RUNNING, "m1", 1, 1)
+            (node,) = s.client.get_children(f"/locks/tasks/{new.id}")
+            assert node.endswith("-lock-0000000000")
+            token = s.client.exists(f"/locks/tasks/{new.id}/{node}").czxid
+            assert stored.fence == token
+            (attempt,) = store.attempts.for_task(new.id)
+            assert (attempt.status, attempt.executor, attempt.seq, attempt.fence) == (
+                AttemptStatus.RUNNING, "m1", 1, token)
+            assert started.wait(10) and ran == [new.id]
+            assert processor.stats["listings"] == listings  # no scan, no listing
+
+            # not tried: the one worker is busy; a uniqueness key, an ordering key, resources
+            # or a later due time need a look or a booking first; nothing written for any
+            for other in (store.tasks.new("t", {}), store.tasks.new("t", {}, unique_key="u"),
+                          store.tasks.new("t", {}, ordering_key="k"),
+                          store.tasks.new("t", {}, resources=["r"]),
+                          store.tasks.new("t", {}, run_at=codec.now() + timedelta(hours=1))):
+                assert processor.start_new(other) is None
+                assert other.id not in {t.id for t in store.tasks.all()}
+
+            # the lock taken away (the master freeing it): the watch set with the lock fires,
+            # the handler is cancelled and its attempt closed; the task goes back to WAITING
+            assert force_release(s, new.id) == "m1"
+            assert wait_until(lambda: store.tasks.get(new.id).status is TaskStatus.WAITING, 10)
+            assert store.attempts.for_task(new.id)[0].status is \
+                AttemptStatus.CANCELLED_BY_SYSTEM
+            assert wait_until(lambda: processor.running.free() == 1, 10)
+
+            # the write fails: the submit fails with nothing written and no lock left
+            def unavailable(*args: object) -> tuple[Task, Attempt]:
+                raise StoreUnavailable("the graph is down")
+
+            failing = store.tasks.new("t", {"n": 2})
+            original = store.create_claimed
+            store.create_claimed = unavailable  # type: ignore[method-assign]
+            try:
+                with pytest.raises(StoreUnavailable):
+                    processor.start_new(failing)
+            finally:
+                store.create_claimed = original  # type: ignore[method-assign]
+            assert not s.client.exists(f"/locks/tasks/{failing.id}")
+            assert processor.running.free() == 1
+            assert failing.id not in {t.id for t in store.tasks.all()}
+        finally:
+            release.set()
+            processor.close()
+
+
 def test_a_batch_claim_that_partly_loses_keeps_what_it_won(
         zk_namespace: ZkNamespace, store: GraphStore) -> None:
     """``Claimer.claim_many``: of four listed tasks, one is locked by another node and one

@@ -10,6 +10,7 @@ so CI runs the first two (docs/graph.md says what each proves).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import re
@@ -224,6 +225,37 @@ def test_vertices_of_an_unknown_format_are_refused_by_name(store: GraphStore) ->
         store.tasks.get("old-1")
     with pytest.raises(UnknownStoreFormat, match="old-a"):
         store.attempts.get("old-a")
+
+
+def test_a_new_task_written_claimed_is_what_a_create_and_a_claim_leave(
+        store: GraphStore) -> None:
+    """``create_claimed``: the submitter's one write (the task RUNNING with its attempt) leaves
+    the task and attempt that ``tasks.add`` and ``claim`` leave in two; the task is listed and
+    found by its owner like any claimed task, and concluded the same way. A task that needs a
+    look first (a uniqueness key, resources) is refused, nothing written."""
+    new = store.tasks.new("t", {"n": 1}, priority=3)
+    task, attempt = store.create_claimed(new, 7, "m1")
+    twice = store.claim(store.tasks.add(store.tasks.new("t", {"n": 1}, priority=3)), 7, "m1")
+    # the same but for ids and times
+    assert dataclasses.replace(task, id=twice[0].id, created_at=twice[0].created_at,
+                               updated_at=twice[0].updated_at) == twice[0]
+    assert dataclasses.replace(attempt, id=twice[1].id, task_id=twice[1].task_id,
+                               started_at=twice[1].started_at) == twice[1]
+    assert (task.status, task.owner, task.fence, task.version, task.attempts, task.priority) \
+        == (TaskStatus.RUNNING, "m1", 7, 1, 1, 3)
+    assert store.tasks.get(new.id) == task
+    assert store.attempts.for_task(new.id) == [attempt]
+    assert (attempt.seq, attempt.status, attempt.fence, attempt.executor) == (
+        1, AttemptStatus.RUNNING, 7, "m1")
+    assert new.id in {t.id for t in store.tasks.unfinished()}
+    done = store.conclude(attempt, AttemptStatus.SUCCEEDED, None, None, task, 7,
+                          {"status": TaskStatus.WAITING, "finished": True})
+    assert store.tasks.get(new.id) == done and done.finished
+    before = counts(store)
+    for refused in (store.tasks.new("t", unique_key="u"), store.tasks.new("t", resources=["r"])):
+        with pytest.raises(InvalidValue):
+            store.create_claimed(refused, 8, "m1")
+    assert counts(store) == before
 
 
 def test_claim_and_conclude_write_together_or_say_why(store: GraphStore) -> None:

@@ -320,22 +320,31 @@ class Node:
 
     def submit(self, req: TaskSubmit) -> Task:
         """Create a task (its payload validated; at its type's default priority, and with its
-        type's resources besides the request's) and tell every node to scan now: the API's
-        ``task.submit`` and every task the node makes itself (schedule fires, stream copies,
-        aspect tasks) come through here. A task due later than the open queue's horizon waits
-        in a time bucket: the bucket cursor is made sure of first (:mod:`runner.tasks.due`)."""
+        type's resources besides the request's): the API's ``task.submit`` and every task the
+        node makes itself (schedule fires, stream copies, aspect tasks) come through here.
+
+        When a worker of this node is free and the task needs nothing looked up or booked
+        first, it is written already claimed by this node and starts at once
+        (:meth:`TaskLoop.start_new`: its lock, then one store write). Otherwise it is written
+        WAITING, then this node claims it if a worker is free (:meth:`TaskLoop.offer`) and
+        every node is told to scan (TRIGGER_SCAN) when it does not. A task due later than the
+        open queue's horizon waits in a time bucket: the bucket cursor is made sure of first
+        (:mod:`runner.tasks.due`)."""
         kind = self.registry.get(req.type)
         kind.parse(req.payload)
         run_at = req.when()
         if due.needs_cursor(run_at):
             due.ensure_cursor(self.session)
-        task = self.store.tasks.create(req.type, req.payload, unique_key=req.unique_key,
-                                       priority=kind.priority if req.priority is None
-                                       else req.priority, run_at=run_at,
-                                       ordering_key=req.ordering_key,
-                                       resources=[*kind.resources, *req.resources])
-        # this node claims it now if a worker is free; the others hear of it (and scan) when
-        # it does not, or cannot try
+        new = self.store.tasks.new(req.type, req.payload, unique_key=req.unique_key,
+                                   priority=kind.priority if req.priority is None
+                                   else req.priority, run_at=run_at,
+                                   ordering_key=req.ordering_key,
+                                   resources=[*kind.resources, *req.resources])
+        started = self.processor.start_new(new)
+        if started is not None:
+            return started
+        task = self.store.tasks.add(new)
+
         def tell_others() -> None:
             self.bus.broadcast("TRIGGER_SCAN", {"task": task.id})
 

@@ -27,6 +27,18 @@ class TaskStore(Protocol):
         """A new WAITING task, or the existing one with the same ``unique_key``."""
         ...
 
+    def new(self, type: str, payload: Mapping[str, Any] | None = None, *,
+            unique_key: str | None = None, priority: int = 0,
+            run_at: datetime | None = None, ordering_key: str | None = None,
+            resources: Sequence[str] = ()) -> Task:
+        """A new WAITING task with its id, checked (InvalidValue) and not written."""
+        ...
+
+    def add(self, task: Task) -> Task:
+        """Write a task from :meth:`new`: the task as stored (the existing one when its
+        ``unique_key`` is taken)."""
+        ...
+
     def with_key(self, ordering_key: str) -> list[Task]:
         """The unfinished tasks of an ordering key, in submission order."""
         ...

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from runner.errors import (
     AttemptAlreadyFinished,
     CommitConflict,
+    InvalidValue,
     StaleFencingToken,
 )
 from runner.store.graph import Graph, open_graph
@@ -31,8 +32,10 @@ from runner.store.gremlin.guards import (
 from runner.store.gremlin.incidents import GremlinIncidentStore
 from runner.store.gremlin.ontologies import GremlinOntologyStore
 from runner.store.gremlin.retention import GremlinRetentionStore
+from runner.store.gremlin.rows import task_props
 from runner.store.gremlin.schedules import GremlinScheduleStore
 from runner.store.gremlin.search import GremlinTaskSearch
+from runner.store.gremlin.steps import add_vertex
 from runner.store.gremlin.tasks import GremlinTaskStore
 from runner.store.gremlin.writes import (
     TaskChange,
@@ -115,6 +118,26 @@ class GraphStore:
             self._tasks.prepare_update(task.id, task.version, fence_token, {})
             raise CommitConflict(task.id, task.version, None)
         return change.task, started
+
+    def create_claimed(self, task: Task, fence_token: int,
+                       member_id: str) -> tuple[Task, Attempt]:
+        """Write ``task``, new (``tasks.new``: never written), already claimed by
+        ``member_id`` with ``fence_token``: the task RUNNING with its RUNNING attempt, in one
+        traversal, what :meth:`tasks.add <runner.store.ports.TaskStore.add>` and then
+        :meth:`claim` write in two. The task as written is the one the claim would leave
+        (version 1, one attempt, ``fence_token`` its fence). For a task nothing else needs
+        looking up first: no ``unique_key`` (an existing task may hold it) and no resources
+        (their holders are read first); InvalidValue otherwise. Nothing is written when the
+        write fails."""
+        if task.version != 0 or task.unique_key is not None or task.resources:
+            raise InvalidValue(f"task {task.id}: only a new task without a uniqueness key or "
+                               "resources is created claimed")
+        change = task_change(task, fence_token,
+                             {"status": TaskStatus.RUNNING, "owner": member_id}, new_attempt=True)
+        start = attempt_start(change.task, member_id, fence_token)
+        props = task_props(change.task)
+        self.graph.write(lambda g: start.extend(add_vertex(g, "task", props)).iterate())
+        return change.task, start.attempt
 
     def conclude(self, attempt: Attempt, attempt_status: AttemptStatus, error: str | None,
                  stack_trace: str | None, task: Task, fence_token: int,

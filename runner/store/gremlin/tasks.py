@@ -59,6 +59,15 @@ class GremlinTaskStore:
                unique_key: str | None = None, priority: int = 0,
                run_at: datetime | None = None, ordering_key: str | None = None,
                resources: Sequence[str] = ()) -> Task:
+        return self.add(self.new(type, payload, unique_key=unique_key, priority=priority,
+                                 run_at=run_at, ordering_key=ordering_key, resources=resources))
+
+    def new(self, type: str, payload: Mapping[str, Any] | None = None, *,
+            unique_key: str | None = None, priority: int = 0,
+            run_at: datetime | None = None, ordering_key: str | None = None,
+            resources: Sequence[str] = ()) -> Task:
+        """A new WAITING task with its id, checked and not written (:meth:`add` writes it;
+        ``GraphStore.create_claimed`` writes it already claimed)."""
         if not type:
             raise InvalidValue("a task needs a type")
         if run_at is not None and run_at.tzinfo is None:
@@ -68,12 +77,17 @@ class GremlinTaskStore:
         if any(not r for r in resources):
             raise InvalidValue("a resource name cannot be empty")
         created = codec.now()
-        task = Task(id=str(uuid.uuid4()), type=type, payload=dict(payload or {}), active=True,
+        return Task(id=str(uuid.uuid4()), type=type, payload=dict(payload or {}), active=True,
                     status=TaskStatus.WAITING, finished=False, priority=priority,
                     created_at=created, updated_at=created, version=0, fence=0,
                     unique_key=unique_key, run_at=run_at, ordering_key=ordering_key,
                     resources=tuple(sorted(set(resources))))
+
+    def add(self, task: Task) -> Task:
+        """Write ``task`` (from :meth:`new`); the task as stored: the existing one when a task
+        with its ``unique_key`` exists already."""
         props = task_props(task)
+        unique_key = task.unique_key
 
         def run(g: Any) -> Any:
             if unique_key is None:

@@ -191,6 +191,42 @@ class Claimer:
         stats["started"] += 1
         return running
 
+    def claim_new(self, task: Task) -> Running | None:
+        """Take ``task``, new and not written yet (this node just accepted it, so nobody else
+        can know its id), and write it already claimed: its lock first (nothing to contend
+        with: :meth:`~coord.TaskLock.try_acquire_new`, one round trip), then the task RUNNING
+        with its RUNNING attempt in one store write
+        (:meth:`~runner.store.GraphStore.create_claimed`), registered in the running set like
+        :meth:`claim`'s. None, with nothing written and the lock let go, when the lock could
+        not be had after all or the session changed under it: the caller writes the task
+        WAITING then. A store or ZooKeeper error propagates, the lock released and nothing
+        written: the submit fails as a failed create does."""
+        member_id = self.member_id
+        session_id = self.session.session_id
+        lock = TaskLock(self.session, task.id, member_id)
+        running = Running(task, lock, None, cancel=CancelToken(self.session))
+        lock.add_lost_listener(_cancels(running))
+        self.running.add(running)
+
+        def abandon() -> None:
+            release(lock, None, member_id)
+            self.running.discard(running)
+            running.done.set()
+
+        try:
+            token = lock.try_acquire_new()
+            if token is None or self.session.expired(session_id):
+                self.stats["session_changed" if token is not None else "lock_busy"] += 1
+                abandon()
+                return None
+            running.task, running.attempt = self.store.create_claimed(task, token, member_id)
+            running.token = token
+        except BaseException:
+            abandon()
+            raise
+        self.stats["started"] += 1
+        return running
+
     def claim_many(self, tasks: Sequence[Task]) -> list[Running]:
         """Take several plain tasks (:func:`plain`: no slot, hold or ordering key) in one pass:
         their locks tried with the round trips pipelined

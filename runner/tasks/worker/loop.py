@@ -177,6 +177,38 @@ class TaskLoop:
             return False
         return True
 
+    def start_new(self, task: Task) -> Task | None:
+        """A task this node has just accepted and not written yet (``tasks.new``): when a
+        worker of this node is free and nothing has to be looked up or booked first (a plain
+        task: no slot level, resource or ordering key; no uniqueness key; due now), it is
+        written already claimed by this node, RUNNING with its attempt, in one store write
+        after its lock (:meth:`Claimer.claim_new`), and its handler starts in the pool: the
+        task as written. None when that is not tried or not had (no free worker, a scan
+        holding the loop this instant, the session not CONNECTED, the loop stopping): the
+        caller writes the task WAITING and :meth:`offer`\\ s it. Store and ZooKeeper errors
+        propagate with nothing written (the submit fails as a failed create does)."""
+        if (self._stopping.is_set() or self.running.free() <= 0 or not self._may_claim()
+                or task.unique_key is not None
+                or (task.run_at is not None and task.run_at > codec.now())):
+            return None
+        kind = self._kind_of(task)
+        if kind is None or not plain(task, kind, self.claimer.limits):
+            return None
+        # a scan walking its backlog now holds the loop: the submit does not wait for it
+        if not self._scan_lock.acquire(blocking=False):
+            return None
+        try:
+            if self.running.free() <= 0 or not self._may_claim():
+                return None
+            running = self.claimer.claim_new(task)
+        finally:
+            self._scan_lock.release()
+        if running is None:
+            return None
+        self.stats["offered"] += 1
+        self._pool.submit(self._execute, running)
+        return running.task
+
     def _start_offered(self, task: Task, otherwise: Callable[[], object] | None) -> None:
         started = False
         with self._scan_lock:
