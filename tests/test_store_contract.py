@@ -40,6 +40,7 @@ from runner.store import (
     Ontology,
     OntologyClass,
     TaskStatus,
+    codec,
     open_store,
 )
 from runner.store.remote import SERIAL
@@ -183,7 +184,12 @@ def test_attempts_are_written_closed_once_and_listed_in_order(store: GraphStore)
     assert not store.attempts.progress(first.id, 9, 10, "after its end")  # refused
     assert store.attempts.get(first.id).progress == reported.progress  # kept as it was
     second = store.attempts.start(task.id, "host:2:b")
-    store.attempts.finish(second.id, AttemptStatus.CANCELLED_BY_SYSTEM, "owner died")
+    # the handler's last report, not written yet, goes with the end
+    last = codec.progress_json(4, 5, "four", codec.now())
+    ended = store.attempts.finish(second.id, AttemptStatus.CANCELLED_BY_SYSTEM, "owner died",
+                                  progress=last)
+    assert store.attempts.get(second.id).progress == ended.progress
+    assert ended.progress is not None and (ended.progress.done, ended.progress.total) == (4, 5)
     third = store.attempts.start(task.id, "host:3:c")
     store.attempts.finish(third.id, AttemptStatus.SUCCEEDED)
     listed = store.attempts.for_task(task.id)
@@ -249,8 +255,12 @@ def test_a_new_task_written_claimed_is_what_a_create_and_a_claim_leave(
         1, AttemptStatus.RUNNING, 7, "m1")
     assert new.id in {t.id for t in store.tasks.unfinished()}
     done = store.conclude(attempt, AttemptStatus.SUCCEEDED, None, None, task, 7,
-                          {"status": TaskStatus.WAITING, "finished": True})
+                          {"status": TaskStatus.WAITING, "finished": True},
+                          codec.progress_json(10, 10, "done", codec.now()))
     assert store.tasks.get(new.id) == done and done.finished
+    (ended,) = store.attempts.for_task(new.id)  # the last report went with the end
+    assert ended.progress is not None and (ended.progress.done, ended.progress.message) == (
+        10, "done")
     before = counts(store)
     for refused in (store.tasks.new("t", unique_key="u"), store.tasks.new("t", resources=["r"])):
         with pytest.raises(InvalidValue):

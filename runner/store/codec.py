@@ -52,5 +52,11 @@ def decode_json(value: str) -> Any:
     return json.loads(value)
 
 
+def progress_json(done: int, total: int | None, message: str, at: datetime) -> str:
+    """A handler's reported progress as its attempt stores it (``attempt_progress``)."""
+    return encode_json({"done": done, "total": total, "message": message[:500],
+                        "at": encode_time(at)})
+
+
 def now() -> datetime:
     return datetime.now(UTC)

@@ -148,8 +148,7 @@ class TaskStub:
         finally:
             if timer is not None:
                 timer.cancel()
-        if not run.completed:
-            reporter.flush()
+        progress = reporter.close()
         run.outcome, run_at = with_retry_policy(kind, run.result, run.result.outcome,
                                                 claimed.attempts)
         if run.completed:
@@ -157,7 +156,8 @@ class TaskStub:
         else:
             result = run.result
             run.task = self.store.conclude(attempt, result.status, result.error, result.stack,
-                                           run.task, token, task_changes(run.outcome, run_at))
+                                           run.task, token, task_changes(run.outcome, run_at),
+                                           progress)
         run.attempt = self.store.attempts.get(attempt.id)
         return run
 

@@ -55,17 +55,17 @@ class GremlinAttemptLog:
         return until_written(once, task_id)
 
     def finish(self, attempt_id: str, status: AttemptStatus, error: str | None = None,
-               stack_trace: str | None = None) -> Attempt:
-        """Close a RUNNING attempt; a second finish raises :class:`AttemptAlreadyFinished`."""
-        end = attempt_end(self.get(attempt_id), status, error, stack_trace)
+               stack_trace: str | None = None, progress: str | None = None) -> Attempt:
+        """Close a RUNNING attempt (``progress``: its last report, ``progress_json``, written
+        with the end); a second finish raises :class:`AttemptAlreadyFinished`."""
+        end = attempt_end(self.get(attempt_id), status, error, stack_trace, progress)
         self.graph.write(end.write)
         return end.attempt
 
     def progress(self, attempt_id: str, done: int, total: int | None, message: str) -> bool:
         """Record what a RUNNING attempt reports (the last value wins); False, nothing written,
         once the attempt has ended."""
-        value = codec.encode_json({"done": done, "total": total, "message": message[:500],
-                                   "at": codec.encode_time(codec.now())})
+        value = codec.progress_json(done, total, message, codec.now())
         return matched_write(self.graph, lambda g: g.V().has("attempt_id", attempt_id)
                              .has("attempt_status", AttemptStatus.RUNNING.value)
                              .property(Cardinality.single, "attempt_progress", value))

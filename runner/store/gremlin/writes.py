@@ -37,6 +37,7 @@ from runner.store.gremlin.rows import (
     TASK_CHANGES,
     TASK_FIXED,
     attempt_from_row,
+    progress_from_json,
     task_from_row,
     task_props,
 )
@@ -250,9 +251,10 @@ def attempt_start(task: Task, executor: str, fence_token: int) -> AttemptStart:
 
 
 def attempt_end(attempt: Attempt, status: AttemptStatus, error: str | None = None,
-                stack_trace: str | None = None) -> AttemptEnd:
+                stack_trace: str | None = None, progress: str | None = None) -> AttemptEnd:
     """The end of ``attempt`` as it was read, without reading it again: the write is guarded
-    by its RUNNING status."""
+    by its RUNNING status. ``progress``: the handler's last report not written yet
+    (``progress_json``), written with the end."""
     status = AttemptStatus(status)
     if status is AttemptStatus.RUNNING:
         raise InvalidValue("finish() needs a final status")
@@ -270,9 +272,12 @@ def attempt_end(attempt: Attempt, status: AttemptStatus, error: str | None = Non
     props = {"attempt_status": status.value, "attempt_end": codec.encode_json(doc),
              # the UTC day it ended: recent ends are found from an index, not a scan of all
              "attempt_end_day": ended.strftime("%Y-%m-%d")}
+    if progress is not None:
+        props["attempt_progress"] = progress
     ended_attempt = dataclasses.replace(
         attempt, status=status, ended_at=codec.decode_time(doc["ended"]),
-        duration_ms=doc["duration_ms"], error=error or None, stack_trace=stack_trace or None)
+        duration_ms=doc["duration_ms"], error=error or None, stack_trace=stack_trace or None,
+        progress=progress_from_json(progress) if progress is not None else attempt.progress)
     return AttemptEnd(attempt.id, props, ended_attempt)
 
 

@@ -43,6 +43,7 @@ class _Conclusion:
     task: Task
     token: int
     changes: Mapping[str, Any]
+    progress: str | None = None
     done: threading.Event = field(default_factory=threading.Event)
     lead: bool = False  # this waiting worker writes the next group
     result: Task | None = None
@@ -63,10 +64,10 @@ class GroupCommit:
 
     def conclude(self, attempt: Attempt, status: AttemptStatus, error: str | None,
                  stack: str | None, task: Task, token: int,
-                 changes: Mapping[str, Any]) -> Task:
+                 changes: Mapping[str, Any], progress: str | None = None) -> Task:
         """:meth:`GraphStore.conclude`, written with the conclusions queued with it; raises
         what that raises for this attempt."""
-        item = _Conclusion(attempt, status, error, stack, task, token, changes)
+        item = _Conclusion(attempt, status, error, stack, task, token, changes, progress)
         with self._lock:
             self._queue.append(item)
             lead = not self._writing
@@ -107,7 +108,7 @@ class GroupCommit:
                 try:
                     item.result = self.store.conclude(item.attempt, item.status, item.error,
                                                       item.stack, item.task, item.token,
-                                                      item.changes)
+                                                      item.changes, item.progress)
                 except StoreUnavailable:  # the graph itself: the whole group fails
                     raise
                 except StoreError as exc:  # a refusal of this conclusion alone

@@ -53,7 +53,7 @@ from runner.tasks.outcomes import (
     task_changes,
     with_retry_policy,
 )
-from runner.tasks.progress import ProgressReporter
+from runner.tasks.progress import ProgressReporter, ProgressWriter
 from runner.tasks.registry import TaskRegistry, TaskType
 from runner.tasks.retry import RetryPolicy
 from runner.tasks.worker.commit import GroupCommit
@@ -85,6 +85,8 @@ class Execution:
         self.store_retry_for = store_retry_for
         #: the attempts' ends, written in groups (:mod:`runner.tasks.worker.commit`)
         self.commits = GroupCommit(store)
+        #: the thread that writes the handlers' progress reports (:mod:`runner.tasks.progress`)
+        self.progress_writer = ProgressWriter()
 
     def run(self, r: Running) -> Outcome:
         """Run ``r`` to its outcome and write it; returns the outcome."""
@@ -99,7 +101,7 @@ class Execution:
                 result, tell = self.attempt(r, kind, attempt)
                 outcome = result.outcome
                 if outcome is Outcome.RETRY and retries < self.max_conflict_retries:
-                    self.finish(attempt, result)
+                    self.finish(attempt, result, r.progress)
                     tell(result.status, result.error)
                     retries += 1
                     next_attempt = self._retry(r, retries, result)
@@ -171,7 +173,8 @@ class Execution:
         order, so that nothing (the log, the metrics) reports an end that is not in the
         store."""
         task = r.task
-        progress = ProgressReporter(self.store, attempt.id, r.cancel)
+        progress = ProgressReporter(self.store, attempt.id, r.cancel,
+                                    writer=self.progress_writer)
         ctx = TaskContext(task=task, attempt=attempt, member_id=self.member_id,
                           fence_token=r.token, cancel=r.cancel, store=self.store,
                           services=self.services, checker=lambda: self.check(r),
@@ -208,8 +211,9 @@ class Execution:
                 r.cancel.cancel("its task lock could not be confirmed when its handler ended")
 
         result = attempt_result(body, r.cancel)
-        if not r.completed:  # ctx.complete() ended the attempt: nothing more is written on it
-            progress.flush()
+        last = progress.close()  # the end writes the last report not written yet
+        # ctx.complete() ended the attempt: nothing more is written on it
+        r.progress = None if r.completed else last
         return result
 
     def check(self, r: Running) -> None:
@@ -264,7 +268,8 @@ class Execution:
             try:
                 if attempt is not None:  # written with the other workers' (group commit)
                     r.task = self.commits.conclude(attempt, result.status, result.error,
-                                                   result.stack, r.task, r.token, changes)
+                                                   result.stack, r.task, r.token, changes,
+                                                   r.progress)
                 else:
                     r.task = self.store.release(r.task.id, r.token, changes)
                 return
@@ -287,10 +292,12 @@ class Execution:
         return (current.status is result.status and current.executor == self.member_id
                 and current.error == (result.error or None))
 
-    def finish(self, attempt: Attempt, result: AttemptResult) -> None:
-        """Close an attempt that will be followed by another (a retry)."""
+    def finish(self, attempt: Attempt, result: AttemptResult, progress: str | None) -> None:
+        """Close an attempt that will be followed by another (a retry), with its handler's
+        last report not written yet (``progress``)."""
         try:
-            self.store.attempts.finish(attempt.id, result.status, result.error, result.stack)
+            self.store.attempts.finish(attempt.id, result.status, result.error, result.stack,
+                                       progress)
         except AttemptAlreadyFinished:
             log.warning("member %s: attempt %s of task %s was closed by the master meanwhile",
                         self.member_id, attempt.id, attempt.task_id)

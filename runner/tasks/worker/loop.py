@@ -252,6 +252,7 @@ class TaskLoop:
         timer.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._offers.shutdown(wait=False, cancel_futures=True)
+        self.execution.progress_writer.close()
         log.info("member %s: task loop stopped; claims: %d started, %d locked elsewhere, "
                  "%d stale; %d changed tasks skipped before locking, %d running elsewhere "
                  "skipped; %d listings; %d ends written in %d groups (largest %d)",

@@ -29,6 +29,8 @@ class Running:
     token: int = 0
     attempt: Attempt | None = None
     completed: bool = False  # the handler's ctx.complete() concluded the attempt
+    #: the handler's last report not yet written (``progress_json``): its end writes it
+    progress: str | None = None
     #: the status and error its attempt's end was written with (or stands at, when it could
     #: not be written), which the observers are told
     ended: tuple[AttemptStatus, str | None] = (AttemptStatus.RUNNING, None)
