@@ -133,12 +133,12 @@ def test_a_graph_that_fails_mid_group_fails_every_end_of_it_and_writes_none(
         conclude = store.conclude
         seen = 0
 
-        def failing(*args: Any) -> Any:
+        def failing(*args: Any, **kwargs: Any) -> Any:
             nonlocal seen
             seen += 1
             if seen == 3:  # the second end of the second group
                 raise StoreUnavailable("the graph went away")
-            return conclude(*args)
+            return conclude(*args, **kwargs)
 
         store.conclude = failing  # type: ignore[method-assign]
         ends = Ends(store, commits, work)
@@ -179,9 +179,9 @@ def test_an_end_is_reported_only_once_its_group_is_written(
                         observers=[Hooks(after=lambda ctx, status, error: told.append(status))])
         conclude = loop.execution.commits.conclude
 
-        def held(*args: Any) -> Any:
+        def held(*args: Any, **kwargs: Any) -> Any:
             gate.wait(30)
-            return conclude(*args)
+            return conclude(*args, **kwargs)
 
         loop.execution.commits.conclude = held  # type: ignore[method-assign]
         task = store.tasks.create("t", {})

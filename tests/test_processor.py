@@ -502,9 +502,10 @@ class HolderAndNext:
             commits = self.loops[0].execution.commits
             conclude = commits.conclude
 
-            def ending(attempt: Attempt, status: AttemptStatus, *rest: Any) -> Task:
+            def ending(attempt: Attempt, status: AttemptStatus, *rest: Any,
+                       **kwargs: Any) -> Task:
                 before_end(attempt, status)
-                return conclude(attempt, status, *rest)
+                return conclude(attempt, status, *rest, **kwargs)
 
             commits.conclude = ending  # type: ignore[method-assign]
 

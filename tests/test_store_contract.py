@@ -256,7 +256,7 @@ def test_a_new_task_written_claimed_is_what_a_create_and_a_claim_leave(
     assert new.id in {t.id for t in store.tasks.unfinished()}
     done = store.conclude(attempt, AttemptStatus.SUCCEEDED, None, None, task, 7,
                           {"status": TaskStatus.WAITING, "finished": True},
-                          codec.progress_json(10, 10, "done", codec.now()))
+                          progress=codec.progress_json(10, 10, "done", codec.now()))
     assert store.tasks.get(new.id) == done and done.finished
     (ended,) = store.attempts.for_task(new.id)  # the last report went with the end
     assert ended.progress is not None and (ended.progress.done, ended.progress.message) == (

@@ -87,7 +87,8 @@ class AttemptLog(Protocol):
     def start(self, task_id: str, executor: str, fence_token: int = 0) -> Attempt: ...
 
     def finish(self, attempt_id: str, status: AttemptStatus, error: str | None = None,
-               stack_trace: str | None = None, progress: str | None = None) -> Attempt: ...
+               stack_trace: str | None = None, *, progress: str | None = None,
+               ended: datetime | None = None) -> Attempt: ...
 
     def progress(self, attempt_id: str, done: int, total: int | None, message: str) -> bool:
         """Record a RUNNING attempt's progress; False once it has ended."""

@@ -137,10 +137,13 @@ def attempt_result(body: Callable[[], None], cancel: CancelToken) -> AttemptResu
 
 
 def with_retry_policy(kind: TaskType, result: AttemptResult, outcome: Outcome,
-                      attempts: int) -> tuple[Outcome, datetime | None]:
+                      attempts: int, ended: datetime | None = None) -> tuple[Outcome,
+                                                                            datetime | None]:
     """A STOPPED outcome that the type's retry policy retries (after ``attempts`` attempts)
-    becomes RETRY_LATER, with the time of the next attempt; anything else stays."""
+    becomes RETRY_LATER, with the time of the next attempt: the backoff counted from
+    ``ended``, the end written on the attempt (now when None); anything else stays."""
     if outcome is Outcome.STOPPED and kind.retry is not None \
             and kind.retry.retries(result.exception, attempts):
-        return Outcome.RETRY_LATER, codec.now() + timedelta(seconds=kind.retry.delay(attempts))
+        since = ended if ended is not None else codec.now()
+        return Outcome.RETRY_LATER, since + timedelta(seconds=kind.retry.delay(attempts))
     return outcome, None

@@ -157,7 +157,7 @@ class TaskStub:
             result = run.result
             run.task = self.store.conclude(attempt, result.status, result.error, result.stack,
                                            run.task, token, task_changes(run.outcome, run_at),
-                                           progress)
+                                           progress=progress)
         run.attempt = self.store.attempts.get(attempt.id)
         return run
 

@@ -4,7 +4,7 @@ before the handler runs (with the claim), finished exactly once (a second finish
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from gremlin_python.process.traversal import Cardinality, P
 
@@ -55,10 +55,12 @@ class GremlinAttemptLog:
         return until_written(once, task_id)
 
     def finish(self, attempt_id: str, status: AttemptStatus, error: str | None = None,
-               stack_trace: str | None = None, progress: str | None = None) -> Attempt:
+               stack_trace: str | None = None, *, progress: str | None = None,
+               ended: datetime | None = None) -> Attempt:
         """Close a RUNNING attempt (``progress``: its last report, ``progress_json``, written
-        with the end); a second finish raises :class:`AttemptAlreadyFinished`."""
-        end = attempt_end(self.get(attempt_id), status, error, stack_trace, progress)
+        with the end; ``ended``: its end time, now when None); a second finish raises
+        :class:`AttemptAlreadyFinished`."""
+        end = attempt_end(self.get(attempt_id), status, error, stack_trace, progress, ended)
         self.graph.write(end.write)
         return end.attempt
 

@@ -11,6 +11,7 @@ a fencing token that is no longer the task's raises
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from datetime import datetime
 from typing import Any, TypeVar
 
 from runner.errors import (
@@ -141,7 +142,8 @@ class GraphStore:
 
     def conclude(self, attempt: Attempt, attempt_status: AttemptStatus, error: str | None,
                  stack_trace: str | None, task: Task, fence_token: int,
-                 changes: Mapping[str, object], progress: str | None = None) -> Task:
+                 changes: Mapping[str, object], *, progress: str | None = None,
+                 ended: datetime | None = None) -> Task:
         """End ``attempt`` and update ``task`` as its owner (token ``fence_token``), in one
         traversal guarded by the attempt being RUNNING and the task's version and fence; no
         read when both still hold.
@@ -157,7 +159,7 @@ class GraphStore:
           (its holder lost its ZooKeeper hold): :class:`~runner.errors.ResourceTaken`,
           and nothing is written; the owner ends the attempt otherwise.
         """
-        end = attempt_end(attempt, attempt_status, error, stack_trace, progress)
+        end = attempt_end(attempt, attempt_status, error, stack_trace, progress, ended)
         change = task_change(task, fence_token, changes)
         needs = task.resources if attempt_status is AttemptStatus.SUCCEEDED else ()
         held = fence_finds(Fence(task.id, fence_token, attempt.id, needs))[1:]

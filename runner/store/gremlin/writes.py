@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from gremlin_python.process.traversal import P
@@ -251,16 +252,18 @@ def attempt_start(task: Task, executor: str, fence_token: int) -> AttemptStart:
 
 
 def attempt_end(attempt: Attempt, status: AttemptStatus, error: str | None = None,
-                stack_trace: str | None = None, progress: str | None = None) -> AttemptEnd:
+                stack_trace: str | None = None, progress: str | None = None,
+                ended: datetime | None = None) -> AttemptEnd:
     """The end of ``attempt`` as it was read, without reading it again: the write is guarded
     by its RUNNING status. ``progress``: the handler's last report not written yet
-    (``progress_json``), written with the end."""
+    (``progress_json``), written with the end; ``ended``: when the attempt ended (its handler
+    returned; now when None), which may be a little before the write."""
     status = AttemptStatus(status)
     if status is AttemptStatus.RUNNING:
         raise InvalidValue("finish() needs a final status")
     if attempt.status is not AttemptStatus.RUNNING:
         raise AttemptAlreadyFinished(f"attempt {attempt.id} is already {attempt.status.value}")
-    ended = codec.now()
+    ended = ended if ended is not None else codec.now()
     doc: dict[str, Any] = {
         "ended": codec.encode_time(ended),
         "duration_ms": int((ended - attempt.started_at).total_seconds() * 1000),

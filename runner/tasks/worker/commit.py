@@ -28,6 +28,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from runner.errors import StoreError, StoreUnavailable
@@ -44,6 +45,7 @@ class _Conclusion:
     token: int
     changes: Mapping[str, Any]
     progress: str | None = None
+    ended: datetime | None = None
     done: threading.Event = field(default_factory=threading.Event)
     lead: bool = False  # this waiting worker writes the next group
     result: Task | None = None
@@ -64,10 +66,11 @@ class GroupCommit:
 
     def conclude(self, attempt: Attempt, status: AttemptStatus, error: str | None,
                  stack: str | None, task: Task, token: int,
-                 changes: Mapping[str, Any], progress: str | None = None) -> Task:
+                 changes: Mapping[str, Any], *, progress: str | None = None,
+                 ended: datetime | None = None) -> Task:
         """:meth:`GraphStore.conclude`, written with the conclusions queued with it; raises
         what that raises for this attempt."""
-        item = _Conclusion(attempt, status, error, stack, task, token, changes, progress)
+        item = _Conclusion(attempt, status, error, stack, task, token, changes, progress, ended)
         with self._lock:
             self._queue.append(item)
             lead = not self._writing
@@ -108,7 +111,8 @@ class GroupCommit:
                 try:
                     item.result = self.store.conclude(item.attempt, item.status, item.error,
                                                       item.stack, item.task, item.token,
-                                                      item.changes, item.progress)
+                                                      item.changes, progress=item.progress,
+                                                      ended=item.ended)
                 except StoreUnavailable:  # the graph itself: the whole group fails
                     raise
                 except StoreError as exc:  # a refusal of this conclusion alone

@@ -42,7 +42,7 @@ from runner.errors import (
     StoreError,
     StoreUnavailable,
 )
-from runner.store import Attempt, AttemptStatus, GraphStore
+from runner.store import Attempt, AttemptStatus, GraphStore, codec
 from runner.tasks import due
 from runner.tasks.context import Services, TaskContext
 from runner.tasks.observer import AttemptLogger, Observer
@@ -101,7 +101,7 @@ class Execution:
                 result, tell = self.attempt(r, kind, attempt)
                 outcome = result.outcome
                 if outcome is Outcome.RETRY and retries < self.max_conflict_retries:
-                    self.finish(attempt, result, r.progress)
+                    self.finish(attempt, result, r)
                     tell(result.status, result.error)
                     retries += 1
                     next_attempt = self._retry(r, retries, result)
@@ -114,7 +114,8 @@ class Execution:
                     return Outcome.CANCELLED
                 if outcome is Outcome.RETRY:  # the retry budget is spent
                     outcome = Outcome.STOPPED
-                outcome, run_at = with_retry_policy(kind, result, outcome, r.task.attempts)
+                outcome, run_at = with_retry_policy(kind, result, outcome, r.task.attempts,
+                                                    r.returned_at)
                 if run_at is not None:
                     if due.needs_cursor(run_at):
                         due.ensure_cursor(self.session)
@@ -211,6 +212,7 @@ class Execution:
                 r.cancel.cancel("its task lock could not be confirmed when its handler ended")
 
         result = attempt_result(body, r.cancel)
+        r.returned_at = codec.now()
         last = progress.close()  # the end writes the last report not written yet
         # ctx.complete() ended the attempt: nothing more is written on it
         r.progress = None if r.completed else last
@@ -269,7 +271,7 @@ class Execution:
                 if attempt is not None:  # written with the other workers' (group commit)
                     r.task = self.commits.conclude(attempt, result.status, result.error,
                                                    result.stack, r.task, r.token, changes,
-                                                   r.progress)
+                                                   progress=r.progress, ended=r.returned_at)
                 else:
                     r.task = self.store.release(r.task.id, r.token, changes)
                 return
@@ -292,12 +294,12 @@ class Execution:
         return (current.status is result.status and current.executor == self.member_id
                 and current.error == (result.error or None))
 
-    def finish(self, attempt: Attempt, result: AttemptResult, progress: str | None) -> None:
+    def finish(self, attempt: Attempt, result: AttemptResult, r: Running) -> None:
         """Close an attempt that will be followed by another (a retry), with its handler's
-        last report not written yet (``progress``)."""
+        last report not written yet and the time it returned."""
         try:
             self.store.attempts.finish(attempt.id, result.status, result.error, result.stack,
-                                       progress)
+                                       progress=r.progress, ended=r.returned_at)
         except AttemptAlreadyFinished:
             log.warning("member %s: attempt %s of task %s was closed by the master meanwhile",
                         self.member_id, attempt.id, attempt.task_id)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from coord import Booking, TaskLock
 from runner.store import Attempt, AttemptStatus, Task
@@ -31,6 +32,9 @@ class Running:
     completed: bool = False  # the handler's ctx.complete() concluded the attempt
     #: the handler's last report not yet written (``progress_json``): its end writes it
     progress: str | None = None
+    #: when the handler returned: the attempt's end time as written, and the time a retry's
+    #: backoff counts from
+    returned_at: datetime | None = None
     #: the status and error its attempt's end was written with (or stands at, when it could
     #: not be written), which the observers are told
     ended: tuple[AttemptStatus, str | None] = (AttemptStatus.RUNNING, None)
