@@ -122,14 +122,10 @@ class GraphStore:
 
     def create_claimed(self, task: Task, fence_token: int,
                        member_id: str) -> tuple[Task, Attempt]:
-        """Write ``task``, new (``tasks.new``: never written), already claimed by
-        ``member_id`` with ``fence_token``: the task RUNNING with its RUNNING attempt, in one
-        traversal, what :meth:`tasks.add <runner.store.ports.TaskStore.add>` and then
-        :meth:`claim` write in two. The task as written is the one the claim would leave
-        (version 1, one attempt, ``fence_token`` its fence). For a task nothing else needs
-        looking up first: no ``unique_key`` (an existing task may hold it) and no resources
-        (their holders are read first); InvalidValue otherwise. Nothing is written when the
-        write fails."""
+        """Write the new ``task`` (``tasks.new``) as ``claim`` leaves it, RUNNING with its
+        attempt, in one traversal: what ``tasks.add`` and ``claim`` write in two. Only for a
+        task with no ``unique_key`` (an existing task may hold it) and no resources (their
+        holders are read first): InvalidValue otherwise."""
         if task.version != 0 or task.unique_key is not None or task.resources:
             raise InvalidValue(f"task {task.id}: only a new task without a uniqueness key or "
                                "resources is created claimed")
