@@ -12,6 +12,10 @@ What runs (all on loopback, servers and nodes started here and stopped by PID):
   ``ctx.cancel``, ``ctx.check()``, then one line appended to a file: an effect nothing fences,
   the way a user's handler touches a system that cannot check a token), ``diag.sleep``,
   ``diag.conflict`` (commit conflicts, retried), ``diag.fail`` (stops the task, by design);
+  half of the plain ones submitted through the client as a user does (a node with a free
+  worker writes such a task already running, in one write after its lock:
+  ``submitted_through_the_client`` and ``running_when_the_submit_answered`` in
+  ``task_shapes``), the others written to the store;
 * the user-declared MASTER command ``chaos.record`` (``@command``) sent through the client with
   confirms, some sent twice with the same id back to back (a retry after a lost confirm).
 
@@ -172,6 +176,8 @@ class Run:
     store: GraphStore
     nodes: list[Node] = field(default_factory=list)
     tasks: dict[str, str] = field(default_factory=dict)  # task id -> type
+    #: tasks submitted through the client -> their status in the submit's answer
+    through_api: dict[str, str] = field(default_factory=dict)
     confirmed: set[str] = field(default_factory=set)  # chaos.record ids the broker confirmed
     injected: Counter[str] = field(default_factory=Counter)
     restarts: int = 0
@@ -256,6 +262,15 @@ class Run:
 
     # -- work -------------------------------------------------------------------------------
     def submit_tasks(self, count: int) -> None:
+        """``count`` tasks of every shape, written to the store; half of the plain ones (no
+        key, resource or due time) submitted through the client as a user does, which a node
+        with a free worker writes already running (``TaskLoop.start_new``), so the faults that
+        follow hit tasks started that way too. A submit that fails is told and not counted
+        (the task may exist all the same: it runs, and its effects are checked like any)."""
+        with Client(self.rabbit.url, CLUSTER, timeout=5.0, sender="chaos") as client:
+            self._submit_tasks(count, client)
+
+    def _submit_tasks(self, count: int, client: Client) -> None:
         low, high = self.profile.task_seconds
         for _ in range(count):
             roll = self.rng.random()
@@ -280,8 +295,17 @@ class Run:
                     extra["resources"] = self.rng.sample(RESOURCES, 2)
                 elif shape < 0.45:
                     extra["run_at"] = codec.now() + timedelta(seconds=self.rng.uniform(0.5, 4))
-            task = self.store.tasks.create(kind, payload, priority=self.rng.randint(0, 2),
-                                           **extra)
+            priority = self.rng.randint(0, 2)
+            if not extra and self.rng.random() < 0.5:
+                try:
+                    view = client.submit(kind, payload, priority=priority)
+                except ClientError as exc:
+                    self.say(f"submit of a {kind} task failed: {exc}")
+                    continue
+                self.tasks[view.id] = kind
+                self.through_api[view.id] = view.status
+                continue
+            task = self.store.tasks.create(kind, payload, priority=priority, **extra)
             self.tasks[task.id] = kind
 
     def publish_messages(self, count: int) -> None:
@@ -553,6 +577,8 @@ def figures(run: Run, reader: Session) -> dict[str, Any]:
         shapes["ordered"] += task.ordering_key is not None
         shapes["resource_locked"] += bool(task.resources)
         shapes["schedule_fires_stopped_by_the_pause"] += paused_fire(task)
+        shapes["submitted_through_the_client"] += task_id in run.through_api
+        shapes["running_when_the_submit_answered"] += run.through_api.get(task_id) == "RUNNING"
     return {
         "tasks": len(run.tasks), "attempts": attempts_total, "task_shapes": dict(shapes),
         "master_messages_confirmed": len(run.confirmed),
