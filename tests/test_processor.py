@@ -3,6 +3,7 @@ priorities, per-type slots across nodes, hooks, cancellation."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
@@ -590,58 +591,74 @@ def test_a_holder_cut_off_mid_handler_cannot_write_a_fenced_effect_once_its_reso
     assert effects == [succeeded.id]
 
 
+@dataclasses.dataclass
+class Held:
+    """A handler that records its task and runs until released (or cancelled)."""
+    ran: list[str] = dataclasses.field(default_factory=list)
+    started: threading.Event = dataclasses.field(default_factory=threading.Event)
+    release: threading.Event = dataclasses.field(default_factory=threading.Event)
+
+    def handler(self, ctx: TaskContext, payload: object) -> None:
+        self.ran.append(ctx.task.id)
+        self.started.set()
+        while not self.release.is_set():
+            ctx.cancel.raise_if_cancelled()
+            time.sleep(0.01)
+
+
+@contextlib.contextmanager
+def one_worker_loop(ns: ZkNamespace, store: GraphStore,
+                    held: Held) -> Iterator[tuple[Session, TaskLoop]]:
+    """A task loop of one worker for type ``t`` (``held``), no interval scan but the first,
+    which has ended (nothing was open) when this yields; released and closed after."""
+    registry = TaskRegistry()
+    registry.register("t", held.handler)
+    with session(ns) as s:
+        processor = TaskLoop(s, "m1", store, registry,
+                             LoopSettings(workers=1, scan_interval=3600)).start()
+        try:
+            assert wait_until(lambda: processor.stats["listings"] >= 1, 10)
+            yield s, processor
+        finally:
+            held.release.set()
+            processor.close()
+
+
 def test_a_task_offered_by_its_submitter_starts_without_a_listing(
         zk_namespace: ZkNamespace, store: GraphStore) -> None:
     """Start on the submit: the node that created a task claims it at once when a worker is
     free (no scan, no listing); with no worker free it is not tried and a scan finds it."""
-    started = threading.Event()
-    release = threading.Event()
-    ran: list[str] = []
+    from coord import TaskLock
 
-    def handler(ctx: TaskContext, payload: object) -> None:
-        ran.append(ctx.task.id)
-        started.set()
-        release.wait(30)
-
-    registry = TaskRegistry()
-    registry.register("t", handler)
-    with session(zk_namespace) as s:
-        processor = TaskLoop(s, "m1", store, registry,
-                             LoopSettings(workers=1, scan_interval=3600)).start()
-        try:
-            # the first interval scan runs at start: let it end (nothing open) first
-            assert wait_until(lambda: processor.stats["listings"] >= 1, 10)
-            listings = processor.stats["listings"]
-            first = store.tasks.create("t", {})
-            assert processor.offer(first)
-            assert started.wait(10)
-            assert ran == [first.id]
-            assert processor.stats["listings"] == listings  # no scan, no listing
-            assert wait_until(lambda: processor.stats["offered"] == 1, 5)
-            # the one worker is busy: a second offer is not tried
-            second = store.tasks.create("t", {})
-            assert not processor.offer(second)
-            # a task due later is not offered either
-            later = store.tasks.create("t", {}, run_at=codec.now() + timedelta(hours=1))
-            assert not processor.offer(later)
-            release.set()
-            # the finished worker's follow-up scan lists and takes the second
-            assert wait_until(lambda: second.id in ran, 10)
-            assert wait_until(lambda: processor.running.free() == 1, 10)
-            # tried and not started (its lock held elsewhere): the others are told
-            from coord import TaskLock
-            third = store.tasks.create("t", {})
-            told = threading.Event()
-            with session(zk_namespace) as other:
-                held = TaskLock(other, third.id, "m2")
-                assert held.try_acquire() is not None
-                assert processor.offer(third, otherwise=told.set)
-                assert told.wait(10)
-                assert third.id not in ran
-                held.release()
-        finally:
-            release.set()
-            processor.close()
+    held = Held()
+    with one_worker_loop(zk_namespace, store, held) as (_, processor):
+        listings = processor.stats["listings"]
+        first = store.tasks.create("t", {})
+        assert processor.offer(first)
+        assert held.started.wait(10)
+        assert held.ran == [first.id]
+        assert processor.stats["listings"] == listings  # no scan, no listing
+        assert wait_until(lambda: processor.stats["offered"] == 1, 5)
+        # the one worker is busy: a second offer is not tried
+        second = store.tasks.create("t", {})
+        assert not processor.offer(second)
+        # a task due later is not offered either
+        later = store.tasks.create("t", {}, run_at=codec.now() + timedelta(hours=1))
+        assert not processor.offer(later)
+        held.release.set()
+        # the finished worker's follow-up scan lists and takes the second
+        assert wait_until(lambda: second.id in held.ran, 10)
+        assert wait_until(lambda: processor.running.free() == 1, 10)
+        # tried and not started (its lock held elsewhere): the others are told
+        third = store.tasks.create("t", {})
+        told = threading.Event()
+        with session(zk_namespace) as other:
+            taken = TaskLock(other, third.id, "m2")
+            assert taken.try_acquire() is not None
+            assert processor.offer(third, otherwise=told.set)
+            assert told.wait(10)
+            assert third.id not in held.ran
+            taken.release()
 
 
 def test_a_new_task_is_written_claimed_by_its_submitter_in_one_store_write(
@@ -654,78 +671,59 @@ def test_a_new_task_is_written_claimed_by_its_submitter_in_one_store_write(
     from coord import force_release
     from runner.errors import StoreUnavailable
 
-    started = threading.Event()
-    release = threading.Event()
-    ran: list[str] = []
+    held = Held()
+    with one_worker_loop(zk_namespace, store, held) as (s, processor):
+        listings = processor.stats["listings"]
+        new = store.tasks.new("t", {"n": 1})
+        writes = store.graph.stats.snapshot()["writes"]
+        task = processor.start_new(new)
+        assert task is not None and task.id == new.id
+        assert store.graph.stats.snapshot()["writes"] == writes + 1
+        stored = store.tasks.get(new.id)
+        assert (stored.status, stored.owner, stored.version, stored.attempts) == (
+            TaskStatus.RUNNING, "m1", 1, 1)
+        (node,) = s.client.get_children(f"/locks/tasks/{new.id}")
+        assert node.endswith("-lock-0000000000")
+        token = s.client.exists(f"/locks/tasks/{new.id}/{node}").czxid
+        assert stored.fence == token
+        (attempt,) = store.attempts.for_task(new.id)
+        assert (attempt.status, attempt.executor, attempt.seq, attempt.fence) == (
+            AttemptStatus.RUNNING, "m1", 1, token)
+        assert held.started.wait(10) and held.ran == [new.id]
+        assert processor.stats["listings"] == listings  # no scan, no listing
 
-    def handler(ctx: TaskContext, payload: object) -> None:
-        ran.append(ctx.task.id)
-        started.set()
-        while not release.is_set():
-            ctx.cancel.raise_if_cancelled()
-            time.sleep(0.01)
+        # not tried: the one worker is busy; a uniqueness key, an ordering key, resources
+        # or a later due time need a look or a booking first; nothing written for any
+        for other in (store.tasks.new("t", {}), store.tasks.new("t", {}, unique_key="u"),
+                      store.tasks.new("t", {}, ordering_key="k"),
+                      store.tasks.new("t", {}, resources=["r"]),
+                      store.tasks.new("t", {}, run_at=codec.now() + timedelta(hours=1))):
+            assert processor.start_new(other) is None
+            assert other.id not in {t.id for t in store.tasks.all()}
 
-    registry = TaskRegistry()
-    registry.register("t", handler)
-    with session(zk_namespace) as s:
-        processor = TaskLoop(s, "m1", store, registry,
-                             LoopSettings(workers=1, scan_interval=3600)).start()
+        # the lock taken away (the master freeing it): the watch set with the lock fires,
+        # the handler is cancelled and its attempt closed; the task goes back to WAITING
+        assert force_release(s, new.id) == "m1"
+        assert wait_until(lambda: store.tasks.get(new.id).status is TaskStatus.WAITING, 10)
+        assert store.attempts.for_task(new.id)[0].status is AttemptStatus.CANCELLED_BY_SYSTEM
+        store.tasks.deactivate(new.id)  # not taken again by the scan a lost task asks for
+        assert wait_until(lambda: processor.running.free() == 1, 10)
+
+        # the write fails: the submit fails with nothing written and no lock left
+        def unavailable(*args: object) -> tuple[Task, Attempt]:
+            raise StoreUnavailable("the graph is down")
+
+        failing = store.tasks.new("t", {"n": 2})
+        original = store.create_claimed
+        store.create_claimed = unavailable  # type: ignore[method-assign]
         try:
-            assert wait_until(lambda: processor.stats["listings"] >= 1, 10)
-            listings = processor.stats["listings"]
-            new = store.tasks.new("t", {"n": 1})
-            writes = store.graph.stats.snapshot()["writes"]
-            task = processor.start_new(new)
-            assert task is not None and task.id == new.id
-            assert store.graph.stats.snapshot()["writes"] == writes + 1
-            stored = store.tasks.get(new.id)
-            assert (stored.status, stored.owner, stored.version, stored.attempts) == (
-                TaskStatus.RUNNING, "m1", 1, 1)
-            (node,) = s.client.get_children(f"/locks/tasks/{new.id}")
-            assert node.endswith("-lock-0000000000")
-            token = s.client.exists(f"/locks/tasks/{new.id}/{node}").czxid
-            assert stored.fence == token
-            (attempt,) = store.attempts.for_task(new.id)
-            assert (attempt.status, attempt.executor, attempt.seq, attempt.fence) == (
-                AttemptStatus.RUNNING, "m1", 1, token)
-            assert started.wait(10) and ran == [new.id]
-            assert processor.stats["listings"] == listings  # no scan, no listing
-
-            # not tried: the one worker is busy; a uniqueness key, an ordering key, resources
-            # or a later due time need a look or a booking first; nothing written for any
-            for other in (store.tasks.new("t", {}), store.tasks.new("t", {}, unique_key="u"),
-                          store.tasks.new("t", {}, ordering_key="k"),
-                          store.tasks.new("t", {}, resources=["r"]),
-                          store.tasks.new("t", {}, run_at=codec.now() + timedelta(hours=1))):
-                assert processor.start_new(other) is None
-                assert other.id not in {t.id for t in store.tasks.all()}
-
-            # the lock taken away (the master freeing it): the watch set with the lock fires,
-            # the handler is cancelled and its attempt closed; the task goes back to WAITING
-            assert force_release(s, new.id) == "m1"
-            assert wait_until(lambda: store.tasks.get(new.id).status is TaskStatus.WAITING, 10)
-            assert store.attempts.for_task(new.id)[0].status is \
-                AttemptStatus.CANCELLED_BY_SYSTEM
-            assert wait_until(lambda: processor.running.free() == 1, 10)
-
-            # the write fails: the submit fails with nothing written and no lock left
-            def unavailable(*args: object) -> tuple[Task, Attempt]:
-                raise StoreUnavailable("the graph is down")
-
-            failing = store.tasks.new("t", {"n": 2})
-            original = store.create_claimed
-            store.create_claimed = unavailable  # type: ignore[method-assign]
-            try:
-                with pytest.raises(StoreUnavailable):
-                    processor.start_new(failing)
-            finally:
-                store.create_claimed = original  # type: ignore[method-assign]
-            assert not s.client.exists(f"/locks/tasks/{failing.id}")
-            assert processor.running.free() == 1
-            assert failing.id not in {t.id for t in store.tasks.all()}
+            with pytest.raises(StoreUnavailable):
+                processor.start_new(failing)
         finally:
-            release.set()
-            processor.close()
+            store.create_claimed = original  # type: ignore[method-assign]
+        assert not s.client.exists(f"/locks/tasks/{failing.id}")
+        assert processor.running.free() == 1
+        assert failing.id not in {t.id for t in store.tasks.all()}
 
 
 def test_a_batch_claim_that_partly_loses_keeps_what_it_won(

@@ -122,6 +122,23 @@ class Claimer:
         self.slots = Slots(session, member_id)
         self.stats: Counter[str] = Counter()
 
+    def _register(self, task: Task, booking: Booking | None,
+                  key_queue: list[Task] | None = None) -> Running:
+        """``task`` as running here, before its lock is tried: a lost lock or session during
+        the try or the claim still cancels it."""
+        lock = TaskLock(self.session, task.id, self.member_id)
+        running = Running(task, lock, booking, key_queue=key_queue or [],
+                          cancel=CancelToken(self.session))
+        lock.add_lost_listener(_cancels(running))
+        self.running.add(running)
+        return running
+
+    def _abandon(self, running: Running) -> None:
+        """Let go of a task not started: its lock and booking released, its worker free."""
+        release(running.lock, running.booking, self.member_id)
+        self.running.discard(running)
+        running.done.set()
+
     def claim(self, task: Task, kind: TaskType, *, first_checked: bool = False,
               held: Booking | None = None) -> Running | None:
         """Take ``task`` for this member, or None when someone else has it (see the module).
@@ -153,28 +170,18 @@ class Claimer:
                     booking.release()
                 return None
             after = first[1:]
-        lock = TaskLock(self.session, task.id, member_id)
-        running = Running(task, lock, booking, key_queue=after,
-                          cancel=CancelToken(self.session))
-        lock.add_lost_listener(lambda _task: running.cancel.cancel("its task lock was lost"))
-        self.running.add(running)
-
-        def abandon() -> None:
-            release(lock, booking, member_id)
-            self.running.discard(running)
-            running.done.set()
-
+        running = self._register(task, booking, after)
         try:
-            token = lock.try_acquire()
+            token = running.lock.try_acquire()
             if token is None:  # someone else runs it
                 stats["lock_busy"] += 1
-                abandon()
+                self._abandon(running)
                 return None
             if self.session.expired(session_id):
                 # the session the holds were booked on is gone (a retried lock create went
                 # through on the next one): the lock is this node's, the holds are not
                 stats["session_changed"] += 1
-                abandon()
+                self._abandon(running)
                 return None
             # the version read by the scan guards the claim: if the task changed since
             # (another node finished it, an operator stopped it), the claim is a conflict and
@@ -183,10 +190,10 @@ class Claimer:
             running.token = token
         except (CommitConflict, StaleFencingToken):
             stats["stale"] += 1
-            abandon()
+            self._abandon(running)
             return None
         except BaseException:
-            abandon()
+            self._abandon(running)
             raise
         stats["started"] += 1
         return running
@@ -203,26 +210,17 @@ class Claimer:
         written: the submit fails as a failed create does."""
         member_id = self.member_id
         session_id = self.session.session_id
-        lock = TaskLock(self.session, task.id, member_id)
-        running = Running(task, lock, None, cancel=CancelToken(self.session))
-        lock.add_lost_listener(_cancels(running))
-        self.running.add(running)
-
-        def abandon() -> None:
-            release(lock, None, member_id)
-            self.running.discard(running)
-            running.done.set()
-
+        running = self._register(task, None)
         try:
-            token = lock.try_acquire_new()
+            token = running.lock.try_acquire_new()
             if token is None or self.session.expired(session_id):
                 self.stats["session_changed" if token is not None else "lock_busy"] += 1
-                abandon()
+                self._abandon(running)
                 return None
             running.task, running.attempt = self.store.create_claimed(task, token, member_id)
             running.token = token
         except BaseException:
-            abandon()
+            self._abandon(running)
             raise
         self.stats["started"] += 1
         return running
@@ -239,36 +237,25 @@ class Claimer:
             return []
         stats, member_id, store = self.stats, self.member_id, self.store
         session_id = self.session.session_id
-        entries: list[Running] = []
-        for task in tasks:
-            lock = TaskLock(self.session, task.id, member_id)
-            running = Running(task, lock, None, cancel=CancelToken(self.session))
-            lock.add_lost_listener(_cancels(running))
-            self.running.add(running)
-            entries.append(running)
-
-        def abandon(running: Running) -> None:
-            release(running.lock, None, member_id)
-            self.running.discard(running)
-            running.done.set()
+        entries = [self._register(task, None) for task in tasks]
 
         try:
             tokens = TaskLock.try_acquire_all([r.lock for r in entries])
         except BaseException:
             for running in entries:
-                abandon(running)
+                self._abandon(running)
             raise
         won: list[tuple[Running, int]] = []
         for running, token in zip(entries, tokens, strict=True):
             if token is None:
                 stats["lock_busy"] += 1
-                abandon(running)
+                self._abandon(running)
             else:
                 won.append((running, token))
         if won and self.session.expired(session_id):
             stats["session_changed"] += len(won)
             for running, _ in won:
-                abandon(running)
+                self._abandon(running)
             return []
         claims: dict[int, tuple[Task, Attempt] | StoreError] = {}
 
@@ -286,14 +273,14 @@ class Claimer:
                 store.graph.write(write)
         except BaseException:
             for running, _ in won:
-                abandon(running)
+                self._abandon(running)
             raise
         started = []
         for n, (running, token) in enumerate(won):
             claimed = claims[n]
             if isinstance(claimed, StoreError):
                 stats["stale"] += 1
-                abandon(running)
+                self._abandon(running)
                 continue
             running.task, running.attempt = claimed
             running.token = token
