@@ -136,7 +136,10 @@ def test_killed_node_mid_task_is_freed_by_the_master_and_finished_elsewhere(
     assert [a.status for a in attempts] == [AttemptStatus.CANCELLED_BY_SYSTEM,
                                             AttemptStatus.SUCCEEDED]
     assert attempts[0].executor == victim and attempts[1].executor != victim
-    assert f"executor {victim} left the cluster" in (attempts[0].error or "")
+    # closed by the new master's reaper, or, when another node's scan takes the task first
+    # (the victim was the master too: the next one reaps only once elected), by that claim
+    assert f"executor {victim} left the cluster" in (attempts[0].error or "") or \
+        f"its executor {victim} had lost the task" in (attempts[0].error or "")
     assert attempts[1].fence > attempts[0].fence  # the new owner's token is newer
     assert done.finished and done.owner == attempts[1].executor
     assert wait_until(lambda: locks_held(zk_client) == [], 10)
