@@ -168,8 +168,7 @@ class TaskLoop:
         is tried and not started (its lock taken, a claim refused), ``otherwise()`` is called
         on that thread: the node then tells the others (TRIGGER_SCAN) as it does for a task it
         cannot take. A task that was taken needs no other node, and nobody else lists it."""
-        if (self._stopping.is_set() or self.running.free() <= 0 or not self._may_claim()
-                or (task.run_at is not None and task.run_at > codec.now())):
+        if not self._may_start(task):
             return False
         try:
             self._offers.submit(self._start_offered, task, otherwise)
@@ -187,9 +186,7 @@ class TaskLoop:
         holding the loop this instant, the session not CONNECTED, the loop stopping): the
         caller writes the task WAITING and :meth:`offer`\\ s it. Store and ZooKeeper errors
         propagate with nothing written (the submit fails as a failed create does)."""
-        if (self._stopping.is_set() or self.running.free() <= 0 or not self._may_claim()
-                or task.unique_key is not None
-                or (task.run_at is not None and task.run_at > codec.now())):
+        if not self._may_start(task) or task.unique_key is not None:
             return None
         kind = self._kind_of(task)
         if kind is None or not plain(task, kind, self.claimer.limits):
@@ -450,6 +447,13 @@ class TaskLoop:
         """No claim is tried while the session is not CONNECTED (SUSPENDED: unknown), nor
         once the loop stops; the scan that follows RECONNECTED picks the work up."""
         return not self._stopping.is_set() and self.session.state is SessionState.CONNECTED
+
+    def _may_start(self, task: Task) -> bool:
+        """Whether a task that is due now may start here now: a free worker, the session
+        CONNECTED, the loop running (the tasks a submit brings: :meth:`start_new`,
+        :meth:`offer`)."""
+        return (self.running.free() > 0 and self._may_claim()
+                and (task.run_at is None or task.run_at <= codec.now()))
 
     def _may_relist(self) -> bool:
         """Whether listing again now keeps listing within ``relist_share`` of the time."""
