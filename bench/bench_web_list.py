@@ -172,7 +172,8 @@ def _next(html: str) -> str | None:
 
 def _filter(q: str) -> TaskFilter:
     from runner.web.views import parse_query
-    return TaskFilter(**parse_query(q).filters)
+    query = parse_query(q)
+    return TaskFilter(**query.filters, resource=query.resource)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ never lost by a replay, at worst present twice.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from typing import Any
 
 import pika
 
-from messaging.connection import Connector, translated
+from messaging.connection import CONNECTION_ERRORS, Connector, translated
 from messaging.errors import MessagingError
 from messaging.outcomes import DETAIL_HEADER, REASON_HEADER
 from messaging.topology import Topology
@@ -86,24 +87,61 @@ def _letter(properties: Any, body: bytes) -> DeadLetter:
 
 
 class DeadLetterQueue:
-    """Read and replay a cluster's dead letters (one connection per call)."""
+    """Read and replay a cluster's dead letters over one connection, opened at the first call
+    and kept (a console asks for the count every few seconds: a connection per call floods the
+    broker's and the console's logs). Calls are serialised (a pika connection is not
+    thread-safe). A kept connection the broker closed meanwhile (an idle one past its
+    heartbeats, a broker restart) is found before use and opened again; an error during a call
+    drops it, so the next call starts afresh. :meth:`close` ends it."""
 
     def __init__(self, connector: Connector, topology: Topology) -> None:
         self.connector = connector
         self.topology = topology
+        self._lock = threading.Lock()
+        self._connection: Any = None
+        self._open_channel: Any = None
+
+    def _ready_channel(self) -> Any:
+        """The kept channel, opened (with its connection) when there is none or it is gone."""
+        if self._connection is not None:
+            try:  # services heartbeats; raises when the broker closed the connection
+                if self._connection.is_open:
+                    self._connection.process_data_events(time_limit=0)
+            except CONNECTION_ERRORS:
+                pass
+            if not self._connection.is_open:
+                self._drop()
+        if self._open_channel is not None and self._open_channel.is_open:
+            return self._open_channel
+        if self._connection is None or not self._connection.is_open:
+            self._connection = self.connector.connect()
+        channel = self._connection.channel()
+        channel.confirm_delivery()
+        channel.queue_declare(self.topology.dead_queue, durable=True)
+        self._open_channel = channel
+        return channel
 
     @contextmanager
     def _channel(self) -> Iterator[Any]:
-        connection = self.connector.connect()
-        try:
-            with translated("reading the dead-letter queue"):
-                channel = connection.channel()
-                channel.confirm_delivery()
-                channel.queue_declare(self.topology.dead_queue, durable=True)
-                yield channel
-        finally:
-            if connection.is_open:
+        with self._lock:
+            try:
+                with translated("reading the dead-letter queue"):
+                    yield self._ready_channel()
+            except BaseException:
+                self._drop()
+                raise
+
+    def _drop(self) -> None:
+        connection, self._connection, self._open_channel = self._connection, None, None
+        if connection is not None and connection.is_open:
+            try:
                 connection.close()
+            except CONNECTION_ERRORS:
+                pass  # closing what is already going
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
 
     def _scan(self, channel: Any, visit: Callable[[DeadLetter, int], bool], limit: int) -> None:
         """basic_get up to ``limit`` messages, calling ``visit(letter, tag)`` on each until it

@@ -104,9 +104,14 @@ class MasterConsumer(Consumer):
                 return False
             if claim is Claim.DONE:
                 # a copy sent again (a lost confirm, a retried send) gets the first one's
-                # answer
-                self.answer(delivery, envelope, self.processed.reply_of(envelope.id)
-                            or {"ok": True, "result": None, "duplicate": True})
+                # answer. A record without it was written by the handler's own transaction
+                # while the handler still runs: its answer comes with the claim's release
+                reply = self.processed.reply_of(envelope.id)
+                if reply is None:
+                    if not self.processed.wait_released(envelope.id, 1.0):
+                        continue  # still running: ask again (leadership is checked first)
+                    reply = self.processed.reply_of(envelope.id) or answer_lost(envelope)
+                self.answer(delivery, envelope, reply)
                 delivery.ack()
                 log.info("member %s: MASTER message %s (%s) was already processed; acked",
                          self.member_id, envelope.id, envelope.command)
@@ -165,6 +170,16 @@ class MasterConsumer(Consumer):
 #: the largest answer a MASTER command's handler may return (JSON bytes): it is kept in the
 #: processed record (a znode) for a copy sent again
 MAX_ANSWER = 64 * 1024
+
+
+def answer_lost(envelope: Envelope) -> dict[str, Any]:
+    """The answer to a copy of a command whose first run committed its transaction and then
+    ended without recording an answer (its master died, or the handler failed after the
+    commit): the effect happened once, its answer is gone (never a made-up result)."""
+    return {"ok": False, "error": {
+        "kind": "AnswerLost", "code": "answer-lost", "refused": False,
+        "detail": f"{envelope.command} {envelope.id} ran once (its transaction committed), "
+                  "but the run ended before it recorded an answer"}}
 
 
 def answer_of(result: Any) -> dict[str, Any]:

@@ -112,10 +112,16 @@ from runner.requests import (
 from runner.requests import TaskSearch as TaskSearchRequest
 
 T = TypeVar("T")
+#: a filter's value: one, or any of several
+AnyOf = str | Sequence[str]
 
 __all__ = ["BrokerUnreachable", "Client", "ClientError", "CommandFailed", "CommandRefused",
            "NoAnswer", "RequestFailed", "RequestRefused", "operator"]
 
+
+
+def _listed(value: AnyOf | None) -> str | list[str] | None:
+    return value if value is None or isinstance(value, str) else list(value)
 
 
 def operator() -> str:
@@ -315,24 +321,26 @@ class Client:
         return reply
 
     # -- the web console's lists ------------------------------------------------------------
-    def search(self, *, type: str | None = None, state: str | None = None,
-               owner: str | None = None, ordering_key: str | None = None,
+    def search(self, *, type: AnyOf | None = None, state: AnyOf | None = None,
+               owner: AnyOf | None = None, ordering_key: AnyOf | None = None,
                resource: str | None = None, before: str | None = None,
                limit: int = 50) -> tuple[builtins.list[TaskView], str | None]:
         """A page of tasks matching every filter given, newest first, and the cursor of the
         next (older) page (None: this was the last). ``state``: waiting, running, stopped,
-        finished or skipped. Reads a page, never the whole history."""
-        reply = self.call(TaskSearchRequest, type=type, state=state, owner=owner,
-                          ordering_key=ordering_key, resource=resource, before=before,
-                          limit=limit)
+        finished or skipped. A sequence of values means any of them (``type=("a", "b")``).
+        Reads a page, never the whole history."""
+        reply = self.call(TaskSearchRequest, type=_listed(type), state=_listed(state),
+                          owner=_listed(owner), ordering_key=_listed(ordering_key),
+                          resource=resource, before=before, limit=limit)
         return [TaskView.model_validate(t) for t in reply["tasks"]], reply["next"]
 
-    def task_counts(self, *, type: str | None = None, owner: str | None = None,
-                    ordering_key: str | None = None, resource: str | None = None
+    def task_counts(self, *, type: AnyOf | None = None, owner: AnyOf | None = None,
+                    ordering_key: AnyOf | None = None, resource: str | None = None
                     ) -> dict[str, int]:
-        """How many tasks match the filters in each state."""
-        reply: dict[str, int] = self.call(TaskCounts, type=type, owner=owner,
-                                          ordering_key=ordering_key, resource=resource)
+        """How many tasks match the filters in each state (a sequence: any of its values)."""
+        reply: dict[str, int] = self.call(TaskCounts, type=_listed(type), owner=_listed(owner),
+                                          ordering_key=_listed(ordering_key),
+                                          resource=resource)
         return reply
 
     def streams(self) -> builtins.list[dict[str, Any]]:
@@ -439,6 +447,7 @@ class Client:
 
     def close(self) -> None:
         self._api.close()
+        self._dead.close()
 
     def __enter__(self) -> Client:
         return self

@@ -400,7 +400,8 @@ class RequestRefused(RequestFailed):
 
 class CommandFailed(RequestFailed):
     """A MASTER command's handler failed (out of retries: ``code`` ``retries-exhausted``; its
-    answer could not be carried: ``answer-invalid``); ``detail`` is the handler's message."""
+    answer could not be carried: ``answer-invalid``; it committed its transaction and ended
+    before recording an answer: ``answer-lost``); ``detail`` is the handler's message."""
 
     error_code = "command_failed"
 

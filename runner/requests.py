@@ -265,11 +265,18 @@ class StreamRead(Request):
 TaskState = Literal["waiting", "running", "stopped", "finished", "skipped"]
 
 
+Name = Annotated[str, Field(min_length=1)]
+#: one value, or any of several (at most 20)
+FilterValue = Name | Annotated[list[Name], Field(min_length=1, max_length=20)]
+
+
 class TaskFilterFields(Request):
-    type: str | None = Field(default=None, min_length=1)
-    owner: str | None = Field(default=None, min_length=1)
-    ordering_key: str | None = Field(default=None, min_length=1)
-    resource: str | None = Field(default=None, min_length=1)
+    """Filters, each an equality on an index; a list means any of its values."""
+
+    type: FilterValue | None = None
+    owner: FilterValue | None = None
+    ordering_key: FilterValue | None = None
+    resource: Name | None = None
 
 
 class TaskSearch(TaskFilterFields):
@@ -277,7 +284,7 @@ class TaskSearch(TaskFilterFields):
     cursor of the previous page."""
 
     command = "task.search"
-    state: TaskState | None = None
+    state: TaskState | Annotated[list[TaskState], Field(min_length=1, max_length=5)] | None = None
     before: str | None = Field(default=None, max_length=200)
     limit: int = Field(default=50, ge=1, le=200)
 

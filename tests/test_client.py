@@ -10,12 +10,14 @@ import sys
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from coord import LifecycleError
 from coord.testing import free_ports
 from messaging.testing.plugin import AmqpNamespace
+from messaging.testing.rabbitmq import RabbitMQServer
 from runner.client import Client
 from runner.errors import BrokerUnreachable, NoAnswer, RequestFailed, RequestRefused
 from runner.testing.cluster import CLUSTER, Cluster
@@ -168,8 +170,29 @@ def test_dead_letters_are_listed_shown_and_replayed_with_their_ids(cluster: Clus
             missing = cluster.cli("dlq", "replay", "no-such-id")
             assert missing.exit_code == 1 and "no dead-lettered message no-such-id" in \
                 missing.output
+
+            # the client keeps its dead-letter connection; one the broker closed meanwhile is
+            # opened again before use, not reported as an error
+            kept = client._dead._connection
+            assert client.dead_letter_count() == 1 and client._dead._connection is kept
+            assert isinstance(cluster.amqp.server, RabbitMQServer)
+            cluster.amqp.server.ctl("close_all_connections", "--vhost", cluster.amqp.vhost,
+                                    "test: the broker closes every connection")
+            assert wait_until(lambda: not kept.is_open or _serviced(kept), 10, 0.1)
+            assert client.dead_letter_count() == 1 and client._dead._connection is not kept
     finally:
         publisher.close()
+
+
+def _serviced(connection: Any) -> bool:
+    """Let a pika connection read what the broker sent (a close); False while it is open."""
+    from messaging.connection import CONNECTION_ERRORS
+    try:
+        if connection.is_open:
+            connection.process_data_events(time_limit=0)
+    except CONNECTION_ERRORS:
+        return True
+    return not connection.is_open
 
 
 def test_progress_reported_by_a_handler_shows_in_list_and_show(cluster: Cluster) -> None:

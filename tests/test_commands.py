@@ -58,6 +58,8 @@ BILLING = '''
     class Reindex(BaseModel):
         account: str
         hold: float = 0.0
+        after: float = 0.0  # work after the transaction, before the answer
+        fail_after: bool = False  # fail after the transaction
 
 
     @task("billing.sync")
@@ -79,6 +81,9 @@ BILLING = '''
         txn.create(f"/billing/done/{ctx.message_id}", ctx.member_id.encode())
         txn.commit()
         client.set(run, f"{ctx.member_id} done".encode())
+        time.sleep(payload.after)
+        if payload.fail_after:
+            raise RuntimeError("failed after its transaction")
         return {"account": payload.account, "by": ctx.member_id,
                 "redelivered": ctx.redelivered}
 
@@ -196,7 +201,8 @@ def test_a_users_command_broadcast_and_stream_on_three_nodes(
     assert (flush["kind"], flush["on_reconnect"]) == ("broadcast", True)
     assert declared["SYNCHRONIZE_MODEL"]["builtin"] and declared["TRIGGER_SCAN"]["builtin"]
     text = cluster.cli("command", "list").output
-    assert "billing.reindex" in text and "payload {account: string, hold: number}" in text
+    assert "billing.reindex" in text and \
+        "payload {account: string, hold: number, after: number, fail_after: boolean}" in text
 
     with cluster.client(timeout=10) as client, \
             Session(zk_namespace.hosts, CLUSTER, timeout=4.0) as zk:
@@ -278,6 +284,39 @@ def test_a_users_command_broadcast_and_stream_on_three_nodes(
                            'result="ok"}'):
                     ran += value
         assert (handled, ran) == (2.0, 2.0)  # the killed master's run was never handled
+
+
+def test_a_copy_sent_again_gets_the_first_runs_answer_never_a_made_up_one(
+        cluster: Cluster, zk_namespace: ZkNamespace) -> None:
+    """Issue 40: the handler commits its transaction (which writes the processed record) and
+    works 1.5 s more before it returns its answer. The copy sent with the same id finds the
+    record while the first run still holds its claim: it waits for the answer (one run) and
+    both senders get the same answer, never ``null``."""
+    cluster.start_node()
+    with Session(zk_namespace.hosts, CLUSTER, timeout=4.0) as zk:
+        for account in ("one", "two"):
+            message_id = str(uuid.uuid4())
+            both: list[Any] = []
+            payload = {"account": account, "after": 1.5}
+            senders = [threading.Thread(target=lambda answers=both, p=payload, m=message_id:
+                                        answers.append(cluster_command(
+                                            cluster, "billing.reindex", p, m, 30)))
+                       for _ in range(2)]
+            for thread in senders:
+                thread.start()
+                time.sleep(0.2)  # the second is sent while the first is handled
+            for thread in senders:
+                thread.join(60)
+            assert len(both) == 2, both
+            assert both[0] == both[1] and both[0]["account"] == account, both
+            assert [r.endswith("done") for r in runs_of(zk, message_id)] == [True]
+        # the first run committed and failed: its retry finds the effect done and no answer
+        message_id = str(uuid.uuid4())
+        with pytest.raises(CommandFailed) as lost:
+            cluster_command(cluster, "billing.reindex", {"account": "x", "fail_after": True},
+                            message_id, 30)
+        assert lost.value.code == "answer-lost" and "ran once" in lost.value.detail
+        assert [r.endswith("done") for r in runs_of(zk, message_id)] == [True]
 
 
 def cluster_command(cluster: Cluster, name: str, payload: dict[str, Any], message_id: str,

@@ -762,6 +762,12 @@ def test_search_pages_newest_first_by_filters_and_counts_per_state(
     assert walk(TaskFilter(resource="printer"), 3) == [
         t.id for t in reversed(made) if t.resources == ("printer",)]
     assert walk(TaskFilter(type="kind.a", resource="nothing"), 5) == []
+    # several values: any of them, still one index lookup
+    assert walk(TaskFilter(type=("kind.a", "kind.b")), 7) == newest_first
+    assert walk(TaskFilter(state=("running", "stopped")), 2) == [
+        claimed.id, stopped.id, second.id]
+    assert walk(TaskFilter(owner=("m1", "m2"), type=("kind.b", "kind.c")), 5) == [
+        i for i in (claimed.id, second.id) if store.tasks.get(i).type == "kind.b"]
     assert store.search.counts(TaskFilter()) == {
         "waiting": 19, "running": 2, "stopped": 1, "finished": 0, "skipped": 1}
     assert store.search.counts(TaskFilter(type="kind.b", state="running")) == {
@@ -770,3 +776,5 @@ def test_search_pages_newest_first_by_filters_and_counts_per_state(
         store.search.page(TaskFilter(), "not a cursor", 5)
     with pytest.raises(InvalidValue):
         TaskFilter(state="lost")
+    with pytest.raises(InvalidValue):
+        TaskFilter(state=("running", "lost"))

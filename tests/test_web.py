@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import base64
 import re
+import urllib.request
 
 import pytest
 from pydantic import SecretStr
 from starlette.testclient import TestClient
 
 from coord.testing import wait_until
+from messaging.testing.plugin import AmqpNamespace
+from messaging.testing.rabbitmq import RabbitMQServer
 from runner.errors import ConfigError
 from runner.testing.cluster import Cluster
 from runner.web.app import create_app
@@ -48,6 +51,17 @@ def test_every_page_answers_from_the_cluster(cluster: Cluster) -> None:
         assert failed.id in stopped.text and done.id not in stopped.text
         by_type = web.get("/tasks", params={"q": "type:diag.sleep state:finished"})
         assert done.id in by_type.text and failed.id not in by_type.text
+        # a key given twice: any of its values (issue 40: the first was dropped silently)
+        either = web.get("/tasks", params={"q": "type:diag.sleep type:diag.fail"})
+        assert either.status_code == 200
+        assert done.id in either.text and failed.id in either.text
+        neither = web.get("/tasks", params={"q": "state:stopped state:finished type:diag.fail"})
+        assert failed.id in neither.text and done.id not in neither.text
+        both = web.get("/tasks/counts", params={"q": "type:diag.fail type:diag.sleep"})
+        assert re.search(r'id="count-stopped">1<', both.text), both.text
+        assert re.search(r'id="count-finished">1<', both.text), both.text
+        two = web.get("/tasks", params={"q": "resource:a resource:b"})
+        assert two.status_code == 400 and "resource: give one" in two.text
         counts = web.get("/tasks/counts", params={"q": "type:diag.fail"})
         assert re.search(r'id="count-stopped">1<', counts.text), counts.text
         assert re.search(r'id="count-finished">0<', counts.text)
@@ -137,8 +151,13 @@ def test_the_console_refuses_to_be_exposed_without_credentials() -> None:
 
 def test_the_query_box() -> None:
     query = parse_query("type:billing.sync state:stopped owner:h:1:ab key:acct-7 resource:p")
-    assert query.filters == {"type": "billing.sync", "state": "stopped", "owner": "h:1:ab",
-                             "ordering_key": "acct-7", "resource": "p"}
+    assert query.filters == {"type": ("billing.sync",), "state": ("stopped",),
+                             "owner": ("h:1:ab",), "ordering_key": ("acct-7",)}
+    assert query.resource == "p"
+    twice = parse_query("type:a type:b state:waiting type:a state:stopped")
+    assert twice.filters == {"type": ("a", "b"), "state": ("waiting", "stopped")}
+    with pytest.raises(QueryError, match="resource: give one"):
+        parse_query("resource:p resource:q")
     with pytest.raises(QueryError, match="state:lost"):
         parse_query("state:lost")
     with pytest.raises(QueryError, match="neither key:value nor a task id"):
@@ -151,3 +170,38 @@ def test_latchwork_web_refuses_an_exposed_bind_in_one_line(cluster: Cluster) -> 
         assert run.exit_code == 2, run.output
         lines = run.output.strip().splitlines()
         assert len(lines) == 1 and "credentials" in lines[0], run.output
+
+
+def test_latchwork_web_keeps_its_connections_logs_what_matters_and_exits_0(
+        cluster: Cluster, amqp_vhost: AmqpNamespace) -> None:
+    """Issue 40: the cluster page's live part asked for the dead-letter count every 2 s, each
+    over a new AMQP connection (26 a minute, 358 of 360 log lines pika's); SIGTERM ended the
+    console with 143. Now: a kept connection (the broker sees a handful from the console, not
+    one per refresh), no pika line, an access line per page but none per successful refresh,
+    and exit 0 on SIGTERM."""
+    cluster.start_node()
+    url, web = cluster.start_web()
+    for _ in range(3):
+        assert urllib.request.urlopen(f"{url}/cluster", timeout=10).status == 200
+    for _ in range(20):
+        assert urllib.request.urlopen(f"{url}/cluster/live", timeout=10).status == 200
+    assert web.terminate() == 0
+
+    def console_connections() -> tuple[int, int]:
+        """(opened, closed) connections of the console, as the broker logs them (it writes
+        its log a moment later: read until every one opened is seen closed)."""
+        assert isinstance(amqp_vhost.server, RabbitMQServer)
+        text = amqp_vhost.server.broker_log.read_text(errors="replace")
+        lines = [line for line in text.splitlines() if amqp_vhost.vhost in line]
+        return (sum("- latchwork web)" in line and "granted access" in line for line in lines),
+                sum("- latchwork web," in line and "closing AMQP" in line for line in lines))
+    assert wait_until(lambda: console_connections()[0] == console_connections()[1] > 0, 20,
+                      0.2), console_connections()
+    opened, _ = console_connections()
+    assert opened <= 6, opened  # before: 26, one per dead-letter count
+    log = web.log_path.read_text(errors="replace").splitlines()
+    assert not [line for line in log if " pika" in line], log
+    pages = [line for line in log if '"GET /cluster HTTP/1.1" 200' in line]
+    assert len(pages) == 3, log
+    assert not [line for line in log if "/cluster/live" in line], log
+    assert log[-1].endswith("latchwork web stopped"), log

@@ -13,14 +13,12 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import urllib.request
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from coord.testing import free_ports, wait_until
 from runner.testing.cluster import Cluster
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -32,18 +30,7 @@ FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
 
 
 def start_web(cluster: Cluster, *args: str, **env: str) -> str:
-    (port,) = free_ports(1)
-    cluster.spawn(["-m", "runner.cli", "web", "--port", str(port), *args], name="web",
-                  env={**cluster.env, **env}, ready_prefix="latchwork web")
-    url = f"http://127.0.0.1:{port}"
-
-    def answers() -> bool:
-        try:
-            with urllib.request.urlopen(f"{url}/static/style.css", timeout=2) as r:
-                return bool(r.status == 200)
-        except OSError:
-            return False
-    assert wait_until(answers, 30, 0.1)
+    url, _ = cluster.start_web(*args, **env)
     return url
 
 

@@ -148,6 +148,12 @@ class RabbitMQServer(BrokerControl):
         return self.directory / "log" / "console.log"
 
     @property
+    def broker_log(self) -> Path:
+        """The broker's own log (``RABBITMQ_LOGS``): every connection opened and closed, with
+        the client's name and vhost; written a moment after the event."""
+        return self.directory / "log" / "rabbit.log"
+
+    @property
     def scheme(self) -> str:
         return "amqp" if self.tls is None else "amqps"
 
@@ -179,7 +185,7 @@ class RabbitMQServer(BrokerControl):
             "ERL_EPMD_ADDRESS": LOOPBACK,
             "RABBITMQ_MNESIA_BASE": str(d / "mnesia"),
             "RABBITMQ_LOG_BASE": str(d / "log"),
-            "RABBITMQ_LOGS": str(d / "log" / "rabbit.log"),
+            "RABBITMQ_LOGS": str(self.broker_log),
             "RABBITMQ_CONFIG_FILE": str(d / "rabbitmq.conf"),
             "RABBITMQ_ADVANCED_CONFIG_FILE": str(d / "advanced.config"),
             "RABBITMQ_CONF_ENV_FILE": str(d / "rabbitmq-env.conf"),

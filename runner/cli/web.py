@@ -9,11 +9,13 @@ It reads the same settings as every client command and talks to the cluster thro
 from __future__ import annotations
 
 import logging
-import sys
+import signal
 from pathlib import Path
+from types import FrameType
 
 import click
 
+from runner import logs
 from runner.cli.client import config_option
 from runner.cli.root import cli, fail
 from runner.config import Settings
@@ -30,20 +32,25 @@ from runner.errors import ConfigError
                    "and schedule pause/resume (needs credentials; CSRF-protected)")
 @click.option("--timeout", type=click.FloatRange(0.1, 600), default=10.0, show_default=True,
               help="seconds to wait for a node's answer per request")
+@click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]),
+              default="INFO", show_default=True,
+              help="INFO: one access line per request (the 2-second live refreshes that "
+                   "succeed only at DEBUG) and errors; DEBUG adds pika's connection lines")
 @config_option
-def web(host: str, port: int, allow_actions: bool, timeout: float,
+def web(host: str, port: int, allow_actions: bool, timeout: float, log_level: str,
         config: Path | None) -> None:
     """Serve the web console: the cluster, its tasks and every attempt, live in a browser.
 
-    Pages: /cluster, /tasks (query box: type:X state:Y owner:M key:K resource:R), /tasks/ID
-    (the attempts on a timeline), /schedules, /streams, /dead-letters, /types. Running tasks
-    and the cluster view refresh every 2 seconds without a reload.
+    Pages: /cluster, /tasks (query box: type:X state:Y owner:M key:K resource:R; a key given
+    twice means any of its values), /tasks/ID (the attempts on a timeline), /schedules,
+    /streams, /dead-letters, /types. Running tasks and the cluster view refresh every 2
+    seconds without a reload. SIGTERM or Ctrl-C: finishes the requests in flight and exits 0.
     """
     try:
         import uvicorn
 
         from runner.client import Client
-        from runner.web.app import create_app
+        from runner.web.app import QuietRefreshes, create_app
         from runner.web.security import Credentials, check_bind, is_loopback
     except ImportError as exc:
         raise fail(f"the web console needs its extra: pip install 'latchwork[web]' ({exc})",
@@ -60,8 +67,21 @@ def web(host: str, port: int, allow_actions: bool, timeout: float,
 
     app = create_app(connect, credentials, allow_actions=allow_actions,
                      pages_need_auth=credentials.configured and not is_loopback(host))
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(log_level)
+    if log_level != "DEBUG":
+        logging.getLogger("pika").setLevel(logging.WARNING)
+        logging.getLogger("uvicorn.access").addFilter(QuietRefreshes())
+    # uvicorn re-raises a SIGTERM after its graceful shutdown (exit 143, which a supervisor
+    # reads as a crash): this handler turns it, and one before uvicorn started, into exit 0
+    signal.signal(signal.SIGTERM, _stopped)
     mode = "actions allowed" if allow_actions else "read-only"
     click.echo(f"latchwork web on http://{host}:{port}/ ({mode}, cluster {settings.cluster})")
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    try:
+        uvicorn.run(app, host=host, port=port, log_config=None, access_log=True,
+                    log_level=log_level.lower())
+    finally:
+        logging.getLogger("latchwork.web").info("latchwork web stopped")
+
+
+def _stopped(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(0)

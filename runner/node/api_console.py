@@ -6,6 +6,7 @@ streams with their state (``stream.list``). Each reads a page or a count, never 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from coord import Session, VersionedRegister
@@ -27,9 +28,14 @@ class ConsoleHost(Protocol):
     def store(self) -> GraphStore: ...
 
 
-def _filter(req: TaskSearch | TaskCounts, state: str | None = None) -> TaskFilter:
-    return TaskFilter(type=req.type, state=state, owner=req.owner,
-                      ordering_key=req.ordering_key, resource=req.resource)
+def _filter(req: TaskSearch | TaskCounts,
+            state: str | Sequence[str] | None = None) -> TaskFilter:
+    return TaskFilter(type=_any(req.type), state=_any(state), owner=_any(req.owner),
+                      ordering_key=_any(req.ordering_key), resource=req.resource)
+
+
+def _any(value: str | Sequence[str] | None) -> str | tuple[str, ...] | None:
+    return value if value is None or isinstance(value, str) else tuple(value)
 
 
 class ConsoleApi:

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import ssl
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +54,7 @@ class Cluster:
                     "LATCHWORK_REAP_INTERVAL": "0.5", "LATCHWORK_WORKERS": "2",
                     "LATCHWORK_SHUTDOWN_TIMEOUT": "10", "COLUMNS": "200",
                     **{f"LATCHWORK_{k.upper()}": v for k, v in settings.items()}}
+        self.amqp = amqp
         self.spawn = spawn
         self.nodes: dict[str, NodeProcess] = {}
         self.store: GraphStore = (open_store(self.graph, atomicity=SERIAL) if self.remote
@@ -95,6 +98,29 @@ class Cluster:
         with self.client() as client:
             return client.submit(task_type, payload, priority=priority,
                                  unique_key=unique_key).id
+
+    def start_web(self, *args: str, scheme: str = "http", cafile: str | None = None,
+                  **env: str) -> tuple[str, NodeProcess]:
+        """Start ``latchwork web ARGS`` on a free port; its base URL once a static file
+        answers (over TLS checked against ``cafile`` for ``https``), and its process."""
+        from coord.testing import free_ports
+
+        (port,) = free_ports(1)
+        web = self.spawn(["-m", "runner.cli", "web", "--port", str(port), *args],
+                         name=f"web{port}", env={**self.env, **env},
+                         ready_prefix="latchwork web")
+        url = f"{scheme}://127.0.0.1:{port}"
+        context = ssl.create_default_context(cafile=cafile) if scheme == "https" else None
+
+        def answers() -> bool:
+            try:
+                with urllib.request.urlopen(f"{url}/static/style.css", timeout=2,
+                                            context=context) as r:
+                    return bool(r.status == 200)
+            except OSError:
+                return False
+        assert wait_until(answers, 30, 0.1), web.stderr_tail()
+        return url, web
 
     def task(self, task_id: str) -> Task:
         return self.store.tasks.get(task_id)

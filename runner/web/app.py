@@ -13,6 +13,7 @@ naming the cause; the console itself keeps running and the next request tries ag
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
@@ -44,6 +45,22 @@ from runner.web.views import (
 
 HERE = Path(__file__).parent
 LIVE_EVERY = "every 2s"  # what is active refreshes this often, the rest never
+#: the live fragments the pages poll (every 2 s while a page is open)
+REFRESHES = ("/live", "/tasks/running")
+
+
+class QuietRefreshes(logging.Filter):
+    """Drops the access lines of live refreshes that succeeded (uvicorn's access record:
+    client, method, path, HTTP version, status), so the log shows what people asked for and
+    what failed, not 30 polls a minute per open page."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) == 5:
+            path, status = str(args[2]).split("?", 1)[0], args[4]
+            if path.endswith(REFRESHES) and isinstance(status, int) and status < 400:
+                return False
+        return True
 
 
 class Console:
@@ -137,10 +154,10 @@ def tasks_page(request: Request) -> Response:
                         next=None, before=None)
     if query.task_id is not None:
         return RedirectResponse(f"/tasks/{query.task_id}", status_code=303)
-    f = query.filters
     tasks, following = c.call(request, lambda cl: cl.search(
-        before=before, type=f.get("type"), state=f.get("state"), owner=f.get("owner"),
-        ordering_key=f.get("ordering_key"), resource=f.get("resource")))
+        before=before, type=query.get("type"), state=query.get("state"),
+        owner=query.get("owner"), ordering_key=query.get("ordering_key"),
+        resource=query.resource))
     return c.render(request, "tasks.html", q=text, error=None, tasks=tasks, next=following,
                     before=before)
 
@@ -152,13 +169,12 @@ def task_counts(request: Request) -> Response:
         query = parse_query(text)
     except QueryError as exc:
         raise HTTPException(400, str(exc)) from exc
-    f = query.filters
     counts = c.call(request, lambda cl: cl.task_counts(
-        type=f.get("type"), owner=f.get("owner"), ordering_key=f.get("ordering_key"),
-        resource=f.get("resource")))
+        type=query.get("type"), owner=query.get("owner"),
+        ordering_key=query.get("ordering_key"), resource=query.resource))
     base = " ".join(t for t in text.split() if not t.startswith("state:"))
     return c.render(request, "counts.html", counts=counts, base=base,
-                    selected=query.filters.get("state"))
+                    selected=query.get("state") or ())
 
 
 def running_live(request: Request) -> Response:

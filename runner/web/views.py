@@ -4,6 +4,8 @@ attempt timeline, ages and durations. Pure functions; no I/O.
 The query box, in the style of Flower's: space-separated ``key:value`` terms, each a filter
 the node answers from an index (``type:billing.sync state:stopped owner:<member>
 key:<ordering key> resource:<name>``); a term without a key that is a task id opens that task.
+A key given twice means any of its values (``type:a type:b``: a task of either type), except
+``resource`` (one per query: each resource is an index of its own), which says so.
 """
 
 from __future__ import annotations
@@ -31,8 +33,13 @@ QueryError = WebQueryInvalid
 
 @dataclass
 class Query:
-    filters: dict[str, str] = field(default_factory=dict)
+    #: the client's filter argument -> its values (any of them)
+    filters: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    resource: str | None = None  # one at most
     task_id: str | None = None
+
+    def get(self, key: str) -> tuple[str, ...] | None:
+        return self.filters.get(key)
 
 
 def parse_query(text: str) -> Query:
@@ -54,7 +61,14 @@ def parse_query(text: str) -> Query:
             raise QueryError(f"{key}: needs a value")
         if key == "state" and value not in STATES:
             raise QueryError(f"state:{value}: one of {', '.join(STATES)}")
-        query.filters[KEYS[key]] = value
+        if key == "resource":
+            if query.resource is not None and query.resource != value:
+                raise QueryError("resource: give one (each resource is an index of its own, "
+                                 "so a list is asked for one resource at a time)")
+            query.resource = value
+            continue
+        had = query.filters.get(KEYS[key], ())
+        query.filters[KEYS[key]] = tuple(dict.fromkeys((*had, value)))  # any of them
     return query
 
 

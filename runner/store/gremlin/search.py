@@ -24,7 +24,7 @@ that does not parse is :class:`~runner.errors.InvalidValue` (refused).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -65,30 +65,46 @@ def time_digits(created: str) -> str:
     return "".join(ch for ch in created if ch.isdigit())
 
 
+#: a filter's value: one, or any of several (``P.within``: still one index lookup)
+OneOrMore = str | tuple[str, ...]
+
+
 @dataclass(frozen=True)
 class TaskFilter:
-    """What a task list asks for; None: any."""
+    """What a task list asks for; None: any. ``type``, ``state``, ``owner`` and
+    ``ordering_key`` take several values, meaning any of them; a resource is one (each
+    resource is a property of its own: "any of" would be one lookup per name)."""
 
-    type: str | None = None
-    state: str | None = None  # one of LIST_STATES
-    owner: str | None = None
-    ordering_key: str | None = None
+    type: OneOrMore | None = None
+    state: OneOrMore | None = None  # of LIST_STATES
+    owner: OneOrMore | None = None
+    ordering_key: OneOrMore | None = None
     resource: str | None = None
 
     def __post_init__(self) -> None:
-        if self.state is not None and self.state not in LIST_STATES:
-            raise InvalidValue(f"unknown task state {self.state!r} (one of "
-                               f"{', '.join(LIST_STATES)})")
+        for state in _values(self.state):
+            if state not in LIST_STATES:
+                raise InvalidValue(f"unknown task state {state!r} (one of "
+                                   f"{', '.join(LIST_STATES)})")
 
-    def equalities(self) -> list[tuple[str, str]]:
-        found = []
+    def equalities(self) -> list[tuple[str, Any]]:
+        found: list[tuple[str, Any]] = []
         for key, value in (("task_type", self.type), ("task_list", self.state),
                            ("task_owner", self.owner), ("task_okey", self.ordering_key)):
-            if value is not None:
-                found.append((key, value))
+            values = _values(value)
+            if len(values) == 1:
+                found.append((key, values[0]))
+            elif values:
+                found.append((key, P.within(list(values))))
         if self.resource is not None:
             found.append((resource_key(self.resource), "1"))
         return found
+
+
+def _values(value: OneOrMore | None) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    return (value,) if isinstance(value, str) else tuple(dict.fromkeys(value))
 
 
 @dataclass(frozen=True)
@@ -205,6 +221,3 @@ class GremlinTaskSearch:
         return {state: self._count(base, "task_list", state, COUNT_CAP)
                 for state in LIST_STATES}
 
-
-def filter_of(fields: Mapping[str, str | None]) -> TaskFilter:
-    return TaskFilter(**{k: v for k, v in fields.items() if v is not None})
