@@ -162,6 +162,18 @@ class Settings(BaseSettings):
         None, description="password of the web console's basic authentication")
     web_token: SecretStr | None = Field(
         None, description="bearer token the web console accepts (Authorization: Bearer ...)")
+    web_tls_cert: Path | None = Field(
+        None, description="PEM certificate (chain) the web console serves TLS with "
+                          "(with web_tls_key)")
+    web_tls_key: Path | None = Field(None, description="PEM private key of web_tls_cert")
+    web_behind_proxy: bool = Field(
+        False, description="the web console sits behind a TLS-terminating proxy: it may "
+                           "listen beyond loopback without TLS of its own, and honours "
+                           "X-Forwarded-Proto/-For from web_proxies only")
+    web_proxies: list[str] = Field(
+        default_factory=lambda: ["127.0.0.1"],
+        description="addresses (or networks) of the proxies whose X-Forwarded-* headers the "
+                    "web console honours with web_behind_proxy (JSON list in the environment)")
     concurrency: dict[str, Annotated[int, Field(ge=0)]] = Field(
         default_factory=dict,
         description="cluster-wide limits per task type or group of types: a group is a "

@@ -33,6 +33,7 @@ The tree (``tests/test_layout.py`` checks that it equals the classes and codes b
     ├── WebQueryInvalid             web_query_invalid         refused
     ├── StoreError                  store_error
     │   ├── StoreUnavailable        store_unavailable
+    │   │   └── StoreFull           store_full
     │   ├── GraphNotTransactional   graph_not_transactional
     │   ├── TaskNotFound            task_not_found
     │   │   └── TaskArchived        task_archived
@@ -202,6 +203,18 @@ class StoreUnavailable(StoreError):
     """The graph backend could not be reached, or stayed locked past the deadline."""
 
     error_code = "store_unavailable"
+
+
+class StoreFull(StoreUnavailable):
+    """The embedded graph's file cannot be written: its disk is full, or the file or volume
+    is read-only or failing. Writes are refused (a submit answers ``store_full``; work
+    already accepted waits and retries) until space is freed. Each node's graph reports it in
+    one warning line a minute (``reported``: the lines that would repeat it per write leave it
+    out, :class:`runner.logs.ReportedElsewhere`)."""
+
+    error_code = "store_full"
+    #: the graph's storage alarm logs it once a minute: other log lines need not
+    reported: ClassVar[bool] = True
 
 
 class GraphNotTransactional(StoreError):

@@ -68,6 +68,24 @@ class ContextFilter(logging.Filter):
         return True
 
 
+class ReportedElsewhere(logging.Filter):
+    """Leaves out what is reported elsewhere already: a record about an exception whose class
+    says ``reported = True`` (a full graph: :class:`~runner.errors.StoreFull`, which the
+    graph's storage alarm says once a minute) is dropped below ERROR, and an ERROR keeps its
+    line but not the traceback. So a full disk is one warning a minute, not a line per
+    refused write."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        args = record.args if isinstance(record.args, tuple) else ()
+        if not any(getattr(v, "reported", False) is True for v in (exc, *args)):
+            return True
+        if record.levelno < logging.ERROR:
+            return False
+        record.exc_info, record.exc_text = None, None
+        return True
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: time, level, logger, message, member, task, attempt, the
     event's stable name and fields when the record is one of :data:`EVENTS`, and the
@@ -95,6 +113,7 @@ def configure(level: str = "INFO", fmt: str = "text", file: Path | None = None) 
     handler: logging.Handler = (logging.FileHandler(file, encoding="utf-8") if file is not None
                                 else logging.StreamHandler())
     handler.addFilter(ContextFilter())
+    handler.addFilter(ReportedElsewhere())
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
     root = logging.getLogger()
     for old in list(root.handlers):

@@ -6,19 +6,24 @@ from __future__ import annotations
 
 import base64
 import re
+import ssl
+import urllib.error
 import urllib.request
+from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import SecretStr
 from starlette.testclient import TestClient
 
 from coord.testing import wait_until
+from coord.testing.tls import Pki
 from messaging.testing.plugin import AmqpNamespace
 from messaging.testing.rabbitmq import RabbitMQServer
 from runner.errors import ConfigError
 from runner.testing.cluster import Cluster
 from runner.web.app import create_app
-from runner.web.security import Credentials, check_bind
+from runner.web.security import Credentials, Transport, check_bind
 from runner.web.views import QueryError, parse_query
 
 CREDENTIALS = Credentials("ops", SecretStr("s3cret-pass"), SecretStr("t0ken-abc"))
@@ -139,13 +144,27 @@ def test_actions_need_credentials_and_a_csrf_token(cluster: Cluster) -> None:
         assert report.attempts[-1].status == "CANCELLED"
 
 
-def test_the_console_refuses_to_be_exposed_without_credentials() -> None:
+def test_the_console_refuses_to_be_exposed_without_credentials_or_tls(tmp_path: Path) -> None:
+    pki = Pki.create(tmp_path / "pki")
+    tls = Transport(pki.server_cert, pki.server_key)
     with pytest.raises(ConfigError, match=r"refuses to listen on 0\.0\.0\.0"):
-        check_bind("0.0.0.0", Credentials(), False)
+        check_bind("0.0.0.0", Credentials(), False, tls)
     with pytest.raises(ConfigError, match="--allow-actions needs credentials"):
         check_bind("127.0.0.1", Credentials(), True)
-    check_bind("0.0.0.0", CREDENTIALS, True)
+    # credentials beyond loopback: only over TLS, or behind a TLS-terminating proxy
+    with pytest.raises(ConfigError, match=r"refuses to serve credentials in clear on 0\.0\.0"):
+        check_bind("0.0.0.0", CREDENTIALS, True)
+    check_bind("0.0.0.0", CREDENTIALS, True, tls)
+    check_bind("0.0.0.0", CREDENTIALS, True, Transport(behind_proxy=True))
     check_bind("127.0.0.1", Credentials(), False)
+    check_bind("127.0.0.1", CREDENTIALS, True)  # loopback: the path is this machine
+    with pytest.raises(ConfigError, match="go together"):
+        check_bind("127.0.0.1", CREDENTIALS, True, Transport(pki.server_cert))
+    with pytest.raises(ConfigError, match="cannot use the TLS certificate"):
+        check_bind("127.0.0.1", CREDENTIALS, True, Transport(pki.server_cert, pki.client_key))
+    with pytest.raises(ConfigError, match="not an address"):
+        check_bind("0.0.0.0", CREDENTIALS, True,
+                   Transport(behind_proxy=True, proxies=("proxy.example",)))
     assert repr(CREDENTIALS).count("s3cret") == 0  # a SecretStr never shows
 
 
@@ -170,6 +189,69 @@ def test_latchwork_web_refuses_an_exposed_bind_in_one_line(cluster: Cluster) -> 
         assert run.exit_code == 2, run.output
         lines = run.output.strip().splitlines()
         assert len(lines) == 1 and "credentials" in lines[0], run.output
+    cluster.env.update(LATCHWORK_WEB_USERNAME="ops", LATCHWORK_WEB_PASSWORD="s3cret-pass")
+    run = cluster.cli("web", "--port", "0", "--host", "0.0.0.0", timeout=60)
+    assert run.exit_code == 2, run.output
+    (line,) = run.output.strip().splitlines()
+    assert "in clear on 0.0.0.0" in line and "--tls-cert" in line and "--behind-proxy" in line
+
+
+AUTH = {"Authorization": BASIC}
+CREDENTIAL_ENV = {"LATCHWORK_WEB_USERNAME": "ops", "LATCHWORK_WEB_PASSWORD": "s3cret-pass"}
+
+
+def _get(url: str, headers: dict[str, str], context: ssl.SSLContext | None = None
+         ) -> tuple[int, Any]:
+    request = urllib.request.Request(url, headers=headers)
+    with urllib.request.urlopen(request, timeout=10, context=context) as answer:
+        return answer.status, answer.headers
+
+
+def test_over_tls_the_csrf_cookie_is_secure_and_hsts_is_sent(cluster: Cluster,
+                                                                tmp_path: Path) -> None:
+    """Issue 41: ``--tls-cert``/``--tls-key``: the console serves HTTPS itself (checked
+    against the test's CA), every response carries HSTS, and the CSRF cookie is ``Secure``,
+    ``HttpOnly`` and ``SameSite=Strict``; plain HTTP is not served on that port."""
+    pki = Pki.create(tmp_path / "pki")
+    cluster.start_node()
+    url, web = cluster.start_web("--allow-actions", "--tls-cert", str(pki.server_cert),
+                                 "--tls-key", str(pki.server_key), scheme="https",
+                                 cafile=str(pki.ca), **CREDENTIAL_ENV)
+    assert url.startswith("https://") and web.lines[-1].startswith("latchwork web on https://")
+    context = ssl.create_default_context(cafile=str(pki.ca))
+    status, headers = _get(f"{url}/types", AUTH, context)
+    assert status == 200
+    assert headers["strict-transport-security"] == "max-age=31536000"
+    cookie = headers["set-cookie"]
+    assert cookie.startswith("latchwork_csrf=")
+    flags = {part.strip().lower() for part in cookie.split(";")[1:]}
+    assert {"secure", "httponly", "samesite=strict"} <= flags, cookie
+    with pytest.raises(urllib.error.URLError):  # no certificate the system trusts
+        _get(f"{url}/types", AUTH, ssl.create_default_context())
+    with pytest.raises((urllib.error.URLError, ConnectionError)):  # no plain HTTP
+        _get(url.replace("https://", "http://") + "/types", AUTH)
+
+
+def test_behind_a_proxy_forwarded_headers_count_from_its_addresses_only(
+        cluster: Cluster) -> None:
+    """Issue 41: ``--behind-proxy`` honours ``X-Forwarded-Proto``/``-For`` from the listed
+    proxies only: from an address not on the list they are ignored (no HSTS, no Secure
+    cookie, the access line names the real peer); from a listed one they count."""
+    cluster.start_node()
+    forwarded = {**AUTH, "X-Forwarded-Proto": "https", "X-Forwarded-For": "203.0.113.7"}
+    elsewhere, far = cluster.start_web("--allow-actions", "--behind-proxy", "--proxy",
+                                       "192.0.2.10", **CREDENTIAL_ENV)
+    near, local = cluster.start_web("--allow-actions", "--behind-proxy", **CREDENTIAL_ENV)
+    _, ignored = _get(f"{elsewhere}/types", forwarded)
+    assert "strict-transport-security" not in ignored
+    assert "secure" not in ignored["set-cookie"].lower()
+    _, honoured = _get(f"{near}/types", forwarded)
+    assert honoured["strict-transport-security"] == "max-age=31536000"
+    assert "; secure" in honoured["set-cookie"].lower()
+    assert far.terminate() == 0 and local.terminate() == 0
+    far_log, near_log = far.log_path.read_text(), local.log_path.read_text()
+    assert '127.0.0.1:' in far_log and "203.0.113.7" not in far_log, far_log
+    assert '203.0.113.7:0 - "GET /types' in near_log, near_log
 
 
 def test_latchwork_web_keeps_its_connections_logs_what_matters_and_exits_0(

@@ -11,6 +11,8 @@ the README's pictures."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import os
 import shutil
 from collections.abc import Awaitable, Callable
@@ -19,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from coord.testing.tls import Pki
 from runner.testing.cluster import Cluster
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -34,7 +37,21 @@ def start_web(cluster: Cluster, *args: str, **env: str) -> str:
     return url
 
 
-def in_browser(scenario: Callable[[Any], Awaitable[None]]) -> None:
+def trusting(cert: Path) -> list[str]:
+    """Chromium's flag that accepts exactly this certificate (its public key's SHA-256): the
+    test's CA is in no trust store Chromium reads, and no certificate error is waved through
+    for any other."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    key = x509.load_pem_x509_certificate(cert.read_bytes()).public_key()
+    spki = key.public_bytes(serialization.Encoding.DER,
+                            serialization.PublicFormat.SubjectPublicKeyInfo)
+    pin = base64.b64encode(hashlib.sha256(spki).digest()).decode()
+    return [f"--ignore-certificate-errors-spki-list={pin}"]
+
+
+def in_browser(scenario: Callable[[Any], Awaitable[None]], *flags: str) -> None:
     """Run ``scenario(browser)`` with a headless Chromium. Playwright's async API: its sync API
     switches greenlets, which leaves CPython 3.11's compiler recursion counter wrong for the
     rest of the test session ("AST constructor recursion depth mismatch" at the next import)."""
@@ -42,7 +59,8 @@ def in_browser(scenario: Callable[[Any], Awaitable[None]]) -> None:
 
     async def main() -> None:
         async with async_playwright() as p:
-            chromium = await p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+            chromium = await p.chromium.launch(executable_path=CHROMIUM,
+                                               args=[*FLAGS, *flags])
             try:
                 await scenario(chromium)
             finally:
@@ -129,11 +147,16 @@ def test_the_console_in_a_browser(cluster: Cluster) -> None:
     in_browser(scenario)
 
 
-def test_actions_need_the_flag_and_credentials(cluster: Cluster) -> None:
+def test_actions_need_the_flag_and_credentials(cluster: Cluster, tmp_path: Path) -> None:
+    """The acting console serves HTTPS itself (issue 41: credentials never in clear), with a
+    certificate made for the test: the browser gets HSTS and a Secure CSRF cookie."""
+    pki = Pki.create(tmp_path / "pki")
     cluster.start_node()
     read_only = start_web(cluster)
-    acting = start_web(cluster, "--allow-actions", LATCHWORK_WEB_USERNAME="ops",
-                       LATCHWORK_WEB_PASSWORD="s3cret-pass")
+    acting, _ = cluster.start_web("--allow-actions", "--tls-cert", str(pki.server_cert),
+                                  "--tls-key", str(pki.server_key), scheme="https",
+                                  cafile=str(pki.ca), LATCHWORK_WEB_USERNAME="ops",
+                                  LATCHWORK_WEB_PASSWORD="s3cret-pass")
     with cluster.client() as client:
         task = client.submit("diag.sleep", {"seconds": 60})
     cluster.wait_running_on(task.id)
@@ -146,7 +169,12 @@ def test_actions_need_the_flag_and_credentials(cluster: Cluster) -> None:
         assert answer.status in (404, 405)
 
         # with --allow-actions the control is there; without credentials the browser is asked
-        await page.goto(f"{acting}/tasks/{task.id}")
+        opened = await page.goto(f"{acting}/tasks/{task.id}")
+        assert acting.startswith("https://") and opened.status == 200
+        assert opened.headers["strict-transport-security"] == "max-age=31536000"
+        (cookie,) = [c for c in await page.context.cookies() if c["name"] == "latchwork_csrf"]
+        assert (cookie["secure"], cookie["httpOnly"], cookie["sameSite"]) == (
+            True, True, "Strict")
         async with page.expect_response(lambda r: r.url.endswith("/cancel")) as asked:
             await page.click("#action-cancel")
         response = await asked.value
@@ -164,4 +192,4 @@ def test_actions_need_the_flag_and_credentials(cluster: Cluster) -> None:
         assert await authed.inner_text("#state") == "stopped"
         await context.close()
 
-    in_browser(scenario)
+    in_browser(scenario, *trusting(pki.server_cert))

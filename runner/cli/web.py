@@ -3,7 +3,8 @@
 It reads the same settings as every client command and talks to the cluster through
 :class:`runner.client.Client`, so it needs a node running and nothing else. Read-only unless
 ``--allow-actions``; that, or an address beyond loopback, needs credentials in the settings
-(``web_username`` + ``web_password``, or ``web_token``): without them it exits 2 at once.
+(``web_username`` + ``web_password``, or ``web_token``), and an address beyond loopback needs
+TLS (``--tls-cert``/``--tls-key``) or ``--behind-proxy``: without them it exits 2 at once.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from runner.errors import ConfigError
 
 @cli.command("web")
 @click.option("--host", default="127.0.0.1", show_default=True,
-              help="address to listen on (beyond loopback only with credentials configured)")
+              help="address to listen on (beyond loopback only with credentials, and TLS or "
+                   "--behind-proxy)")
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True,
               help="port to listen on")
 @click.option("--allow-actions", is_flag=True,
@@ -36,9 +38,22 @@ from runner.errors import ConfigError
               default="INFO", show_default=True,
               help="INFO: one access line per request (the 2-second live refreshes that "
                    "succeed only at DEBUG) and errors; DEBUG adds pika's connection lines")
+@click.option("--tls-cert", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="serve HTTPS with this PEM certificate (chain); with --tls-key "
+                   "(web_tls_cert); adds HSTS and a Secure CSRF cookie")
+@click.option("--tls-key", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="the certificate's PEM private key (web_tls_key)")
+@click.option("--behind-proxy", is_flag=True, default=None,
+              help="a TLS-terminating proxy fronts the console: plain HTTP beyond loopback is "
+                   "allowed, and X-Forwarded-Proto/-For are honoured from --proxy addresses "
+                   "only (web_behind_proxy)")
+@click.option("--proxy", "proxies", multiple=True, metavar="ADDRESS",
+              help="a proxy's address or network whose forwarded headers count (repeatable; "
+                   "web_proxies, default 127.0.0.1)")
 @config_option
 def web(host: str, port: int, allow_actions: bool, timeout: float, log_level: str,
-        config: Path | None) -> None:
+        tls_cert: Path | None, tls_key: Path | None, behind_proxy: bool | None,
+        proxies: tuple[str, ...], config: Path | None) -> None:
     """Serve the web console: the cluster, its tasks and every attempt, live in a browser.
 
     Pages: /cluster, /tasks (query box: type:X state:Y owner:M key:K resource:R; a key given
@@ -51,14 +66,19 @@ def web(host: str, port: int, allow_actions: bool, timeout: float, log_level: st
 
         from runner.client import Client
         from runner.web.app import QuietRefreshes, create_app
-        from runner.web.security import Credentials, check_bind, is_loopback
+        from runner.web.security import Credentials, Transport, check_bind, is_loopback
     except ImportError as exc:
         raise fail(f"the web console needs its extra: pip install 'latchwork[web]' ({exc})",
                    2) from exc
     try:
         settings = Settings.load(config)
         credentials = Credentials.of(settings)
-        check_bind(host, credentials, allow_actions)
+        given = {"web_tls_cert": tls_cert, "web_tls_key": tls_key,
+                 "web_behind_proxy": behind_proxy, "web_proxies": list(proxies) or None}
+        settings = settings.model_copy(
+            update={k: v for k, v in given.items() if v is not None})
+        transport = Transport.of(settings)
+        check_bind(host, credentials, allow_actions, transport)
     except ConfigError as exc:
         raise fail(str(exc), 2) from exc
 
@@ -75,10 +95,16 @@ def web(host: str, port: int, allow_actions: bool, timeout: float, log_level: st
     # reads as a crash): this handler turns it, and one before uvicorn started, into exit 0
     signal.signal(signal.SIGTERM, _stopped)
     mode = "actions allowed" if allow_actions else "read-only"
-    click.echo(f"latchwork web on http://{host}:{port}/ ({mode}, cluster {settings.cluster})")
+    click.echo(f"latchwork web on {transport.scheme}://{host}:{port}/ ({mode}, cluster "
+               f"{settings.cluster})")
+    tls = {"ssl_certfile": str(transport.cert), "ssl_keyfile": str(transport.key)} \
+        if transport.tls else {}
     try:
+        # forwarded headers only behind a proxy, and only from its addresses (uvicorn trusts
+        # 127.0.0.1's by default: a local client could claim HTTPS or another address)
         uvicorn.run(app, host=host, port=port, log_config=None, access_log=True,
-                    log_level=log_level.lower())
+                    log_level=log_level.lower(), proxy_headers=transport.behind_proxy,
+                    forwarded_allow_ips=list(transport.proxies), **tls)  # type: ignore[arg-type]
     finally:
         logging.getLogger("latchwork.web").info("latchwork web stopped")
 

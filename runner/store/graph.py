@@ -35,7 +35,7 @@ from typing import Any, Protocol, TypeVar
 
 from gremlin_python.process.anonymous_traversal import traversal
 
-from runner.errors import StoreUnavailable
+from runner.errors import StoreFull, StoreUnavailable
 from runner.store.calls import CallStats
 
 log = logging.getLogger("latchwork.store")
@@ -52,6 +52,56 @@ class Graph(Protocol):
     def write(self, fn: Callable[[Any], T]) -> T: ...
 
     def close(self) -> None: ...
+
+
+#: what SQLite says when the file cannot grow or be written: a full disk, a read-only file or
+#: volume, a failing device
+UNWRITABLE = ("database or disk is full", "disk i/o error", "readonly database",
+              "unable to open database file")
+
+
+def _unwritable(path: Path, exc: sqlite3.Error) -> StoreFull | None:
+    text = str(exc).lower()
+    if not any(words in text for words in UNWRITABLE):
+        return None
+    return StoreFull(f"graph file {path}: the disk is full or the file unwritable ({exc}); "
+                     "writes are refused until space is freed")
+
+
+class StorageAlarm:
+    """Says that the graph refuses writes for want of space in one warning line a minute
+    (with how many were refused), not a line per refused write, and once more when a write
+    succeeds again."""
+
+    def __init__(self, path: Path, every: float = 60.0) -> None:
+        self.path = path
+        self.every = every
+        self._lock = threading.Lock()
+        self._refused = 0  # since the last line
+        self._since: float | None = None  # monotonic time of the first refusal of this spell
+        self._said = float("-inf")
+
+    def refused(self, exc: StoreFull) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._refused += 1
+            if self._since is None:
+                self._since = now
+            if now - self._said < self.every:
+                return
+            count, self._refused, self._said = self._refused, 0, now
+        log.warning("%s (%d write(s) refused since the last line; accepted work waits and is "
+                    "retried, new writes answer store_full)", str(exc), count)
+
+    def written(self) -> None:
+        if self._since is None:  # the common case: one read of an attribute
+            return
+        with self._lock:
+            since, self._since, self._said = self._since, None, float("-inf")
+            self._refused = 0
+        if since is not None:
+            log.warning("graph file %s is writable again (after %.0fs)", self.path,
+                        time.monotonic() - since)
 
 
 class _LazyBegin(sqlite3.Connection):
@@ -84,7 +134,8 @@ class _LazyBegin(sqlite3.Connection):
                 return
             except sqlite3.OperationalError as exc:
                 if "locked" not in str(exc) and "busy" not in str(exc):
-                    raise StoreUnavailable(f"graph file {self.file}: {exc}") from exc
+                    raise (_unwritable(self.file, exc)
+                           or StoreUnavailable(f"graph file {self.file}: {exc}")) from exc
                 if time.monotonic() > deadline:
                     raise StoreUnavailable(f"graph file {self.file} stayed locked for "
                                            f"{self.busy_timeout:g}s") from exc
@@ -103,6 +154,7 @@ class EmbeddedGraph:
         self._all: list[Any] = []
         self._lock = threading.Lock()
         self.stats = CallStats()
+        self.alarm = StorageAlarm(self.path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         #: gremlite's tables are all there: no open of this object needs the init lock
         self._initialised = self._tables_exist()
@@ -185,16 +237,27 @@ class EmbeddedGraph:
         self._local.depth = 1
         try:
             result = fn(self._local.g)
+            wrote = con.in_transaction and begin == "BEGIN IMMEDIATE"
             if con.in_transaction:  # not begun when fn ran no statement
                 con.execute("COMMIT")
-            return result
-        except BaseException:
+        except BaseException as exc:
             if con.in_transaction:
-                con.execute("ROLLBACK")
+                try:
+                    con.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass  # SQLite rolled back itself (a full disk, an I/O error)
+            full = _unwritable(self.path, exc) if isinstance(exc, sqlite3.Error) else exc
+            if isinstance(full, StoreFull):
+                self.alarm.refused(full)
+                if full is not exc:
+                    raise full from exc
             raise
         finally:
             con.begin_lazily(None)
             self._local.depth = 0
+        if wrote:
+            self.alarm.written()
+        return result
 
     def read(self, fn: Callable[[Any], T]) -> T:
         with self.stats.timed("read"):

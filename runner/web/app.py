@@ -6,8 +6,9 @@ actions exist (cancel, deactivate, reactivate, skip, dead-letter replay, schedul
 resume), each behind credentials and a CSRF check (:mod:`runner.web.security`).
 
 Failure behaviour: a request the cluster refuses shows its message with the status 400 (a bad
-query) or 404 (no such task, dead letter); no node answering, or no broker, shows a 503 page
-naming the cause; the console itself keeps running and the next request tries again.
+query) or 404 (no such task, dead letter); no node answering, no broker, or a graph that is
+full or out of reach (``store_full``, ``store_unavailable``) shows a 503 page naming the cause;
+the console itself keeps running and the next request tries again.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
@@ -29,7 +31,14 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from runner.client import Client
-from runner.errors import BrokerUnreachable, ClientError, NoAnswer, RequestRefused
+from runner.errors import (
+    BrokerUnreachable,
+    ClientError,
+    NoAnswer,
+    RequestRefused,
+    StoreFull,
+    StoreUnavailable,
+)
 from runner.web import security
 from runner.web.security import Credentials
 from runner.web.views import (
@@ -45,6 +54,8 @@ from runner.web.views import (
 
 HERE = Path(__file__).parent
 LIVE_EVERY = "every 2s"  # what is active refreshes this often, the rest never
+#: the error codes of a cluster that cannot serve now (its graph full or out of reach): 503
+UNAVAILABLE = (StoreFull.error_code, StoreUnavailable.error_code)
 #: the live fragments the pages poll (every 2 s while a page is open)
 REFRESHES = ("/live", "/tasks/running")
 
@@ -119,8 +130,9 @@ class Console:
             self._local.client = None  # a fresh connection next time
             raise HTTPException(503, str(exc)) from exc
         except ClientError as exc:
-            code = getattr(exc, "code", "")
-            status = 404 if str(code).endswith("not_found") else 502
+            code = str(getattr(exc, "code", ""))
+            status = 404 if code.endswith("not_found") else \
+                503 if code in UNAVAILABLE else 502
             raise HTTPException(status, str(exc)) from exc
 
 
@@ -269,6 +281,6 @@ def create_app(connect: Callable[[], Client], credentials: Credentials | None = 
         console.close()
 
     app = Starlette(routes=routes, exception_handlers={HTTPException: error_page},
-                    lifespan=lifespan)
+                    middleware=[Middleware(security.HstsMiddleware)], lifespan=lifespan)
     app.state.console = console
     return app

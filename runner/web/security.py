@@ -7,8 +7,15 @@
   beyond loopback (:func:`check_bind` refuses such a bind without credentials, and refuses
   ``--allow-actions`` without them anywhere).
 * CSRF: a page that shows action controls sets a random token in a ``SameSite=Strict``,
-  ``HttpOnly`` cookie and in each form; a POST is refused (403) unless the form's token equals
-  the cookie's, and unless its ``Origin`` (when the browser sends one) is this console's.
+  ``HttpOnly`` cookie (``Secure`` when the request came over HTTPS) and in each form; a POST is
+  refused (403) unless the form's token equals the cookie's, and unless its ``Origin`` (when
+  the browser sends one) is this console's.
+* Transport: beyond loopback credentials must not travel in clear, so the console serves TLS
+  itself (a certificate and key) or is told it sits behind a TLS-terminating proxy
+  (:class:`Transport`); :func:`check_bind` refuses anything else. Over HTTPS every response
+  carries ``Strict-Transport-Security`` (:class:`HstsMiddleware`). Behind a proxy the
+  ``X-Forwarded-Proto``/``-For`` headers are honoured from the listed proxy addresses only
+  (uvicorn's proxy headers, off otherwise): a client cannot claim HTTPS or another address.
 
 Failure behaviour: missing or wrong credentials: 401 with a ``WWW-Authenticate: Basic``
 challenge; a failed CSRF check: 403, nothing done.
@@ -20,12 +27,16 @@ import base64
 import hmac
 import ipaddress
 import secrets
+import ssl
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from pydantic import SecretStr
+from starlette.datastructures import MutableHeaders
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from runner.config import Settings
 from runner.errors import ConfigError
@@ -78,15 +89,90 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def check_bind(host: str, credentials: Credentials, allow_actions: bool) -> None:
+@dataclass(frozen=True)
+class Transport:
+    """How requests reach the console: TLS of its own (``cert`` + ``key``), or behind a proxy
+    that terminates it (whose ``X-Forwarded-*`` headers are honoured from ``proxies`` only),
+    or neither (plain HTTP: loopback only)."""
+
+    cert: Path | None = None
+    key: Path | None = None
+    behind_proxy: bool = False
+    proxies: tuple[str, ...] = ("127.0.0.1",)
+
+    @classmethod
+    def of(cls, settings: Settings) -> Transport:
+        return cls(settings.web_tls_cert, settings.web_tls_key, settings.web_behind_proxy,
+                   tuple(settings.web_proxies))
+
+    @property
+    def tls(self) -> bool:
+        return self.cert is not None
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls else "http"
+
+    def check(self) -> None:
+        """A certificate needs its key and both must be readable files
+        (:class:`ConfigError`); listed proxies must be addresses or networks."""
+        if (self.cert is None) != (self.key is None):
+            raise ConfigError("--tls-cert and --tls-key go together (web_tls_cert and "
+                              "web_tls_key)")
+        if self.cert is not None and self.key is not None:
+            try:  # what uvicorn will load: a bad pair is one line now, not a traceback later
+                ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
+                    self.cert, self.key)
+            except (OSError, ssl.SSLError) as exc:
+                raise ConfigError(f"latchwork web: cannot use the TLS certificate {self.cert} "
+                                  f"with the key {self.key}: {exc}") from None
+        for proxy in self.proxies:
+            try:
+                ipaddress.ip_network(proxy, strict=False)
+            except ValueError:
+                raise ConfigError(f"--proxy {proxy!r} is not an address or a network") from None
+
+
+def check_bind(host: str, credentials: Credentials, allow_actions: bool,
+               transport: Transport | None = None) -> None:
     """Refuse what would expose the console: a non-loopback address, or actions, without
-    credentials configured (:class:`ConfigError`, the CLI's exit 2)."""
+    credentials configured; a non-loopback address without TLS or a TLS-terminating proxy
+    in front (credentials would travel in clear). :class:`ConfigError`, the CLI's exit 2."""
+    transport = transport or Transport()
+    transport.check()
     if not credentials.configured and not is_loopback(host):
         raise ConfigError(f"latchwork web refuses to listen on {host} without credentials: "
                           "set web_username and web_password, or web_token")
     if allow_actions and not credentials.configured:
         raise ConfigError("--allow-actions needs credentials: set web_username and "
                           "web_password, or web_token")
+    if not is_loopback(host) and not transport.tls and not transport.behind_proxy:
+        raise ConfigError(f"latchwork web refuses to serve credentials in clear on {host}: "
+                          "give --tls-cert and --tls-key, or --behind-proxy when a "
+                          "TLS-terminating proxy fronts it")
+
+
+#: a year, the usual HSTS lifetime
+HSTS = "max-age=31536000"
+
+
+class HstsMiddleware:
+    """Adds ``Strict-Transport-Security`` to every response of a request that came over HTTPS
+    (the console's own TLS, or a trusted proxy's ``X-Forwarded-Proto: https``)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("scheme") != "https":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_hsts(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                MutableHeaders(scope=message).append("Strict-Transport-Security", HSTS)
+            await send(message)
+        await self.app(scope, receive, send_with_hsts)
 
 
 def challenge() -> Response:
@@ -110,7 +196,7 @@ def keep_token(request: Request, response: Response) -> Response:
     made = getattr(request.state, "csrf", None)
     if made is not None:
         response.set_cookie(CSRF_COOKIE, made, httponly=True, samesite="strict",
-                            path="/")
+                            path="/", secure=request.url.scheme == "https")
     return response
 
 
