@@ -27,7 +27,7 @@ from runner.config import Settings
 if TYPE_CHECKING:
     from coord import Session
     from messaging import Connector
-    from runner.store import GraphStore
+    from runner.store import Graph, GraphStore
 
 log = logging.getLogger("latchwork.connect")
 
@@ -58,8 +58,10 @@ def amqp_connector(settings: Settings, name: str = "latchwork",
                      tls_key=settings.amqp_tls_key)
 
 
-def graph_store(settings: Settings) -> GraphStore:
-    """The graph store of ``settings``; a remote one is checked for transactions.
+def graph_store(settings: Settings, *, check_format: bool = True) -> GraphStore:
+    """The graph store of ``settings``; a remote one is checked for transactions, and both for
+    their store format (:class:`~runner.store.GraphStore`; ``check_format=False``: the
+    migration's own way in).
 
     ``graph_serial_server`` declares a server without transactions that runs one traversal at a
     time (each guarded write is one traversal: atomic there): no probe, plain requests.
@@ -67,10 +69,10 @@ def graph_store(settings: Settings) -> GraphStore:
     ``TX_PROBE_DEADLINE``); without transactions it is refused, or accepted with a WARNING
     when ``allow_untransactional_graph`` accepts check-then-act."""
     from runner.errors import GraphNotTransactional
-    from runner.store import GraphStore, open_graph
+    from runner.store import open_graph
     from runner.store.remote import NONE, SERIAL, TRANSACTIONS, RemoteGraph
     if not settings.graph.startswith(("ws://", "wss://")):
-        return GraphStore(open_graph(settings.graph))
+        return _checked(open_graph(settings.graph), check_format)
     graph = RemoteGraph(settings.graph, username=settings.graph_username,
                        password=(settings.graph_password.get_secret_value()
                                  if settings.graph_password else None),
@@ -92,4 +94,13 @@ def graph_store(settings: Settings) -> GraphStore:
         log.warning("the Gremlin Server at %s has no transactions and "
                     "allow_untransactional_graph is set: guarded writes are check-then-act "
                     "there, two owners can both win a claim (docs/graph.md)", settings.graph)
-    return GraphStore(graph)
+    return _checked(graph, check_format)
+
+
+def _checked(graph: Graph, check_format: bool) -> GraphStore:
+    from runner.store import GraphStore
+    try:
+        return GraphStore(graph, check_format=check_format)
+    except BaseException:
+        graph.close()
+        raise

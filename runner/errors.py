@@ -46,7 +46,10 @@ The tree (``tests/test_layout.py`` checks that it equals the classes and codes b
     │   ├── ResourceTaken           resource_taken
     │   ├── AttemptAlreadyFinished  attempt_already_finished
     │   ├── InvalidValue            invalid_value             refused
-    │   └── UnknownStoreFormat      unknown_store_format
+    │   ├── UnknownStoreFormat      unknown_store_format
+    │   │   ├── StoreFormatOutdated store_format_outdated
+    │   │   └── StoreFormatTooNew   store_format_too_new
+    │   └── MigrationRefused        migration_refused
     ├── OntologyError               ontology_invalid
     ├── SourceError                 ontology_source_failed
     │   └── NoOntologySource        ontology_source_missing
@@ -321,6 +324,27 @@ class UnknownStoreFormat(StoreError):
     older, unreleased format): recreate the graph, nothing is guessed."""
 
     error_code = "unknown_store_format"
+
+
+class StoreFormatOutdated(UnknownStoreFormat):
+    """The graph is at an older store format than this latchwork writes: run ``latchwork store
+    migrate`` (with the nodes stopped); nothing is read or written before."""
+
+    error_code = "store_format_outdated"
+
+
+class StoreFormatTooNew(UnknownStoreFormat):
+    """The graph is at a newer store format than this latchwork knows (a downgrade): run a
+    latchwork that knows that format."""
+
+    error_code = "store_format_too_new"
+
+
+class MigrationRefused(StoreError):
+    """``latchwork store migrate`` will not run now: members of the graph's cluster are live
+    (or their liveness cannot be read); stop the nodes, or pass ``--force``."""
+
+    error_code = "migration_refused"
 
 # -- the domain: ontologies, aspects, avatars, the pipeline --------------------------------------
 

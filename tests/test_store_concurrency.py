@@ -66,7 +66,7 @@ def test_processes_racing_claims_and_conclusions_keep_every_task_history_whole(
     else:
         graph = str(tmp_path / "graph.db")
     with _open(graph) as store:
-        store.graph.write(lambda g: g.V().drop().iterate())
+        store.clear()
         created = {store.tasks.create("t", {"n": i}).id for i in range(CYCLE_TASKS)}
     log = tmp_path / "cycles"
     nodes = [spawn_node(["-m", "runner.testing.storeclaimer", graph, f"p{i}", f"{log}{i}",

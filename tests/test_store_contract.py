@@ -56,10 +56,10 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[GraphStore
     if request.param == "server":
         server: GremlinServer = request.getfixturevalue("gremlin_server")
         s = open_store(server.url, atomicity=SERIAL)
-        s.graph.write(lambda g: g.V().drop().iterate())
+        s.clear()
     elif request.param == "remote":
         s = open_store(REMOTE_URL or "")
-        s.graph.write(lambda g: g.V().drop().iterate())
+        s.clear()
     else:
         s = open_store(str(tmp_path / "graph.db"))
     try:

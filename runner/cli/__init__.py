@@ -6,6 +6,7 @@
   :mod:`~runner.cli.cluster`, :mod:`~runner.cli.commands`, :mod:`~runner.cli.ontology`,
   :mod:`~runner.cli.aspects`,
   :mod:`~runner.cli.avatars`, :mod:`~runner.cli.dlq`, :mod:`~runner.cli.streams`,
+  :mod:`~runner.cli.store`,
   :mod:`~runner.cli.schedules`,
   :mod:`~runner.cli.top`, :mod:`~runner.cli.web` (the web console); rendering:
   :mod:`~runner.cli.console`.
@@ -21,6 +22,7 @@ from runner.cli import (
     node,
     ontology,
     schedules,
+    store,
     streams,
     tasks,
     top,
@@ -31,8 +33,8 @@ from runner.cli.root import cli
 __all__ = ["cli", "main"]
 
 # the command groups register themselves on ``cli`` when imported
-_GROUPS = (aspects, avatars, cluster, commands, dev, dlq, node, ontology, schedules, streams,
-           tasks, top, web)
+_GROUPS = (aspects, avatars, cluster, commands, dev, dlq, node, ontology, schedules, store,
+           streams, tasks, top, web)
 
 
 def main() -> None:

@@ -213,6 +213,10 @@ class Node:
     def _start(self) -> None:
         s = self.settings
         closers = self._closers
+        # the graph's store format first: a graph to migrate (or a newer one) stops the start
+        # here, before this node joins anything
+        store = graph_store(s)
+        closers.callback(store.close)
         self.session.start()
         closers.callback(self.session.close)
         closers.callback(stop_spark)
@@ -225,8 +229,6 @@ class Node:
                                   else logging.WARNING,
                                   "member %s: ZooKeeper session %s", member, state.value,
                                   extra=logs.event(f"session.{state.value.lower()}")))
-        store = graph_store(s)
-        closers.callback(store.close)
         self.cache.reload(store)
         latch = LeaderLatch(self.session, member)
         latch.add_listener(

@@ -71,7 +71,8 @@ INDEXED_KEYS = (
     "task_end_day", "task_stopped", "task_okey_open", "attempt_id", "attempt_status",
     "attempt_end_day", "resource_name", "schedule_name", "incident_key", "incident_task",
     "incident_open", "incident_pending", "ontology_iri", "class_iri", "class_defined_by",
-    "avatar_id", "avatar_class", "tomb_task", "event_kind")
+    "avatar_id", "avatar_class", "tomb_task", "event_kind", "format_key", "task_list",
+    "task_owner", "task_h", "task_s")
 
 
 class ServerNotInstalled(DevServerError):

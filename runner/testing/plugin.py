@@ -44,7 +44,7 @@ def cluster(request: pytest.FixtureRequest, zk_namespace: ZkNamespace,
         graph = server.url
     c = Cluster(zk_namespace.hosts, amqp_vhost, tmp_path, spawn_node, graph=graph)
     if graph is not None:
-        c.store.graph.write(lambda g: g.V().drop().iterate())
+        c.store.clear()
     yield c
     c.store.close()
 

@@ -20,6 +20,7 @@ from runner.errors import (
     InvalidValue,
     StaleFencingToken,
 )
+from runner.store import migrations
 from runner.store.graph import Graph, open_graph
 from runner.store.gremlin.attempts import GremlinAttemptLog
 from runner.store.gremlin.avatars import GremlinAvatarStore
@@ -60,10 +61,17 @@ T = TypeVar("T")
 
 
 class GraphStore:
-    """The four stores over one graph connection; ``close()`` when done."""
+    """The four stores over one graph connection; ``close()`` when done.
 
-    def __init__(self, graph: Graph) -> None:
+    Built on a graph, it reads the graph's store format first (one index lookup): a brand-new
+    graph is stamped with the current one, an older or a newer one raises
+    :class:`~runner.errors.StoreFormatOutdated` / :class:`~runner.errors.StoreFormatTooNew`
+    (:mod:`runner.store.migrations`). ``check_format=False``: the migration's own way in."""
+
+    def __init__(self, graph: Graph, *, check_format: bool = True) -> None:
         self.graph = graph
+        if check_format:
+            migrations.open_format(graph, location(graph))
         self._tasks = GremlinTaskStore(graph)
         self._attempts = GremlinAttemptLog(graph)
         self.tasks: TaskStore = self._tasks
@@ -301,6 +309,12 @@ class GraphStore:
         traversal of ``fn`` runs once the fence moved (docs/graph.md)."""
         return self.graph.write(lambda g: under_fence(g, fence, fn))
 
+    def clear(self) -> None:
+        """Drop every vertex, then stamp the current format: a test's fresh start on a shared
+        server (a graph with vertices and no format vertex would be format 0)."""
+        self.graph.write(lambda g: g.V().drop().iterate())
+        migrations.stamp(self.graph, migrations.CURRENT)
+
     def close(self) -> None:
         self.graph.close()
 
@@ -311,7 +325,17 @@ class GraphStore:
         self.close()
 
 
-def open_store(location: str, **remote: Any) -> GraphStore:
-    """The store at ``location`` (a gremlite file path or a ``ws://`` URL: ``remote`` are
+def open_store(where: str, *, check_format: bool = True, **remote: Any) -> GraphStore:
+    """The store at ``where`` (a gremlite file path or a ``ws://`` URL: ``remote`` are
     :class:`~runner.store.graph.RemoteGraph`'s options, ``atomicity`` among them)."""
-    return GraphStore(open_graph(location, **remote))
+    graph = open_graph(where, **remote)
+    try:
+        return GraphStore(graph, check_format=check_format)
+    except BaseException:
+        graph.close()
+        raise
+
+
+def location(graph: Graph) -> str:
+    """Where a graph is, for messages: its file or its server's URL."""
+    return str(getattr(graph, "path", None) or getattr(graph, "url", None) or graph.name)

@@ -1,0 +1,110 @@
+"""The kind of step every format change so far is: properties added to existing tasks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gremlin_python.process.graph_traversal import __
+
+from runner.store.graph import Graph
+from runner.store.gremlin.rows import task_from_row
+from runner.store.gremlin.steps import set_props
+from runner.store.migrations.format import cursor_traversal
+
+#: (done, total) of the step running
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class TaskBackfill:
+    """Adds properties to every readable task that lacks ``marker`` (one of them):
+    ``compute(task, row)`` gives them. Walks the graph in pages:
+
+    * embedded (gremlite): windows of vertex ids (index lookups, in id order) up to the highest
+      id; each page's changes and the cursor (the next id) in one transaction;
+    * remote: the tasks still lacking ``marker`` (``has(task_id).has(task_state)
+      .not(has(marker))``), ``page`` at a time, each written as traversals of at most
+      :data:`REMOTE_CHUNK` tasks (a task's change a ``sideEffect``, so a frame stays small); the
+      predicate is the cursor.
+    """
+
+    version: int
+    marker: str
+    compute: Callable[[Any, Mapping[Any, Any]], dict[str, Any]]
+
+    def _needs(self, t: Any) -> Any:
+        return t.not_(__.has(self.marker))
+
+    def run(self, graph: Graph, start: int, page: int, progress: Progress,
+            dry_run: bool) -> tuple[int, int]:
+        bound = getattr(graph, "element_id_bound", None)
+        if bound is not None:
+            return self._windows(graph, max(1, start), page, int(bound()), progress, dry_run)
+        return self._remote(graph, page, progress, dry_run)
+
+    def _changes(self, rows: list[Any]) -> tuple[list[tuple[str, dict[str, Any]]], int]:
+        changes, unreadable = [], 0
+        for row in rows:
+            if "task_state" not in row:
+                unreadable += 1
+                continue
+            changes.append((str(row["task_id"]), self.compute(task_from_row(row), row)))
+        return changes, unreadable
+
+    def _windows(self, graph: Graph, start: int, page: int, top: int, progress: Progress,
+                 dry_run: bool) -> tuple[int, int]:
+        changed = unreadable = 0
+        window = max(page, 64)
+        while start <= top:
+            end = min(start + window, top + 1)
+            def read(g: Any, ids: range = range(start, end)) -> list[Any]:
+                return list(self._needs(g.V(*ids).has("task_id")).element_map().to_list())
+            changes, bad = self._changes(graph.read(read))
+            if not dry_run:
+                def write(g: Any, changes: list[tuple[str, dict[str, Any]]] = changes,
+                          cursor: int = end) -> None:
+                    for task_id, props in changes:
+                        set_props(self._needs(g.V().has("task_id", task_id)), props).iterate()
+                    cursor_traversal(g, self.version, cursor).iterate()
+                graph.write(write)
+            changed += len(changes)
+            unreadable += bad
+            start = end
+            progress(min(start, top), top)
+        return changed, unreadable
+
+    def _remote(self, graph: Graph, page: int, progress: Progress,
+                dry_run: bool) -> tuple[int, int]:
+        def lacking(g: Any) -> Any:
+            return self._needs(g.V().has("task_id").has("task_state"))
+        total = int(graph.read(lambda g: lacking(g).count().next()))
+        unreadable = int(graph.read(lambda g: g.V().has("task_id")
+                                    .not_(__.has("task_state")).count().next()))
+        if dry_run:
+            progress(total, total)
+            return total, unreadable
+        changed = 0
+        while True:
+            rows = graph.read(lambda g: lacking(g).limit(page).element_map().to_list())
+            if not rows:
+                return changed, unreadable
+            changes, _ = self._changes(rows)
+            for at in range(0, len(changes), REMOTE_CHUNK):
+                chunk = changes[at:at + REMOTE_CHUNK]
+
+                def write(g: Any, chunk: list[tuple[str, dict[str, Any]]] = chunk) -> None:
+                    t = g.inject(0)
+                    for task_id, props in chunk:
+                        t = t.side_effect(set_props(self._needs(
+                            __.V().has("task_id", task_id)), props))
+                    t.iterate()
+                graph.write(write)
+                changed += len(chunk)
+                progress(changed, max(total, changed))
+
+
+#: tasks per traversal on a remote graph (a change is about 10 steps: within gremlite's and a
+#: server's frame limits with room to spare)
+REMOTE_CHUNK = 40
