@@ -24,8 +24,13 @@ def index = { name, prop, unique ->
  'attempt_id', 'attempt_status', 'attempt_end_day', 'avatar_id', 'avatar_class',
  'ontology_iri', 'class_iri', 'class_defined_by', 'schedule_name', 'incident_key',
  'incident_open', 'incident_task', 'incident_pending', 'event_key', 'event_kind',
- 'tomb_task'].each { index("by_${it}", it, false) }
+ 'tomb_task', 'task_list', 'task_owner', 'task_h', 'task_s', 'task_okey'].each {
+    index("by_${it}", it, false)
+}
 index('by_task_unique', 'task_unique', true)
+// the store format (runner/store/migrations): one vertex, found by its key
+key('format_version', Integer)
+index('by_format_key', 'format_key', true)
 index('by_resource_name', 'resource_name', true)
 // the keys the guarded writes check: versions are integers, the fence a 20-digit string, the
 // resource holder an attempt id and its token a 20-digit string

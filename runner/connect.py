@@ -99,8 +99,4 @@ def graph_store(settings: Settings, *, check_format: bool = True) -> GraphStore:
 
 def _checked(graph: Graph, check_format: bool) -> GraphStore:
     from runner.store import GraphStore
-    try:
-        return GraphStore(graph, check_format=check_format)
-    except BaseException:
-        graph.close()
-        raise
+    return GraphStore.checked(graph, check_format)

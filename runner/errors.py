@@ -47,8 +47,8 @@ The tree (``tests/test_layout.py`` checks that it equals the classes and codes b
     │   ├── AttemptAlreadyFinished  attempt_already_finished
     │   ├── InvalidValue            invalid_value             refused
     │   ├── UnknownStoreFormat      unknown_store_format
-    │   │   ├── StoreFormatOutdated store_format_outdated
-    │   │   └── StoreFormatTooNew   store_format_too_new
+    │   │   ├── StoreFormatOutdated  store_format_outdated
+    │   │   └── StoreFormatTooNew    store_format_too_new
     │   └── MigrationRefused        migration_refused
     ├── OntologyError               ontology_invalid
     ├── SourceError                 ontology_source_failed

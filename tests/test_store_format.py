@@ -2,73 +2,31 @@
 an older or a newer one is refused in one line, and ``latchwork store migrate`` upgrades an
 older one, idempotent and resumable, on the embedded graph and on the Gremlin Server.
 
-The format-0 graph is written here with plain traversals, as the latchwork before store
-formats wrote it: tasks with their state, fence and due queue but without the web console's
-list properties (``task_list``, ``task_owner``, ``task_h``, ``task_s``, ``task_res_<hex>``),
-each with one attempt."""
+The format-0 graph is written with plain traversals (:func:`runner.testing.formats.
+write_format_0`), as the latchwork before store formats wrote it: tasks with their state,
+fence and due queue but without the web console's list properties (``task_list``,
+``task_owner``, ``task_h``, ``task_s``, ``task_res_<hex>``), each with one attempt."""
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
 from coord.testing import wait_until
 from runner.errors import StoreFormatOutdated, StoreFormatTooNew
-from runner.store import GraphStore, codec, migrations, open_store
+from runner.store import GraphStore, migrations, open_store
 from runner.store.gremlin.rows import resource_key, task_props
 from runner.store.gremlin.search import TaskFilter
 from runner.store.migrations.format import FORMAT_KEY, FORMAT_KEY_VALUE, read_state
 from runner.store.remote import SERIAL
 from runner.testing.cluster import Cluster
+from runner.testing.formats import write_format_0
 
 CONSOLE_KEYS = ("task_list", "task_owner", "task_h", "task_s")
-CREATED = datetime(2026, 10, 1, 8, 30, tzinfo=UTC)
-
-
-def write_format_0(store: GraphStore, count: int) -> list[str]:
-    """``count`` tasks as format 0 held them, in pages; every third finished with a SUCCEEDED
-    attempt, every fifth stopped, every fourth taking the resource ``printer``. Their ids."""
-    ids = []
-    for start in range(0, count, 100):
-        def page(g: Any, start: int = start) -> None:
-            for i in range(start, min(start + 100, count)):
-                task_id = f"old-{i:06d}"
-                ids.append(task_id)
-                created = CREATED + timedelta(seconds=i)
-                finished, stopped = i % 3 == 0, i % 5 == 0 and i % 3 != 0
-                resources = ["printer"] if i % 4 == 0 else []
-                state = {"status": "WAITING", "active": not stopped, "finished": finished,
-                         "owner": "", "updated": codec.encode_time(created), "attempts": 1,
-                         "run_at": "", "resources": resources, "skipped": False}
-                task = (g.add_v("task").property("task_id", task_id)
-                        .property("task_type", f"old.kind{i % 2}")
-                        .property("task_payload", json.dumps({"i": i}))
-                        .property("task_priority", 0)
-                        .property("task_created", codec.encode_time(created))
-                        .property("task_version", 2).property("task_fence", codec.encode_big(7))
-                        .property("task_queue", "closed" if finished or stopped else "open")
-                        .property("task_state", json.dumps(state))
-                        .property("task_okey_open", "")
-                        .property("task_stopped", "1" if stopped else ""))
-                if finished:
-                    task = task.property("task_end_day", created.strftime("%Y-%m-%d"))
-                task.as_("t").add_v("attempt").property("attempt_id", f"{task_id}-a1") \
-                    .property("attempt_status", "SUCCEEDED" if finished else "FAILED") \
-                    .property("attempt_start", json.dumps({
-                        "task": task_id, "seq": 1, "executor": "old-node:1:aa",
-                        "started": codec.encode_time(created), "fence": codec.encode_big(7)})) \
-                    .property("attempt_end", json.dumps({
-                        "ended": codec.encode_time(created + timedelta(seconds=1)),
-                        "duration_ms": 1000, "error": "", "stack": ""})) \
-                    .as_("a").add_e("has_attempt").from_("t").to("a").iterate()
-        store.graph.write(page)
-    return ids
 
 
 def fresh(cluster: Cluster) -> GraphStore:
@@ -118,7 +76,7 @@ def test_a_brand_new_graph_is_created_at_the_current_format(tmp_path: Any) -> No
 @GRAPHS
 def test_an_older_and_a_newer_graph_are_refused_in_one_line(cluster: Cluster) -> None:
     store = fresh(cluster)
-    write_format_0(store, 3)
+    write_format_0(store.graph, 3)
     with pytest.raises(StoreFormatOutdated, match=r"store format 0; .* writes format "
                                                   r"\d+: stop the nodes and run `latchwork "
                                                   r"store migrate`"):
@@ -145,7 +103,7 @@ def test_an_older_and_a_newer_graph_are_refused_in_one_line(cluster: Cluster) ->
 def test_migrate_backfills_the_console_lists_and_a_dry_run_changes_nothing(
         cluster: Cluster) -> None:
     store = fresh(cluster)
-    ids = write_format_0(store, 250)
+    ids = write_format_0(store.graph, 250)
     before = everything(store)
     dry = cluster.cli("store", "migrate", "--dry-run")
     assert dry.exit_code == 0, dry.output
@@ -195,7 +153,7 @@ def test_a_migrate_killed_half_way_finishes_when_run_again(cluster: Cluster) -> 
     run changes exactly the rest."""
     store = fresh(cluster)
     total = 1500
-    write_format_0(store, total)
+    write_format_0(store.graph, total)
     migrate = subprocess.Popen([sys.executable, "-m", "runner.cli", "store", "migrate",
                                 "--page-size", "20"], env=cluster.env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -51,7 +51,7 @@ def store_migrate(dry_run: bool, force: bool, page_size: int, config: Path | Non
 
     from runner.connect import graph_store
     from runner.store import migrations
-    from runner.store.gremlin.store import location
+    from runner.store.graph import location
 
     try:
         settings = Settings.load(config)
@@ -81,7 +81,7 @@ def store_migrate(dry_run: bool, force: bool, page_size: int, config: Path | Non
             with Progress("[progress.description]{task.description}", BarColumn(),
                           MofNCompleteColumn(), TimeElapsedColumn(), console=out,
                           transient=False) as bar:
-                def progress(version: int) -> migrations.Progress:
+                def progress(version: int) -> migrations.StepProgress:
                     task = bar.add_task(f"format {version}: {migrations.describe(version)}",
                                         total=None)
 

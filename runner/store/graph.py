@@ -288,6 +288,11 @@ class EmbeddedGraph:
         self._local = threading.local()
 
 
+def location(graph: Graph) -> str:
+    """Where a graph is, for messages: its file or its server's URL."""
+    return str(getattr(graph, "path", None) or getattr(graph, "url", None) or graph.name)
+
+
 def open_graph(location: str, **remote: Any) -> Graph:
     """``ws://``/``wss://`` URL: remote Gremlin Server (``remote``:
     :class:`~runner.store.remote.RemoteGraph`'s credentials and options); anything else: a

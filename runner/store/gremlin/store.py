@@ -6,6 +6,10 @@ nothing. A version moved by another writer raises :class:`~runner.errors.CommitC
 a fencing token that is no longer the task's raises
 :class:`~runner.errors.StaleFencingToken`; an attempt someone else closed raises
 :class:`~runner.errors.AttemptAlreadyFinished`.
+
+Why one module: these are the writes that span a task and its attempts, and they share one way
+of building their guards (version, fence, RUNNING attempt, resource holders); split, each part
+would rebuild the others' guards.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from runner.errors import (
     StaleFencingToken,
 )
 from runner.store import migrations
-from runner.store.graph import Graph, open_graph
+from runner.store.graph import Graph, location, open_graph
 from runner.store.gremlin.attempts import GremlinAttemptLog
 from runner.store.gremlin.avatars import GremlinAvatarStore
 from runner.store.gremlin.guards import (
@@ -61,12 +65,9 @@ T = TypeVar("T")
 
 
 class GraphStore:
-    """The four stores over one graph connection; ``close()`` when done.
-
-    Built on a graph, it reads the graph's store format first (one index lookup): a brand-new
-    graph is stamped with the current one, an older or a newer one raises
-    :class:`~runner.errors.StoreFormatOutdated` / :class:`~runner.errors.StoreFormatTooNew`
-    (:mod:`runner.store.migrations`). ``check_format=False``: the migration's own way in."""
+    """The four stores over one graph connection; ``close()`` when done. Built, it checks the
+    graph's store format (:func:`runner.store.migrations.open_format`; ``check_format=False``:
+    the migration's own way in)."""
 
     def __init__(self, graph: Graph, *, check_format: bool = True) -> None:
         self.graph = graph
@@ -309,9 +310,17 @@ class GraphStore:
         traversal of ``fn`` runs once the fence moved (docs/graph.md)."""
         return self.graph.write(lambda g: under_fence(g, fence, fn))
 
+    @classmethod
+    def checked(cls, graph: Graph, check_format: bool = True) -> GraphStore:
+        """A store on ``graph``; the graph closed when its format is refused."""
+        try:
+            return cls(graph, check_format=check_format)
+        except BaseException:
+            graph.close()
+            raise
+
     def clear(self) -> None:
-        """Drop every vertex, then stamp the current format: a test's fresh start on a shared
-        server (a graph with vertices and no format vertex would be format 0)."""
+        """Drop every vertex, then stamp the current format (a test's fresh start)."""
         self.graph.write(lambda g: g.V().drop().iterate())
         migrations.stamp(self.graph, migrations.CURRENT)
 
@@ -328,14 +337,5 @@ class GraphStore:
 def open_store(where: str, *, check_format: bool = True, **remote: Any) -> GraphStore:
     """The store at ``where`` (a gremlite file path or a ``ws://`` URL: ``remote`` are
     :class:`~runner.store.graph.RemoteGraph`'s options, ``atomicity`` among them)."""
-    graph = open_graph(where, **remote)
-    try:
-        return GraphStore(graph, check_format=check_format)
-    except BaseException:
-        graph.close()
-        raise
+    return GraphStore.checked(open_graph(where, **remote), check_format)
 
-
-def location(graph: Graph) -> str:
-    """Where a graph is, for messages: its file or its server's URL."""
-    return str(getattr(graph, "path", None) or getattr(graph, "url", None) or graph.name)

@@ -41,10 +41,10 @@ from typing import Protocol
 from runner import __version__
 from runner.errors import StoreFormatOutdated, StoreFormatTooNew
 from runner.store.graph import Graph
-from runner.store.migrations.backfill import Progress, TaskBackfill
+from runner.store.migrations.backfill import StepProgress, TaskBackfill
 from runner.store.migrations.format import FormatState, read_state, stamp
 
-__all__ = ["CURRENT", "STEPS", "FormatState", "Progress", "Step", "StepReport", "TaskBackfill",
+__all__ = ["CURRENT", "STEPS", "FormatState", "Step", "StepProgress", "StepReport", "TaskBackfill",
            "describe", "graph_version", "migrate", "open_format", "pending", "read_state",
            "stamp"]
 
@@ -56,7 +56,7 @@ class Step(Protocol):
 
     version: int
 
-    def run(self, graph: Graph, start: int, page: int, progress: Progress,
+    def run(self, graph: Graph, start: int, page: int, progress: StepProgress,
             dry_run: bool) -> tuple[int, int]:
         """(changed, unreadable); ``start``: the vertex id an interrupted run reached."""
         ...
@@ -134,7 +134,7 @@ def pending(state: FormatState) -> list[int]:
 
 
 def migrate(graph: Graph, where: str, *, dry_run: bool = False, page: int = 500,
-            progress: Callable[[int], Progress] | None = None) -> list[StepReport]:
+            progress: Callable[[int], StepProgress] | None = None) -> list[StepReport]:
     """Run the pending steps in order (``progress(version)`` makes a step's progress callback);
     each finished step sets the graph's version. A dry run changes nothing and reports what
     each step would change. A graph newer than this code raises StoreFormatTooNew."""

@@ -14,7 +14,7 @@ from runner.store.gremlin.steps import set_props
 from runner.store.migrations.format import cursor_traversal
 
 #: (done, total) of the step running
-Progress = Callable[[int, int], None]
+StepProgress = Callable[[int, int], None]
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class TaskBackfill:
     def _needs(self, t: Any) -> Any:
         return t.not_(__.has(self.marker))
 
-    def run(self, graph: Graph, start: int, page: int, progress: Progress,
+    def run(self, graph: Graph, start: int, page: int, progress: StepProgress,
             dry_run: bool) -> tuple[int, int]:
         bound = getattr(graph, "element_id_bound", None)
         if bound is not None:
@@ -53,7 +53,7 @@ class TaskBackfill:
             changes.append((str(row["task_id"]), self.compute(task_from_row(row), row)))
         return changes, unreadable
 
-    def _windows(self, graph: Graph, start: int, page: int, top: int, progress: Progress,
+    def _windows(self, graph: Graph, start: int, page: int, top: int, progress: StepProgress,
                  dry_run: bool) -> tuple[int, int]:
         changed = unreadable = 0
         window = max(page, 64)
@@ -75,7 +75,7 @@ class TaskBackfill:
             progress(min(start, top), top)
         return changed, unreadable
 
-    def _remote(self, graph: Graph, page: int, progress: Progress,
+    def _remote(self, graph: Graph, page: int, progress: StepProgress,
                 dry_run: bool) -> tuple[int, int]:
         def lacking(g: Any) -> Any:
             return self._needs(g.V().has("task_id").has("task_state"))
