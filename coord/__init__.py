@@ -20,7 +20,8 @@ from coord.errors import (
 )
 from coord.exactly_once import ExactlyOnceHandler, QueueOutput
 from coord.leader import LeaderLatch, read_leader
-from coord.lock import HeldLock, TaskLock, force_release, held_locks, lock_owner
+from coord.lock import HeldLock, TaskLock, force_release, held_locks, lock_owner, stamp_path
+from coord.mailbox import Mailbox
 from coord.membership import MemberInfo, Membership, live_member_ids, read_members
 from coord.queue import LockFreeQueue, QueueConflict, QueueElementTooLarge, QueueIndexExpired
 from coord.register import VersionedRegister
@@ -32,10 +33,11 @@ __all__ = [
     "BadInput", "ExactlyOnceHandler", "HandlerFailed", "LockFreeQueue", "QueueConflict",
     "QueueElementTooLarge", "QueueIndexExpired", "QueueOutput",
     "Booking", "ConnectionLost", "CoordError", "HeldLock", "LeaderLatch", "LifecycleError",
-    "LockNotHeld", "MemberIdTaken", "MemberInfo", "Membership", "NotAuthorised", "NotLeader",
+    "LockNotHeld", "Mailbox", "MemberIdTaken", "MemberInfo", "Membership", "NotAuthorised",
+    "NotLeader",
     "Session",
     "SessionExpired", "SessionState", "SlotLevel", "Slots", "TaskLock", "VersionConflict",
     "VersionedRegister", "exclusive_holders", "force_release", "held_locks", "holders",
     "live_member_ids", "lock_owner", "markers",
-    "read_leader", "read_members", "zk_errors",
+    "read_leader", "read_members", "stamp_path", "zk_errors",
 ]

@@ -41,6 +41,7 @@ from kazoo.exceptions import (
     NodeExistsError,
     NoNodeError,
     NotEmptyError,
+    RolledBackError,
 )
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import EventType, WatchedEvent
@@ -51,8 +52,24 @@ from coord.session import Session, SessionState
 
 log = logging.getLogger(__name__)
 TASK_LOCKS = "/locks/tasks"
+STAMPS = "/locks/stamps"
 
 LockLostListener = Callable[[str], None]
+
+
+def stamp_path(session: Session) -> str:
+    """The session's stamp node (ephemeral, made at its first batch): written in every batch
+    transaction of :meth:`TaskLock.try_acquire_all`, its mzxid is that transaction's zxid."""
+    return f"{STAMPS}/{session.session_id:x}"
+
+
+def _refused(results: Sequence[object]) -> int | None:
+    """The index of the operation that refused a transaction (the ones before it come back
+    RolledBackError, the ones after RuntimeInconsistency), None when it committed."""
+    for n, result in enumerate(results):
+        if isinstance(result, Exception) and not isinstance(result, RolledBackError):
+            return n
+    return None
 
 
 def lock_path(task_id: str) -> str:
@@ -249,14 +266,23 @@ class TaskLock:
         return int(stat.czxid)
 
     @staticmethod
-    def try_acquire_all(locks: Sequence[TaskLock]) -> list[int | None]:
-        """:meth:`try_acquire` of several new locks of one session, their round trips
-        pipelined: every lock's parent-and-node transaction is sent before any answer is read,
-        then every winner's watch; so a batch of ``n`` uncontended locks costs two round trips,
-        not ``2n``. The tokens in order (None: held by someone else). A lock whose parent
-        exists (held, or left empty by a holder whose session expired) and one whose answer was
-        lost go the way of :meth:`try_acquire` alone (a lost answer: its node is looked for
-        first, so none is left behind)."""
+    def try_acquire_all(locks: Sequence[TaskLock], *, watch: bool = True) -> list[int | None]:
+        """:meth:`try_acquire` of several new locks of one session in one ZooKeeper
+        transaction (``multi``): every lock's parent and node created, and the session's stamp
+        node written (:func:`stamp_path`), whose ``mzxid`` is the transaction's zxid and so
+        every created node's czxid: each lock's token without a request of its own (a batch
+        shares its token; per task it still only grows). The tokens in order (None: held by
+        someone else).
+
+        A transaction refused by one lock (its parent exists: held, or left empty by a holder
+        whose session expired) names that operation: that lock goes the way of
+        :meth:`try_acquire` alone, the others are sent again, so a batch that partly loses
+        keeps what it won. An answer lost or late (the transaction may have been applied): each
+        lock goes the single way, which looks for its own node first, so none is left behind.
+
+        ``watch``: set a watch on each node won (its deletion tells the lost listeners), one
+        request each; without it a lock is known lost only with its session (the caller has
+        another way to hear of a force-release: the runner's mailbox)."""
         if not locks:
             return []
         session = locks[0].session
@@ -265,42 +291,92 @@ class TaskLock:
         session.require_connected()
         client = session.client
         tokens: list[int | None] = [None] * len(locks)
-        alone: list[tuple[int, str, bool]] = []  # (index, prefix, maybe sent)
+        prefixes = [f"{uuid.uuid4().hex}-lock-" for _ in locks]
+        alone: list[tuple[int, bool]] = []  # (index, maybe sent)
+        batch = list(range(len(locks)))
         with zk_errors("task locks"):
-            sent = []
-            for lock in locks:
-                prefix = f"{uuid.uuid4().hex}-lock-"
-                sent.append((prefix, lock._transaction(prefix).commit_async()))
-            won: list[tuple[int, str, Any]] = []
-            for i, (prefix, answer) in enumerate(sent):
+            while batch:
+                stamp = stamp_path(session)
+                tx = client.transaction()
+                for i in batch:
+                    tx.create(locks[i].parent, b"")
+                    tx.create(f"{locks[i].parent}/{prefixes[i]}", locks[i].owner.encode(),
+                              ephemeral=True, sequence=True)
+                tx.set_data(stamp, b"")
                 try:
-                    results = answer.get(timeout=max(0.001, session.deadline - time.monotonic()))
-                except Exception:  # lost, or no answer in time: may have been applied
-                    alone.append((i, prefix, True))
+                    results = tx.commit_async().get(
+                        timeout=max(0.001, session.deadline - time.monotonic()))
+                except Exception:  # lost, or no answer in time: it may have been applied
+                    alone += [(i, True) for i in batch]
+                    break
+                failed = _refused(results)
+                if failed is None:
+                    token = int(results[-1].mzxid)
+                    for n, i in enumerate(batch):
+                        tokens[i] = locks[i]._won(str(results[2 * n + 1]), token, watch)
+                    break
+                if failed == len(results) - 1:  # no stamp of this session yet
+                    client.retry(client.create, stamp, b"", ephemeral=True, makepath=True)
                     continue
-                if any(isinstance(r, Exception) for r in results):
-                    alone.append((i, prefix, False))  # the parent exists, or no /locks/tasks
-                else:
-                    won.append((i, str(results[1]), None))
-            watched = [(i, node, client.exists_async(node, watch=locks[i]._on_node_event))
-                       for i, node, _ in won]
-            for i, node, answer in watched:
-                lock = locks[i]
-                try:
-                    stat = answer.get(timeout=max(0.001, session.deadline - time.monotonic()))
-                except Exception:
-                    stat = client.retry(client.exists, node, watch=lock._on_node_event)
-                if stat is None:  # gone already (its session lost): not held
+                if failed % 2 == 0 and isinstance(results[failed], NoNodeError):
+                    client.ensure_path(TASK_LOCKS)  # the first locks ever in this cluster
                     continue
-                with lock._mutex:
-                    lock._node, lock._token = node, stat.czxid
-                session.add_listener(lock._on_session)
-                tokens[i] = int(stat.czxid)
-        for i, prefix, maybe_sent in alone:
+                i = batch.pop(failed // 2)  # its parent exists: that lock alone
+                alone.append((i, False))
+        for i, maybe_sent in sorted(alone):
             lock = locks[i]
             with lock._mutex, zk_errors(f"task lock {lock.task_id}"):
-                tokens[i] = lock._try_acquire_or_none(prefix, maybe_sent)
+                tokens[i] = lock._try_acquire_or_none(prefixes[i], maybe_sent)
         return tokens
+
+    def _won(self, node: str, token: int, watch: bool) -> int:
+        """Record ``node`` as held with ``token`` (a batch's); ``watch``: one request more."""
+        with self._mutex:
+            self._node, self._token = node, token
+        if watch:
+            self.session.client.exists_async(node, watch=self._on_node_event)
+        self.session.add_listener(self._on_session)
+        return token
+
+    @staticmethod
+    def release_all(locks: Sequence[TaskLock]) -> None:
+        """:meth:`release` of several locks of one session in one transaction: each lock's
+        node and its parent deleted (deleting our own, uniquely named node is the ownership
+        check: a lock taken away since is not ours to delete, and then that operation fails).
+        A transaction refused by one lock (its node gone, a contender's node in its parent)
+        releases that lock alone (:meth:`release`'s way: our node, then the parent if empty)
+        and sends the others again. Locks already lost are skipped."""
+        held = []
+        for lock in locks:
+            with lock._mutex:
+                node, lock._node, lock._token = lock._node, None, None
+            if node is None:
+                continue
+            lock.session.remove_listener(lock._on_session)
+            if lock.session.state is not SessionState.LOST:
+                held.append((lock, node))
+        if not held:
+            return
+        session = held[0][0].session
+        client = session.client
+        with zk_errors("task locks: release"):
+            while held:
+                tx = client.transaction()
+                for lock, node in held:
+                    tx.delete(node)
+                    tx.delete(lock.parent)
+                try:
+                    results = tx.commit_async().get(
+                        timeout=max(0.001, session.deadline - time.monotonic()))
+                except Exception:  # lost or late: each alone (a retried delete is harmless)
+                    for lock, node in held:
+                        lock._remove(node)
+                    return
+                failed = _refused(results)
+                if failed is None:
+                    return
+                lock, node = held.pop(failed // 2)
+                lock._remove(node)
 
     # -- release ---------------------------------------------------------------------------
 

@@ -27,6 +27,7 @@ from coord import (
     lock_owner,
     markers,
     read_leader,
+    stamp_path,
 )
 from coord.testing import expire_session, lose_first_reply, lose_first_set_reply, wait_until
 from coord.testing.plugin import ZkNamespace
@@ -278,6 +279,48 @@ def test_locks_tried_together_win_what_is_free_and_hold_like_single_ones(
         other.close()
 
 
+def test_a_batch_of_locks_is_one_transaction_whose_stamp_is_every_token(
+        zk_namespace: ZkNamespace, session: Session) -> None:
+    """``try_acquire_all(watch=False)``: the free locks are created in one transaction (one
+    czxid for all, read from the session's stamp node written in it: no request per lock);
+    one held elsewhere and one whose parent an expired holder left empty, in the middle of
+    the batch, drop out of it (the first refused, the second taken the single way) and the
+    rest are sent again together. ``release_all``: the nodes and parents go in one
+    transaction; a lock whose parent holds a contender's node too is released alone (ours
+    deleted, the contender's and its parent kept); a lock lost meanwhile is skipped."""
+    other = other_session(zk_namespace)
+    try:
+        held = TaskLock(other, "held", "b")
+        assert held.try_acquire() is not None
+        other.client.create("/locks/tasks/empty", makepath=True)
+        names = ["f1", "held", "f2", "empty", "f3", "f4"]
+        locks = [TaskLock(session, name, "a") for name in names]
+        tokens = TaskLock.try_acquire_all(locks, watch=False)
+        won = dict(zip(names, tokens, strict=True))
+        assert won["held"] is None and not locks[1].is_held
+        together = {won[n] for n in ("f1", "f2", "f3", "f4")}
+        assert len(together) == 1  # one transaction
+        (token,) = together
+        for name in ("f1", "f2", "f3", "f4", "empty"):
+            (node,) = other.client.get_children(f"/locks/tasks/{name}")
+            czxid = other.client.exists(f"/locks/tasks/{name}/{node}").czxid
+            assert czxid == won[name] and lock_owner(other, name) == "a"
+        assert won["empty"] is not None and won["empty"] != token  # taken alone
+        assert other.client.exists(stamp_path(session)).mzxid == token
+        assert all(locks[n].verify() for n in (0, 2, 3, 4, 5))
+        # a contender raced into f2's parent; f3 was taken away (an operator's cancel)
+        other.client.create("/locks/tasks/f2/zzz-lock-", b"c", ephemeral=True, sequence=True)
+        assert force_release(other, "f3") == "a"
+        TaskLock.release_all(locks)
+        assert not any(lock.is_held for lock in locks)
+        assert sorted(other.client.get_children("/locks/tasks")) == ["f2", "held"]
+        assert [c.startswith("zzz-lock-") for c in
+                other.client.get_children("/locks/tasks/f2")] == [True]
+        assert lock_owner(other, "held") == "b"
+    finally:
+        other.close()
+
+
 def test_the_lock_of_a_task_nobody_knows_yet_is_taken_watched_in_one_go(
         zk_namespace: ZkNamespace, session: Session) -> None:
     """``TaskLock.try_acquire_new``: the parent-and-node transaction and the watch on the
@@ -402,3 +445,35 @@ def test_a_marker_placed_again_after_a_lost_reply_is_recognised(
     assert markers.place(session, "copies", "m1", {"copy": 0})
     assert calls["n"] == 2 and markers.read(session, "copies") == {"m1": {"copy": 0}}
 
+
+
+def test_a_mailbox_delivers_each_message_once_and_is_pruned_with_its_member(
+        zk_namespace: ZkNamespace, session: Session) -> None:
+    """``Mailbox``: messages posted to a member reach its listener once each, on a thread of
+    the mailbox's (the listener may use ZooKeeper), and are deleted; one posted twice under a
+    name is one; one posted while the owner's mailbox was not watched yet is delivered at its
+    start; no mailbox: ``post`` is False; ``prune`` deletes the mailboxes of members gone."""
+    from coord.mailbox import Mailbox, mailbox_path, post, prune
+
+    other = other_session(zk_namespace)
+    got: list[tuple[str, bytes, bool]] = []
+    try:
+        assert post(other, "m1", "early") is False  # no mailbox yet
+        session.client.ensure_path(mailbox_path("m1"))
+        assert post(other, "m1", "early", b"0")  # waits for the owner
+        box = Mailbox(session, "m1", lambda name, data: got.append(
+            (name, data, session.client.exists(mailbox_path("m1")) is not None))).start()
+        assert wait_until(lambda: [g[0] for g in got] == ["early"], 5)
+        assert post(other, "m1", "cancel-t1", b"because") and post(other, "m1", "cancel-t2")
+        assert wait_until(lambda: len(got) == 3, 5), got
+        assert got[1:] == [("cancel-t1", b"because", True), ("cancel-t2", b"", True)]
+        assert wait_until(lambda: other.client.get_children(mailbox_path("m1")) == [], 5)
+        other.client.ensure_path(mailbox_path("gone"))
+        assert post(other, "gone", "x")
+        assert prune(other, {"m1"}) == ["gone"]
+        assert other.client.exists(mailbox_path("gone")) is None
+        box.close()
+        assert other.client.exists(mailbox_path("m1")) is None
+        assert post(other, "m1", "late") is False
+    finally:
+        other.close()

@@ -1,6 +1,7 @@
 """Group commit of attempt ends (runner/tasks/worker/commit.py) on the embedded graph file and
-on a Gremlin Server: workers that end together are written together, a refusal is its own
-worker's alone, a graph that fails fails the whole group and nothing of it is written."""
+on a Gremlin Server: ends that arrive together are written together (one write, one traversal),
+their locks released together after the write, a refusal is its own end's alone, a graph out of
+reach is tried again and, past ``store_retry_for``, given up with nothing reported written."""
 
 from __future__ import annotations
 
@@ -12,12 +13,16 @@ from typing import Any
 
 import pytest
 
+from coord import Session, TaskLock, lock_owner
 from coord.testing import wait_until
 from coord.testing.plugin import ZkNamespace
-from runner.errors import AttemptAlreadyFinished, StoreUnavailable
-from runner.store import AttemptStatus, GraphStore, TaskStatus, open_store
+from runner.errors import StoreUnavailable
+from runner.store import AttemptStatus, Conclusion, GraphStore, Task, TaskStatus, open_store
 from runner.store.remote import SERIAL
+from runner.tasks.context import CancelToken
+from runner.tasks.outcomes import AttemptResult, Outcome
 from runner.tasks.worker.commit import GroupCommit
+from runner.tasks.worker.running import Claim, Ending, Slot
 from runner.testing.gremlinserver import GremlinServer
 
 FINISHED = {"status": TaskStatus.WAITING, "finished": True}
@@ -31,125 +36,151 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[GraphStore
     else:
         server: GremlinServer = request.getfixturevalue("gremlin_server")
         with open_store(server.url, atomicity=SERIAL) as s:
+            s.clear()
             yield s
 
 
-def claimed(store: GraphStore, n: int) -> list[tuple[Any, Any, int]]:
+@pytest.fixture
+def zk(zk_namespace: ZkNamespace) -> Iterator[Session]:
+    with Session(zk_namespace.hosts, "g1", timeout=4.0) as s:
+        yield s
+
+
+class Told:
+    """What the group commit tells (its ``on_ended``), by task id."""
+
+    def __init__(self) -> None:
+        self.ends: dict[str, tuple[Outcome, Task | None, tuple[AttemptStatus, str | None]]] = {}
+
+    def __call__(self, ending: Ending, outcome: Outcome, task: Task | None,
+                 ended: tuple[AttemptStatus, str | None]) -> None:
+        self.ends[ending.claim.task.id] = (outcome, task, ended)
+
+
+def claimed(store: GraphStore, session: Session, n: int) -> list[Ending]:
+    """``n`` tasks claimed by ``m1`` with their locks held, each ended SUCCEEDED (not
+    written)."""
     out = []
     for i in range(n):
         task = store.tasks.create("t", {"n": i})
-        token = 100 + i
+        lock = TaskLock(session, task.id, "m1")
+        token = lock.try_acquire()
+        assert token is not None
         task, attempt = store.claim(task, token, "m1")
-        out.append((task, attempt, token))
+        slot = Slot(task, lock, None, CancelToken())
+        claim = slot.claim = Claim(task, attempt, token)
+        out.append(Ending(slot, claim, Outcome.FINISHED, AttemptResult.succeeded(),
+                          lambda status, error: None,
+                          conclusion=Conclusion.of(attempt, AttemptStatus.SUCCEEDED, task, token,
+                                                   FINISHED)))
     return out
 
 
-class Ends:
-    """Workers ending ``work``'s attempts through ``commits`` on threads of their own, with the
-    graph's first write (the first group) held until :meth:`go`: the ends that arrive
-    meanwhile queue for the next group."""
+class HeldFirstWrite:
+    """The graph's first ``conclude_many`` held until :meth:`go`: the ends handed in meanwhile
+    queue for the next group."""
 
-    def __init__(self, store: GraphStore, commits: GroupCommit,
-                 work: list[tuple[Any, Any, int]]) -> None:
-        self.store, self.commits, self.work = store, commits, work
+    def __init__(self, store: GraphStore) -> None:
+        self.store = store
         self.gate = threading.Event()
-        self.writes = 0
-        self.results: dict[int, Any] = {}
-        self.errors: dict[int, BaseException] = {}
-        self.threads: list[threading.Thread] = []
-        self._write = store.graph.write
-        store.graph.write = self._held  # type: ignore[method-assign]
+        self.calls = 0
+        self._original = store.conclude_many
+        store.conclude_many = self._held  # type: ignore[method-assign]
 
-    def _held(self, fn: Any) -> Any:
-        self.writes += 1
-        if self.writes == 1:
+    def _held(self, conclusions: Any) -> Any:
+        self.calls += 1
+        if self.calls == 1:
             self.gate.wait(10)
-        return self._write(fn)
-
-    def _end(self, i: int) -> None:
-        task, attempt, token = self.work[i]
-        try:
-            self.results[i] = self.commits.conclude(attempt, AttemptStatus.SUCCEEDED, None,
-                                                    None, task, token, FINISHED)
-        except BaseException as exc:
-            self.errors[i] = exc
-
-    def start(self, *indices: int) -> None:
-        for i in indices:
-            thread = threading.Thread(target=self._end, args=(i,))
-            thread.start()
-            self.threads.append(thread)
-
-    def queue_behind_first(self, count: int) -> None:
-        """The first end's group held in its write, the next ``count`` ends queued behind it."""
-        self.start(0)
-        assert wait_until(lambda: self.writes >= 1, 10)
-        self.start(*range(1, count + 1))
-        assert wait_until(lambda: len(self.commits._queue) == count, 10)
+        return self._original(conclusions)
 
     def go(self) -> None:
-        """Let the held write through, wait for every worker, put the graph back."""
         self.gate.set()
-        for thread in self.threads:
-            thread.join(30)
-        self.store.graph.write = self._write  # type: ignore[method-assign]
 
 
-def test_ends_that_arrive_during_a_write_go_in_the_next_group(store: GraphStore) -> None:
-    commits = GroupCommit(store)
-    work = claimed(store, 12)
-    ends = Ends(store, commits, work)
-    ends.queue_behind_first(len(work) - 1)
-    ends.go()
-    assert len(ends.results) == len(work) and not ends.errors
+def test_ends_that_arrive_during_a_write_go_in_the_next_group(store: GraphStore,
+                                                             zk: Session) -> None:
+    told = Told()
+    commits = GroupCommit(store, "m1", told)
+    ends = claimed(store, zk, 12)
+    held = HeldFirstWrite(store)
+    commits.submit(ends[0])
+    assert wait_until(lambda: held.calls == 1, 10)
+    for ending in ends[1:]:
+        commits.submit(ending)
+    assert commits.pending() == 11
+    held.go()
+    assert wait_until(lambda: len(told.ends) == 12, 20)
+    commits.close()
     assert commits.stats == {"groups": 2, "concluded": 12, "largest": 11}
-    for task, attempt, _ in work:
-        assert store.attempts.get(attempt.id).status is AttemptStatus.SUCCEEDED
-        assert store.tasks.get(task.id).finished
+    for ending in ends:
+        outcome, task, ended = told.ends[ending.claim.task.id]
+        assert (outcome, ended) == (Outcome.FINISHED, (AttemptStatus.SUCCEEDED, None))
+        assert task is not None and task.finished
+        assert store.attempts.get(ending.claim.attempt.id).status is AttemptStatus.SUCCEEDED
+        assert lock_owner(zk, ending.claim.task.id) is None  # released after the write
+        assert not ending.slot.lock.is_held
 
 
-def test_a_refused_end_is_its_own_workers_and_the_rest_of_the_group_is_written(
-        store: GraphStore) -> None:
-    commits = GroupCommit(store)
-    work = claimed(store, 3)
-    closed = work[1][1]
-    store.attempts.finish(closed.id, AttemptStatus.CANCELLED, "cancelled by an operator")
-    ends = Ends(store, commits, work)
-    ends.queue_behind_first(2)
-    ends.go()
-    assert set(ends.errors) == {1} and isinstance(ends.errors[1], AttemptAlreadyFinished)
-    assert commits.stats["groups"] == 2 and commits.stats["largest"] == 2
-    assert store.attempts.get(work[2][1].id).status is AttemptStatus.SUCCEEDED
-    assert store.attempts.get(closed.id).status is AttemptStatus.CANCELLED
+def test_a_refused_end_is_its_own_and_the_rest_of_the_group_is_written(
+        store: GraphStore, zk: Session) -> None:
+    told = Told()
+    commits = GroupCommit(store, "m1", told)
+    ends = claimed(store, zk, 3)
+    closed = ends[1].claim
+    store.attempts.finish(closed.attempt.id, AttemptStatus.CANCELLED, "cancelled by an operator")
+    for ending in ends:
+        commits.submit(ending)
+    assert wait_until(lambda: len(told.ends) == 3, 20)
+    commits.close()
+    assert told.ends[closed.task.id][0] is Outcome.CANCELLED
+    assert told.ends[closed.task.id][2] == (AttemptStatus.CANCELLED, "cancelled by an operator")
+    for n in (0, 2):
+        assert told.ends[ends[n].claim.task.id][0] is Outcome.FINISHED
+        assert store.attempts.get(ends[n].claim.attempt.id).status is AttemptStatus.SUCCEEDED
+    assert store.attempts.get(closed.attempt.id).status is AttemptStatus.CANCELLED
+    assert all(lock_owner(zk, e.claim.task.id) is None for e in ends)
 
 
-def test_a_graph_that_fails_mid_group_fails_every_end_of_it_and_writes_none(
-        tmp_path: Path) -> None:
-    """On the file the group is one transaction: the graph failing at its second end leaves the
-    first unwritten too, and every worker hears the failure (each tries again on its own)."""
+def test_a_graph_out_of_reach_is_tried_again_then_given_up(tmp_path: Path, zk: Session) -> None:
+    """The graph failing under a group: the group is written again with backoff (all of it:
+    on the file it is one transaction, nothing of the failed try stayed); past
+    ``store_retry_for`` the ends are given up: reported CANCELLED_BY_SYSTEM "its end could not
+    be written", their attempts left RUNNING for the master, their locks released."""
     with open_store(str(tmp_path / "graph.db")) as store:
-        commits = GroupCommit(store)
-        work = claimed(store, 3)
-        conclude = store.conclude
-        seen = 0
+        told = Told()
+        commits = GroupCommit(store, "m1", told, store_retry_for=30)
+        ends = claimed(store, zk, 3)
+        original = store.conclude_many
+        failures = [2]
 
-        def failing(*args: Any, **kwargs: Any) -> Any:
-            nonlocal seen
-            seen += 1
-            if seen == 3:  # the second end of the second group
+        def failing(conclusions: Any) -> Any:
+            if failures[0]:
+                failures[0] -= 1
                 raise StoreUnavailable("the graph went away")
-            return conclude(*args, **kwargs)
+            return original(conclusions)
 
-        store.conclude = failing  # type: ignore[method-assign]
-        ends = Ends(store, commits, work)
-        ends.queue_behind_first(2)
-        ends.go()
-        store.conclude = conclude  # type: ignore[method-assign]
-        assert 0 in ends.results and set(ends.errors) == {1, 2}
-        assert all(isinstance(e, StoreUnavailable) for e in ends.errors.values())
-        assert store.attempts.get(work[0][1].id).status is AttemptStatus.SUCCEEDED
-        for _, attempt, _ in work[1:]:  # the first end of the group was rolled back with it
-            assert store.attempts.get(attempt.id).status is AttemptStatus.RUNNING
+        store.conclude_many = failing  # type: ignore[method-assign]
+        for ending in ends:
+            commits.submit(ending)
+        assert wait_until(lambda: len(told.ends) == 3, 20)
+        assert all(told.ends[e.claim.task.id][0] is Outcome.FINISHED for e in ends)
+        commits.close()
+
+        told = Told()
+        commits = GroupCommit(store, "m1", told, store_retry_for=0.5)
+        more = claimed(store, zk, 2)
+        failures[0] = 1000
+        for ending in more:
+            commits.submit(ending)
+        assert wait_until(lambda: len(told.ends) == 2, 20)
+        commits.close()
+        for ending in more:
+            outcome, task, (status, error) = told.ends[ending.claim.task.id]
+            assert (outcome, task, status) == (Outcome.CANCELLED, None,
+                                               AttemptStatus.CANCELLED_BY_SYSTEM)
+            assert "its end could not be written" in (error or "")
+            assert store.attempts.get(ending.claim.attempt.id).status is AttemptStatus.RUNNING
+            assert lock_owner(zk, ending.claim.task.id) is None
 
 
 def test_an_end_is_reported_only_once_its_group_is_written(
@@ -158,8 +189,8 @@ def test_an_end_is_reported_only_once_its_group_is_written(
     nowhere: its attempt is RUNNING and its task open in the store, no observer has heard of
     it (the attempt log, metrics and hooks are observers) and its lock is still held (so a
     node killed -9 now leaves the attempt to the master's reaper, like any node killed while
-    running). Once written, the observers hear SUCCEEDED and the lock goes."""
-    from coord import Session, lock_owner
+    running), while its worker is free already. Once written, the observers hear SUCCEEDED
+    and the lock goes."""
     from runner.tasks import TaskContext, TaskRegistry
     from runner.tasks.observer import Hooks
     from runner.tasks.worker.loop import LoopSettings, TaskLoop
@@ -172,31 +203,26 @@ def test_an_end_is_reported_only_once_its_group_is_written(
         returned.set()
 
     registry.register("t", handler)
-    gate = threading.Event()
     with open_store(str(tmp_path / "graph.db")) as store, \
             Session(zk_namespace.hosts, "g1", timeout=4.0) as s:
+        held = HeldFirstWrite(store)
         loop = TaskLoop(s, "m1", store, registry, LoopSettings(workers=1, scan_interval=3600),
                         observers=[Hooks(after=lambda ctx, status, error: told.append(status))])
-        conclude = loop.execution.commits.conclude
-
-        def held(*args: Any, **kwargs: Any) -> Any:
-            gate.wait(30)
-            return conclude(*args, **kwargs)
-
-        loop.execution.commits.conclude = held  # type: ignore[method-assign]
         task = store.tasks.create("t", {})
         loop.start()
         try:
             assert returned.wait(10)
-            time.sleep(0.3)  # the worker is now waiting for its write
+            assert wait_until(lambda: held.calls == 1, 10)  # its end is being written
+            time.sleep(0.3)
             assert told == []
             assert store.attempts.for_task(task.id)[0].status is AttemptStatus.RUNNING
             assert not store.tasks.get(task.id).finished
             assert lock_owner(s, task.id) == "m1"
-            gate.set()
+            assert loop.running.free() == 1  # the worker was free when its handler returned
+            held.go()
             assert wait_until(lambda: told == [AttemptStatus.SUCCEEDED], 10)
             assert store.tasks.get(task.id).finished
             assert wait_until(lambda: lock_owner(s, task.id) is None, 10)
         finally:
-            gate.set()
+            held.go()
             loop.close()

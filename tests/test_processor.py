@@ -21,7 +21,8 @@ from runner.store import Attempt, AttemptStatus, GraphStore, Task, TaskStatus, c
 from runner.tasks import TaskContext, TaskRegistry
 from runner.tasks.observer import Hooks
 from runner.tasks.worker.backlog import candidates, preferred_index
-from runner.tasks.worker.loop import LoopSettings, TaskLoop
+from runner.tasks.worker.loop import Admission, LoopSettings, TaskLoop
+from runner.tasks.worker.running import Ending
 
 
 @pytest.fixture
@@ -53,10 +54,11 @@ def test_higher_priority_first_and_hooks_unwind_in_reverse(
         store.tasks.create("t", {"name": name}, priority=priority)
 
     def before(tag: str):  # type: ignore[no-untyped-def]
-        return lambda ctx: order.append(f"before {tag}")
+        return lambda ctx: order.append(f"before {tag} {ctx.task.payload['name']}")
 
     def after(tag: str):  # type: ignore[no-untyped-def]
-        return lambda ctx, status, error: order.append(f"after {tag} {status.value}")
+        return lambda ctx, status, error: order.append(
+            f"after {tag} {ctx.task.payload['name']} {status.value}")
 
     with session(zk_namespace) as s:
         processor = TaskLoop(s, "m1", store, registry, LoopSettings(workers=1, scan_interval=60),
@@ -68,8 +70,10 @@ def test_higher_priority_first_and_hooks_unwind_in_reverse(
             processor.close()
     runs = [line for line in order if line.startswith("run")]
     assert runs == ["run high", "run mid", "run low"]
-    assert order[:5] == ["before a", "before b", "run high", "after b SUCCEEDED",
-                         "after a SUCCEEDED"]
+    for name in ("high", "mid", "low"):  # each attempt's hooks unwind in reverse, once written
+        assert [line for line in order if line.endswith((name, f"{name} SUCCEEDED"))] == [
+            f"before a {name}", f"before b {name}", f"run {name}",
+            f"after b {name} SUCCEEDED", f"after a {name} SUCCEEDED"]
 
 
 def test_a_type_slot_limits_concurrency_across_nodes(
@@ -143,9 +147,8 @@ def test_an_old_listing_is_rechecked_before_locking(
         # six workers: the first version read covers the whole old listing
         processor = TaskLoop(s, "m1", store, registry, LoopSettings(workers=6, scan_interval=600))
         listed = time.monotonic() - 1.0  # the old listing, a second ago
-        processor._backlog = [(t, listed, own) for t, own
-                              in candidates(store.tasks.unfinished(), None, processor.member_id,
-                                         processor.settings.workers)]
+        processor.backlog.load(candidates(store.tasks.unfinished(), None, processor.member_id,
+                                          processor.settings.workers), listed)
         for task in tasks[:4]:  # meanwhile another node claimed four of them
             store.tasks.update(task.id, 0, 9, owner="m2")
         try:
@@ -205,14 +208,13 @@ def scan_stale_backlog(zk_namespace: ZkNamespace, store: GraphStore,
     with session(zk_namespace) as s:
         processor = TaskLoop(s, "m1", store, registry, LoopSettings(workers=1, scan_interval=600))
         old = time.monotonic() - 1.0
-        processor._backlog = [(t, old, own) for t, own
-                              in candidates(store.tasks.unfinished(), None, processor.member_id,
-                                         processor.settings.workers)]
-        order = [t for t, _, _ in processor._backlog]
+        processor.backlog.load(candidates(store.tasks.unfinished(), None, processor.member_id,
+                                          processor.settings.workers), old)
+        order = [t for t, _, _ in processor.backlog.items]
         for task in order[:16]:
             store.tasks.update(task.id, 0, 9, owner="m2", finished=True)
         if listed is not None:
-            processor._listed = listed
+            processor.backlog.listed = listed
         try:
             assert processor.scan(relist=False) == 1
             assert wait_until(lambda: len(ran) == 1, 30)
@@ -500,15 +502,19 @@ class HolderAndNext:
             TaskLoop(self.sessions[1], "m2", store, registry_b,
                      LoopSettings(workers=1, scan_interval=0.2)).start()]
         if before_end is not None:  # between the handler's end and the write of that end
-            commits = self.loops[0].execution.commits
-            conclude = commits.conclude
+            commits = self.loops[0].commits
+            for name in ("submit", "conclude"):
+                setattr(commits, name, self._before(before_end, getattr(commits, name)))
 
-            def ending(attempt: Attempt, status: AttemptStatus, *rest: Any,
-                       **kwargs: Any) -> Task:
-                before_end(attempt, status)
-                return conclude(attempt, status, *rest, **kwargs)
-
-            commits.conclude = ending  # type: ignore[method-assign]
+    @staticmethod
+    def _before(before_end: Callable[[Attempt, AttemptStatus], None],
+                hand: Callable[[Ending], Any]) -> Callable[[Ending], Any]:
+        """``hand`` (the group commit's way in), with ``before_end`` called first."""
+        def handed(ending: Ending) -> Any:
+            if ending.conclusion is not None:
+                before_end(ending.claim.attempt, ending.conclusion.status)
+            return hand(ending)
+        return handed
 
     def cut(self) -> None:
         from coord.testing import expire_session
@@ -624,50 +630,43 @@ def one_worker_loop(ns: ZkNamespace, store: GraphStore,
             processor.close()
 
 
-def test_a_task_offered_by_its_submitter_starts_without_a_listing(
+def test_accept_starts_queues_or_says_elsewhere(
         zk_namespace: ZkNamespace, store: GraphStore) -> None:
-    """Start on the submit: the node that created a task claims it at once when a worker is
-    free (no scan, no listing); with no worker free it is not tried and a scan finds it."""
-    from coord import TaskLock
-
+    """``TaskLoop.accept``, the loop's one way in: a plain task due now with a worker free
+    starts at once (no scan, no listing: STARTED); with no worker free it is written WAITING
+    and the others must be told (ELSEWHERE); one due later likewise; one that needs a look
+    first (a uniqueness key) with a worker free is written WAITING and this node's scan takes
+    it (QUEUED)."""
     held = Held()
     with one_worker_loop(zk_namespace, store, held) as (_, processor):
         listings = processor.stats["listings"]
-        first = store.tasks.create("t", {})
-        assert processor.offer(first)
+        first = processor.accept(store.tasks.new("t", {}))
+        assert first.admission is Admission.STARTED
         assert held.started.wait(10)
-        assert held.ran == [first.id]
+        assert held.ran == [first.task.id]
         assert processor.stats["listings"] == listings  # no scan, no listing
-        assert wait_until(lambda: processor.stats["offered"] == 1, 5)
-        # the one worker is busy: a second offer is not tried
-        second = store.tasks.create("t", {})
-        assert not processor.offer(second)
-        # a task due later is not offered either
-        later = store.tasks.create("t", {}, run_at=codec.now() + timedelta(hours=1))
-        assert not processor.offer(later)
+        second = processor.accept(store.tasks.new("t", {}))  # the one worker is busy
+        assert second.admission is Admission.ELSEWHERE
+        assert store.tasks.get(second.task.id).status is TaskStatus.WAITING
+        later = processor.accept(store.tasks.new("t", {}, run_at=codec.now()
+                                                  + timedelta(hours=1)))
+        assert later.admission is Admission.ELSEWHERE
         held.release.set()
         # the finished worker's follow-up scan lists and takes the second
-        assert wait_until(lambda: second.id in held.ran, 10)
+        assert wait_until(lambda: second.task.id in held.ran, 10)
         assert wait_until(lambda: processor.running.free() == 1, 10)
-        # tried and not started (its lock held elsewhere): the others are told
-        third = store.tasks.create("t", {})
-        told = threading.Event()
-        with session(zk_namespace) as other:
-            taken = TaskLock(other, third.id, "m2")
-            assert taken.try_acquire() is not None
-            assert processor.offer(third, otherwise=told.set)
-            assert told.wait(10)
-            assert third.id not in held.ran
-            taken.release()
+        keyed = processor.accept(store.tasks.new("t", {}, unique_key="u1"))
+        assert keyed.admission is Admission.QUEUED
+        assert wait_until(lambda: keyed.task.id in held.ran, 10)
 
 
 def test_a_new_task_is_written_claimed_by_its_submitter_in_one_store_write(
         zk_namespace: ZkNamespace, store: GraphStore) -> None:
-    """``TaskLoop.start_new``: a plain task the node just accepted is written RUNNING with its
-    attempt and its lock's token in one store write, after its lock (one round trip, the watch
-    on the lock node set with it: a lock taken away cancels the handler); not tried when no
-    worker is free or something must be looked up or booked first (nothing is written then:
-    the caller writes the task WAITING); a failed write leaves neither the task nor the lock."""
+    """``TaskLoop.accept`` of a plain task with a worker free: written RUNNING with its
+    attempt and its lock's token in one store write, after its lock (one ZooKeeper
+    transaction, no watch); a cancel reaches the handler through ``cancel_running`` (what the
+    node's mailbox calls) and the handler's end is then refused; a failed write leaves
+    neither the task nor the lock."""
     from coord import force_release
     from runner.errors import StoreUnavailable
 
@@ -676,8 +675,8 @@ def test_a_new_task_is_written_claimed_by_its_submitter_in_one_store_write(
         listings = processor.stats["listings"]
         new = store.tasks.new("t", {"n": 1})
         writes = store.graph.stats.snapshot()["writes"]
-        task = processor.start_new(new)
-        assert task is not None and task.id == new.id
+        admitted = processor.accept(new)
+        assert admitted.admission is Admission.STARTED and admitted.task.id == new.id
         assert store.graph.stats.snapshot()["writes"] == writes + 1
         stored = store.tasks.get(new.id)
         assert (stored.status, stored.owner, stored.version, stored.attempts) == (
@@ -692,22 +691,16 @@ def test_a_new_task_is_written_claimed_by_its_submitter_in_one_store_write(
         assert held.started.wait(10) and held.ran == [new.id]
         assert processor.stats["listings"] == listings  # no scan, no listing
 
-        # not tried: the one worker is busy; a uniqueness key, an ordering key, resources
-        # or a later due time need a look or a booking first; nothing written for any
-        for other in (store.tasks.new("t", {}), store.tasks.new("t", {}, unique_key="u"),
-                      store.tasks.new("t", {}, ordering_key="k"),
-                      store.tasks.new("t", {}, resources=["r"]),
-                      store.tasks.new("t", {}, run_at=codec.now() + timedelta(hours=1))):
-            assert processor.start_new(other) is None
-            assert other.id not in {t.id for t in store.tasks.all()}
-
-        # the lock taken away (the master freeing it): the watch set with the lock fires,
-        # the handler is cancelled and its attempt closed; the task goes back to WAITING
+        # an operator's cancel: the attempt closed and the fence moved in one write, the lock
+        # freed, the handler told (the mailbox's call); its end is refused, nothing more
+        store.cancel(new.id, "ops")
         assert force_release(s, new.id) == "m1"
-        assert wait_until(lambda: store.tasks.get(new.id).status is TaskStatus.WAITING, 10)
-        assert store.attempts.for_task(new.id)[0].status is AttemptStatus.CANCELLED_BY_SYSTEM
-        store.tasks.deactivate(new.id)  # not taken again by the scan a lost task asks for
+        assert processor.cancel_running(new.id, "cancelled by operator ops")
         assert wait_until(lambda: processor.running.free() == 1, 10)
+        assert wait_until(lambda: new.id not in processor.running, 10)
+        (closed,) = store.attempts.for_task(new.id)
+        assert closed.status is AttemptStatus.CANCELLED and "ops" in (closed.error or "")
+        assert not store.tasks.get(new.id).active
 
         # the write fails: the submit fails with nothing written and no lock left
         def unavailable(*args: object) -> tuple[Task, Attempt]:
@@ -718,7 +711,7 @@ def test_a_new_task_is_written_claimed_by_its_submitter_in_one_store_write(
         store.create_claimed = unavailable  # type: ignore[method-assign]
         try:
             with pytest.raises(StoreUnavailable):
-                processor.start_new(failing)
+                processor.accept(failing)
         finally:
             store.create_claimed = original  # type: ignore[method-assign]
         assert not s.client.exists(f"/locks/tasks/{failing.id}")
@@ -749,11 +742,14 @@ def test_a_batch_claim_that_partly_loses_keeps_what_it_won(
         assert claimer.stats["lock_busy"] == 1 and claimer.stats["stale"] == 1
         assert sorted(r.task.id for r in running.snapshot()) == sorted(r.task.id
                                                                         for r in started)
+        tokens = set()
         for r in started:
-            assert r.attempt is not None and r.token == r.lock.token
+            assert r.claim is not None and r.claim.token == r.lock.token
+            tokens.add(r.claim.token)
             assert store.tasks.get(r.task.id).status is TaskStatus.RUNNING
-            assert store.tasks.get(r.task.id).fence == r.token
+            assert store.tasks.get(r.task.id).fence == r.claim.token
             assert store.attempts.for_task(r.task.id)[0].status is AttemptStatus.RUNNING
+        assert len(tokens) == 1  # their locks were made in one transaction
         assert not mine.client.exists(f"/locks/tasks/{tasks[3].id}")  # released
         assert [a for a in store.attempts.for_task(tasks[3].id)] == []
         assert store.attempts.for_task(tasks[1].id) == []

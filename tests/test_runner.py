@@ -339,7 +339,8 @@ def test_deactivate_and_cancel_stop_a_running_attempt_cluster_wide(
     """`task deactivate` used to leave a running `diag.sleep 20` to run to SUCCEEDED. Now
     deactivate and cancel close the running attempt (CANCELLED, by the operator), fence its
     owner off and free its lock, whichever node answers the request; the owner's handler
-    stops at once, and the task stays stopped until it is reactivated."""
+    stops at once (a message in its mailbox), and the task stays stopped until it is
+    reactivated."""
     for _ in range(2):
         cluster.start_node()
     by_verb = {}
@@ -347,7 +348,7 @@ def test_deactivate_and_cancel_stop_a_running_attempt_cluster_wide(
         task_id = cluster.submit("diag.sleep", {"seconds": 20})
         owner = cluster.wait_running_on(task_id)
         log = cluster.nodes[owner].log_path
-        heard = log.read_text(errors="replace").count("lock was lost")
+        heard = log.read_text(errors="replace").count("its handler is stopped")
         asked = time.monotonic()
         result = cluster.cli("task", verb, task_id, *extra)
         assert result.exit_code == 0, result.output
@@ -355,9 +356,9 @@ def test_deactivate_and_cancel_stop_a_running_attempt_cluster_wide(
         assert attempt.status is AttemptStatus.CANCELLED, attempt
         assert "cancelled by operator" in (attempt.error or "") and attempt.id in result.output
         assert not cluster.task(task_id).active
-        # the owner hears it through its lock, within a second, and writes nothing more
+        # the owner hears it through its mailbox, within a second, and writes nothing more
         assert wait_until(lambda log=log, heard=heard: log.read_text(
-            errors="replace").count("lock was lost") > heard, 5)
+            errors="replace").count("its handler is stopped") > heard, 5)
         assert time.monotonic() - asked < 5
         assert wait_until(lambda t=task_id: t not in locks_held(zk_client), 5)
         by_verb[verb] = (task_id, attempt)

@@ -35,10 +35,12 @@ from runner.ontology import parse_ontology
 from runner.store import (
     AttemptStatus,
     Avatar,
+    Conclusion,
     Fence,
     GraphStore,
     Ontology,
     OntologyClass,
+    Task,
     TaskStatus,
     codec,
     open_store,
@@ -47,6 +49,7 @@ from runner.store.remote import SERIAL
 from runner.testing.gremlinserver import GremlinServer
 
 REMOTE_URL = os.environ.get("LATCHWORK_TEST_GREMLIN_URL")
+FINISHED_CHANGE = {"status": TaskStatus.WAITING, "finished": True}
 BRICK = Path(importlib.util.find_spec("brickschema").submodule_search_locations[0]) / (  # type: ignore[union-attr,index]
     "ontologies")
 
@@ -254,9 +257,9 @@ def test_a_new_task_written_claimed_is_what_a_create_and_a_claim_leave(
     assert (attempt.seq, attempt.status, attempt.fence, attempt.executor) == (
         1, AttemptStatus.RUNNING, 7, "m1")
     assert new.id in {t.id for t in store.tasks.unfinished()}
-    done = store.conclude(attempt, AttemptStatus.SUCCEEDED, None, None, task, 7,
-                          {"status": TaskStatus.WAITING, "finished": True},
-                          progress=codec.progress_json(10, 10, "done", codec.now()))
+    done = store.conclude(Conclusion.of(attempt, AttemptStatus.SUCCEEDED, task, 7,
+                                        {"status": TaskStatus.WAITING, "finished": True},
+                                        progress=codec.progress_json(10, 10, "done", codec.now())))
     assert store.tasks.get(new.id) == done and done.finished
     (ended,) = store.attempts.for_task(new.id)  # the last report went with the end
     assert ended.progress is not None and (ended.progress.done, ended.progress.message) == (
@@ -285,8 +288,8 @@ def test_claim_and_conclude_write_together_or_say_why(store: GraphStore) -> None
         store.claim(task, 6, "m2")
     assert counts(store) == before and store.tasks.get(listed.id) == task
 
-    done = store.conclude(attempt, AttemptStatus.SUCCEEDED, None, None, task, 7,
-                          {"status": TaskStatus.WAITING, "finished": True})
+    done = store.conclude(Conclusion.of(attempt, AttemptStatus.SUCCEEDED, task, 7,
+                                        {"status": TaskStatus.WAITING, "finished": True}))
     assert store.tasks.get(listed.id) == done and done.finished and not done.open
     (ended,) = store.attempts.for_task(listed.id)
     assert ended.status is AttemptStatus.SUCCEEDED and ended.ended_at is not None
@@ -297,8 +300,9 @@ def test_claim_and_conclude_write_together_or_say_why(store: GraphStore) -> None
     other = store.tasks.create("t")
     task, attempt = store.claim(other, 9, "m1")
     moved = store.tasks.deactivate(other.id)
-    after = store.conclude(attempt, AttemptStatus.FAILED, "boom", "Traceback", task, 9,
-                           {"status": TaskStatus.WAITING})
+    after = store.conclude(Conclusion.of(attempt, AttemptStatus.FAILED, task, 9,
+                                         {"status": TaskStatus.WAITING}, error="boom",
+                                         stack="Traceback"))
     (ended,) = store.attempts.for_task(other.id)
     assert (ended.status, ended.error, ended.stack_trace) == (AttemptStatus.FAILED, "boom",
                                                               "Traceback")
@@ -311,8 +315,8 @@ def test_claim_and_conclude_write_together_or_say_why(store: GraphStore) -> None
     task, attempt = store.claim(taken, 20, "m1")
     newer, _ = store.claim(store.tasks.get(taken.id), 21, "m2")
     with pytest.raises(AttemptAlreadyFinished):
-        store.conclude(attempt, AttemptStatus.SUCCEEDED, None, None, task, 20,
-                       {"status": TaskStatus.WAITING, "finished": True})
+        store.conclude(Conclusion.of(attempt, AttemptStatus.SUCCEEDED, task, 20,
+                                     {"status": TaskStatus.WAITING, "finished": True}))
     assert store.tasks.get(taken.id) == newer and not newer.finished
     first, second = store.attempts.for_task(taken.id)
     assert first.status is AttemptStatus.CANCELLED_BY_SYSTEM and "superseded" in (first.error
@@ -324,8 +328,8 @@ def test_claim_and_conclude_write_together_or_say_why(store: GraphStore) -> None
     task, attempt = store.claim(later, 30, "m1")
     newer = store.tasks.update(later.id, task.version, 31, owner="m2")
     with pytest.raises(StaleFencingToken):
-        store.conclude(attempt, AttemptStatus.SUCCEEDED, None, None, task, 30,
-                       {"status": TaskStatus.WAITING, "finished": True})
+        store.conclude(Conclusion.of(attempt, AttemptStatus.SUCCEEDED, task, 30,
+                                     {"status": TaskStatus.WAITING, "finished": True}))
     assert store.tasks.get(later.id) == newer
     (superseded,) = store.attempts.for_task(later.id)
     assert superseded.status is AttemptStatus.CANCELLED_BY_SYSTEM
@@ -335,8 +339,8 @@ def test_claim_and_conclude_write_together_or_say_why(store: GraphStore) -> None
     task, attempt = store.claim(third, 10, "m1")
     store.attempts.finish(attempt.id, AttemptStatus.CANCELLED_BY_SYSTEM, "owner left")
     with pytest.raises(AttemptAlreadyFinished):
-        store.conclude(attempt, AttemptStatus.SUCCEEDED, None, None, task, 10,
-                       {"status": TaskStatus.WAITING, "finished": True})
+        store.conclude(Conclusion.of(attempt, AttemptStatus.SUCCEEDED, task, 10,
+                                     {"status": TaskStatus.WAITING, "finished": True}))
     assert store.tasks.get(third.id) == task
     (closed,) = store.attempts.for_task(third.id)
     assert closed.status is AttemptStatus.CANCELLED_BY_SYSTEM
@@ -350,8 +354,8 @@ def test_claim_and_conclude_write_together_or_say_why(store: GraphStore) -> None
                                             "owner left", executor="m1")
     assert [a.id for a in closed_now] == [attempt.id]
     with pytest.raises(AttemptAlreadyFinished):
-        store.conclude(attempt, AttemptStatus.SUCCEEDED, None, None, task, 11,
-                       {"status": TaskStatus.WAITING, "finished": True})
+        store.conclude(Conclusion.of(attempt, AttemptStatus.SUCCEEDED, task, 11,
+                                     {"status": TaskStatus.WAITING, "finished": True}))
     assert store.tasks.get(fourth.id) == back
     with pytest.raises(TaskNotFound):
         store.attempts.get("no-such-attempt")
@@ -382,8 +386,8 @@ def test_closing_the_owners_attempt_moves_the_fence_so_the_owner_can_write_nothi
     # any later lock holder (a later czxid) still claims it and writes as its owner
     again, second = store.claim(back, 55, "m2")
     store.fenced_write(Fence(listed.id, 55), lambda g: g.add_v("effect").iterate())
-    done = store.conclude(second, AttemptStatus.SUCCEEDED, None, None, again, 55,
-                          {"status": TaskStatus.WAITING, "finished": True})
+    done = store.conclude(Conclusion.of(second, AttemptStatus.SUCCEEDED, again, 55,
+                                        {"status": TaskStatus.WAITING, "finished": True}))
     assert done.finished
     assert [a.status for a in store.attempts.for_task(listed.id)] == [
         AttemptStatus.CANCELLED_BY_SYSTEM, AttemptStatus.SUCCEEDED]
@@ -408,7 +412,7 @@ def test_a_resource_claimed_by_another_attempt_refuses_the_previous_holders_succ
     _, other = store.claim(second, 9, "m2")
     finished = {"status": TaskStatus.WAITING, "finished": True}
     with pytest.raises(ResourceTaken) as refused:
-        store.conclude(attempt, AttemptStatus.SUCCEEDED, None, None, task, 7, finished)
+        store.conclude(Conclusion.of(attempt, AttemptStatus.SUCCEEDED, task, 7, finished))
     assert refused.value.resource == "aspect:geo" and refused.value.attempt_id == attempt.id
     with pytest.raises(ResourceTaken):
         store.complete(attempt, task, 7, lambda g: g.add_v("effect"))
@@ -419,18 +423,18 @@ def test_a_resource_claimed_by_another_attempt_refuses_the_previous_holders_succ
     assert store.tasks.get(first.id) == task
     # a fenced write without the attempt (an older caller) is guarded by the token alone
     store.fenced_write(Fence(task.id, 7), lambda g: g.add_v("effect").iterate())
-    back = store.conclude(attempt, AttemptStatus.CANCELLED_BY_SYSTEM, "lost its hold", None,
-                          task, 7, {"status": TaskStatus.WAITING})
+    back = store.conclude(Conclusion.of(attempt, AttemptStatus.CANCELLED_BY_SYSTEM, task, 7,
+                                        {"status": TaskStatus.WAITING}, error="lost its hold"))
     assert not back.finished and store.attempts.get(attempt.id).ended_at is not None
     # the next holder's success stands; a success written before the next claim stands too
     other_task = store.tasks.get(second.id)
-    done = store.conclude(other, AttemptStatus.SUCCEEDED, None, None, other_task, 9, finished)
+    done = store.conclude(Conclusion.of(other, AttemptStatus.SUCCEEDED, other_task, 9, finished))
     assert done.finished
     task3, attempt3 = store.claim(third, 10, "m3")
-    store.conclude(attempt3, AttemptStatus.SUCCEEDED, None, None, task3, 10, finished)
+    store.conclude(Conclusion.of(attempt3, AttemptStatus.SUCCEEDED, task3, 10, finished))
     again, retried = store.claim(back, 11, "m1")
     assert retried.started_at >= store.attempts.get(attempt3.id).ended_at  # type: ignore[operator]
-    store.conclude(retried, AttemptStatus.SUCCEEDED, None, None, again, 11, finished)
+    store.conclude(Conclusion.of(retried, AttemptStatus.SUCCEEDED, again, 11, finished))
     assert store.tasks.get(first.id).finished
 
 
@@ -449,8 +453,8 @@ def test_a_claim_with_an_older_token_cannot_take_a_resource_from_a_newer_holder(
     store.attempts.finish(attempt.id, AttemptStatus.FAILED, "commit conflict: retried")
     again, retried = store.claim(store.tasks.get(newer.id), 20, "m2")  # the same token
     finished = {"status": TaskStatus.WAITING, "finished": True}
-    assert store.conclude(retried, AttemptStatus.SUCCEEDED, None, None, again, 20,
-                          finished).finished
+    assert store.conclude(Conclusion.of(retried, AttemptStatus.SUCCEEDED, again, 20,
+                                        finished)).finished
 
 
 def test_an_operator_cancel_closes_the_running_attempt_and_fences_its_owner(
@@ -463,8 +467,8 @@ def test_an_operator_cancel_closes_the_running_attempt_and_fences_its_owner(
     assert ended.status is AttemptStatus.CANCELLED and "cancelled by operator alice@ops" in (
         ended.error or "")
     with pytest.raises(AttemptAlreadyFinished):
-        store.conclude(attempt, AttemptStatus.SUCCEEDED, None, None, task, 70,
-                       {"status": TaskStatus.WAITING, "finished": True})
+        store.conclude(Conclusion.of(attempt, AttemptStatus.SUCCEEDED, task, 70,
+                                     {"status": TaskStatus.WAITING, "finished": True}))
     assert store.tasks.get(listed.id) == stopped
     # cancelling what is not running only deactivates it; twice changes nothing
     idle = store.tasks.create("t")
@@ -778,3 +782,44 @@ def test_search_pages_newest_first_by_filters_and_counts_per_state(
         TaskFilter(state="lost")
     with pytest.raises(InvalidValue):
         TaskFilter(state=("running", "lost"))
+
+
+def test_claims_and_ends_of_several_tasks_are_one_write_each_refusal_its_own(
+        store: GraphStore) -> None:
+    """``claim_many`` and ``conclude_many``: one write (one traversal) for the batch; a task
+    that moved on since it was listed, or one whose fence is newer, is refused alone (its
+    error in its place, nothing of it written) and the others are written; an end whose
+    attempt someone closed, or whose task another owner took, is refused alone too."""
+    tasks = [store.tasks.create("t", {"n": n}) for n in range(5)]
+    store.tasks.update(tasks[1].id, tasks[1].version, None, priority=3)  # moved on
+    tasks[3] = store.tasks.update(tasks[3].id, tasks[3].version, 50)  # a newer owner's fence
+    writes = store.graph.stats.snapshot()["writes"]
+    claimed = store.claim_many([(t, 20 + n) for n, t in enumerate(tasks)], "m1")
+    assert store.graph.stats.snapshot()["writes"] == writes + 1
+    assert isinstance(claimed[1], CommitConflict) and isinstance(claimed[3], StaleFencingToken)
+    won = [(n, c) for n, c in enumerate(claimed) if isinstance(c, tuple)]
+    assert [n for n, _ in won] == [0, 2, 4]
+    for n, (task, attempt) in won:
+        assert store.tasks.get(task.id) == task and task.status is TaskStatus.RUNNING
+        assert (task.fence, task.owner, attempt.seq) == (20 + n, "m1", 1)
+        assert store.attempts.for_task(task.id) == [attempt]
+    assert store.attempts.for_task(tasks[1].id) == []
+    assert store.tasks.get(tasks[3].id).fence == 50
+    with pytest.raises(ValueError):
+        store.claim_many([(store.tasks.create("r", resources=["printer"]), 1)], "m1")
+
+    (_, (t0, a0)), (_, (t2, a2)), (_, (t4, a4)) = won
+    store.attempts.finish(a2.id, AttemptStatus.CANCELLED, "cancelled by an operator")
+    store.tasks.update(t4.id, t4.version, 99)  # another owner took it since
+    ends = [Conclusion.of(a, AttemptStatus.SUCCEEDED, t, t.fence, FINISHED_CHANGE)
+            for t, a in ((t0, a0), (t2, a2), (t4, a4))]
+    writes = store.graph.stats.snapshot()["writes"]
+    done = store.conclude_many(ends)
+    assert isinstance(done[0], Task) and done[0].finished
+    assert isinstance(done[1], AttemptAlreadyFinished)
+    assert isinstance(done[2], StaleFencingToken)
+    assert store.attempts.get(a0.id).status is AttemptStatus.SUCCEEDED
+    assert store.attempts.get(a2.id).status is AttemptStatus.CANCELLED
+    assert store.attempts.get(a4.id).status is AttemptStatus.CANCELLED_BY_SYSTEM  # superseded
+    assert not store.tasks.get(t4.id).finished
+    assert store.graph.stats.snapshot()["writes"] >= writes + 1

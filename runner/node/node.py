@@ -40,10 +40,12 @@ from typing import Any
 from coord import (
     LeaderLatch,
     LifecycleError,
+    Mailbox,
     Membership,
     SessionState,
     force_release,
 )
+from coord.mailbox import post
 from messaging import MessageBus, Topology, ZkProcessedLog
 from runner import __version__, logs
 from runner.config import Settings
@@ -72,7 +74,7 @@ from runner.tasks.master.duties import MasterDuties
 from runner.tasks.master.incidents import IncidentWatch, load_hooks
 from runner.tasks.master.retention import Retention
 from runner.tasks.master.schedules import ScheduleFirer
-from runner.tasks.worker.loop import LoopSettings, TaskLoop
+from runner.tasks.worker.loop import Admission, LoopSettings, TaskLoop
 
 log = logging.getLogger("latchwork.node")
 
@@ -274,6 +276,9 @@ class Node:
         closers.callback(master.close)
         processor.start()
         closers.callback(processor.close, s.shutdown_timeout)  # attempts written, locks freed
+        # an operator's cancel (on any node) reaches the handler through this mailbox
+        mailbox = Mailbox(self.session, member, self._mail).start()
+        closers.callback(mailbox.close)
         sync.start_watching()
         closers.callback(sync.close)
         if metrics is not None:
@@ -325,11 +330,11 @@ class Node:
         type's resources besides the request's): the API's ``task.submit`` and every task the
         node makes itself (schedule fires, stream copies, aspect tasks) come through here.
 
-        When a worker of this node is free and the task needs nothing looked up or booked
-        first, it is written already claimed by this node and starts at once
-        (:meth:`TaskLoop.start_new`: its lock, then one store write). Otherwise it is written
-        WAITING, then this node claims it if a worker is free (:meth:`TaskLoop.offer`) and
-        every node is told to scan (TRIGGER_SCAN) when it does not. A task due later than the
+        The task loop takes it (:meth:`TaskLoop.accept`): when a worker of this node is free
+        and the task needs nothing looked up or booked first, it is written already claimed by
+        this node and starts at once (its lock, then one store write); otherwise it is written
+        WAITING, and every node is told to scan (TRIGGER_SCAN) when this one cannot start it
+        now. A task due later than the
         open queue's horizon waits in a time bucket: the bucket cursor is made sure of first
         (:mod:`runner.tasks.due`)."""
         kind = self.registry.get(req.type)
@@ -342,26 +347,32 @@ class Node:
                                    else req.priority, run_at=run_at,
                                    ordering_key=req.ordering_key,
                                    resources=[*kind.resources, *req.resources])
-        started = self.processor.start_new(new)
-        if started is not None:
-            return started
-        task = self.store.tasks.add(new)
+        admitted = self.processor.accept(new)
+        if admitted.admission is Admission.ELSEWHERE:
+            self.bus.broadcast("TRIGGER_SCAN", {"task": admitted.task.id})
+        return admitted.task
 
-        def tell_others() -> None:
-            self.bus.broadcast("TRIGGER_SCAN", {"task": task.id})
-
-        if not self.processor.offer(task, otherwise=tell_others):
-            tell_others()
-        return task
+    def _mail(self, name: str, data: bytes) -> None:
+        """A message in this member's mailbox: ``cancel-<task id>`` (an operator's cancel,
+        written on whichever node took it) stops that task's handler here."""
+        kind, _, task_id = name.partition("-")
+        if kind == "cancel" and task_id:
+            reason = data.decode(errors="replace") or "cancelled by an operator"
+            if self.processor.cancel_running(task_id, reason):
+                log.warning("member %s: task %s: its handler is stopped: %s", self.member_id,
+                            task_id, reason)
 
     def cancel(self, task_id: str, by: str, reason: str | None = None) -> dict[str, Any]:
         """Deactivate a task and cancel its running attempt cluster-wide: the attempt ends
         CANCELLED and the task's fence moves on in one write (the owner can write nothing
-        more), then the owner's lock node is deleted, which its lost-lock listener turns into
-        a cancellation of the handler within a ZooKeeper round trip."""
+        more), then the owner's lock node is deleted and a ``cancel-<task id>`` message left
+        in the owner's mailbox, which cancels its handler within a ZooKeeper round trip."""
         task, closed = self.store.cancel(task_id, by, reason)
         if closed:
             owner = force_release(self.session, task_id)
+            for attempt in closed:  # the owner stops its handler (its mailbox)
+                post(self.session, attempt.executor, f"cancel-{task_id}",
+                     (attempt.error or "cancelled by an operator").encode())
             log.warning("member %s: task %s (%s) cancelled by operator %s; its attempt on %s "
                         "was stopped", self.member_id, task_id, task.type, by, owner)
         return {**task_view(task), "cancelled_attempts": [a.id for a in closed]}

@@ -26,6 +26,7 @@ from runner.store.gremlin.avatars import GremlinAvatarStore
 from runner.store.gremlin.ontologies import GremlinOntologyStore
 from runner.store.gremlin.store import GraphStore, open_store
 from runner.store.gremlin.tasks import GremlinTaskStore
+from runner.store.gremlin.writes import Conclusion
 from runner.store.model import (
     Attempt,
     AttemptStatus,
@@ -44,7 +45,8 @@ from runner.store.remote import RemoteGraph
 
 __all__ = [
     "Attempt", "AttemptAlreadyFinished", "AttemptLog", "AttemptStatus", "Avatar", "AvatarStore",
-    "CommitConflict", "EmbeddedGraph", "Fence", "Graph", "GraphStore", "GremlinAttemptLog",
+    "CommitConflict", "Conclusion", "EmbeddedGraph", "Fence", "Graph", "GraphStore",
+    "GremlinAttemptLog",
     "GremlinAvatarStore", "GremlinOntologyStore", "GremlinTaskStore", "InvalidValue",
     "LoadResult", "Ontology", "OntologyClass", "OntologyNotFound", "OntologyRecord",
     "OntologyStore", "Progress", "RemoteGraph", "ResourceTaken",

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from runner.errors import AttemptAlreadyFinished, CommitConflict, StaleFencingToken
-from runner.store import AttemptStatus, GraphStore, TaskStatus, open_store
+from runner.store import AttemptStatus, Conclusion, GraphStore, TaskStatus, open_store
 from runner.store.remote import SERIAL
 
 
@@ -78,9 +78,8 @@ def _cycles(store: GraphStore, name: str, index: int, rounds: int) -> list[str]:
                 task, attempt = store.claim(current, _token(index), name)
                 if rng.random() < 0.5:
                     continue  # left open: the next claim supersedes it
-                store.conclude(attempt, AttemptStatus.SUCCEEDED, None, None, task,
-                               attempt.fence,
-                               {"status": TaskStatus.WAITING, "finished": finish})
+                store.conclude(Conclusion.of(attempt, AttemptStatus.SUCCEEDED, task, attempt.fence,
+                                             {"status": TaskStatus.WAITING, "finished": finish}))
             except (CommitConflict, StaleFencingToken, AttemptAlreadyFinished):
                 continue
             if finish:

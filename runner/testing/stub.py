@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.errors import AttemptAlreadyFinished, ResourceTaken, StaleFencingToken
-from runner.store import Attempt, AttemptStatus, GraphStore, Task, open_store
+from runner.store import Attempt, AttemptStatus, Conclusion, GraphStore, Task, open_store
 from runner.tasks import CancelToken, Services, TaskContext, TaskRegistry, TaskType
 from runner.tasks.authoring import TaskDeclaration
 from runner.tasks.outcomes import (
@@ -155,9 +155,9 @@ class TaskStub:
             run.outcome = Outcome.FINISHED
         else:
             result = run.result
-            run.task = self.store.conclude(attempt, result.status, result.error, result.stack,
-                                           run.task, token, task_changes(run.outcome, run_at),
-                                           progress=progress)
+            run.task = self.store.conclude(Conclusion.of(
+                attempt, result.status, run.task, token, task_changes(run.outcome, run_at),
+                error=result.error, stack=result.stack, progress=progress))
         run.attempt = self.store.attempts.get(attempt.id)
         return run
 

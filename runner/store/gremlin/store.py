@@ -14,18 +14,19 @@ would rebuild the others' guards.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from datetime import datetime
-from typing import Any, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NoReturn, TypeVar
 
 from runner.errors import (
     AttemptAlreadyFinished,
     CommitConflict,
     InvalidValue,
     StaleFencingToken,
+    StoreError,
 )
 from runner.store import migrations
 from runner.store.graph import Graph, location, open_graph
+from runner.store.gremlin import batch
 from runner.store.gremlin.attempts import GremlinAttemptLog
 from runner.store.gremlin.avatars import GremlinAvatarStore
 from runner.store.gremlin.guards import (
@@ -44,7 +45,8 @@ from runner.store.gremlin.search import GremlinTaskSearch
 from runner.store.gremlin.steps import add_vertex
 from runner.store.gremlin.tasks import GremlinTaskStore
 from runner.store.gremlin.writes import (
-    TaskChange,
+    AttemptEnd,
+    Conclusion,
     attempt_end,
     attempt_start,
     claim_resources,
@@ -106,13 +108,8 @@ class GraphStore:
         """
         change = task_change(task, fence_token,
                              {"status": TaskStatus.RUNNING, "owner": member_id}, new_attempt=True)
-        ends = []
-        if task.status is TaskStatus.RUNNING:  # ended before the new attempt starts
-            ends = [attempt_end(a, AttemptStatus.CANCELLED_BY_SYSTEM,
-                                f"cancelled by system: superseded by {member_id} (token "
-                                f"{fence_token}); its executor {a.executor} had lost the task")
-                    for a in self.attempts.for_task(task.id)
-                    if a.status is AttemptStatus.RUNNING]
+        ends = (self.superseded(task, member_id, fence_token)
+                if task.status is TaskStatus.RUNNING else [])  # ended before the new start
         if task.resources:
             started = claim_resources(self.graph, change, ends, member_id, fence_token,
                                       task.resources)
@@ -124,10 +121,23 @@ class GraphStore:
             start.add_to(w, change.add_to(w))
             started = start.attempt if matched_write(self.graph, w.traverse) else None
         if started is None:
-            # moved on since it was listed: a fresh read says how (or it is a plain conflict)
-            self._tasks.prepare_update(task.id, task.version, fence_token, {})
-            raise CommitConflict(task.id, task.version, None)
+            self.claim_refused(task, fence_token)
         return change.task, started
+
+    def claim_refused(self, task: Task, fence_token: int) -> NoReturn:
+        """Why a claim of ``task`` as listed matched nothing: it moved on since it was listed
+        (a fresh read says how: :class:`StaleFencingToken`, ``TaskNotFound``...), or a plain
+        :class:`CommitConflict`."""
+        self._tasks.prepare_update(task.id, task.version, fence_token, {})
+        raise CommitConflict(task.id, task.version, None)
+
+    def superseded(self, task: Task, member_id: str, fence_token: int) -> list[AttemptEnd]:
+        """The ends of the RUNNING attempts of ``task`` (listed RUNNING: its owner left without
+        ending them) that a claim by ``member_id`` closes in its own write (one read)."""
+        return [attempt_end(a, AttemptStatus.CANCELLED_BY_SYSTEM,
+                            f"cancelled by system: superseded by {member_id} (token "
+                            f"{fence_token}); its executor {a.executor} had lost the task")
+                for a in self.attempts.for_task(task.id) if a.status is AttemptStatus.RUNNING]
 
     def create_claimed(self, task: Task, fence_token: int,
                        member_id: str) -> tuple[Task, Attempt]:
@@ -145,13 +155,10 @@ class GraphStore:
         self.graph.write(lambda g: start.extend(add_vertex(g, "task", props)).iterate())
         return change.task, start.attempt
 
-    def conclude(self, attempt: Attempt, attempt_status: AttemptStatus, error: str | None,
-                 stack_trace: str | None, task: Task, fence_token: int,
-                 changes: Mapping[str, object], *, progress: str | None = None,
-                 ended: datetime | None = None) -> Task:
-        """End ``attempt`` and update ``task`` as its owner (token ``fence_token``), in one
-        traversal guarded by the attempt being RUNNING and the task's version and fence; no
-        read when both still hold.
+    def conclude(self, c: Conclusion) -> Task:
+        """Write conclusion ``c`` as the task's owner: the attempt's end and the task's change
+        in one traversal guarded by the attempt being RUNNING and the task's version and fence;
+        no read when both still hold (:meth:`conclude_many`: several in one write).
 
         * The attempt was closed by someone else (the master's reaper, an operator's cancel):
           :class:`AttemptAlreadyFinished`, and nothing is written: that close moved the fence.
@@ -164,43 +171,49 @@ class GraphStore:
           (its holder lost its ZooKeeper hold): :class:`~runner.errors.ResourceTaken`,
           and nothing is written; the owner ends the attempt otherwise.
         """
-        end = attempt_end(attempt, attempt_status, error, stack_trace, progress, ended)
-        change = task_change(task, fence_token, changes)
-        needs = task.resources if attempt_status is AttemptStatus.SUCCEEDED else ()
-        held = fence_finds(Fence(task.id, fence_token, attempt.id, needs))[1:]
-
-        def guarded(change: TaskChange, with_end: bool) -> Callable[[Any], Any]:
-            w = Write()
-            if with_end:
-                end.add_to(w)
-            change.add_to(w)
-            for find in held:
-                w.guard(find)
-            return w.traverse
-
-        if matched_write(self.graph, guarded(change, True)):
+        change = task_change(c.task, c.token, c.changes)
+        if matched_write(self.graph, c.write(change).traverse):
             return change.task
+        return self.conclude_refused(c)
+
+    def conclude_refused(self, c: Conclusion) -> Task:
+        """:meth:`conclude` after its guarded write matched nothing: read what moved, and
+        write again, or raise what it means (see :meth:`conclude`)."""
+        end, task = c.end, c.task
 
         def once() -> Task | None:
-            current = self._attempts.get(attempt.id)
+            current = self._attempts.get(end.attempt_id)
             # a write whose answer was lost (the server unreachable after it ran) may have
             # ended the attempt already: that end is ours, not a close by someone else
             ours = (current.status is end.attempt.status
                     and current.ended_at == end.attempt.ended_at)
             if current.status is not AttemptStatus.RUNNING and not ours:
                 raise AttemptAlreadyFinished(
-                    f"attempt {attempt.id} is already {current.status.value}")
+                    f"attempt {end.attempt_id} is already {current.status.value}")
             task_now = self._tasks.get(task.id)
-            if task_now.fence > fence_token:
+            if task_now.fence > c.token:
                 if not ours:
-                    self._end_superseded(attempt, fence_token)
-                raise StaleFencingToken(task.id, fence_token, task_now.fence)
-            again = task_change(task_now, fence_token, changes)
-            if held:
-                self.graph.read(lambda g: resource_guard(g, task.id, attempt.id, needs))
-            return again.task if matched_write(self.graph, guarded(again, not ours)) else None
+                    self._end_superseded(current, c.token)
+                raise StaleFencingToken(task.id, c.token, task_now.fence)
+            again = task_change(task_now, c.token, c.changes)
+            if c.needs:
+                self.graph.read(lambda g: resource_guard(g, task.id, end.attempt_id, c.needs))
+            return again.task if matched_write(self.graph,
+                                               c.write(again, not ours).traverse) else None
 
         return until_written(once, task.id)
+
+    def claim_many(self, claims: Sequence[tuple[Task, int]], member_id: str
+                   ) -> list[tuple[Task, Attempt] | StoreError]:
+        """:meth:`claim` of several tasks without resources, in one write (one traversal);
+        each task's claim or the store's refusal of it, in order (:mod:`.batch`)."""
+        return batch.claim_many(self, claims, member_id)
+
+    def conclude_many(self, conclusions: Sequence[Conclusion]) -> list[Task | StoreError]:
+        """:meth:`conclude` of several attempts in one write (one traversal); each task as
+        written or the store's refusal of that conclusion, in order (:mod:`.batch`). The graph
+        out of reach raises for the whole batch."""
+        return batch.conclude_many(self, conclusions)
 
     def _end_superseded(self, attempt: Attempt, fence_token: int) -> None:
         try:

@@ -128,6 +128,46 @@ class AttemptEnd:
             raise AttemptAlreadyFinished(f"attempt {self.attempt_id} was finished meanwhile")
 
 
+@dataclass(frozen=True)
+class Conclusion:
+    """What an attempt came to, as its owner writes it: the attempt's end and the task's new
+    state (``changes``), guarded by the owner's ``token``; ``task`` as the owner last read or
+    wrote it. The one value an attempt's end travels as, from the handler's return through
+    the group commit to the store (``GraphStore.conclude``, ``conclude_many``)."""
+    end: AttemptEnd
+    task: Task
+    token: int
+    changes: Mapping[str, Any]
+
+    @classmethod
+    def of(cls, attempt: Attempt, status: AttemptStatus, task: Task, token: int,
+           changes: Mapping[str, Any], *, error: str | None = None, stack: str | None = None,
+           progress: str | None = None, ended: datetime | None = None) -> Conclusion:
+        return cls(attempt_end(attempt, status, error, stack, progress, ended), task, token,
+                   changes)
+
+    @property
+    def status(self) -> AttemptStatus:
+        return self.end.attempt.status
+
+    @property
+    def needs(self) -> tuple[str, ...]:
+        """The resources the write is guarded by: a success needs them still held."""
+        return self.task.resources if self.status is AttemptStatus.SUCCEEDED else ()
+
+    def write(self, change: TaskChange, with_end: bool = True) -> Write:
+        """The guarded write of this conclusion over ``change`` (the task as it is to be
+        written): the attempt still RUNNING (``with_end``), the task's version and fence, and
+        for a success each resource still held by the attempt."""
+        w = Write()
+        if with_end:
+            self.end.add_to(w)
+        change.add_to(w)
+        for name in sorted(set(self.needs)):
+            w.guard(finder(("resource_name", name), ("resource_holder", self.end.attempt_id)))
+        return w
+
+
 def task_change(task: Task, fence_token: int | None, changes: Mapping[str, Any],
                 new_attempt: bool = False, move_fence: bool = False) -> TaskChange:
     """The change of ``task`` as it was read (at ``task.version``), without reading it again:

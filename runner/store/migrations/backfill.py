@@ -24,10 +24,10 @@ class TaskBackfill:
 
     * embedded (gremlite): windows of vertex ids (index lookups, in id order) up to the highest
       id; each page's changes and the cursor (the next id) in one transaction;
-    * remote: the tasks still lacking ``marker`` (``has(task_id).has(task_state)
-      .not(has(marker))``), ``page`` at a time, each written as traversals of at most
-      :data:`REMOTE_CHUNK` tasks (a task's change a ``sideEffect``, so a frame stays small); the
-      predicate is the cursor.
+    * remote: one walk over the tasks for the vertex ids of those still lacking ``marker``
+      (``has(task_id).has(task_state).not(has(marker))``: the predicate is the cursor of a run
+      killed half-way), then ``page`` of them at a time by id, written as traversals of at most
+      :data:`REMOTE_CHUNK` tasks (a task's change a ``sideEffect``, so a frame stays small).
     """
 
     version: int
@@ -79,30 +79,34 @@ class TaskBackfill:
                 dry_run: bool) -> tuple[int, int]:
         def lacking(g: Any) -> Any:
             return self._needs(g.V().has("task_id").has("task_state"))
-        total = int(graph.read(lambda g: lacking(g).count().next()))
+        # one walk over the tasks for the ids of those still lacking the change (a keyset of
+        # the predicate would walk them again for every page); then pages by id lookups
+        ids = list(graph.read(lambda g: lacking(g).id_().to_list()))
         unreadable = int(graph.read(lambda g: g.V().has("task_id")
                                     .not_(__.has("task_state")).count().next()))
+        total = len(ids)
         if dry_run:
             progress(total, total)
             return total, unreadable
         changed = 0
-        while True:
-            rows = graph.read(lambda g: lacking(g).limit(page).element_map().to_list())
-            if not rows:
-                return changed, unreadable
-            changes, _ = self._changes(rows)
-            for at in range(0, len(changes), REMOTE_CHUNK):
-                chunk = changes[at:at + REMOTE_CHUNK]
+        for at in range(0, total, page):
+            window = ids[at:at + page]
+            def read(g: Any, window: list[Any] = window) -> list[Any]:
+                return list(self._needs(g.V(*window)).element_map().to_list())
+            changes, _ = self._changes(graph.read(read))
+            for c in range(0, len(changes), REMOTE_CHUNK):
+                chunk = changes[c:c + REMOTE_CHUNK]
 
                 def write(g: Any, chunk: list[tuple[str, dict[str, Any]]] = chunk) -> None:
-                    t = g.inject(0)
+                    t = g.V().has("task_id", chunk[0][0])  # one traverser to hang them on
                     for task_id, props in chunk:
                         t = t.side_effect(set_props(self._needs(
                             __.V().has("task_id", task_id)), props))
                     t.iterate()
                 graph.write(write)
                 changed += len(chunk)
-                progress(changed, max(total, changed))
+            progress(min(at + page, total), total)
+        return changed, unreadable
 
 
 #: tasks per traversal on a remote graph (a change is about 10 steps: within gremlite's and a

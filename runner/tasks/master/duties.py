@@ -30,11 +30,15 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from coord import CoordError, LeaderLatch, Session, force_release, held_locks, read_members
+from coord import mailbox as mailboxes
 from runner import logs
 from runner.errors import StoreError, TaskNotFound
 from runner.store import AttemptStatus, GraphStore
 from runner.tasks import due
 from runner.tasks.observer import Observer, notify_freed
+
+#: seconds between the master's prunes of the mailboxes of members that are gone
+MAILBOX_PRUNE_INTERVAL = 10.0
 
 log = logging.getLogger("latchwork.master")
 
@@ -66,6 +70,7 @@ class MasterDuties:
         self.duties = list(duties)
         self.observers = list(observers)  # hear each lock freed (runner.tasks.observer)
         self._next_prune = 0.0
+        self._next_mail_prune = 0.0
         self._stop = threading.Event()
         self._wake = threading.Event()
         #: the on-master action's thread, while it may run (close waits for it)
@@ -170,6 +175,9 @@ class MasterDuties:
                 self._close_attempts(attempt.task_id, attempt.executor)
                 if attempt.task_id not in freed:
                     freed.append(attempt.task_id)
+        if time.monotonic() >= self._next_mail_prune:  # the mailboxes of members gone
+            self._next_mail_prune = time.monotonic() + MAILBOX_PRUNE_INTERVAL
+            mailboxes.prune(self.session, members)
         if self.processed is not None and time.monotonic() >= self._next_prune:
             self._next_prune = time.monotonic() + self.prune_interval
             removed = self.processed.prune(self.processed_retention)

@@ -1,4 +1,5 @@
-"""The order a node tries the open tasks in: pure functions over a listing, no I/O.
+"""The order a node tries the open tasks in (pure functions over a listing, no I/O), and
+:class:`Backlog`, the candidates of the last listing and how fresh each is.
 
 Priority first. Within a priority, this member's preferred tasks in first-come order, then the
 others' tasks in first-come order by windows shuffled per node. Every node reads the same list;
@@ -12,11 +13,19 @@ this member not in it: no preferred tasks, shuffled windows only. Nothing here c
 
 from __future__ import annotations
 
+import logging
 import random
+import time
 import zlib
+from collections import Counter
+from collections.abc import Callable
 from datetime import datetime
 
-from runner.store import Task, TaskStatus
+from runner.errors import StoreError
+from runner.store import GraphStore, Task, TaskStatus, codec
+from runner.tasks.worker.timing import DueTimer
+
+log = logging.getLogger("latchwork.tasks")
 
 
 def preferred_index(task_id: str, members: int) -> int:
@@ -91,3 +100,118 @@ def candidates(tasks: list[Task], live: set[str] | None, member_id: str,
             random.shuffle(chunk)
             ordered.extend((t, False) for t in chunk)
     return ordered
+
+
+class Backlog:
+    """The candidates of this node's last listing of the open tasks, in the order to try them,
+    each with when its version was last confirmed and whether this member is its preferred
+    one; the listed tasks not due yet wait on ``later`` (:class:`DueTimer`).
+
+    A listing goes stale fast (short tasks finish while a scan walks it, other nodes claim
+    from the same list), so before a lock and a claim are spent on a candidate whose version
+    was last seen more than ``fresh_for`` seconds ago (``own_fresh_for`` for a task this
+    member is preferred for: the others take those only after their own), one read of the
+    versions of the next few candidates drops those that changed since (:meth:`take`). When a
+    whole read finds only changed ones the rest is likely stale too: the open tasks are listed
+    again, unless listing would then take more than ``relist_share`` of the time (a listing
+    costs in proportion to the open tasks, a version read to the candidates it checks), in
+    which case the next read covers more candidates at once.
+
+    Failure behaviour: a listing or a version read that fails is logged and the scan ends;
+    the next one tries again."""
+
+    def __init__(self, store: GraphStore, member_id: str, workers: int, later: DueTimer,
+                 stats: Counter[str], *, fresh_for: float = 0.05, own_fresh_for: float = 1.0,
+                 relist_share: float = 0.1) -> None:
+        self.store = store
+        self.member_id = member_id
+        self.workers = workers
+        self.later = later
+        self.stats = stats
+        self.fresh_for = fresh_for
+        self.own_fresh_for = own_fresh_for
+        self.relist_share = relist_share
+        self.items: list[tuple[Task, float, bool]] = []  # (task, version seen at, own)
+        self.listed = (0.0, 0.0)  # when the last listing ended, and how long it took
+        self._stale_chunks = 0  # version reads in a row that found every candidate changed
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
+
+    def load(self, candidates: list[tuple[Task, bool]], seen: float | None = None) -> None:
+        """Replace the candidates (each with whether it is this member's)."""
+        at = time.monotonic() if seen is None else seen
+        self.items = [(t, at, own) for t, own in candidates]
+        self._stale_chunks = 0
+
+    def push_front(self, tasks: list[tuple[Task, bool]]) -> None:
+        now = time.monotonic()
+        self.items[:0] = [(t, now, own) for t, own in tasks]
+
+    def list_open(self, live: set[str] | None) -> bool:
+        """List the open tasks into the backlog, in the order to try them, and plan those not
+        due yet; False when the store cannot be read (logged)."""
+        began = time.monotonic()
+        try:
+            listing = self.store.tasks.unfinished()
+            self.stats["listings"] += 1
+        except StoreError as exc:
+            log.error("member %s: cannot list tasks: %s", self.member_id, exc)
+            return False
+        seen = time.monotonic()
+        self.listed = (seen, seen - began)
+        keyed_first, behind = first_per_key(listing)
+        self.stats["behind_key"] += behind
+        tasks, skipped = unowned(keyed_first, live, self.member_id)
+        self.stats["skipped_running"] += skipped
+        ready, later = split_due(tasks, codec.now())
+        self.load(candidates(ready, live, self.member_id, self.workers), seen)
+        self.later.plan([(t, is_preferred(t.id, live, self.member_id)) for t in later])
+        return True
+
+    def may_relist(self) -> bool:
+        """Whether listing again now keeps listing within ``relist_share`` of the time."""
+        listed_at, took = self.listed
+        return time.monotonic() - listed_at >= took / self.relist_share
+
+    def take(self, free: int, taken: Callable[[str], bool],
+             relist: Callable[[], bool]) -> list[Task] | None:
+        """Up to ``free`` candidates, each still trusted (a version read first when needed),
+        removed from the backlog; ``taken(task_id)``: this node has it already. An empty list
+        when the backlog ran out; None when the store could not be read (logged)."""
+        while self.items:
+            task, seen, own = self.items[0]
+            trusted = self.own_fresh_for if own else self.fresh_for
+            if time.monotonic() - seen > trusted:
+                size = max(4, 2 * free) << min(self._stale_chunks, 4)
+                chunk = self.items[:size]
+                try:
+                    current = self.store.tasks.versions([t.id for t, _, _ in chunk])
+                except StoreError as exc:
+                    log.error("member %s: cannot check tasks: %s", self.member_id, exc)
+                    return None
+                seen = time.monotonic()
+                fresh = [(t, seen, o) for t, _, o in chunk if current.get(t.id) == t.version]
+                self.stats["skipped_stale"] += len(chunk) - len(fresh)
+                self.items[:len(chunk)] = fresh
+                if not fresh:
+                    if not self.may_relist():
+                        self._stale_chunks += 1
+                    elif not relist():
+                        return None
+                    continue
+                self._stale_chunks = 0
+            # as many candidates as there are free workers, all still trusted: one batch
+            batch: list[Task] = []
+            now = time.monotonic()
+            while self.items and len(batch) < free:
+                task, seen, own = self.items[0]
+                trusted = self.own_fresh_for if own else self.fresh_for
+                if batch and now - seen > trusted:
+                    break  # the next take checks its version first
+                self.items.pop(0)
+                if not taken(task.id) and task.id not in {t.id for t in batch}:
+                    batch.append(task)
+            if batch:
+                return batch
+        return []

@@ -22,7 +22,7 @@ from runner.errors import StoreError, TaskError
 from runner.store import GraphStore, Task, TaskStatus, codec
 from runner.tasks.registry import TaskRegistry, TaskType
 from runner.tasks.worker.claim import Claimer, key_only, release_booking
-from runner.tasks.worker.running import Running
+from runner.tasks.worker.running import Slot
 
 log = logging.getLogger("latchwork.tasks")
 
@@ -35,7 +35,7 @@ class KeyChain:
         self.store = store
         self.registry = registry
 
-    def next(self, key: str, kept: Booking | None, queue: list[Task]) -> Running | None:
+    def next(self, key: str, kept: Booking | None, queue: list[Task]) -> Slot | None:
         """The next task of ``key``, claimed by this worker, which may still hold the key
         (``kept``); ``queue`` is the key's queue as this chain last read it (consumed here).
         None, with the key let go, when there is nothing to start now or someone else has it
@@ -57,7 +57,7 @@ class KeyChain:
             return None
         return self._claim(queue.pop(0), kept)
 
-    def _claim(self, task: Task, kept: Booking | None) -> Running | None:
+    def _claim(self, task: Task, kept: Booking | None) -> Slot | None:
         """Claim ``task``, the first of its key's queue; ``kept`` is used when the key is all
         it books, else let go."""
         kind = self._startable(task)

@@ -12,7 +12,9 @@ when they agree. It then registers the task as
 running here (with a lost-lock listener, before the lock is tried, so a lost lock or
 session during the try or the claim still cancels it), tries the lock without waiting, and
 claims the task with a version- and token-guarded update that writes the RUNNING attempt in the
-same transaction, before any handler runs.
+same transaction, before any handler runs. Plain tasks (nothing to book) are claimed in batches
+(:meth:`Claimer.claim_many`): their locks in one ZooKeeper transaction, their claims in one
+store write.
 
 Failure behaviour: a slot or lock held elsewhere, a task that is not its key's first, a task
 that changed since it was listed (CommitConflict, StaleFencingToken, or a resource claimed since
@@ -26,15 +28,14 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 from urllib.parse import quote
 
 from coord import Booking, CoordError, LockNotHeld, Session, SlotLevel, Slots, TaskLock
-from runner.errors import CommitConflict, StaleFencingToken, StoreError, StoreUnavailable
-from runner.store import Attempt, GraphStore, Task
+from runner.errors import CommitConflict, StaleFencingToken, StoreError
+from runner.store import GraphStore, Task
 from runner.tasks.context import CancelToken
 from runner.tasks.registry import TaskType
-from runner.tasks.worker.running import Running, RunningSet
+from runner.tasks.worker.running import Claim, RunningSet, Slot
 
 log = logging.getLogger("latchwork.tasks")
 
@@ -88,9 +89,9 @@ def holds(task: Task) -> list[str]:
     return found
 
 
-def _cancels(running: Running) -> Callable[[str], None]:
-    """A lost-lock listener that cancels ``running``'s handler."""
-    return lambda _task: running.cancel.cancel("its task lock was lost")
+def _cancels(slot: Slot) -> Callable[[str], None]:
+    """A lost-lock listener that cancels ``slot``'s handler."""
+    return lambda _task: slot.cancel.cancel("its task lock was lost")
 
 
 def plain(task: Task, kind: TaskType, limits: Mapping[str, int]) -> bool:
@@ -123,24 +124,23 @@ class Claimer:
         self.stats: Counter[str] = Counter()
 
     def _register(self, task: Task, booking: Booking | None,
-                  key_queue: list[Task] | None = None) -> Running:
-        """``task`` as running here, before its lock is tried: a lost lock or session during
+                  key_queue: list[Task] | None = None) -> Slot:
+        """``task`` as taken here, before its lock is tried: a lost lock or session during
         the try or the claim still cancels it."""
-        lock = TaskLock(self.session, task.id, self.member_id)
-        running = Running(task, lock, booking, key_queue=key_queue or [],
-                          cancel=CancelToken(self.session))
-        lock.add_lost_listener(_cancels(running))
-        self.running.add(running)
-        return running
+        slot = Slot(task, TaskLock(self.session, task.id, self.member_id), booking,
+                    CancelToken(self.session), key_queue=key_queue or [])
+        slot.lock.add_lost_listener(_cancels(slot))
+        self.running.add(slot)
+        return slot
 
-    def _abandon(self, running: Running) -> None:
+    def _abandon(self, slot: Slot) -> None:
         """Let go of a task not started: its lock and booking released, its worker free."""
-        release(running.lock, running.booking, self.member_id)
-        self.running.discard(running)
-        running.done.set()
+        release(slot.lock, slot.booking, self.member_id)
+        self.running.discard(slot)
+        slot.done.set()
 
     def claim(self, task: Task, kind: TaskType, *, first_checked: bool = False,
-              held: Booking | None = None) -> Running | None:
+              held: Booking | None = None) -> Slot | None:
         """Take ``task`` for this member, or None when someone else has it (see the module).
         ``first_checked``: the caller has just read that ``task`` is its key's first
         unfinished one (the worker that finished the one before it); the hold on the key keeps
@@ -170,122 +170,108 @@ class Claimer:
                     booking.release()
                 return None
             after = first[1:]
-        running = self._register(task, booking, after)
+        slot = self._register(task, booking, after)
         try:
-            token = running.lock.try_acquire()
+            token = slot.lock.try_acquire()
             if token is None:  # someone else runs it
                 stats["lock_busy"] += 1
-                self._abandon(running)
+                self._abandon(slot)
                 return None
             if self.session.expired(session_id):
                 # the session the holds were booked on is gone (a retried lock create went
                 # through on the next one): the lock is this node's, the holds are not
                 stats["session_changed"] += 1
-                self._abandon(running)
+                self._abandon(slot)
                 return None
             # the version read by the scan guards the claim: if the task changed since
             # (another node finished it, an operator stopped it), the claim is a conflict and
             # we move on.
-            running.task, running.attempt = store.claim(task, token, member_id)
-            running.token = token
+            claimed, attempt = store.claim(task, token, member_id)
+            slot.claim = Claim(claimed, attempt, token)
         except (CommitConflict, StaleFencingToken):
             stats["stale"] += 1
-            self._abandon(running)
+            self._abandon(slot)
             return None
         except BaseException:
-            self._abandon(running)
+            self._abandon(slot)
             raise
         stats["started"] += 1
-        return running
+        return slot
 
-    def claim_new(self, task: Task) -> Running | None:
+    def claim_new(self, task: Task) -> Slot | None:
         """Take ``task``, new and not written yet (this node just accepted it, so nobody else
         can know its id), and write it already claimed: its lock first (nothing to contend
-        with: :meth:`~coord.TaskLock.try_acquire_new`, one round trip), then the task RUNNING
+        with: one transaction, :meth:`~coord.TaskLock.try_acquire_all`), then the task RUNNING
         with its RUNNING attempt in one store write
         (:meth:`~runner.store.GraphStore.create_claimed`), registered in the running set like
         :meth:`claim`'s. None, with nothing written and the lock let go, when the lock could
         not be had after all or the session changed under it: the caller writes the task
         WAITING then. A store or ZooKeeper error propagates, the lock released and nothing
         written: the submit fails as a failed create does."""
-        member_id = self.member_id
         session_id = self.session.session_id
-        running = self._register(task, None)
+        slot = self._register(task, None)
         try:
-            token = running.lock.try_acquire_new()
+            (token,) = TaskLock.try_acquire_all([slot.lock], watch=False)
             if token is None or self.session.expired(session_id):
                 self.stats["session_changed" if token is not None else "lock_busy"] += 1
-                self._abandon(running)
+                self._abandon(slot)
                 return None
-            running.task, running.attempt = self.store.create_claimed(task, token, member_id)
-            running.token = token
+            claimed, attempt = self.store.create_claimed(task, token, self.member_id)
+            slot.claim = Claim(claimed, attempt, token)
         except BaseException:
-            self._abandon(running)
+            self._abandon(slot)
             raise
         self.stats["started"] += 1
-        return running
+        return slot
 
-    def claim_many(self, tasks: Sequence[Task]) -> list[Running]:
+    def claim_many(self, tasks: Sequence[Task]) -> list[Slot]:
         """Take several plain tasks (:func:`plain`: no slot, hold or ordering key) in one pass:
-        their locks tried with the round trips pipelined
-        (:meth:`~coord.TaskLock.try_acquire_all`), then the claims of those won written in one
-        store write (one transaction on the embedded graph). A batch that partly loses keeps
-        what it won: a lock held elsewhere or a task that changed since it was listed drops
-        that task alone (everything it took released). The tasks started, each registered in
-        the running set, like :meth:`claim`'s."""
+        their locks in one ZooKeeper transaction (:meth:`~coord.TaskLock.try_acquire_all`,
+        no watch: an operator's cancel reaches a handler through the node's mailbox), then the
+        claims of those won in one store write (:meth:`~runner.store.GraphStore.claim_many`).
+        A batch that partly loses keeps what it won: a lock held elsewhere or a task that
+        changed since it was listed drops that task alone (everything it took released). The
+        tasks started, each registered in the running set, like :meth:`claim`'s."""
         if not tasks:
             return []
         stats, member_id, store = self.stats, self.member_id, self.store
         session_id = self.session.session_id
-        entries = [self._register(task, None) for task in tasks]
-
+        slots = [self._register(task, None) for task in tasks]
         try:
-            tokens = TaskLock.try_acquire_all([r.lock for r in entries])
+            tokens = TaskLock.try_acquire_all([s.lock for s in slots], watch=False)
         except BaseException:
-            for running in entries:
-                self._abandon(running)
+            for slot in slots:
+                self._abandon(slot)
             raise
-        won: list[tuple[Running, int]] = []
-        for running, token in zip(entries, tokens, strict=True):
+        won: list[tuple[Slot, int]] = []
+        for slot, token in zip(slots, tokens, strict=True):
             if token is None:
                 stats["lock_busy"] += 1
-                self._abandon(running)
+                self._abandon(slot)
             else:
-                won.append((running, token))
+                won.append((slot, token))
         if won and self.session.expired(session_id):
             stats["session_changed"] += len(won)
-            for running, _ in won:
-                self._abandon(running)
+            for slot, _ in won:
+                self._abandon(slot)
             return []
-        claims: dict[int, tuple[Task, Attempt] | StoreError] = {}
-
-        def write(g: Any) -> None:
-            for n, (running, token) in enumerate(won):
-                try:
-                    claims[n] = store.claim(running.task, token, member_id)
-                except StoreUnavailable:  # the graph itself: the whole batch fails
-                    raise
-                except StoreError as exc:  # this task moved on (or went): its claim alone
-                    claims[n] = exc
-
         try:
-            if won:
-                store.graph.write(write)
+            claims = store.claim_many([(s.task, token) for s, token in won], member_id) \
+                if won else []
         except BaseException:
-            for running, _ in won:
-                self._abandon(running)
+            for slot, _ in won:
+                self._abandon(slot)
             raise
         started = []
-        for n, (running, token) in enumerate(won):
-            claimed = claims[n]
+        for (slot, token), claimed in zip(won, claims, strict=True):
             if isinstance(claimed, StoreError):
                 stats["stale"] += 1
-                self._abandon(running)
+                self._abandon(slot)
                 continue
-            running.task, running.attempt = claimed
-            running.token = token
+            slot.claim = Claim(claimed[0], claimed[1], token)
             stats["started"] += 1
-            started.append(running)
+            started.append(slot)
         if len(won) > 1:
             stats["claim_batches"] += 1
+            stats["claimed_in_batches"] += len(won)
         return started

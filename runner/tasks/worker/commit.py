@@ -1,136 +1,239 @@
-"""Group commit of attempt conclusions: the ends of several attempts written in one store write.
+"""Group commit of attempt ends: the ends of several attempts written in one store write, their
+locks released in one ZooKeeper transaction, then the loop told.
 
-A worker whose handler ended calls :meth:`GroupCommit.conclude` and waits for its answer. If no
-write is under way it writes at once, with whatever other conclusions are queued by then; if
-one is, its conclusion is queued, and the first queued worker writes the next group as soon as
-that write returns, up to ``max_items`` at a time. So an idle node adds no delay at all, and a
-busy one writes one transaction for as many conclusions as arrived during the last one (the
-classic group commit of databases: no timer, the write itself is the flush period).
+A worker whose handler returned hands its :class:`~runner.tasks.worker.running.Ending` to
+:meth:`GroupCommit.submit` and is free at once (or, for a task whose next step needs the end
+written first, an ordering key's chain, waits: :meth:`GroupCommit.conclude`). The commit
+thread writes whatever is queued, up to ``max_items`` at a time, as one write
+(:meth:`~runner.store.GraphStore.conclude_many`: one transaction on the embedded graph, one
+traversal on a Gremlin Server); an idle node writes a single end at once, a busy one writes a
+group of every end that arrived during the last write (the classic group commit: no timer, the
+write itself is the flush period). Then it releases the group's task locks in one ZooKeeper
+transaction (:meth:`~coord.TaskLock.release_all`) and calls ``on_ended`` for each: the
+observers are told, the slot is done. So nothing reports an end the store does not have, and
+no other node can claim a task before its end is written.
 
-Each conclusion in a group is its own guarded traversal (:meth:`GraphStore.conclude`), so one
-that is refused (its attempt closed by the master, a stale token, a resource taken) raises
-for its worker alone and the others are written. On the embedded graph the group is one
-``BEGIN IMMEDIATE`` transaction: all of it or none of it is on disk. On a Gremlin Server
-without transactions each traversal is written as it comes. A group that fails as a whole (the
-graph unreachable) raises the same error to every worker in it; they try again with their own
-backoff (:meth:`~runner.tasks.worker.execution.Execution._write_end`), and an end that was in
-fact written is recognised then.
+Each end is guarded on its own: one that is refused (its attempt closed by the master or an
+operator, a stale token, a resource taken) is settled alone, the rest of its group is written.
 
-Nothing is reported before its group is written: the worker waits for the answer, and only
-then tells its observers, releases its lock and looks for work. A node killed -9 before a group
-is written loses none of the conclusions reported anywhere: their attempts are still RUNNING,
-closed CANCELLED_BY_SYSTEM by the master's reaper, and the tasks run again, as for any node
-killed while running a task.
+Failure behaviour:
+
+* the graph unreachable: the group is written again with backoff (one write for it and what
+  queued meanwhile) for ``store_retry_for`` seconds from each end's arrival and while its lock
+  is still held; past that the end is given up: its attempt stays RUNNING (the master closes it
+  as superseded), its lock is released, the task runs again;
+* a success refused because another attempt took one of its resources meanwhile (its hold was
+  lost with its session): written CANCELLED_BY_SYSTEM instead, the task runs again;
+* a node killed -9 with ends queued: their attempts are still RUNNING, closed
+  CANCELLED_BY_SYSTEM by the master's reaper, and the tasks run again, as for any node killed
+  while running a task (docs/reliability.md: the window this queue adds).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any
 
-from runner.errors import StoreError, StoreUnavailable
-from runner.store import Attempt, AttemptStatus, GraphStore, Task
+from coord import CoordError, TaskLock
+from runner.errors import (
+    AttemptAlreadyFinished,
+    CommitConflict,
+    ResourceTaken,
+    StaleFencingToken,
+    StoreError,
+    StoreUnavailable,
+)
+from runner.store import AttemptStatus, Conclusion, GraphStore, Task
+from runner.tasks.outcomes import Outcome, task_changes
+from runner.tasks.worker.running import Ending
+
+log = logging.getLogger("latchwork.tasks")
+
+#: told for each end once written and its lock released: the ending, the outcome written, the
+#: task as written (None when unknown), and the status and error the attempt shows
+OnEnded = Callable[[Ending, Outcome, Task | None, tuple[AttemptStatus, str | None]], None]
+LOST = AttemptStatus.CANCELLED_BY_SYSTEM
 
 
-@dataclass
-class _Conclusion:
-    attempt: Attempt
-    status: AttemptStatus
-    error: str | None
-    stack: str | None
-    task: Task
-    token: int
-    changes: Mapping[str, Any]
-    progress: str | None = None
-    ended: datetime | None = None
+@dataclass(eq=False)
+class _Queued:
+    ending: Ending
+    since: float
     done: threading.Event = field(default_factory=threading.Event)
-    lead: bool = False  # this waiting worker writes the next group
-    result: Task | None = None
-    failure: BaseException | None = None
+    outcome: Outcome = Outcome.CANCELLED
 
 
 class GroupCommit:
-    """Conclusions of one node's workers, written in groups (see the module). ``stats``:
-    ``groups`` written and ``concluded`` conclusions in them."""
+    """The ends of one node's attempts, written in groups (see the module). ``stats``:
+    ``groups`` written, ``concluded`` ends in them, the ``largest`` group."""
 
-    def __init__(self, store: GraphStore, max_items: int = 64) -> None:
+    def __init__(self, store: GraphStore, member_id: str, on_ended: OnEnded, *,
+                 max_items: int = 64, store_retry_for: float = 60.0) -> None:
         self.store = store
+        self.member_id = member_id
+        self.on_ended = on_ended
         self.max_items = max_items
+        self.store_retry_for = store_retry_for
         self.stats = {"groups": 0, "concluded": 0, "largest": 0}
-        self._queue: list[_Conclusion] = []
-        self._writing = False
-        self._lock = threading.Lock()
+        self._queue: list[_Queued] = []
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=f"ends-{member_id}",
+                                        daemon=True)
+        self._thread.start()
 
-    def conclude(self, attempt: Attempt, status: AttemptStatus, error: str | None,
-                 stack: str | None, task: Task, token: int,
-                 changes: Mapping[str, Any], *, progress: str | None = None,
-                 ended: datetime | None = None) -> Task:
-        """:meth:`GraphStore.conclude`, written with the conclusions queued with it; raises
-        what that raises for this attempt."""
-        item = _Conclusion(attempt, status, error, stack, task, token, changes, progress, ended)
-        with self._lock:
+    def submit(self, ending: Ending) -> None:
+        """Queue ``ending`` for the next group; returns at once."""
+        self._put(_Queued(ending, time.monotonic()))
+
+    def conclude(self, ending: Ending) -> Outcome:
+        """Queue ``ending`` and wait until it is written and told; the outcome written."""
+        item = _Queued(ending, time.monotonic())
+        self._put(item)
+        item.done.wait()
+        return item.outcome
+
+    def pending(self) -> int:
+        with self._cond:
+            return len(self._queue)
+
+    def _put(self, item: _Queued) -> None:
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the group commit is closed")
             self._queue.append(item)
-            lead = not self._writing
-            if lead:
-                self._writing = True
-        if lead:
-            self._write_groups(item)
-        else:
-            item.done.wait()
-            if item.lead:  # handed the next group: write it (it holds this one)
-                self._write_groups(item)
-        if item.failure is not None:
-            raise item.failure
-        assert item.result is not None
-        return item.result
+            self._cond.notify()
 
-    def _write_groups(self, own: _Conclusion) -> None:
-        """Write the group that holds ``own``, then hand the writing on to the first worker
-        still queued (or end it)."""
-        try:
-            with self._lock:
+    def close(self, timeout: float = 20.0) -> None:
+        """Write what is queued (within ``timeout``), then stop."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.error("member %s: %d attempt ends not written within %gs", self.member_id,
+                      self.pending(), timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if not self._queue:
+                    return
                 group = self._queue[:self.max_items]
                 del self._queue[:len(group)]
-            assert own in group  # queued first, or handed the lead as the first queued
-            self._write(group)
-        finally:
-            with self._lock:
-                if self._queue:
-                    following = self._queue[0]
-                    following.lead = True
-                    following.done.set()
-                else:
-                    self._writing = False
+            try:
+                self._settle(group)
+            except Exception:
+                log.exception("member %s: writing a group of %d attempt ends failed",
+                              self.member_id, len(group))
+                for item in group:
+                    if not item.done.is_set():
+                        self._told(item, Outcome.CANCELLED, None,
+                                   (LOST, "its end could not be written"))
 
-    def _write(self, group: list[_Conclusion]) -> None:
-        def write(g: Any) -> None:
-            for item in group:
-                try:
-                    item.result = self.store.conclude(item.attempt, item.status, item.error,
-                                                      item.stack, item.task, item.token,
-                                                      item.changes, progress=item.progress,
-                                                      ended=item.ended)
-                except StoreUnavailable:  # the graph itself: the whole group fails
-                    raise
-                except StoreError as exc:  # a refusal of this conclusion alone
-                    item.failure = exc
-
+    def _settle(self, group: list[_Queued]) -> None:
+        """Write the group's ends, release their locks in one transaction, tell each."""
+        results = self._write([q for q in group if q.ending.conclusion is not None])
+        self.stats["groups"] += 1
+        self.stats["concluded"] += len(group)
+        self.stats["largest"] = max(self.stats["largest"], len(group))
+        settled = [(q, *self._settled(q, results.get(id(q)))) for q in group]
         try:
-            self.store.graph.write(write)
-        except BaseException as exc:
-            for item in group:  # nothing of the group is known written
-                item.result, item.failure = None, exc
-        else:
-            with self._lock:
-                self.stats["groups"] += 1
-                self.stats["concluded"] += len(group)
-                self.stats["largest"] = max(self.stats["largest"], len(group))
-        finally:
-            for item in group:
-                if item.failure is None and item.result is None:
-                    item.failure = RuntimeError("conclusion not written")
-                item.done.set()
+            TaskLock.release_all([q.ending.slot.lock for q in group])
+        except CoordError as exc:  # their sessions' expiry frees them: logged, not raised
+            log.info("member %s: releasing %d task locks: %s", self.member_id, len(group), exc)
+        for q, outcome, task, ended in settled:
+            self._told(q, outcome, task, ended)
 
+    def _write(self, items: list[_Queued]) -> dict[int, Task | StoreError]:
+        """``conclude_many`` of the items; the graph out of reach: again with backoff, each
+        item for ``store_retry_for`` from its arrival and while its lock is held."""
+        delay = 0.1
+        found: dict[int, Task | StoreError] = {}
+        while items:
+            try:
+                answers = self.store.conclude_many([q.ending.conclusion  # type: ignore[misc]
+                                                    for q in items])
+            except StoreUnavailable as exc:
+                now = time.monotonic()
+                for q in [q for q in items if now + delay > q.since + self.store_retry_for
+                          or not q.ending.slot.lock.is_held]:
+                    found[id(q)] = exc
+                    items.remove(q)
+                if items:
+                    log.warning("member %s: cannot write %d attempt ends (%s); trying again "
+                                "in %.1fs", self.member_id, len(items), exc, delay)
+                    time.sleep(delay)
+                    delay = min(2.0, delay * 2)
+                continue
+            found.update((id(q), answer) for q, answer in zip(items, answers, strict=True))
+            break
+        return found
+
+    def _settled(self, q: _Queued, answer: Task | StoreError | None
+                 ) -> tuple[Outcome, Task | None, tuple[AttemptStatus, str | None]]:
+        """What a written (or refused) end leaves: the outcome, the task, what the attempt
+        shows."""
+        ending = q.ending
+        if ending.conclusion is None:  # nothing to write
+            return ending.outcome, None, ending.ended
+        if isinstance(answer, Task):
+            return ending.outcome, answer, (ending.conclusion.status, ending.result.error)
+        task = ending.claim.task
+        if isinstance(answer, StoreUnavailable):
+            log.error("member %s: task %s (%s): the end of its attempt could not be written "
+                      "for %gs (%s); the task stays open and is run again (its attempt is "
+                      "closed as superseded)", self.member_id, task.id, task.type,
+                      self.store_retry_for, answer)
+            return Outcome.CANCELLED, None, (LOST, f"its end could not be written: {answer}")
+        if isinstance(answer, ResourceTaken):
+            log.warning("member %s: task %s (%s) attempt %d: its success is not recorded: %s",
+                        self.member_id, task.id, task.type, ending.claim.attempt.seq, answer)
+            return self._written_lost(ending, f"cancelled by system: {answer}")
+        if isinstance(answer, StaleFencingToken):
+            log.warning("member %s: task %s was taken over by another owner; leaving it",
+                        self.member_id, task.id)
+            return Outcome.CANCELLED, None, (LOST, f"cancelled by system: superseded ({answer})")
+        if isinstance(answer, AttemptAlreadyFinished):
+            log.warning("member %s: the attempt of task %s was closed by the master meanwhile "
+                        "(or by an operator); leaving the task to them", self.member_id,
+                        task.id)
+            try:  # what that close wrote (an operator's CANCELLED, the reaper's reason)
+                current = self.store.attempts.get(ending.claim.attempt.id)
+                return Outcome.CANCELLED, None, (current.status, current.error)
+            except StoreError:
+                return Outcome.CANCELLED, None, (
+                    LOST, "closed by someone else before its end was written")
+        log.error("member %s: could not record the end of task %s: %s", self.member_id,
+                  task.id, answer)
+        why = "commit conflicts" if isinstance(answer, CommitConflict) else str(answer)
+        return Outcome.CANCELLED, None, (LOST, f"its end could not be written: {why}")
+
+    def _written_lost(self, ending: Ending, error: str
+                      ) -> tuple[Outcome, Task | None, tuple[AttemptStatus, str | None]]:
+        """A success that may not be recorded, written CANCELLED_BY_SYSTEM instead (the task
+        goes back as it stands)."""
+        claim = ending.claim
+        lost = Conclusion.of(claim.attempt, LOST, claim.task, claim.token,
+                             task_changes(Outcome.CANCELLED), error=error)
+        try:
+            task = self.store.conclude(lost)
+        except StoreError as exc:
+            return Outcome.CANCELLED, None, (LOST, f"{error}; and {exc}")
+        return Outcome.CANCELLED, task, (LOST, error)
+
+    def _told(self, q: _Queued, outcome: Outcome, task: Task | None,
+              ended: tuple[AttemptStatus, str | None]) -> None:
+        q.outcome = outcome
+        try:
+            self.on_ended(q.ending, outcome, task, ended)
+        except Exception:
+            log.exception("member %s: settling the end of task %s failed", self.member_id,
+                          q.ending.claim.task.id)
+        finally:
+            q.done.set()

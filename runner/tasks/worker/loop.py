@@ -1,71 +1,63 @@
-"""TaskLoop: the task loop every node runs (the scan and its driver; the design's
-"TaskProcessHandler").
+"""TaskLoop: the task loop every node runs (the scan, its workers and its one way in; the
+design's "TaskProcessHandler").
 
 Every ``scan_interval`` seconds (an APScheduler interval job), and at once when :meth:`trigger`
-is called (a MODEL TRIGGER_SCAN after a submission), it lists the unfinished active tasks
-(highest priority first), and for each while a worker is free: books a slot for the task's type
-(when the type has a cluster-wide limit), tries the task's lock without waiting, claims the
-task with a version- and token-guarded update that writes a RUNNING attempt in the same
-transaction, and runs the handler in the bounded worker pool with a cancellation token.
+is called (a MODEL TRIGGER_SCAN after a submission), it takes candidates from its
+:class:`~runner.tasks.worker.backlog.Backlog` while workers are free and claims them: plain
+tasks in batches (their locks in one ZooKeeper transaction, their claims in one store write),
+the others (slots, resources, ordering keys) one by one (:mod:`.claim`). Each claimed task runs
+on a worker of the bounded pool (:mod:`.execution`); when its handler returns the worker is
+free and the task's end goes to the group commit (:mod:`.commit`), which writes it with the
+others', releases the locks together and tells :meth:`_ended`. A task of an ordering key waits
+for its end instead, and its worker runs the key's next task (:mod:`.chain`). Tasks not due
+yet wait on a timer (:mod:`.timing`).
 
-The order comes from :mod:`.backlog`, the claim from :mod:`.claim` (into the running set of
-:mod:`.running`), the run and its conclusion from :mod:`.execution`, the next task of an ordering
-key from :mod:`.chain`, the due-time timer from :mod:`.timing`. Every task has a preferred
-member (a hash of its id over the sorted live members). Within a priority a node walks its own
-preferred tasks first, oldest first, and then the others', so nodes working through one queue
-rarely try
-the same task; nothing waits for its preferred member: a node with free workers takes the
-others' tasks right after its own.
+A task a node accepts comes in through :meth:`accept`, which says what became of it
+(:class:`Admission`).
 
 Failure behaviour:
 
 * a lock or slot it cannot take: someone else runs the task; it moves on;
 * SUSPENDED session: no claim is tried until CONNECTED again, but running handlers go on: a
-  confirmation they ask for meanwhile (``ctx.check()``, ``ctx.complete()``, the lock check
-  when the handler ends) waits, bounded by the session's deadline, for RECONNECTED (confirmed)
-  or LOST (cancelled), so a ZooKeeper leader election costs no work; LOST session (or its
-  deadline passed, which each handler's token reads from the clock) or a lost lock: the
-  affected handlers are cancelled, their attempts end CANCELLED_BY_SYSTEM and only then are the
-  locks released (a LOST session has dropped them already);
-* a commit conflict: a new attempt after a backoff, up to ``max_conflict_retries`` (its
-  :class:`LoopSettings`); any other
-  error: the attempt FAILED with error and stack trace, the task deactivated (or, with a retry
-  policy, back to WAITING until its backoff ends);
-* a task this node lost (its attempt cancelled by the master, a lost lock): the worker looks
-  for work again ``rescan_after_cancel`` seconds later (at once would loop on a lock that keeps
-  being lost), and the task, back as it stands, is taken by whichever node lists it first;
-* :meth:`close`: no new tasks, running ones cancelled, attempts written, locks released, within
-  ``shutdown_timeout``.
-
-Why one module: the scan, the backlog it walks and the listing's freshness rules share one lock
-(``_scan_lock`` over a pass) and one set of counters; everything else is apart.
+  confirmation they ask for meanwhile waits, bounded by the session's deadline, for
+  RECONNECTED (confirmed) or LOST (cancelled), so a ZooKeeper leader election costs no work;
+  LOST: every handler is cancelled, its attempt written CANCELLED_BY_SYSTEM, then its lock let
+  go (a LOST session has dropped them already);
+* an operator's cancel: the node that writes it posts to the owner's mailbox, and the owner
+  cancels the handler (:meth:`cancel_running`);
+* a task this node lost (its end refused, a lost lock): the loop looks for work again
+  ``rescan_after_cancel`` seconds later (at once would loop on a lock that keeps being lost);
+* :meth:`close`: no new tasks, running ones cancelled, their ends written and locks released,
+  within ``shutdown_timeout``.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from coord import Booking, CoordError, Session, SessionState, live_member_ids
 from runner.errors import StoreError, TaskError
-from runner.store import GraphStore, Task, codec
+from runner.store import AttemptStatus, GraphStore, Task, codec
 from runner.tasks.context import Services
 from runner.tasks.observer import Observer, notify_scan
 from runner.tasks.outcomes import Outcome
 from runner.tasks.registry import TaskRegistry, TaskType
-from runner.tasks.worker import backlog
+from runner.tasks.worker.backlog import Backlog
 from runner.tasks.worker.chain import KeyChain
-from runner.tasks.worker.claim import Claimer, key_only, plain, release, release_booking
+from runner.tasks.worker.claim import Claimer, key_only, plain, release_booking
+from runner.tasks.worker.commit import GroupCommit
 from runner.tasks.worker.execution import Execution
-from runner.tasks.worker.running import Running, RunningSet
+from runner.tasks.worker.running import Ending, RunningSet, Slot
 from runner.tasks.worker.timing import DueTimer
 
 log = logging.getLogger("latchwork.tasks")
@@ -75,12 +67,11 @@ log = logging.getLogger("latchwork.tasks")
 class LoopSettings:
     """How a node's task loop runs (the node fills it from its :class:`~runner.config.Settings`).
 
-    ``fresh_for`` / ``own_fresh_for``: how long a listed candidate's version is trusted before
-    a claim (see :meth:`TaskLoop._scan`); ``relist_share``: the share of the time a listing may
-    take; ``others_grace``: how long a due task waits for its preferred member; ``limits``:
-    cluster-wide limits per task group (:func:`~runner.tasks.worker.claim.levels`);
-    ``store_retry_for``: how long the end of an attempt is tried again while the graph is
-    unreachable."""
+    ``fresh_for`` / ``own_fresh_for`` / ``relist_share``: the backlog's freshness rules
+    (:class:`~runner.tasks.worker.backlog.Backlog`); ``others_grace``: how long a due task waits
+    for its preferred member; ``limits``: cluster-wide limits per task group
+    (:func:`~runner.tasks.worker.claim.levels`); ``store_retry_for``: how long the end of an
+    attempt is tried again while the graph is unreachable."""
 
     workers: int = 4
     scan_interval: float = 5.0
@@ -92,6 +83,20 @@ class LoopSettings:
     others_grace: float = 0.3
     limits: Mapping[str, int] = field(default_factory=dict)
     store_retry_for: float = 60.0
+
+
+class Admission(enum.Enum):
+    """What became of a task a node accepted (:meth:`TaskLoop.accept`)."""
+
+    STARTED = "started"  # written RUNNING here, with its attempt; its handler runs
+    QUEUED = "queued"  # written WAITING; this node has a free worker and scans for it now
+    ELSEWHERE = "elsewhere"  # written WAITING; this node cannot start it now: tell the others
+
+
+@dataclass(frozen=True)
+class Admitted:
+    task: Task  # as written
+    admission: Admission
 
 
 class TaskLoop:
@@ -109,31 +114,29 @@ class TaskLoop:
         self.execution = Execution(session, member_id, store, registry,
                                    observers=self.observers, services=services,
                                    max_conflict_retries=settings.max_conflict_retries,
-                                   conflict_backoff=settings.conflict_backoff,
+                                   conflict_backoff=settings.conflict_backoff)
+        self.commits = GroupCommit(store, member_id, self._ended,
                                    store_retry_for=settings.store_retry_for)
         # the live member ids without a read (the node's membership watch); None: read them
         self.live_members = live_members
         self.running = RunningSet(settings.workers)
         self.claimer = Claimer(session, store, member_id, self.running, settings.limits)
         self.chain = KeyChain(self.claimer, store, registry)
+        #: listed tasks not due yet, and the timer that starts a scan when one is
+        self.later = DueTimer(self._on_due, settings.others_grace)
+        self.backlog = Backlog(store, member_id, settings.workers, self.later, self.stats,
+                               fresh_for=settings.fresh_for,
+                               own_fresh_for=settings.own_fresh_for,
+                               relist_share=settings.relist_share)
         #: how long this node leaves a task its handler declined to the others
         self.decline_for = max(10.0, 3 * settings.scan_interval)
-        #: a worker whose task was cancelled (lost) looks for work again after this long
+        #: a worker whose task was lost looks for work again after this long
         self.rescan_after_cancel = min(1.0, settings.scan_interval)
         self._scan_lock = threading.Lock()
         self._stopping = threading.Event()
         self._pool = ThreadPoolExecutor(settings.workers, thread_name_prefix="task-worker")
-        #: claims of tasks this node has just created (:meth:`offer`), one at a time
-        self._offers = ThreadPoolExecutor(1, thread_name_prefix="task-offer")
         self._scheduler = BackgroundScheduler(timezone=UTC)
         self._skipped_types: set[str] = set()
-        # candidates from the last listing: the task, when its version was last confirmed, and
-        # whether this member is its preferred one
-        self._backlog: list[tuple[Task, float, bool]] = []
-        #: listed tasks not due yet, and the timer that starts a scan when one is
-        self._later = DueTimer(self._on_due, settings.others_grace)
-        self._stale_chunks = 0  # version checks in a row that found every candidate changed
-        self._listed = (0.0, 0.0)  # when the last listing ended, and how long it took
 
     @property
     def stats(self) -> Counter[str]:
@@ -145,8 +148,7 @@ class TaskLoop:
     def start(self) -> TaskLoop:
         self.session.add_listener(self._on_session)
         self._scheduler.add_job(self.scan, "interval", seconds=self.settings.scan_interval,
-                                id="scan",
-                                max_instances=1, coalesce=True,
+                                id="scan", max_instances=1, coalesce=True,
                                 next_run_time=datetime.now(UTC))
         self._scheduler.start()
         return self
@@ -160,32 +162,69 @@ class TaskLoop:
         except Exception:  # the scheduler is shutting down
             log.debug("trigger ignored: scheduler stopping")
 
-    def offer(self, task: Task, otherwise: Callable[[], object] | None = None) -> bool:
-        """A task this node has just created (its create committed): claimed at once by a free
-        worker of this node, without waiting for a scan or listing the open tasks. Handed to a
-        thread of its own, so the submitter's reply is not held up. False when it is not tried
-        (no free worker, not due yet, the session not CONNECTED, the loop stopping); when it
-        is tried and not started (its lock taken, a claim refused), ``otherwise()`` is called
-        on that thread: the node then tells the others (TRIGGER_SCAN) as it does for a task it
-        cannot take. A task that was taken needs no other node, and nobody else lists it."""
-        if not self._may_start(task):
-            return False
-        try:
-            self._offers.submit(self._start_offered, task, otherwise)
-        except RuntimeError:  # shutting down
-            return False
-        return True
+    def close(self, timeout: float = 20.0) -> None:
+        """Stop taking tasks, cancel the running ones and wait for their ends and locks."""
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        self.later.close()
+        self.session.remove_listener(self._on_session)
+        if self._scheduler.running:
+            self._scheduler.shutdown(wait=False)
+        with self._scan_lock:  # a scan in progress finishes its claims first
+            slots = self.running.snapshot()
+        for slot in slots:
+            slot.cancel.cancel("node shutting down")
+        deadline = threading.Event()
+        timer = threading.Timer(timeout, deadline.set)
+        timer.start()
+        for slot in slots:
+            while not slot.done.wait(0.05):
+                if deadline.is_set():
+                    log.error("member %s: task %s did not stop within %gs", self.member_id,
+                              slot.task_id, timeout)
+                    break
+        timer.cancel()
+        self.commits.close(timeout)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.execution.progress_writer.close()
+        c = self.commits.stats
+        log.info("member %s: task loop stopped; claims: %s; %d ends written in %d groups "
+                 "(largest %d)", self.member_id, dict(self.stats), c["concluded"], c["groups"],
+                 c["largest"])
 
-    def start_new(self, task: Task) -> Task | None:
-        """A task this node has just accepted and not written yet (``tasks.new``): when a
-        worker of this node is free and nothing has to be looked up or booked first (a plain
-        task: no slot level, resource or ordering key; no uniqueness key; due now), it is
-        written already claimed by this node, RUNNING with its attempt, in one store write
-        after its lock (:meth:`Claimer.claim_new`), and its handler starts in the pool: the
-        task as written. None when that is not tried or not had (no free worker, a scan
-        holding the loop this instant, the session not CONNECTED, the loop stopping): the
-        caller writes the task WAITING and :meth:`offer`\\ s it. Store and ZooKeeper errors
-        propagate with nothing written (the submit fails as a failed create does)."""
+    def running_tasks(self) -> list[str]:
+        return [slot.task_id for slot in self.running.snapshot()]
+
+    def cancel_running(self, task_id: str, reason: str) -> bool:
+        """Cancel the handler of ``task_id`` if this node runs it (an operator's cancel,
+        posted to this node's mailbox); whether it did."""
+        slot = self.running.get(task_id)
+        if slot is not None:
+            slot.cancel.cancel(reason)
+        return slot is not None
+
+    # -- one way in ---------------------------------------------------------------------------
+    def accept(self, task: Task) -> Admitted:
+        """A task this node has just accepted (``tasks.new``, not written yet). When a worker
+        is free and nothing has to be looked up or booked first (a plain task: no slot level,
+        resource or ordering key; no uniqueness key; due now), it is written already claimed
+        by this node, RUNNING with its attempt, in one store write after its lock, and its
+        handler starts: STARTED. Otherwise it is written WAITING: QUEUED when this node has a
+        free worker (its scan runs now), ELSEWHERE when it has none (the caller tells the
+        other nodes). Store and ZooKeeper errors propagate with nothing written."""
+        slot = self._start_new(task)
+        if slot is not None and slot.claim is not None:
+            self.stats["offered"] += 1
+            self._pool.submit(self._execute, slot)
+            return Admitted(slot.claim.task, Admission.STARTED)
+        written = self.store.tasks.add(task)
+        if self._may_start(written):
+            self.trigger()
+            return Admitted(written, Admission.QUEUED)
+        return Admitted(written, Admission.ELSEWHERE)
+
+    def _start_new(self, task: Task) -> Slot | None:
         if not self._may_start(task) or task.unique_key is not None:
             return None
         kind = self._kind_of(task)
@@ -197,196 +236,86 @@ class TaskLoop:
         try:
             if self.running.free() <= 0 or not self._may_claim():
                 return None
-            running = self.claimer.claim_new(task)
+            return self.claimer.claim_new(task)
         finally:
             self._scan_lock.release()
-        if running is None:
-            return None
-        self.stats["offered"] += 1
-        self._pool.submit(self._execute, running)
-        return running.task
-
-    def _start_offered(self, task: Task, otherwise: Callable[[], object] | None) -> None:
-        started = False
-        with self._scan_lock:
-            if self.running.free() > 0 and self._may_claim() and task.id not in self.running:
-                try:
-                    started = self._try_start(task)
-                except (CoordError, StoreError) as exc:
-                    log.warning("member %s: task %s not started: %s", self.member_id,
-                                task.id, exc)
-        if started:
-            self.stats["offered"] += 1
-        elif otherwise is not None:
-            try:
-                otherwise()
-            except Exception:
-                log.exception("member %s: task %s: telling the other nodes failed",
-                              self.member_id, task.id)
-
-    def close(self, timeout: float = 20.0) -> None:
-        """Stop taking tasks, cancel the running ones and wait for their attempts and locks."""
-        if self._stopping.is_set():
-            return
-        self._stopping.set()
-        self._later.close()
-        self.session.remove_listener(self._on_session)
-        if self._scheduler.running:
-            self._scheduler.shutdown(wait=False)
-        with self._scan_lock:  # a scan in progress finishes its claims first
-            running = self.running.snapshot()
-        for r in running:
-            r.cancel.cancel("node shutting down")
-        deadline = threading.Event()
-        timer = threading.Timer(timeout, deadline.set)
-        timer.start()
-        for r in running:
-            while not r.done.wait(0.05):
-                if deadline.is_set():
-                    log.error("member %s: task %s did not stop within %gs", self.member_id,
-                              r.task.id, timeout)
-                    break
-        timer.cancel()
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        self._offers.shutdown(wait=False, cancel_futures=True)
-        self.execution.progress_writer.close()
-        log.info("member %s: task loop stopped; claims: %d started, %d locked elsewhere, "
-                 "%d stale; %d changed tasks skipped before locking, %d running elsewhere "
-                 "skipped; %d listings; %d ends written in %d groups (largest %d)",
-                 self.member_id, self.stats["started"],
-                 self.stats["lock_busy"], self.stats["stale"], self.stats["skipped_stale"],
-                 self.stats["skipped_running"], self.stats["listings"],
-                 self.execution.commits.stats["concluded"],
-                 self.execution.commits.stats["groups"],
-                 self.execution.commits.stats["largest"])
-
-    def running_tasks(self) -> list[str]:
-        return [r.task.id for r in self.running.snapshot()]
 
     # -- connection state ----------------------------------------------------------------------
     def _on_session(self, state: SessionState) -> None:
         if state is SessionState.LOST:
-            for r in self.running.snapshot():
-                r.cancel.cancel("the ZooKeeper session was lost")
+            for slot in self.running.snapshot():
+                slot.cancel.cancel("the ZooKeeper session was lost")
         elif state is SessionState.CONNECTED:
             self.trigger()
 
     # -- the scan -------------------------------------------------------------------------------
     def scan(self, relist: bool = True) -> int:
-        """One pass (see :meth:`_scan`), timed for the observers."""
+        """One pass, timed for the observers: how many tasks it started. ``relist=False`` (a
+        worker just finished) works through the backlog first and lists again only when it is
+        empty and listing stays within its share of the time (listing every open task after
+        every finished one would cost more than the tasks when thousands are queued)."""
         began = time.monotonic()
         try:
             return self._scan(relist)
         finally:
             notify_scan(self.observers, time.monotonic() - began)
 
-    def _scan(self, relist: bool = True) -> int:
-        """One pass; returns how many tasks it started.
-
-        ``relist=False`` (a worker just finished) first works through the candidates left from
-        the previous listing and lists again only when none are left: listing every open task
-        after every finished one would cost more than the tasks themselves when thousands are
-        queued. A listing goes stale fast (short tasks finish while one scan walks it, and
-        other nodes claim from the same list), so before a lock and a claim are spent on a
-        candidate whose version was last seen more than ``fresh_for`` seconds ago
-        (``own_fresh_for`` for a task this member is preferred for: the others take those only
-        after their own), one read of the versions of the next few candidates drops those that
-        changed since. When a whole read finds only changed ones, the rest of the backlog is
-        likely stale too (the other nodes took those): the open tasks are listed again, unless
-        listing would then take more than a tenth of the time (``relist_share``: a listing costs
-        in proportion to the open tasks, a version read to the candidates it checks), in which
-        case the next version read covers more candidates at once.
-        """
+    def _scan(self, relist: bool) -> int:
         if not self._may_claim():
             return 0
-        started = 0
         with self._scan_lock:
-            started += self._start_due(self._later.take_due())
+            started = self._start_due(self.later.take_due())
             if self.running.free() <= 0:
                 return started
-            # a follow-up with nothing left lists again (within the listing budget) to find
-            # tasks that came back without a word (another node's lost task); not while
-            # listed tasks wait for their time: the timer wakes this node for those, new
-            # submissions announce themselves, the interval scan catches the rest, and
-            # listing every open task after every finished one would cost more than the tasks
-            if (relist or (not self._backlog and not self._later.planned()
-                           and self._may_relist())) and not self._list():
-                return 0
-            while self._backlog:
-                if self.running.free() <= 0 or not self._may_claim():
+            if (relist or (not self.backlog and not self.later.planned()
+                           and self.backlog.may_relist())) and not self._list():
+                return started
+            while self.running.free() > 0 and self._may_claim():
+                batch = self.backlog.take(self.running.free(), self.running.__contains__,
+                                          self._list)
+                if not batch:
                     break
-                task, seen, own = self._backlog[0]
-                trusted = self.settings.own_fresh_for if own else self.settings.fresh_for
-                if time.monotonic() - seen > trusted:
-                    size = max(4, 2 * self.running.free()) << min(self._stale_chunks, 4)
-                    chunk = self._backlog[:size]
-                    try:
-                        current = self.store.tasks.versions([t.id for t, _, _ in chunk])
-                    except StoreError as exc:
-                        log.error("member %s: cannot check tasks: %s", self.member_id, exc)
-                        return started
-                    seen = time.monotonic()
-                    fresh = [(t, seen, o) for t, _, o in chunk if current.get(t.id) == t.version]
-                    self.stats["skipped_stale"] += len(chunk) - len(fresh)
-                    self._backlog[:len(chunk)] = fresh
-                    if not fresh:
-                        if not self._may_relist():
-                            self._stale_chunks += 1
-                        elif not self._list():
-                            return started
-                        continue
-                    self._stale_chunks = 0
-                # as many candidates as there are free workers, all still trusted: one batch
-                batch: list[Task] = []
-                now = time.monotonic()
-                while self._backlog and len(batch) < self.running.free():
-                    task, seen, own = self._backlog[0]
-                    trusted = self.settings.own_fresh_for if own else self.settings.fresh_for
-                    if batch and now - seen > trusted:
-                        break  # the next pass through the loop checks its version first
-                    self._backlog.pop(0)
-                    if task.id not in self.running and task.id not in {t.id for t in batch}:
-                        batch.append(task)
                 started += self._start_batch(batch)
         return started
 
+    def _list(self) -> bool:
+        return self.backlog.list_open(self._live())
+
     def _start_batch(self, batch: list[Task]) -> int:
-        """Start ``batch``: the plain tasks together (:meth:`Claimer.claim_many`: their locks
-        pipelined, their claims in one store write), the others (slots, holds, keys) one by
-        one; how many started."""
-        started = 0
+        """Start ``batch``: the plain tasks together (:meth:`Claimer.claim_many`), the others
+        (slots, holds, keys) one by one; how many started."""
         alone: list[tuple[Task, TaskType]] = []
-        together: list[tuple[Task, TaskType]] = []
+        together: list[Task] = []
         for task in batch:
             kind = self._kind_of(task)
             if kind is not None:
-                (together if plain(task, kind, self.claimer.limits) else alone).append(
-                    (task, kind))
-        if len(together) == 1:  # a batch of one is a claim like any other
-            alone.append(together.pop())
+                if plain(task, kind, self.claimer.limits):
+                    together.append(task)
+                else:
+                    alone.append((task, kind))
+        slots = []
         for task, kind in alone:
             try:
-                started += self._start(task, kind)
+                slot = self.claimer.claim(task, kind)
             except (CoordError, StoreError) as exc:
                 log.warning("member %s: task %s not started: %s", self.member_id, task.id, exc)
-        if not together:
-            return started
+                continue
+            if slot is not None:
+                slots.append(slot)
         try:
-            runs = self.claimer.claim_many([task for task, _ in together])
+            slots += self.claimer.claim_many(together)
         except (CoordError, StoreError) as exc:
             log.warning("member %s: tasks %s not started: %s", self.member_id,
-                        ", ".join(task.id for task, _ in together), exc)
-            return started
-        for running in runs:
-            self._pool.submit(self._execute, running)
-        return started + len(runs)
+                        ", ".join(task.id for task in together), exc)
+        for slot in slots:
+            self._pool.submit(self._execute, slot)
+        return len(slots)
 
     def _start_due(self, due: list[tuple[Task, bool]]) -> int:
         """Start the tasks whose time came (the due-time timer), before the backlog: this
         member's as listed, the others' (their preferred member had ``others_grace`` to take
-        them) after one read of their versions. That those others mostly changed says nothing
-        about the rest of the backlog, so it asks no new listing. Tasks left over when the
-        workers are busy go to the front of the backlog."""
+        them) after one read of their versions. Those left when the workers are busy go to
+        the front of the backlog."""
         if not due:
             return 0
         others = [t.id for t, own in due if not own]
@@ -396,46 +325,11 @@ class TaskLoop:
                 current = self.store.tasks.versions(others)
             except StoreError as exc:
                 log.error("member %s: cannot check due tasks: %s", self.member_id, exc)
-        now = time.monotonic()
         ready = [(t, own) for t, own in due if own or current.get(t.id) == t.version]
         self.stats["skipped_stale"] += len(due) - len(ready)
-        started = 0
-        for n, (task, _own) in enumerate(ready):
-            if self.running.free() <= 0 or not self._may_claim():
-                self._backlog[:0] = [(t, now, o) for t, o in ready[n:]]
-                break
-            if task.id in self.running:
-                continue
-            try:
-                started += self._try_start(task)
-            except (CoordError, StoreError) as exc:
-                log.warning("member %s: task %s not started: %s", self.member_id, task.id, exc)
-        return started
-
-    def _list(self) -> bool:
-        """List the open tasks into the backlog, in the order to try them; False when the
-        store cannot be read (logged)."""
-        began = time.monotonic()
-        try:
-            listing = self.store.tasks.unfinished()
-            self.stats["listings"] += 1
-        except StoreError as exc:
-            log.error("member %s: cannot list tasks: %s", self.member_id, exc)
-            return False
-        seen = time.monotonic()
-        self._listed = (seen, seen - began)
-        live = self._live()
-        keyed_first, behind = backlog.first_per_key(listing)
-        self.stats["behind_key"] += behind
-        tasks, skipped = backlog.unowned(keyed_first, live, self.member_id)
-        self.stats["skipped_running"] += skipped
-        ready, later = backlog.split_due(tasks, codec.now())
-        self._backlog = [(t, seen, own) for t, own in backlog.candidates(
-            ready, live, self.member_id, self.settings.workers)]
-        self._later.plan([(t, backlog.is_preferred(t.id, live, self.member_id))
-                          for t in later])
-        self._stale_chunks = 0
-        return True
+        free = max(0, self.running.free()) if self._may_claim() else 0
+        self.backlog.push_front(ready[free:])
+        return self._start_batch([t for t, _ in ready[:free] if t.id not in self.running])
 
     def _on_due(self) -> None:
         try:
@@ -449,16 +343,10 @@ class TaskLoop:
         return not self._stopping.is_set() and self.session.state is SessionState.CONNECTED
 
     def _may_start(self, task: Task) -> bool:
-        """Whether a task that is due now may start here now: a free worker, the session
-        CONNECTED, the loop running (the tasks a submit brings: :meth:`start_new`,
-        :meth:`offer`)."""
+        """Whether a task due now may start here now: a free worker, the session CONNECTED,
+        the loop running."""
         return (self.running.free() > 0 and self._may_claim()
                 and (task.run_at is None or task.run_at <= codec.now()))
-
-    def _may_relist(self) -> bool:
-        """Whether listing again now keeps listing within ``relist_share`` of the time."""
-        listed_at, took = self._listed
-        return time.monotonic() - listed_at >= took / self.settings.relist_share
 
     def _live(self) -> set[str] | None:
         """The live member ids: the watched view when the node gave one and it has reported,
@@ -488,68 +376,81 @@ class TaskLoop:
                             "that have one", self.member_id, task.type, task.id)
             return None
 
-    def _try_start(self, task: Task) -> bool:
-        kind = self._kind_of(task)
-        return kind is not None and self._start(task, kind)
-
-    def _start(self, task: Task, kind: TaskType) -> bool:
-        running = self.claimer.claim(task, kind)
-        if running is None:
-            return False
-        # a lock or session lost since registration has cancelled the token already: the
-        # handler does not run and the attempt ends CANCELLED_BY_SYSTEM
-        self._pool.submit(self._execute, running)
-        return True
-
-    def _execute(self, first: Running) -> None:
-        """Run ``first``; when it was a task of an ordering key and finished, run the key's
-        next task in this same worker (:class:`~runner.tasks.worker.chain.KeyChain`), and so on;
-        then look for work."""
-        r: Running | None = first
+    # -- the workers ---------------------------------------------------------------------------
+    def _execute(self, first: Slot) -> None:
+        """Run ``first``. A task without an ordering key hands its end to the group commit and
+        frees its worker at once; one with a key waits for its end and, when it finished, runs
+        the key's next task in this worker (:class:`KeyChain`), and so on. Then it looks for
+        work."""
+        slot: Slot | None = first
         outcome = Outcome.CANCELLED
         queue = list(first.key_queue)  # the key's queue as read at the chain's last read
-        while r is not None:
-            outcome, kept = self._run_one(r)
-            key, r = r.task.ordering_key, None
-            if self._stopping.is_set() or key is None or outcome is not Outcome.FINISHED:
-                if kept is not None:
-                    release_booking(kept, self.member_id)
-            else:
-                r = self.chain.next(key, kept, queue)
+        while slot is not None:
+            ending = self.execution.run(slot)
+            key = slot.task.ordering_key
+            if key is None:
+                self.running.ending(slot)
+                self.commits.submit(ending)
+                outcome, slot = ending.outcome, None
+                continue
+            outcome = self.commits.conclude(replace(ending, waited=True))
+            kept = self._settle_keyed(slot, outcome)
+            slot = None
+            if not self._stopping.is_set() and outcome is Outcome.FINISHED:
+                slot = self.chain.next(key, kept, queue)
+            elif kept is not None:
+                release_booking(kept, self.member_id)
         if self._stopping.is_set():
             return
         if outcome is Outcome.CANCELLED:
-            # a task this node lost goes back as it stands; look again a little later
-            # (at once would loop on a lock that keeps being lost), whoever takes it
-            timer = threading.Timer(self.rescan_after_cancel, self.trigger)
-            timer.daemon = True
-            timer.start()
+            self._rescan_later()
             return
         try:
             self.scan(relist=False)  # a worker is free
         except Exception:
             log.exception("member %s: follow-up scan failed", self.member_id)
 
-    def _run_one(self, r: Running) -> tuple[Outcome, Booking | None]:
-        """Run ``r``; its outcome, and its booking when kept for the key's next task (a
-        finished task whose booking is its ordering key alone)."""
-        outcome = Outcome.CANCELLED
+    def _settle_keyed(self, slot: Slot, outcome: Outcome) -> Booking | None:
+        """A keyed task's end is written: its booking kept for the key's next task when the
+        key is all it booked and it finished (returned), else released; its slot done."""
         kept = None
-        try:
-            outcome = self.execution.run(r)
-            if outcome is Outcome.DECLINED:  # left to the other nodes for a while
-                self.running.decline(r.task.id, self.decline_for)
-            kind = self.registry.get(r.task.type)
-            if outcome is Outcome.FINISHED and r.booking is not None \
-                    and not self._stopping.is_set() \
-                    and key_only(r.task, kind, self.claimer.limits):
-                kept = r.booking
-        finally:
-            # locks go only after the attempt and the task are written
-            release(r.lock, None if kept is not None else r.booking, self.member_id)
-            self.running.discard(r)
-            r.done.set()
-            if outcome is Outcome.RETRY_LATER and r.task.run_at is not None:
-                # its next attempt is this member's to time (the others' listings find it too)
-                self._later.add(r.task, True)
-        return outcome, kept
+        kind = self.registry.get(slot.task.type)
+        if outcome is Outcome.FINISHED and slot.booking is not None \
+                and not self._stopping.is_set() and key_only(slot.task, kind,
+                                                              self.claimer.limits):
+            kept = slot.booking
+        elif slot.booking is not None:
+            release_booking(slot.booking, self.member_id)
+        self.running.discard(slot)
+        slot.done.set()
+        return kept
+
+    def _ended(self, ending: Ending, outcome: Outcome, task: Task | None,
+               ended: tuple[AttemptStatus, str | None]) -> None:
+        """The group commit wrote ``ending`` (the ``outcome`` written, the task as written)
+        and released its lock: the observers are told; a declined task is left to the others,
+        a retry's time planned; and, unless its worker waits for it, the slot is done."""
+        ending.tell(*ended)
+        slot = ending.slot
+        if outcome is Outcome.DECLINED:  # left to the other nodes for a while
+            self.running.decline(slot.task_id, self.decline_for)
+        if outcome is Outcome.RETRY_LATER and task is not None and task.run_at is not None:
+            self.later.add(task, True)  # its next attempt is this member's to time
+        if ending.waited:
+            return
+        if slot.booking is not None:
+            release_booking(slot.booking, self.member_id)
+        self.running.discard(slot)
+        slot.done.set()
+        if outcome is Outcome.CANCELLED and ending.outcome is not Outcome.CANCELLED:
+            self._rescan_later()  # its end was refused: this node lost the task
+
+    def _rescan_later(self) -> None:
+        """A task this node lost goes back as it stands; look again a little later (at once
+        would loop on a lock that keeps being lost), whoever takes it."""
+        if self._stopping.is_set():
+            return
+        timer = threading.Timer(self.rescan_after_cancel, self.trigger)
+        timer.daemon = True
+        timer.start()
+

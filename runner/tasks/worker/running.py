@@ -1,77 +1,129 @@
-"""The tasks a node is starting or running, and how many workers it has free.
+"""The tasks a node is taking, running and ending, as typed stages, and how many workers it
+has free.
 
-:class:`Running` is one task from its claim to its end: its lock, its slot booking, its
-fencing token and attempt once claimed, its cancellation token. :class:`RunningSet` holds them
-under one lock, with the tasks this node's handlers declined (left to the other nodes for a
-while). A task is added before its lock is tried (so a lost lock or session during the try or
-the claim still cancels it) and removed once its attempt and locks are written. Nothing here
-does I/O or fails.
+A task goes through three stages on a node, each a value of its own:
+
+* :class:`Slot`: the task registered here before its lock is tried (its lock, its slot
+  booking, its cancellation token), so a session lost during the try or the claim still
+  cancels it; it holds the :class:`Claim` once the claim is written;
+* :class:`Claim`: the claim written: the task as claimed, its RUNNING attempt and the fencing
+  token it was claimed with (its lock's);
+* :class:`Ending`: the handler returned: what its attempt came to (a store
+  :class:`~runner.store.Conclusion` to write, or nothing left to write) and what happens to the
+  task then; the group commit writes it, releases the lock and tells the loop.
+
+:class:`RunningSet` holds one member's slots: those running (each holds a worker) and those
+ending (their end is being written: the worker is free already, the lock still held), and the
+tasks its handlers declined (left to the other nodes for a while). Nothing here does I/O or
+fails.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from coord import Booking, TaskLock
-from runner.store import Attempt, AttemptStatus, Task
+from runner.store import Attempt, AttemptStatus, Conclusion, Task
 from runner.tasks.context import CancelToken
+from runner.tasks.outcomes import AttemptResult, Outcome
+
+#: what the observers are told once an end is written: the status and error written
+Tell = Callable[[AttemptStatus, str | None], None]
 
 
-@dataclass
-class Running:
-    """A task this node is starting or running. ``token`` and ``attempt`` are set once the
-    claim is written."""
+@dataclass(frozen=True)
+class Claim:
+    """A written claim: ``task`` as claimed (RUNNING, this member its owner), its RUNNING
+    ``attempt``, and the ``token`` it was claimed with."""
     task: Task
+    attempt: Attempt
+    token: int
+
+
+@dataclass(eq=False)
+class Slot:
+    """A task taken by this node, from before its lock is tried to its end written."""
+    task: Task  # as listed (or as submitted)
     lock: TaskLock
     booking: Booking | None
-    token: int = 0
-    attempt: Attempt | None = None
-    completed: bool = False  # the handler's ctx.complete() concluded the attempt
-    #: the handler's last report not yet written (``progress_json``): its end writes it
-    progress: str | None = None
-    #: when the handler returned: the attempt's end time as written, and the time a retry's
-    #: backoff counts from
-    returned_at: datetime | None = None
-    #: the status and error its attempt's end was written with (or stands at, when it could
-    #: not be written), which the observers are told
-    ended: tuple[AttemptStatus, str | None] = (AttemptStatus.RUNNING, None)
-    cancel: CancelToken = field(default_factory=CancelToken)
-    done: threading.Event = field(default_factory=threading.Event)
+    cancel: CancelToken
     #: the tasks after this one in its key's queue, as the claim read it (its first check)
     key_queue: list[Task] = field(default_factory=list)
+    #: set once its end is written and its lock released (or it was let go unclaimed)
+    done: threading.Event = field(default_factory=threading.Event)
+    claim: Claim | None = None
+
+    @property
+    def task_id(self) -> str:
+        return self.task.id
+
+
+@dataclass(frozen=True)
+class Ending:
+    """What a slot's last attempt came to. ``conclusion`` None: nothing is left to write (its
+    handler concluded through ``ctx.complete()``, or its end was written on the way);
+    ``ended`` is then the status and error as written. ``tell`` reports the end to the
+    observers once it is written."""
+    slot: Slot
+    claim: Claim
+    outcome: Outcome
+    result: AttemptResult
+    tell: Tell
+    conclusion: Conclusion | None = None
+    run_at: datetime | None = None
+    ended: tuple[AttemptStatus, str | None] = (AttemptStatus.RUNNING, None)
+    #: whether the worker waits for it to be written (an ordering key's chain, a booking
+    #: kept): otherwise the worker is free when its handler returns
+    waited: bool = False
 
 
 class RunningSet:
-    """The running tasks of one member, its ``workers`` and the tasks it declined."""
+    """The slots of one member, its ``workers`` and the tasks it declined."""
 
     def __init__(self, workers: int) -> None:
         self.workers = workers
-        self._running: dict[str, Running] = {}
+        self._running: dict[str, Slot] = {}
+        self._ending: dict[str, Slot] = {}
         #: tasks this node's handlers declined, and until when it leaves them to the others
         self._declined: dict[str, float] = {}
         self._lock = threading.Lock()
 
-    def add(self, r: Running) -> None:
+    def add(self, slot: Slot) -> None:
         with self._lock:
-            self._running[r.task.id] = r
+            self._running[slot.task_id] = slot
 
-    def discard(self, r: Running) -> None:
+    def ending(self, slot: Slot) -> None:
+        """``slot``'s handler returned: its worker is free, its end is being written."""
         with self._lock:
-            self._running.pop(r.task.id, None)
+            if self._running.pop(slot.task_id, None) is not None:
+                self._ending[slot.task_id] = slot
+
+    def discard(self, slot: Slot) -> None:
+        with self._lock:
+            if self._running.get(slot.task_id) is slot:
+                del self._running[slot.task_id]
+            if self._ending.get(slot.task_id) is slot:
+                del self._ending[slot.task_id]
 
     def __contains__(self, task_id: str) -> bool:
         with self._lock:
-            return task_id in self._running
+            return task_id in self._running or task_id in self._ending
 
-    def snapshot(self) -> list[Running]:
+    def get(self, task_id: str) -> Slot | None:
         with self._lock:
-            return list(self._running.values())
+            return self._running.get(task_id) or self._ending.get(task_id)
+
+    def snapshot(self) -> list[Slot]:
+        """Every slot, running or ending."""
+        with self._lock:
+            return [*self._running.values(), *self._ending.values()]
 
     def free(self) -> int:
-        """Workers not running a task."""
+        """Workers not running a handler."""
         with self._lock:
             return self.workers - len(self._running)
 

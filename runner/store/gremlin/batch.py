@@ -1,0 +1,111 @@
+"""The owner's writes of several tasks as one traversal: claims (:func:`claim_many`) and
+conclusions (:func:`conclude_many`), the task loop's batches.
+
+Each task's write is its own guarded :class:`~runner.store.gremlin.guards.Write` (guards
+first, then changes), one ``union`` branch ending in ``constant(n)``: a branch whose guards
+match nothing changes nothing and says nothing, so the traversal answers the indices it wrote,
+and the others go the single way (the store re-reads them and says why: moved on, fenced off,
+closed by someone else). The ``union`` stands on the first task's vertex. One traversal is
+atomic wherever one is (a transaction on the embedded graph, a server that runs one traversal
+at a time), and on a Gremlin Server it is one request instead of one per task.
+
+Failure behaviour: the graph out of reach raises ``StoreUnavailable`` for the whole batch
+(nothing of it is known written: the caller tries again, and a conclusion whose write had in
+fact been applied is recognised as its own); a single task's refusal is returned in its place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from gremlin_python.process.graph_traversal import __
+
+from runner.errors import StoreError, StoreUnavailable, WriteRaceLost
+from runner.store.gremlin.guards import Write
+from runner.store.gremlin.writes import Conclusion, attempt_start, task_change
+from runner.store.model import Attempt, Task, TaskStatus
+
+if TYPE_CHECKING:
+    from runner.store.gremlin.store import GraphStore
+
+X = TypeVar("X")
+
+
+def written(store: GraphStore, writes: Sequence[Write], anchor: str) -> set[int]:
+    """Run ``writes`` as one traversal standing on the task ``anchor`` (one of theirs: a
+    ``union`` needs one traverser to start from); the indices of those whose guards matched
+    (none when the anchor is gone: each then goes the single way)."""
+    if not writes:
+        return set()
+
+    def run(g: Any) -> set[int]:
+        branches = [w.traverse(__).constant(n) for n, w in enumerate(writes)]
+        return set(g.V().has("task_id", anchor).union(*branches).to_list())
+
+    try:
+        return store.graph.write(run)
+    except WriteRaceLost:  # a transactional server refused the commit: none was written
+        return set()
+
+
+def claim_many(store: GraphStore, claims: Sequence[tuple[Task, int]], member_id: str
+               ) -> list[tuple[Task, Attempt] | StoreError]:
+    """Claims of tasks without resources (``GraphStore.claim`` of each), written together."""
+    if any(task.resources for task, _ in claims):
+        raise ValueError("a task with resources is claimed alone (its holders are read first)")
+    plans: list[tuple[Task, Attempt, Write] | StoreError] = []
+    for task, token in claims:
+        try:
+            change = task_change(task, token, {"status": TaskStatus.RUNNING,
+                                               "owner": member_id}, new_attempt=True)
+        except StoreError as exc:  # a token older than the task's fence: refused at once
+            plans.append(exc)
+            continue
+        w = Write()
+        if task.status is TaskStatus.RUNNING:  # its owner left: close that attempt too
+            for end in store.superseded(task, member_id, token):
+                end.add_to(w)
+        start = attempt_start(change.task, member_id, token)
+        start.add_to(w, change.add_to(w))
+        plans.append((change.task, start.attempt, w))
+    writes = [(n, plan[2]) for n, plan in enumerate(plans) if not isinstance(plan, StoreError)]
+    anchor = claims[writes[0][0]][0].id if writes else ""
+    matched = {writes[k][0] for k in written(store, [w for _, w in writes], anchor)}
+    out: list[tuple[Task, Attempt] | StoreError] = []
+    for n, ((task, token), plan) in enumerate(zip(claims, plans, strict=True)):
+        if isinstance(plan, StoreError):
+            out.append(plan)
+        elif n in matched:
+            out.append((plan[0], plan[1]))
+        else:
+            out.append(_refusal(store.claim_refused, task, token))
+    return out
+
+
+def conclude_many(store: GraphStore, conclusions: Sequence[Conclusion]
+                  ) -> list[Task | StoreError]:
+    """Conclusions of several attempts (``GraphStore.conclude`` of each), written together;
+    one refused goes the single way (:meth:`GraphStore.conclude_refused`)."""
+    changes = [task_change(c.task, c.token, c.changes) for c in conclusions]
+    matched = written(store, [c.write(change) for c, change in
+                              zip(conclusions, changes, strict=True)],
+                      conclusions[0].task.id if conclusions else "")
+    out: list[Task | StoreError] = []
+    for n, (c, change) in enumerate(zip(conclusions, changes, strict=True)):
+        if n in matched:
+            out.append(change.task)
+        else:
+            out.append(_refusal(store.conclude_refused, c))
+    return out
+
+
+def _refusal(again: Callable[..., X], *args: Any) -> X | StoreError:
+    """What the single way makes of a write the batch's guards refused: its result, or the
+    store's error; the graph out of reach propagates (the whole batch fails)."""
+    try:
+        return again(*args)
+    except StoreUnavailable:
+        raise
+    except StoreError as exc:
+        return exc
