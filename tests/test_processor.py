@@ -170,23 +170,23 @@ def test_a_listing_that_goes_stale_during_the_scan_is_rechecked(
     registry.register("t", held_until_close(ran))
     tasks = [store.tasks.create("t") for _ in range(6)]
     taken = {t.id for t in tasks[:4]}
-    real_unfinished = store.tasks.unfinished
-
-    def listing_then_others_claim() -> list[Task]:
-        listing = real_unfinished()
-        for task_id in taken:
-            store.tasks.update(task_id, 0, 9, owner="m2")
-        return listing
 
     with session(zk_namespace) as s:
         processor = TaskLoop(s, "m1", store, registry,
                              LoopSettings(workers=6, scan_interval=600, fresh_for=0.0))
-        store.tasks.unfinished = listing_then_others_claim  # type: ignore[method-assign]
+        real_read = processor.backlog.ready.read
+
+        def listing_then_others_claim(limit: int) -> list[Task]:
+            listing = real_read(limit)
+            for task_id in taken:
+                store.tasks.update(task_id, 0, 9, owner="m2")
+            return listing
+
+        processor.backlog.ready.read = listing_then_others_claim  # type: ignore[method-assign]
         try:
             assert processor.scan() == 2
             assert wait_until(lambda: len(ran) == 2, 30)
         finally:
-            store.tasks.unfinished = real_unfinished  # type: ignore[method-assign]
             processor.close()
     assert sorted(ran) == sorted(t.id for t in tasks[4:])
     assert processor.stats["skipped_stale"] == 4

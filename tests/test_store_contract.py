@@ -15,7 +15,9 @@ import importlib.util
 import os
 import re
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rdflib import RDFS, Graph, URIRef
@@ -43,6 +45,7 @@ from runner.store import (
     Task,
     TaskStatus,
     codec,
+    due,
     open_store,
 )
 from runner.store.remote import SERIAL
@@ -823,3 +826,63 @@ def test_claims_and_ends_of_several_tasks_are_one_write_each_refusal_its_own(
     assert store.attempts.get(a4.id).status is AttemptStatus.CANCELLED_BY_SYSTEM  # superseded
     assert not store.tasks.get(t4.id).finished
     assert store.graph.stats.snapshot()["writes"] >= writes + 1
+
+
+def _create_waiting(store: GraphStore, count: int, priority: int = 0,
+                    at: datetime | None = None) -> list[str]:
+    """``count`` WAITING tasks in one write, each ready at its own second from ``at`` on."""
+    from runner.store.gremlin.rows import task_props
+    from runner.store.gremlin.steps import add_vertex
+
+    start = at or codec.now() - timedelta(hours=2)
+    made = []
+    for first in range(0, count, 200):
+        def write(g: Any, first: int = first) -> None:
+            for n in range(first, min(first + 200, count)):
+                task = store.tasks.new("t", {"n": n}, priority=priority)
+                when = start + timedelta(seconds=n)
+                task = dataclasses.replace(task, created_at=when, updated_at=when)
+                add_vertex(g, "task", task_props(task)).iterate()
+                made.append(task.id)
+        store.graph.write(write)
+    return made
+
+
+def test_the_ready_scan_reads_a_page_whatever_the_backlog(store: GraphStore) -> None:
+    """The task loop's listing (``ReadyScan``): the highest lane first, in it the oldest
+    ready seconds first, a page of a size asked for; its reads do not grow with the tasks that
+    wait (300 then 3,000 waiting: the same number of reads for a page); a claimed task leaves
+    the ready buckets (``claimed()`` has it) and one put back is ready again at the moment it
+    was put back."""
+    from runner.tasks.worker.ready import ReadyScan
+
+    old = _create_waiting(store, 300)
+    urgent = _create_waiting(store, 3, priority=5, at=codec.now() - timedelta(minutes=1))
+    scan = ReadyScan(store.tasks)
+    before = store.graph.stats.snapshot()["reads"]
+    page = scan.read(20)
+    small = store.graph.stats.snapshot()["reads"] - before
+    assert [t.id for t in page[:3]] == urgent  # its lane first
+    assert [t.id for t in page[3:]] == old[:17]  # then the oldest
+    _create_waiting(store, 2700, at=codec.now() - timedelta(hours=1))
+    before = store.graph.stats.snapshot()["reads"]
+    again = ReadyScan(store.tasks).read(20)
+    big = store.graph.stats.snapshot()["reads"] - before
+    assert [t.id for t in again] == urgent + old[:17]
+    assert big <= small + 1, (small, big)
+    before = store.graph.stats.snapshot()["reads"]
+    assert [t.id for t in scan.read(20)] == urgent + old[:17]  # the cursors kept: fewer reads
+    assert store.graph.stats.snapshot()["reads"] - before <= small
+
+    first = store.tasks.get(old[0])
+    store.claim(first, 7, "m1")
+    assert [t.id for t in store.tasks.claimed()] == [first.id]
+    assert first.id not in [t.id for t in ReadyScan(store.tasks).read(25)]
+    put_back = codec.now()
+    back = store.release(first.id, 7, {"status": TaskStatus.WAITING})
+    assert back.status is TaskStatus.WAITING and store.tasks.claimed() == []
+    (queue,) = store.graph.read(lambda g: g.V().has("task_id", first.id)
+                                .values("task_queue").to_list())
+    assert queue.startswith("r09:") and queue[4:] >= due.second(put_back)  # ready again now
+    page = ReadyScan(store.tasks).read(3100)
+    assert len(page) == 3003 and page[-1].id == first.id

@@ -23,6 +23,7 @@ from runner.store.gremlin.rows import resource_key, task_props
 from runner.store.gremlin.search import TaskFilter
 from runner.store.migrations.format import FORMAT_KEY, FORMAT_KEY_VALUE, read_state
 from runner.store.remote import SERIAL
+from runner.tasks.worker.ready import ReadyScan
 from runner.testing.cluster import Cluster
 from runner.testing.formats import write_format_0
 
@@ -40,8 +41,12 @@ def has_console_props(store: GraphStore, task_id: str) -> bool:
                                  .id_().to_list()))
 
 
-def migrated(store: GraphStore) -> int:
-    return int(store.graph.read(lambda g: g.V().has("task_id").has("task_h").count().next()))
+def migrated(store: GraphStore, marker: str = "task_h") -> int:
+    """Tasks a step has changed: step 1 writes ``task_h``, step 2 ``task_lane``."""
+    return int(store.graph.read(lambda g: g.V().has("task_id").has(marker).count().next()))
+
+
+MARKERS = {1: "task_h", 2: "task_lane"}
 
 
 def everything(store: GraphStore) -> list[Any]:
@@ -107,15 +112,18 @@ def test_migrate_backfills_the_console_lists_and_a_dry_run_changes_nothing(
     before = everything(store)
     dry = cluster.cli("store", "migrate", "--dry-run")
     assert dry.exit_code == 0, dry.output
-    assert "would run 1 step(s) to format 1" in dry.output and "250" in dry.output
+    latest = migrations.CURRENT
+    assert f"would run {latest} step(s) to format {latest}" in dry.output
+    assert "250" in dry.output
     assert "dry run: nothing was changed" in dry.output
     assert everything(store) == before and read_state(store.graph).version is None
 
     run = cluster.cli("store", "migrate", "--page-size", "40")
     assert run.exit_code == 0, run.output
-    assert "at store format 0; running 1 step(s) to format 1" in run.output
+    assert f"at store format 0; running {latest} step(s) to format {latest}" in run.output
     assert "the web console's list properties" in run.output.lower()
-    assert re.search(r"│ 1\s+│.*│ 250\s+│ 0\s+│", run.output), run.output
+    for version in range(1, latest + 1):
+        assert re.search(rf"│ {version}\s+│.*│ 250\s+│ 0\s+│", run.output), run.output
     with reopen(cluster) as current:
         assert read_state(current.graph).version == migrations.CURRENT
         for task_id in ids:  # what the create path writes today, and nothing else changed
@@ -123,8 +131,12 @@ def test_migrate_backfills_the_console_lists_and_a_dry_run_changes_nothing(
             props = task_props(task)
             row = current.graph.read(lambda g, t=task_id: g.V().has("task_id", t)
                                      .element_map().to_list())[0]
-            for key in (*CONSOLE_KEYS, *(resource_key(r) for r in task.resources)):
+            for key in (*CONSOLE_KEYS, *(resource_key(r) for r in task.resources),
+                        "task_lane", "task_queue"):
                 assert row[key] == props[key], (task_id, key)
+        # the task loop's scan reads them a page at a time, the oldest first
+        waiting = sorted(t for t in ids if (lambda i: i % 3 and i % 5)(int(t[4:])))
+        assert sorted(t.id for t in ReadyScan(current.tasks).read(10)) == waiting[:10]
         # the console lists the old tasks now, newest first, by state
         page = current.search.page(TaskFilter(), None, 200)
         assert [t.id for t in page.tasks] == sorted(ids, reverse=True)[:200]
@@ -157,20 +169,23 @@ def test_a_migrate_killed_half_way_finishes_when_run_again(cluster: Cluster) -> 
     migrate = subprocess.Popen([sys.executable, "-m", "runner.cli", "store", "migrate",
                                 "--page-size", "20"], env=cluster.env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        assert wait_until(lambda: migrated(store) >= 100, 60, 0.02)
+    try:  # killed some pages into one of the steps
+        assert wait_until(lambda: 100 <= migrated(store) < total
+                          or 100 <= migrated(store, "task_lane") < total, 120, 0.01)
         migrate.kill()
     finally:
         migrate.wait(30)
-    done = migrated(store)
-    assert 100 <= done < total, done
-    assert read_state(store.graph).version is None  # not stamped: still format 0
-    with pytest.raises(StoreFormatOutdated):
+    left = {v: total - migrated(store, marker) for v, marker in MARKERS.items()}
+    at = read_state(store.graph).version or 0
+    assert at < migrations.CURRENT and 0 < left[at + 1] < total, (at, left)
+    with pytest.raises(StoreFormatOutdated):  # nodes still refuse it
         reopen(cluster)
     rerun = cluster.cli("store", "migrate", "--page-size", "200")
     assert rerun.exit_code == 0, rerun.output
-    assert re.search(rf"│ 1\s+│.*│ {total - done}\s+│ 0\s+│", rerun.output), (done, rerun.output)
-    assert migrated(store) == total
+    for version in range(at + 1, migrations.CURRENT + 1):  # each step changed what was left
+        assert re.search(rf"│ {version}\s+│.*│ {left[version]}\s+│ 0\s+│", rerun.output), (
+            left, rerun.output)
+    assert all(migrated(store, marker) == total for marker in MARKERS.values())
     with reopen(cluster) as current:
         assert len(current.search.page(TaskFilter(), None, 200).tasks) == 200
 

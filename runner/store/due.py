@@ -1,18 +1,30 @@
-"""Where an open task waits: the ``open`` queue the task loop lists, or a time bucket.
+"""Where an open task waits: a ready bucket the task loop reads, or a time bucket.
 
-A task that may not run yet (``run_at``: delayed, scheduled, or a retry waiting for its
-backoff) is in the ``open`` queue when it is due within :data:`HORIZON` plus two buckets, and
-otherwise in the bucket ``at:<n>`` of its minute (``n`` = its epoch second // :data:`BUCKET`).
-So the listing every node makes of the ``open`` queue does not grow with far-future tasks. The
-master moves buckets into ``open`` as they come within the horizon (a cursor in ZooKeeper
-records the last bucket moved; see :mod:`runner.tasks.due`). A bucket is only ever written
-more than two buckets past the one the cursor may reach now, so a clock skew of up to a
-bucket between nodes never writes a task into a bucket already moved. Pure; nothing fails.
+``task_queue`` says it, one indexed equality per task:
+
+* ``r<lane>:<second>``: WAITING and due (or due within :data:`HORIZON` plus two buckets). Its
+  lane is its priority, clamped to -9..9 (:func:`lane_of`: ``r00`` the highest); its second
+  is when it became ready (``YYYYMMDDHHMMSS`` of its ``run_at``, else of its last change: its
+  creation, or the moment it was put back). A node reads the highest lane with tasks first, and
+  in it the oldest seconds first, a minute's worth at a time
+  (:class:`~runner.tasks.worker.ready.ReadyScan`): a scan costs a few index reads, whatever
+  number of tasks wait;
+* ``running``: claimed; ``closed``: finished or stopped;
+* ``at:<n>``: due later, in the bucket of its minute (``n`` = its epoch second //
+  :data:`BUCKET`), so no scan reads far-future tasks. The master moves buckets into the ready
+  ones as they come within the horizon (a cursor in ZooKeeper records the last bucket moved;
+  see :mod:`runner.tasks.due`). A bucket is only ever written more than two buckets past the
+  one the cursor may reach now, so a clock skew of up to a bucket between nodes never writes a
+  task into a bucket already moved.
+
+``task_lane`` holds the lane of every open task that is ready or running (none in a time
+bucket, none once closed): the tasks the loop lists, and which lanes hold any. Pure; nothing
+fails.
 """
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -32,13 +44,53 @@ def bucket_name(bucket: int) -> str:
     return f"at:{bucket}"
 
 
+#: the lanes, highest priority first: a priority above 9 or below -9 shares the end lane
+LANES = tuple(f"r{n:02d}" for n in range(19))
+
+
+def lane_of(priority: int) -> str:
+    """The lane of a priority: ``r00`` for 9 and above ... ``r18`` for -9 and below."""
+    return LANES[9 - max(-9, min(9, priority))]
+
+
+def second(at: datetime) -> str:
+    """``YYYYMMDDHHMMSS`` of ``at`` in UTC."""
+    return at.astimezone(UTC).strftime("%Y%m%d%H%M%S")
+
+
+def instant(digits: str) -> datetime:
+    """The UTC second ``YYYYMMDDHHMMSS`` stands for."""
+    return datetime.strptime(digits, "%Y%m%d%H%M%S").replace(tzinfo=UTC)
+
+
+def ready_key(lane: str, at: str) -> str:
+    return f"{lane}:{at}"
+
+
+def is_ready_key(queue: str) -> bool:
+    return queue.startswith("r") and ":" in queue
+
+
 def queue_of(task: Task, now: datetime) -> str:
-    """``closed`` (finished or stopped), ``open``, or the task's bucket."""
+    """``closed`` (finished or stopped), ``running``, the task's ready bucket, or its time
+    bucket."""
     if not task.open:
         return "closed"
+    if task.status.value == "RUNNING":
+        return "running"
     if task.run_at is None or task.run_at <= now + timedelta(seconds=HORIZON + 2 * BUCKET):
-        return "open"
+        return ready_key(lane_of(task.priority), second(task.run_at or task.updated_at))
     return bucket_name(bucket_of(task.run_at))
+
+
+def lane_field(task: Task, queue: str) -> str:
+    """``task_lane``: the lane of a task that is ready or running, else empty."""
+    return lane_of(task.priority) if queue == "running" or is_ready_key(queue) else ""
+
+
+def seconds_from(start: datetime, count: int) -> list[str]:
+    """``count`` seconds (``YYYYMMDDHHMMSS``) from ``start`` on."""
+    return [second(start + timedelta(seconds=n)) for n in range(count)]
 
 
 def promote_through(now: datetime) -> int:

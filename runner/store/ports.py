@@ -48,13 +48,29 @@ class TaskStore(Protocol):
         ...
 
     def promote(self, buckets: Sequence[int]) -> int:
-        """Move the tasks of these time buckets into the open queue."""
+        """Move the tasks of these time buckets into their ready buckets."""
         ...
 
     def get(self, task_id: str) -> Task: ...
 
     def unfinished(self) -> list[Task]:
         """Active, unfinished tasks, highest priority first, then oldest first."""
+        ...
+
+    def claimed(self) -> list[Task]:
+        """The tasks RUNNING under some owner."""
+        ...
+
+    def lanes(self) -> list[str]:
+        """The lanes (priorities) that hold a ready or running task, highest first."""
+        ...
+
+    def ready_page(self, lane: str, seconds: Sequence[str], limit: int) -> list[Task]:
+        """Up to ``limit`` WAITING tasks of ``lane`` that became ready in ``seconds``."""
+        ...
+
+    def lane_seconds(self, lane: str) -> list[str]:
+        """The seconds the WAITING tasks of ``lane`` became ready in, sorted."""
         ...
 
     def versions(self, task_ids: Sequence[str]) -> dict[str, int]:

@@ -49,7 +49,8 @@ def task_props(task: Task) -> dict[str, Any]:
         "task_id": task.id, "task_type": task.type,
         "task_payload": codec.encode_json(task.payload), "task_priority": task.priority,
         "task_created": codec.encode_time(task.created_at), "task_version": task.version,
-        "task_queue": due.queue_of(task, codec.now()),
+        "task_queue": (queue := due.queue_of(task, codec.now())),
+        "task_lane": due.lane_field(task, queue),
         "task_state": codec.encode_json({
             "status": task.status.value, "active": task.active, "finished": task.finished,
             "owner": task.owner or "", "updated": codec.encode_time(task.updated_at),

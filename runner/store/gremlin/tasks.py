@@ -9,7 +9,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from gremlin_python.process.traversal import P
+from gremlin_python.process.graph_traversal import __
+from gremlin_python.process.traversal import Cardinality, P
 
 from runner.errors import (
     CommitConflict,
@@ -18,6 +19,7 @@ from runner.errors import (
 )
 from runner.store import codec, due
 from runner.store.graph import Graph
+from runner.store.migrations.format import FORMAT_KEY, FORMAT_KEY_VALUE
 
 # -- tasks ------------------------------------------------------------------------------------
 from runner.store.gremlin.rows import (
@@ -25,7 +27,9 @@ from runner.store.gremlin.rows import (
     task_props,
 )
 from runner.store.gremlin.steps import (
+    BATCH,
     add_vertex,
+    chunks,
     get_or_add,
 )
 from runner.store.gremlin.writes import (
@@ -101,11 +105,46 @@ class GremlinTaskStore:
         return read_task(self.graph, task_id)
 
     def unfinished(self) -> list[Task]:
+        """Every open task that is ready or running (not those waiting in a time bucket),
+        highest priority first, oldest first: a read of all of them (the task loop reads
+        pages instead: :meth:`ready_page`)."""
         rows = self.graph.read(
-            lambda g: g.V().has("task_queue", "open").element_map().to_list())
+            lambda g: g.V().has("task_lane", P.within(list(due.LANES))).element_map().to_list())
         tasks = [task_from_row(row) for row in rows]
         tasks.sort(key=lambda t: (-t.priority, t.created_at, t.id))
         return tasks
+
+    def claimed(self) -> list[Task]:
+        """The tasks RUNNING under some owner (an index lookup: as many as run now, and those
+        whose owner left or let them go without an end)."""
+        rows = self.graph.read(lambda g: g.V().has("task_queue", "running")
+                               .element_map().to_list())
+        return [task_from_row(row) for row in rows]
+
+    def lanes(self) -> list[str]:
+        """The lanes that hold a ready or running task, highest first (one read: a
+        ``limit(1)`` lookup per lane, in one traversal standing on the format vertex)."""
+        def probe(g: Any) -> list[str]:
+            branches = [__.V().has("task_lane", lane).limit(1).constant(lane)
+                        for lane in due.LANES]
+            return list(g.V().has(FORMAT_KEY, FORMAT_KEY_VALUE).union(*branches).to_list())
+        found = set(self.graph.read(probe))
+        return [lane for lane in due.LANES if lane in found]
+
+    def ready_page(self, lane: str, seconds: Sequence[str], limit: int) -> list[Task]:
+        """Up to ``limit`` WAITING tasks of ``lane`` that became ready in one of ``seconds``
+        (``YYYYMMDDHHMMSS``): one index lookup, in no particular order."""
+        keys = [due.ready_key(lane, s) for s in seconds]
+        rows = self.graph.read(lambda g: g.V().has("task_queue", P.within(keys))
+                               .limit(limit).element_map().to_list())
+        return [task_from_row(row) for row in rows]
+
+    def lane_seconds(self, lane: str) -> list[str]:
+        """The seconds the WAITING tasks of ``lane`` became ready in (a read of the lane's
+        queue values: where a scan of the lane starts)."""
+        values = self.graph.read(lambda g: g.V().has("task_lane", lane)
+                                 .values("task_queue").to_list())
+        return sorted({v.split(":", 1)[1] for v in values if due.is_ready_key(v)})
 
     def with_key(self, ordering_key: str) -> list[Task]:
         """The unfinished tasks of ``ordering_key`` (stopped ones too), in submission order:
@@ -123,16 +162,33 @@ class GremlinTaskStore:
         return sorted((task_from_row(r) for r in rows), key=lambda t: (t.created_at, t.id))
 
     def promote(self, buckets: Sequence[int]) -> int:
-        """Move the tasks of these time buckets into the ``open`` queue (see
-        :mod:`runner.store.due`); how many. Idempotent; changes no version (where a task
-        waits is not part of its state)."""
+        """Move the tasks of these time buckets into their ready buckets (see
+        :mod:`runner.store.due`: each by its lane and its ``run_at``); how many. Idempotent
+        (each move is guarded by the task still being in its time bucket); changes no version
+        (where a task waits is not part of its state)."""
         if not buckets:
             return 0
         names = [due.bucket_name(b) for b in buckets]
-        moved = self.graph.write(
-            lambda g: g.V().has("task_queue", P.within(names)).property("task_queue", "open")
-            .id_().to_list())
-        return len(moved)
+        rows = self.graph.read(lambda g: g.V().has("task_queue", P.within(names))
+                               .element_map().to_list())
+        moves = []
+        for row in rows:
+            task = task_from_row(row)
+            queue = due.ready_key(due.lane_of(task.priority),
+                                  due.second(task.run_at or task.updated_at))
+            moves.append((task.id, row["task_queue"], queue, due.lane_of(task.priority)))
+        moved = 0
+        for chunk in chunks(moves, BATCH // 4):
+            def write(g: Any, chunk: Sequence[tuple[str, str, str, str]] = chunk) -> int:
+                done = 0
+                for task_id, bucket, queue, lane in chunk:
+                    done += len(g.V().has("task_id", task_id).has("task_queue", bucket)
+                                .property(Cardinality.single, "task_queue", queue)
+                                .property(Cardinality.single, "task_lane", lane)
+                                .id_().to_list())
+                return done
+            moved += self.graph.write(write)
+        return moved
 
     def versions(self, task_ids: Sequence[str]) -> dict[str, int]:
         """The current version of each task that exists (one read): a cheap freshness check

@@ -23,6 +23,7 @@ from datetime import datetime
 
 from runner.errors import StoreError
 from runner.store import GraphStore, Task, TaskStatus, codec
+from runner.tasks.worker.ready import ReadyScan
 from runner.tasks.worker.timing import DueTimer
 
 log = logging.getLogger("latchwork.tasks")
@@ -33,17 +34,16 @@ def preferred_index(task_id: str, members: int) -> int:
     return zlib.crc32(task_id.encode()) % members
 
 
-def unowned(tasks: list[Task], live: set[str] | None, member_id: str) -> tuple[list[Task], int]:
+def unowned(tasks: list[Task], live: set[str] | None, member_id: str,
+            mine: Callable[[str], bool] = lambda task_id: False) -> tuple[list[Task], int]:
     """``tasks`` without those RUNNING under another live member (their lock is held, and
-    trying it costs two round trips each), and how many were dropped. A RUNNING task whose owner
-    left stays (the master frees its lock and puts it back to WAITING), and so does one owned by
-    this member that it does not run (its end could not be written): this member takes it up
-    again. Membership unknown (``live`` None): all stay, the locks decide."""
-    running = [t for t in tasks if t.status is TaskStatus.RUNNING and t.owner
-               and t.owner != member_id]
-    if not running or live is None:
-        return tasks, 0
-    skip = {t.id for t in running if t.owner in live}
+    trying it costs two round trips each), nor this member's own that it runs (``mine``), and
+    how many were dropped. A RUNNING task whose owner left stays (the master frees its lock and
+    puts it back to WAITING), and so does one owned by this member that it does not run (its
+    end could not be written): this member takes it up again. Membership unknown (``live``
+    None): all stay, the locks decide."""
+    skip = {t.id for t in tasks if t.status is TaskStatus.RUNNING and t.owner and (
+        mine(t.id) if t.owner == member_id else live is not None and t.owner in live)}
     return [t for t in tasks if t.id not in skip], len(skip)
 
 
@@ -121,16 +121,22 @@ class Backlog:
     the next one tries again."""
 
     def __init__(self, store: GraphStore, member_id: str, workers: int, later: DueTimer,
-                 stats: Counter[str], *, fresh_for: float = 0.05, own_fresh_for: float = 1.0,
+                 stats: Counter[str], running: Callable[[str], bool], *,
+                 fresh_for: float = 0.05, own_fresh_for: float = 1.0,
                  relist_share: float = 0.1) -> None:
         self.store = store
         self.member_id = member_id
         self.workers = workers
         self.later = later
         self.stats = stats
+        self.running = running  # whether this node runs a task (its id)
         self.fresh_for = fresh_for
         self.own_fresh_for = own_fresh_for
         self.relist_share = relist_share
+        #: the next ready tasks, a page at a time (:class:`ReadyScan`)
+        self.ready = ReadyScan(store.tasks)
+        #: tasks a listing reads: enough for a few batches of every worker
+        self.page = max(64, 8 * workers)
         self.items: list[tuple[Task, float, bool]] = []  # (task, version seen at, own)
         self.listed = (0.0, 0.0)  # when the last listing ended, and how long it took
         self._stale_chunks = 0  # version reads in a row that found every candidate changed
@@ -148,12 +154,17 @@ class Backlog:
         now = time.monotonic()
         self.items[:0] = [(t, now, own) for t, own in tasks]
 
-    def list_open(self, live: set[str] | None) -> bool:
-        """List the open tasks into the backlog, in the order to try them, and plan those not
-        due yet; False when the store cannot be read (logged)."""
+    def list_open(self, live: set[str] | None, claimed: bool = False) -> bool:
+        """List the next ready tasks (a page: :class:`ReadyScan`) into the backlog, in the
+        order to try them, and plan those not due yet; ``claimed``: also the tasks RUNNING
+        under some owner, of which those whose owner left and this member's own that it does
+        not run (their end never written) are tried again (the interval's scans ask for them:
+        as many as run in the cluster). False when the store cannot be read (logged)."""
         began = time.monotonic()
         try:
-            listing = self.store.tasks.unfinished()
+            listing = self.ready.read(self.page)
+            if claimed:
+                listing += self.store.tasks.claimed()
             self.stats["listings"] += 1
         except StoreError as exc:
             log.error("member %s: cannot list tasks: %s", self.member_id, exc)
@@ -162,7 +173,7 @@ class Backlog:
         self.listed = (seen, seen - began)
         keyed_first, behind = first_per_key(listing)
         self.stats["behind_key"] += behind
-        tasks, skipped = unowned(keyed_first, live, self.member_id)
+        tasks, skipped = unowned(keyed_first, live, self.member_id, self.running)
         self.stats["skipped_running"] += skipped
         ready, later = split_due(tasks, codec.now())
         self.load(candidates(ready, live, self.member_id, self.workers), seen)

@@ -125,7 +125,7 @@ class TaskLoop:
         #: listed tasks not due yet, and the timer that starts a scan when one is
         self.later = DueTimer(self._on_due, settings.others_grace)
         self.backlog = Backlog(store, member_id, settings.workers, self.later, self.stats,
-                               fresh_for=settings.fresh_for,
+                               self.running.__contains__, fresh_for=settings.fresh_for,
                                own_fresh_for=settings.own_fresh_for,
                                relist_share=settings.relist_share)
         #: how long this node leaves a task its handler declined to the others
@@ -268,7 +268,7 @@ class TaskLoop:
             if self.running.free() <= 0:
                 return started
             if (relist or (not self.backlog and not self.later.planned()
-                           and self.backlog.may_relist())) and not self._list():
+                           and self.backlog.may_relist())) and not self._list(claimed=relist):
                 return started
             while self.running.free() > 0 and self._may_claim():
                 batch = self.backlog.take(self.running.free(), self.running.__contains__,
@@ -278,8 +278,8 @@ class TaskLoop:
                 started += self._start_batch(batch)
         return started
 
-    def _list(self) -> bool:
-        return self.backlog.list_open(self._live())
+    def _list(self, claimed: bool = False) -> bool:
+        return self.backlog.list_open(self._live(), claimed)
 
     def _start_batch(self, batch: list[Task]) -> int:
         """Start ``batch``: the plain tasks together (:meth:`Claimer.claim_many`), the others
