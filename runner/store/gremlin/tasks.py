@@ -19,7 +19,6 @@ from runner.errors import (
 )
 from runner.store import codec, due
 from runner.store.graph import Graph
-from runner.store.migrations.format import FORMAT_KEY, FORMAT_KEY_VALUE
 
 # -- tasks ------------------------------------------------------------------------------------
 from runner.store.gremlin.rows import (
@@ -38,6 +37,7 @@ from runner.store.gremlin.writes import (
     task_change,
     until_written,
 )
+from runner.store.migrations.format import FORMAT_KEY, FORMAT_KEY_VALUE
 from runner.store.model import (
     Task,
     TaskStatus,
