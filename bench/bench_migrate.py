@@ -60,7 +60,7 @@ def main() -> int:
             finally:
                 graph.close()
         if args.only in (None, "server"):
-            server = GremlinServer(Path(scratch) / "gremlin-server")
+            server = GremlinServer(Path(scratch) / "gremlin-server", heap="4g")
             server.start()
             try:
                 remote = RemoteGraph(server.url, atomicity=SERIAL, timeout=120)

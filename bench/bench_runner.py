@@ -1,28 +1,35 @@
-"""The task runner on 3 node processes against its peer, Celery, on this box in one run.
+"""The task runner on 3 node processes against its peer, Celery, and against the floors of its
+servers, on this box in one run.
 
 latchwork runs on the embedded graph (gremlite file) and on a Gremlin Server (the nodes share
 it over loopback, one traversal at a time), Celery 5 on RabbitMQ with the durable-message setup
 of bench/bench_peer.py (3 prefork workers, acks_late, reject on worker lost, prefetch 1, no
-result backend). Per graph:
+result backend). Both latchwork clusters (3 nodes x 4 workers each) stay up for the throughput
+rounds, which are interleaved: embedded, server, Celery, three times over.
 
-1. **submit -> start**: tasks submitted through the API one at a time, 50 ms apart; latency =
-   the start of the handler's body - the client's clock just before its submit, as the peer
-   measures it (``bench.mark``, bench/marks.py, loaded by the nodes); p50, p99; and, printed
-   beside it, the part inside the nodes: the first attempt's start - the task's creation;
-2. **throughput**: ``THROUGHPUT_TASKS`` ``diag.sleep 0`` tasks written at once, run by the 3
-   nodes (4 workers each); tasks/s from the first start to the last end, median of ``ROUNDS``;
-   with the **profile** of one round: per task, ZooKeeper requests (the server's packet count,
-   pings included), graph store reads and writes and their time (the nodes' metrics), broker
-   messages consumed, and the CPU of each process (nodes, ZooKeeper, RabbitMQ, Gremlin Server,
-   this bench);
-3. **60 one-second tasks** on 3 nodes of one worker each, wall time against the ideal 20 s;
-4. (embedded only, last) **kill -9** of the node running a task -> the task running on another
-   node.
+1. **floors** (raw probes, no latchwork code: bench/_floors.py): ZooKeeper's lock and release
+   of ``batch`` task locks per ``multi()`` (1, 4, 32), and each graph's claim and end writes of
+   ``batch`` tasks per traversal (1, 4, 16);
+2. **submit -> start**, paced: tasks submitted through the API one at a time, 50 ms apart;
+   latency = the start of the handler's body - the client's clock just before its submit, as
+   the peer measures it (``bench.mark``, bench/marks.py); p50, p99;
+3. **drain**: rounds of ``ROUND`` ``diag.sleep 0`` tasks enqueued with ``Client.submit_many``
+   due ``LEAD`` seconds later (so that the drain is measured, not the enqueue), run by the 3
+   nodes; tasks/s from the first start to the last end; median of ``ROUNDS``; the **profile**
+   of the first round: per task, ZooKeeper requests (the server's packet count), graph store
+   calls and their time (the nodes' metrics), broker messages, the CPU of every process (both
+   clusters' nodes, ZooKeeper, RabbitMQ, the Gremlin Server, this bench), and their total
+   over the round's wall time beside the core count;
+4. **enqueue**: ``ENQUEUE`` tasks (due in an hour, so that they only wait) submitted one at a
+   time, then with ``submit_many``: the client's time per task;
+5. **60 one-second tasks** on 3 nodes of one worker each, wall time against the ideal 20 s;
+6. **backlog**: 1,000 and then 100,000 tasks due now written while no node runs, then 3 nodes
+   of 4 workers started: the rate of the first ``BACKLOG_DRAIN`` ends (from the nodes' start),
+   with 100,000 waiting over with 1,000;
+7. (embedded only) **kill -9** of the node running a task -> the task running on another node.
 
-Baselines measured in the same run: the raw kazoo Lock cycle (warm) and Celery. The targets
-(issue 32): throughput >= 0.5x Celery's drain and >= 2x the raw Lock cycle; p50 <= 1.5x
-Celery's paced p50 and p99 <= 3x its p99; the one-second tasks within 1.05x the ideal. The
-last lines print every ratio. ``--graph embedded|server|both`` (both), ``--no-peer``.
+The targets (issue 43) are printed last with every ratio, met or not. ``--graph
+embedded|server|both``, ``--no-peer``, ``--quick`` (smaller rounds, for a try).
 """
 
 from __future__ import annotations
@@ -42,13 +49,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import _profile
+from bench import _floors, _profile
 from bench._servers import rabbitmq, zookeeper
 from bench.bench_peer import _records
-from bench.bench_task_lock import raw_kazoo
 from coord.testing import terminate_all
 from coord.testing.ports import free_ports
-from messaging import ApiClient, Connector, Topology
+from runner.client import Client
 from runner.store import AttemptStatus, GraphStore, open_store
 from runner.store.remote import SERIAL
 from runner.testing.gremlinserver import GremlinServer
@@ -57,22 +63,20 @@ ROOT = Path(__file__).resolve().parent.parent
 SESSION = 2.0
 SCAN = 1.0
 LATENCY_TASKS = 60
-THROUGHPUT_TASKS = 600
-ROUNDS = 3
+ROUND, ROUNDS, LEAD = 5000, 3, 6.0
+ENQUEUE = 2000
+BACKLOG_DRAIN = 1000
+BACKLOGS = (1_000, 100_000)
 SLOW_TASKS, SLOW_SECONDS = 60, 1.0
+CORES = os.cpu_count() or 1
 
 
-def wait(predicate, timeout: float, step: float = 0.05) -> None:  # type: ignore[no-untyped-def]
+def wait(predicate: Any, timeout: float, step: float = 0.05) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
             raise RuntimeError("timed out")
         time.sleep(step)
-
-
-def first_start(store: GraphStore, task_id: str) -> float | None:
-    attempts = store.attempts.for_task(task_id)
-    return attempts[0].started_at.timestamp() if attempts else None
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -113,199 +117,306 @@ def nodes(env: dict[str, str], workers: int) -> Iterator[Nodes]:
         started.close()
 
 
-def submit_and_wait(store: GraphStore, client: ApiClient, seconds: float) -> float:
-    """Inside the nodes: the task's creation -> its first attempt's start, both written by
-    the accepting node."""
-    task = client.request("task.submit", {"type": "diag.sleep", "payload": {"seconds": seconds}})
-    wait(lambda: first_start(store, task["id"]) is not None, 30, step=0.05)
-    start = first_start(store, task["id"])
-    assert start is not None
-    return start - store.tasks.get(task["id"]).created_at.timestamp()
+class Cluster:
+    """One latchwork cluster of the bench: its graph, settings, client and store view."""
+
+    def __init__(self, name: str, graph: str, zk: Any, mq: Any, scratch: Path,
+                 server_pid: int | None) -> None:
+        self.name, self.graph, self.zk, self.mq = name, graph, zk, mq
+        self.server_pid = server_pid
+        self.marks = scratch / f"marks-{name}"
+        self.marks.mkdir()
+        self.env = {**os.environ, "LATCHWORK_ZK_HOSTS": zk.hosts, "LATCHWORK_AMQP_URL": mq.url,
+                    "LATCHWORK_GRAPH": graph, "LATCHWORK_CLUSTER": f"bench-{name}",
+                    "LATCHWORK_SESSION_TIMEOUT": str(SESSION),
+                    "LATCHWORK_SCAN_INTERVAL": str(SCAN), "LATCHWORK_REAP_INTERVAL": "0.5",
+                    "LATCHWORK_TASKS": '["bench.marks"]',
+                    "LATCHWORK_BENCH_MARKS": str(self.marks),
+                    "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
+                                                                os.environ.get("PYTHONPATH")]))}
+        self.remote = graph.startswith("ws://")
+        if self.remote:
+            self.env["LATCHWORK_GRAPH_SERIAL_SERVER"] = "true"
+        self.store: GraphStore = (open_store(graph, atomicity=SERIAL) if self.remote
+                                  else open_store(graph))
+        self.client = Client(mq.url, f"bench-{name}", timeout=60, sender="bench")
+        self.nodes: Nodes | None = None
+
+    def close(self) -> None:
+        if self.nodes is not None:
+            self.nodes.close()
+        self.client.close()
+        self.store.close()
+
+    def processes(self, everyone: list[Cluster]) -> dict[str, list[int]]:
+        procs = {"nodes": [p.pid for p in self.nodes.procs] if self.nodes else [],
+                 "other nodes": [p.pid for c in everyone if c is not self and c.nodes
+                                 for p in c.nodes.procs],
+                 "zookeeper": [s.record.pid for s in self.zk.servers],
+                 "rabbitmq": [r.pid for r in self.mq._processes()],
+                 "bench": [os.getpid()]}
+        if self.server_pid is not None:
+            procs["gremlin server"] = [self.server_pid]
+        return procs
+
+    # -- measurements -------------------------------------------------------------------------
+    def latency(self) -> dict[str, float]:
+        def mark() -> float:
+            count = len(_records(self.marks))
+            self.client.submit("bench.mark", {"sent": time.time()})
+            wait(lambda: len(_records(self.marks)) > count, 30, step=0.05)
+            sent, began, _ = max(_records(self.marks), key=lambda r: r[0])
+            return began - sent
+        mark()  # warm
+        latencies = []
+        for _ in range(LATENCY_TASKS):
+            latencies.append(mark())
+            time.sleep(0.05)
+        return {"p50_ms": statistics.median(latencies) * 1000,
+                "p99_ms": percentile(latencies, 0.99) * 1000}
+
+    def enqueue(self, count: int, *, lead: float = LEAD, priority: int = 0,
+                seconds: float = 0.0) -> list[str]:
+        """``count`` diag.sleep tasks with submit_many, due ``lead`` seconds from now."""
+        item = {"type": "diag.sleep", "payload": {"seconds": seconds}, "delay": lead,
+                "priority": priority}
+        return self.client.submit_many([item] * count)
+
+    def drained(self, ids: list[str], timeout: float = 900.0) -> float:
+        """Wait until every one of ``ids`` succeeded; the span from its first start to its
+        last end, seconds."""
+        wait(lambda: self._finished(ids[-200:]) and self._finished(ids), timeout, step=1.0)
+        return self._span(ids)
+
+    def _finished(self, ids: list[str]) -> bool:
+        return all(self.store.tasks.get(task_id).finished for task_id in ids)
+
+    def _span(self, ids: list[str]) -> float:
+        starts, ends = [], []
+        for task_id in ids:
+            for a in self.store.attempts.for_task(task_id):
+                starts.append(a.started_at.timestamp())
+                if a.status is AttemptStatus.SUCCEEDED and a.ended_at is not None:
+                    ends.append(a.ended_at.timestamp())
+        assert len(ends) == len(ids), (len(ends), len(ids))
+        return max(ends) - min(starts)
+
+    def round(self, everyone: list[Cluster], profile: bool) -> tuple[float, dict[str, float]]:
+        """One drain round of ROUND tasks: tasks/s, and (``profile``) the profile per task."""
+        assert self.nodes is not None
+        zk_server = self.zk.servers[0]
+        procs = self.processes(everyone)
+        ids = self.enqueue(ROUND)
+        before = _profile.snapshot(procs, (zk_server.host, zk_server.client_port),
+                                   self.nodes.ports)
+        wall = time.monotonic()
+        span = self.drained(ids)
+        wall = time.monotonic() - wall
+        out: dict[str, float] = {}
+        if profile:
+            after = _profile.snapshot(procs, (zk_server.host, zk_server.client_port),
+                                      self.nodes.ports)
+            out = _profile.per_task(before, after, ROUND)
+            # every process's CPU over the wall time of the round: at most the cores
+            cpu_s = sum(after.cpu[k] - before.cpu.get(k, 0.0) for k in after.cpu)
+            out["cores_used"] = cpu_s / wall
+            out["cpu_ms_total"] = cpu_s * 1000 / ROUND
+        return ROUND / span, out
+
+    def enqueue_speed(self) -> dict[str, float]:
+        """The client's time per task: one submit at a time, then submit_many."""
+        began = time.perf_counter()
+        for _ in range(ENQUEUE):
+            self.client.submit("diag.sleep", {"seconds": 0}, delay=3600)
+        one = (time.perf_counter() - began) / ENQUEUE
+        began = time.perf_counter()
+        self.client.submit_many([{"type": "diag.sleep", "payload": {"seconds": 0},
+                                  "delay": 3600}] * ENQUEUE)
+        many = (time.perf_counter() - began) / ENQUEUE
+        return {"submit_ms": one * 1000, "submit_many_ms": many * 1000}
+
+    def backlog(self, waiting: int) -> float:
+        """The drain rate of the first BACKLOG_DRAIN of ``waiting`` tasks all due now: they
+        are written straight to the store (in pages of 500) while no node runs, then 3 nodes
+        of 4 workers start and drain them: tasks/s from the nodes' start to the
+        BACKLOG_DRAIN-th end (the count read from the console's index). The rest stay."""
+        from runner.store.gremlin.search import TaskFilter
+
+        assert self.nodes is None
+        for first in range(0, waiting, 500):
+            self.store.tasks.add_many([self.store.tasks.new("diag.sleep", {"seconds": 0})
+                                       for _ in range(min(500, waiting - first))])
+        done = self.store.search.counts(TaskFilter(type="diag.sleep"))["finished"]
+        began = time.monotonic()
+        with nodes(self.env, 4) as self.nodes:
+            wait(lambda: self.store.search.counts(TaskFilter(type="diag.sleep"))["finished"]
+                 >= done + BACKLOG_DRAIN, 900, step=0.2)
+            took = time.monotonic() - began
+        self.nodes = None
+        return BACKLOG_DRAIN / took
+
+    def slow(self) -> float:
+        ids = self.enqueue(SLOW_TASKS, lead=2.0, seconds=SLOW_SECONDS)
+        return self.drained(ids, 300)
+
+    def takeover(self) -> float:
+        task = self.client.submit("diag.sleep", {"seconds": 60})
+
+        def executor() -> str | None:
+            running = [a for a in self.store.attempts.for_task(task.id)
+                       if a.status is AttemptStatus.RUNNING]
+            return running[0].executor if running else None
+
+        wait(lambda: executor() is not None, 30)
+        victim = executor()
+        assert victim is not None
+        killed = time.time()
+        os.kill(int(victim.split(":")[1]), signal.SIGKILL)
+        wait(lambda: executor() not in (None, victim), 60)
+        return self.store.attempts.for_task(task.id)[-1].started_at.timestamp() - killed
 
 
-def mark_and_wait(client: ApiClient, marks: Path) -> float:
-    """As the peer measures it: the client's clock just before its submit -> the handler's
-    first line (``bench.mark``, bench/marks.py)."""
-    count = len(_records(marks))
-    client.request("task.submit", {"type": "bench.mark", "payload": {"sent": time.time()}})
-    # polled as the peer's records are: the latency is read from the record, and a fast
-    # poll would take CPU from the nodes on 2 cores
-    wait(lambda: len(_records(marks)) > count, 30, step=0.05)
-    sent, began, _ = max(_records(marks), key=lambda r: r[0])
-    return began - sent
-
-
-def create_at_once(store: GraphStore, count: int, seconds: float) -> list[str]:
-    """``count`` tasks written together (one transaction on the file), so that the nodes see
-    the whole batch at once; a TRIGGER_SCAN broadcast (:func:`tell`) then tells them."""
-    return store.graph.write(lambda g: [store.tasks.create("diag.sleep", {"seconds": seconds}).id
-                                        for _ in range(count)])
-
-
-def tell(client: ApiClient) -> None:
-    """Every node scans now, as a node tells the others of tasks it cannot take (an API submit
-    no longer does: the node that accepts it starts it when a worker is free, and tells no
-    one)."""
-    client.broadcast("TRIGGER_SCAN", {})
-
-
-def span(store: GraphStore, ids: list[str]) -> float:
-    starts = [first_start(store, i) or 0.0 for i in ids]
-    ends = [a.ended_at.timestamp() for i in ids for a in store.attempts.for_task(i)
-            if a.ended_at is not None and a.status is AttemptStatus.SUCCEEDED]
-    assert len(ends) == len(ids), (len(ends), len(ids))
-    return max(ends) - min(starts)
-
-
-def measure(graph: str, zk: Any, mq: Any, scratch: Path,
-            server_pid: int | None) -> dict[str, Any]:
-    marks = scratch / f"marks-{abs(hash(graph)) % 10**6}"
-    marks.mkdir()
-    env = {**os.environ, "LATCHWORK_ZK_HOSTS": zk.hosts, "LATCHWORK_AMQP_URL": mq.url,
-           "LATCHWORK_GRAPH": graph, "LATCHWORK_CLUSTER": f"bench{abs(hash(graph)) % 10**6}",
-           "LATCHWORK_SESSION_TIMEOUT": str(SESSION), "LATCHWORK_SCAN_INTERVAL": str(SCAN),
-           "LATCHWORK_REAP_INTERVAL": "0.5", "LATCHWORK_TASKS": '["bench.marks"]',
-           "LATCHWORK_BENCH_MARKS": str(marks),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
-                                                       os.environ.get("PYTHONPATH")]))}
-    remote = graph.startswith("ws://")
-    if remote:
-        env["LATCHWORK_GRAPH_SERIAL_SERVER"] = "true"
-    store = open_store(graph, atomicity=SERIAL) if remote else open_store(graph)
-    client = ApiClient(Connector(mq.url), Topology(env["LATCHWORK_CLUSTER"]), sender="bench")
-    out: dict[str, Any] = {}
-    try:
-        with nodes(env, 4) as cluster:
-            submit_and_wait(store, client, 0)  # warm
-            mark_and_wait(client, marks)
-            latencies, inside = [], []
-            for _ in range(LATENCY_TASKS):
-                latencies.append(mark_and_wait(client, marks))
-                time.sleep(0.05)
-                inside.append(submit_and_wait(store, client, 0))
-                time.sleep(0.05)
-            out["p50_ms"] = statistics.median(latencies) * 1000
-            out["p99_ms"] = percentile(latencies, 0.99) * 1000
-            out["inside_p50_ms"] = statistics.median(inside) * 1000
-            out["inside_p99_ms"] = percentile(inside, 0.99) * 1000
-
-            zk_server = zk.servers[0]
-            procs = {"nodes": [p.pid for p in cluster.procs],
-                     "zookeeper": [s.record.pid for s in zk.servers],
-                     "rabbitmq": [r.pid for r in mq._processes()],
-                     "bench": [os.getpid()]}
-            if server_pid is not None:
-                procs["gremlin-server"] = [server_pid]
-            rounds = []
+def run(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    global ROUND, ENQUEUE, BACKLOG_DRAIN, BACKLOGS
+    if args.quick:
+        ROUND, ENQUEUE, BACKLOG_DRAIN, BACKLOGS = 1000, 300, 500, (500, 5_000)
+    results: dict[str, dict[str, Any]] = {}
+    floors: dict[str, Any] = {}
+    peer: dict[str, Any] = {}
+    with zookeeper() as zk, rabbitmq() as mq, tempfile.TemporaryDirectory() as tmp:
+        scratch = Path(tmp)
+        zk_pid = zk.servers[0].record.pid
+        _floors.zk_multi(zk.hosts, zk_pid, 8, tasks=2000)  # warm: ZooKeeper's JIT is cold
+        floors["zk"] = {b: _floors.zk_multi(zk.hosts, zk_pid, b) for b in (1, 4, 32)}
+        server = None
+        clusters: list[Cluster] = []
+        try:
+            if args.graph in ("embedded", "both"):
+                floors["embedded"] = {b: _floors.graph_writes(str(scratch / f"floor{b}.db"), b)
+                                      for b in (1, 4, 16)}
+                clusters.append(Cluster("embedded", str(scratch / "graph.db"), zk, mq,
+                                        scratch, None))
+            if args.graph in ("server", "both"):
+                server = GremlinServer(scratch / "gremlin-server", heap="4g")
+                server.start()
+                floor_server = GremlinServer(scratch / "gremlin-floor", heap="1g")
+                floor_server.start()
+                try:
+                    floors["server"] = {b: _floors.graph_writes(floor_server.url, b)
+                                        for b in (1, 4, 16)}
+                finally:
+                    floor_server.kill()
+                clusters.append(Cluster("server", server.url, zk, mq, scratch,
+                                        server.record.pid if server.record else None))
+            for c in clusters:
+                c.nodes = Nodes(c.env, 4)
+                results[c.name] = {"rounds": [], **c.latency()}
+            peer_runner = None
+            if not args.no_peer:
+                from bench.bench_peer import Peer
+                peer_runner = Peer(mq.url, scratch / "peer")
+                (scratch / "peer").mkdir()
+                peer["drains"] = []
             for n in range(ROUNDS):
-                before = _profile.snapshot(procs, (zk_server.host, zk_server.client_port),
-                                           cluster.ports)
-                ids = create_at_once(store, THROUGHPUT_TASKS, 0)
-                tell(client)
-                # polled slowly: listing open tasks costs CPU the nodes need (2 cores here)
-                wait(lambda: not store.tasks.unfinished(), 600, step=1.0)
-                if n == 0:
-                    out["profile"] = _profile.per_task(
-                        before, _profile.snapshot(procs, (zk_server.host, zk_server.client_port),
-                                                  cluster.ports), THROUGHPUT_TASKS)
-                rounds.append(THROUGHPUT_TASKS / span(store, ids))
-            out["rounds"] = rounds
-            out["throughput"] = statistics.median(rounds)
-        with nodes(env, 1):
-            submit_and_wait(store, client, 0)  # warm
-            ids = create_at_once(store, SLOW_TASKS, SLOW_SECONDS)
-            tell(client)
-            wait(lambda: not store.tasks.unfinished(), 300, step=0.5)
-            out["slow_s"] = span(store, ids)
-        if not remote:  # last: its 60 s task would hold a worker of the phases after it
-            with nodes(env, 4):
-                out["takeover_s"] = takeover(store, client)
-    finally:
-        client.close()
-        store.close()
-    return out
+                for c in clusters:
+                    rate, profile = c.round(clusters, profile=n == 0)
+                    results[c.name]["rounds"].append(rate)
+                    if profile:
+                        results[c.name]["profile"] = profile
+                if peer_runner is not None:
+                    peer["drains"].append(peer_runner.drain(ROUND))
+            for c in clusters:
+                results[c.name].update(c.enqueue_speed())
+                assert c.nodes is not None
+                c.nodes.close()
+                c.nodes = None
+            if peer_runner is not None:
+                from bench.bench_peer import LATENCY_TASKS as PEER_LATENCY
+                latencies = peer_runner.paced(PEER_LATENCY)
+                peer.update(p50_ms=statistics.median(latencies) * 1000,
+                            p99_ms=percentile(latencies, 0.99) * 1000,
+                            slow_s=peer_runner.slow(SLOW_TASKS, SLOW_SECONDS))
+            for c in clusters:
+                with nodes(c.env, 1) as c.nodes:
+                    results[c.name]["slow_s"] = c.slow()
+                c.nodes = None
+                if not c.remote:
+                    with nodes(c.env, 4) as c.nodes:
+                        results[c.name]["takeover_s"] = c.takeover()
+                    c.nodes = None
+                # last: the 100,000's backlog stays behind
+                results[c.name]["backlog"] = {w: c.backlog(w) for w in BACKLOGS}
+        finally:
+            for c in clusters:
+                c.close()
+            if server is not None:
+                server.kill()
+    return results, floors, peer
 
 
-def takeover(store: GraphStore, client: ApiClient) -> float:
-    task = client.request("task.submit", {"type": "diag.sleep", "payload": {"seconds": 60}})
-
-    def executor() -> str | None:
-        running = [a for a in store.attempts.for_task(task["id"])
-                   if a.status is AttemptStatus.RUNNING]
-        return running[0].executor if running else None
-
-    wait(lambda: executor() is not None, 30)
-    victim = executor()
-    assert victim is not None
-    killed = time.time()
-    os.kill(int(victim.split(":")[1]), signal.SIGKILL)
-    wait(lambda: executor() not in (None, victim), 60)
-    return store.attempts.for_task(task["id"])[-1].started_at.timestamp() - killed
-
-
-def report(name: str, f: dict[str, Any], raw: float, peer: dict[str, Any] | None) -> None:
+def report(results: dict[str, Any], floors: dict[str, Any], peer: dict[str, Any]) -> None:
+    print("== floors (raw probes, this run)")
+    for b, f in floors.get("zk", {}).items():
+        print(f"ZooKeeper lock+release, {b} per multi(): {f['tasks_per_s']:,.0f} tasks/s, "
+              f"ZooKeeper CPU {f['zk_cpu_ms_per_task']:.3f} ms/task")
+    for graph in ("embedded", "server"):
+        for b, f in floors.get(graph, {}).items():
+            print(f"{graph} graph, claim + end of {b} per traversal: {f['tasks_per_s']:,.0f} "
+                  f"tasks/s, client CPU {f['client_cpu_ms_per_task']:.3f} ms/task")
+    if peer:
+        print(f"== celery (3 prefork workers, acks_late, prefetch 1): drain "
+              f"{statistics.median(peer['drains']):,.0f} tasks/s (rounds "
+              f"{', '.join(f'{d:,.0f}' for d in peer['drains'])}; {ROUND} a round); "
+              f"submit->start p50 {peer['p50_ms']:.2f} ms, p99 {peer['p99_ms']:.2f} ms; "
+              f"{SLOW_TASKS} x {SLOW_SECONDS:g} s in {peer['slow_s']:.2f} s")
     ideal = SLOW_TASKS * SLOW_SECONDS / 3
-    print(f"== latchwork on the {name} graph")
-    print(f"submit->start (the client's clock before its submit -> the handler's first line, "
-          f"as Celery's): p50 {f['p50_ms']:.2f} ms, p99 {f['p99_ms']:.2f} ms "
-          f"({LATENCY_TASKS} tasks, 50 ms apart); inside the nodes (creation -> attempt "
-          f"start): p50 {f['inside_p50_ms']:.2f} ms, p99 {f['inside_p99_ms']:.2f} ms")
-    print(f"diag.sleep 0 on 3 nodes x 4 workers: {f['throughput']:.0f} tasks/s (median of "
-          f"{', '.join(f'{r:.0f}' for r in f['rounds'])}; {THROUGHPUT_TASKS} tasks a round)")
-    print(f"{SLOW_TASKS} x {SLOW_SECONDS:g} s tasks on 3 nodes x 1 worker: {f['slow_s']:.2f} s "
-          f"(ideal {ideal:g} s)")
-    if "takeover_s" in f:
-        print(f"kill -9 -> running elsewhere: {f['takeover_s']:.2f} s (session {SESSION:g} s "
-              f"+ scan {SCAN:g} s = {SESSION + SCAN:g} s)")
-    print("profile per task: " + ", ".join(f"{k} {v:.2f}" for k, v in f["profile"].items()))
-    ratios = [f"throughput/raw kazoo lock {f['throughput'] / raw:.2f} (target >= 2)",
-              f"slow/ideal {f['slow_s'] / ideal:.3f} (target <= 1.05)"]
-    if peer is not None:
-        ratios[:0] = [
-            f"throughput/celery drain {f['throughput'] / peer['drain_per_s']:.2f} "
-            "(target >= 0.5)",
-            f"p50/celery p50 {f['p50_ms'] / peer['p50_ms']:.2f} (target <= 1.5)",
-            f"p99/celery p99 {f['p99_ms'] / peer['p99_ms']:.2f} (target <= 3)"]
-    if "takeover_s" in f:
-        budget = SESSION + SCAN
-        ratios.append(f"takeover/(session + scan) {f['takeover_s'] / budget:.2f} "
-                      f"(target <= {1 + 1 / budget:.2f})")
-    print(f"ratios ({name}): " + "; ".join(ratios))
+    for name, f in results.items():
+        drain = statistics.median(f["rounds"])
+        print(f"== latchwork on the {name} graph")
+        print(f"drain of {ROUND} diag.sleep 0 on 3 nodes x 4 workers: {drain:,.0f} tasks/s "
+              f"(median of {', '.join(f'{r:,.0f}' for r in f['rounds'])})")
+        profile = f["profile"]
+        print("profile per task (first round): " + ", ".join(
+            f"{k} {v:.3f}" for k, v in profile.items() if k not in ("cores_used",)))
+        print(f"CPU of every process over the round's wall time: {profile['cores_used']:.2f} "
+              f"of {CORES} cores")
+        print(f"submit->start p50 {f['p50_ms']:.2f} ms, p99 {f['p99_ms']:.2f} ms")
+        print(f"enqueue per task: submit {f['submit_ms']:.3f} ms, submit_many "
+              f"{f['submit_many_ms']:.3f} ms")
+        print(f"{SLOW_TASKS} x {SLOW_SECONDS:g} s tasks on 3 nodes x 1 worker: "
+              f"{f['slow_s']:.2f} s (ideal {ideal:g} s)")
+        if "takeover_s" in f:
+            print(f"kill -9 -> running elsewhere: {f['takeover_s']:.2f} s")
+        rates = f["backlog"]
+        print(f"the first {BACKLOG_DRAIN} of a backlog, from the nodes' start: " + ", ".join(
+            f"{w:,} waiting {r:,.0f} tasks/s" for w, r in rates.items()))
+        ratios = []
+        if peer:
+            celery = statistics.median(peer["drains"])
+            ratios += [f"drain/celery {drain / celery:.2f} (target >= "
+                       f"{0.5 if name == 'server' else 0.25})",
+                       f"p50/celery {f['p50_ms'] / peer['p50_ms']:.2f} (target <= 2)",
+                       f"p99/celery {f['p99_ms'] / peer['p99_ms']:.2f} (target <= 3)"]
+        floor = max(v["tasks_per_s"] for v in floors.get(name, {0: {"tasks_per_s": 1}}).values())
+        ratios += [f"drain/raw graph floor {drain / floor:.2f} (embedded target >= 0.8)",
+                   f"CPU per task, every process {profile['cpu_ms_total']:.3f} ms (server "
+                   "target <= 1.0)",
+                   f"ZooKeeper requests per task {profile['zk_requests']:.2f} (target <= 1)",
+                   f"drain {max(BACKLOGS):,} waiting / {min(BACKLOGS):,} waiting "
+                   f"{rates[max(BACKLOGS)] / rates[min(BACKLOGS)]:.2f} (target >= 0.9)",
+                   f"submit/submit_many per task {f['submit_ms'] / f['submit_many_ms']:.1f} "
+                   "(target >= 5)",
+                   f"slow/ideal {f['slow_s'] / ideal:.3f} (target <= 1.05)"]
+        print(f"ratios ({name}): " + "; ".join(ratios))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--graph", choices=["embedded", "server", "both"], default="both")
     parser.add_argument("--no-peer", action="store_true", help="leave Celery out")
+    parser.add_argument("--quick", action="store_true", help="smaller rounds, for a try")
     args = parser.parse_args()
-    results: dict[str, dict[str, Any]] = {}
-    peer: dict[str, Any] | None = None
-    with zookeeper() as zk, rabbitmq() as mq, tempfile.TemporaryDirectory() as tmp:
-        raw_kazoo(zk.hosts)  # warm-up only: ZooKeeper's JIT is cold
-        raw = raw_kazoo(zk.hosts)  # the same baseline as bench_task_lock.py, warm
-        if not args.no_peer:
-            from bench.bench_peer import measure as celery
-            peer = celery(mq.url)
-        if args.graph in ("embedded", "both"):
-            results["embedded"] = measure(str(Path(tmp) / "graph.db"), zk, mq, Path(tmp), None)
-        if args.graph in ("server", "both"):
-            server = GremlinServer(Path(tmp) / "gremlin-server")
-            server.start()
-            try:
-                results["server"] = measure(server.url, zk, mq, Path(tmp),
-                                            server.record.pid if server.record else None)
-            finally:
-                server.kill()
-    print(f"raw kazoo Lock, warm: {raw:.0f} cycles/s")
-    if peer is not None:
-        print(f"celery (3 prefork workers, acks_late, prefetch 1): drain "
-              f"{peer['drain_per_s']:.0f} tasks/s (rounds "
-              f"{', '.join(f'{d:.0f}' for d in peer['drains'])}); submit->start p50 "
-              f"{peer['p50_ms']:.2f} ms, p99 {peer['p99_ms']:.2f} ms; {SLOW_TASKS} x "
-              f"{SLOW_SECONDS:g} s in {peer['slow_s']:.2f} s "
-              f"({peer['slow_s'] / peer['slow_ideal_s']:.3f}x the ideal)")
-    for name, figures in results.items():
-        report(name, figures, raw, peer)
+    report(*run(args))
 
 
 if __name__ == "__main__":

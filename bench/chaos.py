@@ -17,7 +17,11 @@ What runs (all on loopback, servers and nodes started here and stopped by PID):
   ``submitted_through_the_client`` and ``running_when_the_submit_answered`` in
   ``task_shapes``), the others written to the store;
 * the user-declared MASTER command ``chaos.record`` (``@command``) sent through the client with
-  confirms, some sent twice with the same id back to back (a retry after a lost confirm).
+  confirms, some sent twice with the same id back to back (a retry after a lost confirm);
+* a burst: the profile's ``burst`` short tasks (2,000 in the full profile) sent with
+  ``Client.submit_many`` while one more fault (drawn from :data:`BURST_FAULTS`) hits, so faults
+  land on claims made in batches and ends written in groups; ``burst`` in the table gives the
+  claim batches by size (the tasks of one batch share their token) and those a fault hit.
 
 Faults injected while they run, in an order drawn from the seed: kill -9 of a node and of the
 master (each restarted), SIGSTOP past the session timeout, a silent partition of one node
@@ -138,6 +142,9 @@ GRAPH_FAULTS = ("graph_cut", "graph_restart")
 #: node's link cut both ways is ``partition``; a one-way cut (it hears, cannot send); latency
 #: and loss (``degrade``: tc netem, where the kernel has it)
 HOST_FAULTS = ("one_way_cut", "degrade")
+#: the faults the burst round draws one of (``--graph server`` and ``--hosts`` add none)
+BURST_FAULTS = ("kill_node", "kill_master", "sigstop", "partition", "zk_leader",
+                "session_expiry", "broker_restart")
 #: how many handlers the ``zk_leader_ending`` fault makes end at the moment of the kill
 ENDING = 12
 
@@ -149,11 +156,14 @@ class Profile:
     messages: int  # chaos.record messages (a third of them published twice)
     task_seconds: tuple[float, float]  # how long effect and sleep tasks take
     drain: float  # seconds allowed for everything to end after the last fault
+    burst: int  # short tasks submitted with submit_many while one more fault hits
 
 
 PROFILES = {
-    "short": Profile(tasks=120, session=2.0, messages=30, task_seconds=(0.3, 2.0), drain=45.0),
-    "full": Profile(tasks=360, session=4.0, messages=100, task_seconds=(0.2, 2.0), drain=180.0),
+    "short": Profile(tasks=120, session=2.0, messages=30, task_seconds=(0.3, 2.0), drain=45.0,
+                     burst=300),
+    "full": Profile(tasks=360, session=4.0, messages=100, task_seconds=(0.2, 2.0), drain=180.0,
+                    burst=2000),
 }
 
 
@@ -193,6 +203,9 @@ class Run:
     graph_host: Host | None = None
     #: faults left out, each with why (e.g. no netem on this kernel)
     skipped: list[str] = field(default_factory=list)
+    #: the burst round: its tasks (submitted with submit_many) and the fault that hit it
+    burst_tasks: list[str] = field(default_factory=list)
+    burst_fault: str = ""
 
     @property
     def appends(self) -> Path:
@@ -335,6 +348,30 @@ class Run:
         schedules.pause(self.store, SCHEDULE)
         for task_id, _key in schedule_tasks(self.store):
             self.tasks[task_id] = "diag.sleep"
+
+    def burst(self, fault: str, reader: Session) -> None:
+        """A fault injected while the profile's ``burst`` short tasks are submitted with
+        ``Client.submit_many`` (pages of 500) and claimed in batches."""
+        def submit() -> None:
+            items = [{"type": "diag.sleep", "payload": {"seconds": round(
+                self.rng.uniform(0.0, 0.1), 3)}} for _ in range(self.profile.burst)]
+            try:
+                with Client(self.rabbit.url, CLUSTER, timeout=30.0, sender="chaos") as client:
+                    ids = client.submit_many(items)
+            except ClientError as exc:
+                ids = getattr(exc, "done", [])
+                self.say(f"burst: submit_many stopped after {len(ids)}: {exc}")
+            self.burst_tasks += ids
+            for task_id in ids:
+                self.tasks[task_id] = "diag.sleep"
+
+        self.burst_fault = fault
+        sender = threading.Thread(target=submit)
+        sender.start()
+        time.sleep(0.5)  # pages are being written and claimed
+        self.say(f"burst: {self.profile.burst} tasks with submit_many, {fault} during it")
+        self.inject(fault, reader)
+        sender.join(120)
 
     def ending_burst(self) -> float:
         """:data:`ENDING` ``diag.append`` tasks (of the highest priority) whose handlers all
@@ -564,10 +601,10 @@ def figures(run: Run, reader: Session) -> dict[str, Any]:
     for message, n in runs.items():
         if n > 1:
             run.say(f"chaos.record {message} handled {n} times: {seen[message]}")
-    lost = [m for m in run.confirmed if client.exists(f"{EFFECTS}/{m}") is None]
-    for message in lost:
+    unanswered = [m for m in run.confirmed if client.exists(f"{EFFECTS}/{m}") is None]
+    for message in unanswered:
         run.say(f"chaos.record {message} confirmed, no effect; its runs: {seen.get(message)}")
-    messages_lost = len(lost)
+    messages_lost = len(unanswered)
     locks = client.get_children("/locks/tasks") if client.exists("/locks/tasks") else []
     early, ordering, resources = semantics(run)
     shapes: Counter[str] = Counter()
@@ -592,8 +629,25 @@ def figures(run: Run, reader: Session) -> dict[str, Any]:
         "master_messages_handled_twice": sum(1 for n in runs.values() if n > 1),
         "lock_znodes_left": len(locks),
         "started_before_run_at": early, "ordering_violations": ordering,
-        "resource_holders_overlapping": resources, **fires(run),
+        "resource_holders_overlapping": resources, **fires(run), "burst": burst_figures(run),
     }
+
+
+def burst_figures(run: Run) -> dict[str, Any]:
+    """The burst's claim batches, read from the store: the tasks of one batch were claimed in
+    one ZooKeeper transaction, so their first attempts carry one token; the sizes of all of
+    them, and of those a fault hit (one of its attempts CANCELLED_BY_SYSTEM)."""
+    batches: dict[int, list[Attempt]] = defaultdict(list)
+    for task_id in run.burst_tasks:
+        attempts = run.store.attempts.for_task(task_id)
+        for a in attempts:
+            batches[a.fence].append(a)
+    sizes = Counter(len(v) for v in batches.values())
+    hit = Counter(len(v) for v in batches.values()
+                  if any(a.status is AttemptStatus.CANCELLED_BY_SYSTEM for a in v))
+    return {"tasks": len(run.burst_tasks), "fault": run.burst_fault,
+            "claim_batches_by_size": dict(sorted(sizes.items())),
+            "batches_a_fault_hit_by_size": dict(sorted(hit.items()))}
 
 
 def disrupted_while(run: Run, attempt: Attempt) -> bool:
@@ -754,7 +808,8 @@ def chaos(profile_name: str, seed: int, keep: Path | None,
                 worker.start()
                 run.inject(fault, reader)
                 worker.join()
-            run.submit_tasks(profile.tasks - len(run.tasks))
+            run.burst(rng.choice(BURST_FAULTS), reader)
+            run.submit_tasks(profile.tasks - (len(run.tasks) - len(run.burst_tasks)))
             run.publish_messages(profile.messages - len(run.confirmed))
             run.stop_schedule()
             last_fault = time.monotonic()

@@ -35,10 +35,11 @@ from __future__ import annotations
 
 import builtins
 import getpass
+import json
 import socket
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -79,6 +80,8 @@ from runner.node.views import (
     TaskView,
 )
 from runner.requests import (
+    SUBMIT_PAGE,
+    SUBMIT_PAGE_BYTES,
     AspectCreate,
     AspectDelete,
     AspectGet,
@@ -107,6 +110,8 @@ from runner.requests import (
     TaskReactivate,
     TaskSkip,
     TaskSubmit,
+    TaskSubmitMany,
+    TaskTemplate,
     TaskTypes,
 )
 from runner.requests import TaskSearch as TaskSearchRequest
@@ -118,6 +123,21 @@ AnyOf = str | Sequence[str]
 __all__ = ["BrokerUnreachable", "Client", "ClientError", "CommandFailed", "CommandRefused",
            "NoAnswer", "RequestFailed", "RequestRefused", "operator"]
 
+
+
+def _pages(items: builtins.list[dict[str, Any]]) -> Iterator[builtins.list[dict[str, Any]]]:
+    """``items`` in pages of at most SUBMIT_PAGE items and SUBMIT_PAGE_BYTES of JSON."""
+    page: builtins.list[dict[str, Any]] = []
+    size = 0
+    for item in items:
+        length = len(json.dumps(item)) + 2
+        if page and (len(page) >= SUBMIT_PAGE or size + length > SUBMIT_PAGE_BYTES):
+            yield page
+            page, size = [], 0
+        page.append(item)
+        size += length
+    if page:
+        yield page
 
 
 def _listed(value: AnyOf | None) -> str | list[str] | None:
@@ -190,6 +210,36 @@ class Client:
             TaskSubmit, type=task_type, payload=payload or {}, priority=priority,
             unique_key=unique_key, run_at=run_at, delay=delay, ordering_key=ordering_key,
             resources=list(resources)))
+
+    def submit_many(self, tasks: Iterable[Mapping[str, Any] | TaskTemplate]) -> builtins.list[str]:
+        """Create many tasks, each given as :meth:`submit`'s fields (``{"type": ...,
+        "payload": ..., "priority": ..., ...}``), in pages of at most
+        :data:`~runner.requests.SUBMIT_PAGE` tasks and 192 KiB of JSON: each page one request
+        and one store write (about a request's cost for the whole page). Their ids, in order.
+        Every item is checked here first (a bad one: :class:`RequestRefused` naming its index,
+        nothing sent); a node that refuses a page (an unknown type, an invalid payload) names
+        the item (its index in that page), and the pages before it stay created (their ids in
+        the error's ``done``)."""
+        items = []
+        for n, item in enumerate(tasks):
+            try:
+                items.append(item if isinstance(item, TaskTemplate)
+                             else TaskTemplate.model_validate(item))
+            except ValidationError as exc:
+                raise RequestRefused(TaskSubmitMany.command, "invalid",
+                                     f"task {n}: {summary(exc)}") from exc
+        ids: builtins.list[str] = []
+        for page in _pages([item.model_dump(mode="json", exclude_none=True) for item in items]):
+            try:
+                reply = self.call(TaskSubmitMany, tasks=page)
+            except RequestFailed as exc:
+                exc.done = list(ids)
+                exc.detail = (f"{exc.detail} (in the page of tasks {len(ids)} to "
+                              f"{len(ids) + len(page) - 1}; the {len(ids)} before were created)")
+                exc.args = (exc.detail, *exc.args[1:])
+                raise
+            ids += [str(task_id) for task_id in reply["ids"]]
+        return ids
 
     def get(self, task_id: str) -> TaskReport:
         return TaskReport.model_validate(self.call(TaskGet, id=task_id))

@@ -426,6 +426,8 @@ class RequestFailed(ClientError):
         super().__init__(detail, code)
         self.command = command
         self.detail = detail
+        #: a bulk submit refused part-way: the ids of the tasks its pages before created
+        self.done: list[str] = []
 
 
 class RequestRefused(RequestFailed):

@@ -7,6 +7,9 @@ builds the same models for its typed methods, so a wrong request is refused befo
 (:class:`~runner.errors.RequestRefused`, code ``invalid``), and the CLI sends only these models
 through the client. A command is declared once; declaring it twice fails at import
 (:data:`COMMANDS`). Pure models; nothing here does I/O.
+
+Why one module: the contract is read as one thing (every command the API answers, what each
+accepts), and a test checks it against the node's handlers; split, no one place would say it.
 """
 
 from __future__ import annotations
@@ -44,10 +47,11 @@ class Request(BaseModel):
 # -- tasks ------------------------------------------------------------------------------------
 
 
-class TaskSubmit(Request):
-    """Create a task; ``priority`` None: the type's default."""
+class TaskTemplate(BaseModel):
+    """The fields of one task to create (``priority`` None: its type's default): a submit's,
+    each item of a bulk submit's."""
 
-    command = "task.submit"
+    model_config = {"extra": "forbid"}
     type: str = Field(min_length=1)
     payload: dict[str, Any] = Field(default_factory=dict)
     priority: int | None = None
@@ -59,7 +63,7 @@ class TaskSubmit(Request):
         default_factory=list, max_length=32)
 
     @model_validator(mode="after")
-    def _one_time(self) -> TaskSubmit:
+    def _one_time(self) -> TaskTemplate:
         if self.run_at is not None and self.delay is not None:
             raise ValueError("give run_at or delay, not both")
         return self
@@ -68,6 +72,27 @@ class TaskSubmit(Request):
         if self.delay is not None:
             return codec.now() + timedelta(seconds=self.delay)
         return self.run_at
+
+
+class TaskSubmit(TaskTemplate, Request):
+    """Create a task."""
+
+    command = "task.submit"
+
+
+#: the most tasks one bulk submit carries (a request and a store transaction); a client sends
+#: more as several pages, each also kept under :data:`SUBMIT_PAGE_BYTES` of JSON
+SUBMIT_PAGE = 500
+SUBMIT_PAGE_BYTES = 192 * 1024
+
+
+class TaskSubmitMany(Request):
+    """Create up to :data:`SUBMIT_PAGE` tasks in one store transaction; their ids come back in
+    order. An item that does not validate (its type unknown, its payload invalid) refuses the
+    whole page, naming its index; a ``unique_key`` already used returns the task it made."""
+
+    command = "task.submit_many"
+    tasks: list[TaskTemplate] = Field(min_length=1, max_length=SUBMIT_PAGE)
 
 
 class TaskList(Request):

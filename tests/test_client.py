@@ -281,3 +281,45 @@ def test_top_and_follow_show_a_live_cluster(cluster: Cluster) -> None:
     assert shown.exit_code == 0 and f"task {busy[1].id} finished" in shown.output
     stopped = cluster.cli("task", "show", failed.id, "--follow")
     assert stopped.exit_code == 1 and "stopped" in stopped.output
+
+
+def test_submit_many_creates_pages_in_one_request_each_and_refuses_a_page_by_its_item(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """``Client.submit_many``: 1,100 tasks in three pages (500, 500, 100), their ids in order,
+    every one run once; a uniqueness key honoured within a page and across; an item the client
+    can check (a field that does not exist) refused before anything is sent, naming its index;
+    one only a node can check (an unknown type) refuses its page, naming the item, while the
+    pages before it stay created. ``latchwork task submit --file``: one task a line."""
+    from runner.requests import SUBMIT_PAGE
+
+    cluster.start_node()
+    items: list[dict[str, Any]] = [{"type": "diag.sleep", "payload": {"seconds": 0}}
+                                   for _ in range(1100)]
+    items[10]["unique_key"] = items[1050]["unique_key"] = "once"
+    with cluster.client(timeout=30) as client:
+        ids = client.submit_many(items)
+        assert len(ids) == 1100 and len(set(ids)) == 1099 and ids[10] == ids[1050]
+        for task_id in (ids[0], ids[499], ids[500], ids[1099]):
+            assert client.wait(task_id, 60).succeeded
+        with pytest.raises(RequestRefused, match=r"task 3: .*sceonds"):
+            client.submit_many([{"type": "diag.sleep"}] * 3
+                               + [{"type": "diag.sleep", "sceonds": 1}])
+        bad = [{"type": "diag.sleep", "payload": {"seconds": 0}} for _ in range(SUBMIT_PAGE + 5)]
+        bad[SUBMIT_PAGE + 2]["type"] = "no.such.type"
+        with pytest.raises(RequestRefused) as refused:
+            client.submit_many(bad)
+        assert refused.value.code == "task_type_unknown"
+        assert "task 2 of the page" in refused.value.detail
+        assert f"the {SUBMIT_PAGE} before were created" in refused.value.detail
+        assert len(refused.value.done) == SUBMIT_PAGE
+        assert client.get(refused.value.done[-1]).task.id == refused.value.done[-1]
+    jsonl = tmp_path / "tasks.jsonl"
+    jsonl.write_text('{"type": "diag.sleep", "payload": {"seconds": 0}}\n\n'
+                     '{"type": "diag.sleep", "payload": {"seconds": 0}, "priority": 3}\n')
+    run = cluster.cli("task", "submit", "--file", str(jsonl))
+    assert run.exit_code == 0, run.output
+    made = run.output.split()
+    assert len(made) == 2 and cluster.request("task.get", {"id": made[1]})["task"]["priority"] == 3
+    jsonl.write_text('{"type": "diag.sleep"}\nnot json\n')
+    broken = cluster.cli("task", "submit", "--file", str(jsonl))
+    assert broken.exit_code == 2 and "line 2: not valid JSON" in broken.output

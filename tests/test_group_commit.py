@@ -22,7 +22,7 @@ from runner.store.remote import SERIAL
 from runner.tasks.context import CancelToken
 from runner.tasks.outcomes import AttemptResult, Outcome
 from runner.tasks.worker.commit import GroupCommit
-from runner.tasks.worker.running import Claim, Ending, Slot
+from runner.tasks.worker.running import Claimed, Ending, Slot
 from runner.testing.gremlinserver import GremlinServer
 
 FINISHED = {"status": TaskStatus.WAITING, "finished": True}
@@ -68,7 +68,7 @@ def claimed(store: GraphStore, session: Session, n: int) -> list[Ending]:
         assert token is not None
         task, attempt = store.claim(task, token, "m1")
         slot = Slot(task, lock, None, CancelToken())
-        claim = slot.claim = Claim(task, attempt, token)
+        claim = slot.claim = Claimed(task, attempt, token)
         out.append(Ending(slot, claim, Outcome.FINISHED, AttemptResult.succeeded(),
                           lambda status, error: None,
                           conclusion=Conclusion.of(attempt, AttemptStatus.SUCCEEDED, task, token,

@@ -176,8 +176,9 @@ def test_a_listing_that_goes_stale_during_the_scan_is_rechecked(
                              LoopSettings(workers=6, scan_interval=600, fresh_for=0.0))
         real_read = processor.backlog.ready.read
 
-        def listing_then_others_claim(limit: int) -> list[Task]:
-            listing = real_read(limit)
+        def listing_then_others_claim(limit: int, startable: Callable[[Task], bool]
+                                      ) -> list[Task]:
+            listing = real_read(limit, startable)
             for task_id in taken:
                 store.tasks.update(task_id, 0, 9, owner="m2")
             return listing
@@ -312,9 +313,9 @@ def test_the_watched_membership_view_is_used_and_read_when_it_has_not_reported(
         s.client.create("/members/m1", b"{}", ephemeral=True, makepath=True)
         processor = TaskLoop(s, "m1", store, TaskRegistry(), live_members=lambda: view["live"])
         try:
-            assert processor._live() == {"m1"}  # no report yet: one read
+            assert processor.scanner._live() == {"m1"}  # no report yet: one read
             view["live"] = {"m1", "m2"}
-            assert processor._live() == {"m1", "m2"}  # no read: m2 has no node
+            assert processor.scanner._live() == {"m1", "m2"}  # no read: m2 has no node
         finally:
             processor.close()
 

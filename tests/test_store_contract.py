@@ -884,5 +884,51 @@ def test_the_ready_scan_reads_a_page_whatever_the_backlog(store: GraphStore) -> 
     (queue,) = store.graph.read(lambda g: g.V().has("task_id", first.id)
                                 .values("task_queue").to_list())
     assert queue.startswith("r09:") and queue[4:] >= due.second(put_back)  # ready again now
-    page = ReadyScan(store.tasks).read(3100)
-    assert len(page) == 3003 and page[-1].id == first.id
+
+
+def test_a_task_due_in_the_past_is_ready_from_when_it_is_written(store: GraphStore) -> None:
+    """A task submitted with a ``run_at`` long past, while a node's walk of its lane is under
+    way (the cursor at the lane's tasks of now): it is read with them, not left behind the
+    cursor until the lane's cursor is found again (minutes)."""
+    from runner.tasks.worker.ready import ReadyScan
+
+    scan = ReadyScan(store.tasks)
+    now = store.tasks.add(store.tasks.new("t", {}))
+    assert [t.id for t in scan.read(5)] == [now.id]
+    late = store.tasks.add(store.tasks.new("t", {}, run_at=codec.now() - timedelta(days=1)))
+    assert {t.id for t in scan.read(5)} == {now.id, late.id}
+
+
+def test_tasks_that_cannot_start_do_not_stop_the_tasks_behind_them(store: GraphStore) -> None:
+    """A lane led by 150 tasks of one ordering key (only the first may run) and a type no node
+    here has: a listing walks past them to the plain tasks behind, a few reads."""
+    from runner.tasks.worker.ready import ReadyScan
+
+    start = codec.now() - timedelta(minutes=10)
+    keyed, foreign, plain = [], [], []
+    for n in range(160):
+        when = start + timedelta(seconds=n // 20)  # 20 a second: dense, as a burst
+        kind, key = ("k.t", "k1") if n < 150 else ("foreign.t", None)
+        task = dataclasses.replace(store.tasks.new(kind, {}, ordering_key=key),
+                                   created_at=when, updated_at=when)
+        (keyed if key else foreign).append(store.tasks.add(task).id)
+    for _ in range(5):
+        plain.append(store.tasks.add(dataclasses.replace(
+            store.tasks.new("k.t", {}), created_at=start + timedelta(seconds=30),
+            updated_at=start + timedelta(seconds=30))).id)
+    keys: set[str] = set()
+
+    def startable(task: Any) -> bool:
+        if task.type == "foreign.t":
+            return False
+        if task.ordering_key is not None:
+            if task.ordering_key in keys:
+                return False
+            keys.add(task.ordering_key)
+        return True
+
+    scan = ReadyScan(store.tasks)
+    page = scan.read(10, startable)
+    assert len([t for t in page if t.id in keyed]) == 1  # the key's first as read
+    assert set(plain) <= {t.id for t in page} and not set(foreign) & {t.id for t in page}
+    assert len(page) == 6 and scan.reads < 40

@@ -6,6 +6,7 @@ import json
 import sys
 from datetime import datetime
 from pathlib import Path
+from typing import TextIO
 
 import click
 
@@ -29,7 +30,13 @@ def task() -> None:
 
 
 @task.command("submit")
-@click.argument("task_type", metavar="TYPE")
+@click.argument("task_type", metavar="TYPE", required=False)
+@click.option("--file", "from_file", type=click.File("r"), default=None,
+              help="submit every task of a JSON Lines file instead (- for stdin): one object "
+                   'per line with the same fields, {"type": ..., "payload": ..., "priority": '
+                   '..., "unique_key": ..., "run_at": ..., "delay": ..., "ordering_key": ..., '
+                   '"resources": [...]}, sent in pages of 500 (one request and one store '
+                   "write each); prints the ids in order")
 @click.option("--payload", default="{}", show_default=True,
               help='the task payload as a JSON object, e.g. \'{"seconds": 5}\'')
 @click.option("--priority", type=int, default=None,
@@ -49,12 +56,20 @@ def task() -> None:
 @config_option
 @json_option
 @timeout_option
-def task_submit(task_type: str, payload: str, priority: int | None, unique_key: str | None,
-                run_at: str | None, delay: float | None, ordering_key: str | None,
-                resources: tuple[str, ...], config: Path | None, as_json: bool,
-                timeout: float) -> None:
-    """Submit a task of TYPE; prints its id. `latchwork task types` lists the types the nodes
-    know (built-in ones, and yours loaded with `node start --tasks`)."""
+def task_submit(task_type: str | None, from_file: TextIO | None, payload: str,
+                priority: int | None, unique_key: str | None, run_at: str | None,
+                delay: float | None, ordering_key: str | None, resources: tuple[str, ...],
+                config: Path | None, as_json: bool, timeout: float) -> None:
+    """Submit a task of TYPE (or every task of --file); prints its id. `latchwork task types`
+    lists the types the nodes know (built-in ones, and yours loaded with `node start
+    --tasks`)."""
+    if from_file is not None:
+        if task_type is not None:
+            raise click.UsageError("give TYPE or --file, not both")
+        _submit_file(from_file, config, as_json, timeout)
+        return
+    if task_type is None:
+        raise click.UsageError("give the TYPE of the task to submit, or --file")
     try:
         body = json.loads(payload)
     except json.JSONDecodeError as exc:
@@ -81,6 +96,31 @@ def task_submit(task_type: str, payload: str, priority: int | None, unique_key: 
         print_json(task.model_dump(mode="json"))
     else:
         click.echo(task.id)
+
+
+def _submit_file(lines: TextIO, config: Path | None, as_json: bool, timeout: float) -> None:
+    """``task submit --file``: every line a task; a line that is not a JSON object stops it
+    before anything is sent (exit 2, naming the line)."""
+    items = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise click.BadParameter(f"line {number}: not valid JSON: {exc}",
+                                     param_hint="--file") from exc
+        if not isinstance(item, dict):
+            raise click.BadParameter(f"line {number}: must be a JSON object",
+                                     param_hint="--file")
+        items.append(item)
+    with connect(config, timeout) as client:
+        ids = client.submit_many(items)
+    if as_json:
+        print_json(ids)
+    else:
+        for task_id in ids:
+            click.echo(task_id)
 
 
 @task.command("list")

@@ -46,6 +46,7 @@ from runner.requests import (
     TaskReactivate,
     TaskSkip,
     TaskSubmit,
+    TaskSubmitMany,
     TaskTypes,
 )
 from runner.tasks.features import streams
@@ -87,6 +88,8 @@ class ApiHost(Protocol):
     def member_id(self) -> str: ...
 
     def submit(self, req: TaskSubmit) -> Task: ...
+
+    def submit_many(self, req: TaskSubmitMany) -> list[Task]: ...
 
     def cancel(self, task_id: str, by: str, reason: str | None = None) -> dict[str, Any]: ...
 
@@ -134,6 +137,13 @@ class NodeApi(OutsideApi, ConsoleApi):
         log.info("member %s: task %s (%s) submitted by %s", self.node.member_id, task.id,
                  task.type, ctx.envelope.sender)
         return task_view(task)
+
+    @api(TaskSubmitMany)
+    def submit_many(self, ctx: HandlerContext, req: TaskSubmitMany) -> dict[str, Any]:
+        tasks = self.node.submit_many(req)
+        log.info("member %s: %d tasks submitted by %s", self.node.member_id, len(tasks),
+                 ctx.envelope.sender)
+        return {"ids": [task.id for task in tasks]}
 
     @api(TaskList)
     def list_tasks(self, ctx: HandlerContext, q: TaskList) -> list[dict[str, Any]]:

@@ -4,11 +4,12 @@
 
 * ``r<lane>:<second>``: WAITING and due (or due within :data:`HORIZON` plus two buckets). Its
   lane is its priority, clamped to -9..9 (:func:`lane_of`: ``r00`` the highest); its second
-  is when it became ready (``YYYYMMDDHHMMSS`` of its ``run_at``, else of its last change: its
-  creation, or the moment it was put back). A node reads the highest lane with tasks first, and
-  in it the oldest seconds first, a minute's worth at a time
-  (:class:`~runner.tasks.worker.ready.ReadyScan`): a scan costs a few index reads, whatever
-  number of tasks wait;
+  is when it became ready (``YYYYMMDDHHMMSS`` of its ``run_at``, or of its last change when
+  that is later: its creation, the moment it was put back or reactivated; never a second
+  already past when it is written, which a node's cursor may have walked by). A node reads
+  the highest lane with tasks first, and in it the oldest seconds first, a minute's worth at
+  a time (:class:`~runner.tasks.worker.ready.ReadyScan`): a scan costs a few index reads,
+  whatever number of tasks wait;
 * ``running``: claimed; ``closed``: finished or stopped;
 * ``at:<n>``: due later, in the bucket of its minute (``n`` = its epoch second //
   :data:`BUCKET`), so no scan reads far-future tasks. The master moves buckets into the ready
@@ -79,8 +80,13 @@ def queue_of(task: Task, now: datetime) -> str:
     if task.status.value == "RUNNING":
         return "running"
     if task.run_at is None or task.run_at <= now + timedelta(seconds=HORIZON + 2 * BUCKET):
-        return ready_key(lane_of(task.priority), second(task.run_at or task.updated_at))
+        return ready_key(lane_of(task.priority), second(ready_at(task, task.updated_at)))
     return bucket_name(bucket_of(task.run_at))
+
+
+def ready_at(task: Task, now: datetime) -> datetime:
+    """When a task written ready at ``now`` became ready: its ``run_at``, unless that is past."""
+    return max(task.run_at, now) if task.run_at is not None else now
 
 
 def lane_field(task: Task, queue: str) -> str:

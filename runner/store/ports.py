@@ -57,6 +57,10 @@ class TaskStore(Protocol):
         """Active, unfinished tasks, highest priority first, then oldest first."""
         ...
 
+    def add_many(self, tasks: Sequence[Task]) -> list[Task]:
+        """Write new tasks in one write; the tasks as stored, in order."""
+        ...
+
     def claimed(self) -> list[Task]:
         """The tasks RUNNING under some owner."""
         ...

@@ -17,22 +17,33 @@ fact been applied is recognised as its own); a single task's refusal is returned
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, NoReturn, Protocol, TypeVar
 
 from gremlin_python.process.graph_traversal import __
 
 from runner.errors import StoreError, StoreUnavailable, WriteRaceLost
+from runner.store.graph import Graph
 from runner.store.gremlin.guards import Write
-from runner.store.gremlin.writes import Conclusion, attempt_start, task_change
+from runner.store.gremlin.writes import AttemptEnd, Conclusion, attempt_start, task_change
 from runner.store.model import Attempt, Task, TaskStatus
-
-if TYPE_CHECKING:
-    from runner.store.gremlin.store import GraphStore
 
 X = TypeVar("X")
 
 
-def written(store: GraphStore, writes: Sequence[Write], anchor: str) -> set[int]:
+class _Store(Protocol):
+    """What the batches need of the store (:class:`runner.store.GraphStore`): its graph, the
+    ends a claim of a task left RUNNING makes, and the single way of each refused write."""
+
+    graph: Graph
+
+    def superseded(self, task: Task, member_id: str, fence_token: int) -> list[AttemptEnd]: ...
+
+    def claim_refused(self, task: Task, fence_token: int) -> NoReturn: ...
+
+    def conclude_refused(self, c: Conclusion) -> Task: ...
+
+
+def written(store: _Store, writes: Sequence[Write], anchor: str) -> set[int]:
     """Run ``writes`` as one traversal standing on the task ``anchor`` (one of theirs: a
     ``union`` needs one traverser to start from); the indices of those whose guards matched
     (none when the anchor is gone: each then goes the single way)."""
@@ -49,7 +60,7 @@ def written(store: GraphStore, writes: Sequence[Write], anchor: str) -> set[int]
         return set()
 
 
-def claim_many(store: GraphStore, claims: Sequence[tuple[Task, int]], member_id: str
+def claim_many(store: _Store, claims: Sequence[tuple[Task, int]], member_id: str
                ) -> list[tuple[Task, Attempt] | StoreError]:
     """Claims of tasks without resources (``GraphStore.claim`` of each), written together."""
     if any(task.resources for task, _ in claims):
@@ -83,7 +94,7 @@ def claim_many(store: GraphStore, claims: Sequence[tuple[Task, int]], member_id:
     return out
 
 
-def conclude_many(store: GraphStore, conclusions: Sequence[Conclusion]
+def conclude_many(store: _Store, conclusions: Sequence[Conclusion]
                   ) -> list[Task | StoreError]:
     """Conclusions of several attempts (``GraphStore.conclude`` of each), written together;
     one refused goes the single way (:meth:`GraphStore.conclude_refused`)."""

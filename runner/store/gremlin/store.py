@@ -36,6 +36,7 @@ from runner.store.gremlin.guards import (
     resource_guard,
     under_fence,
 )
+from runner.store.gremlin.holders import claim_resources
 from runner.store.gremlin.incidents import GremlinIncidentStore
 from runner.store.gremlin.ontologies import GremlinOntologyStore
 from runner.store.gremlin.retention import GremlinRetentionStore
@@ -49,7 +50,6 @@ from runner.store.gremlin.writes import (
     Conclusion,
     attempt_end,
     attempt_start,
-    claim_resources,
     matched_write,
     task_change,
     until_written,

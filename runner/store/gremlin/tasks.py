@@ -15,12 +15,11 @@ from gremlin_python.process.traversal import Cardinality, P
 from runner.errors import (
     CommitConflict,
     InvalidValue,
+    StoreUnavailable,
     TaskNotFound,
 )
 from runner.store import codec, due
 from runner.store.graph import Graph
-
-# -- tasks ------------------------------------------------------------------------------------
 from runner.store.gremlin.rows import (
     task_from_row,
     task_props,
@@ -42,6 +41,9 @@ from runner.store.model import (
     Task,
     TaskStatus,
 )
+
+#: tasks per traversal of a bulk create: within gremlite's recursion and a server's frame size
+ADD_CHUNK = 40
 
 
 class _Started(Exception):
@@ -100,6 +102,32 @@ class GremlinTaskStore:
             return get_or_add(g, "task_unique", unique_key, "task", props).element_map().next()
 
         return task_from_row(self.graph.write(run))
+
+    def add_many(self, tasks: Sequence[Task]) -> list[Task]:
+        """Write ``tasks`` (from :meth:`new`), in order, as one write: on the embedded graph
+        one transaction, of traversals of :data:`ADD_CHUNK` tasks each; on a Gremlin Server
+        each such traversal is a request of its own (each atomic, the page not). The tasks as
+        stored: for a ``unique_key`` that exists already, that task. A graph out of reach
+        raises for the whole page (on a server, the traversals before it are written)."""
+        props = [task_props(task) for task in tasks]
+
+        def branch(task: Task, p: Mapping[str, Any]) -> Any:
+            made = (add_vertex(__, "task", p) if task.unique_key is None
+                    else get_or_add(__, "task_unique", task.unique_key, "task", p))
+            return made.element_map()
+
+        def run(g: Any) -> list[Any]:
+            rows: list[Any] = []
+            for at in range(0, len(tasks), ADD_CHUNK):
+                branches = [branch(t, p) for t, p in zip(tasks[at:at + ADD_CHUNK],
+                                                         props[at:at + ADD_CHUNK], strict=True)]
+                rows += g.V().has(FORMAT_KEY, FORMAT_KEY_VALUE).union(*branches).to_list()
+            return rows
+
+        rows = self.graph.write(run) if tasks else []
+        if len(rows) != len(tasks):  # one traverser per branch, in order: anything else is a bug
+            raise StoreUnavailable(f"a bulk create wrote {len(rows)} of {len(tasks)} tasks")
+        return [task_from_row(row) for row in rows]
 
     def get(self, task_id: str) -> Task:
         return read_task(self.graph, task_id)
@@ -172,10 +200,10 @@ class GremlinTaskStore:
         rows = self.graph.read(lambda g: g.V().has("task_queue", P.within(names))
                                .element_map().to_list())
         moves = []
+        now = codec.now()
         for row in rows:
             task = task_from_row(row)
-            queue = due.ready_key(due.lane_of(task.priority),
-                                  due.second(task.run_at or task.updated_at))
+            queue = due.ready_key(due.lane_of(task.priority), due.second(due.ready_at(task, now)))
             moves.append((task.id, row["task_queue"], queue, due.lane_of(task.priority)))
         moved = 0
         for chunk in chunks(moves, BATCH // 4):

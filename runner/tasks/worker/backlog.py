@@ -121,7 +121,8 @@ class Backlog:
     the next one tries again."""
 
     def __init__(self, store: GraphStore, member_id: str, workers: int, later: DueTimer,
-                 stats: Counter[str], running: Callable[[str], bool], *,
+                 stats: Counter[str], running: Callable[[str], bool],
+                 known: Callable[[Task], bool] = lambda task: True, *,
                  fresh_for: float = 0.05, own_fresh_for: float = 1.0,
                  relist_share: float = 0.1) -> None:
         self.store = store
@@ -130,6 +131,7 @@ class Backlog:
         self.later = later
         self.stats = stats
         self.running = running  # whether this node runs a task (its id)
+        self.known = known  # whether this node may try a task (its type here, not declined)
         self.fresh_for = fresh_for
         self.own_fresh_for = own_fresh_for
         self.relist_share = relist_share
@@ -162,7 +164,7 @@ class Backlog:
         as many as run in the cluster). False when the store cannot be read (logged)."""
         began = time.monotonic()
         try:
-            listing = self.ready.read(self.page)
+            listing = self.ready.read(self.page, self._startable())
             if claimed:
                 listing += self.store.tasks.claimed()
             self.stats["listings"] += 1
@@ -179,6 +181,26 @@ class Backlog:
         self.load(candidates(ready, live, self.member_id, self.workers), seen)
         self.later.plan([(t, is_preferred(t.id, live, self.member_id)) for t in later])
         return True
+
+    def _startable(self) -> Callable[[Task], bool]:
+        """What a listing keeps: a task of a type this node has, not declined here, not run
+        here already, and of its ordering key the oldest submitted among those kept (the claim
+        checks it is the key's first again). A walk meets tasks in the order they became
+        ready, not submitted: a key's first task stopped and reactivated is ready after the
+        tasks behind it, and replaces the one kept for its key (``first_per_key`` keeps it)."""
+        keys: dict[str, tuple[datetime, str]] = {}
+
+        def startable(task: Task) -> bool:
+            if not self.known(task) or self.running(task.id):
+                return False
+            if task.ordering_key is not None:
+                order = (task.created_at, task.id)
+                kept = keys.get(task.ordering_key)
+                if kept is not None and kept <= order:
+                    return False
+                keys[task.ordering_key] = order
+            return True
+        return startable
 
     def may_relist(self) -> bool:
         """Whether listing again now keeps listing within ``relist_share`` of the time."""

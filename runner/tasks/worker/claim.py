@@ -35,7 +35,7 @@ from runner.errors import CommitConflict, StaleFencingToken, StoreError
 from runner.store import GraphStore, Task
 from runner.tasks.context import CancelToken
 from runner.tasks.registry import TaskType
-from runner.tasks.worker.running import Claim, RunningSet, Slot
+from runner.tasks.worker.running import Claimed, RunningSet, Slot
 
 log = logging.getLogger("latchwork.tasks")
 
@@ -187,7 +187,7 @@ class Claimer:
             # (another node finished it, an operator stopped it), the claim is a conflict and
             # we move on.
             claimed, attempt = store.claim(task, token, member_id)
-            slot.claim = Claim(claimed, attempt, token)
+            slot.claim = Claimed(claimed, attempt, token)
         except (CommitConflict, StaleFencingToken):
             stats["stale"] += 1
             self._abandon(slot)
@@ -217,7 +217,7 @@ class Claimer:
                 self._abandon(slot)
                 return None
             claimed, attempt = self.store.create_claimed(task, token, self.member_id)
-            slot.claim = Claim(claimed, attempt, token)
+            slot.claim = Claimed(claimed, attempt, token)
         except BaseException:
             self._abandon(slot)
             raise
@@ -268,7 +268,7 @@ class Claimer:
                 stats["stale"] += 1
                 self._abandon(slot)
                 continue
-            slot.claim = Claim(claimed[0], claimed[1], token)
+            slot.claim = Claimed(claimed[0], claimed[1], token)
             stats["started"] += 1
             started.append(slot)
         if len(won) > 1:

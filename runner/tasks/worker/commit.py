@@ -131,6 +131,7 @@ class GroupCommit:
             except Exception:
                 log.exception("member %s: writing a group of %d attempt ends failed",
                               self.member_id, len(group))
+                self._release([q for q in group if not q.done.is_set()])
                 for item in group:
                     if not item.done.is_set():
                         self._told(item, Outcome.CANCELLED, None,
@@ -143,12 +144,17 @@ class GroupCommit:
         self.stats["concluded"] += len(group)
         self.stats["largest"] = max(self.stats["largest"], len(group))
         settled = [(q, *self._settled(q, results.get(id(q)))) for q in group]
-        try:
-            TaskLock.release_all([q.ending.slot.lock for q in group])
-        except CoordError as exc:  # their sessions' expiry frees them: logged, not raised
-            log.info("member %s: releasing %d task locks: %s", self.member_id, len(group), exc)
+        self._release(group)
         for q, outcome, task, ended in settled:
             self._told(q, outcome, task, ended)
+
+    def _release(self, group: list[_Queued]) -> None:
+        """The group's task locks, in one transaction; one that cannot be released now goes
+        with its session (logged, not raised)."""
+        try:
+            TaskLock.release_all([q.ending.slot.lock for q in group])
+        except CoordError as exc:
+            log.info("member %s: releasing %d task locks: %s", self.member_id, len(group), exc)
 
     def _write(self, items: list[_Queued]) -> dict[int, Task | StoreError]:
         """``conclude_many`` of the items; the graph out of reach: again with backoff, each

@@ -59,7 +59,7 @@ from runner.tasks.outcomes import (
 from runner.tasks.progress import ProgressReporter, ProgressWriter
 from runner.tasks.registry import TaskRegistry, TaskType
 from runner.tasks.retry import RetryPolicy
-from runner.tasks.worker.running import Claim, Ending, Slot, Tell
+from runner.tasks.worker.running import Claimed, Ending, Slot, Tell
 
 log = logging.getLogger("latchwork.tasks")
 
@@ -156,7 +156,7 @@ class Execution:
                           AttemptResult.failed(error, None), tell or _untold,
                           ended=(AttemptStatus.FAILED, error))
 
-    def _let_go(self, slot: Slot, claim: Claim, result: AttemptResult, tell: Tell) -> Ending:
+    def _let_go(self, slot: Slot, claim: Claimed, result: AttemptResult, tell: Tell) -> Ending:
         """A retry not made: the task goes back as it stands (its last attempt is written
         already); the task's owner fields cleared as its owner."""
         try:
@@ -167,8 +167,8 @@ class Execution:
         return Ending(slot, claim, Outcome.CANCELLED, result, _untold,
                       ended=(result.status, result.error))
 
-    def _retry(self, slot: Slot, claim: Claim, retries: int,
-               result: AttemptResult) -> Claim | None:
+    def _retry(self, slot: Slot, claim: Claimed, retries: int,
+               result: AttemptResult) -> Claimed | None:
         """Wait the backoff and claim the task again as its owner: the next attempt, or None
         when cancelled meanwhile or the task changed."""
         first, cap = self.conflict_backoff
@@ -180,14 +180,14 @@ class Execution:
             return None
         try:
             again, attempt = self.store.claim(task, claim.token, self.member_id)
-            return Claim(again, attempt, claim.token)
+            return Claimed(again, attempt, claim.token)
         except (CommitConflict, StaleFencingToken) as exc:
             # changed meanwhile (an operator stopped it, another owner)
             log.warning("member %s: task %s (%s) not retried: %s", self.member_id, task.id,
                         task.type, exc)
             return None
 
-    def attempt(self, slot: Slot, claim: Claim,
+    def attempt(self, slot: Slot, claim: Claimed,
                 kind: TaskType) -> tuple[AttemptResult, _Handling, Tell]:
         """Run the handler once, with the observers' ``before_attempt``; never raises. Returns
         its result, the run's state and ``tell(status, error)``, which is called once the
@@ -245,7 +245,7 @@ class Execution:
         bounded by the deadline)."""
         return slot.lock.is_held and self.session.confirm()
 
-    def check(self, slot: Slot, claim: Claim) -> None:
+    def check(self, slot: Slot, claim: Claimed) -> None:
         """``ctx.check()``: raise TaskCancelled (and cancel the token) unless this node still
         owns the task: session valid, lock node there with the same czxid (one ZooKeeper
         read), the token still the task's (one store read). While the session is SUSPENDED
@@ -267,7 +267,7 @@ class Execution:
                                        f"{fence}")
         slot.cancel.raise_if_cancelled()
 
-    def complete(self, slot: Slot, claim: Claim, handling: _Handling,
+    def complete(self, slot: Slot, claim: Claimed, handling: _Handling,
                  write: Callable[[Any], Any]) -> None:
         """``ctx.complete()``: the effect, the attempt's success and the task's finish in one
         store write, once the task lock is confirmed (one ZooKeeper read); a refusal cancels
@@ -296,7 +296,7 @@ class Execution:
             log.warning("member %s: attempt %s of task %s was closed by the master meanwhile",
                         self.member_id, attempt.id, attempt.task_id)
 
-    def _exhausted(self, policy: RetryPolicy, claim: Claim, result: AttemptResult) -> None:
+    def _exhausted(self, policy: RetryPolicy, claim: Claimed, result: AttemptResult) -> None:
         """The policy's ``on_exhausted`` hook, for a failure it does not retry; logged."""
         if result.exception is not None and not isinstance(result.exception,
                                                            policy.retry_on):

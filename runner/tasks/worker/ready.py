@@ -24,6 +24,7 @@ ends); nothing is kept half updated.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from runner.store import Task, codec, due
@@ -38,6 +39,8 @@ REFIND = 300.0
 #: the windows a walk reads, in seconds: narrow first, then a minute at a time
 WINDOWS = (1, 4, 15, 40)
 WIDEST = 60
+#: windows a walk reads in one lane at most (past tasks that cannot start, or empty ones)
+MAX_WINDOWS = 32
 
 
 class ReadyScan:
@@ -49,13 +52,18 @@ class ReadyScan:
         self.cursors: dict[str, tuple[datetime, float]] = {}
         self.reads = 0  # index reads made (the bench's and the tests' measure)
 
-    def read(self, limit: int) -> list[Task]:
-        """Up to ``limit`` WAITING tasks, the highest lanes first, each lane's oldest first."""
+    def read(self, limit: int, startable: Callable[[Task], bool] = lambda task: True
+             ) -> list[Task]:
+        """Up to ``limit`` WAITING tasks this node may start (``startable``: its type known
+        here, not declined, the first of its ordering key in what was read), the highest lanes
+        first, each lane's oldest first. Tasks that cannot start (a busy key's later tasks, a
+        type this node lacks) are walked past, at most :data:`MAX_WINDOWS` windows a lane: so
+        they cost reads while they lead their lane, and never stop the tasks behind them."""
         found: list[Task] = []
         end = codec.now() + timedelta(seconds=due.HORIZON + 2 * due.BUCKET)
         self.reads += 1
         for lane in self.tasks.lanes():
-            found += self._lane(lane, limit - len(found), end)
+            found += self._lane(lane, limit - len(found), end, startable)
             if len(found) >= limit:
                 break
         return found
@@ -74,32 +82,36 @@ class ReadyScan:
         self.cursors[lane] = (at, time.monotonic())
         return at
 
-    def _lane(self, lane: str, want: int, end: datetime) -> list[Task]:
+    def _lane(self, lane: str, want: int, end: datetime,
+              startable: Callable[[Task], bool]) -> list[Task]:
         cursor = self._cursor(lane)
         at = cursor - timedelta(seconds=SKEW)
         got: list[Task] = []
+        seen = False  # a task of the lane was found (startable or not): the cursor stays
         sizes = iter(WINDOWS[1:])
-        empty = refinds = 0
+        empty = refinds = windows = 0
         size = WINDOWS[0]
-        while at <= end and len(got) < want:
+        while at <= end and len(got) < want and windows < MAX_WINDOWS:
             if empty:
                 size = next(sizes, WIDEST)  # wider only while they come back empty
             need = want - len(got)
             self.reads += 1
+            windows += 1
             rows = self.tasks.ready_page(lane, due.seconds_from(at, size), 2 * need)
             at += timedelta(seconds=size)
             if rows:  # twice what is needed, the oldest of them kept: a window's order
+                seen = True
                 rows.sort(key=_order)
-                got += rows[:need]
+                got += [task for task in rows if startable(task)][:need]
                 empty = 0
                 sizes, size = iter(WINDOWS[1:]), WINDOWS[0]
             else:
                 empty += 1
-                if not got and at <= codec.now():
+                if not seen and at <= codec.now():
                     # before every task found, and past: nothing can come there any more
                     cursor = max(cursor, at)
                     self.cursors[lane] = (cursor, self.cursors.get(lane, (cursor, 0.0))[1])
-                if not got and empty >= EMPTY_WINDOWS and refinds < 2:  # a gap: ask the lane
+                if not seen and empty >= EMPTY_WINDOWS and refinds < 2:  # a gap: ask the lane
                     refinds += 1
                     found = self._find(lane)
                     at, empty = found - timedelta(seconds=SKEW), 0

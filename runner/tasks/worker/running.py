@@ -5,8 +5,8 @@ A task goes through three stages on a node, each a value of its own:
 
 * :class:`Slot`: the task registered here before its lock is tried (its lock, its slot
   booking, its cancellation token), so a session lost during the try or the claim still
-  cancels it; it holds the :class:`Claim` once the claim is written;
-* :class:`Claim`: the claim written: the task as claimed, its RUNNING attempt and the fencing
+  cancels it; it holds the :class:`Claimed` once the claim is written;
+* :class:`Claimed`: the claim written: the task as claimed, its RUNNING attempt and the fencing
   token it was claimed with (its lock's);
 * :class:`Ending`: the handler returned: what its attempt came to (a store
   :class:`~runner.store.Conclusion` to write, or nothing left to write) and what happens to the
@@ -20,6 +20,7 @@ fails.
 
 from __future__ import annotations
 
+import enum
 import threading
 import time
 from collections.abc import Callable
@@ -36,7 +37,7 @@ Tell = Callable[[AttemptStatus, str | None], None]
 
 
 @dataclass(frozen=True)
-class Claim:
+class Claimed:
     """A written claim: ``task`` as claimed (RUNNING, this member its owner), its RUNNING
     ``attempt``, and the ``token`` it was claimed with."""
     task: Task
@@ -55,7 +56,7 @@ class Slot:
     key_queue: list[Task] = field(default_factory=list)
     #: set once its end is written and its lock released (or it was let go unclaimed)
     done: threading.Event = field(default_factory=threading.Event)
-    claim: Claim | None = None
+    claim: Claimed | None = None
 
     @property
     def task_id(self) -> str:
@@ -69,7 +70,7 @@ class Ending:
     ``ended`` is then the status and error as written. ``tell`` reports the end to the
     observers once it is written."""
     slot: Slot
-    claim: Claim
+    claim: Claimed
     outcome: Outcome
     result: AttemptResult
     tell: Tell
@@ -79,6 +80,20 @@ class Ending:
     #: whether the worker waits for it to be written (an ordering key's chain, a booking
     #: kept): otherwise the worker is free when its handler returns
     waited: bool = False
+
+
+class Admission(enum.Enum):
+    """What became of a task a node accepted (:meth:`TaskLoop.accept`)."""
+
+    STARTED = "started"  # written RUNNING here, with its attempt; its handler runs
+    QUEUED = "queued"  # written WAITING; this node has a free worker and scans for it now
+    ELSEWHERE = "elsewhere"  # written WAITING; this node cannot start it now: tell the others
+
+
+@dataclass(frozen=True)
+class Admitted:
+    task: Task  # as written
+    admission: Admission
 
 
 class RunningSet:

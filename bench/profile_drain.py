@@ -1,0 +1,170 @@
+"""Where a node's CPU goes during a drain: py-spy attached to every node process under load.
+
+Starts ZooKeeper, RabbitMQ and 3 nodes of 4 workers (the code of ``--tree``: this checkout by
+default, or another one, e.g. a worktree of an older commit, to compare before and after),
+writes ``--tasks`` ``diag.sleep 0`` tasks to the graph with that tree's own store, tells the
+nodes (TRIGGER_SCAN), and records every node with ``py-spy record --format raw`` (its threads'
+stacks, idle ones left out) until the drain ends. Prints the share of the samples by where the
+innermost frame is (our code by package, kazoo, pika, gremlinpython, gremlite and SQLite,
+pydantic, logging, threading and queues, JSON) and the functions that take the most samples
+(self time), then the drain's rate.
+
+Usage: ``python bench/profile_drain.py [--tasks 5000] [--graph embedded|server]
+[--tree PATH]``; py-spy comes with ``pip install -e '.[bench]'``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._servers import rabbitmq, zookeeper
+from coord.testing import terminate_all
+from runner.testing.gremlinserver import GremlinServer
+
+HERE = Path(__file__).resolve().parent.parent
+
+#: where an innermost frame's file is -> the category it counts for (first match wins)
+CATEGORIES = [
+    ("kazoo", "kazoo (ZooKeeper client)"), ("pika", "pika (RabbitMQ client)"),
+    ("gremlin_python", "gremlinpython driver"), ("gremlite", "gremlite"),
+    ("sqlite3", "SQLite"), ("pydantic", "pydantic"), ("logging", "logging"),
+    ("threading.py", "threading"), ("queue.py", "threading"), ("concurrent", "threading"),
+    ("json", "json"), ("apscheduler", "apscheduler"), ("/coord/", "latchwork coord/"),
+    ("/messaging/", "latchwork messaging/"), ("/runner/store/", "latchwork runner/store"),
+    ("/runner/tasks/", "latchwork runner/tasks"), ("/runner/", "latchwork runner (other)"),
+    ("asyncio", "asyncio"), ("socket", "sockets"), ("selectors", "sockets"),
+    ("ssl", "sockets")]
+
+LOAD = textwrap.dedent("""
+    import sys, uuid
+    from runner.store import open_store
+    store = open_store(sys.argv[1], **({"atomicity": "serial"} if sys.argv[1].startswith("ws")
+                                       else {}))
+    count = int(sys.argv[2])
+    for first in range(0, count, 500):
+        store.graph.write(lambda g: [store.tasks.create("diag.sleep", {"seconds": 0})
+                                     for _ in range(min(500, count - first))])
+    print(store.graph.read(lambda g: g.V().has("task_type", "diag.sleep").count().next()))
+""")
+
+
+def category(frame: str) -> str:
+    for needle, name in CATEGORIES:
+        if needle in frame:
+            return name
+    return "other (stdlib, interpreter)"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=5000)
+    parser.add_argument("--graph", choices=["embedded", "server"], default="embedded")
+    parser.add_argument("--tree", type=Path, default=HERE, help="the checkout the nodes run")
+    args = parser.parse_args()
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    tree = args.tree.resolve()
+    with zookeeper() as zk, rabbitmq() as mq, tempfile.TemporaryDirectory() as tmp:
+        scratch = Path(tmp)
+        server = None
+        graph = str(scratch / "graph.db")
+        if args.graph == "server":
+            server = GremlinServer(scratch / "gremlin-server", heap="2g")
+            server.start()
+            graph = server.url
+        env = {**os.environ, "LATCHWORK_ZK_HOSTS": zk.hosts, "LATCHWORK_AMQP_URL": mq.url,
+               "LATCHWORK_GRAPH": graph, "LATCHWORK_CLUSTER": "profile",
+               "LATCHWORK_SESSION_TIMEOUT": "2", "LATCHWORK_SCAN_INTERVAL": "1",
+               "LATCHWORK_WORKERS": "4", "PYTHONPATH": str(tree)}
+        if server is not None:
+            env["LATCHWORK_GRAPH_SERIAL_SERVER"] = "true"
+        procs = [subprocess.Popen([sys.executable, "-m", "runner.cli", "node", "start",
+                                   "--log-level", "WARNING"], env=env, cwd=tree,
+                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                 for _ in range(3)]
+        try:
+            for proc in procs:
+                assert proc.stdout is not None
+                proc.stdout.readline()
+            subprocess.run([sys.executable, "-c", LOAD, graph, str(args.tasks)], env=env,
+                           cwd=tree, check=True, capture_output=True)
+            outs = [scratch / f"node{i}.txt" for i in range(3)]
+            spies = [subprocess.Popen([spy, "record", "--pid", str(p.pid), "--format", "raw",
+                                       "--rate", "250", "--nonblocking", "--output", str(o)],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                     for p, o in zip(procs, outs, strict=True)]
+            time.sleep(1.0)  # py-spy attached
+            began = time.monotonic()
+            subprocess.run([sys.executable, "-m", "runner.cli", "broadcast", "send",
+                            "TRIGGER_SCAN", "--payload", "{}"], env=env, cwd=tree,
+                           check=False, capture_output=True)
+            count = textwrap.dedent("""
+                import sys
+                from runner.store import open_store
+                s = open_store(sys.argv[1], **({"atomicity": "serial"}
+                               if sys.argv[1].startswith("ws") else {}))
+                print(len(s.tasks.unfinished()))
+            """)
+            while True:
+                left = subprocess.run([sys.executable, "-c", count, graph], env=env, cwd=tree,
+                                      capture_output=True, text=True, check=True).stdout
+                if int(left.strip() or "0") == 0:
+                    break
+                time.sleep(1.0)
+            took = time.monotonic() - began
+            for s in spies:
+                s.send_signal(2)  # SIGINT: py-spy writes its file
+            for s in spies:
+                s.wait(60)
+        finally:
+            terminate_all(procs)
+            if server is not None:
+                server.kill()
+        report(outs, args.tasks, took)
+
+
+def report(outs: list[Path], tasks: int, took: float) -> None:
+    by_category: collections.Counter[str] = collections.Counter()
+    by_function: collections.Counter[str] = collections.Counter()
+    total = 0
+    for out in outs:
+        if not out.exists():
+            continue
+        for line in out.read_text().splitlines():
+            stack, _, count = line.rpartition(" ")
+            if not count.isdigit():
+                continue
+            frames = [f for f in stack.split(";") if f and not f.startswith("thread ")
+                      and not f.startswith("process ")]
+            if not frames:
+                continue
+            leaf = frames[-1]
+            if any(idle in leaf for idle in ("wait (threading.py", "select (selectors.py",
+                                             "_wait_for_tstate_lock", "poll (selectors.py")):
+                continue  # a thread waiting: not CPU
+            n = int(count)
+            total += n
+            by_category[category(leaf)] += n
+            by_function[leaf] += n
+    print(f"drain of {tasks} tasks in {took:.1f} s ({tasks / took:.0f} tasks/s, including "
+          "the profiler's own cost); samples of running threads: " + str(total))
+    print("| where the innermost frame is | share |\n| --- | --- |")
+    for name, n in by_category.most_common():
+        print(f"| {name} | {100 * n / max(total, 1):.1f}% |")
+    print("| function (self) | share |\n| --- | --- |")
+    for name, n in by_function.most_common(20):
+        print(f"| {name[:110]} | {100 * n / max(total, 1):.1f}% |")
+
+
+if __name__ == "__main__":
+    main()
