@@ -314,8 +314,8 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any], dict[
             peer_runner = None
             if not args.no_peer:
                 from bench.bench_peer import Peer
-                peer_runner = Peer(mq.url, scratch / "peer")
                 (scratch / "peer").mkdir()
+                peer_runner = Peer(mq.url, scratch / "peer")
                 peer["drains"] = []
             for n in range(ROUNDS):
                 for c in clusters:

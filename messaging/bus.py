@@ -144,8 +144,18 @@ class ApiClient:
         self._closed = False
 
     def _open(self) -> None:
-        if self._connection is not None and self._connection.is_open:
-            return
+        """The connection and its channel, opened again when the broker closed them while the
+        client was idle (a restart, missed heartbeats: a blocking connection answers them only
+        when it is used) before anything is sent on them."""
+        if self._connection is not None:
+            try:  # services heartbeats; raises when the broker closed the connection
+                if self._connection.is_open:
+                    self._connection.process_data_events(time_limit=0)
+            except CONNECTION_ERRORS:
+                pass
+            if self._connection.is_open:
+                return
+            self._drop()
         self._connection = self.connector.connect()
         with translated("opening the API client channel"):
             channel = self._connection.channel()

@@ -184,6 +184,26 @@ def test_dead_letters_are_listed_shown_and_replayed_with_their_ids(cluster: Clus
         publisher.close()
 
 
+def test_a_client_idle_while_the_broker_closed_its_connection_sends_its_next_request(
+        cluster: Cluster) -> None:
+    """A client left idle (a script between two phases, a bench waiting for a drain) whose
+    connection the broker closed meanwhile (a restart, missed heartbeats: a blocking
+    connection answers them only when used) connects again before it sends: the next request
+    is answered, not refused with ``BrokerUnreachable``."""
+    cluster.start_node()
+    with cluster.client() as client:
+        assert client.list() == []
+        kept = client._api._connection
+        assert kept is not None and kept.is_open
+        assert isinstance(cluster.amqp.server, RabbitMQServer)
+        cluster.amqp.server.ctl("close_all_connections", "--vhost", cluster.amqp.vhost,
+                                "test: the broker closes every connection")
+        time.sleep(0.5)  # the close is on the client's socket, unread
+        ref = client.submit("diag.sleep", {"seconds": 0})
+        assert client._api._connection is not kept
+        assert client.wait(ref.id, timeout=30).succeeded
+
+
 def _serviced(connection: Any) -> bool:
     """Let a pika connection read what the broker sent (a close); False while it is open."""
     from messaging.connection import CONNECTION_ERRORS
