@@ -2,15 +2,21 @@
 
 Starts ZooKeeper, RabbitMQ and 3 nodes of 4 workers (the code of ``--tree``: this checkout by
 default, or another one, e.g. a worktree of an older commit, to compare before and after),
-writes ``--tasks`` ``diag.sleep 0`` tasks to the graph with that tree's own store, tells the
-nodes (TRIGGER_SCAN), and records every node with ``py-spy record --format raw`` (its threads'
+writes ``--tasks`` ``diag.sleep 0`` tasks to the graph with that tree's own store while the
+nodes are paused (SIGSTOP; their sessions outlive it), lets them go and tells them
+(TRIGGER_SCAN), and records every node with ``py-spy record --format raw`` (its threads'
 stacks, idle ones left out) until the drain ends. Prints the share of the samples by where the
 innermost frame is (our code by package, kazoo, pika, gremlinpython, gremlite and SQLite,
 pydantic, logging, threading and queues, JSON) and the functions that take the most samples
 (self time), then the drain's rate.
 
+With ``--no-spy`` no profiler is attached: the drain's rate and the CPU each process spent
+per task (nodes, ZooKeeper, the graph server), to compare two trees without the profiler's
+cost. Samples are taken of the thread holding the GIL only (``py-spy --gil``): the Python
+work, not the waits.
+
 Usage: ``python bench/profile_drain.py [--tasks 5000] [--graph embedded|server]
-[--tree PATH]``; py-spy comes with ``pip install -e '.[bench]'``.
+[--tree PATH] [--no-spy]``; py-spy comes with ``pip install -e '.[bench]'``.
 """
 
 from __future__ import annotations
@@ -19,15 +25,18 @@ import argparse
 import collections
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import _profile
 from bench._servers import rabbitmq, zookeeper
 from coord.testing import terminate_all
 from runner.testing.gremlinserver import GremlinServer
@@ -71,6 +80,8 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=5000)
     parser.add_argument("--graph", choices=["embedded", "server"], default="embedded")
     parser.add_argument("--tree", type=Path, default=HERE, help="the checkout the nodes run")
+    parser.add_argument("--no-spy", action="store_true", help="no profiler: rate and CPU only")
+    parser.add_argument("--raw-dir", type=Path, help="keep py-spy's raw stacks here")
     args = parser.parse_args()
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     tree = args.tree.resolve()
@@ -84,7 +95,7 @@ def main() -> None:
             graph = server.url
         env = {**os.environ, "LATCHWORK_ZK_HOSTS": zk.hosts, "LATCHWORK_AMQP_URL": mq.url,
                "LATCHWORK_GRAPH": graph, "LATCHWORK_CLUSTER": "profile",
-               "LATCHWORK_SESSION_TIMEOUT": "2", "LATCHWORK_SCAN_INTERVAL": "1",
+               "LATCHWORK_SESSION_TIMEOUT": "60", "LATCHWORK_SCAN_INTERVAL": "1",
                "LATCHWORK_WORKERS": "4", "PYTHONPATH": str(tree)}
         if server is not None:
             env["LATCHWORK_GRAPH_SERIAL_SERVER"] = "true"
@@ -96,32 +107,34 @@ def main() -> None:
             for proc in procs:
                 assert proc.stdout is not None
                 proc.stdout.readline()
+            for proc in procs:  # paused while the tasks are written: the drain starts below
+                proc.send_signal(signal.SIGSTOP)
             subprocess.run([sys.executable, "-c", LOAD, graph, str(args.tasks)], env=env,
                            cwd=tree, check=True, capture_output=True)
+            for proc in procs:
+                proc.send_signal(signal.SIGCONT)
             outs = [scratch / f"node{i}.txt" for i in range(3)]
-            spies = [subprocess.Popen([spy, "record", "--pid", str(p.pid), "--format", "raw",
-                                       "--rate", "250", "--nonblocking", "--output", str(o)],
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                     for p, o in zip(procs, outs, strict=True)]
+            spies = [] if args.no_spy else [
+                subprocess.Popen([spy, "record", "--pid", str(p.pid), "--format", "raw",
+                                  "--rate", "250", "--nonblocking", "--gil", "--output", str(o)],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                for p, o in zip(procs, outs, strict=True)]
             time.sleep(1.0)  # py-spy attached
+            watched = {"nodes": [p.pid for p in procs], "ZooKeeper": [zk.servers[0].record.pid]}
+            if server is not None and server.record is not None:
+                watched["graph server"] = [server.record.pid]
+            cpu = {name: sum(_profile.cpu_seconds(pid) for pid in pids)
+                   for name, pids in watched.items()}
             began = time.monotonic()
             subprocess.run([sys.executable, "-m", "runner.cli", "broadcast", "send",
                             "TRIGGER_SCAN", "--payload", "{}"], env=env, cwd=tree,
                            check=False, capture_output=True)
-            count = textwrap.dedent("""
-                import sys
-                from runner.store import open_store
-                s = open_store(sys.argv[1], **({"atomicity": "serial"}
-                               if sys.argv[1].startswith("ws") else {}))
-                print(len(s.tasks.unfinished()))
-            """)
-            while True:
-                left = subprocess.run([sys.executable, "-c", count, graph], env=env, cwd=tree,
-                                      capture_output=True, text=True, check=True).stdout
-                if int(left.strip() or "0") == 0:
-                    break
-                time.sleep(1.0)
+            closed = _closed_counter(graph)
+            while closed() < args.tasks:
+                time.sleep(0.25)
             took = time.monotonic() - began
+            used = {name: sum(_profile.cpu_seconds(pid) for pid in pids) - cpu[name]
+                    for name, pids in watched.items()}
             for s in spies:
                 s.send_signal(2)  # SIGINT: py-spy writes its file
             for s in spies:
@@ -130,7 +143,29 @@ def main() -> None:
             terminate_all(procs)
             if server is not None:
                 server.kill()
+        print("CPU per task, ms: " + ", ".join(f"{name} {1000 * sec / args.tasks:.2f}"
+                                                for name, sec in used.items()))
+        if args.raw_dir is not None:
+            args.raw_dir.mkdir(parents=True, exist_ok=True)
+            for out in outs:
+                if out.exists():
+                    shutil.copy(out, args.raw_dir / out.name)
         report(outs, args.tasks, took)
+
+
+def _closed_counter(graph: str) -> Callable[[], int]:
+    """How many tasks are closed (finished): one count of an equality lookup, made by the
+    drivers alone, so that watching the drain costs the nodes and the server next to
+    nothing (no process started per look, no read of every open task)."""
+    from gremlin_python.process.anonymous_traversal import traversal
+
+    if graph.startswith("ws"):
+        from gremlin_python.driver.driver_remote_connection import DriverRemoteConnection
+        g = traversal().with_remote(DriverRemoteConnection(graph, "g"))
+    else:
+        from gremlite import SQLiteConnection  # type: ignore[import-untyped]
+        g = traversal().with_remote(SQLiteConnection(Path(graph), timeout=30))
+    return lambda: int(g.V().has("task_queue", "closed").count().next())
 
 
 def report(outs: list[Path], tasks: int, took: float) -> None:

@@ -24,7 +24,7 @@ def index = { name, prop, unique ->
  'attempt_id', 'attempt_status', 'attempt_end_day', 'avatar_id', 'avatar_class',
  'ontology_iri', 'class_iri', 'class_defined_by', 'schedule_name', 'incident_key',
  'incident_open', 'incident_task', 'incident_pending', 'event_key', 'event_kind',
- 'tomb_task', 'task_list', 'task_owner', 'task_h', 'task_s', 'task_okey'].each {
+ 'tomb_task', 'task_list', 'task_owner', 'task_h', 'task_s', 'task_okey', 'task_lane'].each {
     index("by_${it}", it, false)
 }
 index('by_task_unique', 'task_unique', true)

@@ -84,6 +84,11 @@ class Settings(BaseSettings):
         False, description="run against a remote graph without transactions (guarded writes "
                            "become check-then-act: see docs/graph.md); logged at every start")
     workers: int = Field(4, ge=1, le=256, description="task worker threads per node")
+    prefetch: float = Field(
+        3.0, ge=0, le=64,
+        description="while handlers are short (under 50 ms on average), tasks a node claims "
+                    "ahead of its free workers, in workers: batches grow past the workers; "
+                    "such a task shows RUNNING while it waits a few ms for a worker; 0: never")
     scan_interval: float = Field(5.0, gt=0, description="seconds between task scans")
     reap_interval: float = Field(2.0, gt=0,
                                  description="seconds between the master's dead-owner lock scans")

@@ -218,7 +218,7 @@ def test_an_end_is_reported_only_once_its_group_is_written(
             assert store.attempts.for_task(task.id)[0].status is AttemptStatus.RUNNING
             assert not store.tasks.get(task.id).finished
             assert lock_owner(s, task.id) == "m1"
-            assert loop.running.free() == 1  # the worker was free when its handler returned
+            assert loop.running.working() == 0  # the worker was free when its handler returned
             held.go()
             assert wait_until(lambda: told == [AttemptStatus.SUCCEEDED], 10)
             assert store.tasks.get(task.id).finished

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -655,7 +656,7 @@ def test_accept_starts_queues_or_says_elsewhere(
         held.release.set()
         # the finished worker's follow-up scan lists and takes the second
         assert wait_until(lambda: second.task.id in held.ran, 10)
-        assert wait_until(lambda: processor.running.free() == 1, 10)
+        assert wait_until(lambda: processor.running.working() == 0, 10)
         keyed = processor.accept(store.tasks.new("t", {}, unique_key="u1"))
         assert keyed.admission is Admission.QUEUED
         assert wait_until(lambda: keyed.task.id in held.ran, 10)
@@ -697,7 +698,7 @@ def test_a_new_task_is_written_claimed_by_its_submitter_in_one_store_write(
         store.cancel(new.id, "ops")
         assert force_release(s, new.id) == "m1"
         assert processor.cancel_running(new.id, "cancelled by operator ops")
-        assert wait_until(lambda: processor.running.free() == 1, 10)
+        assert wait_until(lambda: processor.running.working() == 0, 10)
         assert wait_until(lambda: new.id not in processor.running, 10)
         (closed,) = store.attempts.for_task(new.id)
         assert closed.status is AttemptStatus.CANCELLED and "ops" in (closed.error or "")
@@ -716,7 +717,7 @@ def test_a_new_task_is_written_claimed_by_its_submitter_in_one_store_write(
         finally:
             store.create_claimed = original  # type: ignore[method-assign]
         assert not s.client.exists(f"/locks/tasks/{failing.id}")
-        assert processor.running.free() == 1
+        assert failing.id not in processor.running and processor.running.working() == 0
         assert failing.id not in {t.id for t in store.tasks.all()}
 
 
@@ -757,3 +758,52 @@ def test_a_batch_claim_that_partly_loses_keeps_what_it_won(
         for r in started:
             r.lock.release()
         other.release()
+
+
+def test_a_node_claims_ahead_only_while_its_handlers_are_short() -> None:
+    """``RunningSet.free()``: the free workers, and ``prefetch`` times the workers more once
+    the handlers' moving mean (over at least twice the workers' worth) is under ``short``;
+    none ahead while any handler has run longer, nor with ``prefetch`` 0. Pure logic."""
+    from runner.tasks.worker.running import RunningSet
+
+    slots: dict[int, Any] = {}
+
+    def slot(n: int) -> Any:
+        return slots.setdefault(n, SimpleNamespace(task_id=f"t{n}"))
+
+    running = RunningSet(2, prefetch=3.0, short=0.05)
+    assert running.free() == 2  # nothing heard yet: no claim ahead
+    for n in range(3):
+        running.add(slot(n))
+        running.begin(slot(n))
+        running.returned(slot(n))
+        running.discard(slot(n))
+    assert running.free() == 2  # 3 short handlers: fewer than twice the workers
+    running.add(slot(3))
+    running.begin(slot(3))
+    running.returned(slot(3))
+    running.discard(slot(3))
+    assert running.free() == 2 + 6  # 4 short ones: 3 x 2 workers ahead
+    running.add(slot(4))
+    running.begin(slot(4))
+    assert running.free() == 2 + 6 - 1 and running.working() == 1
+    time.sleep(0.06)
+    assert running.free() == 2 - 1  # a handler past `short`: nothing ahead while it runs
+    running.returned(slot(4))  # 60 ms joins the mean: 0.2 x 60 ms keeps it under 50 ms
+    running.discard(slot(4))
+    assert running.free() == 2 + 6
+    for n in range(5, 9):  # long handlers move the mean past `short`
+        running.add(slot(n))
+        running.begin(slot(n))
+    time.sleep(0.12)
+    for n in range(5, 9):
+        running.returned(slot(n))
+        running.discard(slot(n))
+    assert running.free() == 2
+    never = RunningSet(2, prefetch=0.0)
+    for n in range(10):
+        never.add(slot(n))
+        never.begin(slot(n))
+        never.returned(slot(n))
+        never.discard(slot(n))
+    assert never.free() == 2

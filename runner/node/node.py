@@ -250,7 +250,7 @@ class Node:
         processor = TaskLoop(
             self.session, member, store, self.registry,
             LoopSettings(workers=s.workers, scan_interval=s.scan_interval, limits=s.concurrency,
-                         store_retry_for=s.graph_retry_for),
+                         store_retry_for=s.graph_retry_for, prefetch=s.prefetch),
             live_members=membership.live_ids,
             services=self.services,
             observers=[metrics] if metrics else ())

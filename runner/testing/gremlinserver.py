@@ -72,7 +72,7 @@ INDEXED_KEYS = (
     "attempt_end_day", "resource_name", "schedule_name", "incident_key", "incident_task",
     "incident_open", "incident_pending", "ontology_iri", "class_iri", "class_defined_by",
     "avatar_id", "avatar_class", "tomb_task", "event_kind", "format_key", "task_list",
-    "task_owner", "task_h", "task_s")
+    "task_owner", "task_h", "task_s", "task_lane")
 
 
 class ServerNotInstalled(DevServerError):

@@ -8,7 +8,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from gremlin_python.process.graph_traversal import __
-from gremlin_python.process.traversal import Cardinality
+from gremlin_python.process.traversal import Cardinality, P
 
 from runner.store.model import ASPECT_PATTERN
 
@@ -36,6 +36,21 @@ def add_vertex(g: Any, label: str, props: Mapping[str, Any]) -> Any:
     for key, value in props.items():
         t = t.property(key, value)
     return t
+
+
+def any_of(graph: Any, g: Any, key: str, values: Sequence[Any]) -> Any:
+    """The vertices whose ``key`` is one of ``values``, found by index on every graph: one
+    ``P.within`` where the graph indexes it (``graph.within_indexed``), else an equality per
+    value (TinkerGraph 3.5 scans every vertex for a ``within``, and its cost grew with the
+    graph): the first at the traversal's start, the others in a ``union`` after a ``fold``
+    that always leaves one traverser, so no vertex has to exist to stand on."""
+    values = list(dict.fromkeys(values))
+    if not values:
+        return g.V().has(key, "").limit(0)
+    if graph.within_indexed or len(values) == 1:
+        return g.V().has(key, P.within(values) if len(values) > 1 else values[0])
+    first, *rest = values
+    return g.V().has(key, first).fold().union(__.unfold(), *(__.V().has(key, v) for v in rest))
 
 
 def get_or_add(g: Any, key: str, value: Any, label: str, props: Mapping[str, Any]) -> Any:

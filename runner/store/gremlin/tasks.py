@@ -27,6 +27,7 @@ from runner.store.gremlin.rows import (
 from runner.store.gremlin.steps import (
     BATCH,
     add_vertex,
+    any_of,
     chunks,
     get_or_add,
 )
@@ -163,7 +164,7 @@ class GremlinTaskStore:
         """Up to ``limit`` WAITING tasks of ``lane`` that became ready in one of ``seconds``
         (``YYYYMMDDHHMMSS``): one index lookup, in no particular order."""
         keys = [due.ready_key(lane, s) for s in seconds]
-        rows = self.graph.read(lambda g: g.V().has("task_queue", P.within(keys))
+        rows = self.graph.read(lambda g: any_of(self.graph, g, "task_queue", keys)
                                .limit(limit).element_map().to_list())
         return [task_from_row(row) for row in rows]
 
@@ -197,7 +198,7 @@ class GremlinTaskStore:
         if not buckets:
             return 0
         names = [due.bucket_name(b) for b in buckets]
-        rows = self.graph.read(lambda g: g.V().has("task_queue", P.within(names))
+        rows = self.graph.read(lambda g: any_of(self.graph, g, "task_queue", names)
                                .element_map().to_list())
         moves = []
         now = codec.now()
@@ -225,7 +226,7 @@ class GremlinTaskStore:
             return {}
         # element_map of two keys: half the cost of project().by().by() on gremlite
         rows = self.graph.read(
-            lambda g: g.V().has("task_id", P.within(list(task_ids)))
+            lambda g: any_of(self.graph, g, "task_id", task_ids)
             .element_map("task_id", "task_version").to_list())
         return {r["task_id"]: int(r["task_version"]) for r in rows}
 

@@ -67,7 +67,7 @@ class TaskLoop:
                                    conflict_backoff=settings.conflict_backoff)
         self.commits = GroupCommit(store, member_id, self._ended,
                                    store_retry_for=settings.store_retry_for)
-        self.running = RunningSet(settings.workers)
+        self.running = RunningSet(settings.workers, settings.prefetch, settings.short_handler)
         self.claimer = Claimer(session, store, member_id, self.running, settings.limits)
         self.chain = KeyChain(self.claimer, store, registry)
         #: how long this node leaves a task its handler declined to the others
@@ -85,6 +85,8 @@ class TaskLoop:
                                relist_share=settings.relist_share,
                                others_grace=settings.others_grace, observers=self.observers,
                                live_members=live_members)
+        self._feeder = threading.Thread(target=self.scanner.feed, daemon=True,
+                                        name=f"task-feeder-{member_id}")
         self.backlog = self.scanner.backlog
         self.later = self.scanner.later
 
@@ -101,6 +103,7 @@ class TaskLoop:
                                 id="scan", max_instances=1, coalesce=True,
                                 next_run_time=datetime.now(UTC))
         self._scheduler.start()
+        self._feeder.start()
         return self
 
     def trigger(self) -> None:
@@ -121,6 +124,9 @@ class TaskLoop:
         self.session.remove_listener(self._on_session)
         if self._scheduler.running:
             self._scheduler.shutdown(wait=False)
+        self.scanner.wake()
+        if self._feeder.is_alive():
+            self._feeder.join(timeout)
         with self.scanner.lock:  # a scan in progress finishes its claims first
             slots = self.running.snapshot()
         for slot in slots:
@@ -213,7 +219,9 @@ class TaskLoop:
         outcome = Outcome.CANCELLED
         queue = list(first.key_queue)  # the key's queue as read at the chain's last read
         while slot is not None:
+            self.running.begin(slot)
             ending = self.execution.run(slot)
+            self.running.returned(slot)
             key = slot.task.ordering_key
             if key is None:
                 self.running.ending(slot)
@@ -232,10 +240,7 @@ class TaskLoop:
         if outcome is Outcome.CANCELLED:
             self._rescan_later()
             return
-        try:
-            self.scan(relist=False)  # a worker is free
-        except Exception:
-            log.exception("member %s: follow-up scan failed", self.member_id)
+        self.scanner.wake()  # a worker is free: the feeder claims for it
 
     def _settle_keyed(self, slot: Slot, outcome: Outcome) -> Booking | None:
         """A keyed task's end is written: its booking kept for the key's next task when the

@@ -97,12 +97,26 @@ class Admitted:
 
 
 class RunningSet:
-    """The slots of one member, its ``workers`` and the tasks it declined."""
+    """The slots of one member, its ``workers`` and the tasks it declined.
 
-    def __init__(self, workers: int) -> None:
+    Claiming ahead: while this node's handlers are short (their mean duration, a moving
+    average over at least twice the workers' worth of handlers, under ``short`` seconds, and
+    none running now for longer), it may hold
+    ``prefetch`` times its workers more tasks claimed than it runs, waiting for a worker in
+    the pool's queue: the next batch is claimed while handlers run, and batches grow past the
+    number of workers (one lock transaction and one store write for all of them). A long
+    handler stops it at once: then no task is claimed beyond the free workers, so a node busy
+    with long jobs never sits on tasks others could run. ``prefetch`` 0: never."""
+
+    def __init__(self, workers: int, prefetch: float = 0.0, short: float = 0.05) -> None:
         self.workers = workers
+        self.prefetch = prefetch
+        self.short = short
         self._running: dict[str, Slot] = {}
         self._ending: dict[str, Slot] = {}
+        self._started: dict[str, float] = {}  # handlers running now: when each began
+        self._mean: float | None = None  # moving mean of the handlers' durations
+        self._samples = 0  # handlers the mean has heard of (none ahead before 2x workers)
         #: tasks this node's handlers declined, and until when it leaves them to the others
         self._declined: dict[str, float] = {}
         self._lock = threading.Lock()
@@ -110,6 +124,39 @@ class RunningSet:
     def add(self, slot: Slot) -> None:
         with self._lock:
             self._running[slot.task_id] = slot
+
+    def begin(self, slot: Slot) -> None:
+        """``slot``'s handler starts (a worker took it from the queue)."""
+        with self._lock:
+            self._started[slot.task_id] = time.monotonic()
+
+    def returned(self, slot: Slot) -> None:
+        """``slot``'s handler returned: its duration joins the moving mean."""
+        with self._lock:
+            began = self._started.pop(slot.task_id, None)
+            if began is not None:
+                took = time.monotonic() - began
+                self._mean = took if self._mean is None else 0.8 * self._mean + 0.2 * took
+                self._samples += 1
+
+    def working(self) -> int:
+        """Handlers running now."""
+        with self._lock:
+            return len(self._started)
+
+    def ahead(self) -> int:
+        """How many tasks may be claimed beyond the workers now (see the class)."""
+        with self._lock:
+            return self._ahead()
+
+    def _ahead(self) -> int:
+        if not self.prefetch or self._mean is None or self._mean >= self.short \
+                or self._samples < 2 * self.workers:
+            return 0
+        now = time.monotonic()
+        if any(now - began >= self.short for began in self._started.values()):
+            return 0
+        return int(self.workers * self.prefetch)
 
     def ending(self, slot: Slot) -> None:
         """``slot``'s handler returned: its worker is free, its end is being written."""
@@ -119,6 +166,7 @@ class RunningSet:
 
     def discard(self, slot: Slot) -> None:
         with self._lock:
+            self._started.pop(slot.task_id, None)
             if self._running.get(slot.task_id) is slot:
                 del self._running[slot.task_id]
             if self._ending.get(slot.task_id) is slot:
@@ -138,9 +186,10 @@ class RunningSet:
             return [*self._running.values(), *self._ending.values()]
 
     def free(self) -> int:
-        """Workers not running a handler."""
+        """Tasks this node may claim now: its workers not running a handler, and those it may
+        claim ahead (:meth:`ahead`), less those claimed and waiting for a worker."""
         with self._lock:
-            return self.workers - len(self._running)
+            return self.workers + self._ahead() - len(self._running)
 
     def decline(self, task_id: str, seconds: float) -> None:
         """Leave ``task_id`` to the other nodes for ``seconds``."""

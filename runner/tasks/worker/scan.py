@@ -64,6 +64,7 @@ class Scanner:
                                fresh_for=fresh_for, own_fresh_for=own_fresh_for,
                                relist_share=relist_share)
         self._skipped_types: set[str] = set()
+        self._wake = threading.Event()  # a worker freed up: the feeder's next pass
 
     @property
     def stats(self) -> Counter[str]:
@@ -79,6 +80,26 @@ class Scanner:
             return self._scan(relist)
         finally:
             notify_scan(self.observers, time.monotonic() - began)
+
+    def wake(self) -> None:
+        """A worker freed up: the feeder scans for it (thread-safe, never blocks). Wakes that
+        come while a pass claims are one more pass, so the workers freed meanwhile are
+        claimed for together: the batch grows with the load, with no timer."""
+        self._wake.set()
+
+    def feed(self) -> None:
+        """The feeder thread's loop (:meth:`TaskLoop.start` runs it): a pass whenever a worker
+        frees up, again while the last one started tasks and workers are free; it ends when
+        the loop stops."""
+        while not self.stopping.is_set():
+            if not self._wake.wait(1.0):
+                continue
+            self._wake.clear()
+            try:
+                while self.scan(relist=False) > 0 and self.running.free() > 0:
+                    pass
+            except Exception:
+                log.exception("member %s: follow-up scan failed", self.member_id)
 
     def _scan(self, relist: bool) -> int:
         if not self.may_claim():

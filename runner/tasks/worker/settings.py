@@ -14,7 +14,9 @@ class LoopSettings:
     (:class:`~runner.tasks.worker.backlog.Backlog`); ``others_grace``: how long a due task waits
     for its preferred member; ``limits``: cluster-wide limits per task group
     (:func:`~runner.tasks.worker.claim.levels`); ``store_retry_for``: how long the end of an
-    attempt is tried again while the graph is unreachable."""
+    attempt is tried again while the graph is unreachable; ``prefetch`` / ``short_handler``:
+    claiming ahead while handlers are short (:class:`~runner.tasks.worker.running.RunningSet`).
+    """
 
     workers: int = 4
     scan_interval: float = 5.0
@@ -22,7 +24,11 @@ class LoopSettings:
     conflict_backoff: tuple[float, float] = (0.1, 5.0)
     fresh_for: float = 0.05
     own_fresh_for: float = 1.0
-    relist_share: float = 0.1
+    relist_share: float = 0.5
     others_grace: float = 0.3
     limits: Mapping[str, int] = field(default_factory=dict)
     store_retry_for: float = 60.0
+    #: claimed ahead while handlers are short, in workers (:class:`RunningSet`); 0: never
+    prefetch: float = 3.0
+    #: a handler shorter than this (a moving mean, seconds) lets the node claim ahead
+    short_handler: float = 0.05
