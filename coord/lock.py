@@ -275,10 +275,11 @@ class TaskLock:
         someone else).
 
         A transaction refused by one lock (its parent exists: held, or left empty by a holder
-        whose session expired) names that operation: that lock goes the way of
-        :meth:`try_acquire` alone, the others are sent again, so a batch that partly loses
-        keeps what it won. An answer lost or late (the transaction may have been applied): each
-        lock goes the single way, which looks for its own node first, so none is left behind.
+        whose session expired) names that operation: the others are sent again, so a batch
+        that partly loses keeps what it won, and that lock is held elsewhere when its parent
+        has a node (one read), else it goes the way of :meth:`try_acquire` alone. An answer
+        lost or late (the transaction may have been applied): each lock goes the single way,
+        which looks for its own node first, so none is left behind.
 
         ``watch``: set a watch on each node won (its deletion tells the lost listeners), one
         request each; without it a lock is known lost only with its session (the caller has
@@ -326,8 +327,20 @@ class TaskLock:
         for i, maybe_sent in sorted(alone):
             lock = locks[i]
             with lock._mutex, zk_errors(f"task lock {lock.task_id}"):
+                if not maybe_sent and lock._held_elsewhere():
+                    continue  # refused: its parent has a holder (one read)
                 tokens[i] = lock._try_acquire_or_none(prefixes[i], maybe_sent)
         return tokens
+
+    def _held_elsewhere(self) -> bool:
+        """Whether this lock's parent, which refused a batch's create, has a holder (one read):
+        then the lock is someone else's; False when it is gone or empty (its holder's session
+        expired), for :meth:`_try_acquire` to take it."""
+        client = self.session.client
+        try:
+            return bool(client.retry(client.get_children, self.parent))
+        except NoNodeError:
+            return False
 
     def _won(self, node: str, token: int, watch: bool) -> int:
         """Record ``node`` as held with ``token`` (a batch's); ``watch``: one request more."""

@@ -234,14 +234,18 @@ class Backlog:
                         return None
                     continue
                 self._stale_chunks = 0
-            # as many candidates as there are free workers, all still trusted: one batch
+            # as many candidates as there are free workers, all still trusted, and all this
+            # member's preferred ones or all the others': one batch (its locks one ZooKeeper
+            # transaction, in which each lock held elsewhere costs a round trip of its own;
+            # the others' are the ones contended)
             batch: list[Task] = []
             now = time.monotonic()
+            mine = self.items[0][2]
             while self.items and len(batch) < free:
                 task, seen, own = self.items[0]
                 trusted = self.own_fresh_for if own else self.fresh_for
-                if batch and now - seen > trusted:
-                    break  # the next take checks its version first
+                if batch and (now - seen > trusted or own != mine):
+                    break  # the next take checks its version first, or starts the others'
                 self.items.pop(0)
                 if not taken(task.id) and task.id not in {t.id for t in batch}:
                     batch.append(task)

@@ -6,8 +6,9 @@ lane's cursor (the oldest second a WAITING task of the lane may have become read
 windows of seconds forward, one index lookup each (``task_queue`` in the window's keys,
 ``limit`` at most), narrow first (a dense backlog is read a second at a time, so the oldest go
 first) and wider while they come back empty, until it has ``limit`` tasks or reaches the end of
-the ready horizon; then the next lane. A window asks for twice the tasks still needed and keeps the
-oldest of them, so the order within a window holds while it is no denser than that. A window
+the ready horizon; then the next lane. A window asks for half as many again as the tasks still
+needed and keeps the oldest of them, so the order within a window holds while it is no denser
+than that (every row read costs its deserialisation; the nodes read the same oldest rows). A window
 read empty before any task was found moves the cursor past it.
 
 Why a cursor can only move forward: a task becomes ready at the moment of its change (its
@@ -97,9 +98,9 @@ class ReadyScan:
             need = want - len(got)
             self.reads += 1
             windows += 1
-            rows = self.tasks.ready_page(lane, due.seconds_from(at, size), 2 * need)
+            rows = self.tasks.ready_page(lane, due.seconds_from(at, size), need + need // 2 + 1)
             at += timedelta(seconds=size)
-            if rows:  # twice what is needed, the oldest of them kept: a window's order
+            if rows:  # more than is needed, the oldest of them kept: a window's order
                 seen = True
                 rows.sort(key=_order)
                 got += [task for task in rows if startable(task)][:need]
