@@ -41,7 +41,9 @@ def test_the_short_chaos_profile_breaks_no_guarantee(graph: str, tmp_path: Path)
     assert broken == {}, (result, (tmp_path / "logs" / "chaos.log").read_text())
     faults = len(chaos.FAULTS) + (len(chaos.GRAPH_FAULTS) if graph != "embedded" else 0) + (
         len(chaos.HOST_FAULTS) - len(result["faults_left_out"]) if hosts else 0)
+    faults += 1  # the one drawn from BURST_FAULTS while submit_many's burst is written
     assert sum(result["faults"].values()) == faults, result["faults"]
+    assert result["burst"]["fault"] in chaos.BURST_FAULTS and result["burst"]["tasks"] > 0
     assert result["graph"] == ("embedded" if graph == "embedded" else "server")
     assert result["hosts"] is hosts
     assert result["tasks"] >= 120 and result["master_messages_confirmed"] >= 25
