@@ -58,7 +58,7 @@ def zk_packets(host: str, port: int) -> int:
 
 def scrape(port: int) -> dict[str, float]:
     """The node's metrics that the profile reads: store calls and seconds by kind, messages
-    consumed."""
+    consumed, attempts that succeeded (the end of a round, seen without reading the store)."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     out: dict[str, float] = {"messages": 0.0}
     for line in text.splitlines():
@@ -71,6 +71,8 @@ def scrape(port: int) -> dict[str, float]:
             out["store_" + ("read_s" if 'kind="read"' in name else "write_s")] = float(value)
         elif name.startswith("latchwork_messages_total"):
             out["messages"] += float(value)
+        elif name.startswith("latchwork_attempts_total{") and 'status="succeeded"' in name:
+            out["succeeded"] = out.get("succeeded", 0.0) + float(value)
     return out
 
 

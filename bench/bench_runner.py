@@ -14,12 +14,16 @@ rounds, which are interleaved: embedded, server, Celery, three times over.
    latency = the start of the handler's body - the client's clock just before its submit, as
    the peer measures it (``bench.mark``, bench/marks.py); p50, p99;
 3. **drain**: rounds of ``ROUND`` ``diag.sleep 0`` tasks enqueued with ``Client.submit_many``
-   due ``LEAD`` seconds later (so that the drain is measured, not the enqueue), run by the 3
+   due ``LEAD`` seconds (and 2 ms per task) later (so that the drain is measured, not the
+   enqueue; the profile starts when they are due), run by the 3
    nodes; tasks/s from the first start to the last end; median of ``ROUNDS``; the **profile**
    of the first round: per task, ZooKeeper requests (the server's packet count), graph store
-   calls and their time (the nodes' metrics), broker messages, the CPU of every process (both
-   clusters' nodes, ZooKeeper, RabbitMQ, the Gremlin Server, this bench), and their total
-   over the round's wall time beside the core count;
+   calls and their time (the nodes' metrics), broker messages, the CPU of every process (the
+   nodes, ZooKeeper, RabbitMQ, the Gremlin Server, this bench; the other graph's idle cluster
+   apart), and their total over the round's wall time beside the core count. The round ends
+   when the nodes' metrics count every attempt succeeded and the last tasks read finished;
+   the profile's snapshot is taken then, before the bench reads every task and attempt to
+   check the round (reads of its own that are not the drain's);
 4. **enqueue**: ``ENQUEUE`` tasks (due in an hour, so that they only wait) submitted one at a
    time, then with ``submit_many``: the client's time per task;
 5. **60 one-second tasks** on 3 nodes of one worker each, wall time against the ideal 20 s;
@@ -188,6 +192,11 @@ class Cluster:
         wait(lambda: self._finished(ids[-200:]) and self._finished(ids), timeout, step=1.0)
         return self._span(ids)
 
+    def succeeded(self) -> float:
+        """Attempts that succeeded on this cluster's nodes, from their metrics."""
+        assert self.nodes is not None
+        return sum(_profile.scrape(port).get("succeeded", 0.0) for port in self.nodes.ports)
+
     def _finished(self, ids: list[str]) -> bool:
         return all(self.store.tasks.get(task_id).finished for task_id in ids)
 
@@ -206,19 +215,29 @@ class Cluster:
         assert self.nodes is not None
         zk_server = self.zk.servers[0]
         procs = self.processes(everyone)
-        ids = self.enqueue(ROUND)
+        lead = LEAD + ROUND * 0.002  # room for the enqueue (1-2 ms a task with submit_many)
+        due = time.monotonic() + lead
+        ids = self.enqueue(ROUND, lead=lead)
+        time.sleep(max(0.0, due - time.monotonic() - 0.1))  # the idle lead is not the drain's
         before = _profile.snapshot(procs, (zk_server.host, zk_server.client_port),
                                    self.nodes.ports)
         wall = time.monotonic()
-        span = self.drained(ids)
+        # the end seen in the nodes' metrics (every handler succeeded) and the last tasks'
+        # ends written; the profile's snapshot is taken then, before the bench reads every
+        # task and attempt to check them (10,000 reads that are the bench's, not the drain's)
+        ended = before.nodes.get("succeeded", 0.0) + ROUND
+        wait(lambda: self.succeeded() >= ended and self._finished(ids[-50:]), 900, step=0.5)
         wall = time.monotonic() - wall
+        after = _profile.snapshot(procs, (zk_server.host, zk_server.client_port),
+                                  self.nodes.ports)
+        span = self.drained(ids)
         out: dict[str, float] = {}
         if profile:
-            after = _profile.snapshot(procs, (zk_server.host, zk_server.client_port),
-                                      self.nodes.ports)
             out = _profile.per_task(before, after, ROUND)
-            # every process's CPU over the wall time of the round: at most the cores
-            cpu_s = sum(after.cpu[k] - before.cpu.get(k, 0.0) for k in after.cpu)
+            # every process's CPU over the wall time of the round: at most the cores (the
+            # other graph's idle cluster is printed apart, not counted: not this drain's work)
+            cpu_s = sum(after.cpu[k] - before.cpu.get(k, 0.0) for k in after.cpu
+                        if k != "other nodes")
             out["cores_used"] = cpu_s / wall
             out["cpu_ms_total"] = cpu_s * 1000 / ROUND
         return ROUND / span, out
@@ -411,7 +430,7 @@ def report(results: dict[str, Any], floors: dict[str, Any], peer: dict[str, Any]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--graph", choices=["embedded", "server", "both"], default="both")
     parser.add_argument("--no-peer", action="store_true", help="leave Celery out")
     parser.add_argument("--quick", action="store_true", help="smaller rounds, for a try")

@@ -104,7 +104,7 @@ def timed(fn: object, runs: int = 7) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=int, default=100_000)
     parser.add_argument("--dir", type=Path,
                         default=Path(tempfile.gettempdir()) / "latchwork-bench-web")

@@ -76,7 +76,7 @@ def category(frame: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=int, default=5000)
     parser.add_argument("--graph", choices=["embedded", "server"], default="embedded")
     parser.add_argument("--tree", type=Path, default=HERE, help="the checkout the nodes run")
