@@ -96,7 +96,9 @@ def main() -> None:
         env = {**os.environ, "LATCHWORK_ZK_HOSTS": zk.hosts, "LATCHWORK_AMQP_URL": mq.url,
                "LATCHWORK_GRAPH": graph, "LATCHWORK_CLUSTER": "profile",
                "LATCHWORK_SESSION_TIMEOUT": "60", "LATCHWORK_SCAN_INTERVAL": "1",
-               "LATCHWORK_WORKERS": "4", "PYTHONPATH": str(tree)}
+               "LATCHWORK_WORKERS": "4",
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(tree),
+                                                           os.environ.get("PYTHONPATH")]))}
         if server is not None:
             env["LATCHWORK_GRAPH_SERIAL_SERVER"] = "true"
         procs = [subprocess.Popen([sys.executable, "-m", "runner.cli", "node", "start",

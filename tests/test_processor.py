@@ -259,11 +259,11 @@ def preferred_split(store: GraphStore, members: list[str], each: int) -> dict[st
     raise AssertionError("crc32 never spread 200 ids over the members")
 
 
-def test_a_node_starts_its_preferred_tasks_first_and_the_others_right_after(
+def test_a_node_starts_its_preferred_tasks_first_and_the_others_when_none_is_left(
         zk_namespace: ZkNamespace, store: GraphStore) -> None:
-    """Two live members: m1 claims the tasks it is preferred for first (so two nodes walking
-    one queue do not fight over the same tasks), then, with workers left, m2's oldest ones
-    at once, without waiting for m2."""
+    """Two live members: m1 claims the tasks it is preferred for first and, while a listing
+    holds any of its own, leaves m2's to m2 (so two nodes walking one queue do not race for the
+    same tasks); with workers left, the next listing holds only m2's: m1 takes their oldest."""
     ran: list[str] = []
     registry = TaskRegistry()
     registry.register("t", held_until_close(ran))
@@ -275,7 +275,10 @@ def test_a_node_starts_its_preferred_tasks_first_and_the_others_right_after(
         processor = TaskLoop(s, "m1", store, registry,
                              LoopSettings(workers=len(own) + 2, scan_interval=600))
         try:
-            assert processor.scan() == len(own) + 2
+            assert processor.scan() == len(own)  # m2's left to m2, workers free or not
+            assert processor.stats["deferred_others"] == len(others)
+            assert wait_until(lambda: len(ran) == len(own), 30)
+            assert processor.scan() == 2  # a listing of m2's tasks alone: none is deferred
             assert wait_until(lambda: len(ran) == len(own) + 2, 30)
         finally:
             processor.close()
@@ -285,6 +288,30 @@ def test_a_node_starts_its_preferred_tasks_first_and_the_others_right_after(
     started = {t.id: store.attempts.for_task(t.id)[0].started_at for t in own + taken}
     assert max(started[t.id] for t in own) < min(started[t.id] for t in taken)
     assert processor.stats["lock_busy"] == 0 and processor.stats["stale"] == 0
+
+
+def test_the_others_tasks_are_taken_once_left_listed_for_steal_after(
+        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+    """While a listing holds tasks of this member's, another member's tasks are left to it
+    only for ``steal_after`` seconds from when this member first listed them: a preferred
+    member that is stopped or slow (its session still alive) holds its tasks back that long
+    at most. A listing with none of this member's leaves nothing back."""
+    split = preferred_split(store, ["m1", "m2"], 2)
+    mine, theirs = split["m1"], split["m2"]
+    with session(zk_namespace) as s:
+        processor = TaskLoop(s, "m1", store, TaskRegistry(), LoopSettings(workers=1))
+        try:
+            backlog = processor.backlog
+            listing = [(t, True) for t in mine] + [(t, False) for t in theirs]
+            assert backlog._deferring_others(listing, 100.0) == listing[:2]
+            assert backlog._deferring_others(listing, 100.0 + backlog.steal_after / 2) \
+                == listing[:2]
+            assert backlog._deferring_others(listing, 100.0 + backlog.steal_after) == listing
+            fresh = [(t, False) for t in theirs]  # listed anew, alone: taken at once
+            backlog._first_listed.clear()
+            assert backlog._deferring_others(fresh, 200.0) == fresh
+        finally:
+            processor.close()
 
 
 def test_priority_comes_before_preference(zk_namespace: ZkNamespace, store: GraphStore) -> None:

@@ -6,9 +6,11 @@ others' tasks in first-come order by windows shuffled per node. Every node reads
 walking it in the same order would make all nodes contend for the same tasks and lose most of
 their claims (a lost claim costs a lock try, two ZooKeeper requests). A task's preferred member
 is ``crc32(task id) mod n`` over the n sorted live members: the nodes' first choices are
-disjoint, and a node that has run out of its own takes the others' oldest ones, shuffled a few
-times the workers wide so that two such nodes do not pick the same ones. Membership unknown, or
-this member not in it: no preferred tasks, shuffled windows only. Nothing here can fail.
+disjoint. While a listing holds any of its own, a node leaves the others' tasks to them for
+``steal_after`` from when it first listed them (:meth:`Backlog._deferring_others`); otherwise
+it takes the others' oldest ones, shuffled a few times the workers wide so that two such nodes
+do not pick the same ones. Membership unknown, or this member not in it: no preferred tasks,
+shuffled windows only. Nothing here can fail.
 """
 
 from __future__ import annotations
@@ -115,7 +117,9 @@ class Backlog:
     whole read finds only changed ones the rest is likely stale too: the open tasks are listed
     again, unless listing would then take more than ``relist_share`` of the time (a listing
     costs in proportion to the open tasks, a version read to the candidates it checks), in
-    which case the next read covers more candidates at once.
+    which case the next read covers more candidates at once. A listing that left others' tasks
+    to their members (:meth:`_deferring_others`) may be followed by the next at once: its own
+    ran out, and the page has moved on since (a claimed task leaves the ready buckets).
 
     Failure behaviour: a listing or a version read that fails is logged and the scan ends;
     the next one tries again."""
@@ -124,7 +128,7 @@ class Backlog:
                  stats: Counter[str], running: Callable[[str], bool],
                  known: Callable[[Task], bool] = lambda task: True, *,
                  fresh_for: float = 0.05, own_fresh_for: float = 1.0,
-                 relist_share: float = 0.1) -> None:
+                 relist_share: float = 0.1, steal_after: float = 1.0) -> None:
         self.store = store
         self.member_id = member_id
         self.workers = workers
@@ -135,6 +139,7 @@ class Backlog:
         self.fresh_for = fresh_for
         self.own_fresh_for = own_fresh_for
         self.relist_share = relist_share
+        self.steal_after = steal_after
         #: the next ready tasks, a page at a time (:class:`ReadyScan`)
         self.ready = ReadyScan(store.tasks)
         #: tasks a listing reads: enough for a few batches of every worker
@@ -142,6 +147,9 @@ class Backlog:
         self.items: list[tuple[Task, float, bool]] = []  # (task, version seen at, own)
         self.listed = (0.0, 0.0)  # when the last listing ended, and how long it took
         self._stale_chunks = 0  # version reads in a row that found every candidate changed
+        #: the tasks of the last listing -> when this member first listed them (monotonic)
+        self._first_listed: dict[str, float] = {}
+        self._deferred = 0  # others' tasks the last listing left to their members
 
     def __bool__(self) -> bool:
         return bool(self.items)
@@ -178,9 +186,29 @@ class Backlog:
         tasks, skipped = unowned(keyed_first, live, self.member_id, self.running)
         self.stats["skipped_running"] += skipped
         ready, later = split_due(tasks, codec.now())
-        self.load(candidates(ready, live, self.member_id, self.workers), seen)
+        ordered = candidates(ready, live, self.member_id, self.workers)
+        self.load(self._deferring_others(ordered, seen), seen)
         self.later.plan([(t, is_preferred(t.id, live, self.member_id)) for t in later])
         return True
+
+    def _deferring_others(self, ordered: list[tuple[Task, bool]], now: float
+                          ) -> list[tuple[Task, bool]]:
+        """``ordered`` without the others' tasks this member first listed less than
+        ``steal_after`` seconds ago, while the listing holds any task of its own: their
+        preferred members take them (every node lists the same oldest tasks; a node that took
+        the others' as soon as its own ran out would race them for each one, a lock and a claim
+        lost per race). An others' task is taken once it stays listed that long (its preferred
+        member is slow, stopped, or busy) or when a listing holds none of this member's."""
+        first = {t.id: self._first_listed.get(t.id, now) for t, _ in ordered}
+        self._first_listed = first
+        self._deferred = 0
+        if not any(own for _, own in ordered):
+            return ordered
+        kept = [(t, own) for t, own in ordered
+                if own or now - first[t.id] >= self.steal_after]
+        self._deferred = len(ordered) - len(kept)
+        self.stats["deferred_others"] += self._deferred
+        return kept
 
     def _startable(self) -> Callable[[Task], bool]:
         """What a listing keeps: a task of a type this node has, not declined here, not run
@@ -205,7 +233,7 @@ class Backlog:
     def may_relist(self) -> bool:
         """Whether listing again now keeps listing within ``relist_share`` of the time."""
         listed_at, took = self.listed
-        return time.monotonic() - listed_at >= took / self.relist_share
+        return bool(self._deferred) or time.monotonic() - listed_at >= took / self.relist_share
 
     def take(self, free: int, taken: Callable[[str], bool],
              relist: Callable[[], bool]) -> list[Task] | None:
