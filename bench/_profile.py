@@ -71,7 +71,7 @@ def scrape(port: int) -> dict[str, float]:
             out["store_" + ("read_s" if 'kind="read"' in name else "write_s")] = float(value)
         elif name.startswith("latchwork_messages_total"):
             out["messages"] += float(value)
-        elif name.startswith("latchwork_attempts_total{") and 'status="succeeded"' in name:
+        elif name.startswith("latchwork_attempts_total{") and 'status="SUCCEEDED"' in name:
             out["succeeded"] = out.get("succeeded", 0.0) + float(value)
     return out
 

@@ -83,6 +83,11 @@ def wait(predicate: Any, timeout: float, step: float = 0.05) -> None:
         time.sleep(step)
 
 
+def say(line: str) -> None:
+    """A figure as soon as it is measured (stderr; the report comes at the end)."""
+    print(f"bench {time.strftime('%H:%M:%S')} {line}", file=sys.stderr, flush=True)
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -195,7 +200,13 @@ class Cluster:
     def succeeded(self) -> float:
         """Attempts that succeeded on this cluster's nodes, from their metrics."""
         assert self.nodes is not None
-        return sum(_profile.scrape(port).get("succeeded", 0.0) for port in self.nodes.ports)
+        total = 0.0
+        for port in self.nodes.ports:
+            try:
+                total += _profile.scrape(port).get("succeeded", 0.0)
+            except OSError:  # a node still starting: its metrics not served yet
+                pass
+        return total
 
     def _finished(self, ids: list[str]) -> bool:
         return all(self.store.tasks.get(task_id).finished for task_id in ids)
@@ -258,18 +269,15 @@ class Cluster:
         """The drain rate of the first BACKLOG_DRAIN of ``waiting`` tasks all due now: they
         are written straight to the store (in pages of 500) while no node runs, then 3 nodes
         of 4 workers start and drain them: tasks/s from the nodes' start to the
-        BACKLOG_DRAIN-th end (the count read from the console's index). The rest stay."""
-        from runner.store.gremlin.search import TaskFilter
-
+        BACKLOG_DRAIN-th end (counted by the nodes' metrics; the console's counts stop at
+        10,000). The rest stay."""
         assert self.nodes is None
         for first in range(0, waiting, 500):
             self.store.tasks.add_many([self.store.tasks.new("diag.sleep", {"seconds": 0})
                                        for _ in range(min(500, waiting - first))])
-        done = self.store.search.counts(TaskFilter(type="diag.sleep"))["finished"]
         began = time.monotonic()
-        with nodes(self.env, 4) as self.nodes:
-            wait(lambda: self.store.search.counts(TaskFilter(type="diag.sleep"))["finished"]
-                 >= done + BACKLOG_DRAIN, 900, step=0.2)
+        with nodes(self.env, 4) as self.nodes:  # new processes: their metrics start at 0
+            wait(lambda: self.succeeded() >= BACKLOG_DRAIN, 900, step=0.2)
             took = time.monotonic() - began
         self.nodes = None
         return BACKLOG_DRAIN / took
@@ -339,11 +347,13 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any], dict[
             for n in range(ROUNDS):
                 for c in clusters:
                     rate, profile = c.round(clusters, profile=n == 0)
+                    say(f"{c.name} round {n + 1}: {rate:,.0f} tasks/s")
                     results[c.name]["rounds"].append(rate)
                     if profile:
                         results[c.name]["profile"] = profile
                 if peer_runner is not None:
                     peer["drains"].append(peer_runner.drain(ROUND))
+                    say(f"celery round {n + 1}: {peer['drains'][-1]:,.0f} tasks/s")
             for c in clusters:
                 results[c.name].update(c.enqueue_speed())
                 assert c.nodes is not None
@@ -364,7 +374,10 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any], dict[
                         results[c.name]["takeover_s"] = c.takeover()
                     c.nodes = None
                 # last: the 100,000's backlog stays behind
-                results[c.name]["backlog"] = {w: c.backlog(w) for w in BACKLOGS}
+                results[c.name]["backlog"] = {}
+                for w in BACKLOGS:
+                    results[c.name]["backlog"][w] = c.backlog(w)
+                    say(f"{c.name} backlog of {w:,}: {results[c.name]['backlog'][w]:,.0f} tasks/s")
         finally:
             for c in clusters:
                 c.close()
