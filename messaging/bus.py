@@ -16,7 +16,7 @@ from typing import Any
 import pika
 
 from coord import LeaderLatch
-from messaging.connection import CONNECTION_ERRORS, Connector, translated
+from messaging.connection import CONNECTION_ERRORS, Connector, still_open, translated
 from messaging.consumer import Consumer
 from messaging.envelope import MAX_BODY, Envelope, Paradigm, decode
 from messaging.errors import EnvelopeError, LifecycleError, RemoteError, RequestTimeout
@@ -148,12 +148,7 @@ class ApiClient:
         client was idle (a restart, missed heartbeats: a blocking connection answers them only
         when it is used) before anything is sent on them."""
         if self._connection is not None:
-            try:  # services heartbeats; raises when the broker closed the connection
-                if self._connection.is_open:
-                    self._connection.process_data_events(time_limit=0)
-            except CONNECTION_ERRORS:
-                pass
-            if self._connection.is_open:
+            if still_open(self._connection):
                 return
             self._drop()
         self._connection = self.connector.connect()

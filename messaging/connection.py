@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import pika
 import pika.exceptions as pe
@@ -28,6 +29,19 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     pe.AMQPConnectionError, pe.ConnectionClosed, pe.ChannelClosed, pe.ChannelWrongStateError,
     pe.StreamLostError, pe.ConnectionWrongStateError, ConnectionError, OSError,
 )
+
+
+def still_open(connection: Any) -> bool:
+    """Whether a blocking connection kept while idle is still open: it answers the broker's
+    heartbeats only when used, so it is used once (``process_data_events`` with no wait),
+    which raises, or leaves it closed, when the broker closed it meanwhile (a restart, missed
+    heartbeats)."""
+    try:
+        if connection.is_open:
+            connection.process_data_events(time_limit=0)
+    except CONNECTION_ERRORS:
+        pass
+    return bool(connection.is_open)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from typing import Any
 
 import pika
 
-from messaging.connection import CONNECTION_ERRORS, Connector, translated
+from messaging.connection import CONNECTION_ERRORS, Connector, still_open, translated
 from messaging.errors import MessagingError
 from messaging.outcomes import DETAIL_HEADER, REASON_HEADER
 from messaging.topology import Topology
@@ -103,14 +103,8 @@ class DeadLetterQueue:
 
     def _ready_channel(self) -> Any:
         """The kept channel, opened (with its connection) when there is none or it is gone."""
-        if self._connection is not None:
-            try:  # services heartbeats; raises when the broker closed the connection
-                if self._connection.is_open:
-                    self._connection.process_data_events(time_limit=0)
-            except CONNECTION_ERRORS:
-                pass
-            if not self._connection.is_open:
-                self._drop()
+        if self._connection is not None and not still_open(self._connection):
+            self._drop()
         if self._open_channel is not None and self._open_channel.is_open:
             return self._open_channel
         if self._connection is None or not self._connection.is_open:
