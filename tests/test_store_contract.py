@@ -14,6 +14,7 @@ import dataclasses
 import importlib.util
 import os
 import re
+import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -884,6 +885,84 @@ def test_the_ready_scan_reads_a_page_whatever_the_backlog(store: GraphStore) -> 
     (queue,) = store.graph.read(lambda g: g.V().has("task_id", first.id)
                                 .values("task_queue").to_list())
     assert queue.startswith("r09:") and queue[4:] >= due.second(put_back)  # ready again now
+
+
+def test_a_node_starts_a_lane_at_its_shared_floor_and_reads_behind_it_for_late_writes(
+        store: GraphStore, zk_namespace: ZkNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lanes' floors in ZooKeeper (real server): the first node with no floor reads the
+    lane once (every waiting task's queue) and writes the floor; a node that starts later
+    begins at the floor, with no read of the whole lane, and lists the same oldest tasks. A
+    task written late, behind every cursor (a clock behind), is found by the read behind the
+    cursor after ``REFIND``, which moves the floor back; a lane that empties moves its cursor
+    to now; with ZooKeeper out of reach the node reads the lane itself."""
+    from runner.tasks import due as task_due
+    from runner.tasks.worker import ready
+    from runner.tasks.worker.ready import ReadyScan
+
+    waiting = _create_waiting(store, 400, at=codec.now() - timedelta(minutes=30))
+    with Session(zk_namespace.hosts, "c1", timeout=4.0) as one, \
+            Session(zk_namespace.hosts, "c1", timeout=4.0) as two:  # two nodes, one cluster
+        first = ReadyScan(store.tasks, task_due.LaneFloors(one))
+        assert [t.id for t in first.read(10)] == waiting[:10]
+        assert first.lane_reads == 1
+        floor = task_due.LaneFloors(two).get("r09")
+        assert floor is not None and due.second(floor) == due.second(
+            store.tasks.get(waiting[0]).created_at)
+        for task_id in waiting[:300]:  # the oldest run and finish: the walks move on
+            store.graph.write(lambda g, i=task_id: g.V().has("task_id", i).property(
+                "task_queue", "closed").property("task_lane", "").iterate())
+        monkeypatch.setattr(ready, "PUBLISH_EVERY", 0.0)
+        assert [t.id for t in first.read(10)] == waiting[300:310]
+        moved = task_due.LaneFloors(two).get("r09")
+        assert moved is not None and moved > floor  # the floor followed the cursor
+
+        second = ReadyScan(store.tasks, task_due.LaneFloors(two))
+        assert [t.id for t in second.read(10)] == waiting[300:310]
+        assert second.lane_reads == 0  # started at the floor
+
+        late = dataclasses.replace(store.tasks.new("t", {"late": True}),
+                                   created_at=moved - timedelta(minutes=5),
+                                   updated_at=moved - timedelta(minutes=5))
+        from runner.store.gremlin.rows import task_props
+        from runner.store.gremlin.steps import add_vertex
+        store.graph.write(lambda g: add_vertex(g, "task", task_props(late)).iterate())
+        assert late.id not in [t.id for t in second.read(10)]  # behind the cursor
+        monkeypatch.setattr(ready, "REFIND", 0.0)
+        assert second.read(10)[0].id == late.id  # the read behind found it
+        back = task_due.LaneFloors(one).get("r09")
+        assert back is not None and back <= late.created_at
+        assert second.lane_reads == 0
+
+        for task_id in [late.id, *waiting[300:]]:
+            store.graph.write(lambda g, i=task_id: g.V().has("task_id", i).property(
+                "task_queue", "closed").property("task_lane", "").iterate())
+        before = codec.now()
+        assert second.read(10) == []
+        assert second.cursors["r09"][0] >= before  # an empty lane: its cursor at now
+
+    fresh = store.tasks.add(store.tasks.new("t", {}))
+    with Session(zk_namespace.hosts, "c1", timeout=4.0) as three:
+        floors = task_due.LaneFloors(three)
+    blind = ReadyScan(store.tasks, floors)  # its session closed: no floor can be read
+    assert [t.id for t in blind.read(10)] == [fresh.id] and blind.lane_reads == 1
+
+
+def test_a_walk_crosses_hours_without_tasks_in_a_few_reads_and_keeps_the_order(
+        store: GraphStore) -> None:
+    """A lane's cursor three hours before its first task (a cluster stopped for hours, then a
+    backlog): the walk crosses the gap in wider and wider windows (no read of the whole lane),
+    and the dense second where the tasks begin is read again narrow, so the oldest come first;
+    the cursor ends past the gap."""
+    from runner.tasks.worker.ready import ReadyScan
+
+    waiting = _create_waiting(store, 200, at=codec.now() - timedelta(minutes=20))
+    scan = ReadyScan(store.tasks)
+    gap_start = codec.now() - timedelta(hours=3, minutes=20)
+    scan.cursors["r09"] = (gap_start, time.monotonic())
+    page = scan.read(10)
+    assert [t.id for t in page] == waiting[:10]
+    assert scan.lane_reads == 0 and scan.reads <= 24
+    assert scan.cursors["r09"][0] > gap_start + timedelta(hours=2, minutes=50)
 
 
 def test_a_task_due_in_the_past_is_ready_from_when_it_is_written(store: GraphStore) -> None:

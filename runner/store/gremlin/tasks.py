@@ -45,6 +45,8 @@ from runner.store.model import (
 
 #: tasks per traversal of a bulk create: within gremlite's recursion and a server's frame size
 ADD_CHUNK = 40
+#: ready keys per read where each is its own lookup (a window of an hour is 3,840)
+READY_KEYS = 240
 
 
 class _Started(Exception):
@@ -164,8 +166,16 @@ class GremlinTaskStore:
         """Up to ``limit`` WAITING tasks of ``lane`` that became ready in one of ``seconds``
         (``YYYYMMDDHHMMSS``): one index lookup, in no particular order."""
         keys = [due.ready_key(lane, s) for s in seconds]
-        rows = self.graph.read(lambda g: any_of(self.graph, g, "task_queue", keys)
-                               .limit(limit).element_map().to_list())
+        # a graph that answers each value by its own lookup gets them a few hundred a read
+        # (the traversal's size stays well under a server's 64 KiB request limit)
+        rows: list[dict[Any, Any]] = []
+        for part in chunks(keys, max(1, len(keys)) if self.graph.within_indexed else READY_KEYS):
+            def page(g: Any, part: Sequence[str] = part, left: int = limit - len(rows)) -> Any:
+                return any_of(self.graph, g, "task_queue", part).limit(left).element_map()\
+                    .to_list()
+            rows += self.graph.read(page)
+            if len(rows) >= limit:
+                break
         return [task_from_row(row) for row in rows]
 
     def lane_seconds(self, lane: str) -> list[str]:

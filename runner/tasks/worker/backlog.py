@@ -25,7 +25,7 @@ from datetime import datetime
 
 from runner.errors import StoreError
 from runner.store import GraphStore, Task, TaskStatus, codec
-from runner.tasks.worker.ready import ReadyScan
+from runner.tasks.worker.ready import Floors, ReadyScan
 from runner.tasks.worker.timing import DueTimer
 
 log = logging.getLogger("latchwork.tasks")
@@ -128,7 +128,8 @@ class Backlog:
                  stats: Counter[str], running: Callable[[str], bool],
                  known: Callable[[Task], bool] = lambda task: True, *,
                  fresh_for: float = 0.05, own_fresh_for: float = 1.0,
-                 relist_share: float = 0.1, steal_after: float = 1.0) -> None:
+                 relist_share: float = 0.1, steal_after: float = 1.0,
+                 floors: Floors | None = None) -> None:
         self.store = store
         self.member_id = member_id
         self.workers = workers
@@ -141,7 +142,7 @@ class Backlog:
         self.relist_share = relist_share
         self.steal_after = steal_after
         #: the next ready tasks, a page at a time (:class:`ReadyScan`)
-        self.ready = ReadyScan(store.tasks)
+        self.ready = ReadyScan(store.tasks, floors)
         #: tasks a listing reads: enough for a few batches of every worker
         self.page = max(64, 8 * workers)
         self.items: list[tuple[Task, float, bool]] = []  # (task, version seen at, own)

@@ -5,18 +5,27 @@ One probe read says which lanes (priorities) hold a task; in the highest of them
 lane's cursor (the oldest second a WAITING task of the lane may have become ready in), it reads
 windows of seconds forward, one index lookup each (``task_queue`` in the window's keys,
 ``limit`` at most), narrow first (a dense backlog is read a second at a time, so the oldest go
-first) and wider while they come back empty, until it has ``limit`` tasks or reaches the end of
-the ready horizon; then the next lane. A window asks for half as many again as the tasks still
-needed and keeps the oldest of them, so the order within a window holds while it is no denser
-than that (every row read costs its deserialisation; the nodes read the same oldest rows). A window
-read empty before any task was found moves the cursor past it.
+first) and wider while they come back empty, up to an hour (a window over a minute that finds
+tasks is read again a quarter at a time, down to a minute), until it has ``limit`` tasks or reaches the
+end of the ready horizon; then the next lane. A window asks for half as many again as the
+tasks still needed and keeps the oldest of them, so the order within a window holds while it
+is no denser than that (every row read costs its deserialisation; the nodes read the same
+oldest rows). A window read empty before any task was found moves the cursor past it.
 
 Why a cursor can only move forward: a task becomes ready at the moment of its change (its
 creation, being put back) or at its ``run_at``, never in the past; so the windows behind the
-cursor stay empty, but for clocks that disagree: each walk starts :data:`SKEW` seconds before
-the cursor, and a lane's cursor is found again from the lane itself (one read of its ready
-seconds) at first, after :data:`EMPTY_WINDOWS` empty windows in a row (a gap in the arrivals),
-and every :data:`REFIND` seconds.
+cursor stay empty, but for clocks that disagree and writes that land late: each walk starts
+:data:`SKEW` seconds before the cursor, and every :data:`REFIND` seconds one read looks
+:data:`BACKSTOP` seconds behind it (a task found there moves the cursor back). A lane that
+holds nothing ready or running has its cursor at now (what comes next is written at now or
+later).
+
+Where a cursor starts: the lane's shared floor in ZooKeeper (:class:`~runner.tasks.due.
+LaneFloors`), which each node moves to its cursor every :data:`PUBLISH_EVERY` seconds, so a
+node that starts while 100,000 tasks wait begins where the others are, with no read that grows
+with them. Only with no floor (a new cluster, a graph migrated from format 1) is the lane's oldest
+second read from the lane itself (every waiting task's ``task_queue``: 6 s at 100,000 on
+gremlite), and the floor moved to it.
 
 Failure behaviour: a store error propagates to the caller (the backlog logs it and the scan
 ends); nothing is kept half updated.
@@ -27,31 +36,49 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from typing import Protocol
 
 from runner.store import Task, codec, due
 from runner.store.ports import TaskStore
 
 #: seconds each walk starts before its lane's cursor (clocks that disagree)
 SKEW = 5
-#: empty windows in a row after which a lane's cursor is found again from the lane
-EMPTY_WINDOWS = 6
-#: seconds after which a lane's cursor is found again anyway
+#: seconds between two reads of the :data:`BACKSTOP` seconds behind a lane's cursor
 REFIND = 300.0
-#: the windows a walk reads, in seconds: narrow first, then a minute at a time
-WINDOWS = (1, 4, 15, 40)
-WIDEST = 60
+#: seconds behind a lane's cursor read again every :data:`REFIND` seconds (a task written late)
+BACKSTOP = 900
+#: seconds between a node's moves of a lane's shared floor
+PUBLISH_EVERY = 30.0
+#: the windows a walk reads, in seconds: narrow first, wider while they come back empty (a
+#: gap in the arrivals is crossed in a few reads: the widest is an hour)
+WINDOWS = (1, 4, 15, 40, 60, 240, 960, 3840)
+#: the widest window whose tasks are taken as found: one wider that finds tasks is read again
+#: a quarter at a time (each size past the narrow ones is four times the last), down to this
+ORDERED = 60
 #: windows a walk reads in one lane at most (past tasks that cannot start, or empty ones)
 MAX_WINDOWS = 32
 
 
-class ReadyScan:
-    """Per lane, the cursor of one node's reads of the ready buckets (see the module)."""
+class Floors(Protocol):
+    """The lanes' shared floors (:class:`~runner.tasks.due.LaneFloors`)."""
 
-    def __init__(self, tasks: TaskStore) -> None:
+    def get(self, lane: str) -> datetime | None: ...
+
+    def move(self, lane: str, at: datetime, *, back: bool = False) -> None: ...
+
+
+class ReadyScan:
+    """Per lane, the cursor of one node's reads of the ready buckets (see the module);
+    ``floors``: the lanes' shared floors (none: each node reads a lane once to start)."""
+
+    def __init__(self, tasks: TaskStore, floors: Floors | None = None) -> None:
         self.tasks = tasks
-        #: lane -> (its cursor, when it was last found from the lane)
+        self.floors = floors
+        #: lane -> (its cursor, when the lane was last read behind it)
         self.cursors: dict[str, tuple[datetime, float]] = {}
+        self._published: dict[str, float] = {}  # lane -> when its floor was last moved
         self.reads = 0  # index reads made (the bench's and the tests' measure)
+        self.lane_reads = 0  # reads of a whole lane (the tests' measure)
 
     def read(self, limit: int, startable: Callable[[Task], bool] = lambda task: True
              ) -> list[Task]:
@@ -63,25 +90,73 @@ class ReadyScan:
         found: list[Task] = []
         end = codec.now() + timedelta(seconds=due.HORIZON + 2 * due.BUCKET)
         self.reads += 1
-        for lane in self.tasks.lanes():
+        lanes = self.tasks.lanes()
+        now = codec.now()
+        for lane, (_, checked) in list(self.cursors.items()):
+            if lane not in lanes:  # nothing ready or running: what comes is written from now
+                self.cursors[lane] = (now, checked)
+                self._publish(lane)
+        for lane in lanes:
             found += self._lane(lane, limit - len(found), end, startable)
+            self._publish(lane)
             if len(found) >= limit:
                 break
         return found
 
     def _cursor(self, lane: str) -> datetime:
         known = self.cursors.get(lane)
-        if known is not None and time.monotonic() - known[1] < REFIND:
-            return known[0]
-        return self._find(lane)
+        if known is None:
+            return self._find(lane)
+        if time.monotonic() - known[1] >= REFIND:
+            return self._backstop(lane, known[0])
+        return known[0]
 
     def _find(self, lane: str) -> datetime:
-        """The lane's oldest ready second, read from the lane (now when none waits)."""
+        """Where this node starts the lane: its shared floor, else the lane's oldest second."""
+        floor = self.floors.get(lane) if self.floors is not None else None
+        if floor is None:
+            return self._read_lane(lane)
+        self.cursors[lane] = (floor, time.monotonic())
+        return floor
+
+    def _read_lane(self, lane: str) -> datetime:
+        """The lane's oldest ready second, read from the lane (now when none waits); the
+        shared floor moved to it."""
         self.reads += 1
+        self.lane_reads += 1
         seconds = self.tasks.lane_seconds(lane)
         at = due.instant(seconds[0]) if seconds else codec.now()
         self.cursors[lane] = (at, time.monotonic())
+        if self.floors is not None:
+            self.floors.move(lane, at, back=True)
+            self.floors.move(lane, at)
+            self._published[lane] = time.monotonic()
         return at
+
+    def _backstop(self, lane: str, cursor: datetime) -> datetime:
+        """One read of the :data:`BACKSTOP` seconds behind the cursor (but the :data:`SKEW`
+        every walk reads): a task there (a clock behind, a write that landed late) moves the
+        cursor, and the shared floor, back to where the read began."""
+        self.reads += 1
+        start = cursor - timedelta(seconds=BACKSTOP)
+        behind = self.tasks.ready_page(lane, due.seconds_from(start, BACKSTOP - SKEW), 1)
+        at = start if behind else cursor
+        self.cursors[lane] = (at, time.monotonic())
+        if behind and self.floors is not None:
+            self.floors.move(lane, at, back=True)
+            self._published[lane] = time.monotonic()
+        return at
+
+    def _publish(self, lane: str) -> None:
+        """Move the lane's shared floor to this node's cursor, every :data:`PUBLISH_EVERY`
+        seconds at most (forward only)."""
+        if self.floors is None or lane not in self.cursors:
+            return
+        last = self._published.get(lane)
+        if last is not None and time.monotonic() - last < PUBLISH_EVERY:
+            return
+        self._published[lane] = time.monotonic()
+        self.floors.move(lane, self.cursors[lane][0])
 
     def _lane(self, lane: str, want: int, end: datetime,
               startable: Callable[[Task], bool]) -> list[Task]:
@@ -89,34 +164,29 @@ class ReadyScan:
         at = cursor - timedelta(seconds=SKEW)
         got: list[Task] = []
         seen = False  # a task of the lane was found (startable or not): the cursor stays
-        sizes = iter(WINDOWS[1:])
-        empty = refinds = windows = 0
-        size = WINDOWS[0]
+        step = windows = 0  # the window size's index in WINDOWS
+        widest = len(WINDOWS) - 1  # narrower after a wide window that found tasks
         while at <= end and len(got) < want and windows < MAX_WINDOWS:
-            if empty:
-                size = next(sizes, WIDEST)  # wider only while they come back empty
+            size = WINDOWS[step]
             need = want - len(got)
             self.reads += 1
             windows += 1
             rows = self.tasks.ready_page(lane, due.seconds_from(at, size), need + need // 2 + 1)
             at += timedelta(seconds=size)
-            if rows:  # more than is needed, the oldest of them kept: a window's order
+            if rows and size > ORDERED:  # across a gap: its quarters, the first one first
+                at -= timedelta(seconds=size)
+                widest = step = step - 1
+            elif rows:  # more than is needed, the oldest of them kept: a window's order
                 seen = True
                 rows.sort(key=_order)
                 got += [task for task in rows if startable(task)][:need]
-                empty = 0
-                sizes, size = iter(WINDOWS[1:]), WINDOWS[0]
+                step, widest = 0, len(WINDOWS) - 1
             else:
-                empty += 1
+                step = min(step + 1, widest)  # wider only while they come back empty
                 if not seen and at <= codec.now():
                     # before every task found, and past: nothing can come there any more
                     cursor = max(cursor, at)
                     self.cursors[lane] = (cursor, self.cursors.get(lane, (cursor, 0.0))[1])
-                if not seen and empty >= EMPTY_WINDOWS and refinds < 2:  # a gap: ask the lane
-                    refinds += 1
-                    found = self._find(lane)
-                    at, empty = found - timedelta(seconds=SKEW), 0
-                    sizes, size = iter(WINDOWS[1:]), WINDOWS[0]
         return got
 
 

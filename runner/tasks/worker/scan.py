@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from coord import CoordError, Session, SessionState, live_member_ids
 from runner.errors import StoreError, TaskError
 from runner.store import GraphStore, Task, codec
+from runner.tasks.due import LaneFloors
 from runner.tasks.observer import Observer, notify_scan
 from runner.tasks.registry import TaskRegistry, TaskType
 from runner.tasks.worker.backlog import Backlog
@@ -62,7 +63,7 @@ class Scanner:
         self.backlog = Backlog(store, member_id, workers, self.later, self.stats,
                                running.__contains__, lambda task: self.kind_of(task) is not None,
                                fresh_for=fresh_for, own_fresh_for=own_fresh_for,
-                               relist_share=relist_share)
+                               relist_share=relist_share, floors=LaneFloors(session))
         self._skipped_types: set[str] = set()
         self._wake = threading.Event()  # a worker freed up: the feeder's next pass
 
