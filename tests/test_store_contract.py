@@ -899,6 +899,7 @@ def test_a_node_starts_a_lane_at_its_shared_floor_and_reads_behind_it_for_late_w
     from runner.tasks.worker import ready
     from runner.tasks.worker.ready import ReadyScan
 
+    monkeypatch.setattr(ready, "LANES_FRESH", 0.0)  # every read asks which lanes hold tasks
     waiting = _create_waiting(store, 400, at=codec.now() - timedelta(minutes=30))
     with Session(zk_namespace.hosts, "c1", timeout=4.0) as one, \
             Session(zk_namespace.hosts, "c1", timeout=4.0) as two:  # two nodes, one cluster
@@ -963,6 +964,28 @@ def test_a_walk_crosses_hours_without_tasks_in_a_few_reads_and_keeps_the_order(
     assert [t.id for t in page] == waiting[:10]
     assert scan.lane_reads == 0 and scan.reads <= 24
     assert scan.cursors["r09"][0] > gap_start + timedelta(hours=2, minutes=50)
+
+
+def test_a_write_that_lands_seconds_behind_the_cursor_is_read_within_a_second(
+        store: GraphStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A task whose ready second is 3 s behind a lane's cursor (a write that took that long to
+    land, a clock 3 s behind): the walks that start ``SKEW`` before the cursor, one every
+    ``SKEW_EVERY`` seconds, read it."""
+    from runner.store.gremlin.rows import task_props
+    from runner.store.gremlin.steps import add_vertex
+    from runner.tasks.worker import ready
+    from runner.tasks.worker.ready import ReadyScan
+
+    monkeypatch.setattr(ready, "SKEW_EVERY", 0.3)
+    scan = ReadyScan(store.tasks)
+    now = store.tasks.add(store.tasks.new("t", {}))
+    assert [t.id for t in scan.read(5)] == [now.id]
+    cursor = scan.cursors["r09"][0]
+    when = cursor - timedelta(seconds=3)
+    late = dataclasses.replace(store.tasks.new("t", {}), created_at=when, updated_at=when)
+    store.graph.write(lambda g: add_vertex(g, "task", task_props(late)).iterate())
+    time.sleep(0.3)
+    assert {t.id for t in scan.read(5)} == {now.id, late.id}
 
 
 def test_a_task_due_in_the_past_is_ready_from_when_it_is_written(store: GraphStore) -> None:

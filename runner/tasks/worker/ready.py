@@ -6,26 +6,27 @@ lane's cursor (the oldest second a WAITING task of the lane may have become read
 windows of seconds forward, one index lookup each (``task_queue`` in the window's keys,
 ``limit`` at most), narrow first (a dense backlog is read a second at a time, so the oldest go
 first) and wider while they come back empty, up to an hour (a window over a minute that finds
-tasks is read again a quarter at a time, down to a minute), until it has ``limit`` tasks or reaches the
-end of the ready horizon; then the next lane. A window asks for half as many again as the
-tasks still needed and keeps the oldest of them, so the order within a window holds while it
-is no denser than that (every row read costs its deserialisation; the nodes read the same
-oldest rows). A window read empty before any task was found moves the cursor past it.
+tasks is read again a quarter at a time, down to a minute), until it has ``limit`` tasks or
+reaches the end of the ready horizon; then the next lane. A window asks for half as many again
+as the tasks still needed and keeps the oldest of them, so the order within a window holds
+while it is no denser than that (every row read costs its deserialisation; the nodes read the
+same oldest rows). A window read empty before any task was found moves the cursor past it.
 
 Why a cursor can only move forward: a task becomes ready at the moment of its change (its
 creation, being put back) or at its ``run_at``, never in the past; so the windows behind the
-cursor stay empty, but for clocks that disagree and writes that land late: each walk starts
-:data:`SKEW` seconds before the cursor, and every :data:`REFIND` seconds one read looks
-:data:`BACKSTOP` seconds behind it (a task found there moves the cursor back). A lane that
-holds nothing ready or running has its cursor at now (what comes next is written at now or
-later).
+cursor stay empty, but for clocks that disagree and writes that land late: a walk starts
+:data:`SKEW` seconds before the cursor every :data:`SKEW_EVERY` seconds, and every
+:data:`REFIND` seconds one read looks :data:`BACKSTOP` seconds behind it (a task found there
+moves the cursor back). A lane that holds nothing ready or running has its cursor at now
+(what comes next is written at now or later). Which lanes hold tasks is read every
+:data:`LANES_FRESH` seconds at most (one read on a Gremlin Server costs as much as a claim).
 
 Where a cursor starts: the lane's shared floor in ZooKeeper (:class:`~runner.tasks.due.
 LaneFloors`), which each node moves to its cursor every :data:`PUBLISH_EVERY` seconds, so a
 node that starts while 100,000 tasks wait begins where the others are, with no read that grows
-with them. Only with no floor (a new cluster, a graph migrated from format 1) is the lane's oldest
-second read from the lane itself (every waiting task's ``task_queue``: 6 s at 100,000 on
-gremlite), and the floor moved to it.
+with them. Only with no floor (a new cluster, a graph migrated from format 1) is the lane's
+oldest second read from the lane itself (every waiting task's ``task_queue``: 6 s at 100,000
+on gremlite), and the floor moved to it.
 
 Failure behaviour: a store error propagates to the caller (the backlog logs it and the scan
 ends); nothing is kept half updated.
@@ -41,8 +42,13 @@ from typing import Protocol
 from runner.store import Task, codec, due
 from runner.store.ports import TaskStore
 
-#: seconds each walk starts before its lane's cursor (clocks that disagree)
+#: seconds a walk starts before its lane's cursor (clocks that disagree, writes that land late)
 SKEW = 5
+#: seconds between two walks of a lane that start before its cursor (the others start at it:
+#: two reads of windows that are empty but for a late write are not paid on every listing)
+SKEW_EVERY = 1.0
+#: seconds a read of which lanes hold tasks is used for (a listing asks it every time else)
+LANES_FRESH = 0.5
 #: seconds between two reads of the :data:`BACKSTOP` seconds behind a lane's cursor
 REFIND = 300.0
 #: seconds behind a lane's cursor read again every :data:`REFIND` seconds (a task written late)
@@ -77,6 +83,8 @@ class ReadyScan:
         #: lane -> (its cursor, when the lane was last read behind it)
         self.cursors: dict[str, tuple[datetime, float]] = {}
         self._published: dict[str, float] = {}  # lane -> when its floor was last moved
+        self._skewed: dict[str, float] = {}  # lane -> when a walk last started before its cursor
+        self._lanes: tuple[list[str], float] = ([], -LANES_FRESH)  # the lanes read, and when
         self.reads = 0  # index reads made (the bench's and the tests' measure)
         self.lane_reads = 0  # reads of a whole lane (the tests' measure)
 
@@ -89,19 +97,29 @@ class ReadyScan:
         they cost reads while they lead their lane, and never stop the tasks behind them."""
         found: list[Task] = []
         end = codec.now() + timedelta(seconds=due.HORIZON + 2 * due.BUCKET)
-        self.reads += 1
-        lanes = self.tasks.lanes()
-        now = codec.now()
-        for lane, (_, checked) in list(self.cursors.items()):
-            if lane not in lanes:  # nothing ready or running: what comes is written from now
-                self.cursors[lane] = (now, checked)
-                self._publish(lane)
+        lanes = self._lanes_holding()
         for lane in lanes:
             found += self._lane(lane, limit - len(found), end, startable)
             self._publish(lane)
             if len(found) >= limit:
                 break
         return found
+
+    def _lanes_holding(self) -> list[str]:
+        """The lanes that hold a ready or running task: one read every :data:`LANES_FRESH`
+        seconds at most (a lane that fills meanwhile is walked at the next read after it)."""
+        lanes, read_at = self._lanes
+        if time.monotonic() - read_at < LANES_FRESH:
+            return lanes
+        self.reads += 1
+        now = codec.now()
+        lanes = self.tasks.lanes()
+        self._lanes = (lanes, time.monotonic())
+        for lane, (_, checked) in list(self.cursors.items()):
+            if lane not in lanes:  # nothing ready or running: what comes is written from now
+                self.cursors[lane] = (now, checked)
+                self._publish(lane)
+        return lanes
 
     def _cursor(self, lane: str) -> datetime:
         known = self.cursors.get(lane)
@@ -161,7 +179,10 @@ class ReadyScan:
     def _lane(self, lane: str, want: int, end: datetime,
               startable: Callable[[Task], bool]) -> list[Task]:
         cursor = self._cursor(lane)
-        at = cursor - timedelta(seconds=SKEW)
+        at = cursor
+        if time.monotonic() - self._skewed.get(lane, -SKEW_EVERY) >= SKEW_EVERY:
+            at -= timedelta(seconds=SKEW)
+            self._skewed[lane] = time.monotonic()
         got: list[Task] = []
         seen = False  # a task of the lane was found (startable or not): the cursor stays
         step = windows = 0  # the window size's index in WINDOWS
