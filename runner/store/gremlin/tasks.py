@@ -21,6 +21,7 @@ from runner.errors import (
 from runner.store import codec, due
 from runner.store.graph import Graph
 from runner.store.gremlin.rows import (
+    TASK_ROW,
     task_from_row,
     task_props,
 )
@@ -54,7 +55,7 @@ class _Started(Exception):
 
 
 def read_task(graph: Graph, task_id: str) -> Task:
-    rows = graph.read(lambda g: g.V().has("task_id", task_id).element_map().to_list())
+    rows = graph.read(lambda g: g.V().has("task_id", task_id).element_map(*TASK_ROW).to_list())
     if not rows:
         raise TaskNotFound(f"no task {task_id}")
     return task_from_row(rows[0])
@@ -149,7 +150,7 @@ class GremlinTaskStore:
         """The tasks RUNNING under some owner (an index lookup: as many as run now, and those
         whose owner left or let them go without an end)."""
         rows = self.graph.read(lambda g: g.V().has("task_queue", "running")
-                               .element_map().to_list())
+                               .element_map(*TASK_ROW).to_list())
         return [task_from_row(row) for row in rows]
 
     def lanes(self) -> list[str]:
@@ -171,8 +172,8 @@ class GremlinTaskStore:
         rows: list[dict[Any, Any]] = []
         for part in chunks(keys, max(1, len(keys)) if self.graph.within_indexed else READY_KEYS):
             def page(g: Any, part: Sequence[str] = part, left: int = limit - len(rows)) -> Any:
-                return any_of(self.graph, g, "task_queue", part).limit(left).element_map()\
-                    .to_list()
+                return any_of(self.graph, g, "task_queue", part).limit(left)\
+                    .element_map(*TASK_ROW).to_list()
             rows += self.graph.read(page)
             if len(rows) >= limit:
                 break

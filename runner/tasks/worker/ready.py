@@ -5,9 +5,10 @@ One probe read says which lanes (priorities) hold a task; in the highest of them
 lane's cursor (the oldest second a WAITING task of the lane may have become ready in), it reads
 windows of seconds forward, one index lookup each (``task_queue`` in the window's keys,
 ``limit`` at most), narrow first (a dense backlog is read a second at a time, so the oldest go
-first) and wider while they come back empty, up to an hour (a window over a minute that finds
-tasks is read again a quarter at a time, down to a minute), until it has ``limit`` tasks or
-reaches the end of the ready horizon; then the next lane. A window asks for half as many again
+first) and wider while they come back empty, up to an hour while the window is past (a
+window over a minute that finds tasks is read again a quarter at a time, down to a minute;
+ahead of now a minute at most), until it has ``limit`` tasks or reaches the end of the ready
+horizon; then the next lane. A window asks for half as many again
 as the tasks still needed and keeps the oldest of them, so the order within a window holds
 while it is no denser than that (every row read costs its deserialisation; the nodes read the
 same oldest rows). A window read empty before any task was found moves the cursor past it.
@@ -17,9 +18,9 @@ creation, being put back) or at its ``run_at``, never in the past; so the window
 cursor stay empty, but for clocks that disagree and writes that land late: a walk starts
 :data:`SKEW` seconds before the cursor every :data:`SKEW_EVERY` seconds, and every
 :data:`REFIND` seconds one read looks :data:`BACKSTOP` seconds behind it (a task found there
-moves the cursor back). A lane that holds nothing ready or running has its cursor at now
-(what comes next is written at now or later). Which lanes hold tasks is read every
-:data:`LANES_FRESH` seconds at most (one read on a Gremlin Server costs as much as a claim).
+moves the cursor back). A lane that holds nothing ready or running has its cursor at now (what
+comes next is written at now or later), and no cursor passes now less :data:`LAG` seconds (a
+task written now was stamped when it was made, a moment before).
 
 Where a cursor starts: the lane's shared floor in ZooKeeper (:class:`~runner.tasks.due.
 LaneFloors`), which each node moves to its cursor every :data:`PUBLISH_EVERY` seconds, so a
@@ -44,11 +45,12 @@ from runner.store.ports import TaskStore
 
 #: seconds a walk starts before its lane's cursor (clocks that disagree, writes that land late)
 SKEW = 5
+#: seconds a cursor stays behind now (a task written now may have been stamped a second ago:
+#: a walk that does not start SKEW back still reads it)
+LAG = 2
 #: seconds between two walks of a lane that start before its cursor (the others start at it:
 #: two reads of windows that are empty but for a late write are not paid on every listing)
 SKEW_EVERY = 1.0
-#: seconds a read of which lanes hold tasks is used for (a listing asks it every time else)
-LANES_FRESH = 0.5
 #: seconds between two reads of the :data:`BACKSTOP` seconds behind a lane's cursor
 REFIND = 300.0
 #: seconds behind a lane's cursor read again every :data:`REFIND` seconds (a task written late)
@@ -84,7 +86,6 @@ class ReadyScan:
         self.cursors: dict[str, tuple[datetime, float]] = {}
         self._published: dict[str, float] = {}  # lane -> when its floor was last moved
         self._skewed: dict[str, float] = {}  # lane -> when a walk last started before its cursor
-        self._lanes: tuple[list[str], float] = ([], -LANES_FRESH)  # the lanes read, and when
         self.reads = 0  # index reads made (the bench's and the tests' measure)
         self.lane_reads = 0  # reads of a whole lane (the tests' measure)
 
@@ -106,15 +107,12 @@ class ReadyScan:
         return found
 
     def _lanes_holding(self) -> list[str]:
-        """The lanes that hold a ready or running task: one read every :data:`LANES_FRESH`
-        seconds at most (a lane that fills meanwhile is walked at the next read after it)."""
-        lanes, read_at = self._lanes
-        if time.monotonic() - read_at < LANES_FRESH:
-            return lanes
+        """The lanes that hold a ready or running task (one read; every listing asks: a task
+        submitted a moment ago is listed by the next scan); the cursors of the others move to
+        now."""
         self.reads += 1
-        now = codec.now()
+        now = codec.now() - timedelta(seconds=LAG)
         lanes = self.tasks.lanes()
-        self._lanes = (lanes, time.monotonic())
         for lane, (_, checked) in list(self.cursors.items()):
             if lane not in lanes:  # nothing ready or running: what comes is written from now
                 self.cursors[lane] = (now, checked)
@@ -143,7 +141,7 @@ class ReadyScan:
         self.reads += 1
         self.lane_reads += 1
         seconds = self.tasks.lane_seconds(lane)
-        at = due.instant(seconds[0]) if seconds else codec.now()
+        at = due.instant(seconds[0]) if seconds else codec.now() - timedelta(seconds=LAG)
         self.cursors[lane] = (at, time.monotonic())
         if self.floors is not None:
             self.floors.move(lane, at, back=True)
@@ -187,8 +185,12 @@ class ReadyScan:
         seen = False  # a task of the lane was found (startable or not): the cursor stays
         step = windows = 0  # the window size's index in WINDOWS
         widest = len(WINDOWS) - 1  # narrower after a wide window that found tasks
+        now = codec.now()
         while at <= end and len(got) < want and windows < MAX_WINDOWS:
             size = WINDOWS[step]
+            if size > ORDERED and at + timedelta(seconds=size) > now:
+                # a wide window ends at now: few tasks are ready ahead, and they cost its keys
+                size = max(ORDERED, int((now - at).total_seconds()) + 1)
             need = want - len(got)
             self.reads += 1
             windows += 1
@@ -204,8 +206,9 @@ class ReadyScan:
                 step, widest = 0, len(WINDOWS) - 1
             else:
                 step = min(step + 1, widest)  # wider only while they come back empty
-                if not seen and at <= codec.now():
-                    # before every task found, and past: nothing can come there any more
+                if not seen and at <= now - timedelta(seconds=LAG):
+                    # before every task found, and past: nothing can come there any more (but a
+                    # write under way, which LAG leaves time for)
                     cursor = max(cursor, at)
                     self.cursors[lane] = (cursor, self.cursors.get(lane, (cursor, 0.0))[1])
         return got
