@@ -16,7 +16,7 @@ import os
 import re
 import time
 from collections.abc import Iterator
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -820,6 +820,7 @@ def test_claims_and_ends_of_several_tasks_are_one_write_each_refusal_its_own(
     writes = store.graph.stats.snapshot()["writes"]
     done = store.conclude_many(ends)
     assert isinstance(done[0], Task) and done[0].finished
+    assert store.tasks.get(t0.id) == done[0]  # the task a write returns is the one it wrote
     assert isinstance(done[1], AttemptAlreadyFinished)
     assert isinstance(done[2], StaleFencingToken)
     assert store.attempts.get(a0.id).status is AttemptStatus.SUCCEEDED
@@ -827,6 +828,10 @@ def test_claims_and_ends_of_several_tasks_are_one_write_each_refusal_its_own(
     assert store.attempts.get(a4.id).status is AttemptStatus.CANCELLED_BY_SYSTEM  # superseded
     assert not store.tasks.get(t4.id).finished
     assert store.graph.stats.snapshot()["writes"] >= writes + 1
+    later = datetime.now(timezone(timedelta(hours=2))) + timedelta(hours=1)  # not in UTC
+    moved = store.tasks.update(tasks[1].id, store.tasks.get(tasks[1].id).version, None,
+                               run_at=later, owner="", stop_reason="")
+    assert moved == store.tasks.get(tasks[1].id) and moved.run_at == later
 
 
 def _create_waiting(store: GraphStore, count: int, priority: int = 0,

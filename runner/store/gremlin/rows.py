@@ -44,10 +44,11 @@ def resource_key(resource: str) -> str:
     return "task_res_" + resource.encode().hex()
 
 
-def task_props(task: Task) -> dict[str, Any]:
+def task_props(task: Task, *, payload: bool = True) -> dict[str, Any]:
+    """The task's properties as written (``payload=False``: all but its payload, for a change
+    that leaves it alone: the payload is the one property of any size)."""
     props = {
-        "task_id": task.id, "task_type": task.type,
-        "task_payload": codec.encode_json(task.payload), "task_priority": task.priority,
+        "task_id": task.id, "task_type": task.type, "task_priority": task.priority,
         "task_created": codec.encode_time(task.created_at), "task_version": task.version,
         "task_queue": (queue := due.queue_of(task, codec.now())),
         "task_lane": due.lane_field(task, queue),
@@ -64,6 +65,8 @@ def task_props(task: Task) -> dict[str, Any]:
         # stopped tasks (inactive, unfinished), found from an index by the master's incidents
         "task_stopped": "1" if not task.active and not task.finished else "",
     }
+    if payload:
+        props["task_payload"] = codec.encode_json(task.payload)
     # what an operator's list filters on (runner.store.gremlin.search), each from an index
     props["task_list"] = list_state(task)
     digits = "".join(ch for ch in codec.encode_time(task.created_at) if ch.isdigit())

@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from runner.errors import (
@@ -198,10 +198,24 @@ def task_change(task: Task, fence_token: int | None, changes: Mapping[str, Any],
     fields = {**task.__dict__, **changes, "version": task.version + 1,
               "updated_at": codec.now(), "fence": fence,
               "attempts": task.attempts + (1 if new_attempt else 0)}
-    old = task_props(task)
-    new = task_props(Task(**fields))
+    if "payload" in changes:  # the task as a read would give it back, payload included
+        old = task_props(task)
+        new = task_props(Task(**fields))
+        changed = {k: v for k, v in new.items() if k not in TASK_FIXED and old.get(k) != v}
+        return TaskChange(task.id, task.version, task.fence, changed,
+                          task_from_row({**old, **changed}))
+    # the loop's changes (a claim, an end): neither the payload encoded twice nor the new
+    # task decoded from its own properties; the fields a read would normalise are normalised
+    run_at = fields["run_at"]
+    after = Task(**{**fields, "owner": fields["owner"] or None,
+                    "stop_reason": fields["stop_reason"] or None,
+                    "priority": int(fields["priority"]), "active": bool(fields["active"]),
+                    "finished": bool(fields["finished"]), "skipped": bool(fields["skipped"]),
+                    "run_at": run_at.astimezone(UTC) if run_at is not None else None})
+    old = task_props(task, payload=False)
+    new = task_props(after, payload=False)
     changed = {k: v for k, v in new.items() if k not in TASK_FIXED and old.get(k) != v}
-    return TaskChange(task.id, task.version, task.fence, changed, task_from_row({**old, **changed}))
+    return TaskChange(task.id, task.version, task.fence, changed, after)
 
 
 def attempt_start(task: Task, executor: str, fence_token: int) -> AttemptStart:
