@@ -942,7 +942,8 @@ def test_a_node_starts_a_lane_at_its_shared_floor_and_reads_behind_it_for_late_w
             store.graph.write(lambda g, i=task_id: g.V().has("task_id", i).property(
                 "task_queue", "closed").property("task_lane", "").iterate())
         before = codec.now()
-        assert second.read(10) == []
+        assert second.read(10) == []  # its walk finds the lane empty...
+        assert second.read(10) == []  # ...and the next listing asks about it again
         # an empty lane: its cursor at now (but the seconds left for writes under way)
         assert second.cursors["r09"][0] >= before - timedelta(seconds=ready.LAG)
 
@@ -991,6 +992,30 @@ def test_a_write_that_lands_seconds_behind_the_cursor_is_read_within_a_second(
     store.graph.write(lambda g: add_vertex(g, "task", task_props(late)).iterate())
     time.sleep(0.3)
     assert {t.id for t in scan.read(5)} == {now.id, late.id}
+
+
+def test_a_lane_whose_walk_found_tasks_is_not_asked_about_again(
+        store: GraphStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Which lanes hold tasks, asked of the lanes whose last walk found none only (on
+    TinkerGraph a lookup of a lane's tasks costs as many as it holds): a listing after one that
+    found tasks in ``r09`` asks about the 18 others; ``lanes(among)`` answers for those."""
+    from runner.tasks.worker.ready import ReadyScan
+
+    waiting = _create_waiting(store, 30, at=codec.now() - timedelta(minutes=2))
+    assert store.tasks.lanes() == ["r09"] and store.tasks.lanes(["r00", "r09"]) == ["r09"]
+    assert store.tasks.lanes(["r00"]) == [] and store.tasks.lanes([]) == []
+    asked: list[list[str] | None] = []
+    lanes = store.tasks.lanes
+
+    def spy(among: list[str] | None = None) -> list[str]:
+        asked.append(among)
+        return lanes(among)
+    monkeypatch.setattr(store.tasks, "lanes", spy)
+    scan = ReadyScan(store.tasks)
+    assert [t.id for t in scan.read(5)] == waiting[:5]
+    assert [t.id for t in scan.read(5)] == waiting[:5]
+    assert asked[0] is not None and "r09" in asked[0]
+    assert asked[1] is not None and "r09" not in asked[1] and len(asked[1]) == 18
 
 
 def test_a_task_due_in_the_past_is_ready_from_when_it_is_written(store: GraphStore) -> None:

@@ -65,8 +65,9 @@ class TaskStore(Protocol):
         """The tasks RUNNING under some owner."""
         ...
 
-    def lanes(self) -> list[str]:
-        """The lanes (priorities) that hold a ready or running task, highest first."""
+    def lanes(self, among: Sequence[str] | None = None) -> list[str]:
+        """The lanes (priorities) that hold a ready or running task, highest first; ``among``:
+        only these are asked about."""
         ...
 
     def ready_page(self, lane: str, seconds: Sequence[str], limit: int) -> list[Task]:

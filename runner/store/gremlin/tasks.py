@@ -153,12 +153,16 @@ class GremlinTaskStore:
                                .element_map(*TASK_ROW).to_list())
         return [task_from_row(row) for row in rows]
 
-    def lanes(self) -> list[str]:
+    def lanes(self, among: Sequence[str] | None = None) -> list[str]:
         """The lanes that hold a ready or running task, highest first (one read: a
-        ``limit(1)`` lookup per lane, in one traversal standing on the format vertex)."""
+        ``limit(1)`` lookup per lane, in one traversal standing on the format vertex); ``among``:
+        only these lanes are looked up (none: no read)."""
+        asked = list(due.LANES if among is None else among)
+        if not asked:
+            return []
+
         def probe(g: Any) -> list[str]:
-            branches = [__.V().has("task_lane", lane).limit(1).constant(lane)
-                        for lane in due.LANES]
+            branches = [__.V().has("task_lane", lane).limit(1).constant(lane) for lane in asked]
             return list(g.V().has(FORMAT_KEY, FORMAT_KEY_VALUE).union(*branches).to_list())
         found = set(self.graph.read(probe))
         return [lane for lane in due.LANES if lane in found]
