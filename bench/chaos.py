@@ -580,6 +580,10 @@ def figures(run: Run, reader: Session) -> dict[str, Any]:
             if a.status in (AttemptStatus.RUNNING, AttemptStatus.CANCELLED) or (
                     a.status is AttemptStatus.FAILED and not own):
                 interrupted += 1
+                run.say(f"interrupted, not cancelled by the system: task {task_id} ({kind}) "
+                        f"attempt {a.seq} on {a.executor} {a.status.value} "
+                        f"[{a.started_at.isoformat()}, "
+                        f"{a.ended_at.isoformat() if a.ended_at else '-'}]: {a.error}")
     for a in needless:
         run.say(f"needless rerun: task {a.task_id} attempt {a.seq} on {a.executor} "
                 f"[{a.started_at.isoformat()}, {a.ended_at.isoformat() if a.ended_at else '-'}]"
