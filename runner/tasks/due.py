@@ -15,8 +15,8 @@ Documented limit: the nodes' clocks must agree within a bucket (a minute).
 
 The ready lanes' floors (:class:`LaneFloors`, ``due/ready/<lane>``): per lane, a second before
 which no WAITING task of the lane became ready (but for a few seconds of clock skew or a slow
-write, which every walk re-reads): where a node that has no cursor of its own yet starts
-reading the lane (:class:`~runner.tasks.worker.ready.ReadyScan`), instead of reading the
+write, which a walk reads again once a second): where a node that has no cursor of its own yet
+starts reading the lane (:class:`~runner.tasks.worker.ready.ReadyScan`), instead of reading the
 lane's every task. Only a hint: lost or absent, the node reads the lane once.
 """
 

@@ -5,13 +5,13 @@ One probe read says which lanes (priorities) hold a task; in the highest of them
 lane's cursor (the oldest second a WAITING task of the lane may have become ready in), it reads
 windows of seconds forward, one index lookup each (``task_queue`` in the window's keys,
 ``limit`` at most), narrow first (a dense backlog is read a second at a time, so the oldest go
-first) and wider while they come back empty, up to an hour while the window is past (a
-window over a minute that finds tasks is read again a quarter at a time, down to a minute;
-ahead of now a minute at most), until it has ``limit`` tasks or reaches the end of the ready
-horizon; then the next lane. A window asks for half as many again
-as the tasks still needed and keeps the oldest of them, so the order within a window holds
-while it is no denser than that (every row read costs its deserialisation; the nodes read the
-same oldest rows). A window read empty before any task was found moves the cursor past it.
+first) and wider while they come back empty, up to an hour while the window is past (a window
+over a minute that finds tasks is read again a quarter at a time, down to a minute; ahead of
+now a minute at most), until it has ``limit`` tasks or reaches the end of the ready horizon;
+then the next lane. A window asks for half as many again as the tasks still needed and keeps
+the oldest of them, so the order within a window holds while it is no denser than that (every
+row read costs its deserialisation; the nodes read the same oldest rows). A window read empty
+before any task was found moves the cursor past it.
 
 Why a cursor can only move forward: a task becomes ready at the moment of its change (its
 creation, being put back) or at its ``run_at``, never in the past; so the windows behind the
