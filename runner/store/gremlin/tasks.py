@@ -20,6 +20,7 @@ from runner.errors import (
 )
 from runner.store import codec, due
 from runner.store.graph import Graph
+from runner.store.gremlin import ready
 from runner.store.gremlin.rows import (
     TASK_ROW,
     task_from_row,
@@ -46,8 +47,6 @@ from runner.store.model import (
 
 #: tasks per traversal of a bulk create: within gremlite's recursion and a server's frame size
 ADD_CHUNK = 40
-#: ready keys per read where each is its own lookup (a window of an hour is 3,840)
-READY_KEYS = 240
 
 
 class _Started(Exception):
@@ -154,41 +153,13 @@ class GremlinTaskStore:
         return [task_from_row(row) for row in rows]
 
     def lanes(self, among: Sequence[str] | None = None) -> list[str]:
-        """The lanes that hold a ready or running task, highest first (one read: a
-        ``limit(1)`` lookup per lane, in one traversal standing on the format vertex); ``among``:
-        only these lanes are looked up (none: no read)."""
-        asked = list(due.LANES if among is None else among)
-        if not asked:
-            return []
-
-        def probe(g: Any) -> list[str]:
-            branches = [__.V().has("task_lane", lane).limit(1).constant(lane) for lane in asked]
-            return list(g.V().has(FORMAT_KEY, FORMAT_KEY_VALUE).union(*branches).to_list())
-        found = set(self.graph.read(probe))
-        return [lane for lane in due.LANES if lane in found]
+        return ready.lanes(self.graph, among)
 
     def ready_page(self, lane: str, seconds: Sequence[str], limit: int) -> list[Task]:
-        """Up to ``limit`` WAITING tasks of ``lane`` that became ready in one of ``seconds``
-        (``YYYYMMDDHHMMSS``): one index lookup, in no particular order."""
-        keys = [due.ready_key(lane, s) for s in seconds]
-        # a graph that answers each value by its own lookup gets them a few hundred a read
-        # (the traversal's size stays well under a server's 64 KiB request limit)
-        rows: list[dict[Any, Any]] = []
-        for part in chunks(keys, max(1, len(keys)) if self.graph.within_indexed else READY_KEYS):
-            def page(g: Any, part: Sequence[str] = part, left: int = limit - len(rows)) -> Any:
-                return any_of(self.graph, g, "task_queue", part).limit(left)\
-                    .element_map(*TASK_ROW).to_list()
-            rows += self.graph.read(page)
-            if len(rows) >= limit:
-                break
-        return [task_from_row(row) for row in rows]
+        return ready.ready_page(self.graph, lane, seconds, limit)
 
     def lane_seconds(self, lane: str) -> list[str]:
-        """The seconds the WAITING tasks of ``lane`` became ready in (a read of the lane's
-        queue values: where a scan of the lane starts)."""
-        values = self.graph.read(lambda g: g.V().has("task_lane", lane)
-                                 .values("task_queue").to_list())
-        return sorted({v.split(":", 1)[1] for v in values if due.is_ready_key(v)})
+        return ready.lane_seconds(self.graph, lane)
 
     def with_key(self, ordering_key: str) -> list[Task]:
         """The unfinished tasks of ``ordering_key`` (stopped ones too), in submission order:

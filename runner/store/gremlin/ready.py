@@ -1,0 +1,61 @@
+"""The task loop's reads of the ready buckets (:mod:`runner.store.due`), the
+:class:`~runner.store.ports.TaskStore` methods :class:`~runner.store.gremlin.tasks.
+GremlinTaskStore` hands on: which lanes hold tasks, a page of a lane's ready seconds, and a
+lane's every ready second (where a node with no floor starts). Reads only; a graph out of
+reach raises ``StoreUnavailable``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from gremlin_python.process.graph_traversal import __
+
+from runner.store import due
+from runner.store.graph import Graph
+from runner.store.gremlin.rows import TASK_ROW, task_from_row
+from runner.store.gremlin.steps import any_of, chunks
+from runner.store.migrations.format import FORMAT_KEY, FORMAT_KEY_VALUE
+from runner.store.model import Task
+
+#: ready keys per read where each is its own lookup (a window of an hour is 3,840)
+READY_KEYS = 240
+
+
+def lanes(graph: Graph, among: Sequence[str] | None = None) -> list[str]:
+    """The lanes that hold a ready or running task, highest first (one read: a ``limit(1)``
+    lookup per lane, in one traversal standing on the format vertex); ``among``: only these
+    lanes are looked up (none: no read)."""
+    asked = list(due.LANES if among is None else among)
+    if not asked:
+        return []
+
+    def probe(g: Any) -> list[str]:
+        branches = [__.V().has("task_lane", lane).limit(1).constant(lane) for lane in asked]
+        return list(g.V().has(FORMAT_KEY, FORMAT_KEY_VALUE).union(*branches).to_list())
+    found = set(graph.read(probe))
+    return [lane for lane in due.LANES if lane in found]
+
+
+def ready_page(graph: Graph, lane: str, seconds: Sequence[str], limit: int) -> list[Task]:
+    """Up to ``limit`` WAITING tasks of ``lane`` that became ready in one of ``seconds``
+    (``YYYYMMDDHHMMSS``): one index lookup, in no particular order."""
+    keys = [due.ready_key(lane, s) for s in seconds]
+    # a graph that answers each value by its own lookup gets them a few hundred a read (the
+    # traversal's size stays well under a server's 64 KiB request limit)
+    rows: list[dict[Any, Any]] = []
+    for part in chunks(keys, max(1, len(keys)) if graph.within_indexed else READY_KEYS):
+        def page(g: Any, part: Sequence[str] = part, left: int = limit - len(rows)) -> Any:
+            return any_of(graph, g, "task_queue", part).limit(left)\
+                .element_map(*TASK_ROW).to_list()
+        rows += graph.read(page)
+        if len(rows) >= limit:
+            break
+    return [task_from_row(row) for row in rows]
+
+
+def lane_seconds(graph: Graph, lane: str) -> list[str]:
+    """The seconds the WAITING tasks of ``lane`` became ready in (a read of every task's
+    queue value in the lane: where a node with no floor starts the lane)."""
+    values = graph.read(lambda g: g.V().has("task_lane", lane).values("task_queue").to_list())
+    return sorted({v.split(":", 1)[1] for v in values if due.is_ready_key(v)})
