@@ -686,6 +686,26 @@ def test_accept_starts_queues_or_says_elsewhere(
         assert wait_until(lambda: keyed.task.id in held.ran, 10)
 
 
+def test_a_freed_worker_lists_once_its_share_allows_when_it_may_not_at_once(
+        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+    """A worker frees up with the backlog empty while listing again would pass listing's share
+    of the time (the last listing was slow, as on a loaded machine): the follow-up does not
+    list, and a pass comes when the share allows, so the task that waits is taken with no
+    interval scan (this loop has none for an hour)."""
+    held = Held()
+    with one_worker_loop(zk_namespace, store, held) as (_, processor):
+        first = processor.accept(store.tasks.new("t", {}))
+        assert first.admission is Admission.STARTED
+        assert held.started.wait(10)
+        second = store.tasks.create("t")
+        listings = processor.stats["listings"]
+        processor.backlog.listed = (time.monotonic(), 0.5)  # no listing for a second
+        assert not processor.backlog.may_relist()
+        held.release.set()
+        assert wait_until(lambda: second.id in held.ran, 10)
+        assert processor.stats["listings"] == listings + 1
+
+
 def test_a_new_task_is_written_claimed_by_its_submitter_in_one_store_write(
         zk_namespace: ZkNamespace, store: GraphStore) -> None:
     """``TaskLoop.accept`` of a plain task with a worker free: written RUNNING with its

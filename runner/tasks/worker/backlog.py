@@ -233,8 +233,15 @@ class Backlog:
 
     def may_relist(self) -> bool:
         """Whether listing again now keeps listing within ``relist_share`` of the time."""
+        return self.relist_in() <= 0
+
+    def relist_in(self) -> float:
+        """Seconds until listing again keeps listing within ``relist_share`` of the time
+        (0 or less: now)."""
+        if self._deferred:
+            return 0.0
         listed_at, took = self.listed
-        return bool(self._deferred) or time.monotonic() - listed_at >= took / self.relist_share
+        return listed_at + took / self.relist_share - time.monotonic()
 
     def take(self, free: int, taken: Callable[[str], bool],
              relist: Callable[[], bool]) -> list[Task] | None:

@@ -66,6 +66,8 @@ class Scanner:
                                relist_share=relist_share, floors=LaneFloors(session))
         self._skipped_types: set[str] = set()
         self._wake = threading.Event()  # a worker freed up: the feeder's next pass
+        self._timer: threading.Timer | None = None  # a pass put off (:meth:`_wake_in`)
+        self._timer_lock = threading.Lock()
 
     @property
     def stats(self) -> Counter[str]:
@@ -88,6 +90,15 @@ class Scanner:
         claimed for together: the batch grows with the load, with no timer."""
         self._wake.set()
 
+    def _wake_in(self, seconds: float) -> None:
+        """A pass of the feeder in ``seconds`` (one timer at a time: an earlier one stands)."""
+        with self._timer_lock:
+            if self._timer is not None and self._timer.is_alive():
+                return
+            self._timer = threading.Timer(max(0.0, seconds), self.wake)
+            self._timer.daemon = True
+            self._timer.start()
+
     def feed(self) -> None:
         """The feeder thread's loop (:meth:`TaskLoop.start` runs it): a pass whenever a worker
         frees up, again while the last one started tasks and workers are free; it ends when
@@ -109,8 +120,14 @@ class Scanner:
             started = self._start_due(self.later.take_due())
             if self.running.free() <= 0:
                 return started
-            if (relist or (not self.backlog and not self.later.planned()
-                           and self.backlog.may_relist())) and not self._list(claimed=relist):
+            if not relist and not self.backlog and not self.later.planned() \
+                    and not self.backlog.may_relist():
+                # listing now would pass its share of the time: a pass when it no longer does
+                # (nothing else may come: a free worker never waits for the interval's scan)
+                self._wake_in(self.backlog.relist_in())
+                return started
+            if (relist or (not self.backlog and not self.later.planned())) \
+                    and not self._list(claimed=relist):
                 return started
             while self.running.free() > 0 and self.may_claim():
                 batch = self.backlog.take(self.running.free(), self.running.__contains__,
