@@ -17,7 +17,7 @@ import runner.tasks.worker.claim as claim_module
 from coord import LeaderLatch, Membership, Session, TaskLock, force_release, lock_owner
 from coord.testing import wait_until
 from coord.testing.plugin import ZkNamespace
-from runner.errors import StaleFencingToken
+from runner.errors import StaleFencingToken, StoreUnavailable
 from runner.store import AttemptStatus, GraphStore, open_store
 from runner.tasks import Observer, TaskCancelled, TaskContext, TaskRegistry
 from runner.tasks.features.diag import effects, register_diagnostics
@@ -300,6 +300,60 @@ def test_ctx_complete_writes_the_effect_and_the_success_together_or_neither(
         assert final.status is AttemptStatus.SUCCEEDED and records[task_id] == final.id
     assert [a.status for a in store.attempts.for_task(closed.id)] == [
         AttemptStatus.CANCELLED_BY_SYSTEM, AttemptStatus.SUCCEEDED]
+
+
+@pytest.mark.parametrize("applied", [False, True], ids=["not_written", "answer_lost"])
+def test_ctx_complete_with_the_graph_out_of_reach_is_a_system_cancellation(
+        zk_namespace: ZkNamespace, store: GraphStore, applied: bool) -> None:
+    """The graph goes out of reach under ``ctx.complete()`` (a cut link, a server restart:
+    ``StoreUnavailable``), before its write ran or after it ran with its answer lost. Which
+    one cannot be known then, and it is no fault of the handler: the attempt is cancelled by
+    the system (it was recorded FAILED with the error, and the task stopped). Not written: the
+    attempt is closed CANCELLED_BY_SYSTEM and the task runs again, its effect written once by
+    the next attempt. Written: the attempt stays SUCCEEDED (the cancellation's end is refused)
+    and the task finished, its effect once."""
+    calls: list[str] = []
+    registry = TaskRegistry()
+
+    def completes(ctx: TaskContext, payload: dict[str, Any]) -> None:
+        calls.append(ctx.attempt.id)
+        ctx.complete(lambda g: g.add_v("diag_effect").property("effect_task", ctx.task.id)
+                     .property("effect_attempt", ctx.attempt.id)
+                     .property("effect_token", "0").property("effect_at", "-"))
+
+    registry.register("e", completes)
+    original = store.complete
+    failures = [1]
+
+    def unreachable(*args: Any) -> Any:
+        if failures[0]:
+            failures[0] -= 1
+            if applied:
+                original(*args)
+            raise StoreUnavailable("Gremlin Server unreachable: no answer in time")
+        return original(*args)
+
+    store.complete = unreachable  # type: ignore[method-assign]
+    task = store.tasks.create("e")
+    with session(zk_namespace) as s:
+        processor = TaskLoop(s, "m1", store, registry,
+                             LoopSettings(workers=1, scan_interval=60)).start()
+        try:
+            assert wait_until(lambda: store.tasks.get(task.id).finished, 20)
+            assert wait_until(lambda: not processor.running_tasks(), 10)
+        finally:
+            processor.close()
+    attempts = store.attempts.for_task(task.id)
+    records = effects(store)
+    assert len(records) == 1 and records[0].attempt_id == attempts[-1].id
+    if applied:
+        assert [a.status for a in attempts] == [AttemptStatus.SUCCEEDED]
+        assert len(calls) == 1
+    else:
+        assert [a.status for a in attempts] == [AttemptStatus.CANCELLED_BY_SYSTEM,
+                                                AttemptStatus.SUCCEEDED]
+        assert "out of reach" in (attempts[0].error or "")
+        assert len(calls) == 2
 
 
 def test_closing_the_master_duties_waits_for_their_on_master_action(

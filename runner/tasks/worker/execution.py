@@ -44,6 +44,7 @@ from runner.errors import (
     ResourceTaken,
     StaleFencingToken,
     StoreError,
+    StoreUnavailable,
 )
 from runner.store import Attempt, AttemptStatus, Conclusion, GraphStore, codec
 from runner.tasks import due
@@ -283,6 +284,11 @@ class Execution:
             slot.cancel.cancel(f"its fencing token was superseded before it completed ({exc})")
         except ResourceTaken as exc:
             slot.cancel.cancel(f"it lost a resource before it completed ({exc})")
+        except StoreUnavailable as exc:
+            # written or not cannot be known now, and it is no fault of the handler: the end
+            # written later says which (a write that ran left the attempt SUCCEEDED, and this
+            # cancellation's end is refused; one that did not: the task runs again)
+            slot.cancel.cancel(f"the graph was out of reach when it completed ({exc})")
         slot.cancel.raise_if_cancelled()
         handling.completed = True
 
