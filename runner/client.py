@@ -36,6 +36,7 @@ from __future__ import annotations
 import builtins
 import getpass
 import json
+import logging
 import socket
 import time
 import uuid
@@ -117,6 +118,10 @@ from runner.requests import (
 from runner.requests import TaskSearch as TaskSearchRequest
 
 T = TypeVar("T")
+#: sendings of one bulk submit page at most (the first, and again while no answer comes or the
+#: graph is out of reach: 0.5, 1, 2 s apart)
+PAGE_TRIES = 4
+log = logging.getLogger("latchwork.client")
 #: a filter's value: one, or any of several
 AnyOf = str | Sequence[str]
 
@@ -219,7 +224,13 @@ class Client:
         Every item is checked here first (a bad one: :class:`RequestRefused` naming its index,
         nothing sent); a node that refuses a page (an unknown type, an invalid payload) names
         the item (its index in that page), and the pages before it stay created (their ids in
-        the error's ``done``)."""
+        the error's ``done``).
+
+        Each page carries a key of its own (``TaskSubmitMany.page``), so a page whose answer
+        did not come (:class:`NoAnswer`: a node killed or paused while it wrote) or that the
+        graph refused for a while (``store_unavailable``) is sent again, up to
+        :data:`PAGE_TRIES` times in all with a growing pause: what its first sending wrote is
+        not written twice, and its ids come back as one."""
         items = []
         for n, item in enumerate(tasks):
             try:
@@ -231,7 +242,7 @@ class Client:
         ids: builtins.list[str] = []
         for page in _pages([item.model_dump(mode="json", exclude_none=True) for item in items]):
             try:
-                reply = self.call(TaskSubmitMany, tasks=page)
+                reply = self._submit_page(page)
             except RequestFailed as exc:
                 exc.done = list(ids)
                 exc.detail = (f"{exc.detail} (in the page of tasks {len(ids)} to "
@@ -240,6 +251,22 @@ class Client:
                 raise
             ids += [str(task_id) for task_id in reply["ids"]]
         return ids
+
+    def _submit_page(self, page: builtins.list[dict[str, Any]]) -> Any:
+        """One page of :meth:`submit_many`, under a key of its own, sent again while no
+        answer comes or the graph is out of reach (see there)."""
+        key = uuid.uuid4().hex
+        for n in range(PAGE_TRIES):
+            try:
+                return self.call(TaskSubmitMany, tasks=page, page=key)
+            except (NoAnswer, RequestFailed) as exc:
+                transient = isinstance(exc, NoAnswer) or exc.code == "store_unavailable"
+                if not transient or n == PAGE_TRIES - 1:
+                    raise
+                log.warning("bulk submit: page %s not answered (%s); sending it again", key,
+                            exc)
+                time.sleep(min(4.0, 0.5 * 2 ** n))
+        raise AssertionError("unreachable")  # the last try raised
 
     def get(self, task_id: str) -> TaskReport:
         return TaskReport.model_validate(self.call(TaskGet, id=task_id))

@@ -14,6 +14,7 @@ accepts), and a test checks it against the node's handlers; split, no one place 
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime, timedelta
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -89,10 +90,26 @@ SUBMIT_PAGE_BYTES = 192 * 1024
 class TaskSubmitMany(Request):
     """Create up to :data:`SUBMIT_PAGE` tasks in one store transaction; their ids come back in
     order. An item that does not validate (its type unknown, its payload invalid) refuses the
-    whole page, naming its index; a ``unique_key`` already used returns the task it made."""
+    whole page, naming its index; a ``unique_key`` already used returns the task it made.
+
+    ``page``: the page's key, which makes it safe to send again (an answer lost, a node paused
+    or killed while it wrote): the task at index n gets the id :func:`page_task_id` gives, and
+    a page sent again with its key and items creates only what its first sending did not,
+    answering the same ids."""
 
     command = "task.submit_many"
     tasks: list[TaskTemplate] = Field(min_length=1, max_length=SUBMIT_PAGE)
+    page: str | None = Field(default=None, min_length=8, max_length=64,
+                             pattern=r"^[A-Za-z0-9_.:-]+$")
+
+
+#: the namespace of the ids of a keyed page's tasks (:func:`page_task_id`)
+PAGE_IDS = uuid.UUID("5d1c3a52-8f0e-4c67-9a61-2b7e0f4d9c18")
+
+
+def page_task_id(page: str, index: int) -> str:
+    """The id of the task at ``index`` of the bulk submit page keyed ``page``."""
+    return str(uuid.uuid5(PAGE_IDS, f"{page}/{index}"))
 
 
 class TaskList(Request):

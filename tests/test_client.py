@@ -303,6 +303,45 @@ def test_top_and_follow_show_a_live_cluster(cluster: Cluster) -> None:
     assert stopped.exit_code == 1 and "stopped" in stopped.output
 
 
+def test_a_bulk_submit_page_whose_answer_was_lost_is_sent_again_and_written_once(
+        cluster: Cluster) -> None:
+    """A page of ``Client.submit_many`` written by its node, its answer lost (a node paused
+    past the client's wait, a reply that never came: NoAnswer): the client sends the page
+    again under its key, and the node finds the tasks it wrote instead of writing them twice;
+    the ids come back in order, each task once. A page sent again by hand with its key
+    answers the same ids."""
+    from runner.errors import NoAnswer
+    from runner.requests import TaskSubmitMany
+
+    cluster.start_node()
+    items = [{"type": "diag.sleep", "payload": {"seconds": 0}, "priority": 7}
+             for _ in range(600)]
+    sent: list[str] = []
+    with cluster.client(timeout=30) as client:
+        original = client.call
+
+        def answer_lost_once(model: Any, **fields: Any) -> Any:
+            reply = original(model, **fields)
+            if model is TaskSubmitMany:
+                sent.append(fields["page"])
+                if len(sent) == 2:  # the second page was written: its answer is lost
+                    raise NoAnswer("no node answered task.submit_many within 30s")
+            return reply
+
+        client.call = answer_lost_once  # type: ignore[method-assign]
+        ids = client.submit_many(items)
+        assert len(sent) == 3 and sent[1] == sent[2] != sent[0]  # the second sent again
+        assert len(ids) == 600 and len(set(ids)) == 600
+        made = cluster.store.graph.read(lambda g: g.V().has("task_priority", 7).count().next())
+        assert made == 600
+        again = cluster.request("task.submit_many", {"tasks": items[500:], "page": sent[2]})
+        assert again["ids"] == ids[500:]
+        for task_id in (ids[0], ids[599]):
+            assert client.wait(task_id, 60).succeeded
+    assert cluster.store.graph.read(lambda g: g.V().has("task_priority", 7).count().next()) \
+        == 600
+
+
 def test_submit_many_creates_pages_in_one_request_each_and_refuses_a_page_by_its_item(
         cluster: Cluster, tmp_path: Path) -> None:
     """``Client.submit_many``: 1,100 tasks in three pages (500, 500, 100), their ids in order,

@@ -102,6 +102,30 @@ def test_a_uniqueness_key_returns_the_existing_task(store: GraphStore) -> None:
     assert len(store.tasks.unfinished()) == 2
 
 
+def test_a_bulk_write_sent_again_finds_what_it_wrote_instead_of_writing_it_twice(
+        store: GraphStore) -> None:
+    """``add_many(..., again=True)``, a keyed bulk submit page sent again after its answer was
+    lost: the tasks its first write made are found by their ids (and one by its uniqueness
+    key), the rest written, in order, each once; a second sending changes nothing."""
+    from runner.requests import page_task_id
+
+    def page(n: int) -> list[Task]:
+        made = [store.tasks.new("t", {"n": i}) for i in range(n)]
+        made[1] = store.tasks.new("t", {"n": 1}, unique_key="page-once")
+        return [dataclasses.replace(t, id=page_task_id("k0000001", i))
+                for i, t in enumerate(made)]
+
+    first = store.tasks.add_many(page(3)[:2], again=True)  # the answer of this one was lost
+    before = counts(store)
+    whole = store.tasks.add_many(page(5), again=True)
+    assert [t.id for t in whole[:2]] == [t.id for t in first]
+    assert [t.payload["n"] for t in whole] == [0, 1, 2, 3, 4]
+    assert counts(store)[0] == before[0] + 3
+    assert [t.id for t in store.tasks.add_many(page(5), again=True)] == [t.id for t in whole]
+    assert counts(store)[0] == before[0] + 3
+    assert all(store.tasks.get(t.id) == t for t in whole)
+
+
 def test_unfinished_lists_active_open_tasks_by_priority_then_age(store: GraphStore) -> None:
     low = store.tasks.create("t", priority=0)
     high = store.tasks.create("t", priority=9)

@@ -34,7 +34,7 @@ import enum
 import logging
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from coord import (
@@ -59,7 +59,7 @@ from runner.ontology import OntologyCache, OntologySync, register_ontology_tasks
 from runner.pipeline.aspects import AspectRegistry
 from runner.pipeline.handlers import Pipeline, register_pipeline_tasks
 from runner.pipeline.spark import stop_spark
-from runner.requests import TaskSubmit, TaskSubmitMany
+from runner.requests import TaskSubmit, TaskSubmitMany, page_task_id
 from runner.store import GraphStore, Task
 from runner.tasks import Services, TaskRegistry, due
 from runner.tasks.authoring import load_entry_points, load_modules, register_commands
@@ -356,7 +356,9 @@ class Node:
     def submit_many(self, req: TaskSubmitMany) -> list[Task]:
         """Create a page of tasks (``task.submit_many``) in one store write, in order: each
         validated as :meth:`submit` validates one (an invalid one refuses the page, naming its
-        index, before anything is written), then every node told to scan once."""
+        index, before anything is written), then every node told to scan once. A keyed page
+        (``req.page``) gives its tasks the ids its key makes, and creates only those a sending
+        before did not."""
         news = []
         for n, item in enumerate(req.tasks):
             try:
@@ -372,7 +374,9 @@ class Node:
                 priority=kind.priority if item.priority is None else item.priority,
                 run_at=run_at, ordering_key=item.ordering_key,
                 resources=[*kind.resources, *item.resources]))
-        written = self.store.tasks.add_many(news)
+        if req.page is not None:
+            news = [replace(task, id=page_task_id(req.page, n)) for n, task in enumerate(news)]
+        written = self.store.tasks.add_many(news, again=req.page is not None)
         self.processor.trigger()
         self.bus.broadcast("TRIGGER_SCAN", {"tasks": len(written)})
         return written

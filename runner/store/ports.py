@@ -57,8 +57,9 @@ class TaskStore(Protocol):
         """Active, unfinished tasks, highest priority first, then oldest first."""
         ...
 
-    def add_many(self, tasks: Sequence[Task]) -> list[Task]:
-        """Write new tasks in one write; the tasks as stored, in order."""
+    def add_many(self, tasks: Sequence[Task], *, again: bool = False) -> list[Task]:
+        """Write new tasks in one write; the tasks as stored, in order (``again``: a task
+        whose id exists already is that task, not written twice)."""
         ...
 
     def claimed(self) -> list[Task]:

@@ -106,17 +106,24 @@ class GremlinTaskStore:
 
         return task_from_row(self.graph.write(run))
 
-    def add_many(self, tasks: Sequence[Task]) -> list[Task]:
+    def add_many(self, tasks: Sequence[Task], *, again: bool = False) -> list[Task]:
         """Write ``tasks`` (from :meth:`new`), in order, as one write: on the embedded graph
         one transaction, of traversals of :data:`ADD_CHUNK` tasks each; on a Gremlin Server
         each such traversal is a request of its own (each atomic, the page not). The tasks as
-        stored: for a ``unique_key`` that exists already, that task. A graph out of reach
-        raises for the whole page (on a server, the traversals before it are written)."""
+        stored: for a ``unique_key`` that exists already, that task; with ``again`` (ids that
+        a write of the same tasks may have used already: a bulk submit's keyed page sent
+        again), for an id that exists already, that task, each found or made in the one
+        traversal. A graph out of reach raises for the whole page (on a server, the
+        traversals before it are written)."""
         props = [task_props(task) for task in tasks]
 
         def branch(task: Task, p: Mapping[str, Any]) -> Any:
-            made = (add_vertex(__, "task", p) if task.unique_key is None
-                    else get_or_add(__, "task_unique", task.unique_key, "task", p))
+            if task.unique_key is not None:
+                made = get_or_add(__, "task_unique", task.unique_key, "task", p)
+            elif again:
+                made = get_or_add(__, "task_id", task.id, "task", p)
+            else:
+                made = add_vertex(__, "task", p)
             return made.element_map()
 
         def run(g: Any) -> list[Any]:
