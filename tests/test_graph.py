@@ -105,6 +105,35 @@ def test_a_failed_write_rolls_back_every_statement_and_nested_write(
     assert count(graph, "job") == 3
 
 
+def test_strings_kept_by_a_connection_are_only_those_a_read_found_committed(
+        graph: EmbeddedGraph, other: sqlite3.Connection) -> None:
+    """A connection keeps the strings its reads look up (gremlite reads each property name and
+    string value with a query of its own). A string a write added and looked up is not kept:
+    the write rolled back, its id goes to the next new string, and a read of that one gives it,
+    not the string rolled back. Strings another process commits are read as they are."""
+    def added_then_failed(g: Any) -> None:
+        g.add_v("note").property("text", "rolled-back-string").iterate()
+        assert g.V().has_label("note").values("text").next() == "rolled-back-string"
+        raise ValueError("handler bug")
+
+    with pytest.raises(ValueError):
+        graph.write(added_then_failed)
+    graph.write(lambda g: g.add_v("note").property("text", "the-string-written").iterate())
+    for _ in range(2):  # the second read from the kept strings
+        assert graph.read(lambda g: g.V().has_label("note").values("text").to_list()) == [
+            "the-string-written"]
+        assert graph.read(lambda g: g.V().has("text", "the-string-written").count().next()) == 1
+    con = graph._connection().con
+    assert "the-string-written" in con.by_value
+    assert "rolled-back-string" not in con.by_value
+    other.execute("BEGIN IMMEDIATE")
+    other.execute("INSERT INTO strings (v) VALUES ('from-another-process')")
+    other.execute("COMMIT")
+    graph.write(lambda g: g.add_v("note").property("text", "from-another-process").iterate())
+    assert sorted(graph.read(lambda g: g.V().has_label("note").values("text").to_list())) == [
+        "from-another-process", "the-string-written"]
+
+
 def test_a_process_frozen_holding_the_first_open_lock_blocks_no_thread_or_node_start(
         graph: EmbeddedGraph, tmp_path: Path) -> None:
     """A fresh-clone CI run: a node frozen (SIGSTOP) while one of its threads opened its own

@@ -107,16 +107,31 @@ class StorageAlarm:
                         time.monotonic() - since)
 
 
+#: strings (property names and values) a connection keeps, by id and by value; past it, it
+#: forgets them all and starts again
+STRINGS_KEPT = 4096
+
+
 class _LazyBegin(sqlite3.Connection):
     """A SQLite connection whose transaction begins at the first cursor asked for after
     :meth:`begin_lazily`, so that only statements run inside it: gremlite reaches SQLite through
-    ``cursor()`` only, after gremlinpython has built the traversal and gremlite has compiled it."""
+    ``cursor()`` only, after gremlinpython has built the traversal and gremlite has compiled it.
+
+    It also keeps the strings its reads looked up (:func:`_kept_strings`): gremlite stores every
+    property name and string value once, in a table of strings, and reads each of a row's
+    names and values with a query of its own (an element map of ten properties is 21 queries).
+    A string's id never changes once committed (gremlite never deletes one), so what a read
+    (a snapshot of committed data) found stays true; a write's lookups are not kept (a string
+    that write added is gone again if it rolls back, and its id may be given to another)."""
 
     def __init__(self, path: Path, busy_timeout: float) -> None:
         super().__init__(path, timeout=busy_timeout, isolation_level=None)
         self.file = path
         self.busy_timeout = busy_timeout
         self._pending: tuple[str, float] | None = None  # (BEGIN statement, deadline)
+        self.reading = False  # in a read's transaction: what it looks up may be kept
+        self.by_id: dict[int, str] = {}
+        self.by_value: dict[str, int] = {}
 
     def begin_lazily(self, begin: str | None) -> None:
         """``begin`` runs before the next cursor is handed out (None: forget a pending one)."""
@@ -155,6 +170,57 @@ class _LazyBegin(sqlite3.Connection):
         finally:
             if immediate:
                 self.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
+
+
+def _kept_strings() -> None:
+    """gremlite's two string lookups, through the connection's kept strings (see
+    :class:`_LazyBegin`); once per process."""
+    from gremlite import querytools
+
+    if getattr(querytools, "_latchwork_kept", False):
+        return
+    by_id, by_value = querytools.id_to_string, querytools.string_to_id
+
+    def id_to_string(con: Any, i: int) -> Any:
+        kept = getattr(con, "by_id", None)
+        if kept is None:
+            return by_id(con, i)
+        value = kept.get(i)
+        if value is None:
+            value = by_id(con, i)
+            if value is not None and con.reading:
+                _keep(con, i, value)
+        return value
+
+    def string_to_id(con: Any, value: Any) -> Any:
+        kept = getattr(con, "by_value", None)
+        if kept is None:
+            return by_value(con, value)
+        i = kept.get(value)
+        if i is None:
+            i = by_value(con, value)
+            if i is not None and con.reading:
+                _keep(con, i, value)
+        return i
+
+    merge = querytools.merge_string
+
+    def merge_string(con: Any, value: Any) -> Any:  # a write's: kept ones used, none kept
+        kept = getattr(con, "by_value", None)
+        i = kept.get(value) if kept is not None else None
+        return merge(con, value) if i is None else i
+
+    querytools.id_to_string, querytools.string_to_id = id_to_string, string_to_id
+    querytools.merge_string = merge_string
+    querytools._latchwork_kept = True
+
+
+def _keep(con: _LazyBegin, i: int, value: str) -> None:
+    if len(con.by_id) >= STRINGS_KEPT:
+        con.by_id.clear()
+        con.by_value.clear()
+    con.by_id[i] = value
+    con.by_value[value] = i
 
 
 class EmbeddedGraph:
@@ -212,6 +278,7 @@ class EmbeddedGraph:
     def _open(self) -> Any:
         from gremlite import SQLiteConnection
 
+        _kept_strings()
         try:
             remote = SQLiteConnection(self.path, isolation_level=None, timeout=self.busy_timeout)
             # gremlite's traversals use ``remote.con``: ours, which begins lazily, replaces it
@@ -250,6 +317,7 @@ class EmbeddedGraph:
             return fn(self._local.g)
         con: _LazyBegin = remote.con
         con.begin_lazily(begin)
+        con.reading = begin == "BEGIN DEFERRED"
         self._local.depth = 1
         try:
             result = fn(self._local.g)
@@ -270,6 +338,7 @@ class EmbeddedGraph:
             raise
         finally:
             con.begin_lazily(None)
+            con.reading = False
             self._local.depth = 0
         if wrote:
             self.alarm.written()
