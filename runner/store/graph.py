@@ -110,6 +110,7 @@ class StorageAlarm:
 #: strings (property names and values) a connection keeps, by id and by value; past it, it
 #: forgets them all and starts again
 STRINGS_KEPT = 4096
+_KEPT_LOCK = threading.Lock()
 
 
 class _LazyBegin(sqlite3.Connection):
@@ -177,42 +178,38 @@ def _kept_strings() -> None:
     :class:`_LazyBegin`); once per process."""
     from gremlite import querytools
 
-    if getattr(querytools, "_latchwork_kept", False):
-        return
-    by_id, by_value = querytools.id_to_string, querytools.string_to_id
+    with _KEPT_LOCK:
+        if not getattr(querytools, "_latchwork_kept", False):
+            _wrap_lookups(querytools)
+            querytools._latchwork_kept = True
 
-    def id_to_string(con: Any, i: int) -> Any:
-        kept = getattr(con, "by_id", None)
-        if kept is None:
-            return by_id(con, i)
-        value = kept.get(i)
-        if value is None:
-            value = by_id(con, i)
-            if value is not None and con.reading:
-                _keep(con, i, value)
-        return value
 
-    def string_to_id(con: Any, value: Any) -> Any:
-        kept = getattr(con, "by_value", None)
-        if kept is None:
-            return by_value(con, value)
-        i = kept.get(value)
-        if i is None:
-            i = by_value(con, value)
-            if i is not None and con.reading:
-                _keep(con, i, value)
-        return i
+def _wrap_lookups(querytools: Any) -> None:
+    def kept(lookup: Callable[[Any, Any], Any], by_id: bool) -> Callable[[Any, Any], Any]:
+        """``lookup`` (an id's string, or a string's id) through the kept strings."""
+        def find(con: Any, key: Any) -> Any:
+            strings = getattr(con, "by_id" if by_id else "by_value", None)
+            if strings is None:  # not one of ours
+                return lookup(con, key)
+            found = strings.get(key)
+            if found is None:
+                found = lookup(con, key)
+                if found is not None and con.reading:
+                    _keep(con, *((key, found) if by_id else (found, key)))
+            return found
+        return find
 
+    id_to_string = kept(querytools.id_to_string, True)
+    string_to_id = kept(querytools.string_to_id, False)
     merge = querytools.merge_string
 
     def merge_string(con: Any, value: Any) -> Any:  # a write's: kept ones used, none kept
-        kept = getattr(con, "by_value", None)
-        i = kept.get(value) if kept is not None else None
+        strings = getattr(con, "by_value", None)
+        i = strings.get(value) if strings is not None else None
         return merge(con, value) if i is None else i
 
     querytools.id_to_string, querytools.string_to_id = id_to_string, string_to_id
     querytools.merge_string = merge_string
-    querytools._latchwork_kept = True
 
 
 def _keep(con: _LazyBegin, i: int, value: str) -> None:
