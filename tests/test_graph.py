@@ -78,6 +78,26 @@ def test_a_lock_held_past_the_busy_timeout_raises_store_unavailable_and_leaves_n
     assert count(graph, "job") == 1
 
 
+def test_a_write_waits_out_a_lock_held_for_seconds_and_then_writes(
+        tmp_path: Path) -> None:
+    """Another process holds the write lock for 5 s (a node SIGSTOPped inside its write, in
+    the chaos suite): a write asks again every few milliseconds, over a thousand times, and
+    writes once the lock is free, within its busy timeout. (It raised OverflowError after
+    about 4 s, its pause computed as 2 ** tries: the group commit gave its ends up at once and
+    the tasks ran again.)"""
+    graph = EmbeddedGraph(tmp_path / "graph.db", busy_timeout=20)
+    holder = sqlite3.connect(graph.path, isolation_level=None, timeout=5,
+                             check_same_thread=False)
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+        threading.Timer(5.0, lambda: holder.execute("COMMIT")).start()
+        graph.write(lambda g: g.add_v("job").iterate())
+        assert count(graph, "job") == 1
+    finally:
+        graph.close()
+        holder.close()
+
+
 def test_a_write_that_runs_no_statement_neither_waits_nor_locks(
         graph: EmbeddedGraph, other: sqlite3.Connection) -> None:
     other.execute("BEGIN IMMEDIATE")

@@ -166,8 +166,8 @@ class _LazyBegin(sqlite3.Connection):
                     if time.monotonic() > deadline:
                         raise StoreUnavailable(f"graph file {self.file} stayed locked for "
                                                f"{self.busy_timeout:g}s") from exc
-                    tries += 1
-                    time.sleep(random.uniform(0.5, 1.0) * min(0.004, 0.0002 * 2 ** tries))
+                    tries = min(tries + 1, 5)  # 0.4, 0.8, ... 4 ms, then 4 ms for good
+                    time.sleep(random.uniform(0.5, 1.0) * 0.0002 * 2 ** tries)
         finally:
             if immediate:
                 self.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
