@@ -145,7 +145,8 @@ def test_a_graph_out_of_reach_is_tried_again_then_given_up(tmp_path: Path, zk: S
     """The graph failing under a group: the group is written again with backoff (all of it:
     on the file it is one transaction, nothing of the failed try stayed); past
     ``store_retry_for`` the ends are given up: reported CANCELLED_BY_SYSTEM "its end could not
-    be written", their attempts left RUNNING for the master, their locks released."""
+    be written", their attempts left RUNNING for the master, their locks released. Any other
+    error of the write is tried again the same way."""
     with open_store(str(tmp_path / "graph.db")) as store:
         told = Told()
         commits = GroupCommit(store, "m1", told, store_retry_for=30)
@@ -165,6 +166,28 @@ def test_a_graph_out_of_reach_is_tried_again_then_given_up(tmp_path: Path, zk: S
         assert wait_until(lambda: len(told.ends) == 3, 20)
         assert all(told.ends[e.claim.task.id][0] is Outcome.FINISHED for e in ends)
         commits.close()
+
+        # an error of the write itself (it was an OverflowError in the wait for SQLite's lock)
+        # is tried again the same way, not given up at once with the locks let go
+        told = Told()
+        commits = GroupCommit(store, "m1", told, store_retry_for=30)
+        odd = claimed(store, zk, 2)
+        broken = [2]
+
+        def faulty(conclusions: Any) -> Any:
+            if broken[0]:
+                broken[0] -= 1
+                raise OverflowError("int too large to convert to float")
+            return original(conclusions)
+
+        store.conclude_many = faulty  # type: ignore[method-assign]
+        for ending in odd:
+            commits.submit(ending)
+        assert wait_until(lambda: len(told.ends) == 2, 20)
+        assert all(told.ends[e.claim.task.id][0] is Outcome.FINISHED for e in odd)
+        assert broken == [0]
+        commits.close()
+        store.conclude_many = failing  # type: ignore[method-assign]
 
         told = Told()
         commits = GroupCommit(store, "m1", told, store_retry_for=0.5)

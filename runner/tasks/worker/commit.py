@@ -18,7 +18,8 @@ operator, a stale token, a resource taken) is settled alone, the rest of its gro
 
 Failure behaviour:
 
-* the graph unreachable: the group is written again with backoff (one write for it and what
+* the graph unreachable (or any other error of the write): the group is written again with
+  backoff (one write for it and what
   queued meanwhile) for ``store_retry_for`` seconds from each end's arrival and while its lock
   is still held; past that the end is given up: its attempt stays RUNNING (the master closes it
   as superseded), its lock is released, the task runs again;
@@ -157,15 +158,22 @@ class GroupCommit:
             log.info("member %s: releasing %d task locks: %s", self.member_id, len(group), exc)
 
     def _write(self, items: list[_Queued]) -> dict[int, Task | StoreError]:
-        """``conclude_many`` of the items; the graph out of reach: again with backoff, each
-        item for ``store_retry_for`` from its arrival and while its lock is held."""
+        """``conclude_many`` of the items; the graph out of reach (or any other error of the
+        write): again with backoff, each item for ``store_retry_for`` from its arrival and
+        while its lock is held."""
         delay = 0.1
         found: dict[int, Task | StoreError] = {}
         while items:
             try:
                 answers = self.store.conclude_many([q.ending.conclusion  # type: ignore[misc]
                                                     for q in items])
-            except StoreUnavailable as exc:
+            except Exception as error:
+                exc = error if isinstance(error, StoreUnavailable) else None
+                if exc is None:  # a fault of the write itself: tried again like the graph out
+                    # of reach (given up at once, the locks went and the tasks ran again)
+                    log.exception("member %s: writing %d attempt ends failed", self.member_id,
+                                  len(items))
+                    exc = StoreUnavailable(f"the write of the ends failed: {error!r}")
                 now = time.monotonic()
                 for q in [q for q in items if now + delay > q.since + self.store_retry_for
                           or not q.ending.slot.lock.is_held]:
