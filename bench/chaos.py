@@ -583,11 +583,15 @@ def figures(run: Run, reader: Session) -> dict[str, Any]:
         needless += [a for a in attempts if a.status is AttemptStatus.CANCELLED_BY_SYSTEM
                      and not disrupted_while(run, a)]
         statuses = [a.status for a in attempts]
-        if kind == "diag.fail":
-            if task.active or task.finished or AttemptStatus.FAILED not in statuses:
-                lost += 1
-        elif not (task.finished or paused_fire(task)):
+        if (task.active or task.finished or AttemptStatus.FAILED not in statuses) \
+                if kind == "diag.fail" else not (task.finished or paused_fire(task)):
             lost += 1
+            run.say(f"task lost: {task_id} ({kind}) {task.status.value}, active {task.active}, "
+                    f"finished {task.finished}, owner {task.owner}, run_at {task.run_at}, key "
+                    f"{task.ordering_key}, resources {list(task.resources)}, version "
+                    f"{task.version}, fence {task.fence}; attempts: "
+                    + "; ".join(f"{a.seq} {a.status.value} on {a.executor} [{a.started_at}, "
+                                f"{a.ended_at}] {a.error or ''}" for a in attempts))
         if task.finished and AttemptStatus.SUCCEEDED not in statuses:
             without_success += 1
         ordered = sorted(attempts, key=lambda a: a.started_at)
