@@ -8,7 +8,7 @@ import re
 import subprocess
 import sys
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from messaging.testing.plugin import AmqpNamespace
 from messaging.testing.rabbitmq import RabbitMQServer
 from runner.client import Client
 from runner.errors import BrokerUnreachable, NoAnswer, RequestFailed, RequestRefused
+from runner.store import codec
 from runner.testing.cluster import CLUSTER, Cluster
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -340,6 +341,33 @@ def test_a_bulk_submit_page_whose_answer_was_lost_is_sent_again_and_written_once
             assert client.wait(task_id, 60).succeeded
     assert cluster.store.graph.read(lambda g: g.V().has("task_priority", 7).count().next()) \
         == 600
+
+
+def test_a_trigger_scan_that_says_behind_makes_the_nodes_read_a_late_write(
+        cluster: Cluster) -> None:
+    """A task written ready 20 s behind the nodes' cursors (its writer paused after it stamped
+    it, as a SIGSTOP of the node writing a bulk page does: seen in the chaos suite) is beyond
+    any walk's reach; the TRIGGER_SCAN its writer sends with ``behind`` (what ``submit`` and
+    ``submit_many`` send) makes a node read from there and run it."""
+    import dataclasses
+
+    from runner.store.gremlin.rows import task_props
+    from runner.store.gremlin.steps import add_vertex
+
+    cluster.start_node()
+    with cluster.client(timeout=30) as client:
+        first = client.submit("diag.sleep", {"seconds": 0})
+        assert client.wait(first.id, 30).succeeded
+        time.sleep(3)  # the node's cursor passes now - 2 s
+        when = codec.now() - timedelta(seconds=20)
+        late = dataclasses.replace(cluster.store.tasks.new("diag.sleep", {"seconds": 0}),
+                                   created_at=when, updated_at=when)
+        cluster.store.graph.write(lambda g: add_vertex(g, "task", task_props(late)).iterate())
+        client.broadcast("TRIGGER_SCAN", {})
+        time.sleep(2.5)
+        assert cluster.task(late.id).status.value == "WAITING"  # no walk reaches it
+        client.broadcast("TRIGGER_SCAN", {"behind": when.isoformat()})
+        assert client.wait(late.id, 20).succeeded
 
 
 def test_submit_many_creates_pages_in_one_request_each_and_refuses_a_page_by_its_item(

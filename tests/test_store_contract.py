@@ -1018,6 +1018,43 @@ def test_a_write_that_lands_seconds_behind_the_cursor_is_read_within_a_second(
     assert {t.id for t in scan.read(5)} == {now.id, late.id}
 
 
+def test_a_write_that_landed_long_behind_the_cursor_is_read_once_its_writer_says_so(
+        store: GraphStore) -> None:
+    """A task whose ready second is 20 s behind a lane's cursor (its writer paused after it
+    stamped it, as a SIGSTOP of the node writing a bulk page does): no walk reaches back that
+    far (``SKEW``); once the writer says where its tasks are ready from (``rewind``: what a
+    TRIGGER_SCAN with ``behind`` does), the next read starts there and finds it, and the
+    lane's shared floor moves back with it."""
+    from runner.store.gremlin.rows import task_props
+    from runner.store.gremlin.steps import add_vertex
+    from runner.tasks.worker.ready import ReadyScan
+
+    class Floors:
+        def __init__(self) -> None:
+            self.moved: list[tuple[str, datetime, bool]] = []
+
+        def get(self, lane: str) -> datetime | None:
+            return None
+
+        def move(self, lane: str, at: datetime, *, back: bool = False) -> None:
+            self.moved.append((lane, at, back))
+
+    floors = Floors()
+    scan = ReadyScan(store.tasks, floors)
+    now = store.tasks.add(store.tasks.new("t", {}))
+    assert [t.id for t in scan.read(5)] == [now.id]
+    cursor = scan.cursors["r09"][0]
+    when = cursor - timedelta(seconds=20)
+    late = dataclasses.replace(store.tasks.new("t", {}), created_at=when, updated_at=when)
+    store.graph.write(lambda g: add_vertex(g, "task", task_props(late)).iterate())
+    assert [t.id for t in scan.read(5)] == [now.id]  # too far behind for any walk
+    scan.rewind(when + timedelta(seconds=30))  # ahead of the cursor: nothing moves
+    assert [t.id for t in scan.read(5)] == [now.id]
+    scan.rewind(when)
+    assert {t.id for t in scan.read(5)} == {now.id, late.id}
+    assert ("r09", when, True) in floors.moved
+
+
 def test_a_lane_whose_walk_found_tasks_is_not_asked_about_again(
         store: GraphStore, monkeypatch: pytest.MonkeyPatch) -> None:
     """Which lanes hold tasks, asked of the lanes whose last walk found none only (on

@@ -3,14 +3,15 @@
 start:
 
 * ``SYNCHRONIZE_MODEL`` and ``ONTOLOGY_CHANGED`` (MASTER): load new or changed ontologies;
-* ``TRIGGER_SCAN`` (MODEL): scan for tasks now (a task was submitted, or locks were freed);
-  on a reconnect, scan;
+* ``TRIGGER_SCAN`` (MODEL): scan for tasks now (a task was submitted, or locks were freed),
+  from ``behind`` on when it says (a write that may have landed late); on a reconnect, scan;
 * ``UPDATE_CACHE`` (MODEL): reload the ontology cache; on a reconnect, reload it.
 """
 
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 from typing import Any
 
 from messaging import HandlerContext
@@ -32,13 +33,21 @@ def ontology_changed(ctx: HandlerContext, payload: dict[str, Any]) -> None:
     ctx.services.get(OntologySync).synchronize(message_id=str(ctx.message_id))
 
 
-def _scan(services: Services) -> None:
-    services.get(TaskLoop).trigger()
+def _scan(services: Services, behind: datetime | None = None) -> None:
+    services.get(TaskLoop).trigger(behind)
 
 
 @broadcast("TRIGGER_SCAN", description="scan for tasks now", on_reconnect=_scan)
 def trigger_scan(ctx: HandlerContext, payload: dict[str, Any]) -> None:
-    _scan(ctx.services)
+    """``behind`` (ISO time, optional): the tasks written were ready from then on, maybe behind
+    the scans' cursors (a write that landed late)."""
+    behind = None
+    if isinstance(payload.get("behind"), str):
+        try:
+            behind = datetime.fromisoformat(payload["behind"])
+        except ValueError:
+            log.warning("TRIGGER_SCAN: behind %r is not an ISO time; ignored", payload["behind"])
+    _scan(ctx.services, behind if behind is not None and behind.tzinfo is not None else None)
 
 
 def _reload(services: Services, why: str = "") -> None:

@@ -35,6 +35,7 @@ import logging
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any
 
 from coord import (
@@ -61,6 +62,7 @@ from runner.pipeline.handlers import Pipeline, register_pipeline_tasks
 from runner.pipeline.spark import stop_spark
 from runner.requests import TaskSubmit, TaskSubmitMany, page_task_id
 from runner.store import GraphStore, Task
+from runner.store.due import ready_at
 from runner.tasks import Services, TaskRegistry, due
 from runner.tasks.authoring import load_entry_points, load_modules, register_commands
 from runner.tasks.commands import CommandRegistry
@@ -126,6 +128,11 @@ class NodeState(enum.Enum):
     LATENT = "LATENT"
     STARTED = "STARTED"
     CLOSED = "CLOSED"
+
+
+def _ready_from(tasks: list[Task]) -> str:
+    """The earliest second ``tasks`` (new, written ready) are ready from, in ISO form."""
+    return min(ready_at(t, t.updated_at) for t in tasks).isoformat()
 
 
 class Node:
@@ -350,7 +357,8 @@ class Node:
                                    resources=[*kind.resources, *req.resources])
         admitted = self.processor.accept(new)
         if admitted.admission is Admission.ELSEWHERE:
-            self.bus.broadcast("TRIGGER_SCAN", {"task": admitted.task.id})
+            self.bus.broadcast("TRIGGER_SCAN", {"task": admitted.task.id,
+                                                "behind": _ready_from([new])})
         return admitted.task
 
     def submit_many(self, req: TaskSubmitMany) -> list[Task]:
@@ -377,8 +385,11 @@ class Node:
         if req.page is not None:
             news = [replace(task, id=page_task_id(req.page, n)) for n, task in enumerate(news)]
         written = self.store.tasks.add_many(news, again=req.page is not None)
-        self.processor.trigger()
-        self.bus.broadcast("TRIGGER_SCAN", {"tasks": len(written)})
+        # from when they are ready: a write that landed late (this node paused, or waiting
+        # for the graph, after it stamped them) lies behind the scans' cursors
+        behind = _ready_from(news)
+        self.processor.trigger(datetime.fromisoformat(behind))
+        self.bus.broadcast("TRIGGER_SCAN", {"tasks": len(written), "behind": behind})
         return written
 
     def _mail(self, name: str, data: bytes) -> None:

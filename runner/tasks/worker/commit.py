@@ -20,8 +20,9 @@ Failure behaviour:
 
 * the graph unreachable (or any other error of the write): the group is written again with
   backoff (one write for it and what queued meanwhile) for ``store_retry_for`` seconds from
-  each end's arrival and while its lock is still held; past that the end is given up: its attempt stays RUNNING (the master closes it
-  as superseded), its lock is released, the task runs again;
+  each end's arrival and while its lock is still held; past that the end is given up: its
+  attempt stays RUNNING (the master closes it as superseded), its lock is released, the task
+  runs again;
 * a success refused because another attempt took one of its resources meanwhile (its hold was
   lost with its session): written CANCELLED_BY_SYSTEM instead, the task runs again;
 * a node killed -9 with ends queued: their attempts are still RUNNING, closed

@@ -106,8 +106,12 @@ class TaskLoop:
         self._feeder.start()
         return self
 
-    def trigger(self) -> None:
-        """Scan now (thread-safe), instead of waiting for the interval."""
+    def trigger(self, behind: datetime | None = None) -> None:
+        """Scan now (thread-safe), instead of waiting for the interval; ``behind``: tasks were
+        written ready at that second, maybe behind the scan's cursors (a write that landed
+        late: :meth:`ReadyScan.rewind`)."""
+        if behind is not None:
+            self.backlog.ready.rewind(behind)
         if self._stopping.is_set() or not self._scheduler.running:
             return
         try:

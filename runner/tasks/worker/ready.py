@@ -18,9 +18,10 @@ creation, being put back) or at its ``run_at``, never in the past; so the window
 cursor stay empty, but for clocks that disagree and writes that land late: a walk starts
 :data:`SKEW` seconds before the cursor every :data:`SKEW_EVERY` seconds, and every
 :data:`REFIND` seconds one read looks :data:`BACKSTOP` seconds behind it (a task found there
-moves the cursor back). A lane that holds nothing ready or running has its cursor at now (what
-comes next is written at now or later), and no cursor passes now less :data:`LAG` seconds (a
-task written now was stamped when it was made, a moment before).
+moves the cursor back); a writer that knows its write landed late says so
+(:meth:`ReadyScan.rewind`, through TRIGGER_SCAN). A lane that holds nothing ready or running
+has its cursor at now (what comes next is written at now or later), and no cursor passes now
+less :data:`LAG` seconds (a task written now was stamped when it was made, a moment before).
 
 Where a cursor starts: the lane's shared floor in ZooKeeper (:class:`~runner.tasks.due.
 LaneFloors`), which each node moves to its cursor every :data:`PUBLISH_EVERY` seconds, so a
@@ -35,6 +36,7 @@ ends); nothing is kept half updated.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -89,6 +91,27 @@ class ReadyScan:
         self._skewed: dict[str, float] = {}  # lane -> when a walk last started before its cursor
         self.reads = 0  # index reads made (the bench's and the tests' measure)
         self.lane_reads = 0  # reads of a whole lane (the tests' measure)
+        self._behind: datetime | None = None  # a rewind asked for, applied by the next read
+        self._behind_lock = threading.Lock()
+
+    def rewind(self, at: datetime) -> None:
+        """Tasks were written ready at ``at`` (a second) that may lie behind the cursors: a
+        write that landed late (its writer paused, or waiting for the graph, after it stamped
+        them). The next read starts every lane behind ``at`` there, and moves the lanes' shared
+        floors back to it. Thread-safe: called from whoever heard of the write."""
+        with self._behind_lock:
+            self._behind = at if self._behind is None else min(self._behind, at)
+
+    def _rewound(self) -> None:
+        with self._behind_lock:
+            at, self._behind = self._behind, None
+        if at is None:
+            return
+        for lane, (cursor, checked) in list(self.cursors.items()):
+            if at < cursor:
+                self.cursors[lane] = (at, checked)
+                if self.floors is not None:
+                    self.floors.move(lane, at, back=True)
 
     def read(self, limit: int, startable: Callable[[Task], bool] = lambda task: True
              ) -> list[Task]:
@@ -97,6 +120,7 @@ class ReadyScan:
         first, each lane's oldest first. Tasks that cannot start (a busy key's later tasks, a
         type this node lacks) are walked past, at most :data:`MAX_WINDOWS` windows a lane: so
         they cost reads while they lead their lane, and never stop the tasks behind them."""
+        self._rewound()
         found: list[Task] = []
         end = codec.now() + timedelta(seconds=due.HORIZON + 2 * due.BUCKET)
         lanes = self._lanes_holding()
