@@ -37,7 +37,9 @@ from typing import Any, Protocol, TypeVar
 from gremlin_python.process.anonymous_traversal import traversal
 
 from runner.errors import StoreFull, StoreUnavailable
+from runner.store.alarm import StorageAlarm, unwritable
 from runner.store.calls import CallStats
+from runner.store.strings import kept_strings
 
 log = logging.getLogger("latchwork.store")
 
@@ -57,73 +59,12 @@ class Graph(Protocol):
     def close(self) -> None: ...
 
 
-#: what SQLite says when the file cannot grow or be written: a full disk, a read-only file or
-#: volume, a failing device
-UNWRITABLE = ("database or disk is full", "disk i/o error", "readonly database",
-              "unable to open database file")
-
-
-def _unwritable(path: Path, exc: sqlite3.Error) -> StoreFull | None:
-    text = str(exc).lower()
-    if not any(words in text for words in UNWRITABLE):
-        return None
-    return StoreFull(f"graph file {path}: the disk is full or the file unwritable ({exc}); "
-                     "writes are refused until space is freed")
-
-
-class StorageAlarm:
-    """Says that the graph refuses writes for want of space in one warning line a minute
-    (with how many were refused), not a line per refused write, and once more when a write
-    succeeds again."""
-
-    def __init__(self, path: Path, every: float = 60.0) -> None:
-        self.path = path
-        self.every = every
-        self._lock = threading.Lock()
-        self._refused = 0  # since the last line
-        self._since: float | None = None  # monotonic time of the first refusal of this spell
-        self._said = float("-inf")
-
-    def refused(self, exc: StoreFull) -> None:
-        now = time.monotonic()
-        with self._lock:
-            self._refused += 1
-            if self._since is None:
-                self._since = now
-            if now - self._said < self.every:
-                return
-            count, self._refused, self._said = self._refused, 0, now
-        log.warning("%s (%d write(s) refused since the last line; accepted work waits and is "
-                    "retried, new writes answer store_full)", str(exc), count)
-
-    def written(self) -> None:
-        if self._since is None:  # the common case: one read of an attribute
-            return
-        with self._lock:
-            since, self._since, self._said = self._since, None, float("-inf")
-            self._refused = 0
-        if since is not None:
-            log.warning("graph file %s is writable again (after %.0fs)", self.path,
-                        time.monotonic() - since)
-
-
-#: strings (property names and values) a connection keeps, by id and by value; past it, it
-#: forgets them all and starts again
-STRINGS_KEPT = 4096
-_KEPT_LOCK = threading.Lock()
-
-
 class _LazyBegin(sqlite3.Connection):
     """A SQLite connection whose transaction begins at the first cursor asked for after
     :meth:`begin_lazily`, so that only statements run inside it: gremlite reaches SQLite through
     ``cursor()`` only, after gremlinpython has built the traversal and gremlite has compiled it.
 
-    It also keeps the strings its reads looked up (:func:`_kept_strings`): gremlite stores every
-    property name and string value once, in a table of strings, and reads each of a row's
-    names and values with a query of its own (an element map of ten properties is 21 queries).
-    A string's id never changes once committed (gremlite never deletes one), so what a read
-    (a snapshot of committed data) found stays true; a write's lookups are not kept (a string
-    that write added is gone again if it rolls back, and its id may be given to another)."""
+    It also keeps the strings its reads looked up (:mod:`runner.store.strings`)."""
 
     def __init__(self, path: Path, busy_timeout: float) -> None:
         super().__init__(path, timeout=busy_timeout, isolation_level=None)
@@ -161,7 +102,7 @@ class _LazyBegin(sqlite3.Connection):
                     return
                 except sqlite3.OperationalError as exc:
                     if "locked" not in str(exc) and "busy" not in str(exc):
-                        raise (_unwritable(self.file, exc)
+                        raise (unwritable(self.file, exc)
                                or StoreUnavailable(f"graph file {self.file}: {exc}")) from exc
                     if time.monotonic() > deadline:
                         raise StoreUnavailable(f"graph file {self.file} stayed locked for "
@@ -171,53 +112,6 @@ class _LazyBegin(sqlite3.Connection):
         finally:
             if immediate:
                 self.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
-
-
-def _kept_strings() -> None:
-    """gremlite's two string lookups, through the connection's kept strings (see
-    :class:`_LazyBegin`); once per process."""
-    from gremlite import querytools
-
-    with _KEPT_LOCK:
-        if not getattr(querytools, "_latchwork_kept", False):
-            _wrap_lookups(querytools)
-            querytools._latchwork_kept = True
-
-
-def _wrap_lookups(querytools: Any) -> None:
-    def kept(lookup: Callable[[Any, Any], Any], by_id: bool) -> Callable[[Any, Any], Any]:
-        """``lookup`` (an id's string, or a string's id) through the kept strings."""
-        def find(con: Any, key: Any) -> Any:
-            strings = getattr(con, "by_id" if by_id else "by_value", None)
-            if strings is None:  # not one of ours
-                return lookup(con, key)
-            found = strings.get(key)
-            if found is None:
-                found = lookup(con, key)
-                if found is not None and con.reading:
-                    _keep(con, *((key, found) if by_id else (found, key)))
-            return found
-        return find
-
-    id_to_string = kept(querytools.id_to_string, True)
-    string_to_id = kept(querytools.string_to_id, False)
-    merge = querytools.merge_string
-
-    def merge_string(con: Any, value: Any) -> Any:  # a write's: kept ones used, none kept
-        strings = getattr(con, "by_value", None)
-        i = strings.get(value) if strings is not None else None
-        return merge(con, value) if i is None else i
-
-    querytools.id_to_string, querytools.string_to_id = id_to_string, string_to_id
-    querytools.merge_string = merge_string
-
-
-def _keep(con: _LazyBegin, i: int, value: str) -> None:
-    if len(con.by_id) >= STRINGS_KEPT:
-        con.by_id.clear()
-        con.by_value.clear()
-    con.by_id[i] = value
-    con.by_value[value] = i
 
 
 class EmbeddedGraph:
@@ -275,7 +169,7 @@ class EmbeddedGraph:
     def _open(self) -> Any:
         from gremlite import SQLiteConnection
 
-        _kept_strings()
+        kept_strings()
         try:
             remote = SQLiteConnection(self.path, isolation_level=None, timeout=self.busy_timeout)
             # gremlite's traversals use ``remote.con``: ours, which begins lazily, replaces it
@@ -327,7 +221,7 @@ class EmbeddedGraph:
                     con.execute("ROLLBACK")
                 except sqlite3.Error:
                     pass  # SQLite rolled back itself (a full disk, an I/O error)
-            full = _unwritable(self.path, exc) if isinstance(exc, sqlite3.Error) else exc
+            full = unwritable(self.path, exc) if isinstance(exc, sqlite3.Error) else exc
             if isinstance(full, StoreFull):
                 self.alarm.refused(full)
                 if full is not exc:

@@ -1,0 +1,70 @@
+"""The strings an embedded graph's SQLite connection keeps: gremlite's string lookups through
+them.
+
+gremlite stores every property name and string value once, in a table of strings, and reads
+each of a row's names and values with a query of its own (an element map of ten properties is
+21 queries). A connection (``runner.store.graph._LazyBegin``: ``by_id``, ``by_value``,
+``reading``) keeps what its reads looked up, and its lookups and writes use it. A string's id
+never changes once committed (gremlite never deletes one), so what a read (a snapshot of
+committed data) found stays true; a write's lookups are not kept (a string that write added is
+gone again if it rolls back, and its id may be given to another). Nothing here does I/O of its
+own; a connection that is not one of ours goes straight to gremlite.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+#: strings (property names and values) a connection keeps, by id and by value; past it, it
+#: forgets them all and starts again
+STRINGS_KEPT = 4096
+_KEPT_LOCK = threading.Lock()
+
+
+def kept_strings() -> None:
+    """gremlite's two string lookups, through the connection's kept strings (see
+    :class:`_LazyBegin`); once per process."""
+    from gremlite import querytools
+
+    with _KEPT_LOCK:
+        if not getattr(querytools, "_latchwork_kept", False):
+            _wrap_lookups(querytools)
+            querytools._latchwork_kept = True
+
+
+def _wrap_lookups(querytools: Any) -> None:
+    def kept(lookup: Callable[[Any, Any], Any], by_id: bool) -> Callable[[Any, Any], Any]:
+        """``lookup`` (an id's string, or a string's id) through the kept strings."""
+        def find(con: Any, key: Any) -> Any:
+            strings = getattr(con, "by_id" if by_id else "by_value", None)
+            if strings is None:  # not one of ours
+                return lookup(con, key)
+            found = strings.get(key)
+            if found is None:
+                found = lookup(con, key)
+                if found is not None and con.reading:
+                    _keep(con, *((key, found) if by_id else (found, key)))
+            return found
+        return find
+
+    id_to_string = kept(querytools.id_to_string, True)
+    string_to_id = kept(querytools.string_to_id, False)
+    merge = querytools.merge_string
+
+    def merge_string(con: Any, value: Any) -> Any:  # a write's: kept ones used, none kept
+        strings = getattr(con, "by_value", None)
+        i = strings.get(value) if strings is not None else None
+        return merge(con, value) if i is None else i
+
+    querytools.id_to_string, querytools.string_to_id = id_to_string, string_to_id
+    querytools.merge_string = merge_string
+
+
+def _keep(con: Any, i: int, value: str) -> None:
+    if len(con.by_id) >= STRINGS_KEPT:
+        con.by_id.clear()
+        con.by_value.clear()
+    con.by_id[i] = value
+    con.by_value[value] = i
