@@ -22,6 +22,8 @@ What runs (all on loopback, servers and nodes started here and stopped by PID):
   ``Client.submit_many`` while one more fault (drawn from :data:`BURST_FAULTS`) hits, so faults
   land on claims made in batches and ends written in groups; ``burst`` in the table gives the
   claim batches by size (the tasks of one batch share their token) and those a fault hit.
+  The fault comes once its victim runs tasks of the burst (how many: in the table), so that it
+  lands on claims in hand, not beside the burst.
 
 Faults injected while they run, in an order drawn from the seed: kill -9 of a node and of the
 master (each restarted), SIGSTOP past the session timeout, a silent partition of one node
@@ -206,6 +208,7 @@ class Run:
     #: the burst round: its tasks (submitted with submit_many) and the fault that hit it
     burst_tasks: list[str] = field(default_factory=list)
     burst_fault: str = ""
+    burst_running: int = 0  # the burst's attempts running on the victim when the fault came
 
     @property
     def appends(self) -> Path:
@@ -366,12 +369,30 @@ class Run:
                 self.tasks[task_id] = "diag.sleep"
 
         self.burst_fault = fault
+        victim = (self.master_index(reader) if fault == "kill_master"
+                  else self.rng.randrange(len(self.nodes)))
+        member = self.nodes[victim].member
+        began, before = time.time(), set(self.tasks)
         sender = threading.Thread(target=submit)
         sender.start()
-        time.sleep(0.5)  # pages are being written and claimed
-        self.say(f"burst: {self.profile.burst} tasks with submit_many, {fault} during it")
-        self.inject(fault, reader)
+        # the fault lands on claims in hand: once the victim runs tasks of the burst
+        running = wait_until(lambda: self.burst_running_on(member, began, before) >= 2, 15,
+                             0.05)
+        self.burst_running = self.burst_running_on(member, began, before)
+        self.say(f"burst: {self.profile.burst} tasks with submit_many, {fault} during it, "
+                 f"{self.burst_running} of them running on node{victim} ({member})"
+                 + ("" if running else " (no more came in 15 s)"))
+        self.inject(fault, reader, victim)
         sender.join(120)
+
+    def burst_running_on(self, member: str, since: float, before: set[str]) -> int:
+        """Attempts of the burst's tasks (the plain ``diag.sleep`` tasks that started since
+        ``since``, not among the tasks submitted ``before``) running on ``member`` now."""
+        return sum(1 for a in self.store.attempts.running()
+                   if a.executor == member and a.task_id not in before
+                   and a.started_at.timestamp() >= since
+                   and (task := self.store.tasks.get(a.task_id)).type == "diag.sleep"
+                   and task.unique_key is None)
 
     def ending_burst(self) -> float:
         """:data:`ENDING` ``diag.append`` tasks (of the highest priority) whose handlers all
@@ -394,11 +415,12 @@ class Run:
         end()
         self.disrupted.append((member, fault, began, time.time() + 1.0))
 
-    def inject(self, fault: str, reader: Session) -> None:
+    def inject(self, fault: str, reader: Session, victim: int | None = None) -> None:
         hold = self.profile.session * 2.5
-        victim = self.rng.randrange(len(self.nodes))
-        if fault == "kill_master":
-            victim = self.master_index(reader)
+        if victim is None:
+            victim = self.rng.randrange(len(self.nodes))
+            if fault == "kill_master":
+                victim = self.master_index(reader)
         node = self.nodes[victim]
         self.injected[fault] += 1
         began = time.time()
@@ -654,6 +676,7 @@ def burst_figures(run: Run) -> dict[str, Any]:
     hit = Counter(len(v) for v in batches.values()
                   if any(a.status is AttemptStatus.CANCELLED_BY_SYSTEM for a in v))
     return {"tasks": len(run.burst_tasks), "fault": run.burst_fault,
+            "running_on_the_victim_when_it_hit": run.burst_running,
             "claim_batches_by_size": dict(sorted(sizes.items())),
             "batches_a_fault_hit_by_size": dict(sorted(hit.items()))}
 
