@@ -103,8 +103,9 @@ from pathlib import Path
 from typing import Any
 
 from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
 
-from coord import Session, read_leader
+from coord import Session, read_leader, read_members
 from coord.testing import NodeProcess, TcpProxy, ZooKeeperCluster, kill_ensemble_leader, wait_until
 from coord.testing.hosts import Host, HostNetwork, hosts_unavailable_reason
 from messaging import (
@@ -636,6 +637,8 @@ def figures(run: Run, reader: Session) -> dict[str, Any]:
         run.say(f"chaos.record {message} confirmed, no effect; its runs: {seen.get(message)}")
     messages_lost = len(unanswered)
     locks = client.get_children("/locks/tasks") if client.exists("/locks/tasks") else []
+    for task_id in locks:
+        run.say(f"lock left: {left_lock(run, reader, task_id)}")
     early, ordering, resources = semantics(run)
     shapes: Counter[str] = Counter()
     for task_id in run.tasks:
@@ -661,6 +664,33 @@ def figures(run: Run, reader: Session) -> dict[str, Any]:
         "started_before_run_at": early, "ordering_violations": ordering,
         "resource_holders_overlapping": resources, **fires(run), "burst": burst_figures(run),
     }
+
+
+def left_lock(run: Run, reader: Session, task_id: str) -> str:
+    """What a lock parent left once everything ended holds, for the log: each child with its
+    owner, whether that owner is a live member, its session and age; the task's state and
+    attempts."""
+    client = reader.client
+    members = set(read_members(reader))
+    parts = []
+    for child in client.get_children(f"/locks/tasks/{task_id}"):
+        try:
+            data, stat = client.get(f"/locks/tasks/{task_id}/{child}")
+        except NoNodeError:
+            continue
+        owner = data.decode()
+        parts.append(f"{child} owner {owner} ({'live' if owner in members else 'not a member'}"
+                     f", session 0x{stat.ephemeralOwner:x}, "
+                     f"{time.time() - stat.ctime / 1000:.1f}s old, czxid {stat.czxid})")
+    try:
+        task = run.store.tasks.get(task_id)
+        state = (f"{task.status.value}, owner {task.owner}, fence {task.fence}; attempts "
+                 + "; ".join(f"{a.seq} {a.status.value} on {a.executor} fence {a.fence} "
+                             f"[{a.started_at}, {a.ended_at}]"
+                             for a in run.store.attempts.for_task(task_id)))
+    except Exception as exc:  # not a task of the store
+        state = f"no task: {exc!r}"
+    return f"{task_id}: {', '.join(parts) or 'no child'}; task {state}"
 
 
 def burst_figures(run: Run) -> dict[str, Any]:

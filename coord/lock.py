@@ -16,6 +16,9 @@ Failure behaviour:
 * a lost reply (connection blip) during a try: the retry looks for our uuid-prefixed node
   before creating another, and cleanup of a failed try retries until the node is gone, so no
   orphan contender node is left (kazoo issue 732); errors other than connection loss propagate;
+* a release that fails while the session lives (connection loss past its retries) raises, and
+  its delete is tried again later (:mod:`coord.late`) until done or the session is gone: a
+  live session would keep the node, and so the lock, for as long as it lives;
 * session LOST: the node is gone; lost listeners are told; ``release()`` is then a no-op;
 * the node deleted under us (``force_release`` by the master): lost listeners are told;
 * SUSPENDED: the lock is in doubt, not lost: ``verify()`` waits for RECONNECTED (held) or LOST
@@ -48,6 +51,7 @@ from kazoo.protocol.states import EventType, WatchedEvent
 
 from coord._znodes import create_protected, find_own, retry_policy, sort_by_seq, zk_errors
 from coord.errors import LockNotHeld
+from coord.late import delete_later
 from coord.session import Session, SessionState
 
 log = logging.getLogger(__name__)
@@ -211,7 +215,7 @@ class TaskLock:
             children = sort_by_seq(client.retry(client.get_children, self.parent))
             if children and f"{self.parent}/{children[0]}" == node:
                 return self._held(node)
-            self._remove(node)
+            self._remove_or_later(node)
             return None
         raise NoNodeError(self.parent)
 
@@ -358,7 +362,9 @@ class TaskLock:
         check: a lock taken away since is not ours to delete, and then that operation fails).
         A transaction refused by one lock (its node gone, a contender's node in its parent)
         releases that lock alone (:meth:`release`'s way: our node, then the parent if empty)
-        and sends the others again. Locks already lost are skipped."""
+        and sends the others again. Locks already lost are skipped. A delete that fails while
+        the session lives is tried again later (see :meth:`_remove_or_later`); the first such
+        failure is raised once every lock was tried."""
         held = []
         for lock in locks:
             with lock._mutex:
@@ -372,6 +378,7 @@ class TaskLock:
             return
         session = held[0][0].session
         client = session.client
+        alone: list[tuple[TaskLock, str]] = []
         with zk_errors("task locks: release"):
             while held:
                 tx = client.transaction()
@@ -382,14 +389,13 @@ class TaskLock:
                     results = tx.commit_async().get(
                         timeout=max(0.001, session.deadline - time.monotonic()))
                 except Exception:  # lost or late: each alone (a retried delete is harmless)
-                    for lock, node in held:
-                        lock._remove(node)
-                    return
+                    alone += held
+                    break
                 failed = _refused(results)
                 if failed is None:
-                    return
-                lock, node = held.pop(failed // 2)
-                lock._remove(node)
+                    break
+                alone.append(held.pop(failed // 2))
+            _remove_each(alone)
 
     # -- release ---------------------------------------------------------------------------
 
@@ -406,7 +412,23 @@ class TaskLock:
             if self.session.state is SessionState.LOST:
                 return  # the node went with the session
             with zk_errors(f"task lock {self.task_id}: release"):
-                self._remove(node)
+                self._remove_or_later(node)
+
+    def _remove_or_later(self, node: str) -> None:
+        """:meth:`_remove`; when that fails while the session lives (connection loss past
+        the retries, an error of the delete), the delete is tried again later
+        (:func:`coord.late.delete_later`): a live session keeps its node for as long as it
+        lives, so a release given up would hold the task's lock for ever. Raises the
+        failure all the same."""
+        session = self.session
+        session_id = session.session_id
+        try:
+            self._remove(node)
+        except Exception:
+            if not session.expired(session_id):
+                delete_later(session, session_id, lambda: self._remove(node),
+                             f"task lock {self.task_id}: node {node}")
+            raise
 
     def _remove(self, node: str) -> None:
         """Delete ``node`` and then, if it is empty, the task's lock parent; retried on
@@ -484,6 +506,19 @@ def _holder(session: Session, task_id: str) -> tuple[str, bytes, float, int] | N
             continue
         return f"{parent}/{child}", data, stat.ctime / 1000.0, stat.czxid
     return None
+
+
+def _remove_each(held: Sequence[tuple[TaskLock, str]]) -> None:
+    """:meth:`TaskLock._remove_or_later` of each (lock, node), every one tried though one
+    fails; the first failure raised once all were."""
+    failure: Exception | None = None
+    for lock, node in held:
+        try:
+            lock._remove_or_later(node)
+        except Exception as exc:
+            failure = failure or exc
+    if failure is not None:
+        raise failure
 
 
 def lock_owner(session: Session, task_id: str) -> str | None:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from coord._znodes import retry_policy, zk_errors
+from coord.late import delete_later
 from coord.session import Session
 
 log = logging.getLogger(__name__)
@@ -93,7 +94,14 @@ class Booking:
                     pass
 
         with zk_errors("cannot release slot leases"):
-            retry_policy()(attempt)
+            try:
+                retry_policy()(attempt)
+            except Exception:  # the session lives on (else ``attempt`` returns): a live
+                # session would keep these leases, and so the slots, for as long as it lives
+                if not self.session.expired(self.session_id):
+                    delete_later(self.session, self.session_id, attempt,
+                                 f"slot leases {', '.join(leases)}")
+                raise
 
     def __enter__(self) -> Booking:
         return self

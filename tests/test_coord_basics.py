@@ -321,6 +321,65 @@ def test_a_batch_of_locks_is_one_transaction_whose_stamp_is_every_token(
         other.close()
 
 
+def test_a_release_that_fails_while_its_session_lives_is_done_later(
+        zk_namespace: ZkNamespace, session: Session, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lock's delete that fails (a connection lost past its retries, as in a ZooKeeper
+    leader election during a group commit's release) on a session that lives on: the lock
+    was held by a live member for ever (the chaos suite's ``lock_znodes_left``: the master
+    reaps only the locks of members that are gone). The release still raises, and the delete
+    is tried again until done: alone (``release``), and in a batch whose transaction a
+    contender's node refused (``release_all``: that lock alone); a slot booking's leases too.
+    Each delete here fails twice (the release and the first try again) before it goes."""
+    from kazoo.exceptions import ConnectionLoss
+
+    from coord import ConnectionLost, Slots
+    from coord.late import late_deletes_pending
+
+    real_remove = TaskLock._remove
+    failures: dict[str, int] = {}
+
+    def flaky_remove(self: TaskLock, node: str) -> None:
+        failures[self.task_id] = failures.get(self.task_id, 0) + 1
+        if failures[self.task_id] <= 2:
+            raise ConnectionLoss("lost in an election (injected)")
+        real_remove(self, node)
+
+    other = other_session(zk_namespace)
+    try:
+        alone = TaskLock(session, "alone", "a")
+        batch = [TaskLock(session, name, "a") for name in ("b1", "b2", "b3")]
+        assert alone.try_acquire() is not None
+        assert all(TaskLock.try_acquire_all(batch, watch=False))
+        other.client.create("/locks/tasks/b2/zzz-lock-", b"c", ephemeral=True, sequence=True)
+        booking = Slots(session, "a").try_book([], ["resource/r1"])
+        assert booking is not None
+        leases = list(booking.leases)
+        monkeypatch.setattr(TaskLock, "_remove", flaky_remove)
+        with pytest.raises(ConnectionLost):
+            alone.release()
+        with pytest.raises(ConnectionLost):  # b2 refused the transaction: alone, and fails
+            TaskLock.release_all(batch)
+        monkeypatch.setattr("coord.slots.retry_policy", lambda: _failing_retry)
+        with pytest.raises(ConnectionLost):
+            booking.release()
+        session_id = session.session_id
+        assert lock_owner(other, "alone") == "a" and lock_owner(other, "b2") == "a"
+        assert wait_until(lambda: sorted(other.client.get_children("/locks/tasks")) == ["b2"]
+                          and not any(other.client.exists(lease) for lease in leases), 10)
+        assert lock_owner(other, "b2") == "c"  # the contender's node stays
+        assert session.session_id == session_id  # the same session: released, not expired
+        assert failures == {"alone": 3, "b2": 3} and late_deletes_pending() == 0
+    finally:
+        other.close()
+
+
+def _failing_retry(attempt: object) -> None:
+    """A retry policy that gave up (the connection lost past its deadline)."""
+    from kazoo.exceptions import ConnectionLoss
+
+    raise ConnectionLoss("lost past the retries (injected)")
+
+
 def test_the_lock_of_a_task_nobody_knows_yet_is_taken_watched_in_one_go(
         zk_namespace: ZkNamespace, session: Session) -> None:
     """``TaskLock.try_acquire_new``: the parent-and-node transaction and the watch on the
