@@ -141,6 +141,17 @@ def test_a_refused_end_is_its_own_and_the_rest_of_the_group_is_written(
     assert all(lock_owner(zk, e.claim.task.id) is None for e in ends)
 
 
+def fails(original: Any, left: list[int], error: Exception) -> Any:
+    """``original`` (a store's ``conclude_many``), raising ``error`` while ``left[0]`` is not
+    0 (counted down by each call)."""
+    def failing(conclusions: Any) -> Any:
+        if left[0]:
+            left[0] -= 1
+            raise error
+        return original(conclusions)
+    return failing
+
+
 def test_a_graph_out_of_reach_is_tried_again_then_given_up(tmp_path: Path, zk: Session) -> None:
     """The graph failing under a group: the group is written again with backoff (all of it:
     on the file it is one transaction, nothing of the failed try stayed); past
@@ -148,51 +159,29 @@ def test_a_graph_out_of_reach_is_tried_again_then_given_up(tmp_path: Path, zk: S
     be written", their attempts left RUNNING for the master, their locks released. Any other
     error of the write is tried again the same way."""
     with open_store(str(tmp_path / "graph.db")) as store:
-        told = Told()
-        commits = GroupCommit(store, "m1", told, store_retry_for=30)
-        ends = claimed(store, zk, 3)
         original = store.conclude_many
-        failures = [2]
-
-        def failing(conclusions: Any) -> Any:
-            if failures[0]:
-                failures[0] -= 1
-                raise StoreUnavailable("the graph went away")
-            return original(conclusions)
-
-        store.conclude_many = failing  # type: ignore[method-assign]
-        for ending in ends:
-            commits.submit(ending)
-        assert wait_until(lambda: len(told.ends) == 3, 20)
-        assert all(told.ends[e.claim.task.id][0] is Outcome.FINISHED for e in ends)
-        commits.close()
-
-        # an error of the write itself (it was an OverflowError in the wait for SQLite's lock)
-        # is tried again the same way, not given up at once with the locks let go
-        told = Told()
-        commits = GroupCommit(store, "m1", told, store_retry_for=30)
-        odd = claimed(store, zk, 2)
-        broken = [2]
-
-        def faulty(conclusions: Any) -> Any:
-            if broken[0]:
-                broken[0] -= 1
-                raise OverflowError("int too large to convert to float")
-            return original(conclusions)
-
-        store.conclude_many = faulty  # type: ignore[method-assign]
-        for ending in odd:
-            commits.submit(ending)
-        assert wait_until(lambda: len(told.ends) == 2, 20)
-        assert all(told.ends[e.claim.task.id][0] is Outcome.FINISHED for e in odd)
-        assert broken == [0]
-        commits.close()
-        store.conclude_many = failing  # type: ignore[method-assign]
+        # the graph out of reach, then an error of the write itself (it was an OverflowError
+        # in the wait for SQLite's lock), twice each: tried again the same way, not given up
+        # at once with the locks let go
+        for fault, count in ((StoreUnavailable("the graph went away"), 3),
+                             (OverflowError("int too large to convert to float"), 2)):
+            left = [2]
+            store.conclude_many = fails(original, left, fault)  # type: ignore[method-assign]
+            told = Told()
+            commits = GroupCommit(store, "m1", told, store_retry_for=30)
+            ends = claimed(store, zk, count)
+            for ending in ends:
+                commits.submit(ending)
+            assert wait_until(lambda: len(told.ends) == count, 20)  # noqa: B023
+            assert all(told.ends[e.claim.task.id][0] is Outcome.FINISHED for e in ends)
+            assert left == [0]
+            commits.close()
+        store.conclude_many = fails(original, [1000],  # type: ignore[method-assign]
+                                    StoreUnavailable("the graph went away"))
 
         told = Told()
         commits = GroupCommit(store, "m1", told, store_retry_for=0.5)
         more = claimed(store, zk, 2)
-        failures[0] = 1000
         for ending in more:
             commits.submit(ending)
         assert wait_until(lambda: len(told.ends) == 2, 20)

@@ -1001,19 +1001,12 @@ def test_a_write_that_lands_seconds_behind_the_cursor_is_read_within_a_second(
     """A task whose ready second is 3 s behind a lane's cursor (a write that took that long to
     land, a clock 3 s behind): the walks that start ``SKEW`` before the cursor, one every
     ``SKEW_EVERY`` seconds, read it."""
-    from runner.store.gremlin.rows import task_props
-    from runner.store.gremlin.steps import add_vertex
     from runner.tasks.worker import ready
     from runner.tasks.worker.ready import ReadyScan
 
     monkeypatch.setattr(ready, "SKEW_EVERY", 0.3)
     scan = ReadyScan(store.tasks)
-    now = store.tasks.add(store.tasks.new("t", {}))
-    assert [t.id for t in scan.read(5)] == [now.id]
-    cursor = scan.cursors["r09"][0]
-    when = cursor - timedelta(seconds=3)
-    late = dataclasses.replace(store.tasks.new("t", {}), created_at=when, updated_at=when)
-    store.graph.write(lambda g: add_vertex(g, "task", task_props(late)).iterate())
+    now, late = _a_task_read_then_one_written_behind(store, scan, seconds=3)
     time.sleep(0.3)
     assert {t.id for t in scan.read(5)} == {now.id, late.id}
 
@@ -1025,8 +1018,6 @@ def test_a_write_that_landed_long_behind_the_cursor_is_read_once_its_writer_says
     far (``SKEW``); once the writer says where its tasks are ready from (``rewind``: what a
     TRIGGER_SCAN with ``behind`` does), the next read starts there and finds it, and the
     lane's shared floor moves back with it."""
-    from runner.store.gremlin.rows import task_props
-    from runner.store.gremlin.steps import add_vertex
     from runner.tasks.worker.ready import ReadyScan
 
     class Floors:
@@ -1041,18 +1032,29 @@ def test_a_write_that_landed_long_behind_the_cursor_is_read_once_its_writer_says
 
     floors = Floors()
     scan = ReadyScan(store.tasks, floors)
-    now = store.tasks.add(store.tasks.new("t", {}))
-    assert [t.id for t in scan.read(5)] == [now.id]
-    cursor = scan.cursors["r09"][0]
-    when = cursor - timedelta(seconds=20)
-    late = dataclasses.replace(store.tasks.new("t", {}), created_at=when, updated_at=when)
-    store.graph.write(lambda g: add_vertex(g, "task", task_props(late)).iterate())
+    now, late = _a_task_read_then_one_written_behind(store, scan, seconds=20)
+    when = late.created_at
     assert [t.id for t in scan.read(5)] == [now.id]  # too far behind for any walk
     scan.rewind(when + timedelta(seconds=30))  # ahead of the cursor: nothing moves
     assert [t.id for t in scan.read(5)] == [now.id]
     scan.rewind(when)
     assert {t.id for t in scan.read(5)} == {now.id, late.id}
     assert ("r09", when, True) in floors.moved
+
+
+def _a_task_read_then_one_written_behind(store: GraphStore, scan: Any, seconds: float
+                                         ) -> tuple[Task, Task]:
+    """A task that ``scan`` reads (its lane's cursor at it), then one written with its ready
+    second ``seconds`` behind that cursor, as a write that landed late leaves it."""
+    from runner.store.gremlin.rows import task_props
+    from runner.store.gremlin.steps import add_vertex
+
+    now = store.tasks.add(store.tasks.new("t", {}))
+    assert [t.id for t in scan.read(5)] == [now.id]
+    when = scan.cursors["r09"][0] - timedelta(seconds=seconds)
+    late = dataclasses.replace(store.tasks.new("t", {}), created_at=when, updated_at=when)
+    store.graph.write(lambda g: add_vertex(g, "task", task_props(late)).iterate())
+    return now, late
 
 
 def test_a_lane_whose_walk_found_tasks_is_not_asked_about_again(
