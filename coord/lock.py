@@ -76,6 +76,73 @@ def _refused(results: Sequence[object]) -> int | None:
     return None
 
 
+def _send_locks(locks: Sequence[TaskLock], batch: list[int], prefixes: list[str]) -> Any:
+    """Send the transaction that creates the ``batch`` locks' parents and nodes and writes the
+    session's stamp (:func:`stamp_path`); its async result."""
+    session = locks[batch[0]].session
+    tx = session.client.transaction()
+    for i in batch:
+        tx.create(locks[i].parent, b"")
+        tx.create(f"{locks[i].parent}/{prefixes[i]}", locks[i].owner.encode(),
+                  ephemeral=True, sequence=True)
+    tx.set_data(stamp_path(session), b"")
+    return tx.commit_async()
+
+
+class Acquiring:
+    """A :meth:`TaskLock.acquire_all_sent` under way: :meth:`tokens` awaits it (once)."""
+
+    def __init__(self, locks: list[TaskLock], prefixes: list[str], watch: bool, sent: Any,
+                 below: int = 0) -> None:
+        self.locks, self.prefixes, self.watch, self.below = locks, prefixes, watch, below
+        self._sent = sent
+
+    def tokens(self) -> list[int | None]:
+        """Each lock's token in order (None: held by someone else); see
+        :meth:`TaskLock.try_acquire_all`."""
+        locks, prefixes, watch = self.locks, self.prefixes, self.watch
+        if not locks:
+            return []
+        session = locks[0].session
+        client = session.client
+        tokens: list[int | None] = [None] * len(locks)
+        alone: list[tuple[int, bool]] = []  # (index, maybe sent)
+        batch = list(range(len(locks)))
+        sent, self._sent = self._sent, None
+        with zk_errors("task locks"):
+            while batch:
+                if sent is None:
+                    sent = _send_locks(locks, batch, prefixes)
+                try:
+                    results = sent.get(timeout=max(0.001, session.deadline - time.monotonic()))
+                except Exception:  # lost, or no answer in time: it may have been applied
+                    alone += [(i, True) for i in batch]
+                    break
+                sent = None
+                failed = _refused(results)
+                if failed is None:
+                    token = int(results[-1].mzxid)
+                    for n, i in enumerate(batch):
+                        tokens[i] = locks[i]._won(str(results[2 * n + 1]), token, watch)
+                    break
+                if failed == len(results) - 1:  # no stamp of this session yet
+                    client.retry(client.create, stamp_path(session), b"", ephemeral=True,
+                                 makepath=True)
+                    continue
+                if failed % 2 == 0 and isinstance(results[failed], NoNodeError):
+                    client.ensure_path(TASK_LOCKS)  # the first locks ever in this cluster
+                    continue
+                i = batch.pop(failed // 2)  # its parent exists: that lock alone
+                alone.append((i, False))
+        for i, maybe_sent in sorted(alone):
+            lock = locks[i]
+            with lock._mutex, zk_errors(f"task lock {lock.task_id}"):
+                if not maybe_sent and lock._held_elsewhere():
+                    continue  # refused: its parent has a holder (one read)
+                tokens[i] = lock._try_acquire_or_none(prefixes[i], maybe_sent)
+        return tokens
+
+
 def lock_path(task_id: str) -> str:
     if not task_id or "/" in task_id:
         raise ValueError(f"invalid task id {task_id!r}")
@@ -288,53 +355,27 @@ class TaskLock:
         ``watch``: set a watch on each node won (its deletion tells the lost listeners), one
         request each; without it a lock is known lost only with its session (the caller has
         another way to hear of a force-release: the runner's mailbox)."""
+        return TaskLock.acquire_all_sent(locks, watch=watch).tokens()
+
+    @staticmethod
+    def acquire_all_sent(locks: Sequence[TaskLock], *, watch: bool = True) -> Acquiring:
+        """:meth:`try_acquire_all` with its transaction sent now and its outcome awaited by
+        :meth:`Acquiring.tokens`, so that the caller can do something else meanwhile (the
+        runner writes a new task's claim while its lock is being taken). ``Acquiring.below``
+        is the last zxid this session saw before the transaction was sent: every node the
+        transaction (or a try after it) creates has a greater czxid, and so has every later
+        owner's, so it fences like a token of these locks (0 when the session saw none)."""
         if not locks:
-            return []
+            return Acquiring([], [], True, None)
         session = locks[0].session
         if any(lock.session is not session or lock.is_held for lock in locks):
             raise ValueError("try_acquire_all takes new locks of one session")
         session.require_connected()
-        client = session.client
-        tokens: list[int | None] = [None] * len(locks)
         prefixes = [f"{uuid.uuid4().hex}-lock-" for _ in locks]
-        alone: list[tuple[int, bool]] = []  # (index, maybe sent)
-        batch = list(range(len(locks)))
+        below = int(session.client.last_zxid or 0)
         with zk_errors("task locks"):
-            while batch:
-                stamp = stamp_path(session)
-                tx = client.transaction()
-                for i in batch:
-                    tx.create(locks[i].parent, b"")
-                    tx.create(f"{locks[i].parent}/{prefixes[i]}", locks[i].owner.encode(),
-                              ephemeral=True, sequence=True)
-                tx.set_data(stamp, b"")
-                try:
-                    results = tx.commit_async().get(
-                        timeout=max(0.001, session.deadline - time.monotonic()))
-                except Exception:  # lost, or no answer in time: it may have been applied
-                    alone += [(i, True) for i in batch]
-                    break
-                failed = _refused(results)
-                if failed is None:
-                    token = int(results[-1].mzxid)
-                    for n, i in enumerate(batch):
-                        tokens[i] = locks[i]._won(str(results[2 * n + 1]), token, watch)
-                    break
-                if failed == len(results) - 1:  # no stamp of this session yet
-                    client.retry(client.create, stamp, b"", ephemeral=True, makepath=True)
-                    continue
-                if failed % 2 == 0 and isinstance(results[failed], NoNodeError):
-                    client.ensure_path(TASK_LOCKS)  # the first locks ever in this cluster
-                    continue
-                i = batch.pop(failed // 2)  # its parent exists: that lock alone
-                alone.append((i, False))
-        for i, maybe_sent in sorted(alone):
-            lock = locks[i]
-            with lock._mutex, zk_errors(f"task lock {lock.task_id}"):
-                if not maybe_sent and lock._held_elsewhere():
-                    continue  # refused: its parent has a holder (one read)
-                tokens[i] = lock._try_acquire_or_none(prefixes[i], maybe_sent)
-        return tokens
+            sent = _send_locks(locks, list(range(len(locks))), prefixes)
+        return Acquiring(list(locks), prefixes, watch, sent, below)
 
     def _held_elsewhere(self) -> bool:
         """Whether this lock's parent, which refused a batch's create, has a holder (one read):

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from coord import Session
+from coord import Session, TaskLock, lock_owner
 from coord.testing import wait_until
 from coord.testing.plugin import ZkNamespace
 from runner.store import Attempt, AttemptStatus, GraphStore, Task, TaskStatus, codec, open_store
@@ -709,10 +709,11 @@ def test_a_freed_worker_lists_once_its_share_allows_when_it_may_not_at_once(
 def test_a_new_task_is_written_claimed_by_its_submitter_in_one_store_write(
         zk_namespace: ZkNamespace, store: GraphStore) -> None:
     """``TaskLoop.accept`` of a plain task with a worker free: written RUNNING with its
-    attempt and its lock's token in one store write, after its lock (one ZooKeeper
-    transaction, no watch); a cancel reaches the handler through ``cancel_running`` (what the
-    node's mailbox calls) and the handler's end is then refused; a failed write leaves
-    neither the task nor the lock."""
+    attempt in one store write while its lock is taken (one ZooKeeper transaction, no watch):
+    its token is below the lock's czxid (the session's last zxid before the lock was sent), and
+    the next owner's token is above both; a cancel reaches the handler through
+    ``cancel_running`` (what the node's mailbox calls) and the handler's end is then refused;
+    a failed write leaves neither the task nor the lock."""
     from coord import force_release
     from runner.errors import StoreUnavailable
 
@@ -729,11 +730,11 @@ def test_a_new_task_is_written_claimed_by_its_submitter_in_one_store_write(
             TaskStatus.RUNNING, "m1", 1, 1)
         (node,) = s.client.get_children(f"/locks/tasks/{new.id}")
         assert node.endswith("-lock-0000000000")
-        token = s.client.exists(f"/locks/tasks/{new.id}/{node}").czxid
-        assert stored.fence == token
+        czxid = s.client.exists(f"/locks/tasks/{new.id}/{node}").czxid
+        assert 0 < stored.fence < czxid
         (attempt,) = store.attempts.for_task(new.id)
         assert (attempt.status, attempt.executor, attempt.seq, attempt.fence) == (
-            AttemptStatus.RUNNING, "m1", 1, token)
+            AttemptStatus.RUNNING, "m1", 1, stored.fence)
         assert held.started.wait(10) and held.ran == [new.id]
         assert processor.stats["listings"] == listings  # no scan, no listing
 
@@ -747,6 +748,9 @@ def test_a_new_task_is_written_claimed_by_its_submitter_in_one_store_write(
         (closed,) = store.attempts.for_task(new.id)
         assert closed.status is AttemptStatus.CANCELLED and "ops" in (closed.error or "")
         assert not store.tasks.get(new.id).active
+        later = TaskLock(s, new.id, "m2")  # the next owner's token is above both
+        assert (later.try_acquire() or 0) > czxid
+        later.release()
 
         # the write fails: the submit fails with nothing written and no lock left
         def unavailable(*args: object) -> tuple[Task, Attempt]:
@@ -763,6 +767,36 @@ def test_a_new_task_is_written_claimed_by_its_submitter_in_one_store_write(
         assert not s.client.exists(f"/locks/tasks/{failing.id}")
         assert failing.id not in processor.running and processor.running.working() == 0
         assert failing.id not in {t.id for t in store.tasks.all()}
+
+
+def test_a_new_task_whose_lock_cannot_be_had_as_it_is_written_ends_cancelled_by_system(
+        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+    """A new task is written claimed while its lock is taken; when the lock cannot be had
+    after all (here another session holds the new id's lock: in life, a session lost at that
+    moment), the task stands RUNNING in the store: its attempt is cancelled before the handler
+    runs and ends CANCELLED_BY_SYSTEM, fenced like any end, the task back to waiting, and it
+    runs once the lock is free, with a token above the first."""
+    held = Held()
+    with one_worker_loop(zk_namespace, store, held) as (s, processor), \
+            session(zk_namespace) as theirs:
+        new = store.tasks.new("t", {"n": 1})
+        other = TaskLock(theirs, new.id, "m2")
+        assert other.try_acquire() is not None
+        admitted = processor.accept(new)
+        assert admitted.admission is Admission.STARTED
+        assert wait_until(lambda: new.id not in processor.running, 10)
+        (first,) = store.attempts.for_task(new.id)
+        assert first.status is AttemptStatus.CANCELLED_BY_SYSTEM
+        assert "lock could not be taken" in (first.error or "")
+        task = store.tasks.get(new.id)
+        assert task.active and task.status is TaskStatus.WAITING and held.ran == []
+        assert lock_owner(s, new.id) == "m2"  # theirs untouched
+        assert processor.stats["lock_lost_at_start"] == 1
+        other.release()
+        processor.trigger()
+        assert held.started.wait(10) and held.ran == [new.id]
+        second = store.attempts.for_task(new.id)[-1]
+        assert second.seq == 2 and second.fence > first.fence
 
 
 def test_a_batch_claim_that_partly_loses_keeps_what_it_won(

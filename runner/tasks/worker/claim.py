@@ -30,7 +30,16 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from urllib.parse import quote
 
-from coord import Booking, CoordError, LockNotHeld, Session, SlotLevel, Slots, TaskLock
+from coord import (
+    Acquiring,
+    Booking,
+    CoordError,
+    LockNotHeld,
+    Session,
+    SlotLevel,
+    Slots,
+    TaskLock,
+)
 from runner.errors import CommitConflict, StaleFencingToken, StoreError
 from runner.store import GraphStore, Task
 from runner.tasks.context import CancelToken
@@ -56,6 +65,17 @@ def release_booking(booking: Booking, member_id: str) -> None:
         booking.release()
     except CoordError as exc:
         log.info("member %s: slot booking already gone: %s", member_id, exc)
+
+
+def _settled(taking: Acquiring) -> int | None:
+    """The one lock's token of ``taking``; None when it cannot be had (held elsewhere, or the
+    try failed: logged)."""
+    try:
+        (token,) = taking.tokens()
+    except CoordError as exc:
+        log.warning("task lock %s: %s", taking.locks[0].task_id, exc)
+        return None
+    return token
 
 
 def slot_name(value: str) -> str:
@@ -200,27 +220,50 @@ class Claimer:
 
     def claim_new(self, task: Task) -> Slot | None:
         """Take ``task``, new and not written yet (this node just accepted it, so nobody else
-        can know its id), and write it already claimed: its lock first (nothing to contend
-        with: one transaction, :meth:`~coord.TaskLock.try_acquire_all`), then the task RUNNING
-        with its RUNNING attempt in one store write
-        (:meth:`~runner.store.GraphStore.create_claimed`), registered in the running set like
-        :meth:`claim`'s. None, with nothing written and the lock let go, when the lock could
-        not be had after all or the session changed under it: the caller writes the task
-        WAITING then. A store or ZooKeeper error propagates, the lock released and nothing
+        can know its id), and write it already claimed, RUNNING with its RUNNING attempt in
+        one store write (:meth:`~runner.store.GraphStore.create_claimed`), registered in the
+        running set like :meth:`claim`'s. The write goes while its lock is being taken
+        (:meth:`~coord.TaskLock.acquire_all_sent`: nothing to contend with), not after: its
+        token is the last zxid the session saw before the lock's transaction was sent, below
+        the lock's own czxid and so below every later owner's token (docs/reliability.md),
+        and the handler starts only once both are done.
+
+        A lock that cannot be had after all, or a session that changed under it, leaves the
+        task written RUNNING: its attempt is cancelled before the handler runs and ends
+        CANCELLED_BY_SYSTEM the way every attempt ends (fenced by its token), the task back
+        to waiting. None, with nothing written and the lock let go, only when the session has
+        seen no zxid yet (then the lock goes first, as before, and the caller writes the task
+        WAITING if that fails). A store error propagates, the lock released and nothing known
         written: the submit fails as a failed create does."""
         session_id = self.session.session_id
         slot = self._register(task, None)
         try:
-            (token,) = TaskLock.try_acquire_all([slot.lock], watch=False)
-            if token is None or self.session.expired(session_id):
-                self.stats["session_changed" if token is not None else "lock_busy"] += 1
-                self._abandon(slot)
-                return None
-            claimed, attempt = self.store.create_claimed(task, token, self.member_id)
-            slot.claim = Claimed(claimed, attempt, token)
+            taking = TaskLock.acquire_all_sent([slot.lock], watch=False)
+            if taking.below <= 0:  # no zxid seen yet: the lock's own token, first
+                (token,) = taking.tokens()
+                if token is None or self.session.expired(session_id):
+                    self.stats["session_changed" if token is not None else "lock_busy"] += 1
+                    self._abandon(slot)
+                    return None
+            else:
+                token = taking.below
+            try:
+                claimed, attempt = self.store.create_claimed(task, token, self.member_id)
+            except BaseException:
+                if taking.below > 0:
+                    _settled(taking)  # the lock's answer first, so its release finds it
+                raise
         except BaseException:
             self._abandon(slot)
             raise
+        slot.claim = Claimed(claimed, attempt, token)
+        if taking.below > 0:
+            held = _settled(taking)
+            if held is None or self.session.expired(session_id):
+                self.stats["lock_lost_at_start"] += 1
+                slot.cancel.cancel("its task lock could not be taken as it started"
+                                   if held is None else
+                                   "its ZooKeeper session changed as it started")
         self.stats["started"] += 1
         return slot
 

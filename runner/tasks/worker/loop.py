@@ -45,6 +45,8 @@ from runner.tasks.worker.scan import Scanner
 from runner.tasks.worker.settings import LoopSettings
 
 log = logging.getLogger("latchwork.tasks")
+#: how long a submit that could start its task here waits for a scan in progress (seconds)
+ACCEPT_WAIT = 0.025
 
 __all__ = ["Admission", "Admitted", "LoopSettings", "TaskLoop"]
 
@@ -190,8 +192,12 @@ class TaskLoop:
         kind = self.scanner.kind_of(task)
         if kind is None or not plain(task, kind, self.claimer.limits):
             return None
-        # a scan walking its backlog now holds the loop: the submit does not wait for it
-        if not self.scanner.lock.acquire(blocking=False):
+        if self.running.free() <= 0 or not self.scanner.may_claim():
+            return None
+        # a scan in progress holds the loop: the submit waits for it a little (a listing
+        # takes milliseconds; written WAITING, the task would cost a listing and a claim
+        # more, the paced p99's tail), not for a long pass
+        if not self.scanner.lock.acquire(timeout=ACCEPT_WAIT):
             return None
         try:
             if self.running.free() <= 0 or not self.scanner.may_claim():

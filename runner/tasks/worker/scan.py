@@ -7,7 +7,7 @@ A scan (:meth:`Scanner.scan`) takes, while workers are free, candidates from the
 starts goes to ``start`` (the loop's pool). Tasks whose time has not come wait on a timer
 (:class:`~runner.tasks.worker.timing.DueTimer`), which scans again when one is due. One lock
 (:attr:`Scanner.lock`) covers a pass, so passes never overlap and a submit that starts a task
-itself (:meth:`TaskLoop.accept`) does not wait for one in progress.
+itself (:meth:`TaskLoop.accept`) waits for one in progress only briefly (``ACCEPT_WAIT``).
 
 Failure behaviour: a lock or slot it cannot take: someone else runs the task, the scan moves
 on; a store or ZooKeeper error on a claim: logged, the task left for the next scan; no claim is
