@@ -73,6 +73,44 @@ def test_the_reaper_does_not_take_a_member_that_joined_during_its_pass_for_dead(
         assert heard == [(task.id, newcomer.member_id)]
 
 
+def test_the_reaper_reads_every_lock_only_when_a_member_left_or_joined_or_its_time_came(
+        zk_namespace: ZkNamespace, store: GraphStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every ``reap_interval`` the reaper read every held lock and every RUNNING attempt: its
+    cost grew with the locks held, all the time. A pass now reads the member ids first and
+    goes no further while they are those its last full pass began with (nobody left: no lock
+    can have lost its owner), except every ``FULL_REAP_INTERVAL``; a member that leaves makes
+    the next pass a full one, which frees its lock; so does a new mastership."""
+    task = store.tasks.create("t")
+    full: list[float] = []
+    real = master_module.held_locks
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        full.append(time.monotonic())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(master_module, "held_locks", counted)
+    monkeypatch.setattr(master_module, "FULL_REAP_INTERVAL", 1.5)
+    with session(zk_namespace) as s, session(zk_namespace) as other:
+        duties = MasterDuties(s, LeaderLatch(s, "master"), "master", store)
+        member = Membership(other).start()
+        lock = TaskLock(other, task.id, member.member_id)
+        assert lock.try_acquire() is not None
+        assert duties.reap() == [] and len(full) == 1
+        assert duties.reap() == [] and duties.reap() == [] and len(full) == 1
+        assert wait_until(lambda: duties.reap() == [] and len(full) == 2, 5)  # its time came
+        # a lock of a member id that never was (no membership change announces it): freed
+        # by the next full pass, not before
+        ghost = TaskLock(other, store.tasks.create("t").id, "ghost:1:dead")
+        assert ghost.try_acquire() is not None
+        assert duties.reap() == [] and len(full) == 2
+        assert wait_until(lambda: duties.reap() == [ghost.task_id], 5) and len(full) == 3
+        member.close()  # the member leaves: the next pass is full and frees its lock
+        assert duties.reap() == [task.id] and len(full) == 4
+        assert lock_owner(s, task.id) is None
+        duties._gained()  # a new mastership's first pass is full too
+        assert duties.reap() == [] and len(full) == 5
+
+
 class RecordingLock(TaskLock):
     made: ClassVar[list[TaskLock]] = []
 

@@ -2,7 +2,10 @@
 
 Only the master runs them, and only after the latch's server-side check confirms leadership.
 
-* **Reaper** (every ``reap_interval`` seconds): a task lock whose owner is not a live member
+* **Reaper** (every ``reap_interval`` seconds a read of the member ids; a full pass when a
+  member left or joined since the last one, and every ``FULL_REAP_INTERVAL`` seconds besides,
+  so that its cost does not grow with the locks held while nobody leaves): a task lock whose
+  owner is not a live member
   belongs to a node that died (its session expired, but a lock node can outlive it only briefly;
   more often the owner is a member id from before a restart). The master first closes that
   owner's RUNNING attempts of the task as CANCELLED_BY_SYSTEM and puts the task back to WAITING,
@@ -29,7 +32,15 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from coord import CoordError, LeaderLatch, Session, force_release, held_locks, read_members
+from coord import (
+    CoordError,
+    LeaderLatch,
+    Session,
+    force_release,
+    held_locks,
+    live_member_ids,
+    read_members,
+)
 from coord import mailbox as mailboxes
 from runner import logs
 from runner.errors import StoreError, TaskNotFound
@@ -39,6 +50,8 @@ from runner.tasks.observer import Observer, notify_freed
 
 #: seconds between the master's prunes of the mailboxes of members that are gone
 MAILBOX_PRUNE_INTERVAL = 10.0
+#: seconds between the reaper's full passes while no member has left (see MasterDuties.reap)
+FULL_REAP_INTERVAL = 10.0
 
 log = logging.getLogger("latchwork.master")
 
@@ -71,6 +84,9 @@ class MasterDuties:
         self.observers = list(observers)  # hear each lock freed (runner.tasks.observer)
         self._next_prune = 0.0
         self._next_mail_prune = 0.0
+        #: the member ids the last full reaper pass began with, and when the next is due
+        self._members_seen: frozenset[str] | None = None
+        self._next_full_reap = 0.0
         self._stop = threading.Event()
         self._wake = threading.Event()
         #: the on-master action's thread, while it may run (close waits for it)
@@ -96,6 +112,7 @@ class MasterDuties:
             announcing.join(10)
 
     def _gained(self) -> None:
+        self._members_seen = None  # a new master's first pass is a full one
         self._wake.set()
         if self.on_master is None:
             return
@@ -145,6 +162,27 @@ class MasterDuties:
     def reap(self) -> list[str]:
         """One pass; returns the ids of the tasks it freed.
 
+        A pass reads the member ids first (one request): when they are the ids the last full
+        pass began with and that pass is less than ``FULL_REAP_INTERVAL`` old, no member has
+        left since (member ids are never reused), so no lock or attempt can have lost its
+        owner, and the pass stops there (the timed prunes still run). Otherwise it is a full
+        pass: every held lock and every RUNNING attempt read, O(locks + running) requests and
+        reads, which every ``reap_interval`` was the master's largest steady load. The full
+        pass every ``FULL_REAP_INTERVAL`` all the same covers what no membership change
+        announces (an attempt a killed member's write left after its member was gone).
+        """
+        ids = frozenset(live_member_ids(self.session))
+        now = time.monotonic()
+        if ids == self._members_seen and now < self._next_full_reap:
+            self._prune()
+            return []
+        freed = self._reap()
+        self._members_seen, self._next_full_reap = ids, now + FULL_REAP_INTERVAL
+        return freed
+
+    def _reap(self) -> list[str]:
+        """A full pass (see :meth:`reap`).
+
         The locks are listed before the members are read: a member that joins after the
         member read cannot hold a lock the listing saw, while one absent from a read made after
         the listing is gone for good (member ids are never reused). The other order takes a
@@ -175,18 +213,24 @@ class MasterDuties:
                 self._close_attempts(attempt.task_id, attempt.executor)
                 if attempt.task_id not in freed:
                     freed.append(attempt.task_id)
+        self._prune(members)
+        if freed and self.on_freed is not None:
+            self.on_freed(freed)
+        return freed
+
+    def _prune(self, members: set[str] | None = None) -> None:
+        """The timed prunes: the mailboxes of members gone, the old processed-message
+        records."""
         if time.monotonic() >= self._next_mail_prune:  # the mailboxes of members gone
             self._next_mail_prune = time.monotonic() + MAILBOX_PRUNE_INTERVAL
-            mailboxes.prune(self.session, members)
+            mailboxes.prune(self.session, members if members is not None
+                            else set(read_members(self.session)))
         if self.processed is not None and time.monotonic() >= self._next_prune:
             self._next_prune = time.monotonic() + self.prune_interval
             removed = self.processed.prune(self.processed_retention)
             if removed:
                 log.info("member %s (master): pruned %d processed-message records older than "
                          "%gs", self.member_id, removed, self.processed_retention)
-        if freed and self.on_freed is not None:
-            self.on_freed(freed)
-        return freed
 
     def _close_attempts(self, task_id: str, owner: str) -> None:
         """Close ``owner``'s RUNNING attempts of the task and, if it still owns the task, put
