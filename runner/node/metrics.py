@@ -8,8 +8,10 @@ Each node has its own registry (no global one), served by prometheus_client's HT
   how it ended (SUCCEEDED, FAILED, CANCELLED_BY_SYSTEM); counted by before- and after-attempt
   hooks of the task loop;
 * ``latchwork_task_claims_total{result}``: ``started``, ``lock_busy`` (another node holds the
-  lock), ``stale`` (the task changed since it was listed); ``latchwork_task_scans_total`` and
-  ``latchwork_scan_seconds`` (histogram); ``latchwork_locks_freed_total``;
+  lock), ``stale`` (the task changed since it was listed), ``lock_lost_at_start`` (a new task
+  written claimed whose lock could not be had: its attempt cancelled before the handler);
+  ``latchwork_task_scans_total`` and ``latchwork_scan_seconds`` (histogram);
+  ``latchwork_locks_freed_total``;
 * ``latchwork_session_connected``, ``latchwork_is_master`` (0 or 1, read at scrape time);
 * ``latchwork_messages_total{paradigm,outcome}``: MASTER, MODEL and API messages by what
   happened to them (handled, duplicate, retried, dead-lettered, requeued);
@@ -58,9 +60,9 @@ class _Live(Collector):
         yield GaugeMetricFamily("latchwork_is_master", "1 while this node is the master",
                                 value=1.0 if state["master"] else 0.0)
         claims = CounterMetricFamily("latchwork_task_claims",
-                                     "task claims by result (started, lock_busy, stale)",
-                                     labels=["result"])
-        for result in ("started", "lock_busy", "stale"):
+                                     "task claims by result (started, lock_busy, stale, "
+                                     "lock_lost_at_start)", labels=["result"])
+        for result in ("started", "lock_busy", "stale", "lock_lost_at_start"):
             claims.add_metric([result], float(state["stats"].get(result, 0)))
         yield claims
         yield CounterMetricFamily("latchwork_task_scans", "listings of the open tasks",
