@@ -365,6 +365,7 @@ def test_a_release_that_fails_while_its_session_lives_is_done_later(
         session_id = session.session_id
         assert lock_owner(other, "alone") == "a" and lock_owner(other, "b2") == "a"
         assert wait_until(lambda: sorted(other.client.get_children("/locks/tasks")) == ["b2"]
+                          and len(other.client.get_children("/locks/tasks/b2")) == 1
                           and not any(other.client.exists(lease) for lease in leases), 10)
         assert lock_owner(other, "b2") == "c"  # the contender's node stays
         assert session.session_id == session_id  # the same session: released, not expired
