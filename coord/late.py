@@ -46,7 +46,6 @@ class _LateDeletes:
         self._cond = threading.Condition()
         self._seq = itertools.count()
         self._thread: threading.Thread | None = None
-        self.done = 0
 
     def add(self, session: Session, session_id: int | None, remove: Callable[[], None],
             what: str) -> None:
@@ -85,7 +84,6 @@ class _LateDeletes:
                          item.what, exc, item.delay)
             else:
                 log.info("%s: released late", item.what)
-                self.done += 1
                 return
         with self._cond:
             item.at, item.seq = time.monotonic() + item.delay, next(self._seq)
@@ -106,5 +104,5 @@ def delete_later(session: Session, session_id: int | None, remove: Callable[[], 
 
 
 def late_deletes_pending() -> int:
-    """Late deletes not done yet (for tests and the node's status)."""
+    """Late deletes not done yet."""
     return _late.pending()
