@@ -303,8 +303,10 @@ class Client:
         """Stop the task (it is kept); a running attempt is cancelled as with :meth:`cancel`."""
         return Cancelled.model_validate(self.call(TaskDeactivate, id=task_id))
 
-    def reactivate(self, task_id: str) -> TaskView:
-        return TaskView.model_validate(self.call(TaskReactivate, id=task_id))
+    def reactivate(self, task_id: str, *, fresh: bool = False) -> TaskView:
+        """Let nodes pick a stopped task again; ``fresh``: drop its last checkpoint too, so
+        its next attempt starts from the beginning (refused while an attempt runs it)."""
+        return TaskView.model_validate(self.call(TaskReactivate, id=task_id, fresh=fresh))
 
     def skip(self, task_id: str) -> TaskView:
         """Finish a stopped or waiting task without running it (its ordering key goes on)."""

@@ -141,6 +141,8 @@ class TaskDeactivate(TaskById):
 
 class TaskReactivate(TaskById):
     command = "task.reactivate"
+    #: also drop the task's last checkpoint: its next attempt starts from the beginning
+    fresh: bool = False
 
 
 class TaskSkip(TaskById):

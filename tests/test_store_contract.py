@@ -36,6 +36,7 @@ from runner.errors import (
 )
 from runner.ontology import parse_ontology
 from runner.store import (
+    CHECKPOINT_LIMIT,
     AttemptStatus,
     Avatar,
     Conclusion,
@@ -297,6 +298,59 @@ def test_a_new_task_written_claimed_is_what_a_create_and_a_claim_leave(
         with pytest.raises(InvalidValue):
             store.create_claimed(refused, 8, "m1")
     assert counts(store) == before
+
+
+def test_a_checkpoint_is_fenced_by_its_attempt_and_read_back_until_dropped(
+        store: GraphStore) -> None:
+    """``ctx.checkpoint``'s write: guarded like the owner's end (its attempt RUNNING, its token
+    the task's), the version left alone so that end still matches; an owner that lost the task
+    writes nothing; the next attempt reads the last one; ``reactivate --fresh`` drops it."""
+    listed = store.tasks.create("t")
+    assert store.checkpoints.read(listed.id) is None and listed.checkpoint is None
+    task, first = store.claim(listed, 7, "m1")
+    fence = Fence(task.id, 7, first.id)
+    big = {"cursor": "x" * (CHECKPOINT_LIMIT - 20)}  # just under the limit, on both graphs
+    store.checkpoints.commit(fence, first.seq, big)
+    info = store.checkpoints.commit(fence, first.seq, {"next": 50, "keys": ["a", "b"]})
+    read = store.checkpoints.read(task.id)
+    assert read is not None and read.state == {"next": 50, "keys": ["a", "b"]}
+    shown = store.tasks.get(task.id)
+    assert shown.checkpoint == read.info == info and info.seq == 1
+    assert info.size == len('{"keys":["a","b"],"next":50}')
+    assert shown.version == task.version  # so the owner's end, guarded by it, still matches
+    before = counts(store)
+    with pytest.raises(InvalidValue, match="at most 65536 bytes"):
+        store.checkpoints.commit(fence, first.seq, {"cursor": "x" * CHECKPOINT_LIMIT})
+    with pytest.raises(InvalidValue, match="not JSON"):
+        store.checkpoints.commit(fence, first.seq, {"at": object()})
+    assert store.checkpoints.read(task.id) == read and counts(store) == before
+
+    # another owner took over (the first was frozen, its lock lost): its token is newer, and
+    # the first's checkpoint, however late, is refused and changes nothing
+    again, second = store.claim(store.tasks.get(task.id), 8, "m2")
+    with pytest.raises((StaleFencingToken, AttemptAlreadyFinished)):
+        store.checkpoints.commit(fence, first.seq, {"next": 90})
+    assert store.checkpoints.read(task.id) == read
+    store.checkpoints.commit(Fence(task.id, 8, second.id), second.seq, {"next": 60})
+    failed = store.conclude(Conclusion.of(second, AttemptStatus.FAILED, again, 8,
+                                          {"status": TaskStatus.WAITING, "active": False},
+                                          error="boom"))
+    after = store.checkpoints.read(task.id)
+    assert after is not None and after.state == {"next": 60} and after.info.seq == 2
+    with pytest.raises(AttemptAlreadyFinished):  # its attempt ended: no checkpoint after it
+        store.checkpoints.commit(Fence(task.id, 8, second.id), second.seq, {"next": 70})
+
+    kept = store.tasks.reactivate(task.id)  # the next attempt resumes where the last got to
+    assert kept.active and store.checkpoints.read(task.id) == after
+    assert kept.checkpoint == after.info and failed.version < kept.version
+    store.tasks.deactivate(task.id)
+    fresh = store.tasks.reactivate(task.id, fresh=True)
+    assert fresh.active and fresh.checkpoint is None and store.tasks.get(task.id) == fresh
+    assert store.checkpoints.read(task.id) is None
+    running, _ = store.claim(fresh, 9, "m1")
+    with pytest.raises(InvalidValue, match="running on m1"):
+        store.tasks.reactivate(task.id, fresh=True)
+    assert store.tasks.get(task.id) == running
 
 
 def test_claim_and_conclude_write_together_or_say_why(store: GraphStore) -> None:

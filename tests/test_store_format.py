@@ -46,6 +46,7 @@ def migrated(store: GraphStore, marker: str = "task_h") -> int:
     return int(store.graph.read(lambda g: g.V().has("task_id").has(marker).count().next()))
 
 
+#: the steps that write a property on every task, by version (format 3 rewrites nothing)
 MARKERS = {1: "task_h", 2: "task_lane"}
 
 
@@ -122,8 +123,9 @@ def test_migrate_backfills_the_console_lists_and_a_dry_run_changes_nothing(
     assert run.exit_code == 0, run.output
     assert f"at store format 0; running {latest} step(s) to format {latest}" in run.output
     assert "the web console's list properties" in run.output.lower()
-    for version in range(1, latest + 1):
-        assert re.search(rf"│ {version}\s+│.*│ 250\s+│ 0\s+│", run.output), run.output
+    for version in range(1, latest + 1):  # a step with no marker has nothing to rewrite
+        changed = 250 if version in MARKERS else 0
+        assert re.search(rf"│ {version}\s+│.*│ {changed}\s+│ 0\s+│", run.output), run.output
     with reopen(cluster) as current:
         assert read_state(current.graph).version == migrations.CURRENT
         for task_id in ids:  # what the create path writes today, and nothing else changed
@@ -183,7 +185,8 @@ def test_a_migrate_killed_half_way_finishes_when_run_again(cluster: Cluster) -> 
     rerun = cluster.cli("store", "migrate", "--page-size", "200")
     assert rerun.exit_code == 0, rerun.output
     for version in range(at + 1, migrations.CURRENT + 1):  # each step changed what was left
-        assert re.search(rf"│ {version}\s+│.*│ {left[version]}\s+│ 0\s+│", rerun.output), (
+        assert re.search(rf"│ {version}\s+│.*│ {left.get(version, 0)}\s+│ 0\s+│",
+                         rerun.output), (
             left, rerun.output)
     assert all(migrated(store, marker) == total for marker in MARKERS.values())
     with reopen(cluster) as current:

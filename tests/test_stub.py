@@ -43,6 +43,16 @@ def wait(ctx: TaskContext, payload: dict[str, Any]) -> None:
         raise AssertionError("never cancelled")
 
 
+@task("billing.replay", retry=RetryPolicy(max_attempts=2, backoff=1.0, retry_on=(OSError,)))
+def replay(ctx: TaskContext, payload: dict[str, Any]) -> None:
+    """Replay ledger pages 0..9, committing the next page after each; page 6 fails once."""
+    for page in range((ctx.resume or {}).get("page", 0), 10):
+        ctx.progress(page, 10)
+        if page == 6 and ctx.attempt.seq == 1:
+            raise OSError("the ledger timed out")
+        ctx.checkpoint({"page": page + 1})
+
+
 def batches(stub: TaskStub) -> list[str]:
     rows: list[str] = stub.store.graph.read(
         lambda g: g.V().has_label("invoice_batch").values("account").to_list())
@@ -78,6 +88,19 @@ def test_a_failure_follows_the_retry_policy_and_a_second_attempt_can_run(
         assert second.attempt.seq == 2 and second.outcome is Outcome.RETRY_LATER
         third = stub.run(flaky, task=second.task)
         assert third.outcome is Outcome.STOPPED and not third.task.active  # 3 attempts: spent
+
+
+def test_a_retry_resumes_from_the_checkpoint_the_failed_attempt_committed(
+        tmp_path: Path) -> None:
+    with TaskStub(tmp_path) as stub:
+        first = stub.run(replay)
+        assert first.outcome is Outcome.RETRY_LATER and [p for p, _, _ in first.progress] == \
+            list(range(7))
+        committed = stub.store.checkpoints.read(first.task.id)
+        assert committed is not None and committed.state == {"page": 6}
+        second = stub.run(replay, task=first.task)
+        assert second.succeeded and [p for p, _, _ in second.progress] == list(range(6, 10))
+        assert stub.store.tasks.get(second.task.id).checkpoint is not None
 
 
 def test_a_cancellation_reaches_a_handler_that_waits_on_its_token(tmp_path: Path) -> None:

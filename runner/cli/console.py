@@ -29,6 +29,21 @@ def _duration(ms: int | None) -> str:
     return f"{ms / 1000:.2f} s" if ms < 60_000 else f"{ms / 60_000:.1f} min"
 
 
+def checkpoint_text(checkpoint: dict[str, Any] | None, now: datetime | None = None) -> str:
+    """A task's last checkpoint as ``task show`` and ``top`` print it: its size, its age and
+    the attempt that committed it; "-" when it has none."""
+    if not checkpoint:
+        return "-"
+    at = datetime.fromisoformat(checkpoint["at"]) if isinstance(checkpoint["at"], str) \
+        else checkpoint["at"]
+    age = max(0.0, ((now or datetime.now(UTC)) - at).total_seconds())
+    size = checkpoint["size"]
+    bytes_ = f"{size} B" if size < 1024 else f"{size / 1024:.1f} KiB"
+    ago = f"{age:.0f} s" if age < 120 else f"{age / 60:.1f} min" if age < 7200 \
+        else f"{age / 3600:.1f} h"
+    return f"{bytes_}, {ago} ago, by attempt {checkpoint['seq']}"
+
+
 def _state(task: dict[str, Any]) -> Text:
     if task["finished"]:
         return Text("skipped" if task.get("skipped") else "finished", style="green")
@@ -98,6 +113,8 @@ def render_task_report(report: dict[str, Any], console: Console | None = None) -
         head.add_row("progress", bar(running[-1]["progress"]))
     if report.get("progress"):
         head.add_row("series", progress_text(report["progress"]))
+    if task.get("checkpoint"):
+        head.add_row("checkpoint", checkpoint_text(task["checkpoint"]))
     console.print(Panel(head, title=f"task {task['id']}", expand=False))
     table = Table(title="attempts")
     for column in ("#", "status", "executor", "start", "end", "duration", "error"):

@@ -198,13 +198,16 @@ def task_cancel(task_id: str, reason: str | None, config: Path | None, timeout: 
 
 @task.command("reactivate")
 @click.argument("task_id")
+@click.option("--fresh", is_flag=True, help="also drop the task's last checkpoint: its next "
+              "attempt starts from the beginning (ctx.resume is None); for a checkpoint that "
+              "makes every attempt fail. Refused while an attempt runs it")
 @config_option
 @timeout_option
-def task_reactivate(task_id: str, config: Path | None, timeout: float) -> None:
-    """Let nodes pick a stopped task again."""
+def task_reactivate(task_id: str, fresh: bool, config: Path | None, timeout: float) -> None:
+    """Let nodes pick a stopped task again (from its last checkpoint, if it has one)."""
     with connect(config, timeout) as client:
-        client.reactivate(task_id)
-    click.echo(f"task {task_id} reactivated")
+        client.reactivate(task_id, fresh=fresh)
+    click.echo(f"task {task_id} reactivated" + (", its checkpoint dropped" if fresh else ""))
 
 
 

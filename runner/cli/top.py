@@ -25,7 +25,7 @@ from rich.table import Table
 from rich.text import Text
 
 from runner.cli.client import config_option, connect, timeout_option
-from runner.cli.console import STATUS_STYLE, STATUS_TEXT, bar
+from runner.cli.console import STATUS_STYLE, STATUS_TEXT, bar, checkpoint_text
 from runner.cli.root import cli
 from runner.client import Client
 from runner.errors import ClientError
@@ -87,12 +87,13 @@ def render(frame: Frame, wide: bool = False) -> RenderableType:
 
     tasks = Table(title=f"running: {len(running)}")
     tasks.add_column("task", no_wrap=True, min_width=36 if wide else None)
-    for column in ("type", "owner", "age", "progress"):
+    for column in ("type", "owner", "age", "progress", "checkpoint"):
         tasks.add_column(column)
     for t in running:
         progress = t.progress.model_dump(mode="json") if t.progress else None
+        checkpoint = t.checkpoint.model_dump() if t.checkpoint else None
         tasks.add_row(tid(t.id), t.type, t.owner or "-", _age(t.updated_at, now),
-                      bar(progress))
+                      bar(progress), checkpoint_text(checkpoint, now))
 
     queue = Table(title=f"waiting: {len(waiting)}")
     for column in ("type", "priority", "tasks"):

@@ -230,7 +230,7 @@ class NodeApi(OutsideApi, ConsoleApi):
 
     @api(TaskReactivate)
     def reactivate(self, ctx: HandlerContext, ref: TaskReactivate) -> dict[str, Any]:
-        task = self.store.tasks.reactivate(ref.id)
+        task = self.store.tasks.reactivate(ref.id, fresh=ref.fresh)
         self.bus.broadcast("TRIGGER_SCAN", {"task": task.id})
         return task_view(task)
 

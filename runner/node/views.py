@@ -23,6 +23,9 @@ def task_view(task: Task) -> dict[str, Any]:
         "run_at": task.run_at.isoformat() if task.run_at else None,
         "ordering_key": task.ordering_key, "resources": list(task.resources),
         "skipped": task.skipped, "stop_reason": task.stop_reason,
+        "checkpoint": None if task.checkpoint is None else {
+            "at": task.checkpoint.at.isoformat(), "size": task.checkpoint.size,
+            "seq": task.checkpoint.seq},
     }
 
 
@@ -66,6 +69,13 @@ class ProgressView(View):
     at: datetime
 
 
+class CheckpointView(View):
+    """What a task shows of its last checkpoint (``ctx.checkpoint``): not the state itself."""
+    at: datetime
+    size: int  # bytes of JSON
+    seq: int  # the attempt that committed it
+
+
 class TaskView(TaskRef):
     payload: dict[str, Any]
     active: bool
@@ -85,6 +95,7 @@ class TaskView(TaskRef):
     resources: list[str] = []
     skipped: bool = False  # finished by `task skip`, without a run
     stop_reason: str | None = None  # why it was stopped unrun (a paused schedule's fire)
+    checkpoint: CheckpointView | None = None  # where its next attempt resumes
 
     @property
     def stopped(self) -> bool:

@@ -28,9 +28,11 @@ from runner.store.gremlin.store import GraphStore, open_store
 from runner.store.gremlin.tasks import GremlinTaskStore
 from runner.store.gremlin.writes import Conclusion
 from runner.store.model import (
+    CHECKPOINT_LIMIT,
     Attempt,
     AttemptStatus,
     Avatar,
+    CheckpointInfo,
     Fence,
     LoadResult,
     Ontology,
@@ -44,6 +46,7 @@ from runner.store.ports import AttemptLog, AvatarStore, OntologyStore, TaskStore
 from runner.store.remote import RemoteGraph
 
 __all__ = [
+    "CHECKPOINT_LIMIT", "CheckpointInfo",
     "Attempt", "AttemptAlreadyFinished", "AttemptLog", "AttemptStatus", "Avatar", "AvatarStore",
     "CommitConflict", "Conclusion", "EmbeddedGraph", "Fence", "Graph", "GraphStore",
     "GremlinAttemptLog",

@@ -24,6 +24,19 @@ class AttemptStatus(enum.StrEnum):
     CANCELLED = "CANCELLED"  # by an operator (``task cancel``, ``task deactivate``)
 
 
+#: the largest checkpoint a handler may commit, in bytes of its JSON (``ctx.checkpoint``)
+CHECKPOINT_LIMIT = 64 * 1024
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What is known of a task's last committed checkpoint without reading it: when it was
+    written, its size in bytes of JSON, and the attempt (its ``seq``) that wrote it."""
+    at: datetime
+    size: int
+    seq: int
+
+
 @dataclass(frozen=True)
 class Task:
     id: str
@@ -49,6 +62,8 @@ class Task:
     skipped: bool = False  # finished by an operator's ``task skip``, not by a run
     #: why it was stopped before it ran, when no attempt says so (a paused schedule's fire)
     stop_reason: str | None = None
+    #: the last checkpoint an attempt committed (``ctx.checkpoint``): when, how big, by which
+    checkpoint: CheckpointInfo | None = None
 
     @property
     def open(self) -> bool:

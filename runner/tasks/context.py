@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from coord import Session
-from runner.store import Attempt, Fence, GraphStore, Task
+from runner.errors import AttemptAlreadyFinished, StaleFencingToken
+from runner.store import Attempt, Fence, GraphStore, Task, codec
 
 
 class TaskConflict(Exception):
@@ -166,6 +167,40 @@ class TaskContext:
     completer: Callable[[Callable[[Any], Any]], None] | None = None
     reporter: Callable[[int, int | None, str], None] | None = None
     completed: bool = False
+    #: the task's last checkpoint as this attempt knows it (read at the first look)
+    _resume: Any = field(default=None, repr=False)
+    _resume_read: bool = field(default=False, repr=False)
+
+    @property
+    def resume(self) -> Any:
+        """The task's last committed checkpoint (:meth:`checkpoint`): what an earlier attempt
+        of this task (on any node, killed -9, timed out or failed) got to, or this attempt's
+        own once it committed one; None when there is none (the first attempt, or after
+        ``task reactivate --fresh``). One store read, at the first look."""
+        if not self._resume_read:
+            found = self.store.checkpoints.read(self.task.id)
+            self._resume = None if found is None else found.state
+            self._resume_read = True
+        return self._resume
+
+    def checkpoint(self, state: Any) -> None:
+        """Commit ``state`` (JSON, at most 64 KiB: a cursor, an offset, the last key done)
+        as where the next attempt of this task resumes (``ctx.resume``). Durable when it
+        returns: one store write, fenced like the attempt's end, so an attempt that lost its
+        task (another owner, the reaper, an operator) writes nothing and gets
+        :class:`TaskCancelled` (its token cancelled with the reason). A state that is not JSON
+        or is too big raises :class:`~runner.errors.InvalidValue`, nothing written. Commit
+        after the work it covers is done: work after the last checkpoint runs again on a
+        retry, work before it does not."""
+        self.cancel.raise_if_cancelled()
+        try:
+            self.store.checkpoints.commit(self.fence, self.attempt.seq, state)
+        except (StaleFencingToken, AttemptAlreadyFinished) as exc:
+            reason = f"its checkpoint was refused: {exc}"
+            self.cancel.cancel(reason)
+            raise TaskCancelled(reason) from exc
+        # what a later read gives back (a copy: the handler may go on changing its own)
+        self._resume, self._resume_read = codec.decode_json(codec.encode_json(state)), True
 
     def progress(self, done: int, total: int | None = None, message: str = "") -> None:
         """Report how far the attempt is (``done`` of ``total``, None: unknown), shown by

@@ -192,6 +192,9 @@ class GremlinServer:
         yaml.write_text(
             f"host: {self.host}\nport: {self.port}\n"
             "evaluationTimeout: 30000\n"
+            # a checkpoint of up to 64 KiB (ctx.checkpoint) travels in one request: above the
+            # 64 KiB default
+            "maxContentLength: 1048576\n"
             f"gremlinPool: {self.pool}\n"
             "threadPoolWorker: 1\n"
             "channelizer: org.apache.tinkerpop.gremlin.server.channel.WebSocketChannelizer\n"

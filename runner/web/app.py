@@ -44,6 +44,7 @@ from runner.web.security import Credentials
 from runner.web.views import (
     QueryError,
     age,
+    checkpoint,
     duration,
     parse_query,
     pretty,
@@ -89,7 +90,7 @@ class Console:
         self._lock = threading.Lock()
         self.templates = Jinja2Templates(directory=str(HERE / "templates"))
         self.templates.env.globals.update(
-            age=age, duration=duration, pretty=pretty, task_state=task_state,
+            age=age, checkpoint=checkpoint, duration=duration, pretty=pretty, task_state=task_state,
             schema_fields=schema_fields, LIVE_EVERY=LIVE_EVERY)
 
     def client(self) -> Client:

@@ -90,6 +90,15 @@ def age(since: datetime | None, now: datetime | None = None) -> str:
     return f"{seconds:.0f}s" if seconds >= 1 else f"{seconds * 1000:.0f}ms"
 
 
+def checkpoint(task: TaskView, now: datetime | None = None) -> str:
+    """What a page shows of a task's last checkpoint: its size and age ("" when none)."""
+    cp = task.checkpoint
+    if cp is None:
+        return ""
+    size = f"{cp.size} B" if cp.size < 1024 else f"{cp.size / 1024:.1f} KiB"
+    return f"{size}, {age(cp.at, now)} ago (attempt {cp.seq})"
+
+
 def duration(ms: int | None) -> str:
     if ms is None:
         return ""

@@ -14,6 +14,7 @@ from runner.store import codec, due
 from runner.store.model import (
     Attempt,
     AttemptStatus,
+    CheckpointInfo,
     Progress,
     Task,
     TaskStatus,
@@ -80,7 +81,23 @@ def task_props(task: Task, *, payload: bool = True) -> dict[str, Any]:
         props["task_okey"] = task.ordering_key
     if task.finished:  # the UTC day it finished: retention walks finished tasks by day
         props["task_end_day"] = task.updated_at.strftime("%Y-%m-%d")
+    if task.checkpoint is not None:  # written by ctx.checkpoint (runner.store.gremlin.checkpoints)
+        props["task_ckpt_meta"] = checkpoint_meta(task.checkpoint)
     return props
+
+
+def checkpoint_meta(info: CheckpointInfo) -> str:
+    """``task_ckpt_meta``: what a task's row says of its last checkpoint (the state itself is
+    ``task_ckpt``, read only by the attempt that resumes from it)."""
+    return codec.encode_json({"at": codec.encode_time(info.at), "size": info.size,
+                              "seq": info.seq})
+
+
+def checkpoint_from_meta(raw: Any) -> CheckpointInfo | None:
+    if not raw:  # never written, or dropped (``task reactivate --fresh``)
+        return None
+    value = codec.decode_json(raw)
+    return CheckpointInfo(codec.decode_time(value["at"]), int(value["size"]), int(value["seq"]))
 
 
 #: the properties a task is made of (:func:`task_from_row`); the others are the indexes'
@@ -88,7 +105,8 @@ def task_props(task: Task, *, payload: bool = True) -> dict[str, Any]:
 #: half the rows' bytes, and on a Gremlin Server a listing of 97 tasks cost 5.6 ms of the
 #: client's CPU and 3.2 of the server's with every property, 3.1 and 1.8 with seven
 TASK_ROW = ("task_id", "task_type", "task_payload", "task_priority", "task_created",
-            "task_version", "task_state", "task_fence", "task_unique", "task_okey")
+            "task_version", "task_state", "task_fence", "task_unique", "task_okey",
+            "task_ckpt_meta")
 
 
 def task_from_row(row: Mapping[Any, Any]) -> Task:
@@ -107,7 +125,8 @@ def task_from_row(row: Mapping[Any, Any]) -> Task:
         owner=state["owner"] or None, attempts=int(state["attempts"]),
         run_at=codec.decode_time(state["run_at"]) if state.get("run_at") else None,
         ordering_key=row.get("task_okey"), resources=tuple(state.get("resources", ())),
-        skipped=bool(state.get("skipped", False)), stop_reason=state.get("stop_reason"))
+        skipped=bool(state.get("skipped", False)), stop_reason=state.get("stop_reason"),
+        checkpoint=checkpoint_from_meta(row.get("task_ckpt_meta")))
 
 
 def attempt_from_row(row: Mapping[Any, Any]) -> Attempt:

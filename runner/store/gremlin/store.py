@@ -29,6 +29,7 @@ from runner.store.graph import Graph, location, open_graph
 from runner.store.gremlin import batch
 from runner.store.gremlin.attempts import GremlinAttemptLog
 from runner.store.gremlin.avatars import GremlinAvatarStore
+from runner.store.gremlin.checkpoints import GremlinCheckpointStore
 from runner.store.gremlin.guards import (
     Write,
     fence_finds,
@@ -84,6 +85,8 @@ class GraphStore:
         self.schedules = GremlinScheduleStore(graph)
         self.incidents = GremlinIncidentStore(graph)
         self.retention = GremlinRetentionStore(graph)
+        #: the state long handlers commit and resume from (``ctx.checkpoint``, ``ctx.resume``)
+        self.checkpoints = GremlinCheckpointStore(graph)
         #: an operator's filtered, paged, newest-first view (the web console's task list)
         self.search = GremlinTaskSearch(graph)
 

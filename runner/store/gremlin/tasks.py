@@ -4,6 +4,7 @@ to another writer, :class:`~runner.errors.CommitConflict`."""
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -20,7 +21,7 @@ from runner.errors import (
 )
 from runner.store import codec, due
 from runner.store.graph import Graph
-from runner.store.gremlin import ready
+from runner.store.gremlin import checkpoints, ready
 from runner.store.gremlin.rows import (
     TASK_ROW,
     task_from_row,
@@ -287,8 +288,24 @@ class GremlinTaskStore:
         A running attempt is not touched here: see ``GraphStore.cancel``."""
         return self._flip(task_id, False)
 
-    def reactivate(self, task_id: str) -> Task:
-        return self._flip(task_id, True)
+    def reactivate(self, task_id: str, fresh: bool = False) -> Task:
+        """Make a stopped task active again; ``fresh``: also drop its last checkpoint in the
+        same write (its next attempt starts from the beginning: ``ctx.resume`` is None),
+        refused with :class:`InvalidValue` while an attempt runs it."""
+        if not fresh:
+            return self._flip(task_id, True)
+
+        def once() -> Task | None:
+            task = read_task(self.graph, task_id)
+            if task.status is TaskStatus.RUNNING:
+                raise InvalidValue(f"task {task_id} is running on {task.owner}: cancel it "
+                                   "first, then reactivate it --fresh")
+            change = task_change(task, None, {"active": True, "stop_reason": None})
+            change = dataclasses.replace(
+                change, props={**change.props, checkpoints.STATE: "", checkpoints.META: ""},
+                task=dataclasses.replace(change.task, checkpoint=None))
+            return change.task if matched_write(self.graph, change.traverse) else None
+        return until_written(once, task_id)
 
     def skip(self, task_id: str) -> Task:
         """Finish a task that is not running without running it (an operator unblocking its
