@@ -23,6 +23,7 @@ reads what did).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,8 +32,15 @@ from runner.store import codec
 from runner.store.graph import Graph
 from runner.store.gremlin.guards import Write, finder, set_on
 from runner.store.gremlin.rows import checkpoint_from_meta, checkpoint_meta
-from runner.store.gremlin.writes import matched_write
-from runner.store.model import CHECKPOINT_LIMIT, AttemptStatus, CheckpointInfo, Fence
+from runner.store.gremlin.writes import TaskChange, matched_write, task_change
+from runner.store.model import (
+    CHECKPOINT_LIMIT,
+    AttemptStatus,
+    CheckpointInfo,
+    Fence,
+    Task,
+    TaskStatus,
+)
 
 #: the properties a task's checkpoint is stored in: the state, what a row shows of it
 STATE, META = "task_ckpt", "task_ckpt_meta"
@@ -53,6 +61,17 @@ def encode_state(state: Any) -> str:
         raise InvalidValue(f"a checkpoint is at most {CHECKPOINT_LIMIT} bytes of JSON; this one "
                            f"is {size}: keep a cursor (an offset, the last key done), not data")
     return text
+
+
+def fresh_start(task: Task) -> TaskChange:
+    """The change of ``task reactivate --fresh``: active again, its checkpoint dropped (both
+    properties emptied), in one write; :class:`InvalidValue` while an attempt runs it."""
+    if task.status is TaskStatus.RUNNING:
+        raise InvalidValue(f"task {task.id} is running on {task.owner}: cancel it first, then "
+                           "reactivate it --fresh")
+    change = task_change(task, None, {"active": True, "stop_reason": None})
+    return dataclasses.replace(change, props={**change.props, STATE: "", META: ""},
+                               task=dataclasses.replace(change.task, checkpoint=None))
 
 
 class GremlinCheckpointStore:

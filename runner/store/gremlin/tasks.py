@@ -4,7 +4,6 @@ to another writer, :class:`~runner.errors.CommitConflict`."""
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -296,14 +295,7 @@ class GremlinTaskStore:
             return self._flip(task_id, True)
 
         def once() -> Task | None:
-            task = read_task(self.graph, task_id)
-            if task.status is TaskStatus.RUNNING:
-                raise InvalidValue(f"task {task_id} is running on {task.owner}: cancel it "
-                                   "first, then reactivate it --fresh")
-            change = task_change(task, None, {"active": True, "stop_reason": None})
-            change = dataclasses.replace(
-                change, props={**change.props, checkpoints.STATE: "", checkpoints.META: ""},
-                task=dataclasses.replace(change.task, checkpoint=None))
+            change = checkpoints.fresh_start(read_task(self.graph, task_id))
             return change.task if matched_write(self.graph, change.traverse) else None
         return until_written(once, task_id)
 
