@@ -1,8 +1,10 @@
-"""Long jobs on real node processes (issue 44): checkpoints a retry resumes from.
+"""Long jobs on real node processes (issue 44): checkpoints a retry resumes from, time limits
+and heartbeats.
 
-The task type lives in a module of the test's own, loaded by the nodes with ``--tasks``, as a
+The task types live in modules of the test's own, loaded by the nodes with ``--tasks``, as a
 user's would be: a job of numbered steps that records each step it starts in a file and
-commits ``{"next": n}`` every ten steps.
+commits ``{"next": n}`` every ten steps; handlers that run past their ``timeout`` (honouring
+their token, or ignoring it), and one that stops beating.
 """
 
 from __future__ import annotations
@@ -10,11 +12,14 @@ from __future__ import annotations
 import json
 import os
 import textwrap
+import time
 from pathlib import Path
 
+from kazoo.client import KazooClient
+
 from coord.testing import wait_until
-from runner.store import AttemptStatus
-from runner.testing.cluster import Cluster
+from runner.store import AttemptStatus, TaskStatus
+from runner.testing.cluster import CLUSTER, Cluster
 
 STEPS_MODULE = textwrap.dedent('''
     from pydantic import BaseModel
@@ -53,13 +58,73 @@ def steps_run(record: Path) -> list[tuple[int, int]]:
                                           if line)]
 
 
-def with_steps_module(cluster: Cluster, tmp_path: Path) -> None:
+LIMITS_MODULE = textwrap.dedent('''
+    import time
+    from pydantic import BaseModel
+    from runner.tasks import RetryPolicy, TaskContext, TaskTimedOut, task
+
+    class Run(BaseModel):
+        record: str
+        seconds: float = 6.0
+
+    def note(p, ctx, what):
+        with open(p.record, "a") as f:
+            f.write(f"{ctx.attempt.seq} {what} {time.time()}\\n")
+
+    @task("test.forever", payload=Run, timeout=1.0, grace=1.0,
+          retry=RetryPolicy(max_attempts=2, backoff=0.1, retry_on=(TaskTimedOut,)))
+    def forever(ctx: TaskContext, p: Run) -> None:
+        """Loops until its token is cancelled (the first attempt), then returns."""
+        note(p, ctx, "start")
+        while ctx.attempt.seq == 1 and not ctx.cancel.wait(0.05):
+            pass
+        note(p, ctx, "end")
+
+    @task("test.stubborn", payload=Run, timeout=1.0, grace=1.0,
+          retry=RetryPolicy(max_attempts=2, backoff=0.1))
+    def stubborn(ctx: TaskContext, p: Run) -> None:
+        """The first attempt ignores its token: it sleeps p.seconds whatever happens."""
+        note(p, ctx, "start")
+        if ctx.attempt.seq == 1:
+            time.sleep(p.seconds)
+        note(p, ctx, "end")
+
+    @task("test.beats", payload=Run, heartbeat_timeout=1.0, heartbeat_persist=0.2)
+    def beats(ctx: TaskContext, p: Run) -> None:
+        """Beats ten times, then hangs (honouring its token)."""
+        for i in range(10):
+            ctx.heartbeat({"i": i})
+            note(p, ctx, f"beat{i}")
+            time.sleep(0.1)
+        ctx.cancel.wait(60)
+        note(p, ctx, "end")
+''')
+
+
+def with_module(cluster: Cluster, tmp_path: Path, name: str, code: str) -> None:
     site = tmp_path / "site"
-    site.mkdir()
-    (site / "stepjob.py").write_text(STEPS_MODULE)
+    site.mkdir(exist_ok=True)
+    (site / f"{name}.py").write_text(code)
     cluster.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site),
                                                           cluster.env.get("PYTHONPATH")]))
-    cluster.env["LATCHWORK_TASKS"] = json.dumps(["stepjob"])
+    cluster.env["LATCHWORK_TASKS"] = json.dumps([name])
+
+
+def with_steps_module(cluster: Cluster, tmp_path: Path) -> None:
+    with_module(cluster, tmp_path, "stepjob", STEPS_MODULE)
+
+
+def notes(record: Path) -> list[tuple[int, str, float]]:
+    """(attempt seq, what, when) of every note a limits handler wrote."""
+    if not record.exists():
+        return []
+    return [(int(a), w, float(t)) for a, w, t in (line.split()
+                                                  for line in record.read_text().splitlines())]
+
+
+def lock_held(zk_client: KazooClient, task_id: str) -> bool:
+    path = f"/latchwork/{CLUSTER}/locks/tasks/{task_id}"
+    return bool(zk_client.exists(path) and zk_client.get_children(path))
 
 
 def test_a_job_killed_at_step_57_resumes_at_its_checkpoint_on_another_node(
@@ -117,3 +182,78 @@ def test_reactivate_fresh_drops_the_checkpoint_a_failed_job_left(
     ran = steps_run(record)
     assert [s for a, s in ran if a == 1] == list(range(23))
     assert [s for a, s in ran if a == 2] == list(range(30)), ran  # from the start again
+
+
+def test_a_handler_past_its_timeout_ends_timed_out_and_its_retry_runs(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """``timeout=1``: the first attempt's token is cancelled at the limit (the handler honours
+    it and returns): TIMED_OUT, which the retry policy retries (``retry_on=(TaskTimedOut,)``),
+    and the second attempt succeeds."""
+    with_module(cluster, tmp_path, "limitjobs", LIMITS_MODULE)
+    cluster.start_node()
+    record = tmp_path / "forever.txt"
+    task_id = cluster.submit("test.forever", {"record": str(record)})
+    done = cluster.wait_finished(task_id, timeout=60)
+    first, second = cluster.store.attempts.for_task(task_id)
+    assert (first.status, second.status) == (AttemptStatus.TIMED_OUT, AttemptStatus.SUCCEEDED)
+    assert "timed out after 1 s" in (first.error or "") and done.finished
+    ran = notes(record)
+    assert 0.9 <= ran[1][2] - ran[0][2] <= 3.0, ran  # cancelled at its limit
+    shown = cluster.cli("task", "show", task_id)
+    assert "timed out" in shown.output
+
+
+def test_a_handler_that_ignores_its_timeout_is_fenced_off_and_keeps_its_lock_until_it_returns(
+        cluster: Cluster, tmp_path: Path, zk_client: KazooClient) -> None:
+    """A thread cannot be killed: grace seconds past its limit the attempt is written
+    TIMED_OUT with the task's fence moved and the incident ``ignored_timeout`` raised, while
+    the lock stays held; once the handler returns the lock goes, the incident is resolved,
+    and the retry runs, never overlapping it."""
+    with_module(cluster, tmp_path, "limitjobs", LIMITS_MODULE)
+    cluster.start_node()
+    record = tmp_path / "stubborn.txt"
+    task_id = cluster.submit("test.stubborn", {"record": str(record), "seconds": 6})
+
+    def closed() -> bool:
+        attempts = cluster.store.attempts.for_task(task_id)
+        return bool(attempts) and attempts[0].status is AttemptStatus.TIMED_OUT
+    assert wait_until(closed, 30, 0.05)
+    began = notes(record)[0][2]
+    assert time.time() - began < 5.5  # written while the handler still sleeps
+    (first,) = cluster.store.attempts.for_task(task_id)
+    task = cluster.task(task_id)
+    assert "ran on 1 s past it" in (first.error or "") and task.fence > first.fence
+    assert task.status is TaskStatus.WAITING and lock_held(zk_client, task_id)
+    (incident,) = [i for i in cluster.store.incidents.for_task(task_id)
+                   if i.kind == "ignored_timeout"]
+    assert incident.open
+    done = cluster.wait_finished(task_id, timeout=60)
+    ran = notes(record)
+    first_end = next(t for a, w, t in ran if (a, w) == (1, "end"))
+    second_start = next(t for a, w, t in ran if (a, w) == (2, "start"))
+    assert first_end <= second_start, ran  # no second run overlapped the first
+    assert done.finished and [a.status for a in cluster.store.attempts.for_task(task_id)] == [
+        AttemptStatus.TIMED_OUT, AttemptStatus.SUCCEEDED]
+    (incident,) = [i for i in cluster.store.incidents.for_task(task_id)
+                   if i.kind == "ignored_timeout"]
+    assert not incident.open
+
+
+def test_an_attempt_that_stops_beating_is_timed_out_within_its_heartbeat_timeout(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """``heartbeat_timeout=1``: ten beats, then none: the attempt is cancelled within
+    heartbeat_timeout + 1 s of its last beat and ends TIMED_OUT "no heartbeat for ..."; the
+    last details beaten are on the attempt."""
+    with_module(cluster, tmp_path, "limitjobs", LIMITS_MODULE)
+    cluster.start_node()
+    record = tmp_path / "beats.txt"
+    task_id = cluster.submit("test.beats", {"record": str(record)})
+    assert wait_until(lambda: not cluster.task(task_id).active, 30, 0.05)
+    (attempt,) = cluster.store.attempts.for_task(task_id)
+    assert attempt.status is AttemptStatus.TIMED_OUT
+    assert "no heartbeat for" in (attempt.error or ""), attempt.error
+    ran = notes(record)
+    last_beat = next(t for a, w, t in ran if w == "beat9")
+    ended = next(t for a, w, t in ran if w == "end")
+    assert 0.9 <= ended - last_beat <= 2.0, ran
+    assert attempt.heartbeat is not None and attempt.heartbeat.details["i"] >= 5

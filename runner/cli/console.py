@@ -12,9 +12,10 @@ from rich.table import Table
 from rich.text import Text
 
 STATUS_STYLE = {"SUCCEEDED": "green", "FAILED": "bold red", "RUNNING": "yellow",
-                "CANCELLED_BY_SYSTEM": "magenta", "CANCELLED": "magenta"}
+                "CANCELLED_BY_SYSTEM": "magenta", "CANCELLED": "magenta", "TIMED_OUT": "bold red"}
 STATUS_TEXT = {"CANCELLED_BY_SYSTEM": "cancelled by system", "SUCCEEDED": "succeeded",
-               "FAILED": "failed", "RUNNING": "running", "CANCELLED": "cancelled by operator"}
+               "FAILED": "failed", "RUNNING": "running", "CANCELLED": "cancelled by operator",
+               "TIMED_OUT": "timed out"}
 
 
 def _when(value: str | None) -> str:

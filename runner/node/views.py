@@ -42,6 +42,8 @@ def attempt_view(attempt: Attempt) -> dict[str, Any]:
         "duration_ms": attempt.duration_ms, "error": attempt.error,
         "stack_trace": attempt.stack_trace, "fence": attempt.fence,
         "progress": progress_view(attempt.progress),
+        "heartbeat": None if attempt.heartbeat is None else {
+            "at": attempt.heartbeat.at.isoformat(), "details": attempt.heartbeat.details},
     }
 
 
@@ -74,6 +76,11 @@ class CheckpointView(View):
     at: datetime
     size: int  # bytes of JSON
     seq: int  # the attempt that committed it
+
+
+class HeartbeatView(View):
+    at: datetime
+    details: Any = None
 
 
 class TaskView(TaskRef):
@@ -111,7 +118,7 @@ class Cancelled(TaskView):
 class AttemptView(View):
     id: str
     seq: int
-    status: str  # RUNNING, SUCCEEDED, FAILED, CANCELLED_BY_SYSTEM, CANCELLED
+    status: str  # RUNNING, SUCCEEDED, FAILED, CANCELLED_BY_SYSTEM, CANCELLED, TIMED_OUT
     executor: str
     started_at: datetime
     ended_at: datetime | None = None
@@ -120,6 +127,7 @@ class AttemptView(View):
     stack_trace: str | None = None
     fence: int
     progress: ProgressView | None = None
+    heartbeat: HeartbeatView | None = None  # its last details written (ctx.heartbeat)
 
 
 class RecentAttempt(AttemptView):

@@ -22,6 +22,8 @@ class AttemptStatus(enum.StrEnum):
     FAILED = "FAILED"
     CANCELLED_BY_SYSTEM = "CANCELLED_BY_SYSTEM"  # shutdown, lost session or lock, dead owner
     CANCELLED = "CANCELLED"  # by an operator (``task cancel``, ``task deactivate``)
+    #: past its type's ``timeout``, or no heartbeat within its ``heartbeat_timeout``
+    TIMED_OUT = "TIMED_OUT"
 
 
 #: the largest checkpoint a handler may commit, in bytes of its JSON (``ctx.checkpoint``)
@@ -94,6 +96,13 @@ class Progress:
 
 
 @dataclass(frozen=True)
+class Heartbeat:
+    """The last details a running attempt beat (``ctx.heartbeat``) that were written."""
+    at: datetime
+    details: Any
+
+
+@dataclass(frozen=True)
 class Attempt:
     id: str
     task_id: str
@@ -107,6 +116,7 @@ class Attempt:
     error: str | None = None
     stack_trace: str | None = None
     progress: Progress | None = None
+    heartbeat: Heartbeat | None = None
 
 
 @dataclass(frozen=True)

@@ -115,6 +115,9 @@ class AttemptLog(Protocol):
     def progress(self, attempt_id: str, done: int, total: int | None, message: str) -> bool:
         """Record a RUNNING attempt's progress; False once it has ended."""
 
+    def heartbeat(self, attempt_id: str, details: Any) -> bool:
+        """Record a RUNNING attempt's last heartbeat details; False once it has ended."""
+
     def get(self, attempt_id: str) -> Attempt: ...
 
     def for_task(self, task_id: str) -> list[Attempt]: ...

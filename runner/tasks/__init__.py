@@ -34,10 +34,11 @@ from runner.tasks.context import (
     TaskConflict,
     TaskContext,
     TaskDeclined,
+    TaskTimedOut,
 )
 from runner.tasks.features.streams import stream
 from runner.tasks.observer import Hooks, Observer
-from runner.tasks.registry import TaskHandler, TaskRegistry, TaskType
+from runner.tasks.registry import Limits, TaskHandler, TaskRegistry, TaskType
 from runner.tasks.retry import RetryPolicy
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "TaskHandler",
     "Hooks",
     "InvalidPayload",
+    "Limits",
     "Observer",
     "RetryPolicy",
     "Services",
@@ -57,6 +59,7 @@ __all__ = [
     "TaskDeclined",
     "TaskError",
     "TaskRegistry",
+    "TaskTimedOut",
     "TaskType",
     "TaskLoadError",
     "UnknownTaskType",

@@ -35,6 +35,13 @@ class TaskCancelled(Exception):
     """The handler noticed its cancellation token and stopped."""
 
 
+class TaskTimedOut(TaskCancelled):
+    """An attempt ran past its type's ``timeout``, or beat no heartbeat within its
+    ``heartbeat_timeout``: its token was cancelled for it and the attempt ends TIMED_OUT. A
+    failure the type's retry policy may retry (``retry_on=(TaskTimedOut,)``; the default,
+    ``Exception``, retries it too)."""
+
+
 #: the reason a token bound to a session gives once that session expired
 SESSION_EXPIRED = "the ZooKeeper session was lost (past its deadline)"
 
@@ -54,14 +61,20 @@ class CancelToken:
         self._lock = threading.Lock()
         self._callbacks: list[Callable[[str], None]] = []
         self.reason = ""
+        #: cancelled for a time limit (``timeout``, ``heartbeat_timeout``): the attempt ends
+        #: TIMED_OUT, not CANCELLED_BY_SYSTEM
+        self.timed_out = False
         self._session = session
         self._session_id = session.session_id if session is not None else None
 
-    def cancel(self, reason: str) -> None:
+    def cancel(self, reason: str, *, timed_out: bool = False) -> None:
+        """Cancel with ``reason`` (the first cancellation wins); ``timed_out``: for a time
+        limit."""
         with self._lock:
             if self._event.is_set():
                 return
             self.reason = reason
+            self.timed_out = timed_out
             self._event.set()
             callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
@@ -112,7 +125,7 @@ class CancelToken:
 
     def raise_if_cancelled(self) -> None:
         if self.cancelled:
-            raise TaskCancelled(self.reason)
+            raise (TaskTimedOut if self.timed_out else TaskCancelled)(self.reason)
 
 
 S = TypeVar("S")
@@ -166,10 +179,24 @@ class TaskContext:
     checker: Callable[[], None] | None = None
     completer: Callable[[Callable[[Any], Any]], None] | None = None
     reporter: Callable[[int, int | None, str], None] | None = None
+    #: the limit watch's beat of this attempt (None: its type has no limit to watch)
+    beater: Callable[[Any], None] | None = None
     completed: bool = False
     #: the task's last checkpoint as this attempt knows it (read at the first look)
     _resume: Any = field(default=None, repr=False)
     _resume_read: bool = field(default=False, repr=False)
+
+    def heartbeat(self, details: Any = None) -> None:
+        """Say the attempt is alive (and, with ``details``, JSON, what it is at). A type with
+        ``heartbeat_timeout`` takes an attempt that has not beaten within it as hung: its
+        token is cancelled and it ends TIMED_OUT. The beat is a clock read on this node (no
+        write); the last details are written on the attempt at most every
+        ``heartbeat_persist`` seconds, by the node, not in the handler's time. Details that
+        are not JSON raise :class:`~runner.errors.InvalidValue`. Cheap: call it in the loop."""
+        if details is not None:
+            codec.encode_json(details)  # InvalidValue now, not in the writer's thread
+        if self.beater is not None:
+            self.beater(details)
 
     @property
     def resume(self) -> Any:

@@ -32,6 +32,7 @@ from runner.tasks.context import (
     TaskCancelled,
     TaskConflict,
     TaskDeclined,
+    TaskTimedOut,
 )
 from runner.tasks.registry import TaskType
 
@@ -43,6 +44,7 @@ class Failure(enum.Enum):
     CANCELLED = "cancelled"  # the token was cancelled
     CONFLICT = "conflict"  # a commit conflict: retried
     DECLINED = "declined"  # the handler declined this node (TaskDeclined): another node runs it
+    TIMED_OUT = "timed_out"  # past a time limit: a failure, which the retry policy may retry
     ERROR = "error"  # anything else: the task stops
 
 
@@ -79,6 +81,10 @@ class AttemptResult:
         return cls(AttemptStatus.FAILED, Failure.CONFLICT, error)
 
     @classmethod
+    def timed_out(cls, error: str) -> AttemptResult:
+        return cls(AttemptStatus.TIMED_OUT, Failure.TIMED_OUT, error, None, TaskTimedOut(error))
+
+    @classmethod
     def declined(cls, error: str) -> AttemptResult:
         return cls(AttemptStatus.CANCELLED_BY_SYSTEM, Failure.DECLINED, error)
 
@@ -91,7 +97,7 @@ class AttemptResult:
     def outcome(self) -> Outcome:
         return {Failure.NONE: Outcome.FINISHED, Failure.CANCELLED: Outcome.CANCELLED,
                 Failure.CONFLICT: Outcome.RETRY, Failure.DECLINED: Outcome.DECLINED,
-                Failure.ERROR: Outcome.STOPPED}[self.failure]
+                Failure.ERROR: Outcome.STOPPED, Failure.TIMED_OUT: Outcome.STOPPED}[self.failure]
 
 
 def task_changes(outcome: Outcome, run_at: datetime | None = None) -> dict[str, Any]:
@@ -120,6 +126,8 @@ def attempt_result(body: Callable[[], None], cancel: CancelToken) -> AttemptResu
         if cancel.cancelled:
             raise TaskCancelled(cancel.reason)
     except TaskCancelled:
+        if cancel.timed_out:
+            return AttemptResult.timed_out(cancel.reason)
         return AttemptResult.cancelled(f"cancelled by system: {cancel.reason}")
     except TaskDeclined as exc:
         return AttemptResult.declined(f"declined: {exc}")
@@ -129,6 +137,8 @@ def attempt_result(body: Callable[[], None], cancel: CancelToken) -> AttemptResu
         cancel.cancel(f"it lost a resource: {exc}")
         return AttemptResult.cancelled(f"cancelled by system: {cancel.reason}")
     except Exception as exc:
+        if cancel.cancelled and cancel.timed_out:
+            return AttemptResult.timed_out(f"{cancel.reason} ({exc!r})")
         if cancel.cancelled:
             return AttemptResult.cancelled(f"cancelled by system: {cancel.reason} ({exc!r})")
         return AttemptResult.failed(f"{type(exc).__name__}: {exc}",

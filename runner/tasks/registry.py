@@ -36,6 +36,45 @@ TaskHandler = Callable[[TaskContext, Any], None]
 
 
 @dataclass(frozen=True)
+class Limits:
+    """A type's time limits (docs/runner.md, "Time limits and heartbeats").
+
+    * ``timeout``: seconds an attempt may run; at the limit its token is cancelled (the
+      attempt ends TIMED_OUT), and a handler still running ``grace`` seconds later has its
+      attempt written TIMED_OUT with the task's fence moved (nothing it writes afterwards is
+      accepted) while its lock is kept until it returns (an incident ``ignored_timeout``);
+    * ``heartbeat_timeout``: seconds an attempt may go without ``ctx.heartbeat()`` before it
+      is taken as hung (the same as a timeout: "no heartbeat for 30 s"); the beat is local to
+      the node, its last details written at most every ``heartbeat_persist`` seconds.
+    """
+    timeout: float | None = None
+    grace: float = 10.0
+    heartbeat_timeout: float | None = None
+    heartbeat_persist: float = 10.0
+
+    def __post_init__(self) -> None:
+        for what in ("timeout", "heartbeat_timeout"):
+            value = getattr(self, what)
+            if value is not None and value <= 0:
+                raise ValueError(f"{what} must be positive, not {value}")
+        if self.grace < 0 or self.heartbeat_persist <= 0:
+            raise ValueError("grace must be >= 0 and heartbeat_persist positive")
+
+    @property
+    def watched(self) -> bool:
+        """Whether an attempt of the type has a limit to watch."""
+        return self.timeout is not None or self.heartbeat_timeout is not None
+
+    def describe(self) -> dict[str, float | None]:
+        return {"timeout": self.timeout, "grace": self.grace,
+                "heartbeat_timeout": self.heartbeat_timeout,
+                "heartbeat_persist": self.heartbeat_persist}
+
+
+NO_LIMITS = Limits()
+
+
+@dataclass(frozen=True)
 class TaskType:
     name: str
     handler: TaskHandler
@@ -47,6 +86,7 @@ class TaskType:
     retry: RetryPolicy | None = None  # None: a failure stops the task
     max_duration: float | None = None  # seconds RUNNING before an incident is raised
     max_wait: float | None = None  # seconds WAITING (once due) before an incident is raised
+    limits: Limits = NO_LIMITS  # time limits and heartbeats
 
     def describe(self) -> dict[str, Any]:
         """What ``latchwork task types`` shows: name, description, default priority, slots,
@@ -56,7 +96,7 @@ class TaskType:
                 "slots": self.slot_limit, "resources": list(self.resources),
                 "retry": self.retry.describe() if self.retry else None,
                 "max_duration": self.max_duration, "max_wait": self.max_wait,
-                "payload_schema": schema}
+                **self.limits.describe(), "payload_schema": schema}
 
     def parse(self, payload: Mapping[str, Any]) -> Any:
         if self.payload_model is None:
@@ -76,7 +116,7 @@ class TaskRegistry:
                  slot_limit: int | None = None, description: str = "",
                  priority: int = 0, resources: tuple[str, ...] = (),
                  retry: RetryPolicy | None = None, max_duration: float | None = None,
-                 max_wait: float | None = None) -> None:
+                 max_wait: float | None = None, limits: Limits = NO_LIMITS) -> None:
         if name in self._types:
             raise ValueError(f"task type {name!r} is already registered")
         if any(not r for r in resources):
@@ -85,7 +125,8 @@ class TaskRegistry:
             if seconds is not None and seconds <= 0:
                 raise ValueError(f"task type {name!r}: {what} must be positive")
         self._types[name] = TaskType(name, handler, payload_model, slot_limit, description,
-                                     priority, tuple(resources), retry, max_duration, max_wait)
+                                     priority, tuple(resources), retry, max_duration, max_wait,
+                                     limits)
 
     def get(self, name: str) -> TaskType:
         try:

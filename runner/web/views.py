@@ -24,7 +24,7 @@ STATES = ("waiting", "running", "stopped", "finished", "skipped")
 KEYS = {"type": "type", "state": "state", "owner": "owner", "key": "ordering_key",
         "resource": "resource"}
 STATUS_CLASS = {"RUNNING": "running", "SUCCEEDED": "ok", "FAILED": "failed",
-                "CANCELLED_BY_SYSTEM": "system", "CANCELLED": "cancelled"}
+                "CANCELLED_BY_SYSTEM": "system", "CANCELLED": "cancelled", "TIMED_OUT": "timedout"}
 
 
 #: the query box holds a term the console does not know

@@ -5,6 +5,7 @@ before the handler runs (with the claim), finished exactly once (a second finish
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
 from gremlin_python.process.traversal import Cardinality, P
 
@@ -71,6 +72,14 @@ class GremlinAttemptLog:
         return matched_write(self.graph, lambda g: g.V().has("attempt_id", attempt_id)
                              .has("attempt_status", AttemptStatus.RUNNING.value)
                              .property(Cardinality.single, "attempt_progress", value))
+
+    def heartbeat(self, attempt_id: str, details: Any) -> bool:
+        """Record the last details a RUNNING attempt beat (``attempt_beat``); False, nothing
+        written, once the attempt has ended."""
+        value = codec.encode_json({"at": codec.encode_time(codec.now()), "details": details})
+        return matched_write(self.graph, lambda g: g.V().has("attempt_id", attempt_id)
+                             .has("attempt_status", AttemptStatus.RUNNING.value)
+                             .property(Cardinality.single, "attempt_beat", value))
 
     def get(self, attempt_id: str) -> Attempt:
         rows = self.graph.read(

@@ -15,6 +15,7 @@ from runner.store.model import (
     Attempt,
     AttemptStatus,
     CheckpointInfo,
+    Heartbeat,
     Progress,
     Task,
     TaskStatus,
@@ -143,7 +144,15 @@ def attempt_from_row(row: Mapping[Any, Any]) -> Attempt:
         ended_at=codec.decode_time(end["ended"]) if end else None,
         duration_ms=int(end["duration_ms"]) if end else None,
         error=end.get("error") or None, stack_trace=end.get("stack") or None,
-        progress=progress_from_json(row.get("attempt_progress")))
+        progress=progress_from_json(row.get("attempt_progress")),
+        heartbeat=heartbeat_from_json(row.get("attempt_beat")))
+
+
+def heartbeat_from_json(raw: Any) -> Heartbeat | None:
+    if not raw:
+        return None
+    value = codec.decode_json(raw)
+    return Heartbeat(codec.decode_time(value["at"]), value["details"])
 
 
 def progress_from_json(raw: Any) -> Progress | None:

@@ -5,7 +5,13 @@ Every round the master raises an incident for
 * ``running_too_long``: an attempt RUNNING longer than its type's ``max_duration``;
 * ``waiting_too_long``: a task WAITING longer than its type's ``max_wait`` since it was due
   (created, or its ``run_at``);
-* ``stopped``: a task stopped by an error (inactive, unfinished, its last attempt FAILED).
+* ``stopped``: a task stopped by an error (inactive, unfinished, its last attempt FAILED or
+  TIMED_OUT).
+
+A node raises one more itself: ``ignored_timeout``, a handler still running past its time
+limit and its grace (:mod:`runner.tasks.worker.limits`); the node resolves it when the
+handler returns, the master once the task finished or a later attempt started (the lock the
+handler kept is gone: it returned, or its node died).
 
 An incident is a graph record keyed by (task, kind, occurrence: the attempt or the attempt
 count), so a master that raises it again after a failover finds the same record: **no incident
@@ -35,6 +41,7 @@ from runner.errors import HookLoadError, TaskError, TaskNotFound
 from runner.store import AttemptStatus, GraphStore, TaskStatus, codec
 from runner.store.gremlin.incidents import Incident
 from runner.tasks.registry import TaskRegistry
+from runner.tasks.worker.limits import IGNORED_TIMEOUT
 
 log = logging.getLogger("latchwork.incidents")
 
@@ -107,9 +114,11 @@ class IncidentWatch:
             if (task.id, task.attempts) in self._raised_stopped:
                 continue
             attempts = self.store.attempts.for_task(task.id)
-            if attempts and attempts[-1].status is AttemptStatus.FAILED:
+            if attempts and attempts[-1].status in (AttemptStatus.FAILED,
+                                                    AttemptStatus.TIMED_OUT):
+                what = "failed" if attempts[-1].status is AttemptStatus.FAILED else "timed out"
                 self._raise(task.id, STOPPED, str(task.attempts),
-                            f"({task.type}) stopped after attempt {attempts[-1].seq} failed: "
+                            f"({task.type}) stopped after attempt {attempts[-1].seq} {what}: "
                             f"{attempts[-1].error}")
             self._raised_stopped.add((task.id, task.attempts))
 
@@ -148,6 +157,10 @@ class IncidentWatch:
             return self.store.attempts.get(attempt_id).status is not AttemptStatus.RUNNING
         if incident.kind == WAITING:
             return task.status is not TaskStatus.WAITING or not task.active
+        if incident.kind == IGNORED_TIMEOUT:  # its node resolves it when the handler returns;
+            # a later attempt means the lock it kept went (returned, or its node died)
+            seq = self.store.attempts.get(incident.key.rsplit(":", 1)[1]).seq
+            return task.attempts > seq
         return task.active  # STOPPED: reactivated
 
     def resolve(self) -> None:

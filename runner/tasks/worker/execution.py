@@ -28,6 +28,7 @@ retry, decide) over one slot; split, each part would reach into the others.
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import traceback
@@ -60,6 +61,7 @@ from runner.tasks.outcomes import (
 from runner.tasks.progress import ProgressReporter, ProgressWriter
 from runner.tasks.registry import TaskRegistry, TaskType
 from runner.tasks.retry import RetryPolicy
+from runner.tasks.worker.limits import Closed, LimitWatch, close_ignored, persist_beat
 from runner.tasks.worker.running import Claimed, Ending, Slot, Tell
 
 log = logging.getLogger("latchwork.tasks")
@@ -69,10 +71,12 @@ log = logging.getLogger("latchwork.tasks")
 @dataclass
 class _Handling:
     """One attempt's run: whether its handler concluded it (``ctx.complete()``), its last
-    progress report not written yet, and when its handler returned."""
+    progress report not written yet, when its handler returned, and what the limit watch
+    wrote when the handler ignored its time limit (:mod:`.limits`)."""
     completed: bool = False
     progress: str | None = None
     returned_at: datetime | None = None
+    forced: Closed | None = None
 
 
 class Execution:
@@ -94,6 +98,9 @@ class Execution:
         self.conflict_backoff = conflict_backoff
         #: the thread that writes the handlers' progress reports (:mod:`runner.tasks.progress`)
         self.progress_writer = ProgressWriter()
+        #: the attempts' time limits and heartbeats (:mod:`runner.tasks.worker.limits`)
+        self.limits = LimitWatch(member_id, functools.partial(close_ignored, store, member_id),
+                                 functools.partial(persist_beat, store))
 
     def run(self, slot: Slot) -> Ending:
         """Run ``slot``'s task to what it comes to (conflict retries included); never raises.
@@ -107,6 +114,8 @@ class Execution:
             retries = 0
             while True:
                 result, handling, tell = self.attempt(slot, claim, kind)
+                if handling.forced is not None:  # its end is written already: TIMED_OUT
+                    return self._forced(slot, claim, handling.forced, tell)
                 outcome = result.outcome
                 if outcome is Outcome.RETRY and retries < self.max_conflict_retries:
                     self.finish(claim.attempt, result, handling)
@@ -157,6 +166,22 @@ class Execution:
                           AttemptResult.failed(error, None), tell or _untold,
                           ended=(AttemptStatus.FAILED, error))
 
+    def _forced(self, slot: Slot, claim: Claimed, closed: Closed, tell: Tell) -> Ending:
+        """The handler returned after the limit watch closed its attempt TIMED_OUT (it ran on
+        past its grace): nothing more is written for it; its lock goes now, with the end told,
+        and its incident is resolved."""
+        log.warning("member %s: task %s (%s): its handler returned after its attempt was "
+                    "closed as timed out; its lock goes now", self.member_id, claim.task.id,
+                    claim.task.type)
+        if closed.incident is not None:
+            try:
+                self.store.incidents.resolve(closed.incident)
+            except StoreError as exc:
+                log.warning("member %s: incident %s not resolved: %s", self.member_id,
+                            closed.incident.key, exc)
+        return Ending(slot, claim, closed.outcome, AttemptResult.timed_out(closed.error), tell,
+                      run_at=closed.run_at, ended=(AttemptStatus.TIMED_OUT, closed.error))
+
     def _let_go(self, slot: Slot, claim: Claimed, result: AttemptResult, tell: Tell) -> Ending:
         """A retry not made: the task goes back as it stands (its last attempt is written
         already); the task's owner fields cleared as its owner."""
@@ -205,8 +230,15 @@ class Execution:
                           completer=lambda write: self.complete(slot, claim, handling, write),
                           reporter=progress.report)
         entered: list[Observer] = []
+        watched = self.limits.watch(slot, claim, kind)
+        if watched is not None:
+            ctx.beater = watched.beat
         with logs.attempt_context(task.id, attempt.id):
             result = self._attempt(slot, kind, ctx, progress, handling, entered)
+        if self.limits.done(watched):
+            assert watched is not None
+            watched.closed.wait()
+            handling.forced = watched.written
 
         def tell(status: AttemptStatus, error: str | None) -> None:
             with logs.attempt_context(task.id, attempt.id):
