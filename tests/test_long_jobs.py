@@ -257,3 +257,31 @@ def test_an_attempt_that_stops_beating_is_timed_out_within_its_heartbeat_timeout
     ended = next(t for a, w, t in ran if w == "end")
     assert 0.9 <= ended - last_beat <= 2.0, ran
     assert attempt.heartbeat is not None and attempt.heartbeat.details["i"] >= 5
+
+
+def test_task_show_prints_the_checkpoint_the_last_heartbeat_and_timed_out() -> None:
+    """The report as ``task show`` renders it (no server: the views of model values)."""
+    from datetime import UTC, datetime, timedelta
+
+    from rich.console import Console
+
+    from runner.cli.console import render_task_report
+    from runner.node.views import attempt_view, task_view
+    from runner.store import Attempt, CheckpointInfo, Task
+    from runner.store.model import Heartbeat
+
+    now = datetime.now(UTC)
+    task = Task("t1", "x.sync", {}, True, TaskStatus.RUNNING, False, 0, now, now, 3, 9,
+                owner="h:1", attempts=2,
+                checkpoint=CheckpointInfo(now - timedelta(seconds=40), 2048, 2))
+    attempts = [Attempt("a1", "t1", 1, AttemptStatus.TIMED_OUT, "h:1", now, 7,
+                        error="timed out after 1 s (its type's timeout)"),
+                Attempt("a2", "t1", 2, AttemptStatus.RUNNING, "h:1", now, 9,
+                        heartbeat=Heartbeat(now - timedelta(seconds=3), {"batch": 12}))]
+    console = Console(record=True, width=200)
+    render_task_report({"task": task_view(task), "attempts": [attempt_view(a)
+                                                              for a in attempts]}, console)
+    out = console.export_text()
+    assert "2.0 KiB, 40 s ago, by attempt 2" in out
+    assert '3 s ago: {"batch": 12}' in out
+    assert "timed out" in out and "its type's timeout" in out

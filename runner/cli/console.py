@@ -116,6 +116,12 @@ def render_task_report(report: dict[str, Any], console: Console | None = None) -
         head.add_row("series", progress_text(report["progress"]))
     if task.get("checkpoint"):
         head.add_row("checkpoint", checkpoint_text(task["checkpoint"]))
+    beating = [a for a in attempts if a["status"] == "RUNNING" and a.get("heartbeat")]
+    if beating:
+        beat = beating[-1]["heartbeat"]
+        age = (datetime.now(UTC) - datetime.fromisoformat(beat["at"])).total_seconds()
+        head.add_row("heartbeat", Text(f"{max(0.0, age):.0f} s ago: "
+                                       f"{json.dumps(beat['details'])}"))
     console.print(Panel(head, title=f"task {task['id']}", expand=False))
     table = Table(title="attempts")
     for column in ("#", "status", "executor", "start", "end", "duration", "error"):
