@@ -69,7 +69,8 @@ The tree (``tests/test_layout.py`` checks that it equals the classes and codes b
     └── SmokeCheckFailed            smoke_check_failed
 
 Control flow is not an error and stays outside the tree: a handler's
-:class:`~runner.tasks.context.TaskCancelled` (the attempt ends CANCELLED_BY_SYSTEM) and
+:class:`~runner.tasks.context.TaskCancelled` (the attempt ends CANCELLED_BY_SYSTEM), its
+subclass :class:`~runner.tasks.context.TaskTimedOut` (past a time limit: TIMED_OUT) and
 :class:`~runner.tasks.context.TaskConflict` (the attempt is retried after a backoff) and
 :class:`~runner.tasks.context.TaskDeclined` (another node runs the task).
 
