@@ -204,17 +204,19 @@ class Client:
     def submit(self, task_type: str, payload: dict[str, Any] | None = None, *,
                priority: int | None = None, unique_key: str | None = None,
                run_at: datetime | None = None, delay: float | None = None,
-               ordering_key: str | None = None, resources: Sequence[str] = ()) -> TaskView:
+               ordering_key: str | None = None, resources: Sequence[str] = (),
+               timeout: float | None = None) -> TaskView:
         """Create a task (validated by the node; ``priority`` None: the type's default) and
         return its view (a :class:`~runner.node.views.TaskRef`); the same ``unique_key`` again
         returns the task it created first. ``run_at`` (an aware datetime) or ``delay``
         (seconds): not started before then. ``ordering_key``: tasks with the same key run one
         at a time in submission order. ``resources``: taken all-or-nothing before it starts
-        (besides its type's)."""
+        (besides its type's). ``timeout``: seconds an attempt may run, capped by its type's
+        (docs/runner.md, "Time limits and heartbeats"); not the request's own timeout."""
         return TaskView.model_validate(self.call(
             TaskSubmit, type=task_type, payload=payload or {}, priority=priority,
             unique_key=unique_key, run_at=run_at, delay=delay, ordering_key=ordering_key,
-            resources=list(resources)))
+            resources=list(resources), timeout=timeout))
 
     def submit_many(self, tasks: Iterable[Mapping[str, Any] | TaskTemplate]) -> builtins.list[str]:
         """Create many tasks, each given as :meth:`submit`'s fields (``{"type": ...,

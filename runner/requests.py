@@ -62,6 +62,8 @@ class TaskTemplate(BaseModel):
     ordering_key: str | None = Field(default=None, min_length=1, max_length=200)
     resources: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(
         default_factory=list, max_length=32)
+    #: seconds an attempt may run (its type's ``timeout``, when it has one, caps it)
+    timeout: float | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
     def _one_time(self) -> TaskTemplate:

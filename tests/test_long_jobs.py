@@ -89,6 +89,13 @@ LIMITS_MODULE = textwrap.dedent('''
             time.sleep(p.seconds)
         note(p, ctx, "end")
 
+    @task("test.sleepy", payload=Run)
+    def sleepy(ctx: TaskContext, p: Run) -> None:
+        """No limit of its type: waits on its token up to p.seconds."""
+        note(p, ctx, "start")
+        ctx.cancel.wait(p.seconds)
+        note(p, ctx, "end")
+
     @task("test.beats", payload=Run, heartbeat_timeout=1.0, heartbeat_persist=0.2)
     def beats(ctx: TaskContext, p: Run) -> None:
         """Beats ten times, then hangs (honouring its token)."""
@@ -192,7 +199,8 @@ def test_a_handler_past_its_timeout_ends_timed_out_and_its_retry_runs(
     with_module(cluster, tmp_path, "limitjobs", LIMITS_MODULE)
     cluster.start_node()
     record = tmp_path / "forever.txt"
-    task_id = cluster.submit("test.forever", {"record": str(record)})
+    with cluster.client() as client:  # its own 30 s: the type's 1 s caps it
+        task_id = client.submit("test.forever", {"record": str(record)}, timeout=30).id
     done = cluster.wait_finished(task_id, timeout=60)
     first, second = cluster.store.attempts.for_task(task_id)
     assert (first.status, second.status) == (AttemptStatus.TIMED_OUT, AttemptStatus.SUCCEEDED)
@@ -201,6 +209,20 @@ def test_a_handler_past_its_timeout_ends_timed_out_and_its_retry_runs(
     assert 0.9 <= ran[1][2] - ran[0][2] <= 3.0, ran  # cancelled at its limit
     shown = cluster.cli("task", "show", task_id)
     assert "timed out" in shown.output
+
+    # a type without a limit, given one at its submission
+    sleepy = tmp_path / "sleepy.txt"
+    submitted = cluster.cli("task", "submit", "test.sleepy", "--payload",
+                            json.dumps({"record": str(sleepy), "seconds": 30}),
+                            "--time-limit", "0.5")
+    assert submitted.exit_code == 0, submitted.output
+    own = submitted.output.strip().splitlines()[-1]
+    assert wait_until(lambda: not cluster.task(own).active, 30, 0.05)
+    (attempt,) = cluster.store.attempts.for_task(own)
+    assert attempt.status is AttemptStatus.TIMED_OUT and cluster.task(own).timeout == 0.5
+    assert "timed out after 0.5 s (its own timeout)" in (attempt.error or "")
+    ran = notes(sleepy)
+    assert ran[1][2] - ran[0][2] < 5, ran
 
 
 def test_a_handler_that_ignores_its_timeout_is_fenced_off_and_keeps_its_lock_until_it_returns(

@@ -35,8 +35,8 @@ def task() -> None:
               help="submit every task of a JSON Lines file instead (- for stdin): one object "
                    'per line with the same fields, {"type": ..., "payload": ..., "priority": '
                    '..., "unique_key": ..., "run_at": ..., "delay": ..., "ordering_key": ..., '
-                   '"resources": [...]}, sent in pages of 500 (one request and one store '
-                   "write each); prints the ids in order")
+                   '"resources": [...], "timeout": ...}, sent in pages of 500 (one request and '
+                   "one store write each); prints the ids in order")
 @click.option("--payload", default="{}", show_default=True,
               help='the task payload as a JSON object, e.g. \'{"seconds": 5}\'')
 @click.option("--priority", type=int, default=None,
@@ -53,13 +53,17 @@ def task() -> None:
 @click.option("--resource", "resources", multiple=True, metavar="NAME",
               help="a resource the task holds while it runs, taken all-or-nothing with the "
                    "others (repeat for more), e.g. --resource ontology:brick")
+@click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=None,
+              metavar="SECONDS", help="an attempt may run this long, then it is cancelled and "
+              "ends TIMED_OUT (the type's own timeout, when it has one, caps it)")
 @config_option
 @json_option
 @timeout_option
 def task_submit(task_type: str | None, from_file: TextIO | None, payload: str,
                 priority: int | None, unique_key: str | None, run_at: str | None,
                 delay: float | None, ordering_key: str | None, resources: tuple[str, ...],
-                config: Path | None, as_json: bool, timeout: float) -> None:
+                time_limit: float | None, config: Path | None, as_json: bool,
+                timeout: float) -> None:
     """Submit a task of TYPE (or every task of --file); prints its id. `latchwork task types`
     lists the types the nodes know (built-in ones, and yours loaded with `node start
     --tasks`)."""
@@ -91,7 +95,7 @@ def task_submit(task_type: str | None, from_file: TextIO | None, payload: str,
     with connect(config, timeout) as client:
         task = client.submit(task_type, body, priority=priority, unique_key=unique_key,
                              run_at=when, delay=delay, ordering_key=ordering_key,
-                             resources=resources)
+                             resources=resources, timeout=time_limit)
     if as_json:
         print_json(task.model_dump(mode="json"))
     else:

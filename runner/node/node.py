@@ -354,7 +354,8 @@ class Node:
                                    priority=kind.priority if req.priority is None
                                    else req.priority, run_at=run_at,
                                    ordering_key=req.ordering_key,
-                                   resources=[*kind.resources, *req.resources])
+                                   resources=[*kind.resources, *req.resources],
+                                   timeout=req.timeout)
         admitted = self.processor.accept(new)
         if admitted.admission is Admission.ELSEWHERE:
             self.bus.broadcast("TRIGGER_SCAN", {"task": admitted.task.id,
@@ -381,7 +382,7 @@ class Node:
                 item.type, item.payload, unique_key=item.unique_key,
                 priority=kind.priority if item.priority is None else item.priority,
                 run_at=run_at, ordering_key=item.ordering_key,
-                resources=[*kind.resources, *item.resources]))
+                resources=[*kind.resources, *item.resources], timeout=item.timeout))
         if req.page is not None:
             news = [replace(task, id=page_task_id(req.page, n)) for n, task in enumerate(news)]
         written = self.store.tasks.add_many(news, again=req.page is not None)

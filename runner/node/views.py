@@ -22,7 +22,7 @@ def task_view(task: Task) -> dict[str, Any]:
         "owner": task.owner, "attempts": task.attempts,
         "run_at": task.run_at.isoformat() if task.run_at else None,
         "ordering_key": task.ordering_key, "resources": list(task.resources),
-        "skipped": task.skipped, "stop_reason": task.stop_reason,
+        "skipped": task.skipped, "stop_reason": task.stop_reason, "timeout": task.timeout,
         "checkpoint": None if task.checkpoint is None else {
             "at": task.checkpoint.at.isoformat(), "size": task.checkpoint.size,
             "seq": task.checkpoint.seq},
@@ -103,6 +103,7 @@ class TaskView(TaskRef):
     skipped: bool = False  # finished by `task skip`, without a run
     stop_reason: str | None = None  # why it was stopped unrun (a paused schedule's fire)
     checkpoint: CheckpointView | None = None  # where its next attempt resumes
+    timeout: float | None = None  # its own time limit (its type's caps it)
 
     @property
     def stopped(self) -> bool:

@@ -66,6 +66,8 @@ class Task:
     stop_reason: str | None = None
     #: the last checkpoint an attempt committed (``ctx.checkpoint``): when, how big, by which
     checkpoint: CheckpointInfo | None = None
+    #: seconds an attempt may run, given at its submission (its type's ``timeout`` caps it)
+    timeout: float | None = None
 
     @property
     def open(self) -> bool:

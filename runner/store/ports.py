@@ -30,7 +30,7 @@ class TaskStore(Protocol):
     def new(self, type: str, payload: Mapping[str, Any] | None = None, *,
             unique_key: str | None = None, priority: int = 0,
             run_at: datetime | None = None, ordering_key: str | None = None,
-            resources: Sequence[str] = ()) -> Task:
+            resources: Sequence[str] = (), timeout: float | None = None) -> Task:
         """A new WAITING task with its id, checked (InvalidValue) and not written."""
         ...
 

@@ -60,7 +60,8 @@ def task_props(task: Task, *, payload: bool = True) -> dict[str, Any]:
             "attempts": task.attempts,
             "run_at": codec.encode_time(task.run_at) if task.run_at else "",
             "resources": list(task.resources), "skipped": task.skipped,
-            **({"stop_reason": task.stop_reason} if task.stop_reason else {})}),
+            **({"stop_reason": task.stop_reason} if task.stop_reason else {}),
+            **({"timeout": task.timeout} if task.timeout is not None else {})}),
         "task_fence": codec.encode_big(task.fence),
         # the unfinished tasks of an ordering key, found from an index ("" once finished)
         "task_okey_open": task.ordering_key if task.ordering_key and not task.finished else "",
@@ -127,7 +128,7 @@ def task_from_row(row: Mapping[Any, Any]) -> Task:
         run_at=codec.decode_time(state["run_at"]) if state.get("run_at") else None,
         ordering_key=row.get("task_okey"), resources=tuple(state.get("resources", ())),
         skipped=bool(state.get("skipped", False)), stop_reason=state.get("stop_reason"),
-        checkpoint=checkpoint_from_meta(row.get("task_ckpt_meta")))
+        checkpoint=checkpoint_from_meta(row.get("task_ckpt_meta")), timeout=state.get("timeout"))
 
 
 def attempt_from_row(row: Mapping[Any, Any]) -> Attempt:

@@ -74,9 +74,9 @@ class GremlinTaskStore:
     def new(self, type: str, payload: Mapping[str, Any] | None = None, *,
             unique_key: str | None = None, priority: int = 0,
             run_at: datetime | None = None, ordering_key: str | None = None,
-            resources: Sequence[str] = ()) -> Task:
+            resources: Sequence[str] = (), timeout: float | None = None) -> Task:
         """A new WAITING task with its id, checked and not written (:meth:`add` writes it;
-        ``GraphStore.create_claimed`` writes it already claimed)."""
+        ``GraphStore.create_claimed`` writes it already claimed); ``timeout``: its own."""
         if not type:
             raise InvalidValue("a task needs a type")
         if run_at is not None and run_at.tzinfo is None:
@@ -90,7 +90,7 @@ class GremlinTaskStore:
                     status=TaskStatus.WAITING, finished=False, priority=priority,
                     created_at=created, updated_at=created, version=0, fence=0,
                     unique_key=unique_key, run_at=run_at, ordering_key=ordering_key,
-                    resources=tuple(sorted(set(resources))))
+                    resources=tuple(sorted(set(resources))), timeout=timeout)
 
     def add(self, task: Task) -> Task:
         """Write ``task`` (from :meth:`new`); the task as stored: the existing one when a task

@@ -60,6 +60,7 @@ class Watched:
     kind: TaskType
     began: float
     last_beat: float
+    timeout: float | None = None  # the type's, or the task's own when shorter
     details: Any = None
     #: details beaten since the last persisted
     unsent: bool = False
@@ -81,6 +82,13 @@ class Watched:
             self.unsent = True
 
 
+def limit_of(kind: float | None, own: float | None) -> float | None:
+    """An attempt's timeout: its task's own (given at submission), capped by its type's."""
+    if kind is None or own is None:
+        return own if kind is None else kind
+    return min(kind, own)
+
+
 class LimitWatch:
     """The node's watcher of attempts' time limits (see the module)."""
 
@@ -99,13 +107,14 @@ class LimitWatch:
         """Register the attempt of ``claim`` as its handler starts; None when its type has no
         limit (nothing is done for it)."""
         limits = kind.limits
-        if not limits.watched:
+        timeout = limit_of(limits.timeout, claim.task.timeout)
+        if timeout is None and limits.heartbeat_timeout is None:
             return None
         now = time.monotonic()
-        w = Watched(slot, claim, kind, now, now)
+        w = Watched(slot, claim, kind, now, now, timeout=timeout)
         with self._cond:
-            if limits.timeout is not None:
-                self._push(now + limits.timeout, "timeout", w)
+            if timeout is not None:
+                self._push(now + timeout, "timeout", w)
             if limits.heartbeat_timeout is not None:
                 self._push(now + limits.heartbeat_timeout, "beat", w)
                 if self.persist is not None:
@@ -154,8 +163,9 @@ class LimitWatch:
     def _due(self, what: str, w: Watched) -> None:
         limits = w.kind.limits
         now = time.monotonic()
-        if what == "timeout" and limits.timeout is not None:
-            self._fire(w, f"timed out after {limits.timeout:g} s (its type's timeout)")
+        if what == "timeout" and w.timeout is not None:
+            whose = "its type's" if w.timeout == limits.timeout else "its own"
+            self._fire(w, f"timed out after {w.timeout:g} s ({whose} timeout)")
         elif what == "beat" and limits.heartbeat_timeout is not None:
             silent = now - w.last_beat
             if silent < limits.heartbeat_timeout:
