@@ -307,3 +307,126 @@ def test_task_show_prints_the_checkpoint_the_last_heartbeat_and_timed_out() -> N
     assert "2.0 KiB, 40 s ago, by attempt 2" in out
     assert '3 s ago: {"batch": 12}' in out
     assert "timed out" in out and "its type's timeout" in out
+
+
+ISOLATED_MODULE = textwrap.dedent('''
+    import ctypes, os, time
+    from pydantic import BaseModel
+    from runner.tasks import TaskContext, task
+
+    class Job(BaseModel):
+        record: str
+        what: str = "ok"  # ok, segfault, hog, hang, gil, sleep
+        seconds: float = 0.0
+
+    def note(p, ctx, what):
+        with open(p.record, "a") as f:
+            f.write(f"{ctx.attempt.seq} {what} {os.getpid()} {time.time()}\\n")
+
+    def work(ctx, p):
+        note(p, ctx, p.what)
+        if p.what == "segfault":
+            ctypes.string_at(0)
+        elif p.what == "hog":
+            blocks = []
+            while True:  # touched pages: the RSS grows
+                blocks.append(b"x" * (40 * 2**20))
+                time.sleep(0.05)
+        elif p.what == "hang":
+            while True:  # ignores its token
+                time.sleep(0.5)
+        elif p.what == "gil":
+            ctypes.PyDLL(None).sleep(int(p.seconds))  # libc sleep, the GIL held
+        elif p.what == "sleep":
+            ctx.cancel.wait(p.seconds)
+        else:
+            ctx.progress(1, 2, "half")
+            ctx.heartbeat({"at": "half"})
+            ctx.checkpoint({"done": 1})
+            ctx.check()
+            assert ctx.resume == {"done": 1}
+        note(p, ctx, "end")
+
+    @task("iso.job", payload=Job, isolation="process", max_memory_mb=300, timeout=1.0,
+          grace=1.0)
+    def isolated(ctx: TaskContext, p: Job) -> None:
+        work(ctx, p)
+
+    @task("iso.thread", payload=Job)
+    def threaded(ctx: TaskContext, p: Job) -> None:
+        work(ctx, p)
+''')
+
+
+def children_of(pid: int) -> list[int]:
+    """The live processes whose parent is ``pid`` (the fork server's children: handlers)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid and fields[0] != "Z":
+                found.append(int(entry))
+    return found
+
+
+def handler_pids(record: Path) -> set[int]:
+    return {int(line.split()[2]) for line in record.read_text().splitlines()} \
+        if record.exists() else set()
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_isolated_crashes_end_their_attempt_failed_and_the_node_runs_on(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """A handler process that segfaults, one that allocates past ``max_memory_mb`` and one
+    that ignores its ``timeout``: each attempt ends with its cause (FAILED "killed by signal
+    11", FAILED "handler used ... MiB, limit 300", TIMED_OUT) while the same node runs a
+    normal isolated task (its context over the channel: progress, heartbeat, checkpoint,
+    check, resume) and a threaded one to success; no handler process is left of the three."""
+    with_module(cluster, tmp_path, "isojobs", ISOLATED_MODULE)
+    member = cluster.start_node()
+    record = tmp_path / "iso.txt"
+    ids = {what: cluster.submit("iso.job", {"record": str(record), "what": what})
+           for what in ("segfault", "hog", "hang")}
+    ok = cluster.submit("iso.job", {"record": str(record), "what": "ok"})
+    threaded = cluster.submit("iso.thread", {"record": str(record), "what": "ok"})
+    for task_id in ids.values():
+        assert wait_until(lambda t=task_id: not cluster.task(t).active, 60, 0.05), task_id
+    cluster.wait_finished(ok, timeout=30)
+    cluster.wait_finished(threaded, timeout=30)
+    (segfault,) = cluster.store.attempts.for_task(ids["segfault"])
+    assert segfault.status is AttemptStatus.FAILED
+    assert "handler process killed by signal 11 (SIGSEGV)" in (segfault.error or "")
+    (hog,) = cluster.store.attempts.for_task(ids["hog"])
+    assert hog.status is AttemptStatus.FAILED and "limit 300" in (hog.error or ""), hog.error
+    assert "handler used" in (hog.error or "")
+    (hang,) = cluster.store.attempts.for_task(ids["hang"])
+    assert hang.status is AttemptStatus.TIMED_OUT, hang.error
+    assert hang.ended_at is not None and (hang.ended_at - hang.started_at).total_seconds() < 4
+    (good,) = cluster.store.attempts.for_task(ok)
+    assert good.status is AttemptStatus.SUCCEEDED and good.progress is not None
+    resumed = cluster.store.checkpoints.read(ok)
+    assert resumed is not None and resumed.state == {"done": 1}
+    lines = [line.split() for line in record.read_text().splitlines()]
+    node_pid = cluster.nodes[member].pid
+    threaded_pid = {int(f[2]) for f in lines if f[1] == "ok"} - {
+        int(f[2]) for f in lines if f[1] in ("segfault", "hog", "hang")}
+    assert node_pid in threaded_pid  # the threaded one ran in the node
+    pids = {int(f[2]) for f in lines if f[1] in ("segfault", "hog", "hang")}
+    assert node_pid not in pids and len(pids) >= 2  # the isolated ones in children
+    dead = {int(line.split()[2]) for line in record.read_text().splitlines()
+            if line.split()[1] in ("segfault", "hog", "hang")}
+    assert wait_until(lambda: not any(alive(p) for p in dead), 10), [p for p in dead
+                                                                      if alive(p)]
+    with cluster.client() as client:  # the node ran on, on the same session
+        assert pids and member in {m.id for m in client.cluster_status().members}

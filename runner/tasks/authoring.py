@@ -42,7 +42,7 @@ from pydantic import BaseModel
 from runner.errors import TaskLoadError
 from runner.tasks.commands import CommandDeclaration, CommandRegistry
 from runner.tasks.features.streams import StreamDefinition, StreamRegistry
-from runner.tasks.registry import NO_LIMITS, Limits, TaskRegistry
+from runner.tasks.registry import NO_LIMITS, Isolation, Limits, TaskRegistry
 from runner.tasks.retry import RetryPolicy
 
 ENTRY_POINT_GROUP = "latchwork.tasks"
@@ -62,14 +62,16 @@ class TaskDeclaration:
     max_duration: float | None = None
     max_wait: float | None = None
     limits: Limits = NO_LIMITS
+    isolation: Isolation | None = None
 
 
 def task(name: str, *, payload: type[BaseModel] | None = None, priority: int = 0,
          slots: int | None = None, description: str = "", resources: Sequence[str] = (),
          retry: RetryPolicy | None = None, max_duration: float | None = None,
          max_wait: float | None = None, timeout: float | None = None, grace: float = 10.0,
-         heartbeat_timeout: float | None = None,
-         heartbeat_persist: float = 10.0) -> Callable[[F], F]:
+         heartbeat_timeout: float | None = None, heartbeat_persist: float = 10.0,
+         isolation: str = "thread", max_tasks_per_child: int = 100,
+         max_memory_mb: float | None = None) -> Callable[[F], F]:
     """Declare ``handler(ctx, payload)`` as the task type ``name``: ``payload`` is its model,
     ``priority`` the default priority of a submission that names none, ``slots`` the
     cluster-wide number of tasks of this type that may run at once, ``description`` what
@@ -79,18 +81,24 @@ def task(name: str, *, payload: type[BaseModel] | None = None, priority: int = 0
     ``max_duration`` / ``max_wait`` the seconds a task may run / wait once due before the
     master raises an incident (:mod:`runner.tasks.master.incidents`); ``timeout``, ``grace``,
     ``heartbeat_timeout`` and ``heartbeat_persist`` its time limits
-    (:class:`~runner.tasks.registry.Limits`)."""
+    (:class:`~runner.tasks.registry.Limits`); ``isolation="process"`` runs its handler in a
+    child process (``max_tasks_per_child``, ``max_memory_mb``:
+    :class:`~runner.tasks.registry.Isolation`)."""
     if not name or name != name.strip():
         raise ValueError(f"invalid task type name {name!r}")
     if slots is not None and slots < 1:
         raise ValueError(f"slots of {name} must be at least 1, not {slots}")
     limits = Limits(timeout, grace, heartbeat_timeout, heartbeat_persist)  # ValueError: said
+    if isolation not in ("thread", "process"):
+        raise ValueError(f"task type {name!r}: isolation is 'thread' or 'process', not "
+                         f"{isolation!r}")
+    isolated = Isolation(max_tasks_per_child, max_memory_mb) if isolation == "process" else None
 
     def mark(handler: F) -> F:
         text = description or inspect.cleandoc(handler.__doc__ or "").split("\n\n")[0]
         handler.__dict__["latchwork_task"] = TaskDeclaration(
             name, payload, priority, slots, " ".join(text.split()), tuple(resources), retry,
-            max_duration, max_wait, limits)
+            max_duration, max_wait, limits, isolated)
         return handler
     return mark
 
@@ -127,7 +135,8 @@ def register_module(registry: TaskRegistry, module: ModuleType,
                               slot_limit=declaration.slots, description=declaration.description,
                               priority=declaration.priority, resources=declaration.resources,
                               retry=declaration.retry, max_duration=declaration.max_duration,
-                              max_wait=declaration.max_wait, limits=declaration.limits)
+                              max_wait=declaration.max_wait, limits=declaration.limits,
+                              isolation=declaration.isolation)
         except ValueError as exc:
             raise TaskLoadError(f"{module.__name__}: {exc}") from exc
         names.append(declaration.name)

@@ -105,6 +105,17 @@ class CancelToken:
             return True
         return False
 
+    @property
+    def unbound(self) -> bool:
+        """Not bound to a session (a stub's, a test's): only :meth:`cancel` cancels it."""
+        return self._session is None
+
+    @property
+    def session_lost(self) -> bool:
+        """The session its lock was taken on is gone (LOST, or past its deadline): the lock
+        may be someone else's already."""
+        return self._session is not None and self._session.expired(self._session_id)
+
     def is_set(self) -> bool:
         """The same as :attr:`cancelled` (so a token stops what a ``threading.Event`` would)."""
         return self.cancelled

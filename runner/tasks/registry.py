@@ -75,6 +75,36 @@ NO_LIMITS = Limits()
 
 
 @dataclass(frozen=True)
+class Isolation:
+    """A type whose handler runs in a child process (``isolation="process"``,
+    :mod:`runner.tasks.worker.isolated`): a child is replaced after ``max_tasks_per_child``
+    attempts, and killed (the attempt FAILED) once its RSS is above ``max_memory_mb``."""
+    max_tasks_per_child: int = 100
+    max_memory_mb: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_tasks_per_child < 1:
+            raise ValueError(f"max_tasks_per_child must be at least 1, not "
+                             f"{self.max_tasks_per_child}")
+        if self.max_memory_mb is not None and self.max_memory_mb <= 0:
+            raise ValueError(f"max_memory_mb must be positive, not {self.max_memory_mb}")
+
+    def describe(self) -> dict[str, object]:
+        return {"isolation": "process", "max_tasks_per_child": self.max_tasks_per_child,
+                "max_memory_mb": self.max_memory_mb}
+
+
+def importable(name: str, value: object, what: str) -> None:
+    """Refuse (ValueError, one line) a handler or payload model a child process cannot import
+    by its module and name: a lambda, a function defined inside another."""
+    module, qualname = getattr(value, "__module__", None), getattr(value, "__qualname__", "")
+    if not module or "<" in qualname or module == "__main__":
+        raise ValueError(f"task type {name!r}: isolation='process' needs its {what} defined at "
+                         f"the top of an importable module (the child imports it again), not "
+                         f"{module}.{qualname}")
+
+
+@dataclass(frozen=True)
 class TaskType:
     name: str
     handler: TaskHandler
@@ -87,6 +117,7 @@ class TaskType:
     max_duration: float | None = None  # seconds RUNNING before an incident is raised
     max_wait: float | None = None  # seconds WAITING (once due) before an incident is raised
     limits: Limits = NO_LIMITS  # time limits and heartbeats
+    isolation: Isolation | None = None  # None: the handler runs in a thread of the node
 
     def describe(self) -> dict[str, Any]:
         """What ``latchwork task types`` shows: name, description, default priority, slots,
@@ -96,7 +127,9 @@ class TaskType:
                 "slots": self.slot_limit, "resources": list(self.resources),
                 "retry": self.retry.describe() if self.retry else None,
                 "max_duration": self.max_duration, "max_wait": self.max_wait,
-                **self.limits.describe(), "payload_schema": schema}
+                **self.limits.describe(),
+                **(self.isolation.describe() if self.isolation else {"isolation": "thread"}),
+                "payload_schema": schema}
 
     def parse(self, payload: Mapping[str, Any]) -> Any:
         if self.payload_model is None:
@@ -116,17 +149,22 @@ class TaskRegistry:
                  slot_limit: int | None = None, description: str = "",
                  priority: int = 0, resources: tuple[str, ...] = (),
                  retry: RetryPolicy | None = None, max_duration: float | None = None,
-                 max_wait: float | None = None, limits: Limits = NO_LIMITS) -> None:
+                 max_wait: float | None = None, limits: Limits = NO_LIMITS,
+                 isolation: Isolation | None = None) -> None:
         if name in self._types:
             raise ValueError(f"task type {name!r} is already registered")
         if any(not r for r in resources):
             raise ValueError(f"task type {name!r}: a resource name cannot be empty")
+        if isolation is not None:
+            importable(name, handler, "handler")
+            if payload_model is not None:
+                importable(name, payload_model, "payload model")
         for what, seconds in (("max_duration", max_duration), ("max_wait", max_wait)):
             if seconds is not None and seconds <= 0:
                 raise ValueError(f"task type {name!r}: {what} must be positive")
         self._types[name] = TaskType(name, handler, payload_model, slot_limit, description,
                                      priority, tuple(resources), retry, max_duration, max_wait,
-                                     limits)
+                                     limits, isolation)
 
     def get(self, name: str) -> TaskType:
         try:

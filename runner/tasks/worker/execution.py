@@ -61,6 +61,7 @@ from runner.tasks.outcomes import (
 from runner.tasks.progress import ProgressReporter, ProgressWriter
 from runner.tasks.registry import TaskRegistry, TaskType
 from runner.tasks.retry import RetryPolicy
+from runner.tasks.worker.isolated import ChildPool
 from runner.tasks.worker.limits import Closed, LimitWatch, close_ignored, persist_beat
 from runner.tasks.worker.running import Claimed, Ending, Slot, Tell
 
@@ -101,6 +102,12 @@ class Execution:
         #: the attempts' time limits and heartbeats (:mod:`runner.tasks.worker.limits`)
         self.limits = LimitWatch(member_id, functools.partial(close_ignored, store, member_id),
                                  functools.partial(persist_beat, store))
+        #: the handler processes of the types with ``isolation="process"`` (none: no pool)
+        isolated = [k for k in registry.all() if k.isolation is not None]
+        self.children = ChildPool(session, member_id, sorted({
+            k.handler.__module__ for k in isolated})) if isolated else None
+        if self.children is not None:
+            self.children.start()
 
     def run(self, slot: Slot) -> Ending:
         """Run ``slot``'s task to what it comes to (conflict retries included); never raises.
@@ -259,7 +266,10 @@ class Execution:
                 observer.before_attempt(ctx)
                 entered.append(observer)
             slot.cancel.raise_if_cancelled()
-            kind.handler(ctx, kind.parse(ctx.task.payload))
+            if kind.isolation is not None and self.children is not None:
+                self.children.run(ctx, kind)  # in a child process; its context served here
+            else:
+                kind.handler(ctx, kind.parse(ctx.task.payload))
             if not slot.cancel.cancelled and not handling.completed and not self.owned(slot):
                 # frozen or cut off past its session while the handler ran: its lock and holds
                 # may be someone else's now, so it must not record a success it cannot own

@@ -199,6 +199,8 @@ class LimitWatch:
         w.reason = reason
         log.warning("member %s: task %s (%s) attempt %d %s: cancelled", self.member_id,
                     w.claim.task.id, w.claim.task.type, w.claim.attempt.seq, reason)
+        if w.kind.isolation is not None:
+            return  # its child is stopped after the grace (runner.tasks.worker.isolated)
         with self._cond:
             self._push(time.monotonic() + w.kind.limits.grace, "grace", w)
 

@@ -151,6 +151,8 @@ class TaskLoop:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.execution.progress_writer.close()
         self.execution.limits.close()
+        if self.execution.children is not None:
+            self.execution.children.close()
         c = self.commits.stats
         log.info("member %s: task loop stopped; claims: %s; %d ends written in %d groups "
                  "(largest %d)", self.member_id, dict(self.stats), c["concluded"], c["groups"],

@@ -1,0 +1,204 @@
+"""The child side of process isolation: the loop a handler process runs, and the context its
+handler gets (:class:`ChildContext`).
+
+A child comes from the node's fork server (:mod:`runner.tasks.worker.isolated`) and runs one
+attempt after another, each sent over its channel (a ``multiprocessing`` pipe) as a
+:class:`Job`: the handler and payload model by module and name (imported here), the payload,
+the task and attempt as the node claimed them. The node keeps the session, the lock and every
+store write; what the handler asks of its context crosses the channel:
+
+* ``progress``, ``heartbeat``: a message, no answer (the node throttles and writes them);
+* ``check()``, ``checkpoint(state)``, ``resume``: a request the node answers (a refusal comes
+  back as the exception the node's context raised, e.g. ``TaskCancelled``);
+* ``cancelled`` / ``cancel.wait()`` / ``raise_if_cancelled()``: read from memory shared with
+  the node, no round trip: a flag the node sets when it cancels the attempt, and the session's
+  deadline (a ``CLOCK_MONOTONIC`` instant, the same clock in every process), so a child of a
+  stopped (SIGSTOP) node sees itself cancelled once that deadline passes;
+* ``fence``, ``task``, ``attempt``, ``member_id``, ``fence_token``: values sent with the job;
+* ``services`` and ``complete()`` do not cross: reading them raises
+  :class:`~runner.errors.InvalidValue` naming the rule.
+
+The child dies with its node: it asks the kernel for SIGKILL when its parent (the fork server)
+dies (``PR_SET_PDEATHSIG``), and the fork server exits as soon as the node's end of its pipe
+closes, as on a kill -9 of the node; a channel that ends (EOF) ends the child too.
+
+Failure behaviour: whatever the handler raises is sent back (pickled when it can be, else as
+its type name and text) with its traceback; a child that cannot import the handler sends that
+error. A crash (a signal, an exit) is seen by the node, not here.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import os
+import pickle
+import signal
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+from runner.errors import InvalidValue
+from runner.store import Attempt, Fence, Task
+from runner.tasks.context import TaskCancelled, TaskTimedOut
+
+#: what a child gets instead of ``ctx.services`` and ``ctx.complete``
+NOT_ACROSS = ("is not available in a process-isolated handler: the node keeps the ZooKeeper "
+              "session, the store and every service (docs/runner.md, \"Process isolation\")")
+
+
+@dataclass(frozen=True)
+class Job:
+    """One attempt for a child to run."""
+    handler: tuple[str, str]  # module, qualified name
+    model: tuple[str, str] | None  # the payload model, or None (a dict)
+    payload: dict[str, Any]
+    task: Task
+    attempt: Attempt
+    member_id: str
+    token: int
+
+
+class ChildToken:
+    """The child's view of the attempt's cancellation token (see the module)."""
+
+    def __init__(self, flag: Any, deadline: Any) -> None:
+        self._flag = flag  # 0: running; 1: cancelled; 2: cancelled for a time limit
+        self._deadline = deadline  # the session's deadline, CLOCK_MONOTONIC seconds
+
+    @property
+    def cancelled(self) -> bool:
+        return bool(self._flag.value != 0 or time.monotonic() > self._deadline.value)
+
+    @property
+    def timed_out(self) -> bool:
+        return bool(self._flag.value == 2)
+
+    @property
+    def reason(self) -> str:
+        if self._flag.value == 2:
+            return "it ran past its time limit"
+        if self._flag.value == 1:
+            return "cancelled by its node"
+        return "the ZooKeeper session was lost (past its deadline)"
+
+    def is_set(self) -> bool:
+        return self.cancelled
+
+    def wait(self, seconds: float) -> bool:
+        end = time.monotonic() + seconds
+        while not self.cancelled:
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(left, 0.01))
+        return True
+
+    def raise_if_cancelled(self) -> None:
+        if self.cancelled:
+            raise (TaskTimedOut if self.timed_out else TaskCancelled)(self.reason)
+
+
+class ChildContext:
+    """What a handler in a child gets besides its payload (see the module)."""
+
+    def __init__(self, job: Job, conn: Connection, token: ChildToken) -> None:
+        self.task = job.task
+        self.attempt = job.attempt
+        self.member_id = job.member_id
+        self.fence_token = job.token
+        self.cancel = token
+        self._conn = conn
+
+    @property
+    def fence(self) -> Fence:
+        return Fence(self.task.id, self.fence_token, self.attempt.id, self.task.resources)
+
+    @property
+    def services(self) -> Any:
+        raise InvalidValue(f"ctx.services {NOT_ACROSS}")
+
+    def complete(self, write: Any) -> None:
+        raise InvalidValue(f"ctx.complete() {NOT_ACROSS}; write the effect with ctx.fence and "
+                           "return")
+
+    def progress(self, done: int, total: int | None = None, message: str = "") -> None:
+        self._conn.send(("progress", (done, total, message)))
+
+    def heartbeat(self, details: Any = None) -> None:
+        self._conn.send(("beat", details))
+
+    def check(self) -> None:
+        self.cancel.raise_if_cancelled()
+        self._ask("check", None)
+
+    def checkpoint(self, state: Any) -> None:
+        self.cancel.raise_if_cancelled()
+        self._ask("checkpoint", state)
+
+    @property
+    def resume(self) -> Any:
+        return self._ask("resume", None)
+
+    def _ask(self, what: str, value: Any) -> Any:
+        self._conn.send((what, value))
+        kind, answer = self._conn.recv()
+        if kind == "raise":
+            raise answer
+        return answer
+
+
+def _die_with_parent(parent: int) -> None:
+    """SIGKILL when the fork server (this process's parent) dies: PR_SET_PDEATHSIG."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # it died before the call
+        os._exit(1)
+
+
+def _resolve(where: tuple[str, str]) -> Any:
+    module, qualname = where
+    value: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def main(conn: Connection, flag: Any, deadline: Any) -> None:
+    """A child's life: run each job the node sends until the channel ends."""
+    _die_with_parent(os.getppid())
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the node's terminal's ^C is the node's
+    token = ChildToken(flag, deadline)
+    while True:
+        try:
+            job: Job = conn.recv()
+        except (EOFError, OSError):
+            os._exit(0)
+        try:
+            handler = _resolve(job.handler)
+            model = _resolve(job.model) if job.model is not None else None
+            payload = model.model_validate(job.payload) if model is not None else job.payload
+            handler(ChildContext(job, conn, token), payload)
+            conn.send(("done", None))
+        except BaseException as exc:
+            conn.send(("raised", _portable(exc)))
+        sys.stdout.flush()
+
+
+def _portable(exc: BaseException) -> tuple[bytes | None, str, str]:
+    """``exc`` pickled (None when it cannot be), its ``Type: text``, and its traceback."""
+    text = f"{type(exc).__name__}: {exc}"
+    stack = "".join(traceback.format_exception(exc))
+    try:
+        raw = pickle.dumps(exc)
+        pickle.loads(raw)
+        data: bytes | None = raw
+    except Exception:
+        data = None
+    return data, text, stack
