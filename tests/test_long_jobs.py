@@ -355,6 +355,10 @@ ISOLATED_MODULE = textwrap.dedent('''
     @task("iso.thread", payload=Job)
     def threaded(ctx: TaskContext, p: Job) -> None:
         work(ctx, p)
+
+    @task("iso.long", payload=Job, isolation="process")
+    def long(ctx: TaskContext, p: Job) -> None:
+        work(ctx, p)
 ''')
 
 
@@ -430,3 +434,59 @@ def test_isolated_crashes_end_their_attempt_failed_and_the_node_runs_on(
                                                                       if alive(p)]
     with cluster.client() as client:  # the node ran on, on the same session
         assert pids and member in {m.id for m in client.cluster_status().members}
+
+
+def test_kill_9_of_a_node_leaves_no_handler_process_and_the_retries_run_elsewhere(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """Two isolated handlers run on a node killed -9: their processes die with it (the fork
+    server exits when the node's end of its pipe closes, and its children have
+    PR_SET_PDEATHSIG), and both tasks run again on the other node, each retry starting after
+    the handler it replaces was gone."""
+    with_module(cluster, tmp_path, "isojobs", ISOLATED_MODULE)
+    first = cluster.start_node()
+    record = tmp_path / "long.txt"
+    ids = [cluster.submit("iso.long", {"record": str(record), "what": "sleep", "seconds": 2})
+           for _ in range(2)]
+    for task_id in ids:
+        assert cluster.wait_running_on(task_id) == first
+    assert wait_until(lambda: len(handler_pids(record)) == 2, 30, 0.02)
+    cluster.start_node()
+    children = handler_pids(record)
+    cluster.nodes[first].kill()
+    killed = time.time()
+    assert wait_until(lambda: not any(alive(p) for p in children), 5, 0.005)
+    gone = time.time() - killed
+    assert gone < 0.1, gone  # 0-1 ms after the node's death was seen, in 3 runs here
+    for task_id in ids:
+        cluster.wait_finished(task_id, timeout=60)
+        attempts = cluster.store.attempts.for_task(task_id)
+        assert [a.status for a in attempts] == [AttemptStatus.CANCELLED_BY_SYSTEM,
+                                                AttemptStatus.SUCCEEDED]
+        assert attempts[1].executor != first
+    retried = [float(line.split()[3]) for line in record.read_text().splitlines()
+               if line.split()[:2] == ["2", "sleep"]]
+    assert len(retried) == 2 and min(retried) > killed + gone  # no overlap with the killed
+
+
+def test_a_c_call_holding_the_gil_costs_an_isolated_node_nothing_and_a_threaded_one_its_session(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """libc's sleep through ``ctypes.PyDLL`` keeps the GIL for 5 s (the session timeout is
+    2 s): in a child the node's ZooKeeper pings go on and its session lives; in a thread of the
+    node they cannot, and the node declares its session LOST (why isolation exists)."""
+    with_module(cluster, tmp_path, "isojobs", ISOLATED_MODULE)
+    member = cluster.start_node()
+    record = tmp_path / "gil.txt"
+    isolated = cluster.submit("iso.long", {"record": str(record), "what": "gil", "seconds": 5})
+    cluster.wait_finished(isolated, timeout=60)
+    (attempt,) = cluster.store.attempts.for_task(isolated)
+    assert attempt.status is AttemptStatus.SUCCEEDED
+    log = cluster.nodes[member].log_path.read_text(errors="replace")
+    assert "declaring it LOST" not in log
+    threaded = cluster.submit("iso.thread", {"record": str(record), "what": "gil",
+                                             "seconds": 5})
+    assert wait_until(lambda: "declaring it LOST" in cluster.nodes[member].log_path.read_text(
+        errors="replace"), 30, 0.1)
+    first = cluster.store.attempts.for_task(threaded)[0]
+    assert wait_until(lambda: cluster.store.attempts.get(first.id).status
+                      is not AttemptStatus.RUNNING, 30, 0.1)
+    assert cluster.store.attempts.get(first.id).status is AttemptStatus.CANCELLED_BY_SYSTEM
