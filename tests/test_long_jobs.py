@@ -15,10 +15,12 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
 from kazoo.client import KazooClient
 
 from coord.testing import wait_until
 from runner.store import AttemptStatus, TaskStatus
+from runner.tasks.registry import Isolation
 from runner.testing.cluster import CLUSTER, Cluster
 
 STEPS_MODULE = textwrap.dedent('''
@@ -339,6 +341,11 @@ ISOLATED_MODULE = textwrap.dedent('''
             ctypes.PyDLL(None).sleep(int(p.seconds))  # libc sleep, the GIL held
         elif p.what == "sleep":
             ctx.cancel.wait(p.seconds)
+        elif p.what == "watch":  # notes when it first sees itself cancelled
+            while not ctx.cancel.cancelled:
+                time.sleep(0.01)
+            note(p, ctx, "cancelled")
+            time.sleep(p.seconds)
         else:
             ctx.progress(1, 2, "half")
             ctx.heartbeat({"at": "half"})
@@ -490,3 +497,48 @@ def test_a_c_call_holding_the_gil_costs_an_isolated_node_nothing_and_a_threaded_
     assert wait_until(lambda: cluster.store.attempts.get(first.id).status
                       is not AttemptStatus.RUNNING, 30, 0.1)
     assert cluster.store.attempts.get(first.id).status is AttemptStatus.CANCELLED_BY_SYSTEM
+
+
+def test_a_child_of_a_stopped_node_sees_itself_cancelled_once_the_session_deadline_passes(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """SIGSTOP of the node (its threads frozen, its child not): the child reads the session's
+    deadline from memory shared with the node and sees itself cancelled once it passes
+    (within the 2 s session timeout of the stop, a little more for the last reply's age),
+    with no round trip to the frozen node."""
+    with_module(cluster, tmp_path, "isojobs", ISOLATED_MODULE)
+    member = cluster.start_node()
+    record = tmp_path / "watch.txt"
+    task_id = cluster.submit("iso.long", {"record": str(record), "what": "watch",
+                                          "seconds": 30})
+    assert wait_until(lambda: len(handler_pids(record)) == 1, 30, 0.02)
+    cluster.pause(member)
+    stopped = time.time()
+    try:
+        assert wait_until(lambda: " cancelled " in record.read_text(), 10, 0.02)
+        seen = next(float(line.split()[3]) for line in record.read_text().splitlines()
+                    if line.split()[1] == "cancelled")
+        assert seen - stopped < 2.5, seen - stopped  # SESSION = 2 s
+    finally:
+        cluster.nodes[member].resume()
+    (child,) = handler_pids(record)
+    assert wait_until(lambda: not alive(child), 30, 0.05)  # LOST: killed before its lock went
+    first = cluster.store.attempts.for_task(task_id)[0]
+    assert wait_until(lambda: cluster.store.attempts.get(first.id).status
+                      is AttemptStatus.CANCELLED_BY_SYSTEM, 30, 0.1)
+
+
+def test_a_type_whose_handler_cannot_cross_is_refused_process_isolation_when_declared() -> None:
+    from runner.tasks import TaskContext, TaskRegistry, task
+
+    with pytest.raises(ValueError, match=r"cannot give .* ctx\.services"):
+        @task("bad.services", isolation="process")
+        def uses_services(ctx: TaskContext, payload: dict) -> None:
+            ctx.services.get(object)
+
+        TaskRegistry().register("bad.services", uses_services,
+                                isolation=uses_services.latchwork_task.isolation)
+    with pytest.raises(ValueError, match=r"top of an importable module"):
+        TaskRegistry().register("bad.lambda", lambda ctx, p: None,
+                                isolation=Isolation())
+    with pytest.raises(ValueError, match=r"isolation is 'thread' or 'process'"):
+        task("bad.kind", isolation="fork")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import CodeType
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -94,6 +95,26 @@ class Isolation:
                 "max_memory_mb": self.max_memory_mb}
 
 
+def _names(code: CodeType) -> set[str]:
+    """The attribute and global names ``code`` and the functions inside it use."""
+    found = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, CodeType):
+            found |= _names(const)
+    return found
+
+
+def crossable(name: str, handler: object) -> None:
+    """Refuse (ValueError, one line) a handler for a child process that reads
+    ``ctx.services`` itself: its services (the ZooKeeper session, a Spark session, the bus)
+    stay in the node and cannot cross the channel. Only the handler's own code is read."""
+    code = getattr(handler, "__code__", None)
+    if isinstance(code, CodeType) and "services" in _names(code):
+        raise ValueError(f"task type {name!r}: isolation='process' cannot give "
+                         f"{getattr(handler, '__qualname__', handler)} ctx.services (the "
+                         "node's session, bus and Spark stay in the node): run it in a thread")
+
+
 def importable(name: str, value: object, what: str) -> None:
     """Refuse (ValueError, one line) a handler or payload model a child process cannot import
     by its module and name: a lambda, a function defined inside another."""
@@ -156,6 +177,7 @@ class TaskRegistry:
         if any(not r for r in resources):
             raise ValueError(f"task type {name!r}: a resource name cannot be empty")
         if isolation is not None:
+            crossable(name, handler)
             importable(name, handler, "handler")
             if payload_model is not None:
                 importable(name, payload_model, "payload model")
