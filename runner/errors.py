@@ -25,7 +25,8 @@ The tree (``tests/test_layout.py`` checks that it equals the classes and codes b
     │   └── HookLoadError           incident_hook_invalid
     ├── TaskError                   task_error
     │   ├── UnknownTaskType         task_type_unknown         refused
-    │   └── InvalidPayload          payload_invalid           refused
+    │   ├── InvalidPayload          payload_invalid           refused
+    │   └── HandlerCrashed          handler_crashed
     ├── InvalidSchedule             schedule_invalid          refused
     ├── UnknownStream               stream_unknown
     ├── StreamElementTooLarge       stream_element_too_large  refused
@@ -162,6 +163,14 @@ class InvalidPayload(TaskError, ValueError):
 
     error_code = "payload_invalid"
     refused = True
+
+
+class HandlerCrashed(TaskError):
+    """A process-isolated handler's process died: killed by a signal, exited, or killed by its
+    node for using more memory than its type's ``max_memory_mb``; its attempt ends FAILED with
+    it (:mod:`runner.tasks.worker.isolated`)."""
+
+    error_code = "handler_crashed"
 
 
 class InvalidSchedule(RunnerError, ValueError):

@@ -49,6 +49,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from coord import Session
+from runner.errors import HandlerCrashed
 from runner.tasks.context import TaskCancelled, TaskContext, TaskTimedOut
 from runner.tasks.registry import TaskType
 from runner.tasks.worker.child import Job
@@ -61,11 +62,6 @@ TERM_WAIT = 1.0
 #: seconds between two reads of a busy child's RSS
 RSS_EVERY = 0.2
 PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-class HandlerCrashed(Exception):
-    """A process-isolated handler's process died: killed by a signal, exited, or killed by
-    its node for using more memory than its type's ``max_memory_mb``."""
 
 
 @dataclass(eq=False)
