@@ -70,7 +70,7 @@ def task(name: str, *, payload: type[BaseModel] | None = None, priority: int = 0
          retry: RetryPolicy | None = None, max_duration: float | None = None,
          max_wait: float | None = None, timeout: float | None = None, grace: float = 10.0,
          heartbeat_timeout: float | None = None, heartbeat_persist: float = 10.0,
-         isolation: str = "thread", max_tasks_per_child: int = 100,
+         isolation: str = "thread", max_tasks_per_child: int = 1000,
          max_memory_mb: float | None = None) -> Callable[[F], F]:
     """Declare ``handler(ctx, payload)`` as the task type ``name``: ``payload`` is its model,
     ``priority`` the default priority of a submission that names none, ``slots`` the

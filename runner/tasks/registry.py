@@ -80,7 +80,7 @@ class Isolation:
     """A type whose handler runs in a child process (``isolation="process"``,
     :mod:`runner.tasks.worker.isolated`): a child is replaced after ``max_tasks_per_child``
     attempts, and killed (the attempt FAILED) once its RSS is above ``max_memory_mb``."""
-    max_tasks_per_child: int = 100
+    max_tasks_per_child: int = 1000
     max_memory_mb: float | None = None
 
     def __post_init__(self) -> None:

@@ -180,11 +180,27 @@ class ChildPool:
         keep = (healthy and child.proc.is_alive() and not self._closed.is_set()
                 and (isolation is None or child.runs < isolation.max_tasks_per_child)
                 and (limit is None or child.rss_mib() <= limit))
-        if not keep:
-            child.kill()
+        if keep:
+            with self._lock:
+                self._idle.append(child)
+            return
+        child.kill()
+        if not self._closed.is_set():  # its successor started now, not when a task waits
+            threading.Thread(target=self._replace, daemon=True,
+                             name=f"child-start-{self.member_id}").start()
+
+    def _replace(self) -> None:
+        try:
+            child = self._spawn()
+        except HandlerCrashed as exc:
+            log.warning("member %s: a handler process could not be started: %s",
+                        self.member_id, exc)
             return
         with self._lock:
-            self._idle.append(child)
+            if self._closed.is_set():
+                child.kill()
+            else:
+                self._idle.append(child)
 
     def _serve(self, child: _Child, ctx: TaskContext, kind: TaskType) -> bool:
         """Answer the child until its handler ends; True when the child can run another."""

@@ -1,0 +1,179 @@
+"""What process isolation costs (issue 44): CPU per task of an isolated ``sleep 0`` against a
+threaded one in the same run, 60 one-second isolated tasks against the ideal, and how long a
+hung isolated handler holds its worker.
+
+Starts ZooKeeper, RabbitMQ and 3 nodes of 4 workers on an embedded graph, with a module of
+three bench types loaded by ``--tasks`` (as a user's would be): ``bench.thread`` and
+``bench.process`` (the same handler, ``ctx.cancel.wait(seconds)``, in a thread of the node or
+in a child process) and ``bench.hang`` (isolated, ``timeout=1``, ``grace=1``, a handler that
+ignores its token). Then:
+
+* rounds of ``--tasks`` (default 2,000) ``seconds=0`` tasks sent with ``submit_many``, threaded
+  and isolated interleaved (3 each): the drain's rate and the CPU per task of the node processes
+  and every descendant (the fork server and its children included); the medians, and the
+  difference per task (target: isolated at most 0.5 ms more);
+* 60 isolated one-second tasks at once: the wall time against the ideal (60 / 12 workers x 1 s;
+  target within 1.05x);
+* one hung isolated handler: its attempt's start to its end written TIMED_OUT, against
+  timeout + grace + 1 s (the worker is free again when its end is written).
+
+Usage: ``python bench/bench_isolation.py [--tasks 2000]`` (``--tasks 0``: no CPU rounds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import _profile
+from bench._servers import rabbitmq, zookeeper
+from coord.testing import terminate_all
+from runner.client import Client
+from runner.store import AttemptStatus, GraphStore, open_store
+
+MODULE = textwrap.dedent('''
+    import time
+    from pydantic import BaseModel
+    from runner.tasks import TaskContext, task
+
+    class Sleep(BaseModel):
+        seconds: float = 0.0
+
+    def sleep(ctx: TaskContext, p: Sleep) -> None:
+        if p.seconds:
+            ctx.cancel.wait(p.seconds)
+
+    @task("bench.thread", payload=Sleep)
+    def threaded(ctx: TaskContext, p: Sleep) -> None:
+        sleep(ctx, p)
+
+    @task("bench.process", payload=Sleep, isolation="process")
+    def isolated(ctx: TaskContext, p: Sleep) -> None:
+        sleep(ctx, p)
+
+    @task("bench.hang", payload=Sleep, isolation="process", timeout=1.0, grace=1.0)
+    def hang(ctx: TaskContext, p: Sleep) -> None:
+        while True:  # ignores its token
+            time.sleep(0.5)
+''')
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", type=int, default=2000)
+    args = parser.parse_args()
+    with zookeeper() as zk, rabbitmq() as mq, tempfile.TemporaryDirectory() as tmp:
+        scratch = Path(tmp)
+        (scratch / "benchjobs.py").write_text(MODULE)
+        graph = str(scratch / "graph.db")
+        env = {**os.environ, "LATCHWORK_ZK_HOSTS": zk.hosts, "LATCHWORK_AMQP_URL": mq.url,
+               "LATCHWORK_GRAPH": graph, "LATCHWORK_CLUSTER": "isolation",
+               "LATCHWORK_WORKERS": "4", "LATCHWORK_TASKS": json.dumps(["benchjobs"]),
+               "PYTHONPATH": os.pathsep.join(filter(None, [
+                   str(scratch), str(Path(__file__).resolve().parent.parent),
+                   os.environ.get("PYTHONPATH")]))}
+        procs = [subprocess.Popen([sys.executable, "-m", "runner.cli", "node", "start",
+                                   "--log-level", "WARNING"], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                 for _ in range(3)]
+        try:
+            for proc in procs:
+                assert proc.stdout is not None
+                proc.stdout.readline()
+            client = Client(mq.url, "isolation", timeout=60)
+            store = open_store(graph)
+            bench(client, store, [p.pid for p in procs], args.tasks)
+        finally:
+            terminate_all(procs)
+
+
+def bench(client: Client, store: GraphStore, pids: list[int], tasks: int) -> None:
+    drain(client, store, pids, "bench.process", 200)  # the children started, the server warm
+    drain(client, store, pids, "bench.thread", 200)
+    if tasks:
+        cpu_rounds(client, store, pids, tasks)
+    slow_and_hung(client, store)
+
+
+def cpu_rounds(client: Client, store: GraphStore, pids: list[int], tasks: int) -> None:
+    """Threaded and isolated drains interleaved, 3 each; their medians and the difference."""
+    rounds: dict[str, list[tuple[float, float]]] = {"bench.thread": [], "bench.process": []}
+    for _ in range(3):
+        for kind in rounds:
+            rounds[kind].append(drain(client, store, pids, kind, tasks))
+    median = {k: (statistics.median(r for r, _ in v), statistics.median(c for _, c in v))
+              for k, v in rounds.items()}
+    for kind, (rate, cpu) in median.items():
+        print(f"{kind}: {tasks} sleep-0 tasks, median of 3: {rate:.0f} tasks/s, CPU per task "
+              f"(nodes and their children) {cpu:.3f} ms; rounds "
+              + ", ".join(f"{r:.0f}/s {c:.3f} ms" for r, c in rounds[kind]))
+    extra = median["bench.process"][1] - median["bench.thread"][1]
+    print(f"isolated - threaded CPU per task: {extra:+.3f} ms (target <= +0.5 ms)")
+
+
+def slow_and_hung(client: Client, store: GraphStore) -> None:
+    """60 one-second tasks of each kind against the ideal; one hung isolated handler."""
+
+    for kind in ("bench.thread", "bench.process"):
+        # due 2 s from now, so every node sees them at once; the span from the first start to
+        # the last end, as bench/bench_runner.py measures its slow phase
+        ids = client.submit_many([{"type": kind, "payload": {"seconds": 1}, "delay": 2.0}
+                                  for _ in range(60)])
+        wait_until(lambda ids=ids: all(store.tasks.get(t).finished for t in ids[-5:])
+                   and all(store.tasks.get(t).finished for t in ids), 120)
+        attempts = [a for t in ids for a in store.attempts.for_task(t)]
+        span = (max(a.ended_at.timestamp() for a in attempts if a.ended_at is not None)
+                - min(a.started_at.timestamp() for a in attempts))
+        print(f"60 one-second {kind} tasks on 3 x 4 workers: {span:.2f} s from the first "
+              f"start to the last end, ideal 5 s: {span / 5:.3f}x (target for bench.process "
+              "<= 1.05)")
+
+    (hung,) = client.submit_many([{"type": "bench.hang"}])
+    wait_until(lambda: any(a.ended_at is not None for a in store.attempts.for_task(hung)), 60)
+    (attempt,) = store.attempts.for_task(hung)
+    assert attempt.ended_at is not None
+    held = (attempt.ended_at - attempt.started_at).total_seconds()
+    print(f"hung isolated handler (timeout 1 s, grace 1 s): {attempt.status.value} after "
+          f"{held:.2f} s, its worker free again (target <= timeout + grace + 1 = 3 s)")
+    assert attempt.status is AttemptStatus.TIMED_OUT
+
+
+def drain(client: Client, store: GraphStore, pids: list[int], kind: str,
+          count: int) -> tuple[float, float]:
+    """``count`` tasks of ``kind`` submitted at once and drained: (tasks/s, CPU ms per task)."""
+    before = closed(store)
+    cpu = sum(_profile.cpu_seconds(pid) for pid in pids)
+    began = time.monotonic()
+    client.submit_many([{"type": kind} for _ in range(count)])
+    wait_until(lambda: closed(store) >= before + count, 600)
+    took = time.monotonic() - began
+    used = sum(_profile.cpu_seconds(pid) for pid in pids) - cpu
+    return count / took, 1000 * used / count
+
+
+def closed(store: GraphStore) -> int:
+    """Tasks finished or stopped (one count of an index lookup: cheap for the nodes)."""
+    return int(store.graph.read(lambda g: g.V().has("task_queue", "closed").count().next()))
+
+
+def wait_until(done: Callable[[], bool], timeout: float) -> None:
+    end = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > end:
+            raise TimeoutError("the bench's tasks did not end in time")
+        time.sleep(0.05)
+
+
+if __name__ == "__main__":
+    main()
