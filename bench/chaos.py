@@ -11,7 +11,10 @@ What runs (all on loopback, servers and nodes started here and stopped by PID):
   effect record and the success in one fenced write), ``diag.append`` (sleep polling
   ``ctx.cancel``, ``ctx.check()``, then one line appended to a file: an effect nothing fences,
   the way a user's handler touches a system that cannot check a token), ``diag.sleep``,
-  ``diag.conflict`` (commit conflicts, retried), ``diag.fail`` (stops the task, by design);
+  ``diag.conflict`` (commit conflicts, retried), ``diag.fail`` (stops the task, by design),
+  and the long-job shapes of :mod:`runner.testing.chaoscommands`: ``chaos.steps`` (a job that
+  checkpoints every 5 of its 20 steps), ``chaos.hang`` and ``chaos.crash`` (process isolated,
+  their first attempt hangs past its timeout or segfaults: the ``hang`` and ``crash`` faults);
   half of the plain ones submitted through the client as a user does (a node with a free
   worker writes such a task already running, in one write after its lock:
   ``submitted_through_the_client`` and ``running_when_the_submit_answered`` in
@@ -58,6 +61,11 @@ The figures (all must be 0 but the time to drain):
   whose first attempt started before the previous task of its key had ended;
 * ``resource_holders_overlapping``: two SUCCEEDED attempts of tasks that declare one resource
   (a share take two of 4) that overlap in time;
+* ``work_redone_before_checkpoint``: a step of a ``chaos.steps`` job that ran again in a later
+  attempt although an earlier attempt had committed a checkpoint past it
+  (``work_redone_after_checkpoint``, the steps after the last checkpoint run again by design,
+  is reported beside it);
+* ``hung_attempts_left``: an attempt still RUNNING once everything ended;
 * ``schedule_fires_twice``: a fire of the run's every-second schedule (``chaos-tick``, fired by
   whichever node is master through every fault) with more than one task; the fires with a task
   and the fires missed (expected only where no master existed for over ``GRACE`` seconds:
@@ -130,7 +138,10 @@ ZERO = ("tasks_lost", "finished_without_succeeded_attempt", "effects_applied_twi
         "unfenced_effects_from_a_closed_attempt", "needless_reruns", "overlapping_owners",
         "interrupted_attempts_not_cancelled_by_system", "confirmed_master_messages_lost",
         "master_messages_handled_twice", "lock_znodes_left", "started_before_run_at",
-        "ordering_violations", "resource_holders_overlapping", "schedule_fires_twice")
+        "ordering_violations", "resource_holders_overlapping", "schedule_fires_twice",
+        "hung_attempts_left", "work_redone_before_checkpoint")
+#: the kinds whose retry policy moves their run_at (their first attempt hangs or crashes)
+RETRIED = ("chaos.hang", "chaos.crash")
 #: the run's recurring schedule: every second, through every fault
 SCHEDULE = "chaos-tick"
 #: resources some tasks take (two of these each), and ordering keys some tasks carry
@@ -215,6 +226,11 @@ class Run:
     def appends(self) -> Path:
         return self.workdir / "appended.jsonl"
 
+    @property
+    def steps(self) -> Path:
+        """``chaos.steps``'s record: each step started, each checkpoint committed."""
+        return self.workdir / "steps.jsonl"
+
     def say(self, line: str) -> None:
         stamp = f"{time.monotonic() - T0:7.1f}s"
         self.log.append(f"{stamp} {line}")
@@ -293,16 +309,23 @@ class Run:
             roll = self.rng.random()
             seconds = round(self.rng.uniform(low, high), 2)
             payload: dict[str, Any]
-            if roll < 0.4:
+            if roll < 0.35:
                 kind, payload = "diag.effect", {"seconds": seconds}
-            elif roll < 0.6:
+            elif roll < 0.53:
                 kind, payload = "diag.append", {"seconds": seconds, "path": str(self.appends)}
-            elif roll < 0.8:
+            elif roll < 0.7:
                 kind, payload = "diag.sleep", {"seconds": seconds}
-            elif roll < 0.9:
+            elif roll < 0.79:
                 kind, payload = "diag.conflict", {"conflicts": self.rng.randint(1, 2)}
-            else:
+            elif roll < 0.86:
                 kind, payload = "diag.fail", {"message": "chaos: failing by design"}
+            elif roll < 0.95:  # a long job: checkpoints every 5 of 20 steps
+                kind, payload = "chaos.steps", {"record": str(self.steps), "steps": 20,
+                                                "every": 5, "seconds": round(seconds / 8, 3)}
+            elif roll < 0.975:  # a hang fault: its first attempt ignores its timeout
+                kind, payload = "chaos.hang", {}
+            else:  # a crash fault: its first attempt segfaults
+                kind, payload = "chaos.crash", {}
             extra: dict[str, Any] = {}
             if kind in ("diag.effect", "diag.append", "diag.sleep"):  # they end: no key blocks
                 shape = self.rng.random()
@@ -572,7 +595,7 @@ def fires(run: Run) -> dict[str, int]:
 
 def figures(run: Run, reader: Session) -> dict[str, Any]:
     store = run.store
-    lost = without_success = overlapping = interrupted = 0
+    lost = without_success = overlapping = interrupted = hung = 0
     attempts_total = 0
     status: dict[str, AttemptStatus] = {}
     needless = []
@@ -603,9 +626,13 @@ def figures(run: Run, reader: Session) -> dict[str, Any]:
             own = (kind == "diag.fail" and a.status is AttemptStatus.FAILED
                    and "failing by design" in (a.error or "")) or (
                 kind == "diag.conflict" and a.status is AttemptStatus.FAILED
-                and (a.error or "").startswith("commit conflict"))
+                and (a.error or "").startswith("commit conflict")) or (
+                kind == "chaos.hang" and a.status is AttemptStatus.TIMED_OUT) or (
+                kind == "chaos.crash" and a.status is AttemptStatus.FAILED
+                and "killed by signal 11" in (a.error or ""))
+            hung += a.status is AttemptStatus.RUNNING
             if a.status in (AttemptStatus.RUNNING, AttemptStatus.CANCELLED) or (
-                    a.status is AttemptStatus.FAILED and not own):
+                    a.status in (AttemptStatus.FAILED, AttemptStatus.TIMED_OUT) and not own):
                 interrupted += 1
                 run.say(f"interrupted, not cancelled by the system: task {task_id} ({kind}) "
                         f"attempt {a.seq} on {a.executor} {a.status.value} "
@@ -649,6 +676,14 @@ def figures(run: Run, reader: Session) -> dict[str, Any]:
         shapes["schedule_fires_stopped_by_the_pause"] += paused_fire(task)
         shapes["submitted_through_the_client"] += task_id in run.through_api
         shapes["running_when_the_submit_answered"] += run.through_api.get(task_id) == "RUNNING"
+        kind = run.tasks[task_id]
+        if kind in ("chaos.steps", "chaos.hang", "chaos.crash"):
+            shapes[kind] += 1
+            statuses = {a.status for a in store.attempts.for_task(task_id)}
+            shapes["hang_faults_timed_out"] += (kind == "chaos.hang"
+                                                and AttemptStatus.TIMED_OUT in statuses)
+            shapes["crash_faults_failed"] += (kind == "chaos.crash"
+                                              and AttemptStatus.FAILED in statuses)
     return {
         "tasks": len(run.tasks), "attempts": attempts_total, "task_shapes": dict(shapes),
         "master_messages_confirmed": len(run.confirmed),
@@ -663,7 +698,52 @@ def figures(run: Run, reader: Session) -> dict[str, Any]:
         "lock_znodes_left": len(locks),
         "started_before_run_at": early, "ordering_violations": ordering,
         "resource_holders_overlapping": resources, **fires(run), "burst": burst_figures(run),
+        "hung_attempts_left": hung, **checkpoint_figures(run),
     }
+
+
+def checkpoint_figures(run: Run) -> dict[str, Any]:
+    """``chaos.steps``'s record read back: a step that ran again in a later attempt although
+    an earlier attempt had committed a checkpoint past it (``work_redone_before_checkpoint``:
+    must be 0), and the steps that ran again past the last committed checkpoint (expected:
+    the work between a checkpoint and a fault; reported)."""
+    attempts: dict[str, dict[str, int]] = {}  # attempt id -> its task's attempts' seq
+    seq: dict[str, int] = {}
+    for task_id, kind in run.tasks.items():
+        if kind == "chaos.steps":
+            attempts[task_id] = {a.id: a.seq for a in run.store.attempts.for_task(task_id)}
+            seq.update(attempts[task_id])
+    ran: dict[str, list[tuple[int, int]]] = defaultdict(list)  # task -> (seq, step)
+    committed: dict[str, list[tuple[int, int]]] = defaultdict(list)  # task -> (seq, next)
+    if run.steps.exists():
+        for line in run.steps.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:  # a line cut by a kill -9 mid-write
+                continue
+            if record["attempt"] not in seq:
+                continue
+            n = seq[record["attempt"]]
+            if "step" in record:
+                ran[record["task"]].append((n, record["step"]))
+            else:
+                committed[record["task"]].append((n, record["committed"]))
+    before = after = 0
+    for task_id, steps in ran.items():
+        done_by: dict[int, set[int]] = defaultdict(set)  # step -> the attempts that ran it
+        for n, step in steps:
+            done_by[step].add(n)
+        for step, runs in done_by.items():
+            later = sorted(runs)[1:]  # the attempts that ran it again
+            for n in later:
+                if any(m < n and upto > step for m, upto in committed[task_id]):
+                    before += 1
+                    run.say(f"work redone before its checkpoint: task {task_id} step {step} "
+                            f"in attempt {n}; checkpoints {committed[task_id]}")
+                else:
+                    after += 1
+    return {"work_redone_before_checkpoint": before, "work_redone_after_checkpoint": after,
+            "checkpointed_tasks": len(attempts)}
 
 
 def left_lock(run: Run, reader: Session, task_id: str) -> str:
@@ -771,11 +851,19 @@ def semantics(run: Run) -> tuple[int, int, int]:
     early = ordering = overlapping = 0
     keyed: dict[str, list[tuple[Any, list[Any]]]] = defaultdict(list)
     held: dict[str, list[Any]] = defaultdict(list)
-    for task_id in run.tasks:
+    for task_id, kind in run.tasks.items():
         task = store.tasks.get(task_id)
         attempts = store.attempts.for_task(task_id)
+        # a retry policy moves run_at to each retry's time: only the last attempt is bound by
+        # the run_at the task shows (the chaos.hang and chaos.crash tasks)
+        bound = attempts[-1:] if kind in RETRIED else attempts
         if task.run_at is not None:
-            early += sum(1 for a in attempts if a.started_at < task.run_at)
+            for a in bound:
+                if a.started_at < task.run_at:
+                    early += 1
+                    run.say(f"started before its run_at: task {task_id} ({kind}) attempt "
+                            f"{a.seq} at {a.started_at.isoformat()}, run_at "
+                            f"{task.run_at.isoformat()}")
         if task.ordering_key is not None:
             keyed[task.ordering_key].append((task, attempts))
         for resource in task.resources:
