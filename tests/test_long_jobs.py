@@ -542,3 +542,68 @@ def test_a_type_whose_handler_cannot_cross_is_refused_process_isolation_when_dec
                                 isolation=Isolation())
     with pytest.raises(ValueError, match=r"isolation is 'thread' or 'process'"):
         task("bad.kind", isolation="fork")
+
+
+class _Broadcasts:
+    """What the ontology loader tells the cluster (UPDATE_CACHE), kept (no broker here: the
+    loader's broadcast is covered against RabbitMQ in tests/test_runner.py)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, dict]] = []
+
+    def broadcast(self, name: str, payload: dict) -> None:
+        self.sent.append((name, payload))
+
+
+def test_a_big_ontology_load_resumes_at_its_last_committed_part(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ontology.load`` of an ontology bigger than a part (here 10 classes, 25 in all) writes
+    a part at a time with a checkpoint after each; a failure in the third part leaves two
+    committed, and the next attempt loads the third part on, once each, then marks the
+    ontology loaded (the classes and edges all there)."""
+    from runner.ontology import sync as sync_module
+    from runner.ontology.parse import checksum_of
+    from runner.ontology.sync import LOAD_TASK, OntologySync, register_ontology_tasks
+    from runner.tasks import TaskRegistry
+    from runner.testing.stub import TaskStub
+
+    monkeypatch.setattr(sync_module, "PART", 10)
+    source = tmp_path / "onto"
+    source.mkdir()
+    lines = ["@prefix owl: <http://www.w3.org/2002/07/owl#> .",
+             "@prefix rdfs: <http://www.w3.org/2000/01/rdf-schema#> .",
+             "@prefix ex: <http://example.org/big#> .",
+             "<http://example.org/big> a owl:Ontology .", "ex:C00 a owl:Class ."]
+    lines += [f"ex:C{i:02d} a owl:Class ; rdfs:subClassOf ex:C{i - 1:02d} ."
+              for i in range(1, 25)]
+    (source / "big.ttl").write_text("\n".join(lines) + "\n")
+    registry = TaskRegistry()
+    register_ontology_tasks(registry)
+    bus = _Broadcasts()
+    with TaskStub(tmp_path / "stub") as stub:
+        sync = OntologySync(str(source), stub.store, bus, stub.member_id)  # type: ignore[arg-type]
+        stub.services.add(sync)
+        parts: list[list[str]] = []
+        real = stub.store.ontologies.load_part
+
+        def counted(ontology, part, fence=None):  # type: ignore[no-untyped-def]
+            if len(parts) == 2 and not hasattr(counted, "failed"):
+                counted.failed = True  # type: ignore[attr-defined]
+                raise OSError("the graph went away in part 3")
+            parts.append([c.iri for c in part])
+            return real(ontology, part, fence)
+        monkeypatch.setattr(stub.store.ontologies, "load_part", counted)
+        data = (source / "big.ttl").read_bytes()
+        payload = {"ref": str(source / "big.ttl"), "checksum": checksum_of(data),
+                   "iri": "http://example.org/big"}
+        first = stub.run(registry.get(LOAD_TASK), payload)
+        assert first.attempt.status is AttemptStatus.FAILED and "part 3" in (first.error or "")
+        assert len(parts) == 2 and stub.store.ontologies.get("http://example.org/big") is None
+        second = stub.run(registry.get(LOAD_TASK), task=first.task)
+        assert second.succeeded, second.error
+        assert len(parts) == 3  # the third part only: the first two were committed
+        assert parts[2][0] == "http://example.org/big#C20"
+        record = stub.store.ontologies.get("http://example.org/big")
+        assert record is not None and record.class_count == 25
+        assert len(stub.store.ontologies.classes("http://example.org/big")) == 25
+        assert bus.sent == [("UPDATE_CACHE", {"ontology": "http://example.org/big"})]

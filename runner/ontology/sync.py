@@ -12,7 +12,10 @@
   fails with the parser's message; the others load.
 * The **ontology.load** task fetches, checks the checksum, parses with rdflib, validates, loads
   classes and subClassOf edges (idempotent), then broadcasts MODEL UPDATE_CACHE; every node
-  reloads its :class:`OntologyCache` under a write lock.
+  reloads its :class:`OntologyCache` under a write lock. An ontology of more than
+  :data:`PART` classes is written a part at a time, each part followed by a checkpoint
+  (``ctx.checkpoint``), and marked loaded last: a retry after a kill -9 or a failure resumes
+  at the first part not committed.
 
 """
 
@@ -29,7 +32,7 @@ from pydantic import BaseModel
 from runner.errors import OntologyError, SourceError
 from runner.ontology.parse import checksum_of, parse_ontology_bytes
 from runner.ontology.sources import DirectorySource, SourceEntry, open_source
-from runner.store import GraphStore
+from runner.store import GraphStore, Ontology
 from runner.tasks import TaskContext, TaskRegistry
 
 if TYPE_CHECKING:
@@ -38,6 +41,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("latchwork.ontology")
 
 LOAD_TASK = "ontology.load"
+#: classes an ontology.load writes per part (a bigger ontology: a checkpoint after each part)
+PART = 2000
 
 
 class LoadPayload(BaseModel):
@@ -111,12 +116,41 @@ class OntologySync:
         ontology = parse_ontology_bytes(data, Path(payload.ref).name)  # OntologyError: stop
         if payload.iri is not None and ontology.iri != payload.iri:
             raise OntologyError(f"{payload.ref} now declares {ontology.iri}, not {payload.iri}")
-        ctx.check()  # still the owner, right before the load (itself fenced)
-        result = self.store.ontologies.load(ontology, fence=ctx.fence)
+        added, edges = self._write(ctx, ontology)
         log.info("member %s: loaded %s %s from %s: %d classes, %d edges added", self.member_id,
-                 ontology.iri, ontology.version, payload.ref, result.added_classes,
-                 result.added_edges)
+                 ontology.iri, ontology.version, payload.ref, added, edges)
         self.bus.broadcast("UPDATE_CACHE", {"ontology": ontology.iri})
+
+    def _write(self, ctx: TaskContext, ontology: Ontology) -> tuple[int, int]:
+        """The load, fenced: one write for an ontology of up to :data:`PART` classes; a bigger
+        one in parts of that many classes (sorted by IRI), each followed by a checkpoint, then
+        the ontology marked loaded: a retry after a kill -9 or a failure resumes at the first
+        part not committed (``ctx.resume``, kept only for the same checksum)."""
+        classes = sorted(ontology.classes, key=lambda c: c.iri)
+        parts = [classes[n:n + PART] for n in range(0, len(classes), PART)]
+        if len(parts) <= 1:
+            ctx.check()  # still the owner, right before the load (itself fenced)
+            result = self.store.ontologies.load(ontology, fence=ctx.fence)
+            return result.added_classes, result.added_edges
+        loaded = self.store.ontologies.get(ontology.iri)
+        if loaded is not None and loaded.checksum == ontology.checksum:
+            return 0, 0  # loaded already (a retry after its last write)
+        resume = ctx.resume or {}
+        start = int(resume.get("next", 0)) if resume.get("checksum") == ontology.checksum \
+            else 0
+        if start:
+            log.info("member %s: %s resumes at part %d of %d (its checkpoint)",
+                     self.member_id, ontology.iri, start + 1, len(parts))
+        added = edges = 0
+        for n in range(start, len(parts)):
+            ctx.check()
+            result = self.store.ontologies.load_part(ontology, parts[n], fence=ctx.fence)
+            added, edges = added + result.added_classes, edges + result.added_edges
+            ctx.checkpoint({"checksum": ontology.checksum, "next": n + 1})
+            ctx.progress(n + 1, len(parts), f"{ontology.iri}: classes in parts")
+        ctx.check()
+        self.store.ontologies.finish(ontology, fence=ctx.fence)
+        return added, edges
 
     # -- watching a directory source -----------------------------------------------------------
     def start_watching(self) -> None:

@@ -51,21 +51,51 @@ class GremlinOntologyStore:
         """
         return self.graph.write(lambda g: self._load(g, ontology, fence))
 
+    def load_part(self, ontology: Ontology, part: Sequence[OntologyClass],
+                  fence: Fence | None = None) -> LoadResult:
+        """Insert ``part`` of the ontology's classes (placeholders for parents not there yet)
+        and their subClassOf edges, in one write, leaving the ontology vertex alone: a long
+        load made of parts, each followed by a checkpoint, ends with :meth:`finish`, which
+        marks it loaded. Idempotent; fenced as :meth:`load`."""
+        def write(g: Any) -> LoadResult:
+            if fence is not None:
+                return under_fence(g, fence, lambda fenced: self._classes(fenced, ontology.iri,
+                                                                          part))
+            return self._classes(g, ontology.iri, part)
+        return self.graph.write(write)
+
+    def finish(self, ontology: Ontology, fence: Fence | None = None) -> None:
+        """Mark a load made of parts done: the ontology vertex with its version and checksum
+        (from then on a load of the same checksum changes nothing)."""
+        def write(g: Any) -> None:
+            if fence is not None:
+                under_fence(g, fence, lambda fenced: self._meta(fenced, ontology))
+            else:
+                self._meta(g, ontology)
+        self.graph.write(write)
+
     def _load(self, g: Any, onto: Ontology, fence: Fence | None) -> LoadResult:
         if fence is not None:  # every traversal of the load guarded by the fence
             return under_fence(g, fence, lambda fenced: self._load(fenced, onto, None))
         existing = g.V().has("ontology_iri", onto.iri).element_map().to_list()
         if existing and existing[0]["ontology_checksum"] == onto.checksum:
             return LoadResult(onto.iri, 0, 0, changed=False)
+        self._meta(g, onto)
+        return self._classes(g, onto.iri, onto.classes)
+
+    @staticmethod
+    def _meta(g: Any, onto: Ontology) -> None:
         meta = {"ontology_version": onto.version, "ontology_checksum": onto.checksum,
                 "ontology_loaded": codec.encode_time(codec.now())}
-        if existing:
+        if g.V().has("ontology_iri", onto.iri).limit(1).id_().to_list():
             set_props(g.V().has("ontology_iri", onto.iri), meta).iterate()
         else:
             add_vertex(g, "ontology", {"ontology_iri": onto.iri, **meta}).iterate()
 
-        defined = {c.iri: c for c in onto.classes}
-        iris = sorted(set(defined) | {p for c in onto.classes for p in c.parents})
+    def _classes(self, g: Any, ontology: str, classes: Sequence[OntologyClass]) -> LoadResult:
+        """``classes`` of ``ontology`` (an IRI), their placeholders and edges (see load)."""
+        defined = {c.iri: c for c in classes}
+        iris = sorted(set(defined) | {p for c in classes for p in c.parents})
         known = self._class_ids(g, iris)
         missing = [iri for iri in iris if iri not in known]
         for chunk in chunks(missing, BATCH):
@@ -74,7 +104,7 @@ class GremlinOntologyStore:
                 cls = defined.get(iri)
                 t = add_vertex(t, "class", {
                     "class_iri": iri, "class_label": (cls.label if cls else None) or "",
-                    "class_defined_by": onto.iri if cls else ""})
+                    "class_defined_by": ontology if cls else ""})
             t.iterate()
         if missing:
             known.update(self._class_ids(g, missing))
@@ -83,12 +113,12 @@ class GremlinOntologyStore:
         for chunk in chunks(adopt, BATCH):
             t = g
             for iri in chunk:
-                t = set_props(t.V(known[iri][0]), {"class_defined_by": onto.iri,
+                t = set_props(t.V(known[iri][0]), {"class_defined_by": ontology,
                                               "class_label": defined[iri].label or ""})
             t.iterate()
 
         present = self._edges_from(g, sorted(defined))
-        wanted = [(c.iri, p) for c in onto.classes for p in c.parents
+        wanted = [(c.iri, p) for c in classes for p in c.parents
                   if p not in present.get(c.iri, set())]
         for pairs in chunks(wanted, EDGE_BATCH):
             t = g
@@ -96,7 +126,7 @@ class GremlinOntologyStore:
                 t = (t.V(known[child][0]).as_(f"c{n}").V(known[parent][0]).as_(f"p{n}")
                      .add_e("subClassOf").from_(f"c{n}").to(f"p{n}"))
             t.iterate()
-        return LoadResult(onto.iri, len(missing), len(wanted), changed=True)
+        return LoadResult(ontology, len(missing), len(wanted), changed=True)
 
     @staticmethod
     def _class_ids(g: Any, iris: Sequence[str]) -> dict[str, tuple[Any, str]]:
