@@ -73,6 +73,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=int, default=2000)
     args = parser.parse_args()
+    measure(args.tasks)
+
+
+def measure(tasks: int) -> None:
+    """The whole bench (see the module), on servers and nodes of its own; prints its lines."""
     with zookeeper() as zk, rabbitmq() as mq, tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)
         (scratch / "benchjobs.py").write_text(MODULE)
@@ -93,7 +98,7 @@ def main() -> None:
                 proc.stdout.readline()
             client = Client(mq.url, "isolation", timeout=60)
             store = open_store(graph)
-            bench(client, store, [p.pid for p in procs], args.tasks)
+            bench(client, store, [p.pid for p in procs], tasks)
         finally:
             terminate_all(procs)
 

@@ -30,10 +30,14 @@ rounds, which are interleaved: embedded, server, Celery, three times over.
 6. **backlog**: 1,000 and then 100,000 tasks due now written while no node runs, then 3 nodes
    of 4 workers started: the rate of the first ``BACKLOG_DRAIN`` ends (from the nodes' start),
    with 100,000 waiting over with 1,000;
-7. (embedded only) **kill -9** of the node running a task -> the task running on another node.
+7. (embedded only) **kill -9** of the node running a task -> the task running on another node;
+8. **process isolation** (issue 44, :mod:`bench.bench_isolation`, a cluster of its own): an
+   isolated ``sleep 0`` against a threaded one (CPU per task), 60 one-second isolated tasks,
+   a hung isolated handler.
 
 The targets (issue 43) are printed last with every ratio, met or not. ``--graph
-embedded|server|both``, ``--no-peer``, ``--quick`` (smaller rounds, for a try).
+embedded|server|both``, ``--no-peer``, ``--quick`` (smaller rounds, for a try),
+``--no-isolation``.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import _floors, _profile
+from bench import _floors, _profile, bench_isolation
 from bench._servers import rabbitmq, zookeeper
 from bench.bench_peer import _records
 from coord.testing import terminate_all
@@ -447,8 +451,13 @@ def main() -> None:
     parser.add_argument("--graph", choices=["embedded", "server", "both"], default="both")
     parser.add_argument("--no-peer", action="store_true", help="leave Celery out")
     parser.add_argument("--quick", action="store_true", help="smaller rounds, for a try")
+    parser.add_argument("--no-isolation", action="store_true",
+                        help="leave out process isolation's lines (bench/bench_isolation.py)")
     args = parser.parse_args()
     report(*run(args))
+    if not args.no_isolation:
+        print("== process isolation (bench/bench_isolation.py: its own cluster, embedded graph)")
+        bench_isolation.measure(200 if args.quick else 2000)
 
 
 if __name__ == "__main__":
