@@ -21,6 +21,7 @@ from coord.testing.tls import Pki
 from messaging.testing.plugin import AmqpNamespace
 from messaging.testing.rabbitmq import RabbitMQServer
 from runner.errors import ConfigError
+from runner.store import Fence
 from runner.testing.cluster import Cluster
 from runner.web.app import create_app
 from runner.web.security import Credentials, Transport, check_bind
@@ -93,8 +94,14 @@ def test_live_fragments_follow_a_running_task(cluster: Cluster) -> None:
     with cluster.client() as client, console(cluster) as web:
         task = client.submit("diag.sleep", {"seconds": 3})
         assert wait_until(lambda: task.id in web.get("/tasks/running").text, 30, 0.2)
+        (attempt,) = cluster.store.attempts.for_task(task.id)  # a checkpoint, as its owner
+        cluster.store.checkpoints.commit(Fence(task.id, attempt.fence, attempt.id),
+                                         attempt.seq, {"next": 7})
+        assert "10 B, " in web.get("/tasks/running").text  # its size and age
         live = web.get(f"/tasks/{task.id}/live")
         assert 'hx-trigger="every 2s"' in live.text and "RUNNING" in live.text
+        assert re.search(r'id="checkpoint">10 B, \d+\w* ago \(attempt 1\)<', live.text), \
+            live.text
         assert wait_until(lambda: "SUCCEEDED" in web.get(f"/tasks/{task.id}/live").text,
                           30, 0.2)
         assert 'hx-trigger' not in web.get(f"/tasks/{task.id}/live").text  # stops polling
