@@ -341,6 +341,8 @@ ISOLATED_MODULE = textwrap.dedent('''
             ctypes.PyDLL(None).sleep(int(p.seconds))  # libc sleep, the GIL held
         elif p.what == "sleep":
             ctx.cancel.wait(p.seconds)
+        elif p.what == "raise":
+            raise ValueError("bad row 7")
         elif p.what == "watch":  # notes when it first sees itself cancelled
             while not ctx.cancel.cancelled:
                 time.sleep(0.01)
@@ -363,7 +365,7 @@ ISOLATED_MODULE = textwrap.dedent('''
     def threaded(ctx: TaskContext, p: Job) -> None:
         work(ctx, p)
 
-    @task("iso.long", payload=Job, isolation="process")
+    @task("iso.long", payload=Job, isolation="process", max_memory_mb=300)
     def long(ctx: TaskContext, p: Job) -> None:
         work(ctx, p)
 ''')
@@ -399,17 +401,20 @@ def alive(pid: int) -> bool:
 
 def test_isolated_crashes_end_their_attempt_failed_and_the_node_runs_on(
         cluster: Cluster, tmp_path: Path) -> None:
-    """A handler process that segfaults, one that allocates past ``max_memory_mb`` and one
-    that ignores its ``timeout``: each attempt ends with its cause (FAILED "killed by signal
-    11", FAILED "handler used ... MiB, limit 300", TIMED_OUT) while the same node runs a
-    normal isolated task (its context over the channel: progress, heartbeat, checkpoint,
-    check, resume) and a threaded one to success; no handler process is left of the three."""
+    """A handler process that segfaults, one that allocates past ``max_memory_mb``, one that
+    ignores its ``timeout`` and one that raises: each attempt ends with its cause (FAILED
+    "killed by signal 11", FAILED "handler used ... MiB, limit 300", TIMED_OUT, FAILED with
+    the handler's error and its traceback from the child) while the same node runs a normal
+    isolated task (its context over the channel: progress, heartbeat, checkpoint, check,
+    resume) and a threaded one to success; no handler process of the first three is left."""
     with_module(cluster, tmp_path, "isojobs", ISOLATED_MODULE)
     member = cluster.start_node()
     record = tmp_path / "iso.txt"
-    ids = {what: cluster.submit("iso.job", {"record": str(record), "what": what})
-           for what in ("segfault", "hog", "hang")}
+    ids = {what: cluster.submit("iso.long" if what == "hog" else "iso.job",
+                                {"record": str(record), "what": what})
+           for what in ("segfault", "hog", "hang")}  # the hog with no timeout to race
     ok = cluster.submit("iso.job", {"record": str(record), "what": "ok"})
+    raised = cluster.submit("iso.job", {"record": str(record), "what": "raise"})
     threaded = cluster.submit("iso.thread", {"record": str(record), "what": "ok"})
     for task_id in ids.values():
         assert wait_until(lambda t=task_id: not cluster.task(t).active, 60, 0.05), task_id
@@ -424,6 +429,10 @@ def test_isolated_crashes_end_their_attempt_failed_and_the_node_runs_on(
     (hang,) = cluster.store.attempts.for_task(ids["hang"])
     assert hang.status is AttemptStatus.TIMED_OUT, hang.error
     assert hang.ended_at is not None and (hang.ended_at - hang.started_at).total_seconds() < 4
+    assert wait_until(lambda: not cluster.task(raised).active, 30, 0.05)
+    (failed,) = cluster.store.attempts.for_task(raised)  # the handler's own error, crossed
+    assert failed.status is AttemptStatus.FAILED and failed.error == "ValueError: bad row 7"
+    assert "in the handler process" in (failed.stack_trace or "")
     (good,) = cluster.store.attempts.for_task(ok)
     assert good.status is AttemptStatus.SUCCEEDED and good.progress is not None
     resumed = cluster.store.checkpoints.read(ok)
@@ -477,20 +486,20 @@ def test_kill_9_of_a_node_leaves_no_handler_process_and_the_retries_run_elsewher
 
 def test_a_c_call_holding_the_gil_costs_an_isolated_node_nothing_and_a_threaded_one_its_session(
         cluster: Cluster, tmp_path: Path) -> None:
-    """libc's sleep through ``ctypes.PyDLL`` keeps the GIL for 5 s (the session timeout is
+    """libc's sleep through ``ctypes.PyDLL`` keeps the GIL for 3 s (the session timeout is
     2 s): in a child the node's ZooKeeper pings go on and its session lives; in a thread of the
     node they cannot, and the node declares its session LOST (why isolation exists)."""
     with_module(cluster, tmp_path, "isojobs", ISOLATED_MODULE)
     member = cluster.start_node()
     record = tmp_path / "gil.txt"
-    isolated = cluster.submit("iso.long", {"record": str(record), "what": "gil", "seconds": 5})
+    isolated = cluster.submit("iso.long", {"record": str(record), "what": "gil", "seconds": 3})
     cluster.wait_finished(isolated, timeout=60)
     (attempt,) = cluster.store.attempts.for_task(isolated)
     assert attempt.status is AttemptStatus.SUCCEEDED
     log = cluster.nodes[member].log_path.read_text(errors="replace")
     assert "declaring it LOST" not in log
     threaded = cluster.submit("iso.thread", {"record": str(record), "what": "gil",
-                                             "seconds": 5})
+                                             "seconds": 3})
     assert wait_until(lambda: "declaring it LOST" in cluster.nodes[member].log_path.read_text(
         errors="replace"), 30, 0.1)
     first = cluster.store.attempts.for_task(threaded)[0]

@@ -139,9 +139,12 @@ class ChildPool:
             child.conn.send(Job(_where(kind.handler), _where(model) if model else None,
                                 dict(ctx.task.payload), ctx.task, ctx.attempt, ctx.member_id,
                                 ctx.fence_token))
-            healthy = self._serve(child, ctx, kind)
+            raised = self._serve(child, ctx, kind)
+            healthy = True  # it answered: returned or raised, it can run another
         finally:
             self._give_back(child, kind, healthy)
+        if raised is not None:
+            raise raised
 
     def _take(self, ctx: TaskContext) -> _Child:
         with self._lock:
@@ -202,8 +205,9 @@ class ChildPool:
             else:
                 self._idle.append(child)
 
-    def _serve(self, child: _Child, ctx: TaskContext, kind: TaskType) -> bool:
-        """Answer the child until its handler ends; True when the child can run another."""
+    def _serve(self, child: _Child, ctx: TaskContext, kind: TaskType) -> BaseException | None:
+        """Answer the child until its handler ends: None when it returned, what it raised when
+        it raised; a crash, or a kill for its memory or its cancellation, raises here."""
         signalled: float | None = None
         rss_at = 0.0
         limit = kind.isolation.max_memory_mb if kind.isolation is not None else None
@@ -216,9 +220,9 @@ class ChildPool:
             if message is not None:
                 what, value = message
                 if what == "done":
-                    return True
+                    return None
                 if what == "raised":
-                    raise _exception(*value)
+                    return _exception(*value)
                 self._answer(child, ctx, what, value)
                 continue
             now = time.monotonic()
