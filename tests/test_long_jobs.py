@@ -616,3 +616,29 @@ def test_a_big_ontology_load_resumes_at_its_last_committed_part(
         assert record is not None and record.class_count == 25
         assert len(stub.store.ontologies.classes("http://example.org/big")) == 25
         assert bus.sent == [("UPDATE_CACHE", {"ontology": "http://example.org/big"})]
+
+
+def test_the_limit_watch_forgets_the_deadlines_of_ended_attempts() -> None:
+    """Attempts of a type with an hour's timeout that end in a second leave no hour-long trail
+    of deadlines: the heap is compacted once the ended ones are most of it (pure logic)."""
+    from datetime import UTC, datetime
+
+    from runner.store import Attempt, Task
+    from runner.tasks.context import CancelToken
+    from runner.tasks.registry import Limits, TaskType
+    from runner.tasks.worker.limits import LimitWatch
+    from runner.tasks.worker.running import Claimed, Slot
+
+    now = datetime.now(UTC)
+    task = Task("t", "x", {}, True, TaskStatus.RUNNING, False, 0, now, now, 1, 5)
+    kind = TaskType("x", lambda ctx, p: None, limits=Limits(timeout=3600.0,
+                                                           heartbeat_timeout=600.0))
+    watch = LimitWatch("m", on_ignored=lambda w, why: None, persist=lambda w: None)
+    try:
+        for n in range(1000):
+            claim = Claimed(task, Attempt(f"a{n}", "t", 1, AttemptStatus.RUNNING, "m", now), 5)
+            w = watch.watch(Slot(task, None, None, CancelToken()), claim, kind)  # type: ignore[arg-type]
+            assert w is not None and not watch.done(w)
+        assert len(watch._heap) < 3 * 100, len(watch._heap)
+    finally:
+        watch.close()

@@ -106,6 +106,7 @@ class ChildPool:
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._monitor: threading.Thread | None = None
+        self._working = threading.Event()  # set while a child runs an attempt
 
     def start(self) -> None:
         """Start the fork server now (a child's first start then costs a fork, not an
@@ -122,6 +123,7 @@ class ChildPool:
     def close(self) -> None:
         """Kill every child (a running handler's attempt was cancelled before)."""
         self._closed.set()
+        self._working.set()
         with self._lock:
             children, self._idle, self._busy = [*self._idle, *self._busy], [], set()
         for child in children:
@@ -158,6 +160,7 @@ class ChildPool:
         child.ctx = ctx
         with self._lock:
             self._busy.add(child)
+        self._working.set()
         return child
 
     def _spawn(self) -> _Child:
@@ -301,6 +304,11 @@ class ChildPool:
         while not self._closed.wait(0.02):
             with self._lock:
                 busy = list(self._busy)
+                if not busy:
+                    self._working.clear()
+            if not busy:  # nothing to keep: no wake-up every 20 ms on an idle node
+                self._working.wait(1.0)
+                continue
             for child in busy:
                 ctx = child.ctx
                 if ctx is None:

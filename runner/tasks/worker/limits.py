@@ -70,8 +70,8 @@ class Watched:
     #: the watcher is closing (or closed) the attempt itself: the handler ignored its limit
     closing: bool = False
     closed: threading.Event = field(default_factory=threading.Event)
-    #: what the watcher's close wrote, for the loop: (status, error, outcome name), or None
-    written: Any = None
+    #: what the watcher's close wrote, for the loop (None: it wrote nothing)
+    written: Closed | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def beat(self, details: Any = None) -> None:
@@ -102,6 +102,7 @@ class LimitWatch:
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._ended = 0  # attempts ended whose deadlines still wait in the heap
 
     def watch(self, slot: Slot, claim: Claimed, kind: TaskType) -> Watched | None:
         """Register the attempt of ``claim`` as its handler starts; None when its type has no
@@ -133,7 +134,14 @@ class LimitWatch:
             return False
         with w.lock:
             w.returned = True
-            return w.closing
+            closing = w.closing
+        with self._cond:  # an ended attempt's deadlines (an hour's timeout) go once they
+            self._ended += 1  # are most of the heap, not an hour later
+            if self._ended > 64 and 6 * self._ended >= len(self._heap):
+                self._heap = [e for e in self._heap if not e[3].returned]
+                heapq.heapify(self._heap)
+                self._ended = 0
+        return closing
 
     def close(self) -> None:
         with self._cond:
