@@ -31,6 +31,10 @@ for any failure; the node and its other tasks run on.
 
 Failure behaviour: a child that cannot be started (the fork server gone) raises
 ``HandlerCrashed`` for that attempt; the next attempt starts a new server.
+
+Why one module: the pool, the serving of one attempt and the reading of a child's death share
+one child's state (its pipe, its shared flag and deadline, its runs): split, each part would
+reach into the others' child.
 """
 
 from __future__ import annotations
