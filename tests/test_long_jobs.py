@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import textwrap
 import time
 from pathlib import Path
@@ -343,6 +344,9 @@ ISOLATED_MODULE = textwrap.dedent('''
             ctx.cancel.wait(p.seconds)
         elif p.what == "raise":
             raise ValueError("bad row 7")
+        elif p.what == "hang1":  # the first attempt hangs for good, ignoring everything
+            while ctx.attempt.seq == 1:
+                time.sleep(0.5)
         elif p.what == "watch":  # notes when it first sees itself cancelled
             while not ctx.cancel.cancelled:
                 time.sleep(0.01)
@@ -454,25 +458,27 @@ def test_isolated_crashes_end_their_attempt_failed_and_the_node_runs_on(
 
 def test_kill_9_of_a_node_leaves_no_handler_process_and_the_retries_run_elsewhere(
         cluster: Cluster, tmp_path: Path) -> None:
-    """Two isolated handlers run on a node killed -9: their processes die with it (the fork
-    server exits when the node's end of its pipe closes, and its children have
-    PR_SET_PDEATHSIG), and both tasks run again on the other node, each retry starting after
-    the handler it replaces was gone."""
+    """Two isolated handlers that would never end on their own (they ignore everything) run
+    on a node killed -9 (the node's pid alone, not its process group): their processes die
+    with it (the fork server exits when the node's copy of its pipe closes, and its children
+    have PR_SET_PDEATHSIG), and both tasks run again on the other node, each retry starting
+    after the handler it replaces was gone."""
     with_module(cluster, tmp_path, "isojobs", ISOLATED_MODULE)
     first = cluster.start_node()
     record = tmp_path / "long.txt"
-    ids = [cluster.submit("iso.long", {"record": str(record), "what": "sleep", "seconds": 2})
+    ids = [cluster.submit("iso.long", {"record": str(record), "what": "hang1"})
            for _ in range(2)]
     for task_id in ids:
         assert cluster.wait_running_on(task_id) == first
     assert wait_until(lambda: len(handler_pids(record)) == 2, 30, 0.02)
     cluster.start_node()
     children = handler_pids(record)
-    cluster.nodes[first].kill()
+    os.kill(cluster.nodes[first].pid, signal.SIGKILL)
     killed = time.time()
-    assert wait_until(lambda: not any(alive(p) for p in children), 5, 0.005)
+    assert wait_until(lambda: not any(alive(p) for p in children), 5, 0.002)
     gone = time.time() - killed
-    assert gone < 0.1, gone  # 0-1 ms after the node's death was seen, in 3 runs here
+    cluster.nodes[first].wait(10)
+    assert gone < 0.1, gone  # 18-23 ms from the SIGKILL in 3 runs here
     for task_id in ids:
         cluster.wait_finished(task_id, timeout=60)
         attempts = cluster.store.attempts.for_task(task_id)
@@ -480,7 +486,7 @@ def test_kill_9_of_a_node_leaves_no_handler_process_and_the_retries_run_elsewher
                                                 AttemptStatus.SUCCEEDED]
         assert attempts[1].executor != first
     retried = [float(line.split()[3]) for line in record.read_text().splitlines()
-               if line.split()[:2] == ["2", "sleep"]]
+               if line.split()[:2] == ["2", "hang1"]]
     assert len(retried) == 2 and min(retried) > killed + gone  # no overlap with the killed
 
 

@@ -18,9 +18,12 @@ store write; what the handler asks of its context crosses the channel:
 * ``services`` and ``complete()`` do not cross: reading them raises
   :class:`~runner.errors.InvalidValue` naming the rule.
 
-The child dies with its node: it asks the kernel for SIGKILL when its parent (the fork server)
-dies (``PR_SET_PDEATHSIG``), and the fork server exits as soon as the node's end of its pipe
-closes, as on a kill -9 of the node; a channel that ends (EOF) ends the child too.
+The child dies with its node: a thread of its own waits on a pidfd of the node and ends the
+process the moment the node ends; and, for a handler that holds the GIL meanwhile, it asks the
+kernel for SIGKILL when its parent (the fork server) dies (``PR_SET_PDEATHSIG``), which exits
+as soon as the last copy of the write end of its "alive" pipe closes: the node's, on a kill -9
+of the node (the child closes the copy ``multiprocessing`` gives it). A channel that ends
+(EOF) ends an idle child too.
 
 Failure behaviour: whatever the handler raises is sent back (pickled when it can be, else as
 its type name and text) with its traceback; a child that cannot import the handler sends that
@@ -33,11 +36,14 @@ import ctypes
 import importlib
 import os
 import pickle
+import select
 import signal
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass
+from multiprocessing import forkserver
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -152,14 +158,43 @@ class ChildContext:
 
 
 def _die_with_parent(parent: int) -> None:
-    """SIGKILL when the fork server (this process's parent) dies: PR_SET_PDEATHSIG."""
+    """SIGKILL when the fork server (this process's parent) dies: PR_SET_PDEATHSIG. And let
+    the fork server die with the node: ``multiprocessing`` hands every child the write end of
+    the pipe the server watches for its node's death (so that a child could start more
+    processes through it), which kept the server, and so this child, alive after a kill -9 of
+    the node for as long as the child lived: a child that hung lived for ever. A child never
+    starts processes, so it closes its copy."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
     except (OSError, AttributeError):
         pass
+    alive = getattr(forkserver._forkserver, "_forkserver_alive_fd", None)
+    if alive is not None:
+        try:
+            os.close(alive)
+        except OSError:
+            pass
+        setattr(forkserver._forkserver, "_forkserver_alive_fd", None)  # noqa: B010
     if os.getppid() != parent:  # it died before the call
         os._exit(1)
+
+
+def _watch_node(node: int) -> None:
+    """End this process the moment the node ``node`` ends: a thread waiting on a pidfd of the
+    node (Linux 5.3 and later), so the child does not wait for the fork server's own exit
+    (tens of ms of interpreter shutdown) and the parent-death signal after it. A handler that
+    holds the GIL keeps this thread from running; the parent-death signal, the kernel's, still
+    comes."""
+    try:
+        fd = os.pidfd_open(node)
+    except (AttributeError, OSError):
+        return  # no pidfd here: the fork server's exit and the parent-death signal do it
+
+    def wait() -> None:
+        select.select([fd], [], [])
+        os._exit(1)
+    threading.Thread(target=wait, name="node-watch", daemon=True).start()
 
 
 def _resolve(where: tuple[str, str]) -> Any:
@@ -170,9 +205,10 @@ def _resolve(where: tuple[str, str]) -> Any:
     return value
 
 
-def main(conn: Connection, flag: Any, deadline: Any) -> None:
+def main(conn: Connection, flag: Any, deadline: Any, node: int) -> None:
     """A child's life: run each job the node sends until the channel ends."""
     _die_with_parent(os.getppid())
+    _watch_node(node)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the node's terminal's ^C is the node's
     token = ChildToken(flag, deadline)
     while True:

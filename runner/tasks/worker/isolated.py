@@ -171,8 +171,8 @@ class ChildPool:
         ours, theirs = self._mp.Pipe()
         flag = self._mp.RawValue("b", 0)
         deadline = self._mp.RawValue("d", float("inf"))
-        proc = self._mp.Process(target=child_main, args=(theirs, flag, deadline), daemon=True,
-                                name="latchwork-handler")
+        proc = self._mp.Process(target=child_main, args=(theirs, flag, deadline, os.getpid()),
+                                daemon=True, name="latchwork-handler")
         try:
             proc.start()
         except OSError as exc:
