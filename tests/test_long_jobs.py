@@ -648,3 +648,37 @@ def test_the_limit_watch_forgets_the_deadlines_of_ended_attempts() -> None:
         assert len(watch._heap) < 3 * 100, len(watch._heap)
     finally:
         watch.close()
+
+
+def test_a_graph_out_of_reach_at_a_checkpoint_cancels_the_attempt_not_fails_the_task(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by ``make chaos`` (a graph cut under a checkpointing job stopped the task as
+    FAILED): whether a checkpoint landed cannot be known then, and it is no fault of the
+    handler, so the attempt ends CANCELLED_BY_SYSTEM and the task runs again from its last
+    committed checkpoint."""
+    from runner.errors import StoreUnavailable
+    from runner.tasks import TaskContext, task
+    from runner.tasks.outcomes import Outcome
+    from runner.testing.stub import TaskStub
+
+    @task("cut.steps")
+    def steps(ctx: TaskContext, payload: dict) -> None:
+        for n in range((ctx.resume or {}).get("next", 0), 4):
+            ctx.checkpoint({"next": n + 1})
+
+    with TaskStub(tmp_path) as stub:
+        real = stub.store.checkpoints.commit
+        calls: list[int] = []
+
+        def cut(fence, seq, state):  # type: ignore[no-untyped-def]
+            calls.append(state["next"])
+            if state["next"] == 3 and len(calls) == 3:
+                raise StoreUnavailable("the graph is out of reach")
+            return real(fence, seq, state)
+        monkeypatch.setattr(stub.store.checkpoints, "commit", cut)
+        first = stub.run(steps)
+        assert first.attempt.status is AttemptStatus.CANCELLED_BY_SYSTEM
+        assert "out of reach at its checkpoint" in (first.error or "")
+        assert first.outcome is Outcome.CANCELLED and first.task.active
+        second = stub.run(steps, task=first.task)
+        assert second.succeeded and calls == [1, 2, 3, 3, 4]  # resumed after 2

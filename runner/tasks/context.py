@@ -14,10 +14,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from coord import Session
-from runner.errors import AttemptAlreadyFinished, StaleFencingToken
+from runner.errors import AttemptAlreadyFinished, StaleFencingToken, StoreUnavailable
 from runner.store import Attempt, Fence, GraphStore, Task, codec
 
 
@@ -197,6 +197,14 @@ class TaskContext:
     _resume: Any = field(default=None, repr=False)
     _resume_read: bool = field(default=False, repr=False)
 
+    def _out_of_reach(self, what: str, exc: StoreUnavailable) -> NoReturn:
+        """A store outage under ``checkpoint`` or ``resume``: no fault of the handler, so a
+        cancellation (the attempt ends CANCELLED_BY_SYSTEM and the task runs again from its
+        last committed checkpoint), not a failure that would stop the task."""
+        reason = f"{what} ({exc})"
+        self.cancel.cancel(reason)
+        raise TaskCancelled(reason) from exc
+
     def heartbeat(self, details: Any = None) -> None:
         """Say the attempt is alive (and, with ``details``, JSON, what it is at). A type with
         ``heartbeat_timeout`` takes an attempt that has not beaten within it as hung: its
@@ -216,7 +224,10 @@ class TaskContext:
         own once it committed one; None when there is none (the first attempt, or after
         ``task reactivate --fresh``). One store read, at the first look."""
         if not self._resume_read:
-            found = self.store.checkpoints.read(self.task.id)
+            try:
+                found = self.store.checkpoints.read(self.task.id)
+            except StoreUnavailable as exc:  # no fault of the handler: the task runs again
+                self._out_of_reach("its checkpoint could not be read", exc)
             self._resume = None if found is None else found.state
             self._resume_read = True
         return self._resume
@@ -237,6 +248,8 @@ class TaskContext:
             reason = f"its checkpoint was refused: {exc}"
             self.cancel.cancel(reason)
             raise TaskCancelled(reason) from exc
+        except StoreUnavailable as exc:  # written or not cannot be known: the task runs again
+            self._out_of_reach("the graph was out of reach at its checkpoint", exc)
         # what a later read gives back (a copy: the handler may go on changing its own)
         self._resume, self._resume_read = codec.decode_json(codec.encode_json(state)), True
 
