@@ -1,9 +1,12 @@
-"""Shared by the benchmarks: private ZooKeeper and RabbitMQ servers for one run, stopped after."""
+"""Shared by the benchmarks: private ZooKeeper and RabbitMQ servers for one run, stopped after,
+and the nodes a bench starts."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -32,3 +35,17 @@ def rabbitmq() -> Iterator[RabbitMQServer]:
             yield server
         finally:
             server.stop()
+
+
+def start_nodes(env: Mapping[str, str], count: int = 3,
+                cwd: Path | None = None) -> list[subprocess.Popen[bytes]]:
+    """``count`` ``latchwork node start`` processes (WARNING logs, stderr dropped), each past
+    its "joined" line; stop them with ``coord.testing.terminate_all``."""
+    procs = [subprocess.Popen([sys.executable, "-m", "runner.cli", "node", "start",
+                               "--log-level", "WARNING"], env=dict(env), cwd=cwd,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+             for _ in range(count)]
+    for proc in procs:
+        assert proc.stdout is not None
+        proc.stdout.readline()
+    return procs

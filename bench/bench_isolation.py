@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import textwrap
@@ -37,7 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import _profile
-from bench._servers import rabbitmq, zookeeper
+from bench._servers import rabbitmq, start_nodes, zookeeper
 from coord.testing import terminate_all
 from runner.client import Client
 from runner.store import AttemptStatus, GraphStore, open_store
@@ -88,14 +87,8 @@ def measure(tasks: int) -> None:
                "PYTHONPATH": os.pathsep.join(filter(None, [
                    str(scratch), str(Path(__file__).resolve().parent.parent),
                    os.environ.get("PYTHONPATH")]))}
-        procs = [subprocess.Popen([sys.executable, "-m", "runner.cli", "node", "start",
-                                   "--log-level", "WARNING"], env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-                 for _ in range(3)]
+        procs = start_nodes(env)
         try:
-            for proc in procs:
-                assert proc.stdout is not None
-                proc.stdout.readline()
             client = Client(mq.url, "isolation", timeout=60)
             store = open_store(graph)
             bench(client, store, [p.pid for p in procs], tasks)

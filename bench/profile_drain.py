@@ -37,7 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import _profile
-from bench._servers import rabbitmq, zookeeper
+from bench._servers import rabbitmq, start_nodes, zookeeper
 from coord.testing import terminate_all
 from runner.testing.gremlinserver import GremlinServer
 
@@ -103,14 +103,8 @@ def main() -> None:
                                                            os.environ.get("PYTHONPATH")]))}
         if server is not None:
             env["LATCHWORK_GRAPH_SERIAL_SERVER"] = "true"
-        procs = [subprocess.Popen([sys.executable, "-m", "runner.cli", "node", "start",
-                                   "--log-level", "WARNING"], env=env, cwd=tree,
-                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-                 for _ in range(3)]
+        procs = start_nodes(env, cwd=tree)
         try:
-            for proc in procs:
-                assert proc.stdout is not None
-                proc.stdout.readline()
             for proc in procs:  # paused while the tasks are written: the drain starts below
                 proc.send_signal(signal.SIGSTOP)
             subprocess.run([sys.executable, "-c", LOAD, graph, str(args.tasks)], env=env,
