@@ -47,7 +47,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing import forkserver
 from multiprocessing.connection import Connection
 from typing import Any
@@ -76,7 +76,6 @@ class _Child:
     deadline: Any  # a shared double: the session's deadline (CLOCK_MONOTONIC)
     runs: int = 0
     ctx: TaskContext | None = None  # the attempt it runs now
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def rss_mib(self) -> float:
         try:
@@ -119,10 +118,6 @@ class ChildPool:
         self._monitor = threading.Thread(target=self._watch, daemon=True,
                                          name=f"children-{self.member_id}")
         self._monitor.start()
-
-    def pids(self) -> list[int]:
-        with self._lock:
-            return [c.proc.pid for c in (*self._idle, *self._busy)]
 
     def close(self) -> None:
         """Kill every child (a running handler's attempt was cancelled before)."""

@@ -58,7 +58,6 @@ class Watched:
     slot: Slot
     claim: Claimed
     kind: TaskType
-    began: float
     last_beat: float
     timeout: float | None = None  # the type's, or the task's own when shorter
     details: Any = None
@@ -112,7 +111,7 @@ class LimitWatch:
         if timeout is None and limits.heartbeat_timeout is None:
             return None
         now = time.monotonic()
-        w = Watched(slot, claim, kind, now, now, timeout=timeout)
+        w = Watched(slot, claim, kind, now, timeout=timeout)
         with self._cond:
             if timeout is not None:
                 self._push(now + timeout, "timeout", w)
