@@ -347,6 +347,12 @@ ISOLATED_MODULE = textwrap.dedent('''
         elif p.what == "hang1":  # the first attempt hangs for good, ignoring everything
             while ctx.attempt.seq == 1:
                 time.sleep(0.5)
+        elif p.what == "complete":  # the effect built here, written by the node with the end
+            ctx.complete(lambda g: g.add_v("iso_effect").property("effect_task", ctx.task.id)
+                         .property("effect_pid", os.getpid()))
+        elif p.what == "complete_run":  # runs its effect itself: refused in the child
+            ctx.complete(lambda g: g.add_v("iso_effect").property("effect_task", ctx.task.id)
+                         .iterate())
         elif p.what == "watch":  # notes when it first sees itself cancelled
             while not ctx.cancel.cancelled:
                 time.sleep(0.01)
@@ -454,6 +460,35 @@ def test_isolated_crashes_end_their_attempt_failed_and_the_node_runs_on(
                                                                       if alive(p)]
     with cluster.client() as client:  # the node ran on, on the same session
         assert pids and member in {m.id for m in client.cluster_status().members}
+
+
+def test_ctx_complete_in_a_handler_process_writes_its_effect_with_the_success_on_the_node(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """``ctx.complete(write)`` in a child: the effect is built there, its steps cross the
+    channel and the node writes them with the attempt's success under its own guards (one
+    write): the effect once, carrying the child's pid, the attempt SUCCEEDED. An effect that
+    runs itself (``.iterate()``) is refused in the child with ``InvalidValue`` and nothing is
+    written."""
+    with_module(cluster, tmp_path, "isojobs", ISOLATED_MODULE)
+    member = cluster.start_node()
+    record = tmp_path / "complete.txt"
+    done = cluster.submit("iso.long", {"record": str(record), "what": "complete"})
+    refused = cluster.submit("iso.long", {"record": str(record), "what": "complete_run"})
+    cluster.wait_finished(done, timeout=60)
+    assert wait_until(lambda: not cluster.task(refused).active, 60, 0.05)
+
+    def effects(task_id: str) -> list[int]:
+        return cluster.store.graph.read(lambda g: g.V().has_label("iso_effect")
+                                        .has("effect_task", task_id).values("effect_pid")
+                                        .to_list())
+    (pid,) = effects(done)
+    assert pid != cluster.nodes[member].pid and pid in handler_pids(record)
+    (attempt,) = cluster.store.attempts.for_task(done)
+    assert attempt.status is AttemptStatus.SUCCEEDED
+    assert effects(refused) == []
+    (failed,) = cluster.store.attempts.for_task(refused)
+    assert failed.status is AttemptStatus.FAILED, failed
+    assert (failed.error or "").startswith("InvalidValue: ctx.complete(write)"), failed.error
 
 
 def test_kill_9_of_a_node_leaves_no_handler_process_and_the_retries_run_elsewhere(

@@ -3,7 +3,8 @@
 * :class:`Write`: one traversal, every guard first (each standing on its vertex under a label),
   then every change; a guard that matches nothing leaves nothing changed. It is atomic wherever
   one traversal is: a transaction, or a server that runs one traversal at a time.
-* :class:`EffectTraversal`: what ``ctx.complete()``'s write is built on: steps yes, running no.
+* :class:`EffectTraversal`: what ``ctx.complete()``'s write is built on: steps yes, running no;
+  :func:`effect_steps` and :func:`replayed` carry one from a handler process to its node.
 * :func:`fence_finds`, :class:`FencedSource`, :func:`under_fence`: a fence (the task's token,
   the attempt's resources) as guards, and as the first steps of every traversal of a fenced
   write; :func:`fence_guard` and :func:`resource_guard` read them and raise.
@@ -13,6 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
+
+from gremlin_python.process.graph_traversal import GraphTraversal
+from gremlin_python.process.traversal import Bytecode
 
 from runner.errors import InvalidValue, ResourceTaken, StaleFencingToken
 from runner.store import codec
@@ -96,6 +100,28 @@ class EffectTraversal:
             out = step(*args, **kwargs)
             return EffectTraversal(out) if out is self.traversal else out
         return call
+
+
+def effect_steps(write: Callable[[Any], Any]) -> list[list[Any]]:
+    """The steps ``write`` (``ctx.complete()``'s effect) adds, built on a traversal of no
+    graph: what a process-isolated handler sends its node, which adds them with
+    :func:`replayed` to the guarded traversal of its own ``complete``, so the effect is the
+    one the handler built, run under the node's guards. Raises :class:`InvalidValue` as the
+    node's ``complete`` would (a ``write`` that runs its traversal)."""
+    blank = GraphTraversal(None, None, Bytecode())
+    built = write(EffectTraversal(blank))
+    if not isinstance(built, EffectTraversal) or built.traversal is not blank:
+        raise InvalidValue(_NOT_RUN)
+    return [list(step) for step in blank.bytecode.step_instructions]
+
+
+def replayed(steps: list[list[Any]]) -> Callable[[Any], Any]:
+    """An effect that adds ``steps`` (from :func:`effect_steps`) to the traversal it is built
+    on, as they were recorded."""
+    def write(t: EffectTraversal) -> EffectTraversal:
+        t.traversal.bytecode.step_instructions.extend(list(step) for step in steps)
+        return t
+    return write
 
 
 def fence_finds(fence: Fence) -> list[Callable[[Any], Any]]:

@@ -10,13 +10,16 @@ store write; what the handler asks of its context crosses the channel:
 * ``progress``, ``heartbeat``: a message, no answer (the node throttles and writes them);
 * ``check()``, ``checkpoint(state)``, ``resume``: a request the node answers (a refusal comes
   back as the exception the node's context raised, e.g. ``TaskCancelled``);
+* ``complete(write)``: ``write`` is built here on a traversal of no graph and its steps are the
+  request (:func:`~runner.store.gremlin.guards.effect_steps`); the node adds them to its own
+  ``complete`` (lock confirmed, fence guarded, one write) and answers as for ``check``;
 * ``cancelled`` / ``cancel.wait()`` / ``raise_if_cancelled()``: read from memory shared with
   the node, no round trip: a flag the node sets when it cancels the attempt, and the session's
   deadline (a ``CLOCK_MONOTONIC`` instant, the same clock in every process), so a child of a
   stopped (SIGSTOP) node sees itself cancelled once that deadline passes;
 * ``fence``, ``task``, ``attempt``, ``member_id``, ``fence_token``: values sent with the job;
-* ``services`` and ``complete()`` do not cross: reading them raises
-  :class:`~runner.errors.InvalidValue` naming the rule.
+* ``services`` does not cross: reading it raises :class:`~runner.errors.InvalidValue` naming
+  the rule.
 
 The child dies with its node: a thread of its own waits on a pidfd of the node and ends the
 process the moment the node ends; and, for a handler that holds the GIL meanwhile, it asks the
@@ -42,6 +45,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing import forkserver
 from multiprocessing.connection import Connection
@@ -49,9 +53,10 @@ from typing import Any
 
 from runner.errors import InvalidValue
 from runner.store import Attempt, Fence, Task
+from runner.store.gremlin.guards import effect_steps
 from runner.tasks.context import TaskCancelled, TaskTimedOut
 
-#: what a child gets instead of ``ctx.services`` and ``ctx.complete``
+#: what a child gets instead of ``ctx.services``
 NOT_ACROSS = ("is not available in a process-isolated handler: the node keeps the ZooKeeper "
               "session, the store and every service (docs/runner.md, \"Process isolation\")")
 
@@ -117,6 +122,7 @@ class ChildContext:
         self.member_id = job.member_id
         self.fence_token = job.token
         self.cancel = token
+        self.completed = False
         self._conn = conn
 
     @property
@@ -127,9 +133,19 @@ class ChildContext:
     def services(self) -> Any:
         raise InvalidValue(f"ctx.services {NOT_ACROSS}")
 
-    def complete(self, write: Any) -> None:
-        raise InvalidValue(f"ctx.complete() {NOT_ACROSS}; write the effect with ctx.fence and "
-                           "return")
+    def complete(self, write: Callable[[Any], Any]) -> None:
+        """``write`` is built here, on a traversal of no graph, and its steps are sent: the
+        node adds them to its own ``complete``, under its guards, as one write."""
+        self.cancel.raise_if_cancelled()
+        steps = effect_steps(write)
+        try:
+            pickle.dumps(steps)
+        except Exception as exc:
+            raise InvalidValue(f"ctx.complete(write): the effect cannot be sent to the node "
+                               f"({type(exc).__name__}: {exc}); build it from plain values "
+                               "and steps (no lambdas)") from exc
+        self._ask("complete", steps)
+        self.completed = True
 
     def progress(self, done: int, total: int | None = None, message: str = "") -> None:
         self._conn.send(("progress", (done, total, message)))

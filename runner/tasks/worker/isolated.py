@@ -12,9 +12,9 @@ runs at a time (a worker thread waits on its child).
 **What stays in the node.** The session, the lock and every store write: the worker thread
 that took the task sends the attempt to a child (:class:`~runner.tasks.worker.child.Job`) and
 serves its context over the channel (:mod:`runner.tasks.worker.child` lists what crosses and
-how): ``check`` and ``checkpoint`` run here, on the node's own context, and their answer (or
-the exception they raised) goes back. The attempt's end is written here, as for any handler,
-with the same fence.
+how): ``check``, ``checkpoint`` and ``complete`` (the effect's steps, built in the child) run
+here, on the node's own context, and their answer (or the exception they raised) goes back.
+The attempt's end is written here, as for any handler, with the same fence.
 
 **Cancellation and limits.** The node writes, about every 20 ms, into memory shared with each
 busy child: a flag (cancelled, or cancelled for a time limit) and the session's deadline. A
@@ -54,6 +54,7 @@ from typing import Any
 
 from coord import Session
 from runner.errors import HandlerCrashed
+from runner.store.gremlin.guards import replayed
 from runner.tasks.context import TaskCancelled, TaskContext, TaskTimedOut
 from runner.tasks.registry import TaskType
 from runner.tasks.worker.child import Job
@@ -260,7 +261,7 @@ class ChildPool:
             return
         calls: dict[str, Callable[[], Any]] = {
             "check": ctx.check, "checkpoint": lambda: ctx.checkpoint(value),
-            "resume": lambda: ctx.resume}
+            "resume": lambda: ctx.resume, "complete": lambda: ctx.complete(replayed(value))}
         try:
             child.conn.send(("ok", calls[what]()))
         except Exception as exc:
