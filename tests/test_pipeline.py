@@ -269,6 +269,14 @@ def test_node_killed_mid_batch_its_batch_is_retried_and_the_result_is_exact(
     assert all(b.attempt >= 2 and any("timed out" in e for e in b.errors) for b in retried), \
         retried
     assert all(b.owner != member for b in retried)
+    # each task that worked batches recorded its last finished one as its checkpoint
+    creator = aspect(plant)["task"]["id"]
+    helpers = plant.store.tasks.all(type="aspect.batches")
+    marks = [plant.store.checkpoints.read(t) for t in [creator, *(h.id for h in helpers)]]
+    finished = {b.no for b in status.finished}
+    assert any(m is not None for m in marks), marks
+    for mark in filter(None, marks):
+        assert mark.state["series"] == sid and mark.state["batch"] in finished, mark
 
     assert_exactly_once(plant, sid, status.meta["root"], n, spark)
 

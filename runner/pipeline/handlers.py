@@ -6,7 +6,10 @@ Task types:
   freezes the eligible classes (one read of the ontology cache under its read lock), writes the
   avatar snapshot, creates the batch series, submits ``batch_workers`` helper tasks, works
   batches itself, and marks the aspect READY when the series completes (FAILED with the
-  reasons when it fails). Rerun after a crash, every step finds its earlier result.
+  reasons when it fails). Rerun after a crash, every step finds its earlier result: the pages
+  of the snapshot and the batches of the series are recorded in ZooKeeper, shared by every
+  worker of the series; each task's ``ctx.checkpoint`` records its own last finished batch
+  (shown by ``task show``, ``top`` and the web console; the next attempt logs it).
 * ``aspect.batches``: a helper; works batches of the series until it completes.
 * ``aspect.delete``: removes the aspect from every avatar in chunks, then marks it DELETED.
 """
@@ -191,7 +194,7 @@ class Pipeline:
         return BatchWorker(spark, self.store, coordinator_for(self.session, sid, meta),
                            definition, SeriesPaths(meta["root"]), self.member, ctx.cancel,
                            group=f"latchwork-task-{ctx.task.id}", fence=ctx.fence,
-                           check=ctx.check, report=ctx.progress,
+                           check=ctx.check, report=ctx.progress, checkpoint=ctx.checkpoint,
                            batch_rows=int(meta["batch_rows"]), pause=float(meta["pause"]))
 
     def _current(self, ctx: TaskContext, payload: AspectPayload, state: State) -> bool:
@@ -210,6 +213,11 @@ class Pipeline:
             return
         sid = series_id(payload.aspect, payload.generation)
         coordinator = BatchCoordinator(self.session, sid)
+        last = ctx.resume
+        if isinstance(last, dict) and last.get("series") == sid:
+            log.info("member %s: task %s: resumes series %s; its last attempt finished batch "
+                     "%s (%s batches of the series done then)", self.member, ctx.task.id, sid,
+                     last.get("batch"), last.get("batches_done"))
         if not coordinator.exists():
             classes = eligible_classes(definition, self.cache)
             paths = SeriesPaths.of(self.settings.data_dir, sid)

@@ -115,6 +115,9 @@ class BatchWorker:
     check: Callable[[], None] | None = None
     # the task's ctx.progress: rows done of the series' rows, after every batch it finishes
     report: Callable[[int, int | None, str], None] | None = None
+    # the task's ctx.checkpoint: its last finished batch, after each (the resume itself is the
+    # series', in ZooKeeper, which every worker of the series shares)
+    checkpoint: Callable[[Any], None] | None = None
 
     def run(self) -> SeriesStatus:
         """Work batches until the series is COMPLETED; raises SeriesFailed or TaskCancelled."""
@@ -164,11 +167,17 @@ class BatchWorker:
         log.info("member %s: batch %d of %s [%d, %s) done: %d rows in %.1f s", self.member,
                  batch.no, batch.series, batch.start, batch.end, rows,
                  time.monotonic() - started)
+        if self.report is None and self.checkpoint is None:
+            return
+        status = self.coordinator.status()
+        done = sum(b.end - b.start for b in status.finished if b.end is not None)
         if self.report is not None:  # snapshot rows in finished batches, of all its rows
-            status = self.coordinator.status()
-            done = sum(b.end - b.start for b in status.finished if b.end is not None)
             self.report(done, status.end, f"{len(status.finished)} batches done, "
                                           f"{status.rows_done} values written")
+        if self.checkpoint is not None:
+            self.checkpoint({"series": batch.series, "batch": batch.no,
+                             "rows": [batch.start, batch.end], "batches_done":
+                             len(status.finished), "rows_done": done})
 
     def _release(self, batch: Batch, reason: str, count: bool = False) -> None:
         try:
