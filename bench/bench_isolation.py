@@ -9,9 +9,9 @@ in a child process) and ``bench.hang`` (isolated, ``timeout=1``, ``grace=1``, a 
 ignores its token). Then:
 
 * rounds of ``--tasks`` (default 2,000) ``seconds=0`` tasks sent with ``submit_many``, threaded
-  and isolated interleaved (3 each): the drain's rate and the CPU per task of the node processes
-  and every descendant (the fork server and its children included); the medians, and the
-  difference per task (target: isolated at most 0.5 ms more);
+  and isolated interleaved (3 each, ABBAAB): the drain's rate and the CPU per task of the node
+  processes and every descendant (the fork server and its children included, and shown apart);
+  the medians, and the difference per task (target: isolated at most 0.5 ms more);
 * 60 isolated one-second tasks at once: the wall time against the ideal (60 / 12 workers x 1 s;
   target within 1.05x);
 * one hung isolated handler: its attempt's start to its end written TIMED_OUT, against
@@ -105,17 +105,21 @@ def bench(client: Client, store: GraphStore, pids: list[int], tasks: int) -> Non
 
 
 def cpu_rounds(client: Client, store: GraphStore, pids: list[int], tasks: int) -> None:
-    """Threaded and isolated drains interleaved, 3 each; their medians and the difference."""
-    rounds: dict[str, list[tuple[float, float]]] = {"bench.thread": [], "bench.process": []}
-    for _ in range(3):
-        for kind in rounds:
+    """Threaded and isolated drains interleaved, 3 each, in the order ABBAAB: the graph grows
+    by every round and each round costs a little more than the last, which a fixed order
+    (ABABAB) would charge to B; their medians and the difference."""
+    rounds: dict[str, list[tuple[float, float, float]]] = {"bench.thread": [],
+                                                           "bench.process": []}
+    for i in range(3):
+        for kind in (list(rounds) if i % 2 == 0 else list(rounds)[::-1]):
             rounds[kind].append(drain(client, store, pids, kind, tasks))
-    median = {k: (statistics.median(r for r, _ in v), statistics.median(c for _, c in v))
+    median = {k: tuple(statistics.median(r[i] for r in v) for i in range(3))
               for k, v in rounds.items()}
-    for kind, (rate, cpu) in median.items():
+    for kind, (rate, cpu, kids) in median.items():
         print(f"{kind}: {tasks} sleep-0 tasks, median of 3: {rate:.0f} tasks/s, CPU per task "
-              f"(nodes and their children) {cpu:.3f} ms; rounds "
-              + ", ".join(f"{r:.0f}/s {c:.3f} ms" for r, c in rounds[kind]))
+              f"(nodes and their children) {cpu:.3f} ms, of which handler processes "
+              f"{kids:.3f} ms; rounds " + ", ".join(f"{r:.0f}/s {c:.3f} ms"
+                                                    for r, c, _ in rounds[kind]))
     extra = median["bench.process"][1] - median["bench.thread"][1]
     print(f"isolated - threaded CPU per task: {extra:+.3f} ms (target <= +0.5 ms)")
 
@@ -148,16 +152,19 @@ def slow_and_hung(client: Client, store: GraphStore) -> None:
 
 
 def drain(client: Client, store: GraphStore, pids: list[int], kind: str,
-          count: int) -> tuple[float, float]:
-    """``count`` tasks of ``kind`` submitted at once and drained: (tasks/s, CPU ms per task)."""
+          count: int) -> tuple[float, float, float]:
+    """``count`` tasks of ``kind`` submitted at once and drained: tasks/s, CPU ms per task of
+    the nodes and their descendants, and of the descendants alone (handler processes)."""
     before = closed(store)
     cpu = sum(_profile.cpu_seconds(pid) for pid in pids)
+    own = sum(_profile.cpu_seconds(pid, descendants=False) for pid in pids)
     began = time.monotonic()
     client.submit_many([{"type": kind} for _ in range(count)])
     wait_until(lambda: closed(store) >= before + count, 600)
     took = time.monotonic() - began
     used = sum(_profile.cpu_seconds(pid) for pid in pids) - cpu
-    return count / took, 1000 * used / count
+    nodes = sum(_profile.cpu_seconds(pid, descendants=False) for pid in pids) - own
+    return count / took, 1000 * used / count, 1000 * (used - nodes) / count
 
 
 def closed(store: GraphStore) -> int:
