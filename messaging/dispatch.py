@@ -93,6 +93,14 @@ class Dispatcher:
         self.dead_letter(delivery, envelope, "handler-failed", describe(exc))
 
     # -- worker threads -----------------------------------------------------------------------
+    def handle(self, delivery: Delivery) -> None:
+        """Decide one delivery on the calling thread: what a worker of the consumer's pool
+        runs for each; an in-memory transport calls it directly
+        (:mod:`messaging.testing.memory`)."""
+        with self._lock:
+            self._inflight[id(delivery)] = None
+        self._handle(delivery)
+
     def _handle(self, delivery: Delivery) -> None:
         envelope: Envelope | None = None
         try:

@@ -76,6 +76,19 @@ RULES: list[tuple[str, tuple[str, ...], str]] = [
                     "runner.tasks", "runner.store", "runner.ontology", "runner.pipeline",
                     "runner.devenv", "runner.testing", "coord", "messaging"),
      "the web console speaks to nodes only through the client, as the CLI does"),
+    ("runner.tasks.worker", ("runner.tasks.master", "runner.tasks.features"),
+     "every node's task loop knows neither the master's duties nor the features"),
+    ("runner.tasks.master", ("runner.tasks.worker", "runner.tasks.features"),
+     "the master's duties know neither the task loop's insides nor the features"),
+    ("runner.tasks.features", ("runner.tasks.worker", "runner.tasks.master"),
+     "features use the runner's API, never the core's insides"),
+    *[(f"runner.tasks.{base}", ("runner.tasks.worker", "runner.tasks.master",
+                                "runner.tasks.features"),
+       "the runner's base (what a task is, its context, its outcomes) is below the core and "
+       "the features; only the authoring API (runner.tasks, runner.tasks.authoring) gathers "
+       "the features' decorators")
+      for base in ("commands", "context", "due", "observer", "outcomes", "progress", "registry",
+                   "retry")],
     ("runner", ("kazoo",), "all ZooKeeper state goes through coord's recipes, and coord "
                            "translates kazoo's errors: the runner never needs kazoo"),
     ("runner.errors", ("runner.",), "the error root is importable from anywhere"),

@@ -112,12 +112,7 @@ LIMITS_MODULE = textwrap.dedent('''
 
 
 def with_module(cluster: Cluster, tmp_path: Path, name: str, code: str) -> None:
-    site = tmp_path / "site"
-    site.mkdir(exist_ok=True)
-    (site / f"{name}.py").write_text(code)
-    cluster.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site),
-                                                          cluster.env.get("PYTHONPATH")]))
-    cluster.env["LATCHWORK_TASKS"] = json.dumps([name])
+    cluster.load_module(tmp_path / "site", name, code)
 
 
 def with_steps_module(cluster: Cluster, tmp_path: Path) -> None:

@@ -79,3 +79,65 @@ def test_a_node_has_a_lifecycle_started_once(zk_namespace: ZkNamespace,
     node.close()  # again: nothing
     with pytest.raises(LifecycleError, match="CLOSED"):
         node.start()
+
+
+def test_the_observers_a_node_is_given_hear_attempts_scans_commands_and_deliveries(
+        zk_namespace: ZkNamespace, amqp_vhost: AmqpNamespace,
+        tmp_path: os.PathLike[str]) -> None:
+    """One observer seam: the list a node builds once (its metrics, then ``Node(observers=)``)
+    reaches the task loop (an attempt's start and end, scans), the declared broadcasts'
+    handlers (``after_command``) and, through one adapter, the bus (``on_delivery``)."""
+    import threading
+
+    from coord.testing import wait_until
+    from coord.testing.ports import free_ports
+    from messaging import DeliveryOutcome
+    from runner.config import Settings
+    from runner.node.node import Node
+    from runner.requests import TaskSubmit
+    from runner.tasks.observer import Observer
+
+    class Recorder(Observer):
+        def __init__(self) -> None:
+            self.heard: list[tuple[str, ...]] = []
+            self.lock = threading.Lock()
+
+        def note(self, *what: str) -> None:
+            with self.lock:
+                self.heard.append(what)
+
+        def before_attempt(self, ctx: object) -> None:
+            self.note("before", ctx.task.id)  # type: ignore[attr-defined]
+
+        def after_attempt(self, ctx: object, status: object, error: object) -> None:
+            self.note("after", ctx.task.id, status.value)  # type: ignore[attr-defined]
+
+        def after_scan(self, seconds: float) -> None:
+            self.note("scan")
+
+        def after_command(self, name: str, seconds: float, result: str) -> None:
+            self.note("command", name, result)
+
+        def on_delivery(self, delivery: object, envelope: object, outcome: DeliveryOutcome,
+                        detail: str) -> None:
+            command = getattr(envelope, "command", "")
+            self.note("delivery", command, outcome.value)
+
+        def has(self, *what: str) -> bool:
+            with self.lock:
+                return what in self.heard
+
+    recorder = Recorder()
+    settings = Settings.load(cluster="seam", zk_hosts=zk_namespace.hosts,
+                             amqp_url=amqp_vhost.url, metrics_port=free_ports(1)[0],
+                             graph=str(os.path.join(tmp_path, "graph.db")), session_timeout=2,
+                             data_dir=str(os.path.join(tmp_path, "data")))
+    with Node(settings, observers=[recorder]) as node:
+        task = node.submit(TaskSubmit(type="diag.sleep", payload={"seconds": 0}))
+        assert wait_until(lambda: recorder.has("after", task.id, "SUCCEEDED"), 30, 0.02)
+        assert recorder.has("before", task.id) and recorder.has("scan")
+        node.bus.broadcast("UPDATE_CACHE", {"reason": "the seam test"})
+        assert wait_until(lambda: recorder.has("delivery", "UPDATE_CACHE", "handled"), 30, 0.02)
+        assert recorder.has("command", "UPDATE_CACHE", "ok")
+        metrics = node.metrics
+        assert metrics is not None and node._started().observers == [metrics, recorder]

@@ -10,11 +10,13 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
+from coord.testing import wait_until
 from runner.errors import InvalidPayload
 from runner.store import AttemptStatus
 from runner.tasks import RetryPolicy, TaskContext, TaskRegistry, task
 from runner.tasks.features.diag import effects, register_diagnostics
 from runner.tasks.outcomes import Outcome
+from runner.testing.cluster import Cluster
 from runner.testing.stub import TaskStub
 
 
@@ -117,11 +119,11 @@ def test_the_diagnostic_types_through_the_stub(tmp_path: Path) -> None:
     with TaskStub(tmp_path) as stub:
         failed = stub.run(registry.get("diag.fail"), {"message": "by design"})
         assert failed.outcome is Outcome.STOPPED and failed.error == "RuntimeError: by design"
+        # a commit conflict is retried at once with a new attempt, as the task loop does
         conflict = stub.run(registry.get("diag.conflict"), {"conflicts": 1})
-        assert conflict.outcome is Outcome.RETRY
-        assert (conflict.error or "").startswith("commit conflict")
-        again = stub.run(registry.get("diag.conflict"), task=conflict.task)
-        assert again.succeeded and again.attempt.seq == 2
+        assert conflict.succeeded and conflict.attempt.seq == 2
+        first, _ = stub.store.attempts.for_task(conflict.task.id)
+        assert (first.error or "").startswith("commit conflict")
         effect = stub.run(registry.get("diag.effect"), {"seconds": 0})
         assert effect.succeeded and [r.task_id for r in effects(stub.store)] == [effect.task.id]
         appended = tmp_path / "appended.jsonl"
@@ -150,3 +152,69 @@ def test_handlers_find_their_services_by_type(tmp_path: Path) -> None:
     with TaskStub(tmp_path) as stub:
         missing = stub.run(total)
         assert missing.outcome is Outcome.STOPPED and "no Ledger" in (missing.error or "")
+
+
+SAME_MODULE = '''
+from pydantic import BaseModel
+from runner.tasks import RetryPolicy, TaskContext, task
+
+
+class Order(BaseModel):
+    order: str
+
+
+@task("same.ship", payload=Order)
+def ship(ctx: TaskContext, payload: Order) -> None:
+    for n in (1, 2):
+        ctx.progress(n, 2, f"box-{n}")
+    ctx.check()
+    ctx.complete(lambda g: g.add_v("shipment").property("order", payload.order))
+
+
+@task("same.flaky", retry=RetryPolicy(max_attempts=2, backoff=0.1, retry_on=(OSError,)))
+def flaky(ctx: TaskContext, payload: dict) -> None:
+    raise OSError("the carrier timed out")
+
+
+@task("same.picky", retry=RetryPolicy(max_attempts=3, backoff=0.1, retry_on=(OSError,)))
+def picky(ctx: TaskContext, payload: dict) -> None:
+    raise ValueError("bad address")  # not retried: stops at once
+'''
+
+
+def test_the_stub_and_a_real_cluster_conclude_the_same_handlers_identically(
+        cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same module's handlers run by a node (ZooKeeper, RabbitMQ, the loop's scans and
+    group commit) and by the stub: each task's attempts end with the same statuses and errors,
+    and the task ends the same (finished, stopped)."""
+    import importlib
+
+    path = cluster.load_module(tmp_path / "site", "same_tasks", SAME_MODULE)
+    monkeypatch.syspath_prepend(str(path.parent))
+    module = importlib.import_module("same_tasks")
+    cases = [(module.ship, {"order": "o-7"}), (module.flaky, {}), (module.picky, {})]
+
+    def ended(store: Any, task_id: str) -> tuple[Any, ...]:
+        task = store.tasks.get(task_id)
+        attempts = store.attempts.for_task(task_id)
+        return (task.finished, task.active,
+                [(a.status, a.error) for a in attempts])
+
+    cluster.start_node()
+    real = {}
+    for handler, payload in cases:
+        name = handler.latchwork_task.name
+        task_id = cluster.submit(name, payload)
+        assert wait_until(lambda t=task_id: cluster.task(t).finished
+                          or not cluster.task(t).active, 60, 0.05), name
+        real[name] = ended(cluster.store, task_id)
+    stubbed = {}
+    with TaskStub(tmp_path / "stub") as stub:
+        for handler, payload in cases:
+            run = stub.run(handler, payload)
+            while run.outcome is Outcome.RETRY_LATER:  # the loop runs it again when due
+                run = stub.run(handler, task=run.task)
+            stubbed[handler.latchwork_task.name] = ended(stub.store, run.task.id)
+    assert stubbed == real
+    assert real["same.ship"][0] and real["same.flaky"][2][-1][1] == "OSError: the carrier " \
+        "timed out" and len(real["same.flaky"][2]) == 2 and not real["same.picky"][1]

@@ -143,9 +143,7 @@ class NodeMetrics(Observer):
             name = envelope.command if self.known_commands(envelope.command) else "(unknown)"
             self.commands.labels(name, outcome.value).inc()
 
-    def command_ran(self, name: str, seconds: float, result: str) -> None:
-        """A declared command's or broadcast's handler ran (``result``: ok, failed,
-        cancelled)."""
+    def after_command(self, name: str, seconds: float, result: str) -> None:
         self.command_seconds.labels(name, result).observe(seconds)
 
     def on_lock_freed(self, task_id: str, owner: str) -> None:

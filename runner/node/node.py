@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -77,6 +77,7 @@ from runner.tasks.master.duties import MasterDuties
 from runner.tasks.master.incidents import IncidentWatch, load_hooks
 from runner.tasks.master.retention import Retention
 from runner.tasks.master.schedules import ScheduleFirer
+from runner.tasks.observer import Observer, delivery_hook
 from runner.tasks.worker.loop import Admission, LoopSettings, TaskLoop
 
 log = logging.getLogger("latchwork.node")
@@ -119,6 +120,7 @@ class NodeParts:
     processor: TaskLoop
     master: MasterDuties
     metrics: NodeMetrics | None
+    observers: list[Observer]  # the metrics, then the node's own: built once
 
 
 class NodeState(enum.Enum):
@@ -142,9 +144,12 @@ class Node:
     start that fails closes what it had started and leaves the node CLOSED; ``close()`` is
     idempotent."""
 
-    def __init__(self, settings: Settings, registry: TaskRegistry | None = None) -> None:
+    def __init__(self, settings: Settings, registry: TaskRegistry | None = None, *,
+                 observers: Sequence[Observer] = ()) -> None:
         self.state = NodeState.LATENT
         self.settings = settings
+        #: what the node reports to, after its metrics (:mod:`runner.tasks.observer`)
+        self.observers = list(observers)
         self.streams = StreamRegistry()  # filled by the --tasks modules' @stream handlers
         #: the built-in commands and broadcasts, then the --tasks modules' own
         self.commands = CommandRegistry()
@@ -247,9 +252,12 @@ class Node:
             on_loss=lambda: log.warning("member %s: no longer master", member,
                                         extra=logs.event("master.lost")))
         metrics = NodeMetrics(self.commands.known) if s.metrics_port is not None else None
+        # built once; the same list goes to the task loop, the master's duties, the commands
+        # and (one adapter) the bus
+        observers: list[Observer] = [*([metrics] if metrics else []), *self.observers]
         bus = MessageBus(amqp_connector(s, name=f"latchwork {member}"), Topology(s.cluster),
                          member, max_body=s.max_message_bytes,
-                         on_outcome=[metrics.on_delivery] if metrics else None)
+                         on_outcome=[delivery_hook(observers)])
         sync = OntologySync(s.ontology_source, store, bus, member,
                             is_master=lambda: latch.is_leader)
         pipeline = Pipeline(s, self.session, store, self.cache, self.aspects,
@@ -260,7 +268,7 @@ class Node:
                          store_retry_for=s.graph_retry_for, prefetch=s.prefetch),
             live_members=membership.live_ids,
             services=self.services,
-            observers=[metrics] if metrics else ())
+            observers=observers)
         for service in (bus, sync, pipeline, self.session, self.streams,
                         StreamLiveness(s.stream_liveness_host or None), self.cache, store,
                         processor):
@@ -271,10 +279,10 @@ class Node:
             processed=processed, processed_retention=s.processed_retention,
             on_master=lambda: bus.send_master("SYNCHRONIZE_MODEL", {"reason": "new master"}),
             on_freed=lambda ids: bus.broadcast("TRIGGER_SCAN", {"freed": ids}),
-            observers=[metrics] if metrics else (),
+            observers=observers,
             duties=self._duties(store, member))
         self._parts = NodeParts(membership, store, latch, bus, sync, pipeline, processor,
-                                master, metrics)
+                                master, metrics, observers)
         self.register_messages(bus)
         bus.start(latch, processed, on_model_reconnect=self._model_reconnected)
         closers.callback(bus.close)
@@ -422,9 +430,8 @@ class Node:
         """The declared commands and broadcasts (:mod:`runner.node.commands`, then the
         ``--tasks`` modules'), then the node's API (:class:`NodeApi`). Handlers read the
         node's services when a message arrives, so registering needs nothing started."""
-        metrics = self._parts.metrics if self._parts is not None else None
-        self.commands.install(bus, self.services,
-                              on_run=metrics.command_ran if metrics is not None else None)
+        observers = self._parts.observers if self._parts is not None else self.observers
+        self.commands.install(bus, self.services, observers)
         NodeApi.register(self, bus)
 
     def close(self) -> None:

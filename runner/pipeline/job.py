@@ -20,6 +20,9 @@ Failure behaviour: a driver killed -9 stops renewing; the batch times out and an
 retries it; a half-written ``_tmp`` directory is ignored (Spark skips ``_``-prefixed paths) and
 left for cleanup. A batch whose job fails is aborted with the error and retried elsewhere, up to
 the series' attempt limit.
+
+Why one module: the batch loop, its lease and the ``spark-submit`` entry are one job: the entry
+runs the very loop a task runs, on a cluster's driver.
 """
 
 from __future__ import annotations

@@ -131,16 +131,23 @@ def register_module(registry: TaskRegistry, module: ModuleType,
             names.append(definition.name)
     for declaration, handler in declared(module):
         try:
-            registry.register(declaration.name, handler, declaration.payload,
-                              slot_limit=declaration.slots, description=declaration.description,
-                              priority=declaration.priority, resources=declaration.resources,
-                              retry=declaration.retry, max_duration=declaration.max_duration,
-                              max_wait=declaration.max_wait, limits=declaration.limits,
-                              isolation=declaration.isolation)
+            register_declared(registry, declaration, handler)
         except ValueError as exc:
             raise TaskLoadError(f"{module.__name__}: {exc}") from exc
         names.append(declaration.name)
     return names
+
+
+def register_declared(registry: TaskRegistry, declaration: TaskDeclaration,
+                      handler: Callable[..., Any]) -> None:
+    """Register ``handler`` as its ``@task`` declaration says (ValueError as
+    :meth:`TaskRegistry.register`)."""
+    registry.register(declaration.name, handler, declaration.payload,
+                      slot_limit=declaration.slots, description=declaration.description,
+                      priority=declaration.priority, resources=declaration.resources,
+                      retry=declaration.retry, max_duration=declaration.max_duration,
+                      max_wait=declaration.max_wait, limits=declaration.limits,
+                      isolation=declaration.isolation)
 
 
 def register_commands(commands: CommandRegistry, module: ModuleType, *,

@@ -45,23 +45,22 @@ import inspect
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel
 
-from messaging import HandlerContext, MessageBus, Paradigm
+from messaging import HandlerContext, HandlerRegistry, Paradigm
 from messaging.envelope import COMMAND_PATTERN
 from runner.tasks.context import Services
+from runner.tasks.observer import Observer, notify_command
 
 log = logging.getLogger("latchwork.commands")
 F = TypeVar("F", bound=Callable[..., Any])
 
 #: what a command or broadcast handler gets (the messaging layer's context)
 CommandContext = HandlerContext
-#: observes each run of a declared handler: (name, seconds, "ok" | "failed" | "cancelled")
-RunHook = Callable[[str, float, str], None]
 
 
 @dataclass(frozen=True)
@@ -123,6 +122,17 @@ class DeclaredCommand:
     builtin: bool
 
 
+class Registries(Protocol):
+    """Where declared handlers are registered: a :class:`~messaging.MessageBus`'s two
+    registries (or the command stub's, :mod:`runner.testing.command_stub`)."""
+
+    @property
+    def master(self) -> HandlerRegistry: ...
+
+    @property
+    def model(self) -> HandlerRegistry: ...
+
+
 class CommandRegistry:
     """The commands and broadcasts a node declares: its built-ins first, then its users'."""
 
@@ -149,14 +159,14 @@ class CommandRegistry:
         return [{**c.declaration.describe(), "builtin": c.builtin}
                 for _, c in sorted(self._commands.items())]
 
-    def install(self, bus: MessageBus, services: Services,
-                on_run: RunHook | None = None) -> None:
+    def install(self, bus: Registries, services: Services,
+                observers: Sequence[Observer] = ()) -> None:
         """Register every handler on the bus: commands on MASTER, broadcasts on MODEL; each
-        run gets ``services`` and is timed for ``on_run``."""
+        run gets ``services`` and is timed for the observers' ``after_command``."""
         for name, declared in sorted(self._commands.items()):
             registry = bus.master if declared.declaration.paradigm is Paradigm.MASTER \
                 else bus.model
-            registry.register(name, _run(name, declared.handler, services, on_run),
+            registry.register(name, _run(name, declared.handler, services, observers),
                               declared.declaration.payload)
 
     def reconnected(self, services: Services) -> None:
@@ -173,7 +183,7 @@ class CommandRegistry:
 
 
 def _run(name: str, handler: Callable[..., Any], services: Services,
-         on_run: RunHook | None) -> Callable[[HandlerContext, Any], Any]:
+         observers: Sequence[Observer]) -> Callable[[HandlerContext, Any], Any]:
     def run(ctx: HandlerContext, payload: Any) -> Any:
         ctx.services = services
         started = time.monotonic()
@@ -186,9 +196,5 @@ def _run(name: str, handler: Callable[..., Any], services: Services,
             result = "cancelled" if ctx.cancelled.is_set() else "failed"
             raise
         finally:
-            if on_run is not None:
-                try:
-                    on_run(name, time.monotonic() - started, result)
-                except Exception:
-                    log.exception("a command run hook failed")
+            notify_command(observers, name, time.monotonic() - started, result)
     return run

@@ -1,9 +1,11 @@
 """One observer seam for what the runner does (dramatiq's middleware is the model).
 
-The task loop tells every :class:`Observer` it was given when an attempt starts and ends and how
-long each scan took, the master's duties each lock they free of a member that is gone, and the
-node hands the same objects to its message bus (``on_delivery``: what became of each
-message). Metrics (:class:`runner.node.metrics.NodeMetrics`) and the attempt log
+The node builds its observers once (its metrics, then any given to ``Node(observers=...)``) and
+hands the same list to everything that reports: the task loop tells each when an attempt starts
+and ends and how long each scan took, the master's duties each lock they free of a member that
+is gone, the declared commands and broadcasts each run of their handlers (``after_command``),
+and the message bus, through one adapter (:func:`delivery_hook`), what became of each message
+(``on_delivery``). Metrics (:class:`runner.node.metrics.NodeMetrics`) and the attempt log
 (:class:`AttemptLogger`, always first) implement it; so can a user's tracing or audit. Every hook
 is a no-op here: implement the ones you need.
 
@@ -50,6 +52,10 @@ class Observer:
     def on_lock_freed(self, task_id: str, owner: str) -> None:
         """The master freed the lock of ``task_id`` held by ``owner``, a member that is gone
         (its attempts closed CANCELLED_BY_SYSTEM)."""
+
+    def after_command(self, name: str, seconds: float, result: str) -> None:
+        """A declared command's or broadcast's handler ran for ``seconds``: ``result`` is
+        ``ok``, ``failed`` or ``cancelled`` (what became of its message is ``on_delivery``)."""
 
 
 class Hooks(Observer):
@@ -101,6 +107,29 @@ def notify_scan(observers: Sequence[Observer], seconds: float) -> None:
             observer.after_scan(seconds)
         except Exception:
             log.exception("observer %r failed on a scan", observer)
+
+
+def notify_command(observers: Sequence[Observer], name: str, seconds: float,
+                   result: str) -> None:
+    """Tell each observer a command's handler ran; one that raises is logged."""
+    for observer in observers:
+        try:
+            observer.after_command(name, seconds, result)
+        except Exception:
+            log.exception("observer %r failed after command %s", observer, name)
+
+
+def delivery_hook(observers: Sequence[Observer]) -> Callable[..., None]:
+    """The one adapter from the observers to the message bus: an ``on_outcome`` hook that
+    tells each observer what became of a message; one that raises is logged."""
+    def hook(delivery: Delivery, envelope: Envelope | None, outcome: DeliveryOutcome,
+             detail: str) -> None:
+        for observer in observers:
+            try:
+                observer.on_delivery(delivery, envelope, outcome, detail)
+            except Exception:
+                log.exception("observer %r failed on a delivery", observer)
+    return hook
 
 
 def notify_freed(observers: Sequence[Observer], task_id: str, owner: str) -> None:

@@ -36,6 +36,10 @@ from runner.tasks.context import (
 )
 from runner.tasks.registry import TaskType
 
+#: the incident a node raises for a handler that ran on past its limit and its grace (the
+#: worker raises it, the master's incident round resolves it: shared here, below both)
+IGNORED_TIMEOUT = "ignored_timeout"
+
 
 class Failure(enum.Enum):
     """Why an attempt did not succeed."""

@@ -9,6 +9,7 @@ tested.
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import ssl
@@ -71,6 +72,18 @@ class Cluster:
         member = node.lines[-1].split()[2]
         self.nodes[member] = node
         return member
+
+    def load_module(self, site: Path, name: str, code: str) -> Path:
+        """Write ``code`` as the module ``name`` in the directory ``site`` and have the nodes
+        started from now on load it (``PYTHONPATH``, the ``tasks`` setting), as a user's
+        ``--tasks`` module; the module's path."""
+        site.mkdir(parents=True, exist_ok=True)
+        path = site / f"{name}.py"
+        path.write_text(code)
+        self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site),
+                                                               self.env.get("PYTHONPATH")]))
+        self.env["LATCHWORK_TASKS"] = json.dumps([name])
+        return path
 
     def cli(self, *args: str, timeout: float = 60.0) -> CliResult:
         """Run ``latchwork ARGS`` against this cluster; stdout and stderr interleaved."""

@@ -9,10 +9,15 @@ no RabbitMQ, no node (dramatiq's stub broker is the model)::
             run = stub.run(sync, {"account": "acme"})
         assert run.succeeded and run.progress[-1] == (3, 3, "inv-3")
 
-The handler gets a real :class:`~runner.tasks.TaskContext` over a real embedded graph (gremlite:
-one SQLite file in the directory you give, ``stub.store`` to look at it), on a task claimed as
-the task loop claims one, and its attempt is concluded as the loop concludes it (the same
-classification of what the handler raised, the type's retry policy, the same guarded writes):
+The stub drives the task loop's own code: the attempt runs in
+:class:`~runner.tasks.worker.execution.Execution` (the handler with its observers, the
+classification of what it raised, conflict retries, the type's retry policy, time limits,
+heartbeats, process isolation) and its end is written by the loop's
+:class:`~runner.tasks.worker.commit.GroupCommit`, over a real embedded graph (gremlite: one
+SQLite file in the directory you give, ``stub.store`` to look at it). Only the cluster is
+replaced: a session that is always valid and a task lock that is held until
+``lost_at_check`` (the small :class:`~runner.tasks.worker.running.AttemptSession` and lock the
+execution needs). So:
 
 * ``ctx.progress()`` is recorded (``run.progress``) and written like the loop writes it;
 * ``ctx.check()`` passes while the stub owns the task; ``run(..., lost_at_check=n)`` makes the
@@ -26,6 +31,10 @@ classification of what the handler raised, the type's retry policy, the same gua
 What it cannot show is the cluster: locks, sessions, another node taking over, a kill -9.
 Those stay in real-server tests (``runner.testing.plugin``'s ``cluster`` fixture): a stub run
 speeds up a unit test, it never replaces the real-server test of the same behaviour.
+:class:`CommandStub` (:mod:`runner.testing.command_stub`) is the same for commands.
+
+Why one module: the stub's session, lock and progress recorder exist only for
+:class:`TaskStub`, and each of them is a few lines of what the task loop's code needs.
 """
 
 from __future__ import annotations
@@ -36,18 +45,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runner.errors import AttemptAlreadyFinished, ResourceTaken, StaleFencingToken
-from runner.store import Attempt, AttemptStatus, Conclusion, GraphStore, Task, open_store
+from coord import SessionState, TaskLock
+from runner.store import Attempt, AttemptStatus, GraphStore, Task, open_store
 from runner.tasks import CancelToken, Services, TaskContext, TaskRegistry, TaskType
-from runner.tasks.authoring import TaskDeclaration
-from runner.tasks.outcomes import (
-    AttemptResult,
-    Outcome,
-    attempt_result,
-    task_changes,
-    with_retry_policy,
-)
-from runner.tasks.progress import ProgressReporter
+from runner.tasks.authoring import TaskDeclaration, register_declared
+from runner.tasks.observer import Observer
+from runner.tasks.outcomes import AttemptResult, Outcome
+from runner.tasks.worker.commit import GroupCommit
+from runner.tasks.worker.execution import Execution
+from runner.tasks.worker.running import Claimed, Ending, Slot
+from runner.testing.command_stub import CommandRun, CommandStub
+
+__all__ = ["CommandRun", "CommandStub", "StubRun", "TaskStub", "task_type_of"]
 
 
 @dataclass
@@ -60,7 +69,7 @@ class StubRun:
     result: AttemptResult
     #: every ``ctx.progress(done, total, message)`` the handler reported, in order
     progress: list[tuple[int, int | None, str]] = field(default_factory=list)
-    checks: int = 0  # how many times the handler called ctx.check()
+    checks: int = 0  # how many times the handler's ownership was checked (ctx.check, complete)
     completed: bool = False  # the handler concluded through ctx.complete()
 
     @property
@@ -78,9 +87,58 @@ def task_type_of(handler: Callable[..., Any]) -> TaskType:
     if not isinstance(declaration, TaskDeclaration):
         raise TypeError(f"{handler!r} is not marked with @task")
     registry = TaskRegistry()
-    registry.register(declaration.name, handler, declaration.payload,
-                      resources=declaration.resources, retry=declaration.retry)
+    register_declared(registry, declaration, handler)
     return registry.get(declaration.name)
+
+
+class _Session:
+    """The stub's ZooKeeper session: always valid, no deadline."""
+
+    state = SessionState.CONNECTED
+    deadline = float("inf")
+
+    def confirm(self) -> bool:
+        return True
+
+
+class _Lock(TaskLock):
+    """The stub's task lock: held, and confirmed by each check until the ``lost_at``-th, from
+    which on it is lost (as a lock taken away with its session would be). Nothing to release
+    (the group commit skips a lock without a node)."""
+
+    def __init__(self, task_id: str, owner: str, lost_at: int | None) -> None:
+        self.task_id = task_id
+        self.owner = owner
+        self._node = None
+        self._token = None
+        self._mutex = threading.Lock()
+        self.lost_at = lost_at
+        self.checks = 0
+
+    @property
+    def is_held(self) -> bool:
+        return self.lost_at is None or self.checks < self.lost_at
+
+    def verify(self) -> bool:
+        self.checks += 1
+        return self.is_held
+
+
+class _Recorder(Observer):
+    """Records each progress report of the attempt the stub runs (wrapping the context's
+    reporter, which writes it as the loop writes it)."""
+
+    def __init__(self) -> None:
+        self.progress: list[tuple[int, int | None, str]] = []
+
+    def before_attempt(self, ctx: TaskContext) -> None:
+        write = ctx.reporter
+
+        def report(done: int, total: int | None, message: str) -> None:
+            self.progress.append((done, total, message))
+            if write is not None:
+                write(done, total, message)
+        ctx.reporter = report
 
 
 class TaskStub:
@@ -92,6 +150,28 @@ class TaskStub:
         self.services = services or Services()
         self.store: GraphStore = open_store(str(Path(directory) / "stub-graph.db"))
         self._tokens = 0
+        self._ended: dict[int, tuple[Outcome, Task | None, tuple[AttemptStatus, str | None]]] = {}
+        self._commits = GroupCommit(self.store, member_id, self._told)
+        self._executions: dict[str, tuple[Execution, _Recorder]] = {}
+
+    def _told(self, ending: Ending, outcome: Outcome, task: Task | None,
+              ended: tuple[AttemptStatus, str | None]) -> None:
+        self._ended[id(ending)] = (outcome, task, ended)
+        ending.tell(*ended)
+
+    def _execution(self, kind: TaskType) -> tuple[Execution, _Recorder]:
+        """The execution of ``kind``'s attempts (kept: a process-isolated type's handler
+        processes are started once), and its progress recorder, emptied."""
+        if kind.name not in self._executions:
+            registry = TaskRegistry()
+            registry.add(kind)
+            recorder = _Recorder()
+            self._executions[kind.name] = (
+                Execution(_Session(), self.member_id, self.store, registry,
+                          observers=[recorder], services=self.services), recorder)
+        execution, recorder = self._executions[kind.name]
+        recorder.progress = []
+        return execution, recorder
 
     def run(self, handler: Callable[..., Any] | TaskType,
             payload: Mapping[str, Any] | None = None, *, lost_at_check: int | None = None,
@@ -108,60 +188,32 @@ class TaskStub:
         self._tokens += 1
         token = max(self._tokens, task.fence + 1)
         claimed, attempt = self.store.claim(task, token, self.member_id)
-        cancel = CancelToken()
-        run = StubRun(claimed, attempt, Outcome.CANCELLED, AttemptResult.succeeded())
+        lock = _Lock(claimed.id, self.member_id, lost_at_check)
+        slot = Slot(claimed, lock, None, CancelToken(),
+                    claim=Claimed(claimed, attempt, token))
+        execution, recorder = self._execution(kind)
         timer = None
         if cancel_after is not None:
-            timer = threading.Timer(cancel_after, cancel.cancel, ("cancelled by the stub",))
+            timer = threading.Timer(cancel_after, slot.cancel.cancel, ("cancelled by the stub",))
             timer.daemon = True
             timer.start()
-        reporter = ProgressReporter(self.store, attempt.id, cancel)
-
-        def check() -> None:
-            run.checks += 1
-            if lost_at_check is not None and run.checks >= lost_at_check:
-                cancel.cancel("its task lock was lost (lost_at_check)")
-            elif self.store.tasks.get(claimed.id).fence != token:
-                cancel.cancel("its fencing token was superseded")
-            cancel.raise_if_cancelled()
-
-        def complete(write: Callable[[Any], Any]) -> None:
-            check()
-            try:
-                run.task = self.store.complete(attempt, run.task, token, write)
-            except (AttemptAlreadyFinished, StaleFencingToken, ResourceTaken) as exc:
-                cancel.cancel(f"it could not complete: {exc}")
-                cancel.raise_if_cancelled()
-            run.completed = True
-
-        def report(done: int, total: int | None, message: str) -> None:
-            run.progress.append((done, total, message))
-            reporter.report(done, total, message)
-
-        ctx = TaskContext(task=claimed, attempt=attempt, member_id=self.member_id,
-                          fence_token=token, cancel=cancel, store=self.store,
-                          services=self.services, checker=check, completer=complete,
-                          reporter=report)
         try:
-            run.result = attempt_result(lambda: kind.handler(ctx, kind.parse(claimed.payload)),
-                                        cancel)
+            ending = execution.run(slot)
+            self._commits.conclude(ending)  # written and told as the loop's group commit does
         finally:
             if timer is not None:
                 timer.cancel()
-        progress = reporter.close()
-        run.outcome, run_at = with_retry_policy(kind, run.result, run.result.outcome,
-                                                claimed.attempts)
-        if run.completed:
-            run.outcome = Outcome.FINISHED
-        else:
-            result = run.result
-            run.task = self.store.conclude(Conclusion.of(
-                attempt, result.status, run.task, token, task_changes(run.outcome, run_at),
-                error=result.error, stack=result.stack, progress=progress))
-        run.attempt = self.store.attempts.get(attempt.id)
-        return run
+        outcome, written, (status, _) = self._ended.pop(id(ending))
+        return StubRun(written or self.store.tasks.get(claimed.id),
+                       self.store.attempts.get(ending.claim.attempt.id), outcome, ending.result,
+                       progress=recorder.progress, checks=lock.checks,
+                       completed=ending.conclusion is None
+                       and status is AttemptStatus.SUCCEEDED)
 
     def close(self) -> None:
+        for execution, _ in self._executions.values():
+            execution.close()
+        self._commits.close()
         self.store.close()
 
     def __enter__(self) -> TaskStub:

@@ -40,8 +40,8 @@ import httpx
 from runner.errors import HookLoadError, TaskError, TaskNotFound
 from runner.store import AttemptStatus, GraphStore, TaskStatus, codec
 from runner.store.gremlin.incidents import Incident
+from runner.tasks.outcomes import IGNORED_TIMEOUT
 from runner.tasks.registry import TaskRegistry
-from runner.tasks.worker.limits import IGNORED_TIMEOUT
 
 log = logging.getLogger("latchwork.incidents")
 

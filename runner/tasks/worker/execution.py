@@ -37,7 +37,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from coord import Session
 from runner import logs
 from runner.errors import (
     AttemptAlreadyFinished,
@@ -63,7 +62,7 @@ from runner.tasks.registry import TaskRegistry, TaskType
 from runner.tasks.retry import RetryPolicy
 from runner.tasks.worker.isolated import ChildPool
 from runner.tasks.worker.limits import Closed, LimitWatch, close_ignored, persist_beat
-from runner.tasks.worker.running import Claimed, Ending, Slot, Tell
+from runner.tasks.worker.running import AttemptSession, Claimed, Ending, Slot, Tell
 
 log = logging.getLogger("latchwork.tasks")
 
@@ -83,12 +82,16 @@ class _Handling:
 class Execution:
     """Runs claimed tasks for one member (the task loop's workers call :meth:`run`)."""
 
-    def __init__(self, session: Session, member_id: str, store: GraphStore,
+    def __init__(self, session: AttemptSession, member_id: str, store: GraphStore,
                  registry: TaskRegistry, *, observers: Sequence[Observer] = (),
                  services: Services | None = None,
                  max_conflict_retries: int = 10,
-                 conflict_backoff: tuple[float, float] = (0.1, 5.0)) -> None:
+                 conflict_backoff: tuple[float, float] = (0.1, 5.0),
+                 cursor: Callable[[], None] | None = None) -> None:
         self.session = session
+        #: makes sure the due-time cursor exists before a retry far ahead is written into a
+        #: bucket (:func:`runner.tasks.due.ensure_cursor` on the node's session)
+        self.cursor = cursor
         self.member_id = member_id
         self.store = store
         self.registry = registry
@@ -108,6 +111,13 @@ class Execution:
             k.handler.__module__ for k in isolated})) if isolated else None
         if self.children is not None:
             self.children.start()
+
+    def close(self) -> None:
+        """Stop the progress writer, the limit watch and the handler processes."""
+        self.progress_writer.close()
+        self.limits.close()
+        if self.children is not None:
+            self.children.close()
 
     def run(self, slot: Slot) -> Ending:
         """Run ``slot``'s task to what it comes to (conflict retries included); never raises.
@@ -140,8 +150,8 @@ class Execution:
                 outcome, run_at = with_retry_policy(kind, result, outcome, claim.task.attempts,
                                                     handling.returned_at)
                 if run_at is not None:
-                    if due.needs_cursor(run_at):
-                        due.ensure_cursor(self.session)
+                    if due.needs_cursor(run_at) and self.cursor is not None:
+                        self.cursor()
                     log.info("member %s: task %s (%s) attempt %d failed: %s; next attempt at "
                              "%s", self.member_id, task.id, task.type, claim.attempt.seq,
                              result.error, run_at.isoformat())

@@ -52,13 +52,13 @@ from multiprocessing import forkserver
 from multiprocessing.connection import Connection
 from typing import Any
 
-from coord import Session
 from runner.errors import HandlerCrashed
 from runner.store.gremlin.guards import replayed
 from runner.tasks.context import TaskCancelled, TaskContext, TaskTimedOut
 from runner.tasks.registry import TaskType
 from runner.tasks.worker.child import Job
 from runner.tasks.worker.child import main as child_main
+from runner.tasks.worker.running import AttemptSession
 
 log = logging.getLogger("latchwork.tasks")
 
@@ -100,7 +100,7 @@ def _where(value: Any) -> tuple[str, str]:
 class ChildPool:
     """The node's handler processes (see the module)."""
 
-    def __init__(self, session: Session, member_id: str, preload: list[str]) -> None:
+    def __init__(self, session: AttemptSession, member_id: str, preload: list[str]) -> None:
         self.session = session
         self.member_id = member_id
         self._mp = multiprocessing.get_context("forkserver")

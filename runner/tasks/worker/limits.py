@@ -38,14 +38,17 @@ from typing import Any
 
 from runner.errors import StoreError
 from runner.store import AttemptStatus, GraphStore
-from runner.tasks.outcomes import AttemptResult, Outcome, task_changes, with_retry_policy
+from runner.tasks.outcomes import (
+    IGNORED_TIMEOUT,
+    AttemptResult,
+    Outcome,
+    task_changes,
+    with_retry_policy,
+)
 from runner.tasks.registry import TaskType
 from runner.tasks.worker.running import Claimed, Slot
 
 log = logging.getLogger("latchwork.tasks")
-
-#: the incident a node raises for a handler that ran on past its limit and its grace
-IGNORED_TIMEOUT = "ignored_timeout"
 
 #: what ``on_ignored`` is told: the attempt, and why it timed out
 OnIgnored = Callable[["Watched", str], None]

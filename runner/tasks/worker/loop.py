@@ -32,6 +32,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from coord import Booking, Session, SessionState
 from runner.store import AttemptStatus, GraphStore, Task
+from runner.tasks import due
 from runner.tasks.context import Services
 from runner.tasks.observer import Observer
 from runner.tasks.outcomes import Outcome
@@ -66,7 +67,8 @@ class TaskLoop:
         self.execution = Execution(session, member_id, store, registry,
                                    observers=self.observers, services=services,
                                    max_conflict_retries=settings.max_conflict_retries,
-                                   conflict_backoff=settings.conflict_backoff)
+                                   conflict_backoff=settings.conflict_backoff,
+                                   cursor=lambda: due.ensure_cursor(session))
         self.commits = GroupCommit(store, member_id, self._ended,
                                    store_retry_for=settings.store_retry_for)
         self.running = RunningSet(settings.workers, settings.prefetch, settings.short_handler)
@@ -149,10 +151,7 @@ class TaskLoop:
         timer.cancel()
         self.commits.close(timeout)
         self._pool.shutdown(wait=False, cancel_futures=True)
-        self.execution.progress_writer.close()
-        self.execution.limits.close()
-        if self.execution.children is not None:
-            self.execution.children.close()
+        self.execution.close()
         c = self.commits.stats
         log.info("member %s: task loop stopped; claims: %s; %d ends written in %d groups "
                  "(largest %d)", self.member_id, dict(self.stats), c["concluded"], c["groups"],

@@ -26,14 +26,31 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Protocol
 
-from coord import Booking, TaskLock
+from coord import Booking, SessionState, TaskLock
 from runner.store import Attempt, AttemptStatus, Conclusion, Task
 from runner.tasks.context import CancelToken
 from runner.tasks.outcomes import AttemptResult, Outcome
 
 #: what the observers are told once an end is written: the status and error written
 Tell = Callable[[AttemptStatus, str | None], None]
+
+
+class AttemptSession(Protocol):
+    """What running attempts needs of the node's ZooKeeper session (a
+    :class:`coord.Session`; the task stub's own in :mod:`runner.testing.stub`): its state, its
+    deadline (a ``CLOCK_MONOTONIC`` instant past which nothing it holds can be trusted), and
+    ``confirm()``: whether it is valid now (a clock read; while SUSPENDED it waits, bounded by
+    the deadline)."""
+
+    @property
+    def state(self) -> SessionState: ...
+
+    @property
+    def deadline(self) -> float: ...
+
+    def confirm(self) -> bool: ...
 
 
 @dataclass(frozen=True)
