@@ -197,16 +197,9 @@ class LockFreeQueue:
         of the first call, so a push retried after a lost reply, from this process or
         another, pushes once. All or nothing; together the values must fit one element's
         limit. Token records go with :meth:`prune`."""
-        if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$", token):
-            raise ValueError(f"invalid push token {token!r}")
-        if not values:
+        datas = _push_datas(values, token)
+        if not datas:
             return []
-        datas = [_encode(value, f"{token}.{k}") for k, value in enumerate(values)]
-        total = sum(len(data) for data in datas)
-        if total > MAX_ELEMENT_BYTES:
-            raise QueueElementTooLarge(f"{len(values)} values of {total} bytes in all are over "
-                                       f"the limit of one push, {MAX_ELEMENT_BYTES}; push "
-                                       "them in parts")
         client, end = self.session.client, f"{self.root}/end"
         record = f"{self.root}/pushes/{token}"
 
@@ -449,3 +442,17 @@ class LockFreeQueue:
 
     def describe(self) -> dict[str, Any]:
         return {"queue": self.name, "first": self.first(), "end": self.end()}
+
+
+def _push_datas(values: list[bytes], token: str) -> list[bytes]:
+    """The elements of one :meth:`LockFreeQueue.push_many` (ValueError for a bad token,
+    :class:`QueueElementTooLarge` for values over one push's limit)."""
+    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$", token):
+        raise ValueError(f"invalid push token {token!r}")
+    datas = [_encode(value, f"{token}.{k}") for k, value in enumerate(values)]
+    total = sum(len(data) for data in datas)
+    if total > MAX_ELEMENT_BYTES:
+        raise QueueElementTooLarge(f"{len(values)} values of {total} bytes in all are over "
+                                   f"the limit of one push, {MAX_ELEMENT_BYTES}; push them "
+                                   "in parts")
+    return datas

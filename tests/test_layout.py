@@ -350,3 +350,60 @@ def test_a_public_name_means_one_thing() -> None:
                 declared.setdefault(found, []).append(name)
     assert {n: where for n, where in declared.items() if len(where) > 1} == {}
 
+
+
+MAX_FUNCTION_LINES = 60
+MAX_PARAMETERS = 8  # besides self / cls
+#: the functions of runner/ and coord/ allowed past those limits, each with its reason. A
+#: ratchet: nothing joins it without a reason, and an entry whose function came back within the
+#: limits must leave (the test says so); issue 45 takes it down to at most 5
+ALLOWED_WIDE = {
+    "runner.tasks.authoring:task": "the public decorator: each keyword is a type's option",
+    "runner.tasks.registry:register": "the public registration: @task's options, by keyword",
+    "runner.client:submit": "the public client: a submit's fields, by keyword",
+    "runner.client:schedule_add": "the public client: a schedule's fields, by keyword",
+    "coord.session:__init__": "coord's public session: each keyword is a ZooKeeper option",
+    "runner.cli.tasks:task_submit": "a click command takes one parameter per option (to be "
+                                    "built into the request model, issue 45 item 1)",
+    "runner.cli.schedules:schedule_add": "a click command (as above)",
+    "runner.cli.web:web": "a click command (as above)",
+    "runner.cli.dev:dev_up": "a click command (as above)",
+    "coord.exactly_once:__init__": "coord's public recipe: each keyword is an option",
+    "runner.devenv.environment:plan": "a dev environment's ports and sizes, by keyword (to "
+                                      "take one plan value, issue 45)",
+    "runner.store.gremlin.writes:of": "an attempt's end fields, by keyword (to become one "
+                                      "value, issue 45)",
+}
+
+
+def functions() -> Iterator[tuple[str, int, int, str]]:
+    """(module:name, lines, parameters besides self/cls, path:line) of every function."""
+    for name, path in modules():
+        if not name.startswith(("runner", "coord")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                a = node.args
+                params = [*a.posonlyargs, *a.args, *a.kwonlyargs, *filter(None, [a.vararg,
+                                                                                  a.kwarg])]
+                if a.args and a.args[0].arg in ("self", "cls"):
+                    params = params[1:]
+                assert node.end_lineno is not None
+                yield (f"{name}:{node.name}", node.end_lineno - node.lineno + 1, len(params),
+                       f"{path.relative_to(ROOT)}:{node.lineno}")
+
+
+def test_functions_stay_short_and_narrow() -> None:
+    """No function over 60 lines, and none over 8 parameters, in runner/ and coord/, beyond
+    the allowlist (each entry with its reason)."""
+    long, wide, seen = [], [], set()
+    for name, lines, params, where in functions():
+        if lines > MAX_FUNCTION_LINES:
+            long.append(f"{where} {name}: {lines} lines")
+        if params > MAX_PARAMETERS:
+            seen.add(name)
+            if name not in ALLOWED_WIDE:
+                wide.append(f"{where} {name}: {params} parameters")
+    assert long == []
+    assert wide == []
+    assert sorted(set(ALLOWED_WIDE) - seen) == [], "within the limits now: leave the list"

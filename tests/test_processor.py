@@ -300,7 +300,8 @@ def test_the_others_tasks_are_taken_once_left_listed_for_steal_after(store: Grap
     a running loop's scans would list meanwhile.)"""
     split = preferred_split(store, ["m1", "m2"], 2)
     mine, theirs = split["m1"], split["m2"]
-    backlog = Backlog(store, "m1", 1, DueTimer(lambda: None), Counter(), lambda task_id: False)
+    backlog = Backlog(store, "m1", DueTimer(lambda: None), Counter(), lambda task_id: False,
+                      settings=LoopSettings(workers=1))
     listing = [(t, True) for t in mine] + [(t, False) for t in theirs]
     own = listing[:len(mine)]
     assert backlog._deferring_others(listing, 100.0) == own

@@ -21,7 +21,7 @@ from runner.errors import StaleFencingToken, StoreUnavailable
 from runner.store import AttemptStatus, GraphStore, open_store
 from runner.tasks import Observer, TaskCancelled, TaskContext, TaskRegistry
 from runner.tasks.features.diag import effects, register_diagnostics
-from runner.tasks.master.duties import MasterDuties
+from runner.tasks.master.duties import MasterDuties, Pruning
 from runner.tasks.worker.loop import LoopSettings, TaskLoop
 
 
@@ -47,8 +47,7 @@ def test_the_reaper_does_not_take_a_member_that_joined_during_its_pass_for_dead(
             heard.append((task_id, owner))
 
     with session(zk_namespace) as s, session(zk_namespace) as other:
-        duties = MasterDuties(s, LeaderLatch(s, "master"), "master", store,
-                              observers=[Heard()])
+        duties = MasterDuties(LeaderLatch(s, "master"), store, observers=[Heard()])
         real = master_module.read_members
         joined: list[tuple[Membership, TaskLock]] = []
 
@@ -91,7 +90,7 @@ def test_the_reaper_reads_every_lock_only_when_a_member_left_or_joined_or_its_ti
     monkeypatch.setattr(master_module, "held_locks", counted)
     monkeypatch.setattr(master_module, "FULL_REAP_INTERVAL", 1.5)
     with session(zk_namespace) as s, session(zk_namespace) as other:
-        duties = MasterDuties(s, LeaderLatch(s, "master"), "master", store)
+        duties = MasterDuties(LeaderLatch(s, "master"), store)
         member = Membership(other).start()
         lock = TaskLock(other, task.id, member.member_id)
         assert lock.try_acquire() is not None
@@ -251,7 +250,7 @@ def test_an_owner_whose_attempt_the_master_closed_cannot_finish_the_task(
                              LoopSettings(workers=1, scan_interval=60, relist_share=1e-9)).start()
         try:
             assert wait_until(lambda: len(store.attempts.running()) == 1, 10)
-            duties = MasterDuties(s, LeaderLatch(s, "master"), "master", store)
+            duties = MasterDuties(LeaderLatch(s, "master"), store)
             duties._close_attempts(task.id, "m1")  # what reap() does for a dead owner
             go.set()
             assert returned.wait(10)
@@ -283,8 +282,8 @@ def test_the_master_prunes_processed_message_records_by_age(
         time.sleep(1.2)  # records carry the server's creation time: let them age
         new = uuid.uuid4()
         assert log.record(new, "m1")
-        duties = MasterDuties(s, LeaderLatch(s, "master"), "master", store, processed=log,
-                              processed_retention=1.0, prune_interval=0.0)
+        duties = MasterDuties(LeaderLatch(s, "master"), store,
+                              pruning=Pruning(log, retention=1.0, interval=0.0))
         duties.reap()
         assert not any(log.contains(m) for m in old)
         assert log.contains(new)
@@ -409,7 +408,7 @@ def test_closing_the_master_duties_waits_for_their_on_master_action(
 
     with session(zk_namespace) as s:
         latch = LeaderLatch(s, "master").start()
-        duties = MasterDuties(s, latch, "master", store, on_master=announce).start()
+        duties = MasterDuties(latch, store, on_master=announce).start()
         try:
             assert began.wait(10)
         finally:

@@ -11,7 +11,9 @@ next run finishes it.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -20,10 +22,43 @@ from runner.cli.root import cli, fail
 from runner.config import Settings
 from runner.errors import ConfigError, MigrationRefused, StoreError
 
+if TYPE_CHECKING:
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from runner.store.migrations import StepProgress, StepReport
+
 
 @cli.group()
 def store() -> None:
     """The graph store: its format and upgrades."""
+
+
+def _bars(bar: Progress) -> Callable[[int], StepProgress]:
+    """A progress bar per migration step, on ``bar``."""
+    from runner.store import migrations
+
+    def progress(version: int) -> StepProgress:
+        task = bar.add_task(f"format {version}: {migrations.describe(version)}", total=None)
+
+        def report(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total or None)
+        return report
+    return progress
+
+
+def _report_table(reports: list[StepReport], dry_run: bool) -> Table:
+    """What each migration step changed (or would), as a table."""
+    from rich.table import Table
+
+    table = Table(title="would change (dry run)" if dry_run else "changed")
+    for column in ("format", "step", "tasks changed" if not dry_run else "tasks to change",
+                   "unreadable", "seconds"):
+        table.add_column(column)
+    for r in reports:
+        table.add_row(str(r.version), r.what, str(r.changed), str(r.unreadable),
+                      f"{r.seconds:.1f}")
+    return table
 
 
 @store.command("migrate")
@@ -47,7 +82,6 @@ def store_migrate(dry_run: bool, force: bool, page_size: int, config: Path | Non
     """
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-    from rich.table import Table
 
     from runner.connect import graph_store
     from runner.store import migrations
@@ -81,26 +115,12 @@ def store_migrate(dry_run: bool, force: bool, page_size: int, config: Path | Non
             with Progress("[progress.description]{task.description}", BarColumn(),
                           MofNCompleteColumn(), TimeElapsedColumn(), console=out,
                           transient=False) as bar:
-                def progress(version: int) -> migrations.StepProgress:
-                    task = bar.add_task(f"format {version}: {migrations.describe(version)}",
-                                        total=None)
-
-                    def report(done: int, total: int) -> None:
-                        bar.update(task, completed=done, total=total or None)
-                    return report
                 began = time.monotonic()
                 reports = migrations.migrate(graph, where, dry_run=dry_run, page=page_size,
-                                             progress=progress)
+                                             progress=_bars(bar))
     except StoreError as exc:
         raise fail(str(exc)) from exc
-    table = Table(title="would change (dry run)" if dry_run else "changed")
-    for column in ("format", "step", "tasks changed" if not dry_run else "tasks to change",
-                   "unreadable", "seconds"):
-        table.add_column(column)
-    for r in reports:
-        table.add_row(str(r.version), r.what, str(r.changed), str(r.unreadable),
-                      f"{r.seconds:.1f}")
-    out.print(table)
+    out.print(_report_table(reports, dry_run))
     if dry_run:
         out.print("dry run: nothing was changed")
     else:

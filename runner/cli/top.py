@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -113,6 +114,14 @@ def render(frame: Frame, wide: bool = False) -> RenderableType:
                       a.executor, _age(a.ended_at or a.started_at, now) + " ago",
                       Text((a.error or "")[:60]))
 
+    head = Text(f"master {status.master or '(none)'} · answered by {status.answered_by} · "
+                f"{now.strftime('%H:%M:%S')} UTC")
+    return Group(head, members, tasks, queue, ended, *_footer(frame, tid))
+
+
+def _footer(frame: Frame, tid: Callable[[str], str]) -> list[Text]:
+    """The commands in flight, the dead letters and the open incidents of one frame."""
+    status = frame.status
     commands = Text(f"commands in flight on the master: {len(status.commands)}")
     for inflight in status.commands[:5]:
         commands.append(f"\n  {inflight.command} {inflight.id} on {inflight.member} for "
@@ -124,9 +133,7 @@ def render(frame: Frame, wide: bool = False) -> RenderableType:
     for incident in status.incidents[:5]:
         incidents.append(f"\n  {incident.kind}: task {tid(incident.task)} "
                          f"{incident.detail[:80]}", style="red")
-    head = Text(f"master {status.master or '(none)'} · answered by {status.answered_by} · "
-                f"{now.strftime('%H:%M:%S')} UTC")
-    return Group(head, members, tasks, queue, ended, commands, dead, incidents)
+    return [commands, dead, incidents]
 
 
 @cli.command("top")

@@ -73,7 +73,7 @@ from runner.tasks.features.streams import (
     StreamRetention,
     register_stream_tasks,
 )
-from runner.tasks.master.duties import MasterDuties
+from runner.tasks.master.duties import MasterDuties, Pruning
 from runner.tasks.master.incidents import IncidentWatch, load_hooks
 from runner.tasks.master.retention import Retention
 from runner.tasks.master.schedules import ScheduleFirer
@@ -121,6 +121,7 @@ class NodeParts:
     master: MasterDuties
     metrics: NodeMetrics | None
     observers: list[Observer]  # the metrics, then the node's own: built once
+    processed: ZkProcessedLog  # the MASTER messages' processed ids
 
 
 class NodeState(enum.Enum):
@@ -226,11 +227,17 @@ class Node:
         return self
 
     def _start(self) -> None:
-        s = self.settings
+        """Join (the graph's format checked first, then the session and the membership),
+        build every part, then start them, each one's close registered as it starts."""
+        store, membership = self._join()
+        self._parts = self._build(store, membership)
+        self._run(self._parts)
+
+    def _join(self) -> tuple[GraphStore, Membership]:
         closers = self._closers
         # the graph's store format first: a graph to migrate (or a newer one) stops the start
         # here, before this node joins anything
-        store = graph_store(s)
+        store = graph_store(self.settings)
         closers.callback(store.close)
         self.session.start()
         closers.callback(self.session.close)
@@ -245,6 +252,11 @@ class Node:
                                   "member %s: ZooKeeper session %s", member, state.value,
                                   extra=logs.event(f"session.{state.value.lower()}")))
         self.cache.reload(store)
+        return store, membership
+
+    def _build(self, store: GraphStore, membership: Membership) -> NodeParts:
+        s = self.settings
+        member = membership.member_id
         latch = LeaderLatch(self.session, member)
         latch.add_listener(
             on_gain=lambda: log.info("member %s: became master", member,
@@ -273,37 +285,43 @@ class Node:
                         StreamLiveness(s.stream_liveness_host or None), self.cache, store,
                         processor):
             self.services.add(service)
-        processed = ZkProcessedLog(self.session)
+        processed = ZkProcessedLog(self.session)  # the bus's claims, the master's pruning
         master = MasterDuties(
-            self.session, latch, member, store, reap_interval=s.reap_interval,
-            processed=processed, processed_retention=s.processed_retention,
+            latch, store, reap_interval=s.reap_interval,
+            pruning=Pruning(processed, retention=s.processed_retention),
             on_master=lambda: bus.send_master("SYNCHRONIZE_MODEL", {"reason": "new master"}),
             on_freed=lambda ids: bus.broadcast("TRIGGER_SCAN", {"freed": ids}),
             observers=observers,
             duties=self._duties(store, member))
-        self._parts = NodeParts(membership, store, latch, bus, sync, pipeline, processor,
-                                master, metrics, observers)
-        self.register_messages(bus)
-        bus.start(latch, processed, on_model_reconnect=self._model_reconnected)
-        closers.callback(bus.close)
-        latch.start()
-        closers.callback(latch.close)
-        master.start()
-        closers.callback(master.close)
-        processor.start()
-        closers.callback(processor.close, s.shutdown_timeout)  # attempts written, locks freed
+        return NodeParts(membership, store, latch, bus, sync, pipeline, processor, master,
+                         metrics, observers, processed)
+
+    def _run(self, parts: NodeParts) -> None:
+        s, closers = self.settings, self._closers
+        self.register_messages(parts.bus)
+        parts.bus.start(parts.latch, parts.processed,
+                        on_model_reconnect=self._model_reconnected)
+        closers.callback(parts.bus.close)
+        parts.latch.start()
+        closers.callback(parts.latch.close)
+        parts.master.start()
+        closers.callback(parts.master.close)
+        parts.processor.start()
+        # attempts written, locks freed
+        closers.callback(parts.processor.close, s.shutdown_timeout)
         # an operator's cancel (on any node) reaches the handler through this mailbox
-        mailbox = Mailbox(self.session, member, self._mail).start()
+        mailbox = Mailbox(self.session, parts.membership.member_id, self._mail).start()
         closers.callback(mailbox.close)
-        sync.start_watching()
-        closers.callback(sync.close)
+        parts.sync.start_watching()
+        closers.callback(parts.sync.close)
+        metrics = parts.metrics
         if metrics is not None:
             assert s.metrics_port is not None  # metrics exist because the port is set
             metrics.watch(self._live_state)
             metrics.serve(s.metrics_port, s.metrics_host)
             closers.callback(metrics.close)
-            log.info("member %s: metrics on http://%s:%d/metrics", member, s.metrics_host,
-                     s.metrics_port)
+            log.info("member %s: metrics on http://%s:%d/metrics", parts.membership.member_id,
+                     s.metrics_host, s.metrics_port)
 
     def _duties(self, store: GraphStore, member: str) -> list[tuple[str, Callable[[], object]]]:
         """The master's rounds besides reaping: schedules, incidents, and the retentions

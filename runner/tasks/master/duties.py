@@ -15,9 +15,10 @@ Only the master runs them, and only after the latch's server-side check confirms
   run the task: the task is only reset if the dead member still owns it). Closing the owner's
   attempt and resetting the task are one write that also moves the task's fence on, so the
   owner, should it wake up, can write nothing more on the task.
-* **Processed-message records** (every ``prune_interval``): records of MASTER messages older
-  than ``processed_retention`` are deleted; the retention must exceed the longest redelivery
-  horizon (retry delays plus the time a message can wait in the queue).
+* **Processed-message records** (every ``Pruning.interval``): records of MASTER messages older
+  than ``Pruning.retention`` (the ``processed_retention`` setting) are deleted; the retention
+  must exceed the longest redelivery horizon (retry delays plus the time a message can wait in
+  the queue).
 * **Due-time buckets** (every round): tasks due later than the open queue's horizon wait in
   minute buckets; the master moves the buckets that came within it into the open queue
   (:mod:`runner.tasks.due`), so nodes list and time them before they are due.
@@ -30,12 +31,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from coord import (
     CoordError,
     LeaderLatch,
-    Session,
     force_release,
     held_locks,
     live_member_ids,
@@ -60,25 +61,30 @@ class Prunable(Protocol):
     def prune(self, older_than: float) -> int: ...
 
 
+@dataclass(frozen=True)
+class Pruning:
+    """The processed-message records the master prunes: ``log``'s records older than
+    ``retention`` seconds, every ``interval`` seconds."""
+    log: Prunable
+    retention: float = 7 * 86400
+    interval: float = 600.0
+
+
 class MasterDuties:
-    def __init__(self, session: Session, latch: LeaderLatch, member_id: str, store: GraphStore,
-                 *, reap_interval: float = 2.0,
+    def __init__(self, latch: LeaderLatch, store: GraphStore, *, reap_interval: float = 2.0,
                  on_master: Callable[[], object] | None = None,
                  on_freed: Callable[[list[str]], object] | None = None,
-                 processed: Prunable | None = None, processed_retention: float = 7 * 86400,
-                 prune_interval: float = 600.0,
+                 pruning: Pruning | None = None,
                  duties: Sequence[tuple[str, Callable[[], object]]] = (),
                  observers: Sequence[Observer] = ()) -> None:
-        self.session = session
+        self.session = latch.session
         self.latch = latch
-        self.member_id = member_id
+        self.member_id = latch.participant_id
         self.store = store
         self.reap_interval = reap_interval
         self.on_master = on_master
         self.on_freed = on_freed
-        self.processed = processed
-        self.processed_retention = processed_retention
-        self.prune_interval = prune_interval
+        self.pruning = pruning
         #: more passes the master makes every round, each (name, function): schedules
         self.duties = list(duties)
         self.observers = list(observers)  # hear each lock freed (runner.tasks.observer)
@@ -225,12 +231,13 @@ class MasterDuties:
             self._next_mail_prune = time.monotonic() + MAILBOX_PRUNE_INTERVAL
             mailboxes.prune(self.session, members if members is not None
                             else set(read_members(self.session)))
-        if self.processed is not None and time.monotonic() >= self._next_prune:
-            self._next_prune = time.monotonic() + self.prune_interval
-            removed = self.processed.prune(self.processed_retention)
+        pruning = self.pruning
+        if pruning is not None and time.monotonic() >= self._next_prune:
+            self._next_prune = time.monotonic() + pruning.interval
+            removed = pruning.log.prune(pruning.retention)
             if removed:
                 log.info("member %s (master): pruned %d processed-message records older than "
-                         "%gs", self.member_id, removed, self.processed_retention)
+                         "%gs", self.member_id, removed, pruning.retention)
 
     def _close_attempts(self, task_id: str, owner: str) -> None:
         """Close ``owner``'s RUNNING attempts of the task and, if it still owns the task, put

@@ -26,6 +26,7 @@ from datetime import datetime
 from runner.errors import StoreError
 from runner.store import GraphStore, Task, TaskStatus, codec
 from runner.tasks.worker.ready import Floors, ReadyScan
+from runner.tasks.worker.settings import LoopSettings
 from runner.tasks.worker.timing import DueTimer
 
 log = logging.getLogger("latchwork.tasks")
@@ -124,23 +125,22 @@ class Backlog:
     Failure behaviour: a listing or a version read that fails is logged and the scan ends;
     the next one tries again."""
 
-    def __init__(self, store: GraphStore, member_id: str, workers: int, later: DueTimer,
+    def __init__(self, store: GraphStore, member_id: str, later: DueTimer,
                  stats: Counter[str], running: Callable[[str], bool],
                  known: Callable[[Task], bool] = lambda task: True, *,
-                 fresh_for: float = 0.05, own_fresh_for: float = 1.0,
-                 relist_share: float = 0.1, steal_after: float = 1.0,
-                 floors: Floors | None = None) -> None:
+                 settings: LoopSettings | None = None, floors: Floors | None = None) -> None:
+        settings = settings or LoopSettings()
         self.store = store
         self.member_id = member_id
-        self.workers = workers
+        self.workers = workers = settings.workers
         self.later = later
         self.stats = stats
         self.running = running  # whether this node runs a task (its id)
         self.known = known  # whether this node may try a task (its type here, not declined)
-        self.fresh_for = fresh_for
-        self.own_fresh_for = own_fresh_for
-        self.relist_share = relist_share
-        self.steal_after = steal_after
+        self.fresh_for = settings.fresh_for
+        self.own_fresh_for = settings.own_fresh_for
+        self.relist_share = settings.relist_share
+        self.steal_after = settings.steal_after
         #: the next ready tasks, a page at a time (:class:`ReadyScan`)
         self.ready = ReadyScan(store.tasks, floors)
         #: tasks a listing reads: enough for a few batches of every worker

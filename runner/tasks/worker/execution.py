@@ -63,6 +63,7 @@ from runner.tasks.retry import RetryPolicy
 from runner.tasks.worker.isolated import ChildPool
 from runner.tasks.worker.limits import Closed, LimitWatch, close_ignored, persist_beat
 from runner.tasks.worker.running import AttemptSession, Claimed, Ending, Slot, Tell
+from runner.tasks.worker.settings import LoopSettings
 
 log = logging.getLogger("latchwork.tasks")
 
@@ -84,9 +85,7 @@ class Execution:
 
     def __init__(self, session: AttemptSession, member_id: str, store: GraphStore,
                  registry: TaskRegistry, *, observers: Sequence[Observer] = (),
-                 services: Services | None = None,
-                 max_conflict_retries: int = 10,
-                 conflict_backoff: tuple[float, float] = (0.1, 5.0),
+                 services: Services | None = None, settings: LoopSettings | None = None,
                  cursor: Callable[[], None] | None = None) -> None:
         self.session = session
         #: makes sure the due-time cursor exists before a retry far ahead is written into a
@@ -98,8 +97,10 @@ class Execution:
         #: the attempt log, then the given observers (:mod:`runner.tasks.observer`)
         self.observers: list[Observer] = [AttemptLogger(), *observers]
         self.services = services or Services()
-        self.max_conflict_retries = max_conflict_retries
-        self.conflict_backoff = conflict_backoff
+        settings = settings or LoopSettings()
+        #: commit conflicts retried, and their backoff (first delay, cap)
+        self.max_conflict_retries = settings.max_conflict_retries
+        self.conflict_backoff = settings.conflict_backoff
         #: the thread that writes the handlers' progress reports (:mod:`runner.tasks.progress`)
         self.progress_writer = ProgressWriter()
         #: the attempts' time limits and heartbeats (:mod:`runner.tasks.worker.limits`)
@@ -147,29 +148,7 @@ class Execution:
                     return self._let_go(slot, claim, result, tell)
                 if outcome is Outcome.RETRY:  # the retry budget is spent
                     outcome = Outcome.STOPPED
-                outcome, run_at = with_retry_policy(kind, result, outcome, claim.task.attempts,
-                                                    handling.returned_at)
-                if run_at is not None:
-                    if due.needs_cursor(run_at) and self.cursor is not None:
-                        self.cursor()
-                    log.info("member %s: task %s (%s) attempt %d failed: %s; next attempt at "
-                             "%s", self.member_id, task.id, task.type, claim.attempt.seq,
-                             result.error, run_at.isoformat())
-                elif outcome is Outcome.STOPPED and kind.retry is not None:
-                    self._exhausted(kind.retry, claim, result)
-                if handling.completed:
-                    if result.status is not AttemptStatus.SUCCEEDED:
-                        log.error("member %s: task %s (%s) failed after ctx.complete(): %s; "
-                                  "its attempt stays SUCCEEDED", self.member_id, task.id,
-                                  task.type, result.error)
-                    return Ending(slot, claim, Outcome.FINISHED, result, tell,
-                                  ended=(AttemptStatus.SUCCEEDED, None))  # as it wrote it
-                return Ending(slot, claim, outcome, result, tell, run_at=run_at,
-                              conclusion=Conclusion.of(
-                                  claim.attempt, result.status, claim.task, claim.token,
-                                  task_changes(outcome, run_at), error=result.error,
-                                  stack=result.stack, progress=handling.progress,
-                                  ended=handling.returned_at))
+                return self._decided(slot, claim, kind, outcome, result, handling, tell)
         except Exception as exc:
             log.exception("member %s: task %s: unexpected failure in the task loop",
                           self.member_id, task.id)
@@ -182,6 +161,35 @@ class Execution:
             return Ending(slot, claim, Outcome.CANCELLED,
                           AttemptResult.failed(error, None), tell or _untold,
                           ended=(AttemptStatus.FAILED, error))
+
+    def _decided(self, slot: Slot, claim: Claimed, kind: TaskType, outcome: Outcome,
+                 result: AttemptResult, handling: _Handling, tell: Tell) -> Ending:
+        """The last attempt's end as the type's retry policy decides it (nothing written
+        yet, unless ``ctx.complete()`` wrote it)."""
+        task = claim.task
+        outcome, run_at = with_retry_policy(kind, result, outcome, task.attempts,
+                                            handling.returned_at)
+        if run_at is not None:
+            if due.needs_cursor(run_at) and self.cursor is not None:
+                self.cursor()
+            log.info("member %s: task %s (%s) attempt %d failed: %s; next attempt at %s",
+                     self.member_id, task.id, task.type, claim.attempt.seq, result.error,
+                     run_at.isoformat())
+        elif outcome is Outcome.STOPPED and kind.retry is not None:
+            self._exhausted(kind.retry, claim, result)
+        if handling.completed:
+            if result.status is not AttemptStatus.SUCCEEDED:
+                log.error("member %s: task %s (%s) failed after ctx.complete(): %s; its "
+                          "attempt stays SUCCEEDED", self.member_id, task.id, task.type,
+                          result.error)
+            return Ending(slot, claim, Outcome.FINISHED, result, tell,
+                          ended=(AttemptStatus.SUCCEEDED, None))  # as it wrote it
+        return Ending(slot, claim, outcome, result, tell, run_at=run_at,
+                      conclusion=Conclusion.of(
+                          claim.attempt, result.status, task, claim.token,
+                          task_changes(outcome, run_at), error=result.error,
+                          stack=result.stack, progress=handling.progress,
+                          ended=handling.returned_at))
 
     def _forced(self, slot: Slot, claim: Claimed, closed: Closed, tell: Tell) -> Ending:
         """The handler returned after the limit watch closed its attempt TIMED_OUT (it ran on

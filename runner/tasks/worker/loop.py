@@ -66,8 +66,7 @@ class TaskLoop:
         self.observers = list(observers)  # hear attempts and scans (runner.tasks.observer)
         self.execution = Execution(session, member_id, store, registry,
                                    observers=self.observers, services=services,
-                                   max_conflict_retries=settings.max_conflict_retries,
-                                   conflict_backoff=settings.conflict_backoff,
+                                   settings=settings,
                                    cursor=lambda: due.ensure_cursor(session))
         self.commits = GroupCommit(store, member_id, self._ended,
                                    store_retry_for=settings.store_retry_for)
@@ -81,13 +80,9 @@ class TaskLoop:
         self._stopping = threading.Event()
         self._pool = ThreadPoolExecutor(settings.workers, thread_name_prefix="task-worker")
         self._scheduler = BackgroundScheduler(timezone=UTC)
-        self.scanner = Scanner(session, member_id, store, registry, self.running, self.claimer,
+        self.scanner = Scanner(self.claimer, registry,
                                lambda slot: self._pool.submit(self._execute, slot),
-                               self._stopping, workers=settings.workers,
-                               fresh_for=settings.fresh_for,
-                               own_fresh_for=settings.own_fresh_for,
-                               relist_share=settings.relist_share,
-                               others_grace=settings.others_grace, observers=self.observers,
+                               self._stopping, settings, observers=self.observers,
                                live_members=live_members)
         self._feeder = threading.Thread(target=self.scanner.feed, daemon=True,
                                         name=f"task-feeder-{member_id}")

@@ -22,15 +22,16 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 
-from coord import CoordError, Session, SessionState, live_member_ids
+from coord import CoordError, SessionState, live_member_ids
 from runner.errors import StoreError, TaskError
-from runner.store import GraphStore, Task, codec
+from runner.store import Task, codec
 from runner.tasks.due import LaneFloors
 from runner.tasks.observer import Observer, notify_scan
 from runner.tasks.registry import TaskRegistry, TaskType
 from runner.tasks.worker.backlog import Backlog
 from runner.tasks.worker.claim import Claimer, plain
-from runner.tasks.worker.running import RunningSet, Slot
+from runner.tasks.worker.running import Slot
+from runner.tasks.worker.settings import LoopSettings
 from runner.tasks.worker.timing import DueTimer
 
 log = logging.getLogger("latchwork.tasks")
@@ -39,17 +40,16 @@ log = logging.getLogger("latchwork.tasks")
 class Scanner:
     """The scans of one member's task loop (see the module)."""
 
-    def __init__(self, session: Session, member_id: str, store: GraphStore,
-                 registry: TaskRegistry, running: RunningSet, claimer: Claimer,
-                 start: Callable[[Slot], object], stopping: threading.Event, *,
-                 workers: int, fresh_for: float, own_fresh_for: float, relist_share: float,
-                 others_grace: float, observers: Sequence[Observer] = (),
+    def __init__(self, claimer: Claimer, registry: TaskRegistry,
+                 start: Callable[[Slot], object], stopping: threading.Event,
+                 settings: LoopSettings, *, observers: Sequence[Observer] = (),
                  live_members: Callable[[], set[str] | None] | None = None) -> None:
-        self.session = session
-        self.member_id = member_id
-        self.store = store
+        #: the claimer's session, member, store and running set are the scan's
+        self.session = session = claimer.session
+        self.member_id = member_id = claimer.member_id
+        self.store = store = claimer.store
+        self.running = running = claimer.running
         self.registry = registry
-        self.running = running
         self.claimer = claimer
         self.start = start  # a started task's slot goes here (the loop's pool)
         self.stopping = stopping
@@ -59,11 +59,10 @@ class Scanner:
         #: one pass at a time; a submit's own start does not wait for one in progress
         self.lock = threading.Lock()
         #: listed tasks not due yet, and the timer that starts a scan when one is
-        self.later = DueTimer(self.on_due, others_grace)
-        self.backlog = Backlog(store, member_id, workers, self.later, self.stats,
-                               running.__contains__, lambda task: self.kind_of(task) is not None,
-                               fresh_for=fresh_for, own_fresh_for=own_fresh_for,
-                               relist_share=relist_share, floors=LaneFloors(session))
+        self.later = DueTimer(self.on_due, settings.others_grace)
+        self.backlog = Backlog(store, member_id, self.later, self.stats, running.__contains__,
+                               lambda task: self.kind_of(task) is not None, settings=settings,
+                               floors=LaneFloors(session))
         self._skipped_types: set[str] = set()
         self._wake = threading.Event()  # a worker freed up: the feeder's next pass
         self._timer: threading.Timer | None = None  # a pass put off (:meth:`_wake_in`)

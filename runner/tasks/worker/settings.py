@@ -25,6 +25,8 @@ class LoopSettings:
     fresh_for: float = 0.05
     own_fresh_for: float = 1.0
     relist_share: float = 0.5
+    #: others' tasks a listing leaves to their preferred members for this long
+    steal_after: float = 1.0
     others_grace: float = 0.3
     limits: Mapping[str, int] = field(default_factory=dict)
     store_retry_for: float = 60.0
