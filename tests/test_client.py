@@ -410,3 +410,38 @@ def test_submit_many_creates_pages_in_one_request_each_and_refuses_a_page_by_its
     jsonl.write_text('{"type": "diag.sleep"}\nnot json\n')
     broken = cluster.cli("task", "submit", "--file", str(jsonl))
     assert broken.exit_code == 2 and "line 2: not valid JSON" in broken.output
+
+
+def test_task_submit_has_one_option_per_task_field_and_checks_no_rule_itself() -> None:
+    """The CLI builds the request's model from its options: every field of TaskTemplate but
+    ``type`` (the argument) has its option, every option but the command's own (--file and
+    the connection's) fills a field, and a refusal is the model's (the same text the node would
+    give), naming the option."""
+    import click as _click
+
+    from runner.cli.tasks import SUBMIT_OPTIONS, submitted, task_submit
+    from runner.requests import TaskTemplate
+
+    options = {p.name for p in task_submit.params if isinstance(p, _click.Option)}
+    own = {"from_file", "config", "as_json", "timeout"}
+    assert options - own == set(SUBMIT_OPTIONS)
+    assert set(SUBMIT_OPTIONS.values()) == set(TaskTemplate.model_fields) - {"type"}
+    with pytest.raises(_click.BadParameter, match="give run_at or delay, not both"):
+        submitted("diag.sleep", {"run_at": "2030-01-01T00:00:00+00:00", "delay": 1.0})
+    with pytest.raises(_click.BadParameter) as refused:
+        submitted("diag.sleep", {"time_limit": -1.0})
+    assert refused.value.param_hint == "--time-limit"
+
+
+def test_schedule_add_has_one_option_per_schedule_field_and_checks_no_rule_itself() -> None:
+    import click as _click
+
+    from runner.cli.schedules import SCHEDULE_OPTIONS, schedule_add, scheduled
+    from runner.requests import ScheduleSpec
+
+    options = {p.name for p in schedule_add.params if isinstance(p, _click.Option)}
+    assert options - {"config", "as_json", "timeout"} == set(SCHEDULE_OPTIONS)
+    assert set(SCHEDULE_OPTIONS.values()) == set(ScheduleSpec.model_fields)
+    with pytest.raises(_click.BadParameter, match="one of them"):
+        scheduled({"cron": "* * * * *", "every": "5s", "task_type": "diag.sleep"})
+    assert scheduled({"every": "5m", "task_type": "diag.sleep"}).every == 300.0

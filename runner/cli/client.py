@@ -14,19 +14,23 @@ an exit code:
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
+from pydantic import BaseModel, ValidationError
 
+from messaging import summary
 from messaging.errors import INTERNAL_ERROR
 from runner.cli.root import fail
 from runner.client import Client
 from runner.config import Settings
 from runner.errors import ClientError, ConfigError, RequestFailed, RequestRefused
 from runner.requests import Request
+
+M = TypeVar("M", bound=BaseModel)
 
 # ---------------------------------------------------------------------------------------------
 # clients: task, cluster, ontology (through the API paradigm: any node answers)
@@ -81,3 +85,26 @@ def output(result: object, as_json: bool, render: Callable[[Any], None]) -> None
         render(result)
 
 
+def from_options(model: type[M], fields_of: Mapping[str, str],
+                 options: Mapping[str, Any]) -> M:
+    """The request model a command's options describe: ``fields_of`` maps each option to the
+    model's field it fills (an option not given is left to the model's default), a
+    ``payload`` is parsed from its JSON text here, and every rule is the model's (the node
+    checks the same one again: no rule lives in the CLI). A refusal is a usage error (exit 2)
+    naming the options at fault."""
+    fields: dict[str, Any] = {field: list(value) if isinstance(value, tuple) else value
+                              for option, field in fields_of.items()
+                              if (value := options.get(option)) is not None and value != ()}
+    if "payload" in fields:
+        try:
+            fields["payload"] = json.loads(fields["payload"])
+        except json.JSONDecodeError as exc:
+            raise click.BadParameter(f"not valid JSON: {exc}", param_hint="--payload") from exc
+    try:
+        return model.model_validate(fields)
+    except ValidationError as exc:
+        option_of = {field: option for option, field in fields_of.items()}
+        where = [str(e["loc"][0]) for e in exc.errors() if e["loc"]]
+        hint = ", ".join(f"--{option_of.get(w, w).replace('_', '-')}" for w in where)
+        raise click.BadParameter(summary(exc).replace("Value error, ", ""),
+                                 param_hint=hint or None) from exc

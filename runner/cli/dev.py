@@ -7,6 +7,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -19,7 +20,7 @@ from runner.config import (
     DEFAULT_ZK_PORT,
     Settings,
 )
-from runner.devenv import DevEnvironment
+from runner.devenv import DevEnvironment, DevPlan
 from runner.devenv.smoke import CheckResult, check_graph, check_rabbitmq, check_zookeeper
 from runner.errors import ConfigError, SmokeCheckFailed
 
@@ -72,19 +73,18 @@ def dev() -> None:
               show_default=True, help="the Gremlin Server's port")
 @click.option("--timeout", type=click.FloatRange(1, 600), default=90.0, show_default=True,
               help="seconds to wait for the servers to be ready")
-def dev_up(directory: Path, zk_ensemble: int, zk_port: int, amqp_port: int, tick_time: int,
-           spark_workers: int, spark_port: int, graph_server: bool, graph_port: int,
-           timeout: float) -> None:
+def dev_up(timeout: float, zk_ensemble: int, **options: Any) -> None:
     """Start ZooKeeper and RabbitMQ (and Spark with --spark-workers, a Gremlin Server with
     --graph-server) and wait until they really serve.
 
     Refuses to start twice from the same --dir, and refuses ports already in use. On any
     failure it stops what it had started and exits 1 with the reason.
     """
-    env = DevEnvironment.plan(directory, zk_ensemble, zk_port, amqp_port, tick_time,
-                              spark_workers, spark_port, graph_server, graph_port)
-    spark = f", a Spark master with {spark_workers} worker(s)" if spark_workers else ""
-    graph = ", a Gremlin Server" if graph_server else ""
+    plan = DevPlan(zk_size=zk_ensemble, **options)  # the other options are its fields
+    env = DevEnvironment.plan(plan)
+    spark = f", a Spark master with {plan.spark_workers} worker(s)" if plan.spark_workers \
+        else ""
+    graph = ", a Gremlin Server" if plan.graph_server else ""
     click.echo(f"starting {zk_ensemble} ZooKeeper server(s), RabbitMQ{spark}{graph} under "
                f"{env.directory} ...", err=True)
     try:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -12,13 +11,14 @@ from runner.cli.client import (
     call,
     config_option,
     connect,
+    from_options,
     json_option,
     output,
     timeout_option,
 )
 from runner.cli.root import cli
 from runner.errors import InvalidSchedule
-from runner.requests import ScheduleList, SchedulePause, ScheduleRemove
+from runner.requests import ScheduleList, SchedulePause, ScheduleRemove, ScheduleSpec
 from runner.tasks.master.schedules import parse_every
 
 
@@ -45,27 +45,36 @@ def schedule() -> None:
 @config_option
 @json_option
 @timeout_option
-def schedule_add(name: str, cron: str | None, every: str | None, task_type: str,
-                 payload: str, priority: int | None, ordering_key: str | None,
-                 resources: tuple[str, ...], misfire: str, config: Path | None,
-                 as_json: bool, timeout: float) -> None:
+def schedule_add(name: str, config: Path | None, as_json: bool, timeout: float,
+                 **options: Any) -> None:
     """Add schedule NAME: every fire of --cron or --every creates a task of --type."""
-    if (cron is None) == (every is None):
-        raise click.UsageError("give --cron or --every, one of them")
-    try:
-        seconds = parse_every(every) if every is not None else None
-    except InvalidSchedule as exc:
-        raise click.BadParameter(str(exc), param_hint="--every") from exc
-    try:
-        body = json.loads(payload)
-    except json.JSONDecodeError as exc:
-        raise click.BadParameter(f"not valid JSON: {exc}", param_hint="--payload") from exc
+    spec = scheduled(options)
     with connect(config, timeout) as client:
-        added = client.schedule_add(name, task_type, body, cron=cron, every=seconds,
-                                    priority=priority, ordering_key=ordering_key,
-                                    resources=resources, misfire=misfire)
+        added = client.schedule_add(name, spec.type, spec.payload, cron=spec.cron,
+                                    every=spec.every, priority=spec.priority,
+                                    ordering_key=spec.ordering_key, resources=spec.resources,
+                                    misfire=spec.misfire)
     output(added, as_json, lambda s: click.echo(f"schedule {s['name']} added; next fire "
                                                 f"{s['next_fire']}"))
+
+
+#: ``schedule add``'s options, each the :class:`~runner.requests.ScheduleSpec` field it fills
+#: (a test checks that every field has its option)
+SCHEDULE_OPTIONS = {"cron": "cron", "every": "every", "task_type": "type",
+                    "payload": "payload", "priority": "priority",
+                    "ordering_key": "ordering_key", "resources": "resources",
+                    "misfire": "misfire"}
+
+
+def scheduled(options: dict[str, Any]) -> ScheduleSpec:
+    """The schedule ``schedule add``'s options describe: the interval's text parsed here
+    (30s, 5m...), every rule the model's (:func:`~runner.cli.client.from_options`)."""
+    if options.get("every") is not None:
+        try:
+            options = {**options, "every": parse_every(options["every"])}
+        except InvalidSchedule as exc:
+            raise click.BadParameter(str(exc), param_hint="--every") from exc
+    return from_options(ScheduleSpec, SCHEDULE_OPTIONS, options)
 
 
 def _render(schedules: list[dict[str, Any]]) -> None:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
-from datetime import datetime
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import click
 
@@ -14,6 +13,7 @@ from runner.cli.client import (
     call,
     config_option,
     connect,
+    from_options,
     json_option,
     output,
     print_json,
@@ -21,7 +21,7 @@ from runner.cli.client import (
 )
 from runner.cli.root import cli
 from runner.node.views import Cancelled
-from runner.requests import TaskGet, TaskList
+from runner.requests import TaskGet, TaskList, TaskTemplate
 
 
 @cli.group()
@@ -59,11 +59,8 @@ def task() -> None:
 @config_option
 @json_option
 @timeout_option
-def task_submit(task_type: str | None, from_file: TextIO | None, payload: str,
-                priority: int | None, unique_key: str | None, run_at: str | None,
-                delay: float | None, ordering_key: str | None, resources: tuple[str, ...],
-                time_limit: float | None, config: Path | None, as_json: bool,
-                timeout: float) -> None:
+def task_submit(task_type: str | None, from_file: TextIO | None, config: Path | None,
+                as_json: bool, timeout: float, **fields: Any) -> None:
     """Submit a task of TYPE (or every task of --file); prints its id. `latchwork task types`
     lists the types the nodes know (built-in ones, and yours loaded with `node start
     --tasks`)."""
@@ -74,32 +71,27 @@ def task_submit(task_type: str | None, from_file: TextIO | None, payload: str,
         return
     if task_type is None:
         raise click.UsageError("give the TYPE of the task to submit, or --file")
-    try:
-        body = json.loads(payload)
-    except json.JSONDecodeError as exc:
-        raise click.BadParameter(f"not valid JSON: {exc}", param_hint="--payload") from exc
-    if not isinstance(body, dict):
-        raise click.BadParameter("must be a JSON object", param_hint="--payload")
-    when = None
-    if run_at is not None:
-        if delay is not None:
-            raise click.BadParameter("give --run-at or --delay, not both", param_hint="--delay")
-        try:
-            when = datetime.fromisoformat(run_at)
-        except ValueError as exc:
-            raise click.BadParameter(f"not an ISO 8601 time: {exc}",
-                                     param_hint="--run-at") from exc
-        if when.tzinfo is None:
-            raise click.BadParameter("needs a time zone, e.g. +00:00 or Z",
-                                     param_hint="--run-at")
+    template = submitted(task_type, fields)
     with connect(config, timeout) as client:
-        task = client.submit(task_type, body, priority=priority, unique_key=unique_key,
-                             run_at=when, delay=delay, ordering_key=ordering_key,
-                             resources=resources, timeout=time_limit)
+        task = client.submit(template.type, **template.model_dump(exclude={"type"}))
     if as_json:
         print_json(task.model_dump(mode="json"))
     else:
         click.echo(task.id)
+
+
+#: ``task submit``'s options, each the :class:`~runner.requests.TaskTemplate` field it fills
+#: (a test checks that every field but ``type``, the argument, has its option)
+SUBMIT_OPTIONS = {"payload": "payload", "priority": "priority", "unique_key": "unique_key",
+                  "run_at": "run_at", "delay": "delay", "ordering_key": "ordering_key",
+                  "resources": "resources", "time_limit": "timeout"}
+
+
+def submitted(task_type: str, options: dict[str, Any]) -> TaskTemplate:
+    """The task ``task submit``'s options describe (:func:`~runner.cli.client.from_options`:
+    every rule the model's)."""
+    return from_options(TaskTemplate, {"task_type": "type", **SUBMIT_OPTIONS},
+                        {**options, "task_type": task_type})
 
 
 def _submit_file(lines: TextIO, config: Path | None, as_json: bool, timeout: float) -> None:

@@ -13,6 +13,7 @@ import logging
 import signal
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import click
 
@@ -21,6 +22,10 @@ from runner.cli.client import config_option
 from runner.cli.root import cli, fail
 from runner.config import Settings
 from runner.errors import ConfigError
+
+#: the options that override a setting of the console's (the rest are the command's own)
+WEB_SETTINGS = {"tls_cert": "web_tls_cert", "tls_key": "web_tls_key",
+                "behind_proxy": "web_behind_proxy", "proxies": "web_proxies"}
 
 
 @cli.command("web")
@@ -52,8 +57,7 @@ from runner.errors import ConfigError
                    "web_proxies, default 127.0.0.1)")
 @config_option
 def web(host: str, port: int, allow_actions: bool, timeout: float, log_level: str,
-        tls_cert: Path | None, tls_key: Path | None, behind_proxy: bool | None,
-        proxies: tuple[str, ...], config: Path | None) -> None:
+        config: Path | None, **overrides: Any) -> None:
     """Serve the web console: the cluster, its tasks and every attempt, live in a browser.
 
     Pages: /cluster, /tasks (query box: type:X state:Y owner:M key:K resource:R; a key given
@@ -73,10 +77,10 @@ def web(host: str, port: int, allow_actions: bool, timeout: float, log_level: st
     try:
         settings = Settings.load(config)
         credentials = Credentials.of(settings)
-        given = {"web_tls_cert": tls_cert, "web_tls_key": tls_key,
-                 "web_behind_proxy": behind_proxy, "web_proxies": list(proxies) or None}
-        settings = settings.model_copy(
-            update={k: v for k, v in given.items() if v is not None})
+        given = {setting: list(value) if isinstance(value, tuple) else value
+                 for option, setting in WEB_SETTINGS.items()
+                 if (value := overrides.get(option)) not in (None, ())}
+        settings = settings.model_copy(update=given)
         transport = Transport.of(settings)
         check_bind(host, credentials, allow_actions, transport)
     except ConfigError as exc:

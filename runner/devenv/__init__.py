@@ -2,6 +2,6 @@
 :mod:`messaging.testing` (RabbitMQ) into one environment with its state on disk, and the smoke
 check ``latchwork dev check`` runs against it."""
 
-from runner.devenv.environment import DevEnvironment, ServiceStatus
+from runner.devenv.environment import DevEnvironment, DevPlan, ServiceStatus
 
-__all__ = ["DevEnvironment", "ServiceStatus"]
+__all__ = ["DevEnvironment", "DevPlan", "ServiceStatus"]

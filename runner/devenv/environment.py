@@ -47,6 +47,22 @@ class ServiceStatus:
     detail: str
 
 
+@dataclass(frozen=True)
+class DevPlan:
+    """What ``latchwork dev up`` starts: its directory, ZooKeeper's size, ports and tick, and
+    the servers asked for besides (a Spark standalone cluster, a Gremlin Server)."""
+
+    directory: Path
+    zk_size: int = 1
+    zk_port: int = DEFAULT_ZK_PORT
+    amqp_port: int = DEFAULT_AMQP_PORT
+    tick_time: int = 2000
+    spark_workers: int = 0
+    spark_port: int = DEFAULT_SPARK_PORT
+    graph_server: bool = False
+    graph_port: int = DEFAULT_GRAPH_PORT
+
+
 @dataclass
 class DevEnvironment:
     """ZooKeeper (standalone or an ensemble) plus one RabbitMQ node, with state under ``directory``.
@@ -63,11 +79,12 @@ class DevEnvironment:
     graph: GremlinServer | None = None
 
     @classmethod
-    def plan(cls, directory: Path, zk_size: int = 1, zk_port: int = DEFAULT_ZK_PORT,
-             amqp_port: int = DEFAULT_AMQP_PORT, tick_time: int = 2000, spark_workers: int = 0,
-             spark_port: int = DEFAULT_SPARK_PORT, graph_server: bool = False,
-             graph_port: int = DEFAULT_GRAPH_PORT) -> DevEnvironment:
-        directory = directory.resolve()
+    def plan(cls, plan: DevPlan) -> DevEnvironment:
+        directory = plan.directory.resolve()
+        zk_size, zk_port, amqp_port, tick_time = (plan.zk_size, plan.zk_port, plan.amqp_port,
+                                                  plan.tick_time)
+        spark_workers, spark_port = plan.spark_workers, plan.spark_port
+        graph_server, graph_port = plan.graph_server, plan.graph_port
         clients = [zk_port + i for i in range(zk_size)]
         zookeeper = ZooKeeperCluster(directory / "zookeeper", zk_size, tick_time, clients)
         # Distribution and epmd ports sit next to the AMQP port so a user can predict them.
