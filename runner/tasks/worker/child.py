@@ -122,7 +122,6 @@ class ChildContext:
         self.member_id = job.member_id
         self.fence_token = job.token
         self.cancel = token
-        self.completed = False
         self._conn = conn
 
     @property
@@ -145,7 +144,6 @@ class ChildContext:
                                f"({type(exc).__name__}: {exc}); build it from plain values "
                                "and steps (no lambdas)") from exc
         self._ask("complete", steps)
-        self.completed = True
 
     def progress(self, done: int, total: int | None = None, message: str = "") -> None:
         self._conn.send(("progress", (done, total, message)))
