@@ -126,7 +126,7 @@ class CommandStub:
         self.latch = StubLatch(self.tree, member_id)
         self.publisher = RecordingPublisher()
         self.topology = Topology(cluster)
-        self._commands = CommandRegistry()
+        self._handlers: dict[str, Callable[..., Any]] = {}  # the declared ones, by name
         self._bus = _Bus()
         self._outcomes: list[tuple[DeliveryOutcome, str]] = []
         connector = Connector("amqp://stub.invalid/")  # never connected
@@ -145,11 +145,15 @@ class CommandStub:
         declaration = getattr(handler, "latchwork_command", None)
         if not isinstance(declaration, CommandDeclaration):
             raise TypeError(f"{handler!r} is not marked with @command or @broadcast")
-        if not self._commands.known(declaration.name):
-            self._commands.declare(declaration, handler)
-            single = CommandRegistry()
+        known = self._handlers.get(declaration.name)
+        if known is None:
+            self._handlers[declaration.name] = handler
+            single = CommandRegistry()  # the node's own wrapping, for this one handler
             single.declare(declaration, handler)
             single.install(self._bus, self.services, self.observers)
+        elif known is not handler:
+            raise ValueError(f"{declaration.kind} {declaration.name!r} is already declared "
+                             f"by {known!r}")
         return declaration
 
     def lose_mastership(self) -> None:
