@@ -16,17 +16,22 @@ how): ``check``, ``checkpoint`` and ``complete`` (the effect's steps, built in t
 here, on the node's own context, and their answer (or the exception they raised) goes back.
 The attempt's end is written here, as for any handler, with the same fence.
 
-**Cancellation and limits.** The node writes, about every 20 ms, into memory shared with each
-busy child: a flag (cancelled, or cancelled for a time limit) and the session's deadline. A
-child that ignores its cancellation is stopped ``grace`` seconds later (its type's, default
-10 s): SIGTERM, then SIGKILL a second after; the attempt ends as the cancellation says
+**Cancellation and limits.** A worker running an isolated attempt only waits on its child's
+channel (one blocking read per message: no polling, no per-attempt liveness check). One keeper
+thread per node does the rest, about every 20 ms while a child is busy: it writes into memory
+shared with each busy child a flag (cancelled, or cancelled for a time limit) and the session's
+deadline. A child that ignores its cancellation is stopped ``grace`` seconds later (its type's,
+default 10 s): SIGTERM, then SIGKILL a second after; the attempt ends as the cancellation says
 (TIMED_OUT for a time limit, else CANCELLED_BY_SYSTEM). A session lost (LOST, or past its
-deadline) kills the child at once, before the attempt's end is written and its lock let go.
+deadline) kills the child at once, before the attempt's end is written and its lock let go: its
+worker sees the channel end, and only then ends the attempt.
 
 **Crashes.** A child that dies (a signal, an exit) ends its attempt FAILED with
 :class:`HandlerCrashed` ("handler process killed by signal 11 (SIGSEGV)"); an RSS above its
-type's ``max_memory_mb`` while it runs (read from ``/proc`` every 0.2 s: the node's watchdog,
-not ``RLIMIT_AS``) kills it: "handler used 612 MiB, limit 512". The retry policy applies as
+type's ``max_memory_mb`` while it runs (read from ``/proc`` every 0.2 s by the keeper: the
+node's watchdog, not ``RLIMIT_AS``) kills it: "handler used 612 MiB, limit 512". A child that
+dies while a process it forked still holds its channel is seen by the keeper (its exit) and its
+channel shut, so its worker never waits on a dead child. The retry policy applies as
 for any failure; the node and its other tasks run on.
 
 Failure behaviour: a child that cannot be started (the fork server gone) raises
@@ -43,20 +48,20 @@ import logging
 import multiprocessing
 import os
 import pickle
+import select
 import signal
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing import forkserver
-from multiprocessing.connection import Connection
 from typing import Any
 
 from runner.errors import HandlerCrashed
 from runner.store.gremlin.guards import replayed
 from runner.tasks.context import TaskCancelled, TaskContext, TaskTimedOut
 from runner.tasks.registry import TaskType
-from runner.tasks.worker.child import Job
+from runner.tasks.worker.child import Channel, Job
 from runner.tasks.worker.child import main as child_main
 from runner.tasks.worker.running import AttemptSession
 
@@ -72,11 +77,17 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 @dataclass(eq=False)
 class _Child:
     proc: Any  # a multiprocessing Process
-    conn: Connection
+    channel: Channel
     flag: Any  # a shared byte: 0 running, 1 cancelled, 2 cancelled for a time limit
     deadline: Any  # a shared double: the session's deadline (CLOCK_MONOTONIC)
     runs: int = 0
     ctx: TaskContext | None = None  # the attempt it runs now
+    kind: TaskType | None = None  # and its type
+    # the keeper's marks for the attempt it runs now
+    signalled: float | None = None  # when its attempt was first seen cancelled
+    termed: float | None = None  # when it was sent SIGTERM for ignoring that
+    rss_at: float = 0.0  # when its RSS was last read
+    killed_for: HandlerCrashed | None = None  # why the keeper killed it, when it did
 
     def rss_mib(self) -> float:
         try:
@@ -85,11 +96,16 @@ class _Child:
         except (OSError, IndexError, ValueError):
             return 0.0
 
-    def kill(self) -> None:
+    def signal(self, number: int) -> None:
         try:
-            os.kill(self.proc.pid, signal.SIGKILL)
+            os.kill(self.proc.pid, number)
         except ProcessLookupError:
             pass
+
+    def kill(self) -> None:
+        """SIGKILL and reap (never from the keeper: only the thread that ran it reads its
+        exit status)."""
+        self.signal(signal.SIGKILL)
         self.proc.join(5)
 
 
@@ -109,16 +125,16 @@ class ChildPool:
         self._busy: set[_Child] = set()
         self._lock = threading.Lock()
         self._closed = threading.Event()
-        self._monitor: threading.Thread | None = None
+        self._keeper: threading.Thread | None = None
         self._working = threading.Event()  # set while a child runs an attempt
 
     def start(self) -> None:
         """Start the fork server now (a child's first start then costs a fork, not an
-        interpreter's start) and the thread that keeps busy children's shared memory."""
+        interpreter's start) and the keeper of busy children."""
         forkserver.ensure_running()
-        self._monitor = threading.Thread(target=self._watch, daemon=True,
-                                         name=f"children-{self.member_id}")
-        self._monitor.start()
+        self._keeper = threading.Thread(target=self._keep_all, daemon=True,
+                                        name=f"children-{self.member_id}")
+        self._keeper.start()
 
     def close(self) -> None:
         """Kill every child (a running handler's attempt was cancelled before)."""
@@ -129,38 +145,49 @@ class ChildPool:
         for child in children:
             child.kill()
 
-    # -- running an attempt -------------------------------------------------------------------
+    # -- running an attempt (the worker's thread) ---------------------------------------------
     def run(self, ctx: TaskContext, kind: TaskType) -> None:
         """Run ``kind``'s handler on ``ctx``'s attempt in a child, serving its context until it
         ends; raises what the handler raised (or :class:`HandlerCrashed`, or the token's
         cancellation once it had to be killed), returns when it returned."""
-        child = self._take(ctx)
+        model = kind.payload_model
+        job = Job(_where(kind.handler), _where(model) if model else None,
+                  dict(ctx.task.payload), ctx.task, ctx.attempt, ctx.member_id, ctx.fence_token)
+        child = self._take(ctx, kind, job)
         healthy = False
         try:
-            model = kind.payload_model
-            child.conn.send(Job(_where(kind.handler), _where(model) if model else None,
-                                dict(ctx.task.payload), ctx.task, ctx.attempt, ctx.member_id,
-                                ctx.fence_token))
-            raised = self._serve(child, ctx, kind)
+            raised = self._serve(child, ctx)
             healthy = True  # it answered: returned or raised, it can run another
         finally:
             self._give_back(child, kind, healthy)
         if raised is not None:
             raise raised
 
-    def _take(self, ctx: TaskContext) -> _Child:
+    def _take(self, ctx: TaskContext, kind: TaskType, job: Job) -> _Child:
+        """An idle child (or a new one) that has been sent ``job``. An idle child that died
+        meanwhile is found by its broken channel, and its successor takes the job."""
         with self._lock:
             child = self._idle.pop() if self._idle else None
-        if child is None or not child.proc.is_alive():
-            if child is not None:
+        for _ in range(2):
+            if child is None:
+                child = self._spawn()
+            child.flag.value = 0
+            child.deadline.value = self._deadline(ctx)
+            child.signalled = child.termed = child.killed_for = None
+            child.rss_at = 0.0
+            try:
+                child.channel.send(job)
+                break
+            except OSError:
                 child.kill()
-            child = self._spawn()
-        child.flag.value = 0
-        child.deadline.value = self._deadline(ctx)
-        child.ctx = ctx
+                child = None
+        if child is None:
+            raise HandlerCrashed("no handler process took the attempt (each died at once)")
         with self._lock:
+            child.ctx, child.kind = ctx, kind
             self._busy.add(child)
-        self._working.set()
+        if not self._working.is_set():
+            self._working.set()
         return child
 
     def _spawn(self) -> _Child:
@@ -174,16 +201,16 @@ class ChildPool:
         except OSError as exc:
             raise HandlerCrashed(f"the handler process could not be started: {exc}") from exc
         theirs.close()
-        return _Child(proc, ours, flag, deadline)
+        return _Child(proc, Channel(ours), flag, deadline)
 
     def _give_back(self, child: _Child, kind: TaskType, healthy: bool) -> None:
         with self._lock:
             self._busy.discard(child)
-        child.ctx = None
+            child.ctx = child.kind = None
         child.runs += 1
         isolation = kind.isolation
         limit = isolation.max_memory_mb if isolation is not None else None
-        keep = (healthy and child.proc.is_alive() and not self._closed.is_set()
+        keep = (healthy and child.killed_for is None and not self._closed.is_set()
                 and (isolation is None or child.runs < isolation.max_tasks_per_child)
                 and (limit is None or child.rss_mib() <= limit))
         if keep:
@@ -208,45 +235,20 @@ class ChildPool:
             else:
                 self._idle.append(child)
 
-    def _serve(self, child: _Child, ctx: TaskContext, kind: TaskType) -> BaseException | None:
+    def _serve(self, child: _Child, ctx: TaskContext) -> BaseException | None:
         """Answer the child until its handler ends: None when it returned, what it raised when
-        it raised; a crash, or a kill for its memory or its cancellation, raises here."""
-        signalled: float | None = None
-        rss_at = 0.0
-        limit = kind.isolation.max_memory_mb if kind.isolation is not None else None
-        while True:
-            try:
-                ready = child.conn.poll(0.02)
-                message = child.conn.recv() if ready else None
-            except (EOFError, OSError):
-                raise self._crashed(child, ctx) from None
-            if message is not None:
-                what, value = message
+        it raised. The worker only waits on the channel (one blocking read per message); a
+        crash, or a kill by the keeper, ends the channel and raises here."""
+        try:
+            while True:
+                what, value = child.channel.recv()
                 if what == "done":
                     return None
                 if what == "raised":
                     return _exception(*value)
                 self._answer(child, ctx, what, value)
-                continue
-            now = time.monotonic()
-            if not child.proc.is_alive():
-                raise self._crashed(child, ctx)
-            if limit is not None and now - rss_at >= RSS_EVERY:
-                rss_at = now
-                used = child.rss_mib()
-                if used > limit:
-                    child.kill()
-                    raise HandlerCrashed(f"handler used {used:.0f} MiB, limit {limit:g}")
-            if ctx.cancel.cancelled:
-                child.flag.value = 2 if ctx.cancel.timed_out else 1
-                if ctx.cancel.session_lost:  # its lock may be another's: never a moment more
-                    child.kill()
-                    ctx.cancel.raise_if_cancelled()
-                if signalled is None:
-                    signalled = now
-                elif now - signalled > kind.limits.grace:
-                    self._stop(child, ctx)
-                    ctx.cancel.raise_if_cancelled()
+        except (EOFError, OSError):
+            raise self._crashed(child, ctx) from None
 
     def _answer(self, child: _Child, ctx: TaskContext, what: str, value: Any) -> None:
         if what == "progress":
@@ -263,27 +265,18 @@ class ChildPool:
             "check": ctx.check, "checkpoint": lambda: ctx.checkpoint(value),
             "resume": lambda: ctx.resume, "complete": lambda: ctx.complete(replayed(value))}
         try:
-            child.conn.send(("ok", calls[what]()))
+            answer: tuple[str, Any] = ("ok", calls[what]())
         except Exception as exc:
-            child.conn.send(("raise", _crossing(exc)))
-
-    def _stop(self, child: _Child, ctx: TaskContext) -> None:
-        """SIGTERM, then SIGKILL: a child that ignored its cancellation for its grace."""
-        log.warning("member %s: task %s: its handler process ignored its cancellation (%s); "
-                    "stopping it", self.member_id, ctx.task.id, ctx.cancel.reason)
-        try:
-            os.kill(child.proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        child.proc.join(TERM_WAIT)
-        if child.proc.is_alive():
-            child.kill()
+            answer = ("raise", _crossing(exc))
+        child.channel.send(answer)
 
     def _crashed(self, child: _Child, ctx: TaskContext) -> BaseException:
-        """What a child's death means for its attempt."""
+        """What a child's death (or the keeper's kill) means for its attempt."""
         child.proc.join(2)
         if child.proc.is_alive():
             child.kill()
+        if child.killed_for is not None:
+            return child.killed_for
         if ctx.cancel.cancelled:
             return (TaskTimedOut if ctx.cancel.timed_out else TaskCancelled)(ctx.cancel.reason)
         code = child.proc.exitcode
@@ -298,25 +291,62 @@ class ChildPool:
     def _deadline(self, ctx: TaskContext) -> float:
         return float("inf") if ctx.cancel.unbound else self.session.deadline
 
-    def _watch(self) -> None:
-        """Keep each busy child's shared flag and deadline (a node paused, SIGSTOP, stops
-        this too: its children see the deadline pass)."""
+    # -- the keeper (one thread per node) -----------------------------------------------------
+    def _keep_all(self) -> None:
+        """Every 20 ms while a child is busy: keep each one's shared flag and deadline, stop
+        those past their grace or their memory, and end the channel of one that died (its
+        worker waits on it). A node paused (SIGSTOP) stops this too: its children see the
+        deadline pass."""
         while not self._closed.wait(0.02):
             with self._lock:
                 busy = list(self._busy)
                 if not busy:
                     self._working.clear()
+                else:
+                    now = time.monotonic()
+                    for child in busy:
+                        self._keep(child, now)
             if not busy:  # nothing to keep: no wake-up every 20 ms on an idle node
                 self._working.wait(1.0)
                 continue
+            # a child whose channel outlives it (a process it forked holds its end): shut
+            try:
+                dead = set(select.select([c.proc.sentinel for c in busy], [], [], 0)[0])
+            except (OSError, ValueError):
+                continue
             for child in busy:
-                ctx = child.ctx
-                if ctx is None:
-                    continue
-                if ctx.cancel.cancelled:
-                    child.flag.value = 2 if ctx.cancel.timed_out else 1
-                elif not ctx.cancel.unbound:
-                    child.deadline.value = self.session.deadline
+                if child.proc.sentinel in dead:
+                    child.channel.shut()
+
+    def _keep(self, child: _Child, now: float) -> None:
+        """One busy child's tick (under the pool's lock, so its attempt is the one read)."""
+        ctx, kind = child.ctx, child.kind
+        if ctx is None or kind is None:
+            return
+        cancel = ctx.cancel
+        if cancel.cancelled:
+            child.flag.value = 2 if cancel.timed_out else 1
+            if cancel.session_lost:  # its lock may be another's: never a moment more
+                child.signal(signal.SIGKILL)
+                return
+            if child.signalled is None:
+                child.signalled = now
+            elif child.termed is None and now - child.signalled > kind.limits.grace:
+                log.warning("member %s: task %s: its handler process ignored its cancellation "
+                            "(%s); stopping it", self.member_id, ctx.task.id, cancel.reason)
+                child.signal(signal.SIGTERM)
+                child.termed = now
+            elif child.termed is not None and now - child.termed > TERM_WAIT:
+                child.signal(signal.SIGKILL)
+        elif not cancel.unbound:
+            child.deadline.value = self.session.deadline
+        limit = kind.isolation.max_memory_mb if kind.isolation is not None else None
+        if limit is not None and now - child.rss_at >= RSS_EVERY:
+            child.rss_at = now
+            used = child.rss_mib()
+            if used > limit:
+                child.killed_for = HandlerCrashed(f"handler used {used:.0f} MiB, limit {limit:g}")
+                child.signal(signal.SIGKILL)
 
 
 def _exception(data: bytes | None, text: str, stack: str) -> BaseException:
