@@ -266,7 +266,18 @@ def _watch_node(node: int) -> None:
     threading.Thread(target=wait, name="node-watch", daemon=True).start()
 
 
+_RESOLVED: dict[tuple[str, str], Any] = {}
+
+
 def _resolve(where: tuple[str, str]) -> Any:
+    """A handler or payload model by module and name (imported once per child)."""
+    found = _RESOLVED.get(where)
+    if found is None:
+        found = _RESOLVED[where] = _lookup(where)
+    return found
+
+
+def _lookup(where: tuple[str, str]) -> Any:
     module, qualname = where
     value: Any = importlib.import_module(module)
     for part in qualname.split("."):
