@@ -18,9 +18,9 @@ The attempt's end is written here, as for any handler, with the same fence.
 
 **Cancellation and limits.** A worker running an isolated attempt only waits on its child's
 channel (one blocking read per message: no polling, no per-attempt liveness check). One keeper
-thread per node does the rest, about every 20 ms while a child is busy: it writes into memory
-shared with each busy child a flag (cancelled, or cancelled for a time limit) and the session's
-deadline. A child that ignores its cancellation is stopped ``grace`` seconds later (its type's,
+thread per node does the rest: it writes into memory shared with each busy child a flag
+(cancelled, or cancelled for a time limit: at once, from the token's callback) and the
+session's deadline (every 0.1 s at most apart, and at the deadline itself). A child that ignores its cancellation is stopped ``grace`` seconds later (its type's,
 default 10 s): SIGTERM, then SIGKILL a second after; the attempt ends as the cancellation says
 (TIMED_OUT for a time limit, else CANCELLED_BY_SYSTEM). A session lost (LOST, or past its
 deadline) kills the child at once, before the attempt's end is written and its lock let go: its
@@ -71,6 +71,9 @@ log = logging.getLogger("latchwork.tasks")
 TERM_WAIT = 1.0
 #: seconds between two reads of a busy child's RSS
 RSS_EVERY = 0.2
+#: seconds between two turns of the keeper over busy children at most (it also wakes on a
+#: cancellation and when a child's next step is due)
+KEEP_EVERY = 0.1
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -88,6 +91,7 @@ class _Child:
     termed: float | None = None  # when it was sent SIGTERM for ignoring that
     rss_at: float = 0.0  # when its RSS was last read
     killed_for: HandlerCrashed | None = None  # why the keeper killed it, when it did
+    forget: Callable[[], None] | None = None  # unregisters the keeper's cancel callback
 
     def rss_mib(self) -> float:
         try:
@@ -127,6 +131,7 @@ class ChildPool:
         self._closed = threading.Event()
         self._keeper: threading.Thread | None = None
         self._working = threading.Event()  # set while a child runs an attempt
+        self._nudge = threading.Event()  # an attempt was cancelled: the keeper looks now
 
     def start(self) -> None:
         """Start the fork server now (a child's first start then costs a fork, not an
@@ -140,6 +145,7 @@ class ChildPool:
         """Kill every child (a running handler's attempt was cancelled before)."""
         self._closed.set()
         self._working.set()
+        self._nudge.set()
         with self._lock:
             children, self._idle, self._busy = [*self._idle, *self._busy], [], set()
         for child in children:
@@ -186,6 +192,7 @@ class ChildPool:
         with self._lock:
             child.ctx, child.kind = ctx, kind
             self._busy.add(child)
+        child.forget = ctx.cancel.on_cancel(self._on_cancel(child, ctx))
         if not self._working.is_set():
             self._working.set()
         return child
@@ -204,6 +211,9 @@ class ChildPool:
         return _Child(proc, Channel(ours), flag, deadline)
 
     def _give_back(self, child: _Child, kind: TaskType, healthy: bool) -> None:
+        if child.forget is not None:
+            child.forget()
+            child.forget = None
         with self._lock:
             self._busy.discard(child)
             child.ctx = child.kind = None
@@ -293,60 +303,81 @@ class ChildPool:
 
     # -- the keeper (one thread per node) -----------------------------------------------------
     def _keep_all(self) -> None:
-        """Every 20 ms while a child is busy: keep each one's shared flag and deadline, stop
-        those past their grace or their memory, and end the channel of one that died (its
-        worker waits on it). A node paused (SIGSTOP) stops this too: its children see the
-        deadline pass."""
-        while not self._closed.wait(0.02):
+        """While a child is busy: keep each one's shared flag and deadline, stop those past
+        their grace or their memory, and end the channel of one that died (its worker waits on
+        it). It wakes when an attempt is cancelled (the token's callback), when a child's next
+        step is due (its grace, its kill, its RSS read, its session's deadline), and at least
+        every ``KEEP_EVERY`` seconds; an idle pool sleeps. A node paused (SIGSTOP) stops this
+        too: its children see the deadline pass."""
+        while not self._closed.is_set():
             with self._lock:
                 busy = list(self._busy)
                 if not busy:
                     self._working.clear()
-                else:
-                    now = time.monotonic()
-                    for child in busy:
-                        self._keep(child, now)
-            if not busy:  # nothing to keep: no wake-up every 20 ms on an idle node
+                now = time.monotonic()
+                due = [self._keep(child, now) for child in busy]
+            if not busy:  # nothing to keep: no wake-up on an idle node
                 self._working.wait(1.0)
                 continue
             # a child whose channel outlives it (a process it forked holds its end): shut
             try:
                 dead = set(select.select([c.proc.sentinel for c in busy], [], [], 0)[0])
             except (OSError, ValueError):
-                continue
+                dead = set()
             for child in busy:
                 if child.proc.sentinel in dead:
                     child.channel.shut()
+            wait = min([KEEP_EVERY, *(at - time.monotonic() for at in due if at is not None)])
+            self._nudge.wait(max(0.001, wait))
+            self._nudge.clear()
 
-    def _keep(self, child: _Child, now: float) -> None:
-        """One busy child's tick (under the pool's lock, so its attempt is the one read)."""
+    def _keep(self, child: _Child, now: float) -> float | None:
+        """One busy child's turn (under the pool's lock, so its attempt is the one read);
+        when its next step is due."""
         ctx, kind = child.ctx, child.kind
         if ctx is None or kind is None:
-            return
+            return None
         cancel = ctx.cancel
+        due: list[float] = []
         if cancel.cancelled:
             child.flag.value = 2 if cancel.timed_out else 1
             if cancel.session_lost:  # its lock may be another's: never a moment more
                 child.signal(signal.SIGKILL)
-                return
+                return None
             if child.signalled is None:
                 child.signalled = now
-            elif child.termed is None and now - child.signalled > kind.limits.grace:
+            if child.termed is None and now - child.signalled > kind.limits.grace:
                 log.warning("member %s: task %s: its handler process ignored its cancellation "
                             "(%s); stopping it", self.member_id, ctx.task.id, cancel.reason)
                 child.signal(signal.SIGTERM)
                 child.termed = now
             elif child.termed is not None and now - child.termed > TERM_WAIT:
                 child.signal(signal.SIGKILL)
+            due.append(child.signalled + kind.limits.grace if child.termed is None
+                       else child.termed + TERM_WAIT)
         elif not cancel.unbound:
-            child.deadline.value = self.session.deadline
+            child.deadline.value = deadline = self.session.deadline
+            due.append(deadline)  # past it the session may be lost: look at once
         limit = kind.isolation.max_memory_mb if kind.isolation is not None else None
-        if limit is not None and now - child.rss_at >= RSS_EVERY:
-            child.rss_at = now
-            used = child.rss_mib()
-            if used > limit:
-                child.killed_for = HandlerCrashed(f"handler used {used:.0f} MiB, limit {limit:g}")
-                child.signal(signal.SIGKILL)
+        if limit is not None:
+            if now - child.rss_at >= RSS_EVERY:
+                child.rss_at = now
+                used = child.rss_mib()
+                if used > limit:
+                    child.killed_for = HandlerCrashed(f"handler used {used:.0f} MiB, "
+                                                      f"limit {limit:g}")
+                    child.signal(signal.SIGKILL)
+            due.append(child.rss_at + RSS_EVERY)
+        return min(due, default=None)
+
+    def _on_cancel(self, child: _Child, ctx: TaskContext) -> Callable[[str], None]:
+        """The token's callback: the child's shared flag at once, and the keeper woken (for
+        its grace, or a kill when the session is lost)."""
+        def cancelled(reason: str) -> None:
+            if child.ctx is ctx:
+                child.flag.value = 2 if ctx.cancel.timed_out else 1
+            self._nudge.set()
+        return cancelled
 
 
 def _exception(data: bytes | None, text: str, stack: str) -> BaseException:
