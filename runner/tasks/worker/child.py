@@ -2,10 +2,11 @@
 handler gets (:class:`ChildContext`).
 
 A child comes from the node's fork server (:mod:`runner.tasks.worker.isolated`) and runs one
-attempt after another, each sent over its channel (:class:`Channel`, on a ``multiprocessing``
-socket pair) as a :class:`Job`: the handler and payload model by module and name (imported
-here), the payload, the task and attempt as the node claimed them. The node keeps the session,
-the lock and every store write; what the handler asks of its context crosses the channel:
+attempt after another, each sent over its channel
+(:class:`~runner.tasks.worker.channel.Channel`, on a ``multiprocessing`` socket pair) as a
+:class:`Job`: the handler and payload model by module and name (imported here), the payload, the
+task and attempt as the node claimed them. The node keeps the session, the lock and every store
+write; what the handler asks of its context crosses the channel:
 
 * ``progress``, ``heartbeat``: a message, no answer (the node throttles and writes them);
 * ``check()``, ``checkpoint(state)``, ``resume``: a request the node answers (a refusal comes
@@ -41,8 +42,6 @@ import os
 import pickle
 import select
 import signal
-import socket
-import struct
 import sys
 import threading
 import time
@@ -57,63 +56,11 @@ from runner.errors import InvalidValue
 from runner.store import Attempt, Fence, Task
 from runner.store.gremlin.guards import effect_steps
 from runner.tasks.context import TaskCancelled, TaskTimedOut
+from runner.tasks.worker.channel import Channel
 
 #: what a child gets instead of ``ctx.services``
 NOT_ACROSS = ("is not available in a process-isolated handler: the node keeps the ZooKeeper "
               "session, the store and every service (docs/runner.md, \"Process isolation\")")
-
-
-class Channel:
-    """One end of a handler process's socket: pickled messages, each framed by its length and
-    sent in one write, read with as few reads as the kernel allows (one, for a message that
-    fits the socket's buffer). ``multiprocessing``'s ``Connection`` reads a header and a body
-    apart, and its ``poll`` builds a selector per call: each a system call, and each a hand-off
-    of the node's GIL, per message.
-
-    Failure behaviour: a peer gone raises ``EOFError`` from :meth:`recv` (its end closed, or
-    this end shut by :meth:`shut`) and ``OSError`` (a broken pipe) from :meth:`send`."""
-
-    HEADER = struct.Struct("!I")
-
-    def __init__(self, conn: Connection) -> None:
-        self._conn = conn  # it owns the descriptor: closed with it
-        self._fd = conn.fileno()
-        self._buffer = bytearray()
-
-    def send(self, message: Any) -> None:
-        data = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
-        view = memoryview(self.HEADER.pack(len(data)) + data)
-        while view:
-            view = view[os.write(self._fd, view):]
-
-    def recv(self) -> Any:
-        buffer = self._buffer
-        while True:
-            if len(buffer) >= 4:
-                (size,) = self.HEADER.unpack_from(buffer)
-                if len(buffer) >= 4 + size:
-                    message = pickle.loads(buffer[4:4 + size])
-                    del buffer[:4 + size]
-                    return message
-                need = 4 + size - len(buffer)
-            else:
-                need = 4 - len(buffer)
-            chunk = os.read(self._fd, max(need, 65536))
-            if not chunk:
-                raise EOFError("the channel's other end is closed")
-            buffer += chunk
-
-    def shut(self) -> None:
-        """End both directions of the socket (not only this descriptor): a thread blocked in
-        :meth:`recv` on it gets ``EOFError`` at once."""
-        try:
-            with socket.socket(fileno=os.dup(self._fd)) as sock:
-                sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-
-    def close(self) -> None:
-        self._conn.close()
 
 
 @dataclass(frozen=True)

@@ -19,12 +19,13 @@ The attempt's end is written here, as for any handler, with the same fence.
 **Cancellation and limits.** A worker running an isolated attempt only waits on its child's
 channel (one blocking read per message: no polling, no per-attempt liveness check). One keeper
 thread per node does the rest: it writes into memory shared with each busy child a flag
-(cancelled, or cancelled for a time limit: at once, from the token's callback) and the
-session's deadline (every 0.1 s at most apart, and at the deadline itself). A child that ignores its cancellation is stopped ``grace`` seconds later (its type's,
-default 10 s): SIGTERM, then SIGKILL a second after; the attempt ends as the cancellation says
-(TIMED_OUT for a time limit, else CANCELLED_BY_SYSTEM). A session lost (LOST, or past its
-deadline) kills the child at once, before the attempt's end is written and its lock let go: its
-worker sees the channel end, and only then ends the attempt.
+(cancelled, or cancelled for a time limit: at once, from the token's callback) and the session's
+deadline (every 0.1 s at most apart, and at the deadline itself). A child that ignores its
+cancellation is stopped ``grace`` seconds later (its type's, default 10 s): SIGTERM, then
+SIGKILL a second after; the attempt ends as the cancellation says (TIMED_OUT for a time limit,
+else CANCELLED_BY_SYSTEM). A session lost (LOST, or past its deadline) kills the child at once,
+before the attempt's end is written and its lock let go: its worker sees the channel end, and
+only then ends the attempt.
 
 **Crashes.** A child that dies (a signal, an exit) ends its attempt FAILED with
 :class:`HandlerCrashed` ("handler process killed by signal 11 (SIGSEGV)"); an RSS above its
@@ -61,7 +62,8 @@ from runner.errors import HandlerCrashed
 from runner.store.gremlin.guards import replayed
 from runner.tasks.context import TaskCancelled, TaskContext, TaskTimedOut
 from runner.tasks.registry import TaskType
-from runner.tasks.worker.child import Channel, Job
+from runner.tasks.worker.channel import Channel
+from runner.tasks.worker.child import Job
 from runner.tasks.worker.child import main as child_main
 from runner.tasks.worker.running import AttemptSession
 
