@@ -27,6 +27,10 @@ client gives up, answered by any node). Errors are one tree under :class:`Client
 A client is for one thread at a time; open one per thread. ``close()`` (or the ``with`` block)
 closes its connection; a closed client refuses further calls (``LifecycleError``).
 
+Every typed method builds its request model (:func:`build`) and is a call of
+:meth:`Client.send`, which returns the reply model the request names (:mod:`runner.replies`):
+``client.send(build(TaskGet, id=...))`` is ``client.get(...)``.
+
 Why one module: the client is one class with one typed method per command of the contract
 (:mod:`runner.requests`); its error types live in :mod:`runner.errors`.
 """
@@ -35,7 +39,6 @@ from __future__ import annotations
 
 import builtins
 import getpass
-import json
 import logging
 import socket
 import time
@@ -44,9 +47,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import ClassVar, TypeVar, cast
 
-from pydantic import ValidationError
+from pydantic import BaseModel, JsonValue, ValidationError
 
 from messaging import (
     ApiClient,
@@ -73,11 +76,23 @@ from runner.errors import (
     RequestFailed,
     RequestRefused,
 )
-from runner.node.views import (
+from runner.replies import (
+    AspectView,
     Cancelled,
     ClusterStatus,
+    CommandView,
+    OntologyDetail,
+    OntologyView,
     RecentAttempt,
+    ScheduleView,
+    StreamInfo,
+    StreamPage,
+    StreamStarted,
+    StreamState,
+    Submitted,
+    SyncSent,
     TaskReport,
+    TaskTypeView,
     TaskView,
 )
 from runner.requests import (
@@ -98,6 +113,7 @@ from runner.requests import (
     ScheduleList,
     SchedulePause,
     ScheduleRemove,
+    ScheduleSpec,
     StreamList,
     StreamPush,
     StreamRead,
@@ -118,6 +134,10 @@ from runner.requests import (
 from runner.requests import TaskSearch as TaskSearchRequest
 
 T = TypeVar("T")
+#: a request's reply type
+R = TypeVar("R")
+#: a request model, or a part of one
+Q = TypeVar("Q", bound=BaseModel)
 #: sendings of one bulk submit page at most (the first, and again while no answer comes or the
 #: graph is out of reach: 0.5, 1, 2 s apart)
 PAGE_TRIES = 4
@@ -126,16 +146,27 @@ log = logging.getLogger("latchwork.client")
 AnyOf = str | Sequence[str]
 
 __all__ = ["BrokerUnreachable", "Client", "ClientError", "CommandFailed", "CommandRefused",
-           "NoAnswer", "RequestFailed", "RequestRefused", "operator"]
+           "NoAnswer", "RequestFailed", "RequestRefused", "build", "operator"]
 
 
 
-def _pages(items: builtins.list[dict[str, Any]]) -> Iterator[builtins.list[dict[str, Any]]]:
+def build(model: type[Q], **fields: object) -> Q:
+    """The request (or part of one) ``model`` of ``fields``, validated here as the node
+    validates it: a wrong one is refused before it is sent (:class:`RequestRefused`, code
+    ``invalid``, naming the command)."""
+    try:
+        return cast(Q, validate_payload(model, fields))
+    except ValidationError as exc:
+        command = getattr(model, "command", model.__name__)
+        raise RequestRefused(command, "invalid", f"{command}: {summary(exc)}") from exc
+
+
+def _pages(items: builtins.list[TaskTemplate]) -> Iterator[builtins.list[TaskTemplate]]:
     """``items`` in pages of at most SUBMIT_PAGE items and SUBMIT_PAGE_BYTES of JSON."""
-    page: builtins.list[dict[str, Any]] = []
+    page: builtins.list[TaskTemplate] = []
     size = 0
     for item in items:
-        length = len(json.dumps(item)) + 2
+        length = len(item.model_dump_json(exclude_none=True)) + 2
         if page and (len(page) >= SUBMIT_PAGE or size + length > SUBMIT_PAGE_BYTES):
             yield page
             page, size = [], 0
@@ -191,34 +222,35 @@ class Client:
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None, *, config: Path | None = None,
-                      timeout: float = 10.0, **kwargs: Any) -> Client:
+                      timeout: float = 10.0, sender: str | None = None,
+                      name: str = "latchwork client") -> Client:
         """A client of the cluster the settings name (a TOML file and ``LATCHWORK_*``); a bad
         configuration raises :class:`~runner.config.ConfigError`."""
         settings = settings or Settings.load(config)
-        connector = amqp_connector(settings, name=kwargs.pop("name", "latchwork client"),
-                                   connect_deadline=min(timeout, 10.0))
+        connector = amqp_connector(settings, name=name, connect_deadline=min(timeout, 10.0))
         return cls(connector.url, settings.cluster, timeout=timeout, connector=connector,
-                   **kwargs)
+                   sender=sender, name=name)
 
     # -- the calls ------------------------------------------------------------------------------
-    def submit(self, task_type: str, payload: dict[str, Any] | None = None, *,
+    def submit(self, task_type: str, payload: Mapping[str, JsonValue] | None = None, *,
                priority: int | None = None, unique_key: str | None = None,
                run_at: datetime | None = None, delay: float | None = None,
                ordering_key: str | None = None, resources: Sequence[str] = (),
                timeout: float | None = None) -> TaskView:
         """Create a task (validated by the node; ``priority`` None: the type's default) and
-        return its view (a :class:`~runner.node.views.TaskRef`); the same ``unique_key`` again
+        return its view (a :class:`~runner.replies.TaskRef`); the same ``unique_key`` again
         returns the task it created first. ``run_at`` (an aware datetime) or ``delay``
         (seconds): not started before then. ``ordering_key``: tasks with the same key run one
         at a time in submission order. ``resources``: taken all-or-nothing before it starts
         (besides its type's). ``timeout``: seconds an attempt may run, capped by its type's
         (docs/runner.md, "Time limits and heartbeats"); not the request's own timeout."""
-        return TaskView.model_validate(self.call(
-            TaskSubmit, type=task_type, payload=payload or {}, priority=priority,
-            unique_key=unique_key, run_at=run_at, delay=delay, ordering_key=ordering_key,
-            resources=list(resources), timeout=timeout))
+        return self.send(build(TaskSubmit, type=task_type, payload=dict(payload or {}),
+                               priority=priority, unique_key=unique_key, run_at=run_at,
+                               delay=delay, ordering_key=ordering_key,
+                               resources=list(resources), timeout=timeout))
 
-    def submit_many(self, tasks: Iterable[Mapping[str, Any] | TaskTemplate]) -> builtins.list[str]:
+    def submit_many(self, tasks: Iterable[Mapping[str, JsonValue] | TaskTemplate]
+                    ) -> builtins.list[str]:
         """Create many tasks, each given as :meth:`submit`'s fields (``{"type": ...,
         "payload": ..., "priority": ..., ...}``), in pages of at most
         :data:`~runner.requests.SUBMIT_PAGE` tasks and 192 KiB of JSON: each page one request
@@ -242,25 +274,25 @@ class Client:
                 raise RequestRefused(TaskSubmitMany.command, "invalid",
                                      f"task {n}: {summary(exc)}") from exc
         ids: builtins.list[str] = []
-        for page in _pages([item.model_dump(mode="json", exclude_none=True) for item in items]):
+        for page in _pages(items):
             try:
-                reply = self._submit_page(page)
+                sent = self._submit_page(page)
             except RequestFailed as exc:
                 exc.done = list(ids)
                 exc.detail = (f"{exc.detail} (in the page of tasks {len(ids)} to "
                               f"{len(ids) + len(page) - 1}; the {len(ids)} before were created)")
                 exc.args = (exc.detail, *exc.args[1:])
                 raise
-            ids += [str(task_id) for task_id in reply["ids"]]
+            ids += sent.ids
         return ids
 
-    def _submit_page(self, page: builtins.list[dict[str, Any]]) -> Any:
+    def _submit_page(self, page: builtins.list[TaskTemplate]) -> Submitted:
         """One page of :meth:`submit_many`, under a key of its own, sent again while no
         answer comes or the graph is out of reach (see there)."""
         key = uuid.uuid4().hex
         for n in range(PAGE_TRIES):
             try:
-                return self.call(TaskSubmitMany, tasks=page, page=key)
+                return self.send(build(TaskSubmitMany, tasks=page, page=key))
             except (NoAnswer, RequestFailed) as exc:
                 transient = isinstance(exc, NoAnswer) or exc.code == "store_unavailable"
                 if not transient or n == PAGE_TRIES - 1:
@@ -271,15 +303,14 @@ class Client:
         raise AssertionError("unreachable")  # the last try raised
 
     def get(self, task_id: str) -> TaskReport:
-        return TaskReport.model_validate(self.call(TaskGet, id=task_id))
+        return self.send(build(TaskGet, id=task_id))
 
     def list(self, *, unfinished: bool = False, task_type: str | None = None,
              ordering_key: str | None = None) -> builtins.list[TaskView]:
         """Tasks, newest first; ``unfinished``: the open ones in the order nodes take them;
         ``ordering_key``: that key's unfinished tasks in the order they will run."""
-        reply = self.call(TaskList, unfinished=unfinished, type=task_type,
-                                      ordering_key=ordering_key)
-        return [TaskView.model_validate(t) for t in reply]
+        return self.send(build(TaskList, unfinished=unfinished, type=task_type,
+                               ordering_key=ordering_key))
 
     def wait(self, task_id: str, timeout: float) -> TaskReport:
         """The task's report once it is finished or stopped; :class:`NoAnswer` if it is still
@@ -298,108 +329,87 @@ class Client:
     def cancel(self, task_id: str, reason: str | None = None) -> Cancelled:
         """Deactivate the task and cancel its running attempt cluster-wide: the attempt ends
         CANCELLED "cancelled by operator <sender>" and its owner is fenced off."""
-        return Cancelled.model_validate(self.call(TaskCancel, id=task_id,
-                                                              reason=reason))
+        return self.send(build(TaskCancel, id=task_id, reason=reason))
 
     def deactivate(self, task_id: str) -> Cancelled:
         """Stop the task (it is kept); a running attempt is cancelled as with :meth:`cancel`."""
-        return Cancelled.model_validate(self.call(TaskDeactivate, id=task_id))
+        return self.send(build(TaskDeactivate, id=task_id))
 
     def reactivate(self, task_id: str, *, fresh: bool = False) -> TaskView:
         """Let nodes pick a stopped task again; ``fresh``: drop its last checkpoint too, so
         its next attempt starts from the beginning (refused while an attempt runs it)."""
-        return TaskView.model_validate(self.call(TaskReactivate, id=task_id, fresh=fresh))
+        return self.send(build(TaskReactivate, id=task_id, fresh=fresh))
 
     def skip(self, task_id: str) -> TaskView:
         """Finish a stopped or waiting task without running it (its ordering key goes on)."""
-        return TaskView.model_validate(self.call(TaskSkip, id=task_id))
+        return self.send(build(TaskSkip, id=task_id))
 
     def recent_attempts(self, limit: int = 10) -> builtins.list[RecentAttempt]:
         """The attempts that ended last (today and yesterday), newest first."""
-        return [RecentAttempt.model_validate(a)
-                for a in self.call(AttemptRecent, limit=limit)]
+        return self.send(build(AttemptRecent, limit=limit))
 
-    def task_types(self) -> builtins.list[dict[str, Any]]:
+    def task_types(self) -> builtins.list[TaskTypeView]:
         """Every task type the answering node knows: name, description, default priority,
-        slots and payload JSON schema."""
-        return builtins.list(self.call(TaskTypes))
+        slots, limits, isolation and payload JSON schema."""
+        return self.send(TaskTypes())
 
     def cluster_status(self) -> ClusterStatus:
-        return ClusterStatus.model_validate(self.call(ClusterStatusQuery))
+        return self.send(ClusterStatusQuery())
 
     # -- schedules ---------------------------------------------------------------------------
-    def schedule_add(self, name: str, task_type: str, payload: dict[str, Any] | None = None,
-                     *, cron: str | None = None, every: float | None = None,
-                     priority: int | None = None, ordering_key: str | None = None,
-                     resources: Sequence[str] = (), misfire: str = "run_once"
-                     ) -> dict[str, Any]:
-        """Add a recurring schedule (``cron``: a crontab expression in UTC, or ``every``
-        seconds); the master creates one task per fire. ``misfire``: ``run_once`` or
-        ``skip`` for fires missed while no master existed."""
-        spec = {"cron": cron, "every": every, "type": task_type, "payload": payload or {},
-                "priority": priority, "ordering_key": ordering_key,
-                "resources": builtins.list(resources), "misfire": misfire}
-        reply: dict[str, Any] = self.call(ScheduleAdd, name=name, spec=spec)
-        return reply
+    def schedule_add(self, name: str, spec: ScheduleSpec) -> ScheduleView:
+        """Add the recurring schedule ``name``: ``spec`` says when it fires (``cron``: a
+        crontab expression in UTC, or ``every`` seconds), the task each fire creates (the
+        fields a submit shares, :class:`~runner.templates.TaskFields`) and ``misfire``
+        (``run_once`` or ``skip`` for fires missed while no master existed); the master
+        creates one task per fire. ``ScheduleSpec(type="diag.sleep", cron="0 3 * * *")``."""
+        return self.send(build(ScheduleAdd, name=name, spec=spec))
 
-    def schedules(self) -> builtins.list[dict[str, Any]]:
-        reply: builtins.list[dict[str, Any]] = self.call(ScheduleList)
-        return reply
+    def schedules(self) -> builtins.list[ScheduleView]:
+        return self.send(ScheduleList())
 
     def schedule_remove(self, name: str) -> None:
         """Remove a schedule; its fires made ahead that have not started are stopped."""
-        self.call(ScheduleRemove, name=name)
+        self.send(build(ScheduleRemove, name=name))
 
-    def schedule_pause(self, name: str, paused: bool = True) -> dict[str, Any]:
+    def schedule_pause(self, name: str, paused: bool = True) -> ScheduleView:
         """Pause a schedule (its fires made ahead that have not started are stopped), or
         resume it (``paused=False``: from now on, missed fires are not made up)."""
-        reply: dict[str, Any] = self.call(SchedulePause, name=name, paused=paused)
-        return reply
+        return self.send(build(SchedulePause, name=name, paused=paused))
 
     # -- streams, aspects, ontologies ---------------------------------------------------------
-    def stream_start(self, name: str, redundancy: int = 2) -> dict[str, Any]:
-        """Create the copy tasks of stream ``name`` (idempotent): ``{"stream", "copies"}``."""
-        reply: dict[str, Any] = self.call(StreamStart, name=name,
-                                                      redundancy=redundancy)
-        return reply
+    def stream_start(self, name: str, redundancy: int = 2) -> StreamStarted:
+        """Create the copy tasks of stream ``name`` (idempotent)."""
+        return self.send(build(StreamStart, name=name, redundancy=redundancy))
 
-    def stream_status(self, name: str) -> dict[str, Any]:
+    def stream_status(self, name: str) -> StreamState:
         """The stream handler's state (phase, positions, output end) and its running copies."""
-        reply: dict[str, Any] = self.call(StreamStatus, name=name)
-        return reply
+        return self.send(build(StreamStatus, name=name))
 
     def aspect_create(self, name: str, *, batch_rows: int | None = None,
-                      pause: float = 0.0) -> dict[str, Any]:
-        reply: dict[str, Any] = self.call(AspectCreate, name=name,
-                                                      batch_rows=batch_rows, pause=pause)
-        return reply
+                      pause: float = 0.0) -> AspectView:
+        return self.send(build(AspectCreate, name=name, batch_rows=batch_rows, pause=pause))
 
-    def aspect_delete(self, name: str) -> dict[str, Any]:
-        reply: dict[str, Any] = self.call(AspectDelete, name=name)
-        return reply
+    def aspect_delete(self, name: str) -> AspectView:
+        return self.send(build(AspectDelete, name=name))
 
-    def aspect(self, name: str) -> dict[str, Any]:
+    def aspect(self, name: str) -> AspectView:
         """An aspect's state, its task, and its batches done and total."""
-        reply: dict[str, Any] = self.call(AspectGet, name=name)
-        return reply
+        return self.send(build(AspectGet, name=name))
 
-    def aspects(self) -> builtins.list[dict[str, Any]]:
-        reply: builtins.list[dict[str, Any]] = self.call(AspectList)
-        return reply
+    def aspects(self) -> builtins.list[AspectView]:
+        return self.send(AspectList())
 
-    def ontology_sync(self) -> dict[str, Any]:
-        """Ask the master to load new or changed ontologies: ``{"message_id"}``."""
-        reply: dict[str, Any] = self.call(OntologySyncRequest)
-        return reply
+    def ontology_sync(self) -> SyncSent:
+        """Ask the master to load new or changed ontologies (the message's id)."""
+        return self.send(OntologySyncRequest())
 
-    def ontologies(self) -> builtins.list[dict[str, Any]]:
-        reply: builtins.list[dict[str, Any]] = self.call(OntologyList)
-        return reply
+    def ontologies(self) -> builtins.list[OntologyView]:
+        return self.send(OntologyList())
 
-    def ontology(self, iri: str) -> dict[str, Any]:
+    def ontology(self, iri: str) -> OntologyDetail:
         """An ontology and its classes, each with its parents and its number of children."""
-        reply: dict[str, Any] = self.call(OntologyShow, iri=iri)
-        return reply
+        return self.send(build(OntologyShow, iri=iri))
 
     # -- the web console's lists ------------------------------------------------------------
     def search(self, *, type: AnyOf | None = None, state: AnyOf | None = None,
@@ -410,27 +420,25 @@ class Client:
         next (older) page (None: this was the last). ``state``: waiting, running, stopped,
         finished or skipped. A sequence of values means any of them (``type=("a", "b")``).
         Reads a page, never the whole history."""
-        reply = self.call(TaskSearchRequest, type=_listed(type), state=_listed(state),
-                          owner=_listed(owner), ordering_key=_listed(ordering_key),
-                          resource=resource, before=before, limit=limit)
-        return [TaskView.model_validate(t) for t in reply["tasks"]], reply["next"]
+        page = self.send(build(TaskSearchRequest, type=_listed(type), state=_listed(state),
+                               owner=_listed(owner), ordering_key=_listed(ordering_key),
+                               resource=resource, before=before, limit=limit))
+        return page.tasks, page.next
 
     def task_counts(self, *, type: AnyOf | None = None, owner: AnyOf | None = None,
                     ordering_key: AnyOf | None = None, resource: str | None = None
                     ) -> dict[str, int]:
         """How many tasks match the filters in each state (a sequence: any of its values)."""
-        reply: dict[str, int] = self.call(TaskCounts, type=_listed(type), owner=_listed(owner),
-                                          ordering_key=_listed(ordering_key),
-                                          resource=resource)
-        return reply
+        return self.send(build(TaskCounts, type=_listed(type), owner=_listed(owner),
+                               ordering_key=_listed(ordering_key), resource=resource))
 
-    def streams(self) -> builtins.list[dict[str, Any]]:
+    def streams(self) -> builtins.list[StreamInfo]:
         """The streams a node declares, each with its state and running copies."""
-        return builtins.list(self.call(StreamList))
+        return self.send(StreamList())
 
     # -- your own commands and broadcasts, and streams from the outside -----------------------
-    def command(self, name: str, payload: dict[str, Any] | None = None, *,
-                id: str | uuid.UUID | None = None, wait: float | None = None) -> Any:
+    def command(self, name: str, payload: Mapping[str, JsonValue] | None = None, *,
+                id: str | uuid.UUID | None = None, wait: float | None = None) -> JsonValue:
         """Send the MASTER command ``name`` (declared with ``@command`` on the nodes); returns
         once the broker has it (a publisher confirm). ``id``: its idempotency key (a UUID):
         sent again with the same id (after a lost confirm), it is handled once, and each call
@@ -443,43 +451,45 @@ class Client:
             message_id = uuid.UUID(str(id)) if id is not None else None
         except ValueError as exc:
             raise RequestRefused(name, "invalid", f"command id {id!r} is not a UUID") from exc
+        body = dict(payload) if payload is not None else None
         try:
             with _answered(name, CommandRefused, CommandFailed):
-                return self._api.command(name, payload, message_id=message_id, wait=wait)
+                answer: JsonValue = self._api.command(name, body, message_id=message_id,
+                                                      wait=wait)
+                return answer
         except (EnvelopeError, ValidationError) as exc:  # a name the envelope refuses
             raise RequestRefused(name, "invalid", f"command {name!r}: {exc}") from exc
 
-    def broadcast(self, name: str, payload: dict[str, Any] | None = None) -> str:
+    def broadcast(self, name: str, payload: Mapping[str, JsonValue] | None = None) -> str:
         """Send the broadcast ``name`` to every node connected now (confirmed by the broker);
         its message id. A node disconnected meanwhile runs the broadcast's catch-up instead."""
         try:
-            return str(self._api.broadcast(name, payload).id)
+            return str(self._api.broadcast(name, dict(payload) if payload is not None
+                                           else None).id)
         except BrokerUnavailable as exc:
             raise BrokerUnreachable(str(exc)) from exc
         except ValidationError as exc:  # a name the envelope refuses
             raise RequestRefused(name, "invalid", f"broadcast {name!r}: {exc}") from exc
 
-    def commands(self) -> builtins.list[dict[str, Any]]:
+    def commands(self) -> builtins.list[CommandView]:
         """Every command and broadcast the live nodes declare: name, kind, description,
         payload JSON schema, built-in or not, and the members that declare it."""
-        return builtins.list(self.call(CommandList))
+        return self.send(CommandList())
 
-    def stream_push(self, queue: str, values: Sequence[Any], *, token: str | None = None,
-                    raw: bool = False) -> builtins.list[int]:
+    def stream_push(self, queue: str, values: Sequence[JsonValue], *,
+                    token: str | None = None, raw: bool = False) -> builtins.list[int]:
         """Append ``values`` (JSON; with ``raw``, strings stored as their text) to the queue
         ``queue`` in one step; their indexes. ``token``: a push sent again with it (after a
         lost reply) pushes nothing more and returns the first one's indexes. A value too
         large is refused (:class:`RequestRefused`, code ``stream_element_too_large``)."""
-        reply = self.call(StreamPush, queue=queue, values=builtins.list(values), token=token,
-                          raw=raw)
-        return [int(i) for i in reply["indexes"]]
+        return self.send(build(StreamPush, queue=queue, values=builtins.list(values),
+                               token=token, raw=raw)).indexes
 
-    def stream_read(self, queue: str, start: int = 0, limit: int = 100) -> dict[str, Any]:
-        """Up to ``limit`` elements of ``queue`` from ``start``: ``{"elements": [{"index",
-        "value" | "text" | "base64"}], "next"}`` (an input, an output or a dead-letter queue,
-        ``<stream>.dead``)."""
-        reply: dict[str, Any] = self.call(StreamRead, queue=queue, start=start, limit=limit)
-        return reply
+    def stream_read(self, queue: str, start: int = 0, limit: int = 100) -> StreamPage:
+        """Up to ``limit`` elements of ``queue`` from ``start`` (each its ``index`` and its
+        ``value``, ``text`` or ``base64``) and where the next read starts (an input, an output
+        or a dead-letter queue, ``<stream>.dead``)."""
+        return self.send(build(StreamRead, queue=queue, start=start, limit=limit))
 
     # -- the dead-letter queue (read from RabbitMQ directly: no node needed) ------------------
     def dead_letters(self, limit: int = 100) -> builtins.list[DeadLetter]:
@@ -507,24 +517,29 @@ class Client:
             raise BrokerUnreachable(str(exc)) from exc
 
     # -- plumbing -------------------------------------------------------------------------------
-    def call(self, model: type[Request], **fields: Any) -> Any:
-        """Send one request of the API's contract (:mod:`runner.requests`): ``model`` of
-        ``fields``, validated here as the node validates it, so a wrong request is refused
-        before it is sent (:class:`RequestRefused`, code ``invalid``). The reply's ``result``
-        as JSON, or a :class:`ClientError`."""
+    def send(self, request: Request[R]) -> R:
+        """Send one request of the API's contract (:mod:`runner.requests`; build it with
+        :func:`build`, which refuses a wrong one before it is sent) and read the reply into
+        the model its command names. A reply that does not read as that model (a node of
+        another version that broke the contract) is :class:`RequestFailed` with code
+        ``invalid_reply``; else the node's error, as a :class:`ClientError`."""
+        command = request.command
+        raw = self.request(command, request.model_dump(mode="json"))
         try:
-            request = validate_payload(model, fields)
+            return cast(R, type(request).reply_adapter().validate_python(raw))
         except ValidationError as exc:
-            raise RequestRefused(model.command, "invalid",
-                                 f"{model.command}: {summary(exc)}") from exc
-        return self.request(model.command, request.model_dump(mode="json"))
+            raise RequestFailed(command, "invalid_reply",
+                                f"the node's answer to {command} is not what the command "
+                                f"answers: {summary(exc)}") from exc
 
-    def request(self, command: str, payload: dict[str, Any] | None = None,
-                timeout: float | None = None) -> Any:
+    def request(self, command: str, payload: Mapping[str, JsonValue] | None = None,
+                timeout: float | None = None) -> JsonValue:
         """One API request by its command name, as it goes on the wire (prefer the typed
-        methods, or :meth:`call`); the reply's ``result``, or a :class:`ClientError`."""
+        methods, or :meth:`send`); the reply's ``result`` as JSON, or a :class:`ClientError`."""
         with _answered(command, RequestRefused, RequestFailed):
-            return self._api.request(command, payload, timeout=timeout or self.timeout)
+            answer: JsonValue = self._api.request(command, dict(payload or {}),
+                                                  timeout=timeout or self.timeout)
+            return answer
 
     def close(self) -> None:
         self._api.close()

@@ -1,83 +1,112 @@
 """The API's contract: one request model per command, shared by the client and the node.
 
-Each model names its command (``TaskSubmit.command == "task.submit"``) and says what the
-command accepts. The node validates every request into its model before the handler runs (an
-invalid one is refused: dead-lettered and answered ``invalid``); :class:`runner.client.Client`
-builds the same models for its typed methods, so a wrong request is refused before it is sent
-(:class:`~runner.errors.RequestRefused`, code ``invalid``), and the CLI sends only these models
-through the client. A command is declared once; declaring it twice fails at import
-(:data:`COMMANDS`). Pure models; nothing here does I/O.
+Each model names its command (``TaskSubmit.command == "task.submit"``), says what the command
+accepts, and names what it answers: ``class TaskGet(TaskById, Request[TaskReport])`` (the
+reply models are :mod:`runner.replies`; a command without a reply type fails at import). The
+node validates every request into its model before the handler runs (an invalid one is
+refused: dead-lettered and answered ``invalid``) and sends its handler's reply model as JSON;
+:class:`runner.client.Client` builds the same models for its typed methods, so a wrong request
+is refused before it is sent (:class:`~runner.errors.RequestRefused`, code ``invalid``), and
+reads the reply back into its model (:meth:`~runner.client.Client.send`); the CLI sends only
+these models through the client. A command is declared once; declaring it twice fails at
+import (:data:`COMMANDS`). Pure models; nothing here does I/O.
 
 Why one module: the contract is read as one thing (every command the API answers, what each
-accepts), and a test checks it against the node's handlers; split, no one place would say it.
+accepts and answers), and a test checks it against the node's handlers; split, no one place
+would say it.
 """
 
 from __future__ import annotations
 
 import uuid
-from datetime import datetime, timedelta
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, ClassVar, Generic, Literal, TypeVar
 
-from apscheduler.triggers.cron import CronTrigger
-from pydantic import AwareDatetime, BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, JsonValue, TypeAdapter, model_validator
 
-from runner.store import codec
+from runner.replies import (
+    AspectView,
+    Cancelled,
+    ClusterStatus,
+    CommandView,
+    OntologyDetail,
+    OntologyView,
+    Pushed,
+    RecentAttempt,
+    ScheduleRemoved,
+    ScheduleView,
+    SearchPage,
+    StreamInfo,
+    StreamPage,
+    StreamStarted,
+    StreamState,
+    Submitted,
+    SyncSent,
+    TaskReport,
+    TaskTypeView,
+    TaskView,
+)
 from runner.store.model import ASPECT_PATTERN
+from runner.templates import ScheduleSpec, TaskTemplate
 
+__all__ = ["COMMANDS", "Request", "ScheduleSpec", "TaskTemplate"]
+
+#: a command's reply type
+R = TypeVar("R", covariant=True)
 #: every command and its request model
-COMMANDS: dict[str, type[Request]] = {}
+COMMANDS: dict[str, type[Request[object]]] = {}
 
 
-class Request(BaseModel):
-    """A request of one API command (``command``)."""
+class Request(BaseModel, Generic[R]):
+    """A request of one API command (``command``), answered with an ``R``."""
 
     command: ClassVar[str]
+    _reply: ClassVar[TypeAdapter[object] | None] = None
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: object) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
         command = cls.__dict__.get("command")
         if command is None:
-            return  # a base of several requests (a shared field), not a command
+            return  # Request[R] itself, parametrized
+        reply = _reply_type(cls)
+        if reply is None:
+            raise TypeError(f"command {command!r} of {cls.__qualname__} names no reply "
+                            f"type: derive it from Request[<its reply>]")
         other = COMMANDS.get(command)
         if other is not None and other.__qualname__ != cls.__qualname__:
             raise TypeError(f"command {command!r} of {cls.__qualname__} is already "
                             f"{other.__qualname__}'s")
+        cls._reply = TypeAdapter[object](reply)  # type: ignore[arg-type]  # a type, read
         COMMANDS[command] = cls
+
+    @classmethod
+    def reply_type(cls) -> object:
+        """What the command answers (a model, or a list or dict of them)."""
+        return _reply_type(cls)
+
+    @classmethod
+    def reply_adapter(cls) -> TypeAdapter[object]:
+        """Reads (``validate_python``) and writes (``dump_python``) the command's reply."""
+        if cls._reply is None:
+            raise TypeError(f"{cls.__qualname__} is not a command")
+        return cls._reply
+
+
+def _reply_type(cls: type) -> object | None:
+    """The ``R`` of the ``Request[R]`` among ``cls``'s bases (None: none names one)."""
+    for base in cls.__mro__:
+        meta = getattr(base, "__pydantic_generic_metadata__", None)
+        if meta and meta["origin"] is Request and meta["args"] \
+                and not isinstance(meta["args"][0], TypeVar):
+            reply: object = meta["args"][0]
+            return reply
+    return None
 
 
 # -- tasks ------------------------------------------------------------------------------------
 
 
-class TaskTemplate(BaseModel):
-    """The fields of one task to create (``priority`` None: its type's default): a submit's,
-    each item of a bulk submit's."""
-
-    model_config = {"extra": "forbid"}
-    type: str = Field(min_length=1)
-    payload: dict[str, Any] = Field(default_factory=dict)
-    priority: int | None = None
-    unique_key: str | None = None
-    run_at: AwareDatetime | None = None  # not claimed before this instant
-    delay: float | None = Field(default=None, ge=0)  # seconds from now (instead of run_at)
-    ordering_key: str | None = Field(default=None, min_length=1, max_length=200)
-    resources: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(
-        default_factory=list, max_length=32)
-    #: seconds an attempt may run (its type's ``timeout``, when it has one, caps it)
-    timeout: float | None = Field(default=None, gt=0)
-
-    @model_validator(mode="after")
-    def _one_time(self) -> TaskTemplate:
-        if self.run_at is not None and self.delay is not None:
-            raise ValueError("give run_at or delay, not both")
-        return self
-
-    def when(self) -> datetime | None:
-        if self.delay is not None:
-            return codec.now() + timedelta(seconds=self.delay)
-        return self.run_at
-
-
-class TaskSubmit(TaskTemplate, Request):
+class TaskSubmit(TaskTemplate, Request[TaskView]):
     """Create a task."""
 
     command = "task.submit"
@@ -89,7 +118,7 @@ SUBMIT_PAGE = 500
 SUBMIT_PAGE_BYTES = 192 * 1024
 
 
-class TaskSubmitMany(Request):
+class TaskSubmitMany(Request[Submitted]):
     """Create up to :data:`SUBMIT_PAGE` tasks in one store transaction; their ids come back in
     order. An item that does not validate (its type unknown, its payload invalid) refuses the
     whole page, naming its index; a ``unique_key`` already used returns the task it made.
@@ -114,7 +143,7 @@ def page_task_id(page: str, index: int) -> str:
     return str(uuid.uuid5(PAGE_IDS, f"{page}/{index}"))
 
 
-class TaskList(Request):
+class TaskList(Request[list[TaskView]]):
     """Tasks, newest first; ``unfinished``: the open ones in the order nodes take them;
     ``ordering_key``: that key's unfinished tasks in the order they run."""
 
@@ -124,38 +153,38 @@ class TaskList(Request):
     ordering_key: str | None = None
 
 
-class TaskById(Request):
+class TaskById(BaseModel):
     id: str = Field(min_length=1)
 
 
-class TaskGet(TaskById):
+class TaskGet(TaskById, Request[TaskReport]):
     command = "task.get"
 
 
-class TaskCancel(TaskById):
+class TaskCancel(TaskById, Request[Cancelled]):
     command = "task.cancel"
     reason: str | None = Field(default=None, max_length=1000)
 
 
-class TaskDeactivate(TaskById):
+class TaskDeactivate(TaskById, Request[Cancelled]):
     command = "task.deactivate"
 
 
-class TaskReactivate(TaskById):
+class TaskReactivate(TaskById, Request[TaskView]):
     command = "task.reactivate"
     #: also drop the task's last checkpoint: its next attempt starts from the beginning
     fresh: bool = False
 
 
-class TaskSkip(TaskById):
+class TaskSkip(TaskById, Request[TaskView]):
     command = "task.skip"
 
 
-class TaskTypes(Request):
+class TaskTypes(Request[list[TaskTypeView]]):
     command = "task.types"
 
 
-class AttemptRecent(Request):
+class AttemptRecent(Request[list[RecentAttempt]]):
     command = "attempt.recent"
     limit: int = Field(default=10, ge=1, le=1000)
 
@@ -163,48 +192,24 @@ class AttemptRecent(Request):
 # -- schedules --------------------------------------------------------------------------------
 
 
-class ScheduleSpec(BaseModel):
-    """What a schedule fires: a cron expression (UTC) or an interval in seconds, and the task."""
-
-    cron: str | None = None
-    every: float | None = Field(default=None, gt=0)
-    type: str = Field(min_length=1)
-    payload: dict[str, Any] = Field(default_factory=dict)
-    priority: int | None = None
-    ordering_key: str | None = Field(default=None, min_length=1)
-    resources: list[str] = Field(default_factory=list)
-    misfire: Literal["run_once", "skip"] = "run_once"
-
-    @model_validator(mode="after")
-    def _one_trigger(self) -> ScheduleSpec:
-        if (self.cron is None) == (self.every is None):
-            raise ValueError("give a cron expression or an interval, one of them")
-        if self.cron is not None:
-            try:
-                CronTrigger.from_crontab(self.cron, timezone="UTC")
-            except ValueError as exc:
-                raise ValueError(f"bad cron expression {self.cron!r}: {exc}") from exc
-        return self
-
-
-class ScheduleRef(Request):
+class ScheduleRef(BaseModel):
     name: str = Field(min_length=1, max_length=200, pattern=r"^[^\s/]+$")
 
 
-class ScheduleAdd(ScheduleRef):
+class ScheduleAdd(ScheduleRef, Request[ScheduleView]):
     command = "schedule.add"
     spec: ScheduleSpec
 
 
-class ScheduleList(Request):
+class ScheduleList(Request[list[ScheduleView]]):
     command = "schedule.list"
 
 
-class ScheduleRemove(ScheduleRef):
+class ScheduleRemove(ScheduleRef, Request[ScheduleRemoved]):
     command = "schedule.remove"
 
 
-class SchedulePause(ScheduleRef):
+class SchedulePause(ScheduleRef, Request[ScheduleView]):
     """Pause a schedule (its fires that have not started are stopped too), or resume it."""
 
     command = "schedule.pause"
@@ -214,55 +219,55 @@ class SchedulePause(ScheduleRef):
 # -- streams, aspects, ontologies, the cluster ------------------------------------------------
 
 
-class StreamRef(Request):
+class StreamRef(BaseModel):
     name: str = Field(min_length=1)
 
 
-class StreamStart(StreamRef):
+class StreamStart(StreamRef, Request[StreamStarted]):
     command = "stream.start"
     redundancy: int = Field(default=2, ge=1, le=16)
 
 
-class StreamStatus(StreamRef):
+class StreamStatus(StreamRef, Request[StreamState]):
     command = "stream.status"
 
 
-class AspectRef(Request):
+class AspectRef(BaseModel):
     name: str = Field(pattern=ASPECT_PATTERN)
 
 
-class AspectCreate(AspectRef):
+class AspectCreate(AspectRef, Request[AspectView]):
     command = "aspect.create"
     batch_rows: int | None = Field(default=None, ge=1)
     pause: float = Field(default=0.0, ge=0, le=3600)
 
 
-class AspectDelete(AspectRef):
+class AspectDelete(AspectRef, Request[AspectView]):
     command = "aspect.delete"
 
 
-class AspectGet(AspectRef):
+class AspectGet(AspectRef, Request[AspectView]):
     command = "aspect.get"
 
 
-class AspectList(Request):
+class AspectList(Request[list[AspectView]]):
     command = "aspect.list"
 
 
-class OntologySyncRequest(Request):
+class OntologySyncRequest(Request[SyncSent]):
     command = "ontology.sync"
 
 
-class OntologyList(Request):
+class OntologyList(Request[list[OntologyView]]):
     command = "ontology.list"
 
 
-class OntologyShow(Request):
+class OntologyShow(Request[OntologyDetail]):
     command = "ontology.show"
     iri: str = Field(min_length=1)
 
 
-class ClusterStatusQuery(Request):
+class ClusterStatusQuery(Request[ClusterStatus]):
     command = "cluster.status"
 
 
@@ -272,20 +277,20 @@ class ClusterStatusQuery(Request):
 QUEUE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$"
 
 
-class CommandList(Request):
+class CommandList(Request[list[CommandView]]):
     """Every command and broadcast the live nodes declare."""
 
     command = "command.list"
 
 
-class StreamPush(Request):
+class StreamPush(Request[Pushed]):
     """Append ``values`` to a stream's queue (all or nothing). Each value is stored as its
     JSON text (UTF-8), or, with ``raw``, each (a string) as its UTF-8 text. ``token``: a push
     sent again with the same token pushes nothing more and answers the first one's indexes."""
 
     command = "stream.push"
     queue: str = Field(pattern=QUEUE_PATTERN)
-    values: list[Any] = Field(min_length=1, max_length=10_000)
+    values: list[JsonValue] = Field(min_length=1, max_length=10_000)
     token: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
     raw: bool = False
 
@@ -296,7 +301,7 @@ class StreamPush(Request):
         return self
 
 
-class StreamRead(Request):
+class StreamRead(Request[StreamPage]):
     """Elements of a queue from ``start`` (inputs, outputs and dead letters alike)."""
 
     command = "stream.read"
@@ -316,7 +321,7 @@ Name = Annotated[str, Field(min_length=1)]
 FilterValue = Name | Annotated[list[Name], Field(min_length=1, max_length=20)]
 
 
-class TaskFilterFields(Request):
+class TaskFilterFields(BaseModel):
     """Filters, each an equality on an index; a list means any of its values."""
 
     type: FilterValue | None = None
@@ -325,7 +330,7 @@ class TaskFilterFields(Request):
     resource: Name | None = None
 
 
-class TaskSearch(TaskFilterFields):
+class TaskSearch(TaskFilterFields, Request[SearchPage]):
     """One page of tasks matching every filter given, newest first; ``before``: the ``next``
     cursor of the previous page."""
 
@@ -335,13 +340,13 @@ class TaskSearch(TaskFilterFields):
     limit: int = Field(default=50, ge=1, le=200)
 
 
-class TaskCounts(TaskFilterFields):
+class TaskCounts(TaskFilterFields, Request[dict[str, int]]):
     """How many tasks match the filters in each state."""
 
     command = "task.counts"
 
 
-class StreamList(Request):
+class StreamList(Request[list[StreamInfo]]):
     """The streams the answering node declares, each with its state and running copies."""
 
     command = "stream.list"

@@ -114,13 +114,13 @@ def test_a_users_task_types_run_on_the_cluster(cluster: Cluster) -> None:
     ports = free_ports(3)
     members = [cluster.start_node("--metrics-port", str(port)) for port in ports]
     with cluster.client() as client:
-        types = {t["name"]: t for t in client.task_types()}
+        types = {t.name: t for t in client.task_types()}
         assert {"billing.sync", "billing.close", "plugin.ping", "diag.sleep"} <= set(types)
         sync = types["billing.sync"]
-        assert (sync["priority"], sync["slots"]) == (7, 1)
-        assert sync["description"] == "Pull one account's invoices."
-        assert sync["payload_schema"]["required"] == ["account"]
-        assert types["billing.close"]["payload_schema"] is None
+        assert (sync.priority, sync.slots) == (7, 1)
+        assert sync.description == "Pull one account's invoices."
+        assert sync.payload_schema is not None and sync.payload_schema["required"] == ["account"]
+        assert types["billing.close"].payload_schema is None
 
         ok = client.submit("billing.sync", {"account": "acme", "months": 3})
         assert ok.priority == 7  # the type's default

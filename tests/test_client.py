@@ -108,6 +108,30 @@ def test_the_contract_is_every_command_the_node_answers() -> None:
     assert ".request(" not in cli_sources, "the CLI sends raw command strings"
 
 
+def test_every_command_names_its_reply_and_its_handler_returns_that_model() -> None:
+    """The contract covers the answer too: every request names its reply type (declaring a
+    command without one fails), each node handler is annotated to return exactly it (mypy
+    checks the bodies against the annotations), and no reply is an untyped dict."""
+    import typing
+
+    from runner.node.api import NodeApi
+    from runner.requests import Request
+
+    def loose(kind: object) -> bool:  # a dict or list of Any, anywhere in the type
+        return kind is typing.Any or kind is dict or kind is list \
+            or any(loose(arg) for arg in typing.get_args(kind))
+
+    for command, (name, model) in NodeApi.handlers().items():
+        reply = model.reply_type()
+        assert reply is not None, command
+        returned = typing.get_type_hints(getattr(NodeApi, name))["return"]
+        assert returned == reply, f"{command}: its handler returns {returned}, not {reply}"
+        assert not loose(reply), f"{command} answers an untyped {reply}"
+    with pytest.raises(TypeError, match="names no reply type"):
+        class Unanswered(Request):  # type: ignore[type-arg]
+            command = "test.unanswered"
+
+
 def test_the_readme_example_runs(cluster: Cluster) -> None:
     member = cluster.start_node()
     code = re.search(r"## Python client.*?```python\n(.*?)```", README.read_text(),
@@ -319,17 +343,17 @@ def test_a_bulk_submit_page_whose_answer_was_lost_is_sent_again_and_written_once
              for _ in range(600)]
     sent: list[str] = []
     with cluster.client(timeout=30) as client:
-        original = client.call
+        original = client.send
 
-        def answer_lost_once(model: Any, **fields: Any) -> Any:
-            reply = original(model, **fields)
-            if model is TaskSubmitMany:
-                sent.append(fields["page"])
+        def answer_lost_once(request: Any) -> Any:
+            reply = original(request)
+            if isinstance(request, TaskSubmitMany):
+                sent.append(str(request.page))
                 if len(sent) == 2:  # the second page was written: its answer is lost
                     raise NoAnswer("no node answered task.submit_many within 30s")
             return reply
 
-        client.call = answer_lost_once  # type: ignore[method-assign]
+        client.send = answer_lost_once  # type: ignore[method-assign]
         ids = client.submit_many(items)
         assert len(sent) == 3 and sent[1] == sent[2] != sent[0]  # the second sent again
         assert len(ids) == 600 and len(set(ids)) == 600

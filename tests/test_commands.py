@@ -207,19 +207,19 @@ def test_a_users_command_broadcast_and_stream_on_three_nodes(
     with cluster.client(timeout=10) as client, \
             Session(zk_namespace.hosts, CLUSTER, timeout=4.0) as zk:
         # the stream, fed and read from the outside
-        assert client.stream_start("billing.totals", redundancy=2)["copies"]
+        assert client.stream_start("billing.totals", redundancy=2).copies
         first = client.stream_push("invoices", [1, 2, 3], token="batch-1")
         assert client.stream_push("invoices", [1, 2, 3], token="batch-1") == first  # once
         assert first == [0, 1, 2]
         assert client.stream_push("invoices", ["four", 4]) == [3, 4]
 
         def outputs() -> list[Any]:
-            return [e["value"] for e in client.stream_read("totals", 0, 100)["elements"]]
+            return [e.value for e in client.stream_read("totals", 0, 100).elements]
         assert wait_until(lambda: outputs() == [1, 3, 6, 10], 60, 0.2), outputs()
         read = client.stream_read("invoices", 1, 2)
-        assert ([e["value"] for e in read["elements"]], read["next"]) == ([2, 3], 3)
-        dead = client.stream_read("billing.totals.dead")["elements"]
-        assert [(d["value"]["queue"], d["value"]["index"]) for d in dead] == [("invoices", 3)]
+        assert ([e.value for e in read.elements], read.next) == ([2, 3], 3)
+        dead = client.stream_read("billing.totals.dead").elements
+        assert [(d.value["queue"], d.value["index"]) for d in dead] == [("invoices", 3)]
         with pytest.raises(RequestRefused) as big:
             client.stream_push("invoices", ["x" * 800_000])
         assert big.value.code == "stream_element_too_large"

@@ -71,7 +71,7 @@ def claimed(store: GraphStore, session: Session, n: int) -> list[Ending]:
         claim = slot.claim = Claimed(task, attempt, token)
         out.append(Ending(slot, claim, Outcome.FINISHED, AttemptResult.succeeded(),
                           lambda status, error: None,
-                          conclusion=Conclusion.of(attempt, AttemptStatus.SUCCEEDED, task, token,
+                          conclusion=Conclusion.of(attempt, AttemptStatus.SUCCEEDED, task,
                                                    FINISHED)))
     return out
 

@@ -361,11 +361,8 @@ ALLOWED_WIDE = {
     "runner.tasks.authoring:task": "the public decorator: each keyword is a type's option",
     "runner.tasks.registry:register": "the public registration: @task's options, by keyword",
     "runner.client:submit": "the public client: a submit's fields, by keyword",
-    "runner.client:schedule_add": "the public client: a schedule's fields, by keyword",
     "coord.session:__init__": "coord's public session: each keyword is a ZooKeeper option",
     "coord.exactly_once:__init__": "coord's public recipe: each keyword is an option",
-    "runner.store.gremlin.writes:of": "an attempt's end fields, by keyword (to become one "
-                                      "value, issue 45)",
 }
 
 
@@ -388,7 +385,8 @@ def functions() -> Iterator[tuple[str, int, int, str]]:
 
 def test_functions_stay_short_and_narrow() -> None:
     """No function over 60 lines, and none over 8 parameters, in runner/ and coord/, beyond
-    the allowlist (each entry with its reason)."""
+    the allowlist (at most 5 entries, each with its reason)."""
+    assert len(ALLOWED_WIDE) <= 5 and all(ALLOWED_WIDE.values())
     long, wide, seen = [], [], set()
     for name, lines, params, where in functions():
         if lines > MAX_FUNCTION_LINES:

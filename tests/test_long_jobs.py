@@ -286,7 +286,7 @@ def test_task_show_prints_the_checkpoint_the_last_heartbeat_and_timed_out() -> N
     from rich.console import Console
 
     from runner.cli.console import render_task_report
-    from runner.node.views import attempt_view, task_view
+    from runner.replies import AttemptView, TaskReport, TaskView
     from runner.store import Attempt, CheckpointInfo, Task
     from runner.store.model import Heartbeat
 
@@ -299,8 +299,8 @@ def test_task_show_prints_the_checkpoint_the_last_heartbeat_and_timed_out() -> N
                 Attempt("a2", "t1", 2, AttemptStatus.RUNNING, "h:1", now, 9,
                         heartbeat=Heartbeat(now - timedelta(seconds=3), {"batch": 12}))]
     console = Console(record=True, width=200)
-    render_task_report({"task": task_view(task), "attempts": [attempt_view(a)
-                                                              for a in attempts]}, console)
+    report = TaskReport(task=TaskView.of(task), attempts=[AttemptView.of(a) for a in attempts])
+    render_task_report(report.model_dump(mode="json"), console)
     out = console.export_text()
     assert "2.0 KiB, 40 s ago, by attempt 2" in out
     assert '3 s ago: {"batch": 12}' in out

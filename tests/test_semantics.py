@@ -185,8 +185,9 @@ def test_retry_policies_back_off_stop_and_survive_a_restart(make: Callable[..., 
         never = client.submit("flaky.never", {}).id
         other = client.submit("flaky.other", {}).id
         slow = client.submit("flaky.slow", {}).id
-        types = {t["name"]: t for t in client.task_types()}
-        assert types["flaky.op"]["retry"]["max_attempts"] == 3
+        types = {t.name: t for t in client.task_types()}
+        retry = types["flaky.op"].retry
+        assert retry is not None and retry.max_attempts == 3
     # a retry waiting for its backoff survives kill -9 of every node
     assert wait_until(lambda: c.task(slow).attempts == 1 and c.task(slow).status.value
                       == "WAITING", 20, 0.05)

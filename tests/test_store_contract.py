@@ -286,7 +286,7 @@ def test_a_new_task_written_claimed_is_what_a_create_and_a_claim_leave(
     assert (attempt.seq, attempt.status, attempt.fence, attempt.executor) == (
         1, AttemptStatus.RUNNING, 7, "m1")
     assert new.id in {t.id for t in store.tasks.unfinished()}
-    done = store.conclude(Conclusion.of(attempt, AttemptStatus.SUCCEEDED, task, 7,
+    done = store.conclude(Conclusion.of(attempt, AttemptStatus.SUCCEEDED, task,
                                         {"status": TaskStatus.WAITING, "finished": True},
                                         progress=codec.progress_json(10, 10, "done", codec.now())))
     assert store.tasks.get(new.id) == done and done.finished
@@ -332,7 +332,7 @@ def test_a_checkpoint_is_fenced_by_its_attempt_and_read_back_until_dropped(
         store.checkpoints.commit(fence, first.seq, {"next": 90})
     assert store.checkpoints.read(task.id) == read
     store.checkpoints.commit(Fence(task.id, 8, second.id), second.seq, {"next": 60})
-    failed = store.conclude(Conclusion.of(second, AttemptStatus.FAILED, again, 8,
+    failed = store.conclude(Conclusion.of(second, AttemptStatus.FAILED, again,
                                           {"status": TaskStatus.WAITING, "active": False},
                                           error="boom"))
     after = store.checkpoints.read(task.id)
@@ -370,7 +370,7 @@ def test_claim_and_conclude_write_together_or_say_why(store: GraphStore) -> None
         store.claim(task, 6, "m2")
     assert counts(store) == before and store.tasks.get(listed.id) == task
 
-    done = store.conclude(Conclusion.of(attempt, AttemptStatus.SUCCEEDED, task, 7,
+    done = store.conclude(Conclusion.of(attempt, AttemptStatus.SUCCEEDED, task,
                                         {"status": TaskStatus.WAITING, "finished": True}))
     assert store.tasks.get(listed.id) == done and done.finished and not done.open
     (ended,) = store.attempts.for_task(listed.id)
@@ -382,7 +382,7 @@ def test_claim_and_conclude_write_together_or_say_why(store: GraphStore) -> None
     other = store.tasks.create("t")
     task, attempt = store.claim(other, 9, "m1")
     moved = store.tasks.deactivate(other.id)
-    after = store.conclude(Conclusion.of(attempt, AttemptStatus.FAILED, task, 9,
+    after = store.conclude(Conclusion.of(attempt, AttemptStatus.FAILED, task,
                                          {"status": TaskStatus.WAITING}, error="boom",
                                          stack="Traceback"))
     (ended,) = store.attempts.for_task(other.id)
@@ -397,7 +397,7 @@ def test_claim_and_conclude_write_together_or_say_why(store: GraphStore) -> None
     task, attempt = store.claim(taken, 20, "m1")
     newer, _ = store.claim(store.tasks.get(taken.id), 21, "m2")
     with pytest.raises(AttemptAlreadyFinished):
-        store.conclude(Conclusion.of(attempt, AttemptStatus.SUCCEEDED, task, 20,
+        store.conclude(Conclusion.of(attempt, AttemptStatus.SUCCEEDED, task,
                                      {"status": TaskStatus.WAITING, "finished": True}))
     assert store.tasks.get(taken.id) == newer and not newer.finished
     first, second = store.attempts.for_task(taken.id)
@@ -410,7 +410,7 @@ def test_claim_and_conclude_write_together_or_say_why(store: GraphStore) -> None
     task, attempt = store.claim(later, 30, "m1")
     newer = store.tasks.update(later.id, task.version, 31, owner="m2")
     with pytest.raises(StaleFencingToken):
-        store.conclude(Conclusion.of(attempt, AttemptStatus.SUCCEEDED, task, 30,
+        store.conclude(Conclusion.of(attempt, AttemptStatus.SUCCEEDED, task,
                                      {"status": TaskStatus.WAITING, "finished": True}))
     assert store.tasks.get(later.id) == newer
     (superseded,) = store.attempts.for_task(later.id)
@@ -421,7 +421,7 @@ def test_claim_and_conclude_write_together_or_say_why(store: GraphStore) -> None
     task, attempt = store.claim(third, 10, "m1")
     store.attempts.finish(attempt.id, AttemptStatus.CANCELLED_BY_SYSTEM, "owner left")
     with pytest.raises(AttemptAlreadyFinished):
-        store.conclude(Conclusion.of(attempt, AttemptStatus.SUCCEEDED, task, 10,
+        store.conclude(Conclusion.of(attempt, AttemptStatus.SUCCEEDED, task,
                                      {"status": TaskStatus.WAITING, "finished": True}))
     assert store.tasks.get(third.id) == task
     (closed,) = store.attempts.for_task(third.id)
@@ -436,7 +436,7 @@ def test_claim_and_conclude_write_together_or_say_why(store: GraphStore) -> None
                                             "owner left", executor="m1")
     assert [a.id for a in closed_now] == [attempt.id]
     with pytest.raises(AttemptAlreadyFinished):
-        store.conclude(Conclusion.of(attempt, AttemptStatus.SUCCEEDED, task, 11,
+        store.conclude(Conclusion.of(attempt, AttemptStatus.SUCCEEDED, task,
                                      {"status": TaskStatus.WAITING, "finished": True}))
     assert store.tasks.get(fourth.id) == back
     with pytest.raises(TaskNotFound):
@@ -468,7 +468,7 @@ def test_closing_the_owners_attempt_moves_the_fence_so_the_owner_can_write_nothi
     # any later lock holder (a later czxid) still claims it and writes as its owner
     again, second = store.claim(back, 55, "m2")
     store.fenced_write(Fence(listed.id, 55), lambda g: g.add_v("effect").iterate())
-    done = store.conclude(Conclusion.of(second, AttemptStatus.SUCCEEDED, again, 55,
+    done = store.conclude(Conclusion.of(second, AttemptStatus.SUCCEEDED, again,
                                         {"status": TaskStatus.WAITING, "finished": True}))
     assert done.finished
     assert [a.status for a in store.attempts.for_task(listed.id)] == [
@@ -494,7 +494,7 @@ def test_a_resource_claimed_by_another_attempt_refuses_the_previous_holders_succ
     _, other = store.claim(second, 9, "m2")
     finished = {"status": TaskStatus.WAITING, "finished": True}
     with pytest.raises(ResourceTaken) as refused:
-        store.conclude(Conclusion.of(attempt, AttemptStatus.SUCCEEDED, task, 7, finished))
+        store.conclude(Conclusion.of(attempt, AttemptStatus.SUCCEEDED, task, finished))
     assert refused.value.resource == "aspect:geo" and refused.value.attempt_id == attempt.id
     with pytest.raises(ResourceTaken):
         store.complete(attempt, task, 7, lambda g: g.add_v("effect"))
@@ -505,18 +505,18 @@ def test_a_resource_claimed_by_another_attempt_refuses_the_previous_holders_succ
     assert store.tasks.get(first.id) == task
     # a fenced write without the attempt (an older caller) is guarded by the token alone
     store.fenced_write(Fence(task.id, 7), lambda g: g.add_v("effect").iterate())
-    back = store.conclude(Conclusion.of(attempt, AttemptStatus.CANCELLED_BY_SYSTEM, task, 7,
+    back = store.conclude(Conclusion.of(attempt, AttemptStatus.CANCELLED_BY_SYSTEM, task,
                                         {"status": TaskStatus.WAITING}, error="lost its hold"))
     assert not back.finished and store.attempts.get(attempt.id).ended_at is not None
     # the next holder's success stands; a success written before the next claim stands too
     other_task = store.tasks.get(second.id)
-    done = store.conclude(Conclusion.of(other, AttemptStatus.SUCCEEDED, other_task, 9, finished))
+    done = store.conclude(Conclusion.of(other, AttemptStatus.SUCCEEDED, other_task, finished))
     assert done.finished
     task3, attempt3 = store.claim(third, 10, "m3")
-    store.conclude(Conclusion.of(attempt3, AttemptStatus.SUCCEEDED, task3, 10, finished))
+    store.conclude(Conclusion.of(attempt3, AttemptStatus.SUCCEEDED, task3, finished))
     again, retried = store.claim(back, 11, "m1")
     assert retried.started_at >= store.attempts.get(attempt3.id).ended_at  # type: ignore[operator]
-    store.conclude(Conclusion.of(retried, AttemptStatus.SUCCEEDED, again, 11, finished))
+    store.conclude(Conclusion.of(retried, AttemptStatus.SUCCEEDED, again, finished))
     assert store.tasks.get(first.id).finished
 
 
@@ -535,7 +535,7 @@ def test_a_claim_with_an_older_token_cannot_take_a_resource_from_a_newer_holder(
     store.attempts.finish(attempt.id, AttemptStatus.FAILED, "commit conflict: retried")
     again, retried = store.claim(store.tasks.get(newer.id), 20, "m2")  # the same token
     finished = {"status": TaskStatus.WAITING, "finished": True}
-    assert store.conclude(Conclusion.of(retried, AttemptStatus.SUCCEEDED, again, 20,
+    assert store.conclude(Conclusion.of(retried, AttemptStatus.SUCCEEDED, again,
                                         finished)).finished
 
 
@@ -549,7 +549,7 @@ def test_an_operator_cancel_closes_the_running_attempt_and_fences_its_owner(
     assert ended.status is AttemptStatus.CANCELLED and "cancelled by operator alice@ops" in (
         ended.error or "")
     with pytest.raises(AttemptAlreadyFinished):
-        store.conclude(Conclusion.of(attempt, AttemptStatus.SUCCEEDED, task, 70,
+        store.conclude(Conclusion.of(attempt, AttemptStatus.SUCCEEDED, task,
                                      {"status": TaskStatus.WAITING, "finished": True}))
     assert store.tasks.get(listed.id) == stopped
     # cancelling what is not running only deactivates it; twice changes nothing
@@ -893,7 +893,7 @@ def test_claims_and_ends_of_several_tasks_are_one_write_each_refusal_its_own(
     (_, (t0, a0)), (_, (t2, a2)), (_, (t4, a4)) = won
     store.attempts.finish(a2.id, AttemptStatus.CANCELLED, "cancelled by an operator")
     store.tasks.update(t4.id, t4.version, 99)  # another owner took it since
-    ends = [Conclusion.of(a, AttemptStatus.SUCCEEDED, t, t.fence, FINISHED_CHANGE)
+    ends = [Conclusion.of(a, AttemptStatus.SUCCEEDED, t, FINISHED_CHANGE)
             for t, a in ((t0, a0), (t2, a2), (t4, a4))]
     writes = store.graph.stats.snapshot()["writes"]
     done = store.conclude_many(ends)

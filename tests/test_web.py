@@ -22,6 +22,7 @@ from messaging.testing.plugin import AmqpNamespace
 from messaging.testing.rabbitmq import RabbitMQServer
 from runner.errors import ConfigError
 from runner.store import Fence
+from runner.templates import ScheduleSpec
 from runner.testing.cluster import Cluster
 from runner.web.app import create_app
 from runner.web.security import Credentials, Transport, check_bind
@@ -44,7 +45,8 @@ def test_every_page_answers_from_the_cluster(cluster: Cluster) -> None:
         failed = client.submit("diag.fail", {"message": "the ledger is locked"})
         client.wait(done.id, 30)
         client.wait(failed.id, 30)
-        client.schedule_add("nightly", "diag.sleep", {"seconds": 0}, cron="0 3 * * *")
+        client.schedule_add("nightly", ScheduleSpec(type="diag.sleep", payload={"seconds": 0},
+                                                    cron="0 3 * * *"))
     with console(cluster) as web:
         page = web.get("/cluster")
         assert page.status_code == 200

@@ -20,17 +20,19 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, JsonValue, ValidationError
+from pydantic_core import to_jsonable_python
 
 from messaging import summary
 from messaging.errors import INTERNAL_ERROR
 from runner.cli.root import fail
-from runner.client import Client
+from runner.client import Client, build
 from runner.config import Settings
 from runner.errors import ClientError, ConfigError, RequestFailed, RequestRefused
 from runner.requests import Request
 
 M = TypeVar("M", bound=BaseModel)
+R = TypeVar("R")
 
 # ---------------------------------------------------------------------------------------------
 # clients: task, cluster, ontology (through the API paradigm: any node answers)
@@ -66,11 +68,15 @@ def connect(config: Path | None, timeout: float) -> Iterator[Client]:
         raise fail(str(exc)) from exc
 
 
-def call(config: Path | None, model: type[Request], timeout: float, **fields: Any) -> Any:
-    """One request of the API's contract through the client (:meth:`Client.call`); the
-    reply's result as JSON, as the node sent it (what ``--json`` prints)."""
+def call(config: Path | None, model: type[Request[R]], timeout: float,
+         **fields: object) -> JsonValue:
+    """One request of the API's contract through the client (:meth:`Client.send`, the
+    request built by :func:`~runner.client.build`): its reply as JSON (what ``--json``
+    prints, and what the renderers read)."""
     with connect(config, timeout) as client:
-        return client.call(model, **fields)
+        reply = client.send(build(model, **fields))
+    answer: JsonValue = model.reply_adapter().dump_python(reply, mode="json")
+    return answer
 
 
 def print_json(value: object) -> None:
@@ -78,11 +84,13 @@ def print_json(value: object) -> None:
 
 
 def output(result: object, as_json: bool, render: Callable[[Any], None]) -> None:
-    """``--json`` prints the node's answer as is; otherwise ``render`` shows it."""
+    """``--json`` prints the node's answer as JSON (a reply model as the node sent it);
+    otherwise ``render`` shows that JSON."""
+    data = to_jsonable_python(result)
     if as_json:
-        print_json(result)
+        print_json(data)
     else:
-        render(result)
+        render(data)
 
 
 def from_options(model: type[M], fields_of: Mapping[str, str],

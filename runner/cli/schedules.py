@@ -50,10 +50,7 @@ def schedule_add(name: str, config: Path | None, as_json: bool, timeout: float,
     """Add schedule NAME: every fire of --cron or --every creates a task of --type."""
     spec = scheduled(options)
     with connect(config, timeout) as client:
-        added = client.schedule_add(name, spec.type, spec.payload, cron=spec.cron,
-                                    every=spec.every, priority=spec.priority,
-                                    ordering_key=spec.ordering_key, resources=spec.resources,
-                                    misfire=spec.misfire)
+        added = client.schedule_add(name, spec)
     output(added, as_json, lambda s: click.echo(f"schedule {s['name']} added; next fire "
                                                 f"{s['next_fire']}"))
 

@@ -126,13 +126,14 @@ def stream_read(queue: str, start: int, limit: int, follow: bool, config: Path |
     with connect(config, timeout) as client:
         while True:
             page = client.stream_read(queue, start, limit)
-            for element in page["elements"]:
+            for element in page.elements:
+                shown = element.model_dump(mode="json")
                 if as_json:
-                    click.echo(json.dumps(element, sort_keys=True))
+                    click.echo(json.dumps(shown, sort_keys=True))
                 else:
-                    click.echo(_element(element))
-            start = int(page["next"])
-            if len(page["elements"]) == limit:
+                    click.echo(_element(shown))
+            start = page.next
+            if len(page.elements) == limit:
                 continue
             if not follow:
                 return

@@ -20,7 +20,7 @@ from runner.cli.client import (
     timeout_option,
 )
 from runner.cli.root import cli
-from runner.node.views import Cancelled
+from runner.replies import Cancelled
 from runner.requests import TaskGet, TaskList, TaskTemplate
 
 

@@ -30,7 +30,7 @@ from runner.cli.console import STATUS_STYLE, STATUS_TEXT, bar, checkpoint_text
 from runner.cli.root import cli
 from runner.client import Client
 from runner.errors import ClientError
-from runner.node.views import ClusterStatus, RecentAttempt, TaskView
+from runner.replies import ClusterStatus, RecentAttempt, TaskView
 
 
 @dataclass

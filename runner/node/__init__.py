@@ -1,7 +1,8 @@
 """The node process: :class:`~runner.node.node.Node` (one cluster member), its API
-(:mod:`runner.node.api`), the JSON views its replies carry and clients read
-(:mod:`runner.node.views`) and :func:`~runner.node.main.run` (signals).
+(:mod:`runner.node.api`, whose handlers answer the reply models of :mod:`runner.replies`) and
+:func:`~runner.node.main.run` (signals).
 
-Nothing is imported here, so a client that reads the views does not load the node's runtime
-(Spark, the graph store, the task loop): import from the submodules.
+Nothing is imported here, so importing a submodule loads only what it needs: a client reads
+:mod:`runner.replies` and never loads the node's runtime (Spark, the graph store, the task
+loop).
 """

@@ -5,13 +5,20 @@ Each handler is registered on the API paradigm under its command name (``task.su
 ``task.list``, ...): the request payload is validated into its model first (an invalid one is
 dead-lettered and the client told ``invalid``), and an error the handler raises reaches the
 client as ``{"kind", "code", "detail"}`` with the error's stable code (:mod:`runner.errors`).
-Replies are the JSON views of :mod:`runner.node.views`, which the CLI also reads.
+Each handler returns its command's reply model (:mod:`runner.replies`, named by the request:
+``Request[TaskView]``), which the node sends as JSON: :meth:`NodeApi.register` writes it with
+the request's reply adapter, so a handler cannot answer what its command does not declare.
+
+Why one module: the handlers of the core commands are one class (:class:`NodeApi`, registered
+as one, each a few lines over the node's parts); the web console's and the outside world's
+requests are mixins of their own (:mod:`.api_console`, :mod:`.api_outside`).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 from coord import (
     VersionedRegister,
@@ -21,7 +28,25 @@ from runner.errors import NoOntologySource, OntologyNotFound, TaskArchived, Task
 from runner.node.api_console import ConsoleApi
 from runner.node.api_outside import OutsideApi, api
 from runner.node.status import cluster_status
-from runner.node.views import attempt_view, ontology_view, progress_view, task_view
+from runner.replies import (
+    AspectView,
+    AttemptView,
+    Cancelled,
+    ClusterStatus,
+    OntologyClassView,
+    OntologyDetail,
+    OntologyView,
+    RecentAttempt,
+    ScheduleRemoved,
+    ScheduleView,
+    StreamStarted,
+    StreamState,
+    Submitted,
+    SyncSent,
+    TaskReport,
+    TaskTypeView,
+    TaskView,
+)
 from runner.requests import (
     AspectCreate,
     AspectDelete,
@@ -91,7 +116,7 @@ class ApiHost(Protocol):
 
     def submit_many(self, req: TaskSubmitMany) -> list[Task]: ...
 
-    def cancel(self, task_id: str, by: str, reason: str | None = None) -> dict[str, Any]: ...
+    def cancel(self, task_id: str, by: str, reason: str | None = None) -> Cancelled: ...
 
 
 class NodeApi(OutsideApi, ConsoleApi):
@@ -115,11 +140,12 @@ class NodeApi(OutsideApi, ConsoleApi):
         return self.node.pipeline
 
     @classmethod
-    def handlers(cls) -> dict[str, tuple[str, type[Request]]]:
+    def handlers(cls) -> dict[str, tuple[str, type[Request[object]]]]:
         """Every API command with its handler's name and request model."""
         found = {}
         for name in dir(cls):
-            model: type[Request] | None = getattr(getattr(cls, name), "api_request", None)
+            model: type[Request[object]] | None = getattr(getattr(cls, name), "api_request",
+                                                          None)
             if model is not None:
                 found[model.command] = (name, model)
         return found
@@ -128,25 +154,25 @@ class NodeApi(OutsideApi, ConsoleApi):
     def register(cls, node: ApiHost, bus: MessageBus) -> NodeApi:
         handlers = cls(node)
         for command, (name, model) in cls.handlers().items():
-            bus.api.handler(command, model)(getattr(handlers, name))
+            bus.api.handler(command, model)(_answering(model, getattr(handlers, name)))
         return handlers
 
     @api(TaskSubmit)
-    def submit(self, ctx: HandlerContext, req: TaskSubmit) -> dict[str, Any]:
+    def submit(self, ctx: HandlerContext, req: TaskSubmit) -> TaskView:
         task = self.node.submit(req)
         log.info("member %s: task %s (%s) submitted by %s", self.node.member_id, task.id,
                  task.type, ctx.envelope.sender)
-        return task_view(task)
+        return TaskView.of(task)
 
     @api(TaskSubmitMany)
-    def submit_many(self, ctx: HandlerContext, req: TaskSubmitMany) -> dict[str, Any]:
+    def submit_many(self, ctx: HandlerContext, req: TaskSubmitMany) -> Submitted:
         tasks = self.node.submit_many(req)
         log.info("member %s: %d tasks submitted by %s", self.node.member_id, len(tasks),
                  ctx.envelope.sender)
-        return {"ids": [task.id for task in tasks]}
+        return Submitted(ids=[task.id for task in tasks])
 
     @api(TaskList)
-    def list_tasks(self, ctx: HandlerContext, q: TaskList) -> list[dict[str, Any]]:
+    def list_tasks(self, ctx: HandlerContext, q: TaskList) -> list[TaskView]:
         if q.ordering_key is not None:
             tasks = self.store.tasks.with_key(q.ordering_key)
         elif q.unfinished:
@@ -154,43 +180,45 @@ class NodeApi(OutsideApi, ConsoleApi):
         else:
             tasks = self.store.tasks.all(q.type)
         progress = {a.task_id: a.progress for a in self.store.attempts.running()}
-        return [{**task_view(t), "progress": progress_view(progress.get(t.id))}
+        return [TaskView.of(t, progress.get(t.id))
                 for t in tasks if q.type is None or t.type == q.type]
 
     @api(AttemptRecent)
-    def recent_attempts(self, ctx: HandlerContext, q: AttemptRecent) -> list[dict[str, Any]]:
+    def recent_attempts(self, ctx: HandlerContext, q: AttemptRecent) -> list[RecentAttempt]:
         """The attempts that ended last, newest first, each with its task's type."""
         types: dict[str, str] = {}
         views = []
         for attempt in self.store.attempts.recent(q.limit):
             if attempt.task_id not in types:
                 types[attempt.task_id] = self.store.tasks.get(attempt.task_id).type
-            views.append({**attempt_view(attempt), "task": attempt.task_id,
-                          "type": types[attempt.task_id]})
+            views.append(RecentAttempt.model_validate({
+                **RecentAttempt.fields_of(attempt), "task": attempt.task_id,
+                "type": types[attempt.task_id]}))
         return views
 
     @api(StreamStart)
-    def stream_start(self, ctx: HandlerContext, req: StreamStart) -> dict[str, Any]:
+    def stream_start(self, ctx: HandlerContext, req: StreamStart) -> StreamStarted:
         """Create the stream's copy tasks (idempotent); the nodes start them."""
         ids = streams.start(self.node.submit, self.node.streams, req.name, req.redundancy)
-        return {"stream": req.name, "copies": ids}
+        return StreamStarted(stream=req.name, copies=ids)
 
     @api(StreamStatus)
-    def stream_status(self, ctx: HandlerContext, req: StreamStatus) -> dict[str, Any]:
+    def stream_status(self, ctx: HandlerContext, req: StreamStatus) -> StreamState:
         """The handler's state (phase, input positions, output end) and the running copies."""
         self.node.streams.get(req.name)
         state, version = VersionedRegister(self.node.session,
                                            f"handlers/{req.name}/state").get()
-        return {"stream": req.name, "version": version, "state": state,
-                "copies": streams.copies(self.node.session, req.name)}
+        return StreamState(stream=req.name, version=version, state=state,
+                           copies=streams.copies(self.node.session, req.name))
 
     @api(TaskTypes)
-    def task_types(self, ctx: HandlerContext, req: TaskTypes) -> list[dict[str, Any]]:
+    def task_types(self, ctx: HandlerContext, req: TaskTypes) -> list[TaskTypeView]:
         """Every task type this node knows, with its description and payload JSON schema."""
-        return [kind.describe() for kind in self.node.registry.all()]
+        return [TaskTypeView.model_validate(kind.describe())
+                for kind in self.node.registry.all()]
 
     @api(TaskGet)
-    def get_task(self, ctx: HandlerContext, ref: TaskGet) -> dict[str, Any]:
+    def get_task(self, ctx: HandlerContext, ref: TaskGet) -> TaskReport:
         try:
             task = self.store.tasks.get(ref.id)
         except TaskNotFound:
@@ -200,51 +228,52 @@ class NodeApi(OutsideApi, ConsoleApi):
             where = f"archived to {tomb.where}" if tomb.where else "removed"
             raise TaskArchived(f"task {ref.id} finished long ago and was {where} by the "
                                f"retention policy on {tomb.at}") from None
-        return {"task": task_view(task),
-                "attempts": [attempt_view(a) for a in self.store.attempts.for_task(ref.id)],
-                "progress": self.pipeline.progress_of(task)}
+        return TaskReport(task=TaskView.of(task),
+                          attempts=[AttemptView.of(a)
+                                    for a in self.store.attempts.for_task(ref.id)],
+                          progress=self.pipeline.progress_of(task))
 
     @api(AspectCreate)
-    def aspect_create(self, ctx: HandlerContext, req: AspectCreate) -> dict[str, Any]:
+    def aspect_create(self, ctx: HandlerContext, req: AspectCreate) -> AspectView:
         return self.pipeline.create(req.name, batch_rows=req.batch_rows, pause=req.pause)
 
     @api(AspectDelete)
-    def aspect_delete(self, ctx: HandlerContext, req: AspectDelete) -> dict[str, Any]:
+    def aspect_delete(self, ctx: HandlerContext, req: AspectDelete) -> AspectView:
         return self.pipeline.delete(req.name)
 
     @api(AspectGet)
-    def aspect_get(self, ctx: HandlerContext, req: AspectGet) -> dict[str, Any]:
+    def aspect_get(self, ctx: HandlerContext, req: AspectGet) -> AspectView:
         return self.pipeline.describe(req.name)
 
     @api(AspectList)
-    def aspect_list(self, ctx: HandlerContext, req: AspectList) -> list[dict[str, Any]]:
+    def aspect_list(self, ctx: HandlerContext, req: AspectList) -> list[AspectView]:
         return [self.pipeline.describe(d.name) for d in self.node.aspects.all()]
 
     @api(TaskDeactivate)
-    def deactivate(self, ctx: HandlerContext, ref: TaskDeactivate) -> dict[str, Any]:
+    def deactivate(self, ctx: HandlerContext, ref: TaskDeactivate) -> Cancelled:
         return self.node.cancel(ref.id, ctx.envelope.sender)
 
     @api(TaskCancel)
-    def cancel(self, ctx: HandlerContext, req: TaskCancel) -> dict[str, Any]:
+    def cancel(self, ctx: HandlerContext, req: TaskCancel) -> Cancelled:
         return self.node.cancel(req.id, ctx.envelope.sender, req.reason)
 
     @api(TaskReactivate)
-    def reactivate(self, ctx: HandlerContext, ref: TaskReactivate) -> dict[str, Any]:
+    def reactivate(self, ctx: HandlerContext, ref: TaskReactivate) -> TaskView:
         task = self.store.tasks.reactivate(ref.id, fresh=ref.fresh)
         self.bus.broadcast("TRIGGER_SCAN", {"task": task.id})
-        return task_view(task)
+        return TaskView.of(task)
 
     @api(TaskSkip)
-    def skip(self, ctx: HandlerContext, ref: TaskSkip) -> dict[str, Any]:
+    def skip(self, ctx: HandlerContext, ref: TaskSkip) -> TaskView:
         """Finish a stopped or waiting task without running it: its ordering key goes on."""
         task = self.store.tasks.skip(ref.id)
         log.warning("member %s: task %s (%s) skipped by %s", self.node.member_id, task.id,
                     task.type, ctx.envelope.sender)
         self.bus.broadcast("TRIGGER_SCAN", {"task": task.id})
-        return task_view(task)
+        return TaskView.of(task)
 
     @api(ScheduleAdd)
-    def schedule_add(self, ctx: HandlerContext, req: ScheduleAdd) -> dict[str, Any]:
+    def schedule_add(self, ctx: HandlerContext, req: ScheduleAdd) -> ScheduleView:
         """Add a recurring schedule; the master creates one task per fire."""
         self.node.registry.get(req.spec.type).parse(req.spec.payload)
         added = self.store.schedules.add(req.name, req.spec.model_dump())
@@ -253,40 +282,40 @@ class NodeApi(OutsideApi, ConsoleApi):
         return schedules.describe(added)
 
     @api(ScheduleList)
-    def schedule_list(self, ctx: HandlerContext, req: ScheduleList) -> list[dict[str, Any]]:
+    def schedule_list(self, ctx: HandlerContext, req: ScheduleList) -> list[ScheduleView]:
         return [schedules.describe(s) for s in self.store.schedules.all()]
 
     @api(ScheduleRemove)
-    def schedule_remove(self, ctx: HandlerContext, ref: ScheduleRemove) -> dict[str, Any]:
+    def schedule_remove(self, ctx: HandlerContext, ref: ScheduleRemove) -> ScheduleRemoved:
         """Remove a schedule; its fires that have not started are stopped."""
         schedules.remove(self.store, ref.name)
-        return {"name": ref.name, "removed": True}
+        return ScheduleRemoved(name=ref.name, removed=True)
 
     @api(SchedulePause)
-    def schedule_pause(self, ctx: HandlerContext, req: SchedulePause) -> dict[str, Any]:
+    def schedule_pause(self, ctx: HandlerContext, req: SchedulePause) -> ScheduleView:
         """Pause (or resume) a schedule: a pause also stops its fires that have not started;
         fires while paused are not made up on resume."""
         return schedules.describe(schedules.pause(self.store, req.name, req.paused))
 
     @api(ClusterStatusQuery)
-    def status(self, ctx: HandlerContext, req: ClusterStatusQuery) -> dict[str, Any]:
+    def status(self, ctx: HandlerContext, req: ClusterStatusQuery) -> ClusterStatus:
         return cluster_status(self.node.session, self.node.settings, self.node.member_id,
                               self.store)
 
     @api(OntologySyncRequest)
-    def ontology_sync(self, ctx: HandlerContext, req: OntologySyncRequest) -> dict[str, Any]:
+    def ontology_sync(self, ctx: HandlerContext, req: OntologySyncRequest) -> SyncSent:
         if self.node.settings.ontology_source is None:
             raise NoOntologySource("no ontology source is configured (set ontology_source, "
                                    "LATCHWORK_ONTOLOGY_SOURCE): nothing to synchronise")
         sent = self.bus.send_master("SYNCHRONIZE_MODEL", {"reason": "requested"})
-        return {"message_id": str(sent.id)}
+        return SyncSent(message_id=str(sent.id))
 
     @api(OntologyList)
-    def ontology_list(self, ctx: HandlerContext, req: OntologyList) -> list[dict[str, Any]]:
-        return [ontology_view(o) for o in self.store.ontologies.all()]
+    def ontology_list(self, ctx: HandlerContext, req: OntologyList) -> list[OntologyView]:
+        return [OntologyView.of(o) for o in self.store.ontologies.all()]
 
     @api(OntologyShow)
-    def ontology_show(self, ctx: HandlerContext, ref: OntologyShow) -> dict[str, Any]:
+    def ontology_show(self, ctx: HandlerContext, ref: OntologyShow) -> OntologyDetail:
         """An ontology and its classes, each with its parents and how many children it has
         (in any loaded ontology)."""
         record = self.store.ontologies.get(ref.iri)
@@ -295,7 +324,21 @@ class NodeApi(OutsideApi, ConsoleApi):
         children: dict[str, int] = {}
         for _, parent in self.store.ontologies.subclass_edges():
             children[parent] = children.get(parent, 0) + 1
-        return {**ontology_view(record), "classes": [
-            {"iri": c.iri, "label": c.label, "parents": list(c.parents),
-             "children": children.get(c.iri, 0)} for c in self.store.ontologies.classes(ref.iri)]}
+        classes = [OntologyClassView(iri=c.iri, label=c.label, parents=list(c.parents),
+                                     children=children.get(c.iri, 0))
+                   for c in self.store.ontologies.classes(ref.iri)]
+        return OntologyDetail(iri=record.iri, version=record.version, checksum=record.checksum,
+                              loaded_at=record.loaded_at, classes=classes)
 
+
+
+def _answering(model: type[Request[object]],
+               handler: Callable[[HandlerContext, Request[object]], object]
+               ) -> Callable[[HandlerContext, Request[object]], object]:
+    """``handler`` answering JSON: its reply model written by the request's reply adapter."""
+    adapter = model.reply_adapter()
+
+    def answer(ctx: HandlerContext, req: Request[object]) -> object:
+        return adapter.dump_python(handler(ctx, req), mode="json")
+    answer.__name__ = answer.__qualname__ = getattr(handler, "__name__", model.command)
+    return answer

@@ -7,12 +7,12 @@ streams with their state (``stream.list``). Each reads a page or a count, never 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from coord import Session, VersionedRegister
 from messaging import HandlerContext
 from runner.node.api_outside import api
-from runner.node.views import progress_view, task_view
+from runner.replies import SearchPage, StreamInfo, TaskView
 from runner.requests import StreamList, TaskCounts, TaskSearch
 from runner.store import GraphStore
 from runner.store.gremlin.search import TaskFilter
@@ -44,27 +44,27 @@ class ConsoleApi:
     node: ConsoleHost
 
     @api(TaskSearch)
-    def task_search(self, ctx: HandlerContext, req: TaskSearch) -> dict[str, Any]:
+    def task_search(self, ctx: HandlerContext, req: TaskSearch) -> SearchPage:
         page = self.node.store.search.page(_filter(req, req.state), req.before, req.limit)
         running = {t.id for t in page.tasks if t.owner and t.status.value == "RUNNING"}
         progress = ({a.task_id: a.progress for a in self.node.store.attempts.running()
                      if a.task_id in running} if running else {})
-        return {"tasks": [{**task_view(t), "progress": progress_view(progress.get(t.id))}
-                          for t in page.tasks], "next": page.next}
+        return SearchPage(tasks=[TaskView.of(t, progress.get(t.id)) for t in page.tasks],
+                        next=page.next)
 
     @api(TaskCounts)
     def task_counts(self, ctx: HandlerContext, req: TaskCounts) -> dict[str, int]:
         return self.node.store.search.counts(_filter(req))
 
     @api(StreamList)
-    def stream_list(self, ctx: HandlerContext, req: StreamList) -> list[dict[str, Any]]:
+    def stream_list(self, ctx: HandlerContext, req: StreamList) -> list[StreamInfo]:
         found = []
         for name in self.node.streams.names():
             definition = self.node.streams.get(name)
             state, version = VersionedRegister(self.node.session,
                                                f"handlers/{name}/state").get()
-            found.append({"stream": name, "inputs": list(definition.inputs),
-                          "output": definition.output, "description": definition.description,
-                          "version": version, "state": state,
-                          "copies": streams.copies(self.node.session, name)})
+            found.append(StreamInfo(stream=name, inputs=list(definition.inputs),
+                                    output=definition.output,
+                                    description=definition.description, version=version,
+                                    state=state, copies=streams.copies(self.node.session, name)))
         return found

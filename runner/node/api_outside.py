@@ -17,17 +17,18 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from coord import LockFreeQueue, QueueElementTooLarge, QueueIndexExpired, Session, read_members
 from messaging import HandlerContext
 from runner.errors import StreamElementTooLarge, StreamIndexExpired
+from runner.replies import CommandView, Element, Pushed, StreamPage
 from runner.requests import CommandList, Request, StreamPush, StreamRead
 
-F = TypeVar("F", bound=Callable[..., Any])
+F = TypeVar("F", bound=Callable[..., object])
 
 
-def api(model: type[Request]) -> Callable[[F], F]:
+def api(model: type[Request[object]]) -> Callable[[F], F]:
     """Mark an API method (:class:`~runner.node.api.NodeApi`) as the handler of
     ``model.command``."""
     def mark(method: F) -> F:
@@ -40,16 +41,16 @@ class OutsideHost(Protocol):
     session: Session
 
 
-def element_view(index: int, data: bytes) -> dict[str, Any]:
+def element_view(index: int, data: bytes) -> Element:
     """One queue element as the API shows it (see the module)."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
-        return {"index": index, "base64": base64.b64encode(data).decode()}
+        return Element(index=index, base64=base64.b64encode(data).decode())
     try:
-        return {"index": index, "value": json.loads(text)}
+        return Element(index=index, value=json.loads(text))
     except ValueError:
-        return {"index": index, "text": text}
+        return Element(index=index, text=text)
 
 
 class OutsideApi:
@@ -58,30 +59,33 @@ class OutsideApi:
     node: OutsideHost
 
     @api(CommandList)
-    def command_list(self, ctx: HandlerContext, req: CommandList) -> list[dict[str, Any]]:
+    def command_list(self, ctx: HandlerContext, req: CommandList) -> list[CommandView]:
         """Every command and broadcast a live node declares (read from their membership
         entries), with the members declaring it."""
-        found: dict[str, dict[str, Any]] = {}
+        found: dict[str, CommandView] = {}
+        members: dict[str, list[str]] = {}
         for member_id, info in sorted(read_members(self.node.session).items()):
             for declared in info.details.get("commands", []):
-                entry = found.setdefault(declared["name"], {**declared, "members": []})
-                entry["members"].append(member_id)
-        return [found[name] for name in sorted(found)]
+                command = CommandView.model_validate(declared)
+                found.setdefault(command.name, command)
+                members.setdefault(command.name, []).append(member_id)
+        return [found[name].model_copy(update={"members": members[name]})
+                for name in sorted(found)]
 
     @api(StreamPush)
-    def stream_push(self, ctx: HandlerContext, req: StreamPush) -> dict[str, Any]:
+    def stream_push(self, ctx: HandlerContext, req: StreamPush) -> Pushed:
         """Append the values in one transaction; with a token, once."""
-        values = [v.encode() if req.raw else json.dumps(v).encode() for v in req.values]
+        values = [str(v).encode() if req.raw else json.dumps(v).encode() for v in req.values]
         queue = LockFreeQueue(self.node.session, req.queue)
         token = req.token or ctx.message_id.hex  # a redelivered request pushes once too
         try:
             indexes = queue.push_many(values, token)
         except QueueElementTooLarge as exc:
             raise StreamElementTooLarge(str(exc)) from exc
-        return {"queue": req.queue, "indexes": indexes}
+        return Pushed(queue=req.queue, indexes=indexes)
 
     @api(StreamRead)
-    def stream_read(self, ctx: HandlerContext, req: StreamRead) -> dict[str, Any]:
+    def stream_read(self, ctx: HandlerContext, req: StreamRead) -> StreamPage:
         """Up to ``limit`` elements from ``start`` (to the first empty slot), and where the
         next read starts."""
         queue = LockFreeQueue(self.node.session, req.queue)
@@ -89,5 +93,5 @@ class OutsideApi:
             elements = [element_view(i, data) for i, data in queue.read(req.start, req.limit)]
         except QueueIndexExpired as exc:
             raise StreamIndexExpired(f"queue {req.queue}: {exc}") from exc
-        following = elements[-1]["index"] + 1 if elements else req.start
-        return {"queue": req.queue, "elements": elements, "next": following}
+        following = elements[-1].index + 1 if elements else req.start
+        return StreamPage(queue=req.queue, elements=elements, next=following)

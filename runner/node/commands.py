@@ -12,24 +12,24 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
-from typing import Any
 
 from messaging import HandlerContext
 from runner.ontology import OntologyCache, OntologySync
 from runner.store import GraphStore
 from runner.tasks import Services, broadcast, command
 from runner.tasks.worker.loop import TaskLoop
+from runner.templates import JsonObject
 
 log = logging.getLogger("latchwork.node")
 
 
 @command("SYNCHRONIZE_MODEL", description="load new or changed ontologies (the master)")
-def synchronize(ctx: HandlerContext, payload: dict[str, Any]) -> None:
+def synchronize(ctx: HandlerContext, payload: JsonObject) -> None:
     ctx.services.get(OntologySync).synchronize(message_id=str(ctx.message_id))
 
 
 @command("ONTOLOGY_CHANGED", description="an ontology source changed: load it (the master)")
-def ontology_changed(ctx: HandlerContext, payload: dict[str, Any]) -> None:
+def ontology_changed(ctx: HandlerContext, payload: JsonObject) -> None:
     ctx.services.get(OntologySync).synchronize(message_id=str(ctx.message_id))
 
 
@@ -38,15 +38,16 @@ def _scan(services: Services, behind: datetime | None = None) -> None:
 
 
 @broadcast("TRIGGER_SCAN", description="scan for tasks now", on_reconnect=_scan)
-def trigger_scan(ctx: HandlerContext, payload: dict[str, Any]) -> None:
+def trigger_scan(ctx: HandlerContext, payload: JsonObject) -> None:
     """``behind`` (ISO time, optional): the tasks written were ready from then on, maybe behind
     the scans' cursors (a write that landed late)."""
     behind = None
-    if isinstance(payload.get("behind"), str):
+    text = payload.get("behind")
+    if isinstance(text, str):
         try:
-            behind = datetime.fromisoformat(payload["behind"])
+            behind = datetime.fromisoformat(text)
         except ValueError:
-            log.warning("TRIGGER_SCAN: behind %r is not an ISO time; ignored", payload["behind"])
+            log.warning("TRIGGER_SCAN: behind %r is not an ISO time; ignored", text)
     _scan(ctx.services, behind if behind is not None and behind.tzinfo is not None else None)
 
 
@@ -63,5 +64,5 @@ def _reload_after_reconnect(services: Services) -> None:
 
 @broadcast("UPDATE_CACHE", description="reload the ontology cache",
            on_reconnect=_reload_after_reconnect)
-def update_cache(ctx: HandlerContext, payload: dict[str, Any]) -> None:
+def update_cache(ctx: HandlerContext, payload: JsonObject) -> None:
     _reload(ctx.services)

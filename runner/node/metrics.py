@@ -32,9 +32,11 @@ fail a task or a message (a hook that raises is logged by its caller and ignored
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -46,34 +48,44 @@ from runner.tasks import TaskContext
 from runner.tasks.observer import Observer
 
 
+@dataclass(frozen=True)
+class LiveState:
+    """What the node tells its metrics at scrape time."""
+    connected: bool  # the ZooKeeper session is CONNECTED
+    master: bool
+    stats: Mapping[str, int]  # the task loop's counters (claims by result, listings)
+    connections: Mapping[str, int]  # RabbitMQ connections opened per consumer
+    store: Mapping[str, float] | None  # the graph store's calls (StoreCalls.snapshot)
+
+
 class _Live(Collector):
     """What is read from the node at scrape time."""
 
-    def __init__(self, read: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, read: Callable[[], LiveState]) -> None:
         self.read = read
 
-    def collect(self) -> Iterator[Any]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         state = self.read()
         yield GaugeMetricFamily("latchwork_session_connected",
                                 "1 while the ZooKeeper session is CONNECTED",
-                                value=1.0 if state["connected"] else 0.0)
+                                value=1.0 if state.connected else 0.0)
         yield GaugeMetricFamily("latchwork_is_master", "1 while this node is the master",
-                                value=1.0 if state["master"] else 0.0)
+                                value=1.0 if state.master else 0.0)
         claims = CounterMetricFamily("latchwork_task_claims",
                                      "task claims by result (started, lock_busy, stale, "
                                      "lock_lost_at_start)", labels=["result"])
         for result in ("started", "lock_busy", "stale", "lock_lost_at_start"):
-            claims.add_metric([result], float(state["stats"].get(result, 0)))
+            claims.add_metric([result], float(state.stats.get(result, 0)))
         yield claims
         yield CounterMetricFamily("latchwork_task_scans", "listings of the open tasks",
-                                  value=float(state["stats"].get("listings", 0)))
+                                  value=float(state.stats.get("listings", 0)))
         connections = CounterMetricFamily("latchwork_broker_connections",
                                           "RabbitMQ connections opened per consumer "
                                           "(1 + reconnections)", labels=["consumer"])
-        for name, count in state["connections"].items():
+        for name, count in state.connections.items():
             connections.add_metric([name], float(count))
         yield connections
-        store = state.get("store")
+        store = state.store
         if store is not None:
             calls = CounterMetricFamily("latchwork_store_calls",
                                         "graph store calls (a write is one transaction or one "
@@ -115,9 +127,9 @@ class NodeMetrics(Observer):
             buckets=(0.001, 0.01, 0.1, 0.5, 1, 5, 30, 120, 600), registry=self.registry)
         self.locks_freed = Counter("latchwork_locks_freed", "task locks this node freed as "
                                    "master (their owner was gone)", registry=self.registry)
-        self._server: Any = None
+        self._server: tuple[WSGIServer, threading.Thread] | None = None
 
-    def watch(self, read: Callable[[], dict[str, Any]]) -> None:
+    def watch(self, read: Callable[[], LiveState]) -> None:
         """Register what is read at scrape time (see :class:`_Live`)."""
         self.registry.register(_Live(read))
 

@@ -36,7 +36,6 @@ from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any
 
 from coord import (
     LeaderLatch,
@@ -54,12 +53,12 @@ from runner.connect import amqp_connector, graph_store, zk_session
 from runner.errors import TaskError
 from runner.node import commands as builtin_commands
 from runner.node.api import NodeApi
-from runner.node.metrics import NodeMetrics
-from runner.node.views import task_view
+from runner.node.metrics import LiveState, NodeMetrics
 from runner.ontology import OntologyCache, OntologySync, register_ontology_tasks
 from runner.pipeline.aspects import AspectRegistry
 from runner.pipeline.handlers import Pipeline, register_pipeline_tasks
 from runner.pipeline.spark import stop_spark
+from runner.replies import Cancelled
 from runner.requests import TaskSubmit, TaskSubmitMany, page_task_id
 from runner.store import GraphStore, Task
 from runner.store.due import ready_at
@@ -341,16 +340,15 @@ class Node:
                 s.retention_batch, s.retention_interval).tick))
         return duties
 
-    def _live_state(self) -> dict[str, Any]:
+    def _live_state(self) -> LiveState:
         """What the metrics read at scrape time."""
         parts = self._started()
-        return {
-            "connected": self.session.state is SessionState.CONNECTED,
-            "master": parts.latch.is_leader,
-            "stats": dict(parts.processor.stats),
-            "connections": {c.name: c.connections_opened for c in parts.bus.consumers},
-            "store": self.store.graph.stats.snapshot(),
-        }
+        return LiveState(
+            connected=self.session.state is SessionState.CONNECTED,
+            master=parts.latch.is_leader,
+            stats=dict(parts.processor.stats),
+            connections={c.name: c.connections_opened for c in parts.bus.consumers},
+            store=self.store.graph.stats.snapshot())
 
     def _model_reconnected(self) -> None:
         """The MODEL connection came back: broadcasts sent meanwhile were missed, so each
@@ -429,7 +427,7 @@ class Node:
                 log.warning("member %s: task %s: its handler is stopped: %s", self.member_id,
                             task_id, reason)
 
-    def cancel(self, task_id: str, by: str, reason: str | None = None) -> dict[str, Any]:
+    def cancel(self, task_id: str, by: str, reason: str | None = None) -> Cancelled:
         """Deactivate a task and cancel its running attempt cluster-wide: the attempt ends
         CANCELLED and the task's fence moves on in one write (the owner can write nothing
         more), then the owner's lock node is deleted and a ``cancel-<task id>`` message left
@@ -442,7 +440,7 @@ class Node:
                      (attempt.error or "cancelled by an operator").encode())
             log.warning("member %s: task %s (%s) cancelled by operator %s; its attempt on %s "
                         "was stopped", self.member_id, task_id, task.type, by, owner)
-        return {**task_view(task), "cancelled_attempts": [a.id for a in closed]}
+        return Cancelled.of_cancel(task, closed)
 
     def register_messages(self, bus: MessageBus) -> None:
         """The declared commands and broadcasts (:mod:`runner.node.commands`, then the

@@ -21,7 +21,6 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -42,6 +41,7 @@ from runner.pipeline.job import BatchWorker, coordinator_for, progress
 from runner.pipeline.snapshot import write_snapshot
 from runner.pipeline.spark import spark_session
 from runner.pipeline.storage import SeriesPaths
+from runner.replies import AspectTask, AspectView, SeriesProgress
 from runner.requests import TaskSubmit
 from runner.store import GraphStore, Task
 from runner.store.model import ASPECT_PATTERN
@@ -91,7 +91,7 @@ class Pipeline:
     # -- API operations ---------------------------------------------------------------------
 
     def create(self, name: str, batch_rows: int | None = None, pause: float = 0.0
-               ) -> dict[str, Any]:
+               ) -> AspectView:
         """Create an aspect: READY at once (simple) or through one task (heavy).
 
         The state moves first (CAS to CREATING with a new generation), then the task is
@@ -120,7 +120,7 @@ class Pipeline:
                          new.generation, target.value)
             # loop: attach the task (heavy) or report (simple), on whatever state won
 
-    def delete(self, name: str) -> dict[str, Any]:
+    def delete(self, name: str) -> AspectView:
         """Delete an aspect through a task that removes it from every avatar."""
         self.aspects.get(name)
         states = self.states
@@ -155,35 +155,31 @@ class Pipeline:
             return None
         self.states.change(name, decide)
 
-    def describe(self, name: str) -> dict[str, Any]:
+    def describe(self, name: str) -> AspectView:
         definition = self.aspects.get(name)
         state, _ = self.states.get(name)
-        out: dict[str, Any] = {
-            **state.to_json(), "kind": definition.kind.value,
-            "classes": list(definition.classes), "description": definition.description,
-            "progress": None, "task": None,
-        }
+        task = progress = None
         if state.task_id is not None:
-            task = self.store.tasks.get(state.task_id)
-            out["task"] = {"id": task.id, "type": task.type, "status": task.status.value,
-                           "finished": task.finished, "active": task.active}
-            if task.type == "aspect.create":
-                out["progress"] = self.progress_of(task)
-        return out
+            found = self.store.tasks.get(state.task_id)
+            task = AspectTask(id=found.id, type=found.type, status=found.status.value,
+                              finished=found.finished, active=found.active)
+            if found.type == "aspect.create":
+                progress = self.progress_of(found)
+        return AspectView(**state.to_json(), kind=definition.kind.value,
+                          classes=list(definition.classes), description=definition.description,
+                          progress=progress, task=task)
 
-    def progress_of(self, task: Task) -> dict[str, Any] | None:
+    def progress_of(self, task: Task) -> SeriesProgress | None:
         payload = task.payload
         if task.type not in ("aspect.create", "aspect.batches"):
             return None
+        series = series_id(payload["aspect"], payload["generation"])
         try:
-            status = BatchCoordinator(
-                self.session, series_id(payload["aspect"], payload["generation"])).status()
+            status = BatchCoordinator(self.session, series).status()
         except SeriesNotFound:
-            return {"series": series_id(payload["aspect"], payload["generation"]),
-                    "state": "PREPARING", "batches_done": 0, "batches_total": None,
-                    "rows_total": None, "rows_done": 0, "rows_per_s": 0.0, "retries": 0,
-                    "failure": []}
-        return progress(status)
+            return SeriesProgress(series=series, state="PREPARING", batches_done=0,
+                                  rows_done=0, rows_per_s=0.0, retries=0)
+        return SeriesProgress.model_validate(progress(status))
 
     # -- task handlers ----------------------------------------------------------------------
 

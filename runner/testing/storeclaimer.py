@@ -78,7 +78,7 @@ def _cycles(store: GraphStore, name: str, index: int, rounds: int) -> list[str]:
                 task, attempt = store.claim(current, _token(index), name)
                 if rng.random() < 0.5:
                     continue  # left open: the next claim supersedes it
-                store.conclude(Conclusion.of(attempt, AttemptStatus.SUCCEEDED, task, attempt.fence,
+                store.conclude(Conclusion.of(attempt, AttemptStatus.SUCCEEDED, task,
                                              {"status": TaskStatus.WAITING, "finished": finish}))
             except (CommitConflict, StaleFencingToken, AttemptAlreadyFinished):
                 continue

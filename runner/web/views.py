@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from runner.errors import WebQueryInvalid
-from runner.node.views import AttemptView, TaskView
+from runner.replies import AttemptView, TaskView
 
 STATES = ("waiting", "running", "stopped", "finished", "skipped")
 #: query key -> the client's filter argument

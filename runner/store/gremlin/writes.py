@@ -137,11 +137,12 @@ class Conclusion:
     changes: Mapping[str, Any]
 
     @classmethod
-    def of(cls, attempt: Attempt, status: AttemptStatus, task: Task, token: int,
+    def of(cls, attempt: Attempt, status: AttemptStatus, task: Task,
            changes: Mapping[str, Any], *, error: str | None = None, stack: str | None = None,
            progress: str | None = None, ended: datetime | None = None) -> Conclusion:
-        return cls(attempt_end(attempt, status, error, stack, progress, ended), task, token,
-                   changes)
+        """``attempt``'s end, guarded by the token it was claimed with (its fence)."""
+        return cls(attempt_end(attempt, status, error, stack, progress, ended), task,
+                   attempt.fence, changes)
 
     @property
     def status(self) -> AttemptStatus:

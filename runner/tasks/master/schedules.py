@@ -34,13 +34,13 @@ import logging
 import re
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any
 
 from apscheduler.triggers.base import BaseTrigger
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
 from runner.errors import CommitConflict, InvalidSchedule, ScheduleNotFound
+from runner.replies import ScheduleView
 from runner.requests import ScheduleSpec, TaskSubmit
 from runner.store import GraphStore, Task, TaskStatus, codec
 from runner.store.gremlin.schedules import Schedule
@@ -124,15 +124,14 @@ def remove(store: GraphStore, name: str) -> None:
     stop_pending_fires(store, name, f"schedule {name} removed")
 
 
-def describe(s: Schedule) -> dict[str, Any]:
+def describe(s: Schedule) -> ScheduleView:
     """A schedule as the API shows it: its spec, paused, last and next fire."""
     spec = ScheduleSpec.model_validate(s.spec)
     nxt = None if s.paused else next_after(trigger_of(spec, s.created_at),
                                            s.last_fire or s.created_at)
-    return {"name": s.name, **s.spec, "paused": s.paused,
-            "created_at": s.created_at.isoformat(),
-            "last_fire": s.last_fire.isoformat() if s.last_fire else None,
-            "next_fire": nxt.isoformat() if nxt else None}
+    return ScheduleView.model_validate({**spec.model_dump(), "name": s.name,
+                                        "paused": s.paused, "created_at": s.created_at,
+                                        "last_fire": s.last_fire, "next_fire": nxt})
 
 
 class ScheduleFirer:

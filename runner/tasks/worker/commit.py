@@ -233,7 +233,7 @@ class GroupCommit:
         """A success that may not be recorded, written CANCELLED_BY_SYSTEM instead (the task
         goes back as it stands)."""
         claim = ending.claim
-        lost = Conclusion.of(claim.attempt, LOST, claim.task, claim.token,
+        lost = Conclusion.of(claim.attempt, LOST, claim.task,
                              task_changes(Outcome.CANCELLED), error=error)
         try:
             task = self.store.conclude(lost)

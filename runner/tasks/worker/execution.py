@@ -186,7 +186,7 @@ class Execution:
                           ended=(AttemptStatus.SUCCEEDED, None))  # as it wrote it
         return Ending(slot, claim, outcome, result, tell, run_at=run_at,
                       conclusion=Conclusion.of(
-                          claim.attempt, result.status, task, claim.token,
+                          claim.attempt, result.status, task,
                           task_changes(outcome, run_at), error=result.error,
                           stack=result.stack, progress=handling.progress,
                           ended=handling.returned_at))
