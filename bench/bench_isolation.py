@@ -8,10 +8,14 @@ three bench types loaded by ``--tasks`` (as a user's would be): ``bench.thread``
 in a child process) and ``bench.hang`` (isolated, ``timeout=1``, ``grace=1``, a handler that
 ignores its token). Then:
 
-* rounds of ``--tasks`` (default 2,000) ``seconds=0`` tasks sent with ``submit_many``, threaded
-  and isolated interleaved (3 each, ABBAAB): the drain's rate and the CPU per task of the node
-  processes and every descendant (the fork server and its children included, and shown apart);
-  the medians, and the difference per task (target: isolated at most 0.5 ms more);
+* rounds of ``--tasks`` (default 2,000) ``seconds=0`` tasks sent with ``submit_many``, threaded,
+  isolated and the raw probe interleaved (3 each, ABCCBAABC): the drain's rate and the CPU per
+  task of the node processes and every descendant (the fork server and its children included,
+  and shown apart); the medians, and the difference per task (target: isolated at most 0.5 ms
+  more). The raw probe, ``bench.echo``, is a threaded handler that sends one byte to a helper
+  process (``cat``, one per worker) and reads it back: the floor of a process round trip per
+  task on these cores, with none of the isolation's own work; ``isolated - raw probe`` is what
+  the isolation adds over it;
 * 60 isolated one-second tasks at once: the wall time against the ideal (60 / 12 workers x 1 s;
   target within 1.05x);
 * one hung isolated handler: its attempt's start to its end written TIMED_OUT, against
@@ -42,6 +46,9 @@ from runner.client import Client
 from runner.store import AttemptStatus, GraphStore, open_store
 
 MODULE = textwrap.dedent('''
+    import os
+    import subprocess
+    import threading
     import time
     from pydantic import BaseModel
     from runner.tasks import TaskContext, task
@@ -60,6 +67,19 @@ MODULE = textwrap.dedent('''
     @task("bench.process", payload=Sleep, isolation="process")
     def isolated(ctx: TaskContext, p: Sleep) -> None:
         sleep(ctx, p)
+
+    _helper = threading.local()
+
+    @task("bench.echo", payload=Sleep)
+    def echo(ctx: TaskContext, p: Sleep) -> None:
+        """The raw probe: one byte to a helper process (`cat`, one per worker) and back, in a
+        thread: a process round trip per task and nothing else."""
+        helper = getattr(_helper, "cat", None)
+        if helper is None:
+            helper = _helper.cat = subprocess.Popen(["cat"], stdin=subprocess.PIPE,
+                                                    stdout=subprocess.PIPE, bufsize=0)
+        os.write(helper.stdin.fileno(), b"x")
+        os.read(helper.stdout.fileno(), 64)
 
     @task("bench.hang", payload=Sleep, isolation="process", timeout=1.0, grace=1.0)
     def hang(ctx: TaskContext, p: Sleep) -> None:
@@ -99,17 +119,18 @@ def measure(tasks: int) -> None:
 def bench(client: Client, store: GraphStore, pids: list[int], tasks: int) -> None:
     drain(client, store, pids, "bench.process", 200)  # the children started, the server warm
     drain(client, store, pids, "bench.thread", 200)
+    drain(client, store, pids, "bench.echo", 200)  # each worker's helper started
     if tasks:
         cpu_rounds(client, store, pids, tasks)
     slow_and_hung(client, store)
 
 
 def cpu_rounds(client: Client, store: GraphStore, pids: list[int], tasks: int) -> None:
-    """Threaded and isolated drains interleaved, 3 each, in the order ABBAAB: the graph grows
-    by every round and each round costs a little more than the last, which a fixed order
-    (ABABAB) would charge to B; their medians and the difference."""
-    rounds: dict[str, list[tuple[float, float, float]]] = {"bench.thread": [],
-                                                           "bench.process": []}
+    """Threaded, isolated and raw-probe drains interleaved, 3 each, in the order ABCCBAABC:
+    the graph grows by every round and each round costs a little more than the last, which a
+    fixed order would charge to the last kind; their medians and the differences."""
+    rounds: dict[str, list[tuple[float, float, float]]] = {
+        "bench.thread": [], "bench.process": [], "bench.echo": []}
     for i in range(3):
         for kind in (list(rounds) if i % 2 == 0 else list(rounds)[::-1]):
             rounds[kind].append(drain(client, store, pids, kind, tasks))
@@ -121,7 +142,11 @@ def cpu_rounds(client: Client, store: GraphStore, pids: list[int], tasks: int) -
               f"{kids:.3f} ms; rounds " + ", ".join(f"{r:.0f}/s {c:.3f} ms"
                                                     for r, c, _ in rounds[kind]))
     extra = median["bench.process"][1] - median["bench.thread"][1]
+    floor = median["bench.echo"][1] - median["bench.thread"][1]
     print(f"isolated - threaded CPU per task: {extra:+.3f} ms (target <= +0.5 ms)")
+    print(f"raw probe, a process round trip per task (bench.echo: one byte to `cat` and back "
+          f"from a threaded handler) - threaded: {floor:+.3f} ms; isolated - raw probe: "
+          f"{extra - floor:+.3f} ms (what the isolation adds over the round trip)")
 
 
 def slow_and_hung(client: Client, store: GraphStore) -> None:
