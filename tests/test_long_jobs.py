@@ -339,6 +339,11 @@ ISOLATED_MODULE = textwrap.dedent('''
             ctx.cancel.wait(p.seconds)
         elif p.what == "raise":
             raise ValueError("bad row 7")
+        elif p.what == "forkexit":  # a process it forked holds its channel; it exits
+            if os.fork() == 0:
+                time.sleep(4)
+                os._exit(0)
+            os._exit(3)
         elif p.what == "hang1":  # the first attempt hangs for good, ignoring everything
             while ctx.attempt.seq == 1:
                 time.sleep(0.5)
@@ -407,9 +412,11 @@ def alive(pid: int) -> bool:
 def test_isolated_crashes_end_their_attempt_failed_and_the_node_runs_on(
         cluster: Cluster, tmp_path: Path) -> None:
     """A handler process that segfaults, one that allocates past ``max_memory_mb``, one that
-    ignores its ``timeout`` and one that raises: each attempt ends with its cause (FAILED
-    "killed by signal 11", FAILED "handler used ... MiB, limit 300", TIMED_OUT, FAILED with
-    the handler's error and its traceback from the child) while the same node runs a normal
+    ignores its ``timeout``, one that raises and one that exits while a process it forked
+    holds its channel: each attempt ends with its cause (FAILED "killed by signal 11", FAILED
+    "handler used ... MiB, limit 300", TIMED_OUT, FAILED with the handler's error and its
+    traceback from the child, FAILED "exited with code 3" at once, not when the forked
+    process lets the channel go) while the same node runs a normal
     isolated task (its context over the channel: progress, heartbeat, checkpoint, check,
     resume) and a threaded one to success; no handler process of the first three is left."""
     with_module(cluster, tmp_path, "isojobs", ISOLATED_MODULE)
@@ -420,6 +427,7 @@ def test_isolated_crashes_end_their_attempt_failed_and_the_node_runs_on(
            for what in ("segfault", "hog", "hang")}  # the hog with no timeout to race
     ok = cluster.submit("iso.job", {"record": str(record), "what": "ok"})
     raised = cluster.submit("iso.job", {"record": str(record), "what": "raise"})
+    forked = cluster.submit("iso.long", {"record": str(record), "what": "forkexit"})
     threaded = cluster.submit("iso.thread", {"record": str(record), "what": "ok"})
     for task_id in ids.values():
         assert wait_until(lambda t=task_id: not cluster.task(t).active, 60, 0.05), task_id
@@ -438,6 +446,12 @@ def test_isolated_crashes_end_their_attempt_failed_and_the_node_runs_on(
     (failed,) = cluster.store.attempts.for_task(raised)  # the handler's own error, crossed
     assert failed.status is AttemptStatus.FAILED and failed.error == "ValueError: bad row 7"
     assert "in the handler process" in (failed.stack_trace or "")
+    assert wait_until(lambda: not cluster.task(forked).active, 30, 0.05)
+    (exited,) = cluster.store.attempts.for_task(forked)
+    assert exited.status is AttemptStatus.FAILED, exited.error
+    assert "handler process exited with code 3" in (exited.error or ""), exited.error
+    assert exited.ended_at is not None
+    assert (exited.ended_at - exited.started_at).total_seconds() < 3  # not the 4 s it held
     (good,) = cluster.store.attempts.for_task(ok)
     assert good.status is AttemptStatus.SUCCEEDED and good.progress is not None
     resumed = cluster.store.checkpoints.read(ok)
