@@ -98,6 +98,7 @@ import json
 import os
 import random
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -114,7 +115,14 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from coord import Session, read_leader, read_members
-from coord.testing import NodeProcess, TcpProxy, ZooKeeperCluster, kill_ensemble_leader, wait_until
+from coord.testing import (
+    FaultInjectionFailed,
+    NodeProcess,
+    TcpProxy,
+    ZooKeeperCluster,
+    kill_ensemble_leader,
+    wait_until,
+)
 from coord.testing.hosts import Host, HostNetwork, hosts_unavailable_reason
 from messaging import (
     Connector,
@@ -991,7 +999,14 @@ def chaos(profile_name: str, seed: int, keep: Path | None,
                            "time_to_drain_s": round(drain, 1),
                            "total_s": round(time.monotonic() - started, 1)})
             for i, node in enumerate(run.nodes):
-                code = node.process.terminate(timeout=30)
+                try:
+                    code: int | None = node.process.terminate(
+                        timeout=30, on_timeout=lambda pid, i=i: run.say(
+                            f"node{i} still running 30 s after SIGTERM; its threads:\n"
+                            + thread_stacks(pid)))
+                except FaultInjectionFailed:
+                    code = None
+                    run.say(f"node{i}'s last log lines:\n{node.process.stderr_tail(60)}")
                 if code != 0:
                     result.setdefault("nodes_not_stopping_cleanly", []).append(f"node{i}")
             if keep is not None:
@@ -1017,6 +1032,17 @@ def chaos(profile_name: str, seed: int, keep: Path | None,
         if network is not None:
             network.close()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def thread_stacks(pid: int) -> str:
+    """Every thread's stack of the process ``pid`` (py-spy, which the dev setup installs), or
+    why not."""
+    spy = Path(sys.executable).with_name("py-spy")
+    try:
+        return subprocess.run([str(spy), "dump", "--pid", str(pid)], capture_output=True,
+                              text=True, timeout=30, check=False).stdout or "(py-spy: nothing)"
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"(no stacks: {exc})"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -151,12 +151,16 @@ class NodeProcess:
     def resume(self) -> None:
         self._signal(signal.SIGCONT)
 
-    def terminate(self, timeout: float = 30.0) -> int:
-        """SIGTERM, then wait; returns the exit code (kills it if it ignores SIGTERM)."""
+    def terminate(self, timeout: float = 30.0,
+                  on_timeout: Callable[[int], None] | None = None) -> int:
+        """SIGTERM, then wait; returns the exit code (kills it if it ignores SIGTERM, after
+        ``on_timeout(pid)``, e.g. a dump of its threads' stacks, when given)."""
         self._signal(signal.SIGTERM)
         try:
             return self.wait(timeout)
         except FaultInjectionFailed:
+            if on_timeout is not None and self._proc is not None:
+                on_timeout(self._proc.pid)
             self.kill()
             raise
 
