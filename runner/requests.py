@@ -21,7 +21,7 @@ from __future__ import annotations
 import uuid
 from typing import Annotated, ClassVar, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, Field, JsonValue, TypeAdapter, model_validator
+from pydantic import BaseModel, Field, JsonValue, TypeAdapter, field_serializer, model_validator
 
 from runner.replies import (
     AspectView,
@@ -46,7 +46,7 @@ from runner.replies import (
     TaskView,
 )
 from runner.store.model import ASPECT_PATTERN
-from runner.templates import ScheduleSpec, TaskTemplate
+from runner.templates import JsonObject, ScheduleSpec, TaskTemplate
 
 __all__ = ["COMMANDS", "Request", "ScheduleSpec", "TaskTemplate"]
 
@@ -132,6 +132,13 @@ class TaskSubmitMany(Request[Submitted]):
     tasks: list[TaskTemplate] = Field(min_length=1, max_length=SUBMIT_PAGE)
     page: str | None = Field(default=None, min_length=8, max_length=64,
                              pattern=r"^[A-Za-z0-9_.:-]+$")
+
+    @field_serializer("tasks")
+    def _compact(self, tasks: list[TaskTemplate]) -> list[JsonObject]:
+        """Each item without its unset (None) fields: the page as the client measured it
+        against :data:`SUBMIT_PAGE_BYTES` (and the broker's body limit), not 500 items' worth
+        of nulls more."""
+        return [task.model_dump(mode="json", exclude_none=True) for task in tasks]
 
 
 #: the namespace of the ids of a keyed page's tasks (:func:`page_task_id`)

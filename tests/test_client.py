@@ -132,6 +132,22 @@ def test_every_command_names_its_reply_and_its_handler_returns_that_model() -> N
             command = "test.unanswered"
 
 
+def test_a_bulk_submit_page_goes_on_the_wire_as_it_was_measured() -> None:
+    """``submit_many`` cuts pages by the JSON size of their items without unset fields; the
+    request it sends must be that size too (not 500 items' worth of nulls more, past
+    ``SUBMIT_PAGE_BYTES`` and towards the broker's body limit)."""
+    from runner.client import _pages, build
+    from runner.requests import SUBMIT_PAGE_BYTES, TaskSubmitMany, TaskTemplate
+
+    items = [TaskTemplate(type="diag.sleep", payload={"note": "y" * 300}) for _ in range(1200)]
+    pages = list(_pages(items))
+    assert [len(p) for p in pages] == [500, 500, 200]
+    for page in pages:
+        sent = build(TaskSubmitMany, tasks=page, page="page-key-1").model_dump(mode="json")
+        assert len(json.dumps(sent)) <= SUBMIT_PAGE_BYTES
+        assert all(set(item) == {"type", "payload", "resources"} for item in sent["tasks"])
+
+
 def test_the_readme_example_runs(cluster: Cluster) -> None:
     member = cluster.start_node()
     code = re.search(r"## Python client.*?```python\n(.*?)```", README.read_text(),
