@@ -726,3 +726,31 @@ def test_a_graph_out_of_reach_at_a_checkpoint_cancels_the_attempt_not_fails_the_
         assert first.outcome is Outcome.CANCELLED and first.task.active
         second = stub.run(steps, task=first.task)
         assert second.succeeded and calls == [1, 2, 3, 3, 4]  # resumed after 2
+
+
+def test_a_job_carries_its_task_and_attempt_as_plain_values_that_come_back_equal() -> None:
+    """What crosses to a handler process (pure logic): every field of a task and an attempt,
+    times in any zone, enums, a checkpoint's and a heartbeat's records, comes back equal after
+    the channel's pickling; a naive time is carried as it is."""
+    import pickle
+    from datetime import UTC, datetime, timedelta, timezone
+
+    from runner.store import Attempt, Task
+    from runner.store.model import CheckpointInfo, Heartbeat
+    from runner.tasks.worker.child import ATTEMPT, TASK
+
+    now = datetime.now(UTC)
+    zoned = datetime(2026, 3, 29, 1, 59, 59, 999999, tzinfo=timezone(timedelta(hours=5)))
+    task = Task("t", "x", {"a": [1, 2]}, True, TaskStatus.RUNNING, False, -3, now, zoned, 7,
+                2**62, unique_key="k", owner="h:1", attempts=2, run_at=datetime(2026, 1, 1),
+                ordering_key="o", resources=("r1", "r2"), skipped=False, stop_reason=None,
+                checkpoint=CheckpointInfo(now, 10, 1), timeout=2.5)
+    attempt = Attempt("a", "t", 2, AttemptStatus.TIMED_OUT, "h:1", zoned, 2**62,
+                      ended_at=now, duration_ms=5, error="e", stack_trace="s",
+                      heartbeat=Heartbeat(now, {"at": 3}))
+    for flat, record in ((TASK, task), (ATTEMPT, attempt)):
+        back = flat.unpack(pickle.loads(pickle.dumps(flat.pack(record))))
+        assert back == record
+        assert [type(v) for v in back.__dict__.values()] == \
+            [type(v) for v in record.__dict__.values()]
+    assert TASK.unpack(TASK.pack(task)).run_at.tzinfo is None

@@ -5,8 +5,9 @@ A child comes from the node's fork server (:mod:`runner.tasks.worker.isolated`) 
 attempt after another, each sent over its channel
 (:class:`~runner.tasks.worker.channel.Channel`, on a ``multiprocessing`` socket pair) as a
 :class:`Job`: the handler and payload model by module and name (imported here), the payload, the
-task and attempt as the node claimed them. The node keeps the session, the lock and every store
-write; what the handler asks of its context crosses the channel:
+task and attempt as the node claimed them (as plain values, :class:`~runner.tasks.worker.
+channel.Flat`, built again when the handler first reads them). The node keeps the session, the
+lock and every store write; what the handler asks of its context crosses the channel:
 
 * ``progress``, ``heartbeat``: a message, no answer (the node throttles and writes them);
 * ``check()``, ``checkpoint(state)``, ``resume``: a request the node answers (a refusal comes
@@ -47,30 +48,32 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from multiprocessing import forkserver
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, NamedTuple
 
 from runner.errors import InvalidValue
 from runner.store import Attempt, Fence, Task
 from runner.store.gremlin.guards import effect_steps
 from runner.tasks.context import TaskCancelled, TaskTimedOut
-from runner.tasks.worker.channel import Channel
+from runner.tasks.worker.channel import Channel, Flat
 
 #: what a child gets instead of ``ctx.services``
 NOT_ACROSS = ("is not available in a process-isolated handler: the node keeps the ZooKeeper "
               "session, the store and every service (docs/runner.md, \"Process isolation\")")
 
 
-@dataclass(frozen=True)
-class Job:
-    """One attempt for a child to run."""
+TASK = Flat(Task)
+ATTEMPT = Flat(Attempt)
+
+
+class Job(NamedTuple):
+    """One attempt for a child to run (sent as a plain tuple)."""
     handler: tuple[str, str]  # module, qualified name
     model: tuple[str, str] | None  # the payload model, or None (a dict)
     payload: dict[str, Any]
-    task: Task
-    attempt: Attempt
+    task: tuple[Any, ...]  # TASK.pack(task)
+    attempt: tuple[Any, ...]  # ATTEMPT.pack(attempt)
     member_id: str
     token: int
 
@@ -119,12 +122,25 @@ class ChildContext:
     """What a handler in a child gets besides its payload (see the module)."""
 
     def __init__(self, job: Job, conn: Channel, token: ChildToken) -> None:
-        self.task = job.task
-        self.attempt = job.attempt
         self.member_id = job.member_id
         self.fence_token = job.token
         self.cancel = token
         self._conn = conn
+        self._job = job
+        self._task: Task | None = None
+        self._attempt: Attempt | None = None
+
+    @property
+    def task(self) -> Task:
+        if self._task is None:
+            self._task = TASK.unpack(self._job.task)
+        return self._task
+
+    @property
+    def attempt(self) -> Attempt:
+        if self._attempt is None:
+            self._attempt = ATTEMPT.unpack(self._job.attempt)
+        return self._attempt
 
     @property
     def fence(self) -> Fence:
@@ -241,7 +257,7 @@ def main(conn: Connection, flag: Any, deadline: Any, node: int) -> None:
     channel = Channel(conn)
     while True:
         try:
-            job: Job = channel.recv()
+            job = Job(*channel.recv())
         except (EOFError, OSError):
             os._exit(0)
         try:

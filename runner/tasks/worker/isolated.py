@@ -63,7 +63,7 @@ from runner.store.gremlin.guards import replayed
 from runner.tasks.context import TaskCancelled, TaskContext, TaskTimedOut
 from runner.tasks.registry import TaskType
 from runner.tasks.worker.channel import Channel
-from runner.tasks.worker.child import Job
+from runner.tasks.worker.child import ATTEMPT, TASK, Job
 from runner.tasks.worker.child import main as child_main
 from runner.tasks.worker.running import AttemptSession
 
@@ -159,8 +159,9 @@ class ChildPool:
         ends; raises what the handler raised (or :class:`HandlerCrashed`, or the token's
         cancellation once it had to be killed), returns when it returned."""
         model = kind.payload_model
-        job = Job(_where(kind.handler), _where(model) if model else None,
-                  dict(ctx.task.payload), ctx.task, ctx.attempt, ctx.member_id, ctx.fence_token)
+        job = Job(_where(kind.handler), _where(model) if model else None, ctx.task.payload,
+                  TASK.pack(ctx.task), ATTEMPT.pack(ctx.attempt), ctx.member_id,
+                  ctx.fence_token)
         child = self._take(ctx, kind, job)
         healthy = False
         try:
@@ -184,7 +185,7 @@ class ChildPool:
             child.signalled = child.termed = child.killed_for = None
             child.rss_at = 0.0
             try:
-                child.channel.send(job)
+                child.channel.send(tuple(job))
                 break
             except OSError:
                 child.kill()
