@@ -9,13 +9,14 @@ in a child process) and ``bench.hang`` (isolated, ``timeout=1``, ``grace=1``, a 
 ignores its token). Then:
 
 * rounds of ``--tasks`` (default 2,000) ``seconds=0`` tasks sent with ``submit_many``, threaded,
-  isolated and the raw probe interleaved (3 each, ABCCBAABC): the drain's rate and the CPU per
-  task of the node processes and every descendant (the fork server and its children included,
-  and shown apart); the medians, and the difference per task (target: isolated at most 0.5 ms
-  more). The raw probe, ``bench.echo``, is a threaded handler that sends one byte to a helper
-  process (``cat``, one per worker) and reads it back: the floor of a process round trip per
-  task on these cores, with none of the isolation's own work; ``isolated - raw probe`` is what
-  the isolation adds over it;
+  isolated and the raw probe side by side (``--triples`` triples, default 6, one round of each
+  kind a triple, the order turning): the drain's rate and the CPU per task of the node
+  processes and every descendant (the fork server and its children included, and shown
+  apart); each kind's medians, and the median over the triples of each triple's own
+  difference per task (target: isolated at most 0.5 ms more). The raw probe, ``bench.echo``,
+  is a threaded handler that sends one byte to a helper process (``cat``, one per worker) and
+  reads it back: the floor of a process round trip per task on these cores, with none of the
+  isolation's own work; ``isolated - raw probe`` is what the isolation adds over it;
 * 60 isolated one-second tasks at once: the wall time against the ideal (60 / 12 workers x 1 s;
   target within 1.05x);
 * one hung isolated handler: its attempt's start to its end written TIMED_OUT, against
@@ -88,14 +89,21 @@ MODULE = textwrap.dedent('''
 ''')
 
 
+#: triples of rounds (threaded, isolated, raw probe) the CPU figure is the median over
+TRIPLES = 6
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tasks", type=int, default=2000)
+    parser.add_argument("--tasks", type=int, default=2000, help="tasks a round (0: no CPU "
+                        "rounds)")
+    parser.add_argument("--triples", type=int, default=TRIPLES,
+                        help="triples of rounds (threaded, isolated, raw probe)")
     args = parser.parse_args()
-    measure(args.tasks)
+    measure(args.tasks, args.triples)
 
 
-def measure(tasks: int) -> None:
+def measure(tasks: int, triples: int = TRIPLES) -> None:
     """The whole bench (see the module), on servers and nodes of its own; prints its lines."""
     with zookeeper() as zk, rabbitmq() as mq, tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)
@@ -111,41 +119,55 @@ def measure(tasks: int) -> None:
         try:
             client = Client(mq.url, "isolation", timeout=60)
             store = open_store(graph)
-            bench(client, store, [p.pid for p in procs], tasks)
+            bench(client, store, [p.pid for p in procs], tasks, triples)
         finally:
             terminate_all(procs)
 
 
-def bench(client: Client, store: GraphStore, pids: list[int], tasks: int) -> None:
+def bench(client: Client, store: GraphStore, pids: list[int], tasks: int,
+          triples: int) -> None:
     drain(client, store, pids, "bench.process", 200)  # the children started, the server warm
     drain(client, store, pids, "bench.thread", 200)
     drain(client, store, pids, "bench.echo", 200)  # each worker's helper started
     if tasks:
-        cpu_rounds(client, store, pids, tasks)
+        cpu_rounds(client, store, pids, tasks, triples)
     slow_and_hung(client, store)
 
 
-def cpu_rounds(client: Client, store: GraphStore, pids: list[int], tasks: int) -> None:
-    """Threaded, isolated and raw-probe drains interleaved, 3 each, in the order ABCCBAABC:
-    the graph grows by every round and each round costs a little more than the last, which a
-    fixed order would charge to the last kind; their medians and the differences."""
-    rounds: dict[str, list[tuple[float, float, float]]] = {
-        "bench.thread": [], "bench.process": [], "bench.echo": []}
-    for i in range(3):
-        for kind in (list(rounds) if i % 2 == 0 else list(rounds)[::-1]):
+def cpu_rounds(client: Client, store: GraphStore, pids: list[int], tasks: int,
+               triples: int = TRIPLES) -> None:
+    """Threaded, isolated and raw-probe drains side by side: ``triples`` triples, each of the
+    three kinds once, the order turning from one triple to the next (ABC, BCA, CAB, then
+    reversed), so that neither the graph's growth nor the box's drift favours a kind. The
+    figure is the median over the triples of each triple's own difference (isolated minus
+    threaded, raw probe minus threaded): the box's speed moves 10-20% within minutes (one run
+    saw the threaded rounds cost 11.5 then 12.5 ms a task), which would swamp a 0.5 ms
+    difference taken between medians of rounds minutes apart."""
+    kinds = ("bench.thread", "bench.process", "bench.echo")
+    rounds: dict[str, list[tuple[float, float, float]]] = {kind: [] for kind in kinds}
+    for i in range(triples):
+        order = kinds[i % 3:] + kinds[:i % 3]
+        for kind in (order if (i // 3) % 2 == 0 else order[::-1]):
             rounds[kind].append(drain(client, store, pids, kind, tasks))
-    median = {k: tuple(statistics.median(r[i] for r in v) for i in range(3))
-              for k, v in rounds.items()}
-    for kind, (rate, cpu, kids) in median.items():
-        print(f"{kind}: {tasks} sleep-0 tasks, median of 3: {rate:.0f} tasks/s, CPU per task "
-              f"(nodes and their children) {cpu:.3f} ms, of which handler processes "
+    for kind in kinds:
+        rate, cpu, kids = (statistics.median(r[i] for r in rounds[kind]) for i in range(3))
+        print(f"{kind}: {tasks} sleep-0 tasks, median of {triples}: {rate:.0f} tasks/s, CPU "
+              f"per task (nodes and their children) {cpu:.3f} ms, of which handler processes "
               f"{kids:.3f} ms; rounds " + ", ".join(f"{r:.0f}/s {c:.3f} ms"
                                                     for r, c, _ in rounds[kind]))
-    extra = median["bench.process"][1] - median["bench.thread"][1]
-    floor = median["bench.echo"][1] - median["bench.thread"][1]
-    print(f"isolated - threaded CPU per task: {extra:+.3f} ms (target <= +0.5 ms)")
+
+    def paired(kind: str) -> tuple[float, list[float]]:
+        diffs = [b[1] - a[1] for a, b in zip(rounds["bench.thread"], rounds[kind], strict=True)]
+        return statistics.median(diffs), diffs
+
+    extra, extras = paired("bench.process")
+    floor, floors = paired("bench.echo")
+    print(f"isolated - threaded CPU per task, median of the {triples} triples' own differences: "
+          f"{extra:+.3f} ms (target <= +0.5 ms); each: "
+          + ", ".join(f"{d:+.3f}" for d in extras))
     print(f"raw probe, a process round trip per task (bench.echo: one byte to `cat` and back "
-          f"from a threaded handler) - threaded: {floor:+.3f} ms; isolated - raw probe: "
+          f"from a threaded handler) - threaded: {floor:+.3f} ms (each: "
+          + ", ".join(f"{d:+.3f}" for d in floors) + f"); isolated - raw probe: "
           f"{extra - floor:+.3f} ms (what the isolation adds over the round trip)")
 
 
