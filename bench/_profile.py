@@ -34,7 +34,10 @@ def _children() -> dict[int, list[int]]:
 
 
 def cpu_seconds(pid: int, descendants: bool = True) -> float:
-    """CPU seconds used so far by ``pid`` and (``descendants``) every live descendant of it."""
+    """CPU seconds used so far by ``pid`` and (``descendants``) every descendant of it: the
+    live ones, and those that ended and were waited for (their parent's cutime and cstime: a
+    handler process replaced after its ``max_tasks_per_child`` took its whole life's CPU out
+    of a sum of the live ones alone)."""
     tree = _children() if descendants else {}
     total, todo = 0.0, [pid]
     while todo:
@@ -45,6 +48,8 @@ def cpu_seconds(pid: int, descendants: bool = True) -> float:
         except OSError:
             continue
         total += (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
+        if descendants:
+            total += (int(fields[13]) + int(fields[14])) / TICKS  # cutime, cstime
         todo.extend(tree.get(p, []))
     return total
 
