@@ -2,7 +2,9 @@
 threaded one in the same run, 60 one-second isolated tasks against the ideal, and how long a
 hung isolated handler holds its worker.
 
-Starts ZooKeeper, RabbitMQ and 3 nodes of 4 workers on an embedded graph, with a module of
+Starts ZooKeeper, RabbitMQ and 3 nodes of 4 workers on an embedded graph (``--graph server``:
+on a Gremlin Server of its own, where the store's work leaves the nodes: the node CPU the
+difference is read from is then a fifth as big, and so is its noise), with a module of
 three bench types loaded by ``--tasks`` (as a user's would be): ``bench.thread`` and
 ``bench.process`` (the same handler, ``ctx.cancel.wait(seconds)``, in a thread of the node or
 in a child process) and ``bench.hang`` (isolated, ``timeout=1``, ``grace=1``, a handler that
@@ -28,6 +30,7 @@ Usage: ``python bench/bench_isolation.py [--tasks 2000]`` (``--tasks 0``: no CPU
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -45,6 +48,8 @@ from bench._servers import rabbitmq, start_nodes, zookeeper
 from coord.testing import terminate_all
 from runner.client import Client
 from runner.store import AttemptStatus, GraphStore, open_store
+from runner.store.remote import SERIAL
+from runner.testing.gremlinserver import GremlinServer
 
 MODULE = textwrap.dedent('''
     import os
@@ -99,18 +104,31 @@ def main() -> None:
                         "rounds)")
     parser.add_argument("--triples", type=int, default=TRIPLES,
                         help="triples of rounds (threaded, isolated, raw probe)")
+    parser.add_argument("--graph", choices=("embedded", "server"), default="embedded",
+                        help="the graph the nodes share: on a Gremlin Server the store's work "
+                        "leaves the nodes, and the node CPU the difference is read from "
+                        "is a fifth of the embedded graph's")
     args = parser.parse_args()
-    measure(args.tasks, args.triples)
+    measure(args.tasks, args.triples, args.graph)
 
 
-def measure(tasks: int, triples: int = TRIPLES) -> None:
+def measure(tasks: int, triples: int = TRIPLES, graph_kind: str = "embedded") -> None:
     """The whole bench (see the module), on servers and nodes of its own; prints its lines."""
-    with zookeeper() as zk, rabbitmq() as mq, tempfile.TemporaryDirectory() as tmp:
-        scratch = Path(tmp)
+    with contextlib.ExitStack() as stack:
+        zk = stack.enter_context(zookeeper())
+        mq = stack.enter_context(rabbitmq())
+        scratch = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         (scratch / "benchjobs.py").write_text(MODULE)
         graph = str(scratch / "graph.db")
+        if graph_kind == "server":
+            server = GremlinServer(scratch / "gremlin-server", heap="2g")
+            server.start()
+            stack.callback(server.kill)
+            graph = server.url
+        print(f"(graph: {graph_kind})")
         env = {**os.environ, "LATCHWORK_ZK_HOSTS": zk.hosts, "LATCHWORK_AMQP_URL": mq.url,
                "LATCHWORK_GRAPH": graph, "LATCHWORK_CLUSTER": "isolation",
+               **({"LATCHWORK_GRAPH_SERIAL_SERVER": "true"} if graph_kind == "server" else {}),
                "LATCHWORK_WORKERS": "4", "LATCHWORK_TASKS": json.dumps(["benchjobs"]),
                "PYTHONPATH": os.pathsep.join(filter(None, [
                    str(scratch), str(Path(__file__).resolve().parent.parent),
@@ -118,7 +136,8 @@ def measure(tasks: int, triples: int = TRIPLES) -> None:
         procs = start_nodes(env)
         try:
             client = Client(mq.url, "isolation", timeout=60)
-            store = open_store(graph)
+            store = (open_store(graph, atomicity=SERIAL) if graph_kind == "server"
+                     else open_store(graph))
             bench(client, store, [p.pid for p in procs], tasks, triples)
         finally:
             terminate_all(procs)
