@@ -11,14 +11,16 @@ in a child process) and ``bench.hang`` (isolated, ``timeout=1``, ``grace=1``, a 
 ignores its token). Then:
 
 * rounds of ``--tasks`` (default 2,000) ``seconds=0`` tasks sent with ``submit_many``, threaded,
-  isolated and the raw probe side by side (``--triples`` triples, default 6, one round of each
-  kind a triple, the order turning): the drain's rate and the CPU per task of the node
-  processes and every descendant (the fork server and its children included, and shown
-  apart); each kind's medians, and the median over the triples of each triple's own
-  difference per task (target: isolated at most 0.5 ms more). The raw probe, ``bench.echo``,
-  is a threaded handler that sends one byte to a helper process (``cat``, one per worker) and
-  reads it back: the floor of a process round trip per task on these cores, with none of the
-  isolation's own work; ``isolated - raw probe`` is what the isolation adds over it;
+  isolated and two raw probes side by side (``--sets`` sets, default 6, one round of each kind
+  a set, the order turning): the drain's rate and the CPU per task of the node processes and
+  every descendant (the fork server and its children included, and shown apart); each kind's
+  medians, and the median over the sets of each set's own difference per task (target:
+  isolated at most 0.5 ms more). The raw probes are threaded handlers that send one byte to a
+  helper process (one per worker) and read it back: ``bench.echo`` to ``cat``, the floor of a
+  process round trip per task on these cores; ``bench.pyecho`` to a bare Python read-write
+  loop, the floor of a round trip through a second interpreter (whose run between two steps of
+  the node's own takes the node's code out of the cores' caches, as any handler process's
+  does). ``isolated - the Python probe`` is what the isolation's own work adds;
 * 60 isolated one-second tasks at once: the wall time against the ideal (60 / 12 workers x 1 s;
   target within 1.05x);
 * one hung isolated handler: its attempt's start to its end written TIMED_OUT, against
@@ -54,6 +56,7 @@ from runner.testing.gremlinserver import GremlinServer
 MODULE = textwrap.dedent('''
     import os
     import subprocess
+    import sys
     import threading
     import time
     from pydantic import BaseModel
@@ -75,17 +78,32 @@ MODULE = textwrap.dedent('''
         sleep(ctx, p)
 
     _helper = threading.local()
+    _PY_ECHO = ("import os\\nwhile True:\\n    b = os.read(0, 64)\\n    if not b:\\n"
+                "        break\\n    os.write(1, b)\\n")
+
+    def _round_trip(name: str, argv: list[str]) -> None:
+        """One byte to this worker's helper process ``name`` and back."""
+        helper = getattr(_helper, name, None)
+        if helper is None:
+            helper = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      bufsize=0)
+            setattr(_helper, name, helper)
+        os.write(helper.stdin.fileno(), b"x")
+        os.read(helper.stdout.fileno(), 64)
 
     @task("bench.echo", payload=Sleep)
     def echo(ctx: TaskContext, p: Sleep) -> None:
         """The raw probe: one byte to a helper process (`cat`, one per worker) and back, in a
         thread: a process round trip per task and nothing else."""
-        helper = getattr(_helper, "cat", None)
-        if helper is None:
-            helper = _helper.cat = subprocess.Popen(["cat"], stdin=subprocess.PIPE,
-                                                    stdout=subprocess.PIPE, bufsize=0)
-        os.write(helper.stdin.fileno(), b"x")
-        os.read(helper.stdout.fileno(), 64)
+        _round_trip("cat", ["cat"])
+
+    @task("bench.pyecho", payload=Sleep)
+    def pyecho(ctx: TaskContext, p: Sleep) -> None:
+        """The raw probe with a Python helper (a bare read-write loop, one per worker): a
+        round trip through a second interpreter, whose run between two steps of the node's
+        own also takes the node's code out of the cores' caches, as any handler process's
+        does."""
+        _round_trip("py", [sys.executable, "-c", _PY_ECHO])
 
     @task("bench.hang", payload=Sleep, isolation="process", timeout=1.0, grace=1.0)
     def hang(ctx: TaskContext, p: Sleep) -> None:
@@ -94,25 +112,26 @@ MODULE = textwrap.dedent('''
 ''')
 
 
-#: triples of rounds (threaded, isolated, raw probe) the CPU figure is the median over
-TRIPLES = 6
+#: sets of rounds (threaded, isolated, the two raw probes) the CPU figure is the median over
+SETS = 6
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=int, default=2000, help="tasks a round (0: no CPU "
                         "rounds)")
-    parser.add_argument("--triples", type=int, default=TRIPLES,
-                        help="triples of rounds (threaded, isolated, raw probe)")
+    parser.add_argument("--sets", type=int, default=SETS,
+                        help="sets of rounds, one of each kind (threaded, isolated, the two "
+                        "raw probes)")
     parser.add_argument("--graph", choices=("embedded", "server"), default="embedded",
                         help="the graph the nodes share: on a Gremlin Server the store's work "
                         "leaves the nodes, and the node CPU the difference is read from "
                         "is a fifth of the embedded graph's")
     args = parser.parse_args()
-    measure(args.tasks, args.triples, args.graph)
+    measure(args.tasks, args.sets, args.graph)
 
 
-def measure(tasks: int, triples: int = TRIPLES, graph_kind: str = "embedded") -> None:
+def measure(tasks: int, sets: int = SETS, graph_kind: str = "embedded") -> None:
     """The whole bench (see the module), on servers and nodes of its own; prints its lines."""
     with contextlib.ExitStack() as stack:
         zk = stack.enter_context(zookeeper())
@@ -138,56 +157,57 @@ def measure(tasks: int, triples: int = TRIPLES, graph_kind: str = "embedded") ->
             client = Client(mq.url, "isolation", timeout=60)
             store = (open_store(graph, atomicity=SERIAL) if graph_kind == "server"
                      else open_store(graph))
-            bench(client, store, [p.pid for p in procs], tasks, triples)
+            bench(client, store, [p.pid for p in procs], tasks, sets)
         finally:
             terminate_all(procs)
 
 
 def bench(client: Client, store: GraphStore, pids: list[int], tasks: int,
-          triples: int) -> None:
+          sets: int) -> None:
     drain(client, store, pids, "bench.process", 200)  # the children started, the server warm
     drain(client, store, pids, "bench.thread", 200)
-    drain(client, store, pids, "bench.echo", 200)  # each worker's helper started
+    drain(client, store, pids, "bench.echo", 200)  # each worker's helpers started
+    drain(client, store, pids, "bench.pyecho", 200)
     if tasks:
-        cpu_rounds(client, store, pids, tasks, triples)
+        cpu_rounds(client, store, pids, tasks, sets)
     slow_and_hung(client, store)
 
 
 def cpu_rounds(client: Client, store: GraphStore, pids: list[int], tasks: int,
-               triples: int = TRIPLES) -> None:
-    """Threaded, isolated and raw-probe drains side by side: ``triples`` triples, each of the
-    three kinds once, the order turning from one triple to the next (ABC, BCA, CAB, then
+               sets: int = SETS) -> None:
+    """Threaded, isolated and the two raw probes' drains side by side: ``sets`` sets, each of
+    the kinds once, the order turning from one set to the next (ABCD, BCDA, ..., then
     reversed), so that neither the graph's growth nor the box's drift favours a kind. The
-    figure is the median over the triples of each triple's own difference (isolated minus
-    threaded, raw probe minus threaded): the box's speed moves 10-20% within minutes (one run
-    saw the threaded rounds cost 11.5 then 12.5 ms a task), which would swamp a 0.5 ms
-    difference taken between medians of rounds minutes apart."""
-    kinds = ("bench.thread", "bench.process", "bench.echo")
+    figure is the median over the sets of each set's own difference (isolated minus threaded,
+    a probe minus threaded): the box's speed moves 10-20% within minutes (one run saw the
+    threaded rounds cost 11.5 then 12.5 ms a task), which would swamp a 0.5 ms difference
+    taken between medians of rounds minutes apart."""
+    kinds = ("bench.thread", "bench.process", "bench.echo", "bench.pyecho")
     rounds: dict[str, list[tuple[float, float, float]]] = {kind: [] for kind in kinds}
-    for i in range(triples):
-        order = kinds[i % 3:] + kinds[:i % 3]
-        for kind in (order if (i // 3) % 2 == 0 else order[::-1]):
+    for i in range(sets):
+        order = kinds[i % len(kinds):] + kinds[:i % len(kinds)]
+        for kind in (order if (i // len(kinds)) % 2 == 0 else order[::-1]):
             rounds[kind].append(drain(client, store, pids, kind, tasks))
     for kind in kinds:
         rate, cpu, kids = (statistics.median(r[i] for r in rounds[kind]) for i in range(3))
-        print(f"{kind}: {tasks} sleep-0 tasks, median of {triples}: {rate:.0f} tasks/s, CPU "
-              f"per task (nodes and their children) {cpu:.3f} ms, of which handler processes "
-              f"{kids:.3f} ms; rounds " + ", ".join(f"{r:.0f}/s {c:.3f} ms"
-                                                    for r, c, _ in rounds[kind]))
+        print(f"{kind}: {tasks} sleep-0 tasks, median of {sets}: {rate:.0f} tasks/s, CPU "
+              f"per task (nodes and their children) {cpu:.3f} ms, of which their child "
+              f"processes {kids:.3f} ms; rounds " + ", ".join(f"{r:.0f}/s {c:.3f} ms"
+                                                            for r, c, _ in rounds[kind]))
 
-    def paired(kind: str) -> tuple[float, list[float]]:
+    def paired(kind: str) -> tuple[float, str]:
         diffs = [b[1] - a[1] for a, b in zip(rounds["bench.thread"], rounds[kind], strict=True)]
-        return statistics.median(diffs), diffs
+        return statistics.median(diffs), ", ".join(f"{d:+.3f}" for d in diffs)
 
     extra, extras = paired("bench.process")
     floor, floors = paired("bench.echo")
-    print(f"isolated - threaded CPU per task, median of the {triples} triples' own differences: "
-          f"{extra:+.3f} ms (target <= +0.5 ms); each: "
-          + ", ".join(f"{d:+.3f}" for d in extras))
-    print(f"raw probe, a process round trip per task (bench.echo: one byte to `cat` and back "
-          f"from a threaded handler) - threaded: {floor:+.3f} ms (each: "
-          + ", ".join(f"{d:+.3f}" for d in floors) + f"); isolated - raw probe: "
-          f"{extra - floor:+.3f} ms (what the isolation adds over the round trip)")
+    pyfloor, pyfloors = paired("bench.pyecho")
+    print(f"isolated - threaded CPU per task, median of the {sets} sets' own differences: "
+          f"{extra:+.3f} ms (target <= +0.5 ms); each: {extras}")
+    print(f"raw probes - threaded: a round trip to `cat` per task (bench.echo) {floor:+.3f} ms "
+          f"(each: {floors}); to a bare Python loop (bench.pyecho) {pyfloor:+.3f} ms (each: "
+          f"{pyfloors}); isolated - the Python probe: {extra - pyfloor:+.3f} ms (what the "
+          "isolation adds over a round trip through a second interpreter)")
 
 
 def slow_and_hung(client: Client, store: GraphStore) -> None:
