@@ -754,3 +754,61 @@ def test_a_job_carries_its_task_and_attempt_as_plain_values_that_come_back_equal
         assert [type(v) for v in back.__dict__.values()] == \
             [type(v) for v in record.__dict__.values()]
     assert TASK.unpack(TASK.pack(task)).run_at.tzinfo is None
+
+
+def test_a_child_at_max_tasks_per_child_has_its_successor_started_with_its_last_attempt(
+        ) -> None:
+    """A handler process runs at most ``max_tasks_per_child`` attempts; its successor starts
+    while it runs its last one, so the attempt after it finds a process ready (three
+    processes for six attempts of two each, none started on an attempt's path), and the ones
+    that left end (real handler processes from the fork server, no cluster)."""
+    import uuid
+    from datetime import UTC, datetime
+
+    from runner.store import Attempt, Task
+    from runner.tasks.context import CancelToken, TaskContext
+    from runner.tasks.features import diag
+    from runner.tasks.registry import TaskRegistry
+    from runner.tasks.worker.isolated import ChildPool
+
+    class Session:
+        state = None
+        deadline = time.monotonic() + 3600
+
+        def confirm(self) -> bool:
+            return True
+
+    registry = TaskRegistry()
+    registry.register("iso.two", diag.sleep, diag.Sleep,
+                      isolation=Isolation(max_tasks_per_child=2))
+    kind = registry.get("iso.two")
+    pool = ChildPool(Session(), "m:1", [])
+    pool.start()
+    spawned: list[int] = []
+    used: list[int] = []
+    spawn, take = pool._spawn, pool._take
+
+    def counted_spawn():  # type: ignore[no-untyped-def]
+        child = spawn()
+        spawned.append(child.proc.pid)
+        return child
+
+    def recorded_take(*args):  # type: ignore[no-untyped-def]
+        child = take(*args)
+        used.append(child.proc.pid)
+        return child
+    pool._spawn, pool._take = counted_spawn, recorded_take  # type: ignore[method-assign]
+    now = datetime.now(UTC)
+    try:
+        for _ in range(6):
+            task = Task(str(uuid.uuid4()), "iso.two", {"seconds": 0.3}, True,
+                        TaskStatus.RUNNING, False, 0, now, now, 1, 5, attempts=1)
+            attempt = Attempt(str(uuid.uuid4()), task.id, 1, AttemptStatus.RUNNING, "m:1", now)
+            pool.run(TaskContext(task=task, attempt=attempt, member_id="m:1", fence_token=5,
+                                 cancel=CancelToken(), store=None), kind)  # type: ignore[arg-type]
+        first, second, third = used[0], used[2], used[4]
+        assert used == [first, first, second, second, third, third], used
+        assert spawned[:3] == [first, second, third] and len(set(used)) == 3, spawned
+        assert wait_until(lambda: not alive(first) and not alive(second), 10)
+    finally:
+        pool.close()

@@ -5,8 +5,10 @@ for minutes costs its attempt, not the node.
 **Where children come from.** ``multiprocessing``'s fork server: a fresh interpreter started
 by exec (never a ``fork()`` of the threaded node), which imports the isolated types' modules
 once and forks each child from itself. :class:`ChildPool` keeps the children and reuses them:
-a child is replaced after its type's ``max_tasks_per_child`` attempts, after a crash, or when
-its RSS is above its type's ``max_memory_mb`` after an attempt. At most one child per worker
+a child is replaced after its type's ``max_tasks_per_child`` attempts (its successor starts
+with its last attempt, so no attempt waits for a start), after a crash, or when its RSS is above
+its type's ``max_memory_mb`` after an attempt; a child that leaves is ended off the worker's
+path. At most one child per worker
 runs at a time (a worker thread waits on its child).
 
 **What stays in the node.** The session, the lock and every store write: the worker thread
@@ -86,6 +88,7 @@ class _Child:
     flag: Any  # a shared byte: 0 running, 1 cancelled, 2 cancelled for a time limit
     deadline: Any  # a shared double: the session's deadline (CLOCK_MONOTONIC)
     runs: int = 0
+    succeeded: bool = False  # its successor was started with its last attempt
     ctx: TaskContext | None = None  # the attempt it runs now
     kind: TaskType | None = None  # and its type
     # the keeper's marks for the attempt it runs now
@@ -198,6 +201,14 @@ class ChildPool:
         child.forget = ctx.cancel.on_cancel(self._on_cancel(child, ctx))
         if not self._working.is_set():
             self._working.set()
+        isolation = kind.isolation
+        if (isolation is not None and child.runs + 1 >= isolation.max_tasks_per_child
+                and not child.succeeded):
+            # its last attempt: its successor starts now, so that the next attempt does not
+            # wait for a process to start (a wave of children reaching their limit together
+            # cost each one a start on its worker's path)
+            child.succeeded = True
+            self._in_background(self._replace)
         return child
 
     def _spawn(self) -> _Child:
@@ -230,10 +241,15 @@ class ChildPool:
             with self._lock:
                 self._idle.append(child)
             return
-        child.kill()
-        if not self._closed.is_set():  # its successor started now, not when a task waits
-            threading.Thread(target=self._replace, daemon=True,
-                             name=f"child-start-{self.member_id}").start()
+        # ended away from the worker's path (a kill and the fork server's word of its exit),
+        # and its successor started now, not when a task waits (unless it already was)
+        self._in_background(child.kill)
+        if not child.succeeded and not self._closed.is_set():
+            child.succeeded = True
+            self._in_background(self._replace)
+
+    def _in_background(self, step: Callable[[], None]) -> None:
+        threading.Thread(target=step, daemon=True, name=f"children-{self.member_id}").start()
 
     def _replace(self) -> None:
         try:
