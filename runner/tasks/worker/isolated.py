@@ -8,8 +8,7 @@ once and forks each child from itself. :class:`ChildPool` keeps the children and
 a child is replaced after its type's ``max_tasks_per_child`` attempts (its successor starts
 with its last attempt, so no attempt waits for a start), after a crash, or when its RSS is above
 its type's ``max_memory_mb`` after an attempt; a child that leaves is ended off the worker's
-path. At most one child per worker
-runs at a time (a worker thread waits on its child).
+path. At most one child per worker runs at a time (a worker thread waits on its child).
 
 **What stays in the node.** The session, the lock and every store write: the worker thread
 that took the task sends the attempt to a child (:class:`~runner.tasks.worker.child.Job`) and
@@ -113,8 +112,9 @@ class _Child:
 
     def kill(self) -> None:
         """SIGKILL and reap (never from the keeper: only the thread that ran it reads its
-        exit status)."""
-        self.signal(signal.SIGKILL)
+        exit status); none to a child known to have ended (its pid may be another's now)."""
+        if self.proc.exitcode is None:
+            self.signal(signal.SIGKILL)
         self.proc.join(5)
 
 
