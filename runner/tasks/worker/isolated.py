@@ -87,7 +87,7 @@ class _Child:
     flag: Any  # a shared byte: 0 running, 1 cancelled, 2 cancelled for a time limit
     deadline: Any  # a shared double: the session's deadline (CLOCK_MONOTONIC)
     runs: int = 0
-    succeeded: bool = False  # its successor was started with its last attempt
+    successor_started: bool = False  # with its last attempt, or when it left
     ctx: TaskContext | None = None  # the attempt it runs now
     kind: TaskType | None = None  # and its type
     # the keeper's marks for the attempt it runs now
@@ -203,11 +203,11 @@ class ChildPool:
             self._working.set()
         isolation = kind.isolation
         if (isolation is not None and child.runs + 1 >= isolation.max_tasks_per_child
-                and not child.succeeded):
+                and not child.successor_started):
             # its last attempt: its successor starts now, so that the next attempt does not
             # wait for a process to start (a wave of children reaching their limit together
             # cost each one a start on its worker's path)
-            child.succeeded = True
+            child.successor_started = True
             self._in_background(self._replace)
         return child
 
@@ -244,8 +244,8 @@ class ChildPool:
         # ended away from the worker's path (a kill and the fork server's word of its exit),
         # and its successor started now, not when a task waits (unless it already was)
         self._in_background(child.kill)
-        if not child.succeeded and not self._closed.is_set():
-            child.succeeded = True
+        if not child.successor_started and not self._closed.is_set():
+            child.successor_started = True
             self._in_background(self._replace)
 
     def _in_background(self, step: Callable[[], None]) -> None:
