@@ -780,6 +780,51 @@ def test_a_server_without_transactions_says_so_in_time_and_a_node_decides(
     assert "no transactions" in caplog.text and "check-then-act" in caplog.text
 
 
+def test_a_remote_call_is_answered_in_its_callers_thread_and_inside_an_event_loop(
+        gremlin_server: GremlinServer) -> None:
+    """The store's requests are written and their answers read in the calling thread (the
+    driver's hand-overs to its thread pool cost a node a tenth of its CPU): with the pool's
+    threads refused, a read of several answer frames comes back whole; a server's error is
+    raised and leaves the connection in the pool; a caller inside a running event loop (where
+    the transport's own loop cannot run) is answered the driver's way, as it was before (on
+    a connection already made: the driver makes one in its caller's thread)."""
+    import asyncio
+
+    from gremlin_python.driver.protocol import GremlinServerError
+
+    from runner.store.remote import RemoteGraph
+
+    graph = RemoteGraph(gremlin_server.url, atomicity="serial", timeout=10.0)
+    try:
+        graph.read(lambda g: g.inject(0).to_list())
+        client = graph._remote._client
+        connections = list(client._pool.queue)
+        executors = {id(c._executor): c._executor for c in connections}.values()
+        for executor in executors:  # no hand-over: the pool's threads are never asked
+            executor.submit = _refused
+        # more than one frame (the server sends 64 results a frame)
+        assert graph.read(lambda g: g.inject(*range(200)).to_list()) == list(range(200))
+        with pytest.raises(GremlinServerError):
+            graph.read(lambda g: g.inject("a").math("_ + 1").to_list())
+        assert client._pool.qsize() == len(connections)
+        assert graph.read(lambda g: g.inject(7).to_list()) == [7]
+        for executor in executors:
+            del executor.submit
+        for connection in connections:  # the driver connects in the caller's thread
+            if not connection._inited:
+                connection.connect()
+
+        async def inside_a_loop() -> list[int]:
+            return graph.read(lambda g: g.inject(1, 2).to_list())
+        assert asyncio.run(inside_a_loop()) == [1, 2]
+    finally:
+        graph.close()
+
+
+def _refused(*args: Any, **kwargs: Any) -> Any:
+    raise AssertionError("a request went through the driver's thread pool")
+
+
 if REMOTE_URL:  # only a transactional server has this half; none can be installed here
     def test_a_remote_write_commits_or_rolls_back_as_one_transaction() -> None:
         """A write that fails after its first change leaves nothing (the server rolled the

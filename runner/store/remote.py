@@ -108,7 +108,7 @@ class RemoteGraph:
             if self._g is not None:
                 return self._g
             try:
-                self._remote = _unlogged(DriverRemoteConnection(self.url, self._source,
+                self._remote = _lean(DriverRemoteConnection(self.url, self._source,
                                                                 **self._options))
             except Exception as exc:  # the driver raises plain exceptions for refused connections
                 raise StoreUnavailable(f"cannot reach Gremlin Server {self.url}: "
@@ -241,25 +241,37 @@ def _close_quietly(remote: Any) -> None:
         log.debug("closing a Gremlin connection: %s", exc)
 
 
-def _unlogged(remote: Any) -> Any:
-    """``remote`` (a gremlinpython 3.7 ``DriverRemoteConnection``) without the three debug
-    lines it writes per request, whose text it formats before it asks whether debug is on: a
-    batch's traversal formatted three times cost a node 6% of its CPU under load. The requests
-    sent are the same (``Client.submit_async`` less its logging). Left as it is when debug
-    logging of ``gremlinpython`` is on, or when the driver's internals are not the ones this
-    was written for."""
+def _lean(remote: Any) -> Any:
+    """``remote`` (a gremlinpython 3.7 ``DriverRemoteConnection``) whose requests are sent and
+    answered in the calling thread, without the driver's three debug lines per request.
+
+    The driver hands every request to its thread pool twice (one task writes it, another
+    reads the answer) and back through three futures; under load those hand-overs cost a node
+    about a tenth of its CPU (``bench/profile_drain.py``: ``ThreadPoolExecutor.submit`` and
+    ``Condition.notify`` alone 10% of its samples), and the debug lines, whose text it formats
+    before it asks whether debug is on, 6%. Here the caller takes a connection from the same
+    pool, writes the request and reads its answer with the driver's own protocol and
+    transport (their deadlines, ``read_timeout`` and ``write_timeout``, apply as before), and
+    puts the connection back, as the driver's reader does, whatever happened. The requests and
+    answers are the same. A caller inside a running event loop goes the driver's way (the
+    transport runs a loop of its own, which cannot run inside another in one thread). Left as
+    it is when debug logging of ``gremlinpython`` is on, or when the driver's internals are not
+    the ones this was written for."""
     client: Any = getattr(remote, "_client", None)
     if logging.getLogger("gremlinpython").isEnabledFor(logging.DEBUG) or not all(
             hasattr(client, name) for name in ("_pool", "_traversal_source",
                                                "_session_enabled", "is_closed", "submit")):
         return remote
+    import asyncio
+    import queue
+    import uuid
+
     from gremlin_python.driver import request
     from gremlin_python.driver.remote_connection import RemoteTraversal
+    from gremlin_python.driver.resultset import ResultSet
     from gremlin_python.process.traversal import Bytecode
 
-    def submit_async(message: Any, bindings: Any = None, request_options: Any = None) -> Any:
-        if client.is_closed():
-            raise Exception("Client is closed")
+    def message_of(message: Any, bindings: Any, request_options: Any) -> Any:
         args: dict[str, Any] = {"gremlin": message, "aliases": {"g": client._traversal_source}}
         processor, op = ("traversal", "bytecode") if isinstance(message, Bytecode) \
             else ("", "eval")
@@ -269,15 +281,46 @@ def _unlogged(remote: Any) -> Any:
             args["session"] = str(client._session)
             processor = "session"
         sent = request.RequestMessage(processor=processor, op=op, args=args)
-        connection = client._pool.get(True)
         if request_options:
             sent.args.update(request_options)
-        return connection.write(sent)
+        return sent
+
+    def submit_async(message: Any, bindings: Any = None, request_options: Any = None) -> Any:
+        if client.is_closed():
+            raise Exception("Client is closed")
+        return client._pool.get(True).write(message_of(message, bindings, request_options))
+
+    def answered(bytecode: Any) -> list[Any]:
+        """The results of ``bytecode``, sent and read in this thread."""
+        if client.is_closed():
+            raise Exception("Client is closed")
+        sent = message_of(bytecode, None, remote._extract_request_options(bytecode))
+        connection = client._pool.get(True)
+        request_id = str(uuid.uuid4())
+        answer = ResultSet(queue.Queue(), request_id)
+        try:
+            if not connection._inited:
+                connection.connect()
+            connection._results[request_id] = answer
+            connection._protocol.write(request_id, sent)
+            while connection._protocol.data_received(connection._transport.read(),
+                                                     connection._results) == 206:
+                pass
+        finally:
+            connection._results.pop(request_id, None)
+            client._pool.put_nowait(connection)
+        results: list[Any] = []
+        while not answer.stream.empty():
+            results += answer.stream.get_nowait()
+        return results
 
     def submit(bytecode: Any) -> Any:
-        options = remote._extract_request_options(bytecode)
-        return RemoteTraversal(iter(client.submit(bytecode, request_options=options).all()
-                                    .result()))
+        if asyncio._get_running_loop() is not None:  # a caller inside an event loop: the
+            # transport's own loop cannot run in its thread; the driver's threads answer
+            options = remote._extract_request_options(bytecode)
+            return RemoteTraversal(iter(client.submit(bytecode, request_options=options).all()
+                                        .result()))
+        return RemoteTraversal(iter(answered(bytecode)))
 
     client.submit_async = submit_async
     remote.submit = submit
