@@ -111,12 +111,11 @@ class TaskLoop:
         late: :meth:`ReadyScan.rewind`)."""
         if behind is not None:
             self.backlog.ready.rewind(behind)
-        if self._stopping.is_set() or not self._scheduler.running:
-            return
-        try:
-            self._scheduler.modify_job("scan", next_run_time=datetime.now(UTC))
-        except Exception:  # the scheduler is shutting down
-            log.debug("trigger ignored: scheduler stopping")
+        if not self._stopping.is_set():
+            # the feeder's pass, after one under way: re-timing the interval's scan job would
+            # be skipped by its scheduler while that job runs (its one instance), leaving a
+            # task written meanwhile to the next interval
+            self.scanner.wake(relist=True)
 
     def close(self, timeout: float = 20.0) -> None:
         """Stop taking tasks, cancel the running ones and wait for their ends and locks."""

@@ -65,6 +65,7 @@ class Scanner:
                                floors=LaneFloors(session))
         self._skipped_types: set[str] = set()
         self._wake = threading.Event()  # a worker freed up: the feeder's next pass
+        self._relist = False  # the feeder's next pass lists again (a task was written)
         self._timer: threading.Timer | None = None  # a pass put off (:meth:`_wake_in`)
         self._timer_lock = threading.Lock()
 
@@ -83,10 +84,14 @@ class Scanner:
         finally:
             notify_scan(self.observers, time.monotonic() - began)
 
-    def wake(self) -> None:
+    def wake(self, relist: bool = False) -> None:
         """A worker freed up: the feeder scans for it (thread-safe, never blocks). Wakes that
         come while a pass claims are one more pass, so the workers freed meanwhile are
-        claimed for together: the batch grows with the load, with no timer."""
+        claimed for together: the batch grows with the load, with no timer. ``relist``: the
+        pass lists the open tasks again (a task was written: :meth:`TaskLoop.trigger`), after
+        the pass under way if there is one."""
+        if relist:
+            self._relist = True  # before the wake: the feeder reads it after it clears one
         self._wake.set()
 
     def _wake_in(self, seconds: float) -> None:
@@ -100,15 +105,16 @@ class Scanner:
 
     def feed(self) -> None:
         """The feeder thread's loop (:meth:`TaskLoop.start` runs it): a pass whenever a worker
-        frees up, again while the last one started tasks and workers are free; it ends when
-        the loop stops."""
+        frees up or a task was written (that one lists again), again while the last one
+        started tasks and workers are free; it ends when the loop stops."""
         while not self.stopping.is_set():
             if not self._wake.wait(1.0):
                 continue
             self._wake.clear()
+            relist, self._relist = self._relist, False
             try:
-                while self.scan(relist=False) > 0 and self.running.free() > 0:
-                    pass
+                while self.scan(relist=relist) > 0 and self.running.free() > 0:
+                    relist = False
             except Exception:
                 log.exception("member %s: follow-up scan failed", self.member_id)
 
