@@ -1180,6 +1180,24 @@ def test_a_lane_whose_walk_found_tasks_is_not_asked_about_again(
     assert asked[1] is not None and "r09" not in asked[1] and len(asked[1]) == 18
 
 
+def test_a_graph_that_lost_its_format_vertex_under_a_node_still_has_its_tasks_listed(
+        store: GraphStore) -> None:
+    """The lanes' probe stands on the format vertex (gremlite has no ``inject``). A graph
+    emptied under running nodes (an in-memory Gremlin Server killed and started again) has
+    none: every lane asked about is then walked, and a task written since is listed (before,
+    the probe said no lane held a task, and such a task never started:
+    tests/test_graph_server.py's killed server, now and then)."""
+    from runner.store.migrations.format import FORMAT_KEY, FORMAT_KEY_VALUE
+    from runner.tasks.worker.ready import ReadyScan
+
+    scan = ReadyScan(store.tasks)
+    assert scan.read(5) == []
+    store.graph.write(lambda g: g.V().has(FORMAT_KEY, FORMAT_KEY_VALUE).drop().iterate())
+    assert set(store.tasks.lanes(["r00", "r09"])) == {"r00", "r09"}
+    task = store.tasks.add(store.tasks.new("t", {}))
+    assert [t.id for t in scan.read(5)] == [task.id]
+
+
 def test_a_task_due_in_the_past_is_ready_from_when_it_is_written(store: GraphStore) -> None:
     """A task submitted with a ``run_at`` long past, while a node's walk of its lane is under
     way (the cursor at the lane's tasks of now): it is read with them, not left behind the

@@ -25,16 +25,26 @@ READY_KEYS = 240
 def lanes(graph: Graph, among: Sequence[str] | None = None) -> list[str]:
     """The lanes that hold a ready or running task, highest first (one read: a ``limit(1)``
     lookup per lane, in one traversal standing on the format vertex); ``among``: only these
-    lanes are looked up (none: no read)."""
+    lanes are looked up (none: no read). A graph without its format vertex (emptied or
+    replaced under running nodes: an in-memory server restarted) cannot answer so: every lane
+    asked about is said to hold tasks, and the walks of the ready buckets find out (without
+    it, no lane was ever walked again and a task that needs a listing never started)."""
     asked = list(due.LANES if among is None else among)
     if not asked:
         return []
 
     def probe(g: Any) -> list[str]:
         branches = [__.V().has("task_lane", lane).limit(1).constant(lane) for lane in asked]
-        return list(g.V().has(FORMAT_KEY, FORMAT_KEY_VALUE).union(*branches).to_list())
+        return list(g.V().has(FORMAT_KEY, FORMAT_KEY_VALUE)
+                    .union(__.constant(_ANCHORED), *branches).to_list())
     found = set(graph.read(probe))
+    if _ANCHORED not in found:
+        found = set(asked)
     return [lane for lane in due.LANES if lane in found]
+
+
+#: what the lanes' probe answers beside the lanes when its format vertex is there
+_ANCHORED = "@format"
 
 
 def ready_page(graph: Graph, lane: str, seconds: Sequence[str], limit: int) -> list[Task]:
