@@ -867,6 +867,33 @@ def test_a_remote_read_decodes_its_answers_as_the_drivers_own_reader_does(
         graph.close()
 
 
+def test_a_server_that_speaks_graphbinary_only_is_read_in_graphbinary(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A Gremlin Server configured without GraphSON 3 answers a GraphSON request in
+    GraphBinary: the read connection finds out with its first request and reads in
+    GraphBinary from then on (said once, at INFO); the store works on it as on any."""
+    import logging
+
+    from runner.store import GraphStore
+    from runner.store.remote import RemoteGraph
+
+    server = GremlinServer(tmp_path / "binary-only", graphson=False)
+    server.start()
+    try:
+        with caplog.at_level(logging.INFO, logger="latchwork.store"):
+            graph = RemoteGraph(server.url, atomicity="serial", timeout=10.0)
+            store = GraphStore(graph)
+            try:
+                task = store.tasks.create("t", {"n": 1})
+                assert store.tasks.get(task.id).payload == {"n": 1}
+                assert graph.read(lambda g: g.inject(1, 2).to_list()) == [1, 2]
+            finally:
+                store.close()
+        assert caplog.text.count("does not answer GraphSON 3") == 1
+    finally:
+        server.stop()
+
+
 def _typed(value: Any) -> Any:
     """``value`` with the type of every part beside it (``1 == 1.0``, a long equals an int)."""
     if isinstance(value, dict):
@@ -1250,9 +1277,12 @@ def test_a_graph_that_lost_its_format_vertex_under_a_node_still_has_its_tasks_li
     scan = ReadyScan(store.tasks)
     assert scan.read(5) == []
     store.graph.write(lambda g: g.V().has(FORMAT_KEY, FORMAT_KEY_VALUE).drop().iterate())
-    assert set(store.tasks.lanes(["r00", "r09"])) == {"r00", "r09"}
-    task = store.tasks.add(store.tasks.new("t", {}))
-    assert [t.id for t in scan.read(5)] == [task.id]
+    try:
+        assert set(store.tasks.lanes(["r00", "r09"])) == {"r00", "r09"}
+        task = store.tasks.add(store.tasks.new("t", {}))
+        assert [t.id for t in scan.read(5)] == [task.id]
+    finally:
+        store.clear()  # the format stamped again: the server's graph is the next test's
 
 
 def test_a_task_due_in_the_past_is_ready_from_when_it_is_written(store: GraphStore) -> None:

@@ -99,32 +99,70 @@ class RemoteGraph:
         #: 9.4-10.6 ms as GraphBinary, whose reader is Python all through)
         self._remotes: dict[str, Any] = {}
         self._sources: dict[str, Any] = {}
+        #: whether the server answers GraphSON 3 (None: not asked yet)
+        self._graphson: bool | None = None
         self._closed = False
         self.stats = CallStats()
         self._connect()
 
     def _connect(self, kind: str = "write") -> Any:
         """The traversal source of a working connection of ``kind`` ("write" or "read"), made
-        anew after a failure."""
-        from gremlin_python.driver.driver_remote_connection import DriverRemoteConnection
-
+        anew after a failure. The first read connection asks the server whether it answers
+        GraphSON 3 (once in the graph's life: no request is made on a reconnection); the
+        connection is made outside the lock, so a server that does not answer holds up only
+        the caller that meets it."""
         with self._lock:
             if self._closed:
                 raise StoreUnavailable(f"the connection to Gremlin Server {self.url} is closed")
             g = self._sources.get(kind)
             if g is not None:
                 return g
-            options = dict(self._options)
-            if kind == "read":
-                options["message_serializer"] = _graphson_reader()
-            try:
-                remote = _lean(DriverRemoteConnection(self.url, self._source, **options))
-            except Exception as exc:  # the driver raises plain exceptions for refused connections
-                raise StoreUnavailable(f"cannot reach Gremlin Server {self.url}: "
-                                       f"{type(exc).__name__}") from None
-            g = traversal().with_remote(remote).without_strategies(*SKIPPED_STRATEGIES)
+            graphson = kind == "read" and self._graphson is not False
+            ask = kind == "read" and self._graphson is None
+        remote = self._new_remote(graphson)
+        if ask:
+            self._graphson = self._speaks_graphson(remote)
+            if not self._graphson:  # a server configured for GraphBinary only
+                log.info("Gremlin Server %s does not answer GraphSON 3: reads go as "
+                         "GraphBinary", self.url)
+                _close_later(remote)
+                remote = self._new_remote(False)
+        g = traversal().with_remote(remote).without_strategies(*SKIPPED_STRATEGIES)
+        with self._lock:
+            known = self._sources.get(kind)
+            if self._closed or known is not None:  # closed, or made by another meanwhile
+                _close_later(remote)
+                if known is None:
+                    raise StoreUnavailable(f"the connection to Gremlin Server {self.url} is "
+                                           f"closed")
+                return known
             self._remotes[kind], self._sources[kind] = remote, g
             return g
+
+    def _new_remote(self, graphson: bool) -> Any:
+        from gremlin_python.driver.driver_remote_connection import DriverRemoteConnection
+
+        options = dict(self._options)
+        if graphson:
+            options["message_serializer"] = _graphson_reader()
+        try:
+            return _lean(DriverRemoteConnection(self.url, self._source, **options))
+        except Exception as exc:  # the driver raises plain exceptions for refused connections
+            raise StoreUnavailable(f"cannot reach Gremlin Server {self.url}: "
+                                   f"{type(exc).__name__}") from None
+
+    def _speaks_graphson(self, remote: Any) -> bool:
+        """Whether the server answers ``remote``'s GraphSON 3 (one request); unreachable:
+        StoreUnavailable."""
+        try:
+            return bool(traversal().with_remote(remote).inject(1).to_list() == [1])
+        except Exception as exc:
+            if not isinstance(exc, OSError | TimeoutError | RuntimeError) \
+                    and not type(exc).__module__.startswith("aiohttp"):
+                return False  # an answer in another serialisation, or an error about it
+            _close_later(remote)
+            raise StoreUnavailable(f"cannot reach Gremlin Server {self.url}: "
+                                   f"{type(exc).__name__}") from None
 
     def _broken(self, g: Any, exc: BaseException) -> StoreUnavailable:
         """Drop the connection ``g`` came from (closed in the background: closing a websocket
@@ -133,8 +171,7 @@ class RemoteGraph:
             for kind, source in list(self._sources.items()):
                 if source is g:
                     del self._sources[kind]
-                    threading.Thread(target=_close_quietly, args=(self._remotes.pop(kind),),
-                                     daemon=True, name="gremlin-close").start()
+                    _close_later(self._remotes.pop(kind))
         what = "no answer in time" if isinstance(exc, TimeoutError) else type(exc).__name__
         log.warning("Gremlin Server %s: %s; reconnecting at the next call", self.url, what)
         return StoreUnavailable(f"Gremlin Server {self.url} unreachable: {what}")
@@ -244,6 +281,13 @@ class RemoteGraph:
             self._sources.clear()
         for remote in remotes:
             _close_quietly(remote)
+
+
+def _close_later(remote: Any) -> None:
+    """Close ``remote`` in the background (closing a websocket whose server is gone waits for
+    its own timeout)."""
+    threading.Thread(target=_close_quietly, args=(remote,), daemon=True,
+                     name="gremlin-close").start()
 
 
 def _close_quietly(remote: Any) -> None:
