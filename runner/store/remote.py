@@ -19,6 +19,7 @@ from gremlin_python.process.anonymous_traversal import traversal
 
 from runner.errors import StoreUnavailable, WriteRaceLost
 from runner.store.calls import CallStats
+from runner.store.driver import graphson_reader, lean
 
 log = logging.getLogger("latchwork.store")
 
@@ -94,9 +95,9 @@ class RemoteGraph:
         self._lock = threading.Lock()
         #: the connections, each with its traversal source: "write" (GraphBinary: the batches'
         #: bytecode is written in half the client's CPU it costs as GraphSON) and "read"
-        #: (GraphSON 3: rows are decoded by the C JSON parser, :func:`_graphson_reader`; 97
-        #: task rows cost the client 3.6-3.8 ms of CPU as GraphSON with the driver's reader,
-        #: 9.4-10.6 ms as GraphBinary, whose reader is Python all through)
+        #: (GraphSON 3, decoded by the C JSON parser: :func:`~runner.store.driver.
+        #: graphson_reader`; 97 task rows cost the client 2.3-3.0 ms of CPU so, 4.6-5.1 ms
+        #: with the driver's GraphSON reader, 10.0-11.3 ms as GraphBinary)
         self._remotes: dict[str, Any] = {}
         self._sources: dict[str, Any] = {}
         #: whether the server answers GraphSON 3 (None: not asked yet)
@@ -144,9 +145,9 @@ class RemoteGraph:
 
         options = dict(self._options)
         if graphson:
-            options["message_serializer"] = _graphson_reader()
+            options["message_serializer"] = graphson_reader()
         try:
-            return _lean(DriverRemoteConnection(self.url, self._source, **options))
+            return lean(DriverRemoteConnection(self.url, self._source, **options))
         except Exception as exc:  # the driver raises plain exceptions for refused connections
             raise StoreUnavailable(f"cannot reach Gremlin Server {self.url}: "
                                    f"{type(exc).__name__}") from None
@@ -295,141 +296,3 @@ def _close_quietly(remote: Any) -> None:
         remote.close()
     except Exception as exc:  # a broken connection: nothing left to release
         log.debug("closing a Gremlin connection: %s", exc)
-
-
-def _lean(remote: Any) -> Any:
-    """``remote`` (a gremlinpython 3.7 ``DriverRemoteConnection``) whose requests are sent and
-    answered in the calling thread, without the driver's three debug lines per request.
-
-    The driver hands every request to its thread pool twice (one task writes it, another
-    reads the answer) and back through three futures; under load those hand-overs cost a node
-    about a tenth of its CPU (``bench/profile_drain.py``: ``ThreadPoolExecutor.submit`` and
-    ``Condition.notify`` alone 10% of its samples), and the debug lines, whose text it formats
-    before it asks whether debug is on, 6%. Here the caller takes a connection from the same
-    pool, writes the request and reads its answer with the driver's own protocol and
-    transport (their deadlines, ``read_timeout`` and ``write_timeout``, apply as before), and
-    puts the connection back, as the driver's reader does, whatever happened. The requests and
-    answers are the same. A caller inside a running event loop goes the driver's way (the
-    transport runs a loop of its own, which cannot run inside another in one thread). Left as
-    it is when debug logging of ``gremlinpython`` is on, or when the driver's internals are not
-    the ones this was written for."""
-    client: Any = getattr(remote, "_client", None)
-    if logging.getLogger("gremlinpython").isEnabledFor(logging.DEBUG) or not all(
-            hasattr(client, name) for name in ("_pool", "_traversal_source",
-                                               "_session_enabled", "is_closed", "submit")):
-        return remote
-    import asyncio
-    import queue
-    import uuid
-
-    from gremlin_python.driver import request
-    from gremlin_python.driver.remote_connection import RemoteTraversal
-    from gremlin_python.driver.resultset import ResultSet
-    from gremlin_python.process.traversal import Bytecode
-
-    def message_of(message: Any, bindings: Any, request_options: Any) -> Any:
-        args: dict[str, Any] = {"gremlin": message, "aliases": {"g": client._traversal_source}}
-        processor, op = ("traversal", "bytecode") if isinstance(message, Bytecode) \
-            else ("", "eval")
-        if isinstance(message, str) and bindings:
-            args["bindings"] = bindings
-        if client._session_enabled:
-            args["session"] = str(client._session)
-            processor = "session"
-        sent = request.RequestMessage(processor=processor, op=op, args=args)
-        if request_options:
-            sent.args.update(request_options)
-        return sent
-
-    def submit_async(message: Any, bindings: Any = None, request_options: Any = None) -> Any:
-        if client.is_closed():
-            raise Exception("Client is closed")
-        return client._pool.get(True).write(message_of(message, bindings, request_options))
-
-    def answered(bytecode: Any) -> list[Any]:
-        """The results of ``bytecode``, sent and read in this thread."""
-        if client.is_closed():
-            raise Exception("Client is closed")
-        sent = message_of(bytecode, None, remote._extract_request_options(bytecode))
-        connection = client._pool.get(True)
-        request_id = str(uuid.uuid4())
-        answer = ResultSet(queue.Queue(), request_id)
-        try:
-            if not connection._inited:
-                connection.connect()
-            connection._results[request_id] = answer
-            connection._protocol.write(request_id, sent)
-            while connection._protocol.data_received(connection._transport.read(),
-                                                     connection._results) == 206:
-                pass
-        finally:
-            connection._results.pop(request_id, None)
-            client._pool.put_nowait(connection)
-        results: list[Any] = []
-        while not answer.stream.empty():
-            results += answer.stream.get_nowait()
-        return results
-
-    def submit(bytecode: Any) -> Any:
-        if asyncio._get_running_loop() is not None:  # a caller inside an event loop: the
-            # transport's own loop cannot run in its thread; the driver's threads answer
-            options = remote._extract_request_options(bytecode)
-            return RemoteTraversal(iter(client.submit(bytecode, request_options=options).all()
-                                        .result()))
-        return RemoteTraversal(iter(answered(bytecode)))
-
-    client.submit_async = submit_async
-    remote.submit = submit
-    return remote
-
-
-class _Unusual(Exception):
-    """A GraphSON value :func:`_graphson_reader` leaves to the driver's reader."""
-
-
-def _graphson_reader() -> Any:
-    """gremlinpython's GraphSON 3 serializer whose answers are read by the C JSON parser with
-    one Python call per typed object (``object_hook``) instead of one per value: the types a
-    store's read answers with (maps with plain keys, lists, integers, ``T``, traversers) are
-    made as the driver's reader makes them; any other (a vertex, a set, a date, a double...)
-    makes the whole answer go the driver's way. The requests are written as the driver
-    writes them."""
-    import json
-
-    from gremlin_python.driver.serializer import GraphSONSerializersV3d0
-    from gremlin_python.process.traversal import T, Traverser
-    from gremlin_python.statics import long
-
-    plain_keys = (str, int, long, T)
-
-    def typed(d: dict[str, Any]) -> Any:
-        kind = d.get("@type")
-        if kind is None or len(d) != 2 or "@value" not in d:
-            return d
-        value = d["@value"]
-        if kind == "g:Map":
-            keys = value[0::2]
-            if not all(key.__class__ in plain_keys for key in keys):
-                raise _Unusual
-            return dict(zip(keys, value[1::2], strict=True))
-        if kind == "g:List":
-            return value
-        if kind == "g:Int64":
-            return long(value)
-        if kind == "g:Int32":
-            return int(value)
-        if kind == "g:T":
-            return T[value]
-        if kind == "g:Traverser":
-            return Traverser(value["value"], value["bulk"])
-        raise _Unusual
-
-    class Reader(GraphSONSerializersV3d0):  # type: ignore[misc]
-        def deserialize_message(self, message: Any) -> Any:
-            text = message if isinstance(message, str) else message.decode("utf-8")
-            try:
-                return json.loads(text, object_hook=typed)
-            except _Unusual:
-                return super().deserialize_message(message)
-
-    return Reader()

@@ -1,0 +1,167 @@
+"""What the store changes of gremlinpython's driver (3.7) for a remote graph
+(:class:`~runner.store.remote.RemoteGraph`): requests answered in the calling thread
+(:func:`lean`), and reads decoded by the C JSON parser (:func:`graphson_reader`). Each keeps
+the requests and answers the driver's own; each leaves the driver as it is where its
+internals are not the ones this was written for. What they saved is in docs/runner.md ("The
+driver's share").
+
+Failure behaviour: what the driver raises is raised (a cut connection, a deadline passed, a
+server's error), and a connection goes back to its pool whatever happened, as the driver's
+own reader puts it back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import queue
+import uuid
+from typing import Any
+
+from gremlin_python.driver import request
+from gremlin_python.driver.remote_connection import RemoteTraversal
+from gremlin_python.driver.resultset import ResultSet
+from gremlin_python.driver.serializer import GraphSONSerializersV3d0
+from gremlin_python.process.traversal import Bytecode, T, Traverser
+from gremlin_python.statics import long
+
+
+def lean(remote: Any) -> Any:
+    """``remote`` (a ``DriverRemoteConnection``) whose requests are sent and answered in the
+    calling thread, without the driver's three debug lines per request.
+
+    The driver hands every request to its thread pool twice (one task writes it, another
+    reads the answer) and back through three futures: 10% of a node's samples under load
+    (``ThreadPoolExecutor.submit`` and ``Condition.notify``), a read's client CPU 720 us
+    against 430-545 us here; its debug lines, whose text it formats before it asks whether
+    debug is on, cost 6%. Here the caller takes a connection from the same pool, writes the
+    request and reads its answer with the driver's own protocol and transport (their
+    deadlines, ``read_timeout`` and ``write_timeout``, apply as before), and puts the
+    connection back. A caller inside a running event loop goes the driver's way (the
+    transport runs a loop of its own, which cannot run inside another in one thread). Left as
+    it is when debug logging of ``gremlinpython`` is on."""
+    client: Any = getattr(remote, "_client", None)
+    if logging.getLogger("gremlinpython").isEnabledFor(logging.DEBUG) or not all(
+            hasattr(client, name) for name in ("_pool", "_traversal_source",
+                                               "_session_enabled", "is_closed", "submit")):
+        return remote
+    caller = _InCaller(remote, client)
+    client.submit_async = caller.submit_async
+    remote.submit = caller.submit
+    return remote
+
+
+class _InCaller:
+    """The requests of one ``DriverRemoteConnection``, sent and answered in the caller's
+    thread (:func:`lean`)."""
+
+    def __init__(self, remote: Any, client: Any) -> None:
+        self.remote = remote
+        self.client = client
+
+    def message(self, message: Any, bindings: Any, request_options: Any) -> Any:
+        """The request the driver's ``Client.submit_async`` sends for ``message``."""
+        client = self.client
+        args: dict[str, Any] = {"gremlin": message, "aliases": {"g": client._traversal_source}}
+        processor, op = ("traversal", "bytecode") if isinstance(message, Bytecode) \
+            else ("", "eval")
+        if isinstance(message, str) and bindings:
+            args["bindings"] = bindings
+        if client._session_enabled:
+            args["session"] = str(client._session)
+            processor = "session"
+        sent = request.RequestMessage(processor=processor, op=op, args=args)
+        if request_options:
+            sent.args.update(request_options)
+        return sent
+
+    def submit_async(self, message: Any, bindings: Any = None,
+                     request_options: Any = None) -> Any:
+        """The driver's way, less its debug lines (a session's requests, scripts)."""
+        if self.client.is_closed():
+            raise Exception("Client is closed")
+        return self.client._pool.get(True).write(self.message(message, bindings,
+                                                              request_options))
+
+    def submit(self, bytecode: Any) -> Any:
+        if asyncio._get_running_loop() is not None:  # a caller inside an event loop
+            options = self.remote._extract_request_options(bytecode)
+            return RemoteTraversal(iter(self.client.submit(bytecode, request_options=options)
+                                        .all().result()))
+        return RemoteTraversal(iter(self.answered(bytecode)))
+
+    def answered(self, bytecode: Any) -> list[Any]:
+        """The results of ``bytecode``, sent and read in this thread."""
+        client = self.client
+        if client.is_closed():
+            raise Exception("Client is closed")
+        sent = self.message(bytecode, None, self.remote._extract_request_options(bytecode))
+        connection = client._pool.get(True)
+        request_id = str(uuid.uuid4())
+        answer = ResultSet(queue.Queue(), request_id)
+        try:
+            if not connection._inited:
+                connection.connect()
+            connection._results[request_id] = answer
+            connection._protocol.write(request_id, sent)
+            while connection._protocol.data_received(connection._transport.read(),
+                                                     connection._results) == 206:
+                pass
+        finally:
+            connection._results.pop(request_id, None)
+            client._pool.put_nowait(connection)
+        results: list[Any] = []
+        while not answer.stream.empty():
+            results += answer.stream.get_nowait()
+        return results
+
+
+def graphson_reader() -> GraphSONSerializersV3d0:
+    """gremlinpython's GraphSON 3 serializer whose answers are read by the C JSON parser with
+    one Python call per typed object (``object_hook``) instead of one per value: the types a
+    store's read answers with (maps with plain keys, lists, integers, ``T``, traversers) are
+    made as the driver's reader makes them; any other (a vertex, a set, a date, a double...)
+    makes the whole answer go the driver's way. The requests are written as the driver
+    writes them."""
+    return _GraphSONReader()
+
+
+class _Unusual(Exception):
+    """A GraphSON value the hook leaves to the driver's reader."""
+
+
+_PLAIN_KEYS = (str, int, long, T)
+
+
+def _typed(d: dict[str, Any]) -> Any:
+    """A JSON object of an answer as the driver's GraphSON 3 reader makes it."""
+    kind = d.get("@type")
+    if kind is None or len(d) != 2 or "@value" not in d:
+        return d
+    value = d["@value"]
+    if kind == "g:Map":
+        keys = value[0::2]
+        if not all(key.__class__ in _PLAIN_KEYS for key in keys):
+            raise _Unusual
+        return dict(zip(keys, value[1::2], strict=True))
+    if kind == "g:List":
+        return value
+    if kind == "g:Int64":
+        return long(value)
+    if kind == "g:Int32":
+        return int(value)
+    if kind == "g:T":
+        return T[value]
+    if kind == "g:Traverser":
+        return Traverser(value["value"], value["bulk"])
+    raise _Unusual
+
+
+class _GraphSONReader(GraphSONSerializersV3d0):  # type: ignore[misc]
+    def deserialize_message(self, message: Any) -> Any:
+        text = message if isinstance(message, str) else message.decode("utf-8")
+        try:
+            return json.loads(text, object_hook=_typed)
+        except _Unusual:
+            return super().deserialize_message(message)
