@@ -19,7 +19,7 @@ from gremlin_python.process.anonymous_traversal import traversal
 
 from runner.errors import StoreUnavailable, WriteRaceLost
 from runner.store.calls import CallStats
-from runner.store.driver import graphson_reader, lean
+from runner.store.driver import lean
 
 log = logging.getLogger("latchwork.store")
 
@@ -93,86 +93,39 @@ class RemoteGraph:
             import ssl
             self._options["ssl_options"] = ssl.create_default_context(cafile=ca_file)
         self._lock = threading.Lock()
-        #: the connections, each with its traversal source: "write" (GraphBinary: the batches'
-        #: bytecode is written in half the client's CPU it costs as GraphSON) and "read"
-        #: (GraphSON 3, decoded by the C JSON parser: :func:`~runner.store.driver.
-        #: graphson_reader`; 97 task rows cost the client 2.3-3.0 ms of CPU so, 4.6-5.1 ms
-        #: with the driver's GraphSON reader, 10.0-11.3 ms as GraphBinary)
-        self._remotes: dict[str, Any] = {}
-        self._sources: dict[str, Any] = {}
-        #: whether the server answers GraphSON 3 (None: not asked yet)
-        self._graphson: bool | None = None
+        self._remote: Any = None
+        self._g: Any = None
         self._closed = False
         self.stats = CallStats()
         self._connect()
 
-    def _connect(self, kind: str = "write") -> Any:
-        """The traversal source of a working connection of ``kind`` ("write" or "read"), made
-        anew after a failure. The first read connection asks the server whether it answers
-        GraphSON 3 (once in the graph's life: no request is made on a reconnection); the
-        connection is made outside the lock, so a server that does not answer holds up only
-        the caller that meets it."""
+    def _connect(self) -> Any:
+        """The traversal source of a working connection, made anew after a failure."""
+        from gremlin_python.driver.driver_remote_connection import DriverRemoteConnection
+
         with self._lock:
             if self._closed:
                 raise StoreUnavailable(f"the connection to Gremlin Server {self.url} is closed")
-            g = self._sources.get(kind)
-            if g is not None:
-                return g
-            graphson = kind == "read" and self._graphson is not False
-            ask = kind == "read" and self._graphson is None
-        remote = self._new_remote(graphson)
-        if ask:
-            self._graphson = self._speaks_graphson(remote)
-            if not self._graphson:  # a server configured for GraphBinary only
-                log.info("Gremlin Server %s does not answer GraphSON 3: reads go as "
-                         "GraphBinary", self.url)
-                _close_later(remote)
-                remote = self._new_remote(False)
-        g = traversal().with_remote(remote).without_strategies(*SKIPPED_STRATEGIES)
-        with self._lock:
-            known = self._sources.get(kind)
-            if self._closed or known is not None:  # closed, or made by another meanwhile
-                _close_later(remote)
-                if known is None:
-                    raise StoreUnavailable(f"the connection to Gremlin Server {self.url} is "
-                                           f"closed")
-                return known
-            self._remotes[kind], self._sources[kind] = remote, g
-            return g
-
-    def _new_remote(self, graphson: bool) -> Any:
-        from gremlin_python.driver.driver_remote_connection import DriverRemoteConnection
-
-        options = dict(self._options)
-        if graphson:
-            options["message_serializer"] = graphson_reader()
-        try:
-            return lean(DriverRemoteConnection(self.url, self._source, **options))
-        except Exception as exc:  # the driver raises plain exceptions for refused connections
-            raise StoreUnavailable(f"cannot reach Gremlin Server {self.url}: "
-                                   f"{type(exc).__name__}") from None
-
-    def _speaks_graphson(self, remote: Any) -> bool:
-        """Whether the server answers ``remote``'s GraphSON 3 (one request); unreachable:
-        StoreUnavailable."""
-        try:
-            return bool(traversal().with_remote(remote).inject(1).to_list() == [1])
-        except Exception as exc:
-            if not isinstance(exc, OSError | TimeoutError | RuntimeError) \
-                    and not type(exc).__module__.startswith("aiohttp"):
-                return False  # an answer in another serialisation, or an error about it
-            _close_later(remote)
-            raise StoreUnavailable(f"cannot reach Gremlin Server {self.url}: "
-                                   f"{type(exc).__name__}") from None
+            if self._g is not None:
+                return self._g
+            try:
+                self._remote = lean(DriverRemoteConnection(self.url, self._source,
+                                                            **self._options))
+            except Exception as exc:  # the driver raises plain exceptions for refused connections
+                raise StoreUnavailable(f"cannot reach Gremlin Server {self.url}: "
+                                       f"{type(exc).__name__}") from None
+            self._g = traversal().with_remote(self._remote).without_strategies(
+                *SKIPPED_STRATEGIES)
+            return self._g
 
     def _broken(self, g: Any, exc: BaseException) -> StoreUnavailable:
         """Drop the connection ``g`` came from (closed in the background: closing a websocket
         whose server is gone waits for its own timeout) and say so in one line."""
         with self._lock:
-            for kind, source in list(self._sources.items()):
-                if source is g:
-                    del self._sources[kind]
-                    _close_later(self._remotes.pop(kind))
+            if self._g is g:
+                remote, self._remote, self._g = self._remote, None, None
+                threading.Thread(target=_close_quietly, args=(remote,), daemon=True,
+                                 name="gremlin-close").start()
         what = "no answer in time" if isinstance(exc, TimeoutError) else type(exc).__name__
         log.warning("Gremlin Server %s: %s; reconnecting at the next call", self.url, what)
         return StoreUnavailable(f"Gremlin Server {self.url} unreachable: {what}")
@@ -203,11 +156,11 @@ class RemoteGraph:
 
     def _read(self, fn: Callable[[Any], T]) -> T:
         try:
-            return self._call(fn, self._connect("read"))
+            return self._call(fn, self._connect())
         except StoreUnavailable as exc:
             if "no answer in time" in str(exc) or self._closed:
                 raise
-            return self._call(fn, self._connect("read"))
+            return self._call(fn, self._connect())
 
     def write(self, fn: Callable[[Any], T]) -> T:
         with self.stats.timed("write"):
@@ -277,18 +230,9 @@ class RemoteGraph:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            remotes = list(self._remotes.values())
-            self._remotes.clear()
-            self._sources.clear()
-        for remote in remotes:
+            remote, self._remote, self._g = self._remote, None, None
+        if remote is not None:
             _close_quietly(remote)
-
-
-def _close_later(remote: Any) -> None:
-    """Close ``remote`` in the background (closing a websocket whose server is gone waits for
-    its own timeout)."""
-    threading.Thread(target=_close_quietly, args=(remote,), daemon=True,
-                     name="gremlin-close").start()
 
 
 def _close_quietly(remote: Any) -> None:
