@@ -19,7 +19,7 @@ from gremlin_python.process.anonymous_traversal import traversal
 
 from runner.errors import StoreUnavailable, WriteRaceLost
 from runner.store.calls import CallStats
-from runner.store.driver import lean
+from runner.store.driver import GraphSONReader, graphson_reads, lean
 
 log = logging.getLogger("latchwork.store")
 
@@ -95,37 +95,68 @@ class RemoteGraph:
         self._lock = threading.Lock()
         self._remote: Any = None
         self._g: Any = None
+        #: the reads' traversal source: ``_g`` itself, or the same connections asked for
+        #: GraphSON 3 answers (``graphson_reads``) once the server said it gives them
+        self._g_read: Any = None
+        #: whether the server answers GraphSON 3 (None: not asked yet; asked once in the
+        #: graph's life, on a connection of its own, by the first read)
+        self._graphson: bool | None = None
         self._closed = False
         self.stats = CallStats()
         self._connect()
 
-    def _connect(self) -> Any:
-        """The traversal source of a working connection, made anew after a failure."""
-        from gremlin_python.driver.driver_remote_connection import DriverRemoteConnection
-
+    def _connect(self, read: bool = False) -> Any:
+        """The traversal source of a working connection (the reads' one when ``read``), made
+        anew after a failure."""
         with self._lock:
             if self._closed:
                 raise StoreUnavailable(f"the connection to Gremlin Server {self.url} is closed")
-            if self._g is not None:
-                return self._g
-            try:
-                self._remote = lean(DriverRemoteConnection(self.url, self._source,
-                                                            **self._options))
-            except Exception as exc:  # the driver raises plain exceptions for refused connections
-                raise StoreUnavailable(f"cannot reach Gremlin Server {self.url}: "
-                                       f"{type(exc).__name__}") from None
-            self._g = traversal().with_remote(self._remote).without_strategies(
-                *SKIPPED_STRATEGIES)
-            return self._g
+            if self._g is None:
+                self._remote = self._new_remote()
+                self._g = self._g_read = traversal().with_remote(self._remote) \
+                    .without_strategies(*SKIPPED_STRATEGIES)
+            if read and self._graphson and self._g_read is self._g:
+                reads = graphson_reads(self._remote)
+                if reads is not None:
+                    self._g_read = traversal().with_remote(reads).without_strategies(
+                        *SKIPPED_STRATEGIES)
+            return self._g_read if read else self._g
+
+    def _new_remote(self, **options: Any) -> Any:
+        from gremlin_python.driver.driver_remote_connection import DriverRemoteConnection
+
+        try:
+            return lean(DriverRemoteConnection(self.url, self._source,
+                                               **{**self._options, **options}))
+        except Exception as exc:  # the driver raises plain exceptions for refused connections
+            raise StoreUnavailable(f"cannot reach Gremlin Server {self.url}: "
+                                   f"{type(exc).__name__}") from None
+
+    def _speaks_graphson(self) -> bool:
+        """Whether the server answers GraphSON 3 (one request on a connection of its own,
+        outside the lock: a silent server holds up only the caller that asked); unreachable:
+        StoreUnavailable. A server configured for GraphBinary only answers in GraphBinary."""
+        remote = self._new_remote(message_serializer=GraphSONReader())
+        try:
+            return bool(traversal().with_remote(remote).inject(1).to_list() == [1])
+        except Exception as exc:
+            if not isinstance(exc, OSError | TimeoutError | RuntimeError) \
+                    and not type(exc).__module__.startswith("aiohttp"):
+                log.info("Gremlin Server %s does not answer GraphSON 3 (%s): reads go as "
+                         "GraphBinary", self.url, type(exc).__name__)
+                return False  # an answer in another serialisation, or an error about it
+            raise StoreUnavailable(f"cannot reach Gremlin Server {self.url}: "
+                                   f"{type(exc).__name__}") from None
+        finally:
+            _close_later(remote)
 
     def _broken(self, g: Any, exc: BaseException) -> StoreUnavailable:
         """Drop the connection ``g`` came from (closed in the background: closing a websocket
         whose server is gone waits for its own timeout) and say so in one line."""
         with self._lock:
-            if self._g is g:
-                remote, self._remote, self._g = self._remote, None, None
-                threading.Thread(target=_close_quietly, args=(remote,), daemon=True,
-                                 name="gremlin-close").start()
+            if g is self._g or g is self._g_read:
+                remote, self._remote, self._g, self._g_read = self._remote, None, None, None
+                _close_later(remote)
         what = "no answer in time" if isinstance(exc, TimeoutError) else type(exc).__name__
         log.warning("Gremlin Server %s: %s; reconnecting at the next call", self.url, what)
         return StoreUnavailable(f"Gremlin Server {self.url} unreachable: {what}")
@@ -155,12 +186,14 @@ class RemoteGraph:
             return self._read(fn)
 
     def _read(self, fn: Callable[[Any], T]) -> T:
+        if self._graphson is None:
+            self._graphson = self._speaks_graphson()
         try:
-            return self._call(fn, self._connect())
+            return self._call(fn, self._connect(read=True))
         except StoreUnavailable as exc:
             if "no answer in time" in str(exc) or self._closed:
                 raise
-            return self._call(fn, self._connect())
+            return self._call(fn, self._connect(read=True))
 
     def write(self, fn: Callable[[Any], T]) -> T:
         with self.stats.timed("write"):
@@ -216,8 +249,7 @@ class RemoteGraph:
         thread = threading.Thread(target=probe, daemon=True, name="gremlin-tx-probe")
         thread.start()
         thread.join(deadline)
-        threading.Thread(target=_close_quietly, args=(probe_remote,), daemon=True,
-                         name="gremlin-tx-probe-close").start()
+        _close_later(probe_remote)
         if not answer:
             log.info("Gremlin Server %s: no answer to a commit in %gs: no transactions",
                      self.url, deadline)
@@ -230,9 +262,16 @@ class RemoteGraph:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            remote, self._remote, self._g = self._remote, None, None
+            remote, self._remote, self._g, self._g_read = self._remote, None, None, None
         if remote is not None:
             _close_quietly(remote)
+
+
+def _close_later(remote: Any) -> None:
+    """Close ``remote`` in the background (closing a websocket whose server is gone waits for
+    its own timeout)."""
+    threading.Thread(target=_close_quietly, args=(remote,), daemon=True,
+                     name="gremlin-close").start()
 
 
 def _close_quietly(remote: Any) -> None:

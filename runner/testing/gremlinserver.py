@@ -156,6 +156,8 @@ class GremlinServer:
     record: ProcessRecord | None = None
     #: a host of its own (a network namespace: runner.testing.hosts); ``host`` its address
     netns: str | None = None
+    #: whether the server also speaks GraphSON 3 (False: GraphBinary only, as some do)
+    graphson: bool = True
     _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -209,9 +211,10 @@ class GremlinServer:
             "serializers:\n"
             "  - { className: org.apache.tinkerpop.gremlin.driver.ser."
             "GraphBinaryMessageSerializerV1 }\n"
-            "  - { className: org.apache.tinkerpop.gremlin.driver.ser."
-            "GraphSONMessageSerializerV3d0, config: { ioRegistries: "
-            "[org.apache.tinkerpop.gremlin.tinkergraph.structure.TinkerIoRegistryV3d0] }}\n")
+            + ("  - { className: org.apache.tinkerpop.gremlin.driver.ser."
+               "GraphSONMessageSerializerV3d0, config: { ioRegistries: "
+               "[org.apache.tinkerpop.gremlin.tinkergraph.structure.TinkerIoRegistryV3d0] }}\n"
+               if self.graphson else ""))
         return yaml
 
     def start(self, timeout: float = 60.0) -> None:
