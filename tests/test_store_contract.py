@@ -16,7 +16,7 @@ import os
 import re
 import time
 from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +78,66 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[GraphStore
 
 def counts(store: GraphStore) -> tuple[int, int]:
     return store.graph.read(lambda g: (g.V().count().next(), g.E().count().next()))
+
+
+# -- encodings ----------------------------------------------------------------------------------
+
+
+def test_a_time_is_encoded_as_strftime_writes_it_in_every_zone_and_year() -> None:
+    """``codec.encode_time``'s fast path writes the very text ``strftime`` wrote (the store's
+    stored times sort as strings and are compared as text by version guards)."""
+    from datetime import timezone
+
+    from runner.store.codec import _TIME_FORMAT
+
+    rng = __import__("random").Random(7)
+    values = [datetime(1, 1, 1, tzinfo=UTC), datetime(999, 5, 6, tzinfo=UTC),
+              datetime(1000, 1, 1, tzinfo=UTC),
+              datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
+              datetime(2026, 11, 28, 9, 0, 0, 0, tzinfo=UTC)]
+    for _ in range(300):
+        zone = timezone(timedelta(minutes=rng.randint(-900, 900)))
+        values.append(datetime(rng.randint(1001, 9998), rng.randint(1, 12), rng.randint(1, 28),
+                               rng.randint(0, 23), rng.randint(0, 59), rng.randint(0, 59),
+                               rng.choice([0, rng.randint(0, 999999)]), tzinfo=zone))
+    for value in values:
+        assert codec.encode_time(value) == \
+            value.astimezone(UTC).strftime(_TIME_FORMAT), value
+        if value.year >= 1000:
+            assert codec.decode_time(codec.encode_time(value)) == value
+    with pytest.raises(InvalidValue):
+        codec.encode_time(datetime(2026, 1, 1))
+
+
+def test_a_loop_change_writes_what_a_full_comparison_of_the_properties_finds() -> None:
+    """A claim's or an end's change compares only the properties a change can move
+    (``changing_props``): what it writes is what comparing every property found, for every
+    kind of change the loop and the master make (the payload left out: it is not changed)."""
+    from runner.store.gremlin.rows import TASK_FIXED, task_props
+    from runner.store.gremlin.writes import task_change
+    from runner.store.model import CheckpointInfo
+
+    now = codec.now()
+    base = Task(id="t1", type="etl", payload={"n": 1}, active=True, status=TaskStatus.WAITING,
+                finished=False, priority=3, created_at=now - timedelta(hours=1),
+                updated_at=now - timedelta(minutes=1), version=4, fence=9, unique_key="u",
+                ordering_key="k", resources=("db", "gpu"), run_at=now - timedelta(seconds=5),
+                checkpoint=CheckpointInfo(now, 10, 2), timeout=30.0)
+    changes = [({"status": "RUNNING", "owner": "host:1"}, 12, True, False),
+               ({"status": "WAITING", "finished": True}, 12, False, False),
+               ({"status": "WAITING", "active": False, "stop_reason": "why"}, None, False, True),
+               ({"status": "WAITING", "run_at": now + timedelta(hours=2), "owner": None},
+                None, False, True),
+               ({"priority": 7}, 9, False, False), ({"skipped": True, "finished": True},
+                                                    None, False, False)]
+    for task in (base, dataclasses.replace(base, ordering_key=None, resources=(),
+                                           checkpoint=None, run_at=None, owner="h:2")):
+        for change, token, new_attempt, move_fence in changes:
+            made = task_change(task, token, change, new_attempt=new_attempt,
+                               move_fence=move_fence)
+            old, new = task_props(task, payload=False), task_props(made.task, payload=False)
+            assert made.props == {k: v for k, v in new.items()
+                                    if k not in TASK_FIXED and old.get(k) != v}, change
 
 
 # -- tasks --------------------------------------------------------------------------------------
@@ -1070,6 +1130,60 @@ def test_claims_and_ends_of_several_tasks_are_one_write_each_refusal_its_own(
     moved = store.tasks.update(tasks[1].id, store.tasks.get(tasks[1].id).version, None,
                                run_at=later, owner="", stop_reason="")
     assert moved == store.tasks.get(tasks[1].id) and moved.run_at == later
+
+
+def test_the_stores_requests_are_written_byte_for_byte_as_the_drivers_writer_writes_them(
+        gremlin_server: GremlinServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``QuickWriter`` writes a remote graph's requests: every traversal the store sends for
+    creates, claims, ends, refusals and reads is the very bytes gremlinpython's own GraphBinary
+    writer makes of it (checked as it is sent), and so is every value of every type, out of
+    its range or unknown to it included (the same bytes, or the same error)."""
+    from gremlin_python.process.anonymous_traversal import traversal
+    from gremlin_python.process.graph_traversal import __
+    from gremlin_python.process.traversal import Cardinality, Order, P, T, TextP
+    from gremlin_python.statics import long
+    from gremlin_python.structure.io.graphbinaryV1 import GraphBinaryWriter
+
+    from runner.store import wire
+    from runner.store.remote import SKIPPED_STRATEGIES
+
+    driver, sent = GraphBinaryWriter(), []
+    quick = wire.QuickWriter._bytecode
+
+    def compared(self: wire.QuickWriter, obj: Any, out: bytearray) -> None:
+        start = len(out)
+        quick(self, obj, out)
+        assert bytes(out[start:]) == bytes(driver.to_dict(obj)), obj
+        sent.append(obj)
+
+    monkeypatch.setattr(wire.QuickWriter, "_bytecode", compared)
+    store = open_store(gremlin_server.url, atomicity=SERIAL)
+    try:
+        store.clear()
+        test_claims_and_ends_of_several_tasks_are_one_write_each_refusal_its_own(store)
+        assert store.tasks.unfinished()
+    finally:
+        store.clear()
+        store.close()
+    assert len(sent) > 10
+
+    writer = wire.QuickWriter()
+    g = traversal().with_remote(None).without_strategies(*SKIPPED_STRATEGIES)  # type: ignore
+    values: list[Any] = [
+        g.V().has("a", P.within(["x", "y"])).property(Cardinality.single, "k", long(2 ** 40))
+        .property("b", True).property("c", -7).order().by("p", Order.desc)
+        .union(__.constant("@f"), __.V().has(T.id, 3).fold()).where(P.gt(1).and_(P.lt(9)))
+        .has("z", TextP.containing("q")).inject([1, "é", {"x": None}], None, 1.5, {1, 2}),
+        2 ** 31 - 1, -2 ** 31, long(-2 ** 63), False, "", {"k": [T.label, T.id]},
+        datetime(2026, 1, 1, tzinfo=UTC)]
+    for value in values:
+        assert bytes(writer.to_dict(value)) == bytes(driver.to_dict(value)), value
+    for value in (2 ** 31, long(2 ** 63)):  # out of range: the driver's error
+        with pytest.raises(Exception) as ours:
+            writer.to_dict(value)
+        with pytest.raises(Exception) as theirs:
+            driver.to_dict(value)
+        assert type(ours.value) is type(theirs.value)
 
 
 def _create_waiting(store: GraphStore, count: int, priority: int = 0,

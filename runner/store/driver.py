@@ -1,9 +1,9 @@
 """What the store changes of gremlinpython's driver (3.7) for a remote graph
 (:class:`~runner.store.remote.RemoteGraph`): requests answered in the calling thread
-(:func:`lean`), and reads answered in GraphSON 3 on the same connections and decoded by the C
-JSON parser (:func:`graphson_reads`). Each keeps the driver's requests and answers, and leaves
-the driver as it is where its internals are not the ones this was written for. What they
-saved is in docs/runner.md ("The driver's share").
+(:func:`lean`), and reads answered in GraphSON 3 on the same connections
+(:func:`graphson_reads`); the encodings themselves are in :mod:`runner.store.wire`. Each keeps
+the driver's requests and answers, and leaves the driver as it is where its internals are not
+the ones this was written for. What they saved is in docs/runner.md ("The driver's share").
 
 Failure behaviour: what the driver raises is raised (a cut connection, a deadline passed, a
 server's error), and a connection goes back to its pool whatever happened, as the driver's
@@ -13,7 +13,6 @@ own reader puts it back.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import queue
 import uuid
@@ -22,9 +21,9 @@ from typing import Any
 from gremlin_python.driver import request
 from gremlin_python.driver.remote_connection import RemoteTraversal
 from gremlin_python.driver.resultset import ResultSet
-from gremlin_python.driver.serializer import GraphSONSerializersV3d0
-from gremlin_python.process.traversal import Bytecode, T, Traverser
-from gremlin_python.statics import long
+from gremlin_python.process.traversal import Bytecode
+
+from runner.store.wire import GraphSONReader
 
 
 def lean(remote: Any) -> Any:
@@ -158,52 +157,3 @@ class _InCaller:
         while not answer.stream.empty():
             results += answer.stream.get_nowait()
         return results
-
-
-class _Unusual(Exception):
-    """A GraphSON value the hook leaves to the driver's reader."""
-
-
-_PLAIN_KEYS = (str, int, long, T)
-
-
-def _typed(d: dict[str, Any]) -> Any:
-    """A JSON object of an answer as the driver's GraphSON 3 reader makes it."""
-    kind = d.get("@type")
-    if kind is None or len(d) != 2 or "@value" not in d:
-        return d
-    value = d["@value"]
-    if kind == "g:Map":
-        keys = value[0::2]
-        if not all(key.__class__ in _PLAIN_KEYS for key in keys):
-            raise _Unusual
-        return dict(zip(keys, value[1::2], strict=True))
-    if kind == "g:List":
-        return value
-    if kind == "g:Int64":
-        return long(value)
-    if kind == "g:Int32":
-        return int(value)
-    if kind == "g:T":
-        return T[value]
-    if kind == "g:Traverser":
-        return Traverser(value["value"], value["bulk"])
-    raise _Unusual
-
-
-class GraphSONReader(GraphSONSerializersV3d0):  # type: ignore[misc]
-    """gremlinpython's GraphSON 3 serializer whose answers are read by the C JSON parser with
-    one Python call per typed object (``object_hook``) instead of one per value: 97 task rows
-    cost the client 2.3-3.0 ms of CPU, against 4.6-5.1 ms with the driver's GraphSON reader
-    and 10.0-11.3 ms as GraphBinary, whose reader is Python for every value. The types a
-    store's read answers with (maps with plain keys, lists, integers, ``T``, traversers) are
-    made as the driver's reader makes them; any other (a vertex, a set, a date, a double...)
-    makes the whole answer go the driver's way. Requests are written as the driver writes
-    them."""
-
-    def deserialize_message(self, message: Any) -> Any:
-        text = message if isinstance(message, str) else message.decode("utf-8")
-        try:
-            return json.loads(text, object_hook=_typed)
-        except _Unusual:
-            return super().deserialize_message(message)

@@ -19,7 +19,8 @@ from gremlin_python.process.anonymous_traversal import traversal
 
 from runner.errors import StoreUnavailable, WriteRaceLost
 from runner.store.calls import CallStats
-from runner.store.driver import GraphSONReader, graphson_reads, lean
+from runner.store.driver import graphson_reads, lean
+from runner.store.wire import GraphSONReader, graphbinary
 
 log = logging.getLogger("latchwork.store")
 
@@ -126,8 +127,9 @@ class RemoteGraph:
         from gremlin_python.driver.driver_remote_connection import DriverRemoteConnection
 
         try:
-            return lean(DriverRemoteConnection(self.url, self._source,
-                                               **{**self._options, **options}))
+            return lean(DriverRemoteConnection(
+                self.url, self._source,
+                **{"message_serializer": graphbinary(), **self._options, **options}))
         except Exception as exc:  # the driver raises plain exceptions for refused connections
             raise StoreUnavailable(f"cannot reach Gremlin Server {self.url}: "
                                    f"{type(exc).__name__}") from None

@@ -49,9 +49,28 @@ def resource_key(resource: str) -> str:
 def task_props(task: Task, *, payload: bool = True) -> dict[str, Any]:
     """The task's properties as written (``payload=False``: all but its payload, for a change
     that leaves it alone: the payload is the one property of any size)."""
+    created = codec.encode_time(task.created_at)
+    props = {"task_id": task.id, "task_type": task.type, "task_created": created}
+    # what an operator's list filters on (runner.store.gremlin.search), each from an index
+    digits = "".join(ch for ch in created if ch.isdigit())
+    props["task_h"], props["task_s"] = digits[:10], digits[:14]  # creation hour, second
+    for resource in task.resources:
+        props[resource_key(resource)] = "1"
+    if task.unique_key is not None:
+        props["task_unique"] = task.unique_key
+    if task.ordering_key is not None:
+        props["task_okey"] = task.ordering_key
+    props.update(changing_props(task, payload=payload))
+    return props
+
+
+def changing_props(task: Task, *, payload: bool = True) -> dict[str, Any]:
+    """The properties of :func:`task_props` that a change of the task can move (those of
+    ``TASK_CHANGES`` and what is derived from them: its version, fence, state, indexes); the
+    others are written once, when the task is made. A change compares these only: half of
+    ``task_props``'s cost, which a claim and an end each paid twice."""
     props = {
-        "task_id": task.id, "task_type": task.type, "task_priority": task.priority,
-        "task_created": codec.encode_time(task.created_at), "task_version": task.version,
+        "task_priority": task.priority, "task_version": task.version,
         "task_queue": (queue := due.queue_of(task, codec.now())),
         "task_lane": due.lane_field(task, queue),
         "task_state": codec.encode_json({
@@ -67,20 +86,11 @@ def task_props(task: Task, *, payload: bool = True) -> dict[str, Any]:
         "task_okey_open": task.ordering_key if task.ordering_key and not task.finished else "",
         # stopped tasks (inactive, unfinished), found from an index by the master's incidents
         "task_stopped": "1" if not task.active and not task.finished else "",
+        "task_list": list_state(task),
+        "task_owner": task.owner or "",
     }
     if payload:
         props["task_payload"] = codec.encode_json(task.payload)
-    # what an operator's list filters on (runner.store.gremlin.search), each from an index
-    props["task_list"] = list_state(task)
-    digits = "".join(ch for ch in codec.encode_time(task.created_at) if ch.isdigit())
-    props["task_h"], props["task_s"] = digits[:10], digits[:14]  # creation hour, second
-    props["task_owner"] = task.owner or ""
-    for resource in task.resources:
-        props[resource_key(resource)] = "1"
-    if task.unique_key is not None:
-        props["task_unique"] = task.unique_key
-    if task.ordering_key is not None:
-        props["task_okey"] = task.ordering_key
     if task.finished:  # the UTC day it finished: retention walks finished tasks by day
         props["task_end_day"] = task.updated_at.strftime("%Y-%m-%d")
     if task.checkpoint is not None:  # written by ctx.checkpoint (runner.store.gremlin.checkpoints)

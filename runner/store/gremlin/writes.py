@@ -36,6 +36,7 @@ from runner.store.gremlin.rows import (
     TASK_CHANGES,
     TASK_FIXED,
     attempt_from_row,
+    changing_props,
     progress_from_json,
     task_from_row,
     task_props,
@@ -213,9 +214,9 @@ def task_change(task: Task, fence_token: int | None, changes: Mapping[str, Any],
                     "priority": int(fields["priority"]), "active": bool(fields["active"]),
                     "finished": bool(fields["finished"]), "skipped": bool(fields["skipped"]),
                     "run_at": run_at.astimezone(UTC) if run_at is not None else None})
-    old = task_props(task, payload=False)
-    new = task_props(after, payload=False)
-    changed = {k: v for k, v in new.items() if k not in TASK_FIXED and old.get(k) != v}
+    old = changing_props(task, payload=False)
+    new = changing_props(after, payload=False)
+    changed = {k: v for k, v in new.items() if old.get(k) != v}
     return TaskChange(task.id, task.version, task.fence, changed, after)
 
 
