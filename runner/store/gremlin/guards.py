@@ -20,7 +20,7 @@ from gremlin_python.process.traversal import Bytecode
 
 from runner.errors import InvalidValue, ResourceTaken, StaleFencingToken
 from runner.store import codec
-from runner.store.gremlin.steps import set_props
+from runner.store.gremlin.steps import has_all, set_props
 from runner.store.model import Fence
 
 X = TypeVar("X")
@@ -138,10 +138,7 @@ def fence_finds(fence: Fence) -> list[Callable[[Any], Any]]:
 def finder(*pairs: tuple[str, Any]) -> Callable[[Any], Any]:
     """A guard's ``find``: ``src.V().has(k1, v1).has(k2, v2)...``."""
     def find(src: Any) -> Any:
-        t = src.V()
-        for key, value in pairs:
-            t = t.has(key, value)
-        return t
+        return has_all(src.V(), *pairs)
     return find
 
 

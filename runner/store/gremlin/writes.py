@@ -44,6 +44,7 @@ from runner.store.gremlin.rows import (
 from runner.store.gremlin.steps import (
     X,
     add_vertex,
+    has_all,
     set_props,
 )
 from runner.store.model import (
@@ -69,9 +70,9 @@ class TaskChange:
     task: Task
 
     def find(self, src: Any) -> Any:
-        return (src.V().has("task_id", self.task_id)
-                .has("task_version", self.expected_version)
-                .has("task_fence", codec.encode_big(self.expected_fence)))
+        return has_all(src.V(), ("task_id", self.task_id),
+                       ("task_version", self.expected_version),
+                       ("task_fence", codec.encode_big(self.expected_fence)))
 
     def traverse(self, src: Any) -> Any:
         return set_props(self.find(src), self.props)
@@ -112,8 +113,8 @@ class AttemptEnd:
     attempt: Attempt
 
     def find(self, src: Any) -> Any:
-        return (src.V().has("attempt_id", self.attempt_id)
-                .has("attempt_status", AttemptStatus.RUNNING.value))
+        return has_all(src.V(), ("attempt_id", self.attempt_id),
+                       ("attempt_status", AttemptStatus.RUNNING.value))
 
     def traverse(self, src: Any) -> Any:
         return set_props(self.find(src), self.props)
