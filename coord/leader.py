@@ -28,7 +28,7 @@ import threading
 import uuid
 from collections.abc import Callable
 
-from kazoo.exceptions import KazooException, NoNodeError
+from kazoo.exceptions import NoNodeError
 
 from coord._znodes import create_protected, retry_policy, sort_by_seq, zk_errors
 from coord.errors import LifecycleError, NotLeader
@@ -108,13 +108,14 @@ class LeaderLatch:
         with self._lock:
             node, self._node = self._node, None
         if node is not None:
-            try:
-                self.session.client.retry(self.session.client.delete, node)
-            except NoNodeError:
-                pass
-            except KazooException as exc:
-                log.warning("latch %s: could not delete %s (%r); it goes with the session",
-                            self.participant_id, node, exc)
+            def delete() -> None:
+                client = self.session.client
+                try:
+                    client.retry(client.delete, node)
+                except NoNodeError:
+                    pass
+            self.session.tidy(f"latch {self.participant_id}: {node} (goes with the session)",
+                              delete)
         self._set_leader(False)
 
     def __enter__(self) -> LeaderLatch:

@@ -120,11 +120,13 @@ class Mailbox:
         self._inbox.put(None)
         if self._thread.is_alive():
             self._thread.join(5.0)
-        client = self.session.client
-        try:
-            client.retry(client.delete, self.path, recursive=True)
-        except Exception:
-            log.info("mailbox of %s left for the master to prune", self.member_id)
+        def delete() -> None:
+            client = self.session.client
+            try:
+                client.retry(client.delete, self.path, recursive=True)
+            except NoNodeError:
+                pass
+        self.session.tidy(f"mailbox of {self.member_id} (for the master to prune)", delete)
 
     def __enter__(self) -> Mailbox:
         return self.start()

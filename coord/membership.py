@@ -106,13 +106,14 @@ class Membership:
             return
         self._closed = True
         self.session.remove_listener(self._on_session)
-        try:
-            self.session.client.retry(self.session.client.delete, self.path)
-        except NoNodeError:
-            pass
-        except KazooException as exc:
-            log.warning("member %s: could not delete %s on close (%r); it goes with the "
-                        "session", self.member_id, self.path, exc)
+        def delete() -> None:
+            client = self.session.client
+            try:
+                client.retry(client.delete, self.path)
+            except NoNodeError:
+                pass
+        self.session.tidy(f"member {self.member_id}: {self.path} (goes with the session)",
+                          delete)
 
     def __enter__(self) -> Membership:
         return self.start()

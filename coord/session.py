@@ -297,6 +297,36 @@ class Session:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def tidy(self, what: str, fn: Callable[[], Any], timeout: float | None = None) -> bool:
+        """A recipe's tidying on close (deleting its own znodes): ``fn()`` if the session is
+        CONNECTED, given at most ``timeout`` seconds (the session timeout when None); True when
+        it finished. Otherwise False, and ``what`` was left: an ephemeral node goes with the
+        session's expiry, a mailbox is pruned by the master. A close never waits for a
+        ZooKeeper that does not answer: kazoo holds a request sent into a silent link until it
+        drops the connection, then retries it, and holds a request queued while it is
+        disconnected until it reconnects, for ever in a partition (a node stopped by SIGTERM
+        then never exited). ``fn`` runs on a daemon thread of its own, left behind if it does
+        not finish; it must raise nothing but kazoo's errors (logged here)."""
+        if self._state is not SessionState.CONNECTED or self._lifecycle is not \
+                _Lifecycle.STARTED:
+            log.info("%s: ZooKeeper not connected (%s): left", what, self._state.value)
+            return False
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                fn()
+                done.set()
+            except Exception as exc:  # kazoo's errors: what is left goes as said above
+                log.warning("%s: %r; left", what, exc)
+
+        thread = threading.Thread(target=run, daemon=True, name="coord-tidy")
+        thread.start()
+        thread.join(self.timeout if timeout is None else timeout)
+        if thread.is_alive():
+            log.warning("%s: no answer from ZooKeeper in time; left", what)
+        return done.is_set()
+
     # -- accessors -------------------------------------------------------------------------
 
     @property

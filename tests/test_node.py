@@ -44,6 +44,37 @@ def test_nodes_join_elect_a_master_and_leave_cleanly_on_sigterm(
         assert read_members(reader) == {}
 
 
+def test_a_node_stopped_while_its_zookeeper_is_silent_exits_within_its_shutdown_bound(
+        zk_namespace: ZkNamespace, amqp_vhost: AmqpNamespace, tmp_path: os.PathLike[str],
+        spawn_node: Callable[..., NodeProcess]) -> None:
+    """SIGTERM while the node's ZooKeeper answers nothing (its link silenced, as a network
+    partition does): the node does not wait for ZooKeeper to tidy up (its mailbox, its member
+    and latch nodes, which the master prunes or the session's expiry removes): once the
+    session is seen not connected it is closed first, and the node exits 0 within about the
+    session timeout, saying what it left. (It waited for ever: the mailbox's delete, a MASTER
+    handler's ZooKeeper call, the latch's worker.)"""
+    from coord.testing.proxy import TcpProxy
+
+    servers, _, chroot = zk_namespace.hosts.partition("/")
+    with TcpProxy(int(servers.split(",")[0].rsplit(":", 1)[1])) as proxy:
+        env = {**os.environ, "LATCHWORK_ZK_HOSTS": f"127.0.0.1:{proxy.port}/{chroot}",
+               "LATCHWORK_CLUSTER": "silent", "LATCHWORK_SESSION_TIMEOUT": "3",
+               "LATCHWORK_AMQP_URL": amqp_vhost.url,
+               "LATCHWORK_GRAPH": os.path.join(tmp_path, "graph.db")}
+        node = spawn_node(["-m", "runner.cli", "node", "start"], name="silent", env=env,
+                          ready_prefix="latchwork node")
+        proxy.blackhole()
+        stopped = time.monotonic()
+        assert node.terminate(timeout=30) == 0
+        took = time.monotonic() - stopped
+        log = node.stderr_tail(60)
+        # within the session's 3 s: the session is closed once ZooKeeper is seen not
+        # answering, and every ZooKeeper call still waiting fails at once
+        assert took < 8, (took, log)
+        assert "its session is closed first" in log and "left" in log, log
+        proxy.heal()
+
+
 def test_node_start_rejects_bad_configuration(tmp_path: os.PathLike[str]) -> None:
     import subprocess
     import sys

@@ -1186,6 +1186,37 @@ def test_the_stores_requests_are_written_byte_for_byte_as_the_drivers_writer_wri
         assert type(ours.value) is type(theirs.value)
 
 
+def test_steps_appended_directly_are_the_steps_gremlinpython_adds() -> None:
+    """``set_props``, ``add_vertex`` and ``has_all`` append plain steps to the bytecode
+    themselves: what they build equals what gremlinpython's step methods build, for every
+    kind of value (a list, a dict, a traversal, a binding go through the step methods)."""
+    from gremlin_python.process.graph_traversal import __
+    from gremlin_python.process.traversal import Binding, Cardinality, T
+    from gremlin_python.process.anonymous_traversal import traversal
+    from gremlin_python.statics import long
+
+    from runner.store.gremlin.steps import add_vertex, has_all, set_props
+
+    values: dict[str, Any] = {"s": "x", "i": 3, "l": long(2 ** 40), "b": False, "f": 1.5,
+                              "n": None, "list": [1, __.V()], "d": {"k": 1},
+                              "t": __.constant(1), "bind": Binding("x", 2), "e": T.id}
+    g = traversal().with_remote(None)  # type: ignore[arg-type]  # built, never run
+    ours = set_props(add_vertex(g, "v", values).as_("a"), values)
+    theirs = g.add_v("v")
+    for key, value in values.items():
+        theirs = theirs.property(key, value)
+    theirs = theirs.as_("a")
+    for key, value in values.items():
+        theirs = theirs.property(Cardinality.single, key, value)
+    assert ours.bytecode == theirs.bytecode and ours.bytecode.bindings == \
+        theirs.bytecode.bindings
+    pairs = list(values.items())
+    built = g.V()
+    for key, value in pairs:
+        built = built.has(key, value)
+    assert has_all(g.V(), *pairs).bytecode == built.bytecode
+
+
 def _create_waiting(store: GraphStore, count: int, priority: int = 0,
                     at: datetime | None = None) -> list[str]:
     """``count`` WAITING tasks in one write, each ready at its own second from ``at`` on."""

@@ -458,7 +458,31 @@ class Node:
         if self.state is NodeState.CLOSED:
             return
         self.state = NodeState.CLOSED
+        if self._session_state() is not None:
+            # ZooKeeper not answering, now or while the parts close: the session is closed
+            # first, so that every ZooKeeper call still waiting (kazoo holds one for ever in a
+            # partition: a handler's, a latch's, a tidying delete) fails at once and each
+            # part closes without it; what they would have deleted goes with the session's
+            # expiry or is pruned by the master. (A node stopped during a partition waited
+            # for ever.)
+            self.session.add_listener(self._close_session_unless_connected)
+            self._close_session_unless_connected(self.session.state)
         self._closers.close()
+
+    def _close_session_unless_connected(self, state: SessionState) -> None:
+        if state is not SessionState.CONNECTED and self.session.state is not \
+                SessionState.CONNECTED:
+            log.warning("member %s: closing while ZooKeeper is not connected (%s): its "
+                        "session is closed first", self.member_id, state.value)
+            self.session.close()
+
+    def _session_state(self) -> SessionState | None:
+        """The session's state once it was started (None before)."""
+        try:
+            self.session.client  # noqa: B018  # raises until started
+        except LifecycleError:
+            return None
+        return self.session.state
 
     def __enter__(self) -> Node:
         return self.start()
