@@ -454,6 +454,9 @@ def main() -> None:
     parser.add_argument("--no-isolation", action="store_true",
                         help="leave out process isolation's lines (bench/bench_isolation.py)")
     args = parser.parse_args()
+    # SIGTERM ends the bench as Ctrl-C does: every server and node it started is stopped on the
+    # way out (the default action left them running)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     report(*run(args))
     if not args.no_isolation:
         # on the server graph when the run has one: the node CPU the isolation's difference is
