@@ -30,38 +30,34 @@ def chunks(items: Sequence[X], size: int) -> Iterator[Sequence[X]]:
 #: sets and bindings): a step whose arguments are all of these is appended to the bytecode as
 #: ``add_step`` would append it, without its per-argument checks (building a claim's or an
 #: end's batch through gremlinpython's step methods was 12% of a node's samples under load)
-_AS_IS = frozenset({str, int, long, bool, float, type(None)})
+_AS_IS = frozenset({str, int, long, bool, float, type(None), Cardinality})
+
+
+def _step(t: Any, name: str, *args: Any) -> Any:
+    """``t``'s step ``name(*args)``: appended directly when every argument is kept as it is."""
+    if all(arg.__class__ in _AS_IS for arg in args):
+        t.bytecode.step_instructions.append([name, *args])
+        return t
+    return getattr(t, name)(*args)  # gremlinpython's method of the same name
 
 
 def set_props(t: Any, props: Mapping[str, Any]) -> Any:
-    steps = t.bytecode.step_instructions
     for key, value in props.items():
-        if value.__class__ in _AS_IS and key.__class__ is str:
-            steps.append(["property", Cardinality.single, key, value])
-        else:
-            t = t.property(Cardinality.single, key, value)
+        t = _step(t, "property", Cardinality.single, key, value)
     return t
 
 
 def add_vertex(g: Any, label: str, props: Mapping[str, Any]) -> Any:
     t = g.add_v(label)
-    steps = t.bytecode.step_instructions
     for key, value in props.items():
-        if value.__class__ in _AS_IS and key.__class__ is str:
-            steps.append(["property", key, value])
-        else:
-            t = t.property(key, value)
+        t = _step(t, "property", key, value)
     return t
 
 
 def has_all(t: Any, *pairs: tuple[str, Any]) -> Any:
     """``t.has(k1, v1).has(k2, v2)...``."""
-    steps = t.bytecode.step_instructions
     for key, value in pairs:
-        if value.__class__ in _AS_IS and key.__class__ is str:
-            steps.append(["has", key, value])
-        else:
-            t = t.has(key, value)
+        t = _step(t, "has", key, value)
     return t
 
 
