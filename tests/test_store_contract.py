@@ -1190,9 +1190,9 @@ def test_steps_appended_directly_are_the_steps_gremlinpython_adds() -> None:
     """``set_props``, ``add_vertex`` and ``has_all`` append plain steps to the bytecode
     themselves: what they build equals what gremlinpython's step methods build, for every
     kind of value (a list, a dict, a traversal, a binding go through the step methods)."""
+    from gremlin_python.process.anonymous_traversal import traversal
     from gremlin_python.process.graph_traversal import __
     from gremlin_python.process.traversal import Binding, Cardinality, T
-    from gremlin_python.process.anonymous_traversal import traversal
     from gremlin_python.statics import long
 
     from runner.store.gremlin.steps import add_vertex, has_all, set_props
