@@ -200,3 +200,52 @@ def test_a_process_frozen_holding_the_first_open_lock_blocks_no_thread_or_node_s
         holder.wait()
         if holder.stdout is not None:
             holder.stdout.close()
+
+
+def test_a_new_vertexs_properties_go_to_gremlite_as_list_properties_and_read_as_written(
+        tmp_path: Path) -> None:
+    """gremlite looks up a single property's earlier values before it sets one; a vertex just
+    added has none, so its properties are sent as list properties (no lookup), nested
+    traversals' too. The rest of a traversal is sent as written, and what is read back is what
+    the unchanged traversal writes."""
+    from gremlin_python.process.graph_traversal import __
+    from gremlin_python.process.traversal import Cardinality, T
+
+    from runner.store import open_store
+    from runner.store.graph import fresh_props_listed
+
+    def made(g: Any) -> Any:
+        return (g.add_v("a").property("k", 1).property("s", "x").as_("v").property("late", 2)
+                .add_e("e").from_("v").to("v").property("ep", 3)
+                .V().has("k", 9).fold().coalesce(__.unfold(), __.add_v("b").property("k", 9)))
+
+    steps = fresh_props_listed(made(__).bytecode).step_instructions
+    assert steps[:4] == [["addV", "a"], ["property", Cardinality.list_, "k", 1],
+                         ["property", Cardinality.list_, "s", "x"], ["as", "v"]]
+    assert steps[4] == ["property", "late", 2]  # not right after the addV: as written
+    assert ["property", "ep", 3] in steps  # an edge's: as written
+    nested = steps[-1][2].step_instructions
+    assert nested == [["addV", "b"], ["property", Cardinality.list_, "k", 9]]
+    assert fresh_props_listed(made(__).bytecode).step_instructions == \
+        fresh_props_listed(fresh_props_listed(made(__).bytecode)).step_instructions
+
+    # what gremlite stores from them: what it stores from the steps as written
+    plain, listed = (EmbeddedGraph(tmp_path / f"{name}.db") for name in ("plain", "listed"))
+    del plain._connection().submit  # gremlite's own submit: the steps as written
+    try:
+        for graph in (plain, listed):
+            graph.write(lambda g: made(g).iterate())
+            graph.write(lambda g: made(g).iterate())  # the coalesce finds "b" the second time
+        stored = [graph.read(lambda g: g.V().order().by("k").element_map().to_list())
+                  for graph in (plain, listed)]
+    finally:
+        plain.close()
+        listed.close()
+    values = [{k: v for k, v in vertex.items() if k != T.id} for vertex in stored[1]]
+    assert values == [{T.label: "a", "k": 1, "s": "x", "late": 2}] * 2 + [{T.label: "b", "k": 9}]
+    assert stored[0] == stored[1]
+    store = open_store(str(tmp_path / "store.db"))
+    task = store.tasks.new("diag.sleep", {"seconds": 0}, priority=3)
+    claimed, attempt = store.create_claimed(task, 7, "host:1")
+    assert store.tasks.get(task.id) == claimed
+    assert store.attempts.for_task(task.id) == [attempt]

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from gremlin_python.process.anonymous_traversal import traversal
+from gremlin_python.process.traversal import Bytecode, Cardinality
 
 from runner.errors import StoreFull, StoreUnavailable
 from runner.store.alarm import StorageAlarm, unwritable
@@ -179,6 +180,8 @@ class EmbeddedGraph:
             remote.con.execute("PRAGMA synchronous=NORMAL")
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"cannot open graph file {self.path}: {exc}") from exc
+        submit = remote.submit
+        remote.submit = lambda bytecode: submit(fresh_props_listed(bytecode))
         return remote
 
     @contextmanager
@@ -262,6 +265,29 @@ class EmbeddedGraph:
             except sqlite3.ProgrammingError:
                 pass  # opened by another thread, which is gone; SQLite closes it with the file
         self._local = threading.local()
+
+
+def fresh_props_listed(bytecode: Bytecode) -> Bytecode:
+    """``bytecode`` with the ``property(key, value)`` steps that directly follow an ``addV``
+    (nested traversals too) given list cardinality, for gremlite. A vertex just added has no
+    values yet, so the result is the same; but gremlite looks a single property's earlier
+    values up first (one SQL query each: 30% of writing a new task and its attempt), a list
+    property's not. Other graphs get the steps as written (list cardinality is not portable).
+    The instructions are replaced, not changed: a traversal kept and sent again reads the
+    same."""
+    fresh = False
+    steps = bytecode.step_instructions
+    for n, step in enumerate(steps):
+        name = step[0]
+        if name == "property" and fresh and len(step) == 3 and isinstance(step[1], str):
+            steps[n] = [name, Cardinality.list_, step[1], step[2]]
+            continue
+        fresh = name == "addV"
+        for arg in step[1:]:
+            inner = getattr(arg, "bytecode", arg)
+            if isinstance(inner, Bytecode):
+                fresh_props_listed(inner)
+    return bytecode
 
 
 def location(graph: Graph) -> str:
