@@ -84,6 +84,12 @@ class Settings(BaseSettings):
         False, description="run against a remote graph without transactions (guarded writes "
                            "become check-then-act: see docs/graph.md); logged at every start")
     workers: int = Field(4, ge=1, le=256, description="task worker threads per node")
+    switch_interval: float | None = Field(
+        None, gt=0, le=1,
+        description="seconds a node's thread runs Python before a waiting one may take over "
+                    "(sys.setswitchinterval); unset: 0.0005 with an embedded graph, whose "
+                    "writes run Python for milliseconds while the ZooKeeper and broker threads "
+                    "wait, else Python's own 0.005")
     prefetch: float = Field(
         3.0, ge=0, le=64,
         description="while handlers are short (under 50 ms on average), tasks a node claims "
