@@ -273,8 +273,7 @@ def fresh_props_listed(bytecode: Bytecode) -> Bytecode:
     values yet, so the result is the same; but gremlite looks a single property's earlier
     values up first (one SQL query each: 30% of writing a new task and its attempt), a list
     property's not. Other graphs get the steps as written (list cardinality is not portable).
-    The instructions are replaced, not changed: a traversal kept and sent again reads the
-    same."""
+    ``bytecode`` is changed in place; a second pass changes nothing more."""
     fresh = False
     steps = bytecode.step_instructions
     for n, step in enumerate(steps):
