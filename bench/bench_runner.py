@@ -296,6 +296,8 @@ class Cluster:
             self.nodes = None
             ended = self.closed() - closed
             rates.append(BACKLOG_DRAIN / took)
+            say(f"{self.name} backlog of {waiting:,}, start {len(rates)}: {rates[-1]:,.0f} "
+                "tasks/s")
         return statistics.median(rates)
 
     def slow(self) -> float:
