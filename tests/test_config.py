@@ -132,3 +132,29 @@ def test_a_node_on_an_embedded_graph_switches_threads_every_half_millisecond(
     assert switch_interval(Settings.load(None)) == 0.001
     with pytest.raises(ConfigError, match="switch_interval"):
         Settings.load(None, switch_interval=0)
+
+
+def test_a_node_run_sets_the_switch_interval_while_it_runs_and_restores_it_after() -> None:
+    """``latchwork node start``'s run loop applies the interval before the node is built and
+    puts the process's own back when the node has stopped (SIGTERM here)."""
+    import signal
+
+    from runner.node.main import run
+
+    seen: list[float] = []
+
+    class Started:
+        member_id = "host:1"
+
+        def __enter__(self) -> Started:
+            seen.append(sys.getswitchinterval())
+            os.kill(os.getpid(), signal.SIGTERM)  # recorded by run's handler: it stops
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            seen.append(sys.getswitchinterval())
+
+    before = sys.getswitchinterval()
+    assert run(Settings(graph="/data/graph.db"), node=Started()) == 0  # type: ignore[arg-type]
+    assert seen == [0.0005, 0.0005]
+    assert sys.getswitchinterval() == before
