@@ -35,10 +35,11 @@ _AS_IS = frozenset({str, int, long, bool, float, type(None), Cardinality})
 
 def _step(t: Any, name: str, *args: Any) -> Any:
     """``t``'s step ``name(*args)``: appended directly when every argument is kept as it is."""
-    if all(arg.__class__ in _AS_IS for arg in args):
-        t.bytecode.step_instructions.append([name, *args])
-        return t
-    return getattr(t, name)(*args)  # gremlinpython's method of the same name
+    for arg in args:  # a loop, not all() over a generator: 0.27 against 0.73 us a step
+        if arg.__class__ not in _AS_IS:
+            return getattr(t, name)(*args)  # gremlinpython's method of the same name
+    t.bytecode.step_instructions.append([name, *args])
+    return t
 
 
 def set_props(t: Any, props: Mapping[str, Any]) -> Any:
