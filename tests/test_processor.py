@@ -179,9 +179,9 @@ def test_a_listing_that_goes_stale_during_the_scan_is_rechecked(
                              LoopSettings(workers=6, scan_interval=600, fresh_for=0.0))
         real_read = processor.backlog.ready.read
 
-        def listing_then_others_claim(limit: int, startable: Callable[[Task], bool]
-                                      ) -> list[Task]:
-            listing = real_read(limit, startable)
+        def listing_then_others_claim(limit: int, startable: Callable[[Task], bool],
+                                      ahead: bool = True) -> list[Task]:
+            listing = real_read(limit, startable, ahead=ahead)
             for task_id in taken:
                 store.tasks.update(task_id, 0, 9, owner="m2")
             return listing
@@ -310,6 +310,40 @@ def test_the_others_tasks_are_taken_once_left_listed_for_steal_after(store: Grap
     fresh = [(t, False) for t in theirs]  # listed anew, alone: taken at once
     backlog._first_listed.clear()
     assert backlog._deferring_others(fresh, 200.0) == fresh
+
+
+def test_a_listing_after_a_finished_task_reads_up_to_now_and_keeps_what_was_planned(
+        store: GraphStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A listing no write asked for (after a finished task, the interval's) walks past now
+    only ``AHEAD_EVERY`` seconds after the last that did; one a write asked for always does.
+    One that ended at now keeps the tasks planned before on the due timer (a task due in 40 s
+    still starts at its time), and a task ready now is listed either way."""
+    from runner.tasks.worker import ready
+
+    timer = DueTimer(lambda: None)
+    backlog = Backlog(store, "m1", timer, Counter(), lambda task_id: False,
+                      settings=LoopSettings(workers=1))
+    soon = store.tasks.create("t", run_at=codec.now() + timedelta(seconds=40))
+
+    def planned() -> list[str]:
+        return [task.id for _, task, _ in timer._future]
+    try:
+        assert backlog.list_open({"m1"}) and backlog.ready.read_ahead
+        assert planned() == [soon.id]
+        sooner = store.tasks.create("t", run_at=codec.now() + timedelta(seconds=30))
+        now = store.tasks.create("t")
+        assert backlog.list_open({"m1"}) and not backlog.ready.read_ahead
+        assert [t.id for t, _, _ in backlog.items] == [now.id]
+        assert planned() == [soon.id]  # kept, sooner not read
+        assert backlog.list_open({"m1"}, ahead=True) and backlog.ready.read_ahead
+        assert planned() == [sooner.id, soon.id]
+        monkeypatch.setattr(ready, "AHEAD_EVERY", 0.2)
+        store.tasks.create("t", run_at=codec.now() + timedelta(seconds=20))
+        time.sleep(0.25)
+        assert backlog.list_open({"m1"}) and backlog.ready.read_ahead
+        assert len(planned()) == 3
+    finally:
+        timer.close()
 
 
 def test_priority_comes_before_preference(zk_namespace: ZkNamespace, store: GraphStore) -> None:

@@ -1355,6 +1355,33 @@ def test_a_walk_crosses_hours_without_tasks_in_a_few_reads_and_keeps_the_order(
     assert scan.cursors["r09"][0] > gap_start + timedelta(hours=2, minutes=50)
 
 
+def test_a_lane_whose_oldest_task_is_due_later_still_reads_a_task_written_now(
+        store: GraphStore) -> None:
+    """A lane whose oldest waiting task is due in 40 s, walked first by a node with no floor
+    (a new cluster), or with a floor that an older node moved to that second: the cursor
+    stays at now less ``LAG``, so a task written now, with no rewind, is read by the next
+    walk (a cursor put at the due task's second left a task written now to the backstop's
+    read, 300 s later)."""
+    from runner.tasks.worker.ready import LAG, ReadyScan
+
+    soon = store.tasks.create("t", run_at=codec.now() + timedelta(seconds=40))
+
+    class Ahead:
+        def get(self, lane: str) -> datetime | None:
+            return soon.run_at
+
+        def move(self, lane: str, at: datetime, *, back: bool = False) -> None:
+            pass
+
+    fresh, floored = ReadyScan(store.tasks), ReadyScan(store.tasks, Ahead())
+    for scan in (fresh, floored):
+        assert [t.id for t in scan.read(5)] == [soon.id]
+        assert scan.cursors["r09"][0] <= codec.now() - timedelta(seconds=LAG)
+    now = store.tasks.create("t")
+    for scan in (fresh, floored):
+        assert [t.id for t in scan.read(5)] == [now.id, soon.id]
+
+
 def test_a_write_that_lands_seconds_behind_the_cursor_is_read_within_a_second(
         store: GraphStore, monkeypatch: pytest.MonkeyPatch) -> None:
     """A task whose ready second is 3 s behind a lane's cursor (a write that took that long to

@@ -165,15 +165,18 @@ class Backlog:
         now = time.monotonic()
         self.items[:0] = [(t, now, own) for t, own in tasks]
 
-    def list_open(self, live: set[str] | None, claimed: bool = False) -> bool:
+    def list_open(self, live: set[str] | None, claimed: bool = False,
+                  ahead: bool = False) -> bool:
         """List the next ready tasks (a page: :class:`ReadyScan`) into the backlog, in the
         order to try them, and plan those not due yet; ``claimed``: also the tasks RUNNING
         under some owner, of which those whose owner left and this member's own that it does
         not run (their end never written) are tried again (the interval's scans ask for them:
-        as many as run in the cluster). False when the store cannot be read (logged)."""
+        as many as run in the cluster); ``ahead``: the walks go on to the horizon's end
+        whatever the time since the last that did (a write asked for the listing: see
+        :meth:`ReadyScan.read`). False when the store cannot be read (logged)."""
         began = time.monotonic()
         try:
-            listing = self.ready.read(self.page, self._startable())
+            listing = self.ready.read(self.page, self._startable(), ahead=ahead)
             if claimed:
                 listing += self.store.tasks.claimed()
             self.stats["listings"] += 1
@@ -189,7 +192,9 @@ class Backlog:
         ready, later = split_due(tasks, codec.now())
         ordered = candidates(ready, live, self.member_id, self.workers)
         self.load(self._deferring_others(ordered, seen), seen)
-        self.later.plan([(t, is_preferred(t.id, live, self.member_id)) for t in later])
+        # a listing that ended at now keeps the tasks planned by one that read further
+        self.later.plan([(t, is_preferred(t.id, live, self.member_id)) for t in later],
+                        keep=not self.ready.read_ahead)
         return True
 
     def _deferring_others(self, ordered: list[tuple[Task, bool]], now: float

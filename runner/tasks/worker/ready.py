@@ -67,6 +67,12 @@ WINDOWS = (1, 4, 15, 40, 60, 240, 960, 3840)
 ORDERED = 60
 #: windows a walk reads in one lane at most (past tasks that cannot start, or empty ones)
 MAX_WINDOWS = 32
+#: seconds between two reads, by one node, of the windows past now (the tasks due within the
+#: horizon, which the due timer starts at their time) that no write asked for: a listing
+#: after each finished task reads up to now only (on a Gremlin Server the three minute-wide
+#: windows ahead were most of an idle cluster's reads, 20 ms each of the serial server's
+#: time, and the paced submits queued behind them)
+AHEAD_EVERY = 2.0
 
 
 class Floors(Protocol):
@@ -93,6 +99,9 @@ class ReadyScan:
         self.lane_reads = 0  # reads of a whole lane (the tests' measure)
         self._behind: datetime | None = None  # a rewind asked for, applied by the next read
         self._behind_lock = threading.Lock()
+        self._ahead_at = -AHEAD_EVERY  # when a read last walked past now (monotonic)
+        #: whether the last read walked to the end of the horizon (False: up to now only)
+        self.read_ahead = True
 
     def rewind(self, at: datetime) -> None:
         """Tasks were written ready at ``at`` (a second) that may lie behind the cursors: a
@@ -113,16 +122,25 @@ class ReadyScan:
                 if self.floors is not None:
                     self.floors.move(lane, at, back=True)
 
-    def read(self, limit: int, startable: Callable[[Task], bool] = lambda task: True
-             ) -> list[Task]:
+    def read(self, limit: int, startable: Callable[[Task], bool] = lambda task: True,
+             *, ahead: bool = True) -> list[Task]:
         """Up to ``limit`` WAITING tasks this node may start (``startable``: its type known
         here, not declined, the first of its ordering key in what was read), the highest lanes
         first, each lane's oldest first. Tasks that cannot start (a busy key's later tasks, a
         type this node lacks) are walked past, at most :data:`MAX_WINDOWS` windows a lane: so
-        they cost reads while they lead their lane, and never stop the tasks behind them."""
+        they cost reads while they lead their lane, and never stop the tasks behind them.
+
+        The walks go on past now to the end of the horizon (tasks due soon, for the due timer)
+        when ``ahead`` (a write asked for the read) or :data:`AHEAD_EVERY` seconds after the
+        last read that did; otherwise they end at now (:attr:`read_ahead` says which)."""
         self._rewound()
         found: list[Task] = []
-        end = codec.now() + timedelta(seconds=due.HORIZON + 2 * due.BUCKET)
+        self.read_ahead = ahead or time.monotonic() - self._ahead_at >= AHEAD_EVERY
+        if self.read_ahead:
+            self._ahead_at = time.monotonic()
+            end = codec.now() + timedelta(seconds=due.HORIZON + 2 * due.BUCKET)
+        else:
+            end = codec.now()
         lanes = self._lanes_holding()
         for lane in lanes:
             found += self._lane(lane, limit - len(found), end, startable)
@@ -159,20 +177,25 @@ class ReadyScan:
         return known[0]
 
     def _find(self, lane: str) -> datetime:
-        """Where this node starts the lane: its shared floor, else the lane's oldest second."""
+        """Where this node starts the lane: its shared floor, else the lane's oldest second
+        (neither past now less :data:`LAG`: a floor moved ahead by an older node)."""
         floor = self.floors.get(lane) if self.floors is not None else None
         if floor is None:
             return self._read_lane(lane)
+        floor = min(floor, codec.now() - timedelta(seconds=LAG))
         self.cursors[lane] = (floor, time.monotonic())
         return floor
 
     def _read_lane(self, lane: str) -> datetime:
-        """The lane's oldest ready second, read from the lane (now when none waits); the
+        """The lane's oldest ready second, read from the lane, but never past now less
+        :data:`LAG` (its oldest task may be due later: a task written now is behind it); the
         shared floor moved to it."""
         self.reads += 1
         self.lane_reads += 1
         seconds = self.tasks.lane_seconds(lane)
-        at = due.instant(seconds[0]) if seconds else codec.now() - timedelta(seconds=LAG)
+        at = codec.now() - timedelta(seconds=LAG)
+        if seconds:
+            at = min(at, due.instant(seconds[0]))
         self.cursors[lane] = (at, time.monotonic())
         if self.floors is not None:
             self.floors.move(lane, at, back=True)

@@ -73,14 +73,16 @@ class Scanner:
     def stats(self) -> Counter[str]:
         return self.claimer.stats
 
-    def scan(self, relist: bool = True) -> int:
+    def scan(self, relist: bool = True, ahead: bool = False) -> int:
         """One pass, timed for the observers: how many tasks it started. ``relist=False`` (a
         worker just finished) works through the backlog first and lists again only when it is
         empty and listing stays within its share of the time (listing every open task after
-        every finished one would cost more than the tasks when thousands are queued)."""
+        every finished one would cost more than the tasks when thousands are queued).
+        ``ahead``: a write asked for it, so its listing reads the tasks due soon whatever the
+        time since the last that did (:meth:`ReadyScan.read`)."""
         began = time.monotonic()
         try:
-            return self._scan(relist)
+            return self._scan(relist, ahead)
         finally:
             notify_scan(self.observers, time.monotonic() - began)
 
@@ -112,13 +114,13 @@ class Scanner:
                 continue
             self._wake.clear()
             relist, self._relist = self._relist, False
-            try:
-                while self.scan(relist=relist) > 0 and self.running.free() > 0:
+            try:  # a pass asked for by a write (relist) reads ahead too
+                while self.scan(relist=relist, ahead=relist) > 0 and self.running.free() > 0:
                     relist = False
             except Exception:
                 log.exception("member %s: follow-up scan failed", self.member_id)
 
-    def _scan(self, relist: bool) -> int:
+    def _scan(self, relist: bool, ahead: bool = False) -> int:
         if not self.may_claim():
             return 0
         with self.lock:
@@ -132,7 +134,7 @@ class Scanner:
                 self._wake_in(self.backlog.relist_in())
                 return started
             if (relist or (not self.backlog and not self.later.planned())) \
-                    and not self._list(claimed=relist):
+                    and not self._list(claimed=relist, ahead=ahead):
                 return started
             while self.running.free() > 0 and self.may_claim():
                 batch = self.backlog.take(self.running.free(), self.running.__contains__,
@@ -142,8 +144,8 @@ class Scanner:
                 started += self._start_batch(batch)
         return started
 
-    def _list(self, claimed: bool = False) -> bool:
-        return self.backlog.list_open(self._live(), claimed)
+    def _list(self, claimed: bool = False, ahead: bool = False) -> bool:
+        return self.backlog.list_open(self._live(), claimed, ahead)
 
     def _start_batch(self, batch: list[Task]) -> int:
         """Start ``batch``: the plain tasks together (:meth:`Claimer.claim_many`), the others

@@ -29,15 +29,20 @@ class DueTimer:
         self._timer: threading.Timer | None = None
         self._closed = False
 
-    def plan(self, later: list[tuple[Task, bool]]) -> None:
-        """Replace the planned tasks with ``later`` (each with whether it is this member's)."""
+    def plan(self, later: list[tuple[Task, bool]], *, keep: bool = False) -> None:
+        """Replace the planned tasks with ``later`` (each with whether it is this member's);
+        ``keep``: those planned before stay too (a listing that did not read so far ahead),
+        as listed now where they are in ``later``."""
         future = []
         for task, own in later:
             assert task.run_at is not None
             future.append((task.run_at.timestamp() + (0.0 if own else self.others_grace),
                            task, own))
-        future.sort(key=lambda f: f[0])
         with self._lock:
+            if keep:
+                listed = {task.id for task, _ in later}
+                future += [f for f in self._future if f[1].id not in listed]
+            future.sort(key=lambda f: f[0])
             self._future = future
         self._arm()
 
