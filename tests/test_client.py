@@ -261,7 +261,8 @@ def test_progress_reported_by_a_handler_shows_in_list_and_show(cluster: Cluster)
 
     cluster.start_node()
     with cluster.client() as client:
-        ref = client.submit("diag.sleep", {"seconds": 4})
+        # long enough to be still running after the two CLI calls below, even on a busy box
+        ref = client.submit("diag.sleep", {"seconds": 10})
 
         def reported() -> bool:
             (view,) = [t for t in client.list() if t.id == ref.id]
@@ -272,7 +273,7 @@ def test_progress_reported_by_a_handler_shows_in_list_and_show(cluster: Cluster)
         assert ref.id in listing.output and "[####" in listing.output
         assert "/10" in listing.output
         shown = cluster.cli("task", "show", ref.id)
-        assert "progress" in shown.output and "of 4 s" in shown.output
+        assert "progress" in shown.output and "of 10 s" in shown.output
         final = client.wait(ref.id, timeout=30)
         assert final.attempts[-1].progress is not None
         assert (final.attempts[-1].progress.done, final.attempts[-1].progress.total) == (10, 10)

@@ -71,14 +71,22 @@ def spark_standalone(tmp_path: Path) -> Iterator[SparkStandalone]:
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
-    """The test run's one SparkSession (local[2], UI off, 2 shuffle partitions)."""
-    from runner.config import Settings
-    from runner.pipeline.spark import TEST_CONF, spark_session, stop_spark
-    session = spark_session(Settings.load(spark_master="local[2]", spark_conf=TEST_CONF,
-                                          spark_driver_memory="1g"), "latchwork-tests")
-    yield session
+def _spark_process() -> Iterator[None]:
+    """Stops the process's SparkSession at the end of the test run."""
+    from runner.pipeline.spark import stop_spark
+    yield
     stop_spark()
+
+
+@pytest.fixture
+def spark(_spark_process: None) -> Any:
+    """The process's SparkSession (local[2], UI off, 2 shuffle partitions), shared by the
+    tests of a run: created on first use, and again after a node closed in this process
+    stopped it (a node stops the process's session as it leaves)."""
+    from runner.config import Settings
+    from runner.pipeline.spark import TEST_CONF, spark_session
+    return spark_session(Settings.load(spark_master="local[2]", spark_conf=TEST_CONF,
+                                       spark_driver_memory="1g"), "latchwork-tests")
 
 
 @pytest.hookimpl(hookwrapper=True)
