@@ -346,6 +346,42 @@ def test_a_listing_after_a_finished_task_reads_up_to_now_and_keeps_what_was_plan
         timer.close()
 
 
+def test_a_listing_no_write_asked_for_reads_only_the_lanes_that_held_tasks(
+        store: GraphStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe of the lanes that held nothing goes with the reads ahead of now: a listing
+    after a finished task reads the lanes its last walk found tasks in (a task written there
+    is listed at once), and one a write asked for, or the first ``AHEAD_EVERY`` seconds after
+    the last that probed, finds a task written in a lane that was empty."""
+    from runner.tasks.worker import ready
+
+    timer = DueTimer(lambda: None)
+    backlog = Backlog(store, "m1", timer, Counter(), lambda task_id: False,
+                      settings=LoopSettings(workers=1))
+    probes: list[list[str]] = []
+    lanes = store.tasks.lanes
+    monkeypatch.setattr(store.tasks, "lanes", lambda asked: probes.append(asked) or lanes(asked))
+
+    def listed() -> list[str]:
+        return [t.id for t, _, _ in backlog.items]
+    try:
+        first = store.tasks.create("t")
+        assert backlog.list_open({"m1"}) and listed() == [first.id] and len(probes) == 1
+        urgent = store.tasks.create("t", priority=5)  # a lane that held nothing
+        same = store.tasks.create("t")  # the lane the last walk found a task in
+        assert backlog.list_open({"m1"}) and not backlog.ready.read_ahead
+        assert len(probes) == 1 and set(listed()) == {first.id, same.id}
+        assert backlog.list_open({"m1"}, ahead=True) and len(probes) == 2
+        assert listed()[0] == urgent.id  # the higher lane first
+        monkeypatch.setattr(ready, "AHEAD_EVERY", 0.2)
+        lower = store.tasks.create("t", priority=-3)
+        assert backlog.list_open({"m1"}) and lower.id not in listed() and len(probes) == 2
+        time.sleep(0.25)
+        assert backlog.list_open({"m1"}) and backlog.ready.read_ahead and len(probes) == 3
+        assert lower.id in listed()
+    finally:
+        timer.close()
+
+
 def test_priority_comes_before_preference(zk_namespace: ZkNamespace, store: GraphStore) -> None:
     split = preferred_split(store, ["m1", "m2"], 1)
     urgent = store.tasks.create("t", priority=5)
