@@ -348,10 +348,11 @@ def test_a_listing_after_a_finished_task_reads_up_to_now_and_keeps_what_was_plan
 
 def test_a_listing_no_write_asked_for_reads_only_the_lanes_that_held_tasks(
         store: GraphStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The probe of the lanes that held nothing goes with the reads ahead of now: a listing
-    after a finished task reads the lanes its last walk found tasks in (a task written there
-    is listed at once), and one a write asked for, or the first ``AHEAD_EVERY`` seconds after
-    the last that probed, finds a task written in a lane that was empty."""
+    """The lanes that held nothing are probed by a listing a write asked for, or the first
+    ``PROBE_EVERY`` seconds after the last probe (which need not read ahead of now): a
+    listing after a finished task reads the lanes its last walk found tasks in (a task
+    written there is listed at once), and one of those finds a task written in a lane that
+    was empty."""
     from runner.tasks.worker import ready
 
     timer = DueTimer(lambda: None)
@@ -372,11 +373,11 @@ def test_a_listing_no_write_asked_for_reads_only_the_lanes_that_held_tasks(
         assert len(probes) == 1 and set(listed()) == {first.id, same.id}
         assert backlog.list_open({"m1"}, ahead=True) and len(probes) == 2
         assert listed()[0] == urgent.id  # the higher lane first
-        monkeypatch.setattr(ready, "AHEAD_EVERY", 0.2)
+        monkeypatch.setattr(ready, "PROBE_EVERY", 0.2)
         lower = store.tasks.create("t", priority=-3)
         assert backlog.list_open({"m1"}) and lower.id not in listed() and len(probes) == 2
         time.sleep(0.25)
-        assert backlog.list_open({"m1"}) and backlog.ready.read_ahead and len(probes) == 3
+        assert backlog.list_open({"m1"}) and not backlog.ready.read_ahead and len(probes) == 3
         assert lower.id in listed()
     finally:
         timer.close()
@@ -792,13 +793,16 @@ def test_a_freed_worker_lists_once_its_share_allows_when_it_may_not_at_once(
     """A worker frees up with the backlog empty while listing again would pass listing's share
     of the time (the last listing was slow, as on a loaded machine): the follow-up does not
     list, and a pass comes when the share allows, so the task that waits is taken with no
-    interval scan (this loop has none for an hour)."""
+    interval scan (this loop has none for an hour). The task was written by another node,
+    which said so (TRIGGER_SCAN: :meth:`ReadyScan.ask`, the part of it that outlives a pass
+    with no worker free), so that listing reads its lane, which held nothing here."""
     held = Held()
     with one_worker_loop(zk_namespace, store, held) as (_, processor):
         first = processor.accept(store.tasks.new("t", {}))
         assert first.admission is Admission.STARTED
         assert held.started.wait(10)
         second = store.tasks.create("t")
+        processor.backlog.ready.ask()
         listings = processor.stats["listings"]
         processor.backlog.listed = (time.monotonic(), 0.5)  # no listing for a second
         assert not processor.backlog.may_relist()

@@ -111,6 +111,7 @@ class TaskLoop:
         late: :meth:`ReadyScan.rewind`)."""
         if behind is not None:
             self.backlog.ready.rewind(behind)
+        self.backlog.ready.ask()  # the next listing reads every lane, whenever it can run
         if not self._stopping.is_set():
             # the feeder's pass, after one under way: re-timing the interval's scan job would
             # be skipped by its scheduler while that job runs (its one instance), leaving a
@@ -180,6 +181,7 @@ class TaskLoop:
         if self.scanner.may_start(written):
             self.trigger()
             return Admitted(written, Admission.QUEUED)
+        self.backlog.ready.ask()  # a worker freed here lists it, if the others have not
         return Admitted(written, Admission.ELSEWHERE)
 
     def _start_new(self, task: Task) -> Slot | None:

@@ -1,18 +1,18 @@
 """ReadyScan: the next ready tasks a node tries, read a page at a time from the ready buckets
 (:mod:`runner.store.due`), so what a scan costs does not grow with the tasks that wait.
 
-One probe read says which lanes (priorities) hold a task (on a listing that reads ahead of now,
-see :data:`AHEAD_EVERY`; the others read the lanes whose last walk found tasks); in the highest
-of them, from the lane's cursor (the oldest second a WAITING task of the lane may have become
-ready in), it reads windows of seconds forward, one index lookup each (``task_queue`` in the
-window's keys, ``limit`` at most), narrow first (a dense backlog is read a second at a time, so
-the oldest go first) and wider while they come back empty, up to an hour while the window is
-past (a window over a minute that finds tasks is read again a quarter at a time, down to a
-minute; ahead of now a minute at most), until it has ``limit`` tasks or reaches the end of the
-ready horizon; then the next lane. A window asks for half as many again as the tasks still
-needed and keeps the oldest of them, so the order within a window holds while it is no denser
-than that (every row read costs its deserialisation; the nodes read the same oldest rows). A
-window read empty before any task was found moves the cursor past it.
+One probe read says which lanes (priorities) hold a task (see :data:`PROBE_EVERY`; the listings
+between read the lanes whose last walk found tasks); in the highest of them, from the lane's
+cursor (the oldest second a WAITING task of the lane may have become ready in), it reads
+windows of seconds forward, one index lookup each (``task_queue`` in the window's keys,
+``limit`` at most), narrow first (a dense backlog is read a second at a time, so the oldest go
+first) and wider while they come back empty, up to an hour while the window is past (a window
+over a minute that finds tasks is read again a quarter at a time, down to a minute; ahead of
+now a minute at most), until it has ``limit`` tasks or reaches the end of the ready horizon;
+then the next lane. A window asks for half as many again as the tasks still needed and keeps
+the oldest of them, so the order within a window holds while it is no denser than that (every
+row read costs its deserialisation; the nodes read the same oldest rows). A window read empty
+before any task was found moves the cursor past it.
 
 Why a cursor can only move forward: a task becomes ready at the moment of its change (its
 creation, being put back) or at its ``run_at``, never in the past; so the windows behind the
@@ -69,12 +69,20 @@ ORDERED = 60
 #: windows a walk reads in one lane at most (past tasks that cannot start, or empty ones)
 MAX_WINDOWS = 32
 #: seconds between two reads, by one node, of the windows past now (the tasks due within the
-#: horizon, which the due timer starts at their time) and of the lanes that held nothing
-#: (the probe), that no write asked for: a listing after each finished task reads the lanes
-#: that held tasks, up to now only (on a Gremlin Server the three minute-wide windows ahead
-#: were most of an idle cluster's reads, 20 ms each of the serial server's time, the probe
-#: 11 ms, and the paced submits queued behind them)
-AHEAD_EVERY = 2.0
+#: horizon, which the due timer starts at their time) that no write asked for: a listing
+#: after each finished task reads up to now only. On a Gremlin Server the three minute-wide
+#: windows ahead were most of an idle cluster's reads, about 20 ms each of the serial
+#: server's time, and the paced submits queued behind them: every 2 s, the p99 of 300 paced
+#: submits was 24 / 30 ms, every 10 s 17 / 18 ms. Safe while far below the horizon (180 s):
+#: a task due later is planned that long before its time, and a write of a task due soon asks
+#: for the read (TRIGGER_SCAN)
+AHEAD_EVERY = 10.0
+#: seconds between two probes, by one node, of the lanes that held nothing (one read, a
+#: lookup per lane: 11 ms of a serial Gremlin Server) that no write asked for: the others
+#: walk only the lanes whose last walk found tasks. A task put back in an empty lane without
+#: a TRIGGER_SCAN (one a node declined) is found by the first listing this long after the last
+#: probe
+PROBE_EVERY = 2.0
 
 
 class Floors(Protocol):
@@ -100,8 +108,10 @@ class ReadyScan:
         self.reads = 0  # index reads made (the bench's and the tests' measure)
         self.lane_reads = 0  # reads of a whole lane (the tests' measure)
         self._behind: datetime | None = None  # a rewind asked for, applied by the next read
+        self._asked = False  # a write asked for a listing (:meth:`ask`), not read since
         self._behind_lock = threading.Lock()
         self._ahead_at = -AHEAD_EVERY  # when a read last walked past now (monotonic)
+        self._probed_at = -PROBE_EVERY  # when a read last probed the lanes (monotonic)
         #: whether the last read walked to the end of the horizon (False: up to now only)
         self.read_ahead = True
 
@@ -112,6 +122,13 @@ class ReadyScan:
         floors back to it. Thread-safe: called from whoever heard of the write."""
         with self._behind_lock:
             self._behind = at if self._behind is None else min(self._behind, at)
+
+    def ask(self) -> None:
+        """A task was written that may start (here or by another node: a TRIGGER_SCAN): the
+        next read probes every lane and reads ahead of now, as one a write asked for does,
+        even when the listing it asked for could not run (no worker free). Thread-safe."""
+        with self._behind_lock:
+            self._asked = True
 
     def _rewound(self) -> None:
         with self._behind_lock:
@@ -133,21 +150,30 @@ class ReadyScan:
         they cost reads while they lead their lane, and never stop the tasks behind them.
 
         The walks go on past now to the end of the horizon (tasks due soon, for the due timer)
-        when ``ahead`` (a write asked for the read) or :data:`AHEAD_EVERY` seconds after the
-        last read that did; otherwise they end at now (:attr:`read_ahead` says which), and
-        only the lanes whose last walk found tasks are read: the probe of the others (one
-        read, a lookup per lane) goes with the reads ahead. A task written in a lane that was
-        empty comes with a write's TRIGGER_SCAN, or is found within :data:`AHEAD_EVERY`
-        seconds of the next listing (the interval's scan at the latest)."""
+        when ``ahead`` or :meth:`ask` (a write asked for the read) or :data:`AHEAD_EVERY`
+        seconds after the
+        last read that did; otherwise they end at now (:attr:`read_ahead` says which). The
+        lanes that held nothing are probed (one read, a lookup per lane) by those reads, and
+        otherwise at most every :data:`PROBE_EVERY` seconds; the listings between walk only the
+        lanes whose last walk found tasks. A task written in a lane that was empty comes with
+        its write's TRIGGER_SCAN, or is found by the first listing :data:`PROBE_EVERY` seconds
+        after the last probe (the interval's scan at the latest)."""
         self._rewound()
+        with self._behind_lock:
+            asked, self._asked = self._asked, False
         found: list[Task] = []
-        self.read_ahead = ahead or time.monotonic() - self._ahead_at >= AHEAD_EVERY
+        began = time.monotonic()
+        self.read_ahead = ahead or asked or began - self._ahead_at >= AHEAD_EVERY
         if self.read_ahead:
-            self._ahead_at = time.monotonic()
+            self._ahead_at = began
             end = codec.now() + timedelta(seconds=due.HORIZON + 2 * due.BUCKET)
         else:
             end = codec.now()
-        lanes = self._lanes_holding() if self.read_ahead else sorted(self._held)
+        if self.read_ahead or began - self._probed_at >= PROBE_EVERY:
+            self._probed_at = began
+            lanes = self._lanes_holding()
+        else:
+            lanes = sorted(self._held)
         for lane in lanes:
             found += self._lane(lane, limit - len(found), end, startable)
             self._publish(lane)
@@ -156,9 +182,9 @@ class ReadyScan:
         return found
 
     def _lanes_holding(self) -> list[str]:
-        """The lanes that hold a ready or running task (one read; every listing that reads ahead
-        asks: a task submitted a moment ago is listed by the scan its write asked for); the cursors
-        of the others move to now. A lane whose last walk found tasks is taken as holding some
+        """The lanes that hold a ready or running task (one read, :data:`PROBE_EVERY`: a task
+        submitted a moment ago is listed by the scan its write asked for); the cursors of the
+        others move to now. A lane whose last walk found tasks is taken as holding some
         without being asked about (its walk says otherwise at once): a graph whose index lookup
         goes through every vertex with the value (TinkerGraph 3.5 copies the set before
         ``limit(1)``) would pay for the lane's every waiting task once per listing; the lanes asked
