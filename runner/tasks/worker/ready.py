@@ -109,7 +109,7 @@ class ReadyScan:
         self.lane_reads = 0  # reads of a whole lane (the tests' measure)
         self._behind: datetime | None = None  # a rewind asked for, applied by the next read
         self._asked = False  # a write asked for a listing (:meth:`ask`), not read since
-        self._behind_lock = threading.Lock()
+        self._behind_lock = threading.Lock()  # over _behind and _asked
         self._ahead_at = -AHEAD_EVERY  # when a read last walked past now (monotonic)
         self._probed_at = -PROBE_EVERY  # when a read last probed the lanes (monotonic)
         #: whether the last read walked to the end of the horizon (False: up to now only)
@@ -149,15 +149,14 @@ class ReadyScan:
         type this node lacks) are walked past, at most :data:`MAX_WINDOWS` windows a lane: so
         they cost reads while they lead their lane, and never stop the tasks behind them.
 
-        The walks go on past now to the end of the horizon (tasks due soon, for the due timer)
-        when ``ahead`` or :meth:`ask` (a write asked for the read) or :data:`AHEAD_EVERY`
-        seconds after the
-        last read that did; otherwise they end at now (:attr:`read_ahead` says which). The
+        The walks go on past now to the end of the horizon (tasks due soon, for the due timer) when
+        ``ahead`` or :meth:`ask` (a write asked for the read) or :data:`AHEAD_EVERY` seconds after
+        the last read that did; otherwise they end at now (:attr:`read_ahead` says which). The
         lanes that held nothing are probed (one read, a lookup per lane) by those reads, and
         otherwise at most every :data:`PROBE_EVERY` seconds; the listings between walk only the
-        lanes whose last walk found tasks. A task written in a lane that was empty comes with
-        its write's TRIGGER_SCAN, or is found by the first listing :data:`PROBE_EVERY` seconds
-        after the last probe (the interval's scan at the latest)."""
+        lanes whose last walk found tasks. A task written in a lane that was empty comes with its
+        write's TRIGGER_SCAN, or is found by the first listing :data:`PROBE_EVERY` seconds after
+        the last probe (the interval's scan at the latest)."""
         self._rewound()
         with self._behind_lock:
             asked, self._asked = self._asked, False
@@ -182,9 +181,9 @@ class ReadyScan:
         return found
 
     def _lanes_holding(self) -> list[str]:
-        """The lanes that hold a ready or running task (one read, :data:`PROBE_EVERY`: a task
-        submitted a moment ago is listed by the scan its write asked for); the cursors of the
-        others move to now. A lane whose last walk found tasks is taken as holding some
+        """The lanes that hold a ready or running task (one read, when :meth:`read` probes: a
+        task submitted a moment ago is listed by the scan its write asked for); the cursors of
+        the others move to now. A lane whose last walk found tasks is taken as holding some
         without being asked about (its walk says otherwise at once): a graph whose index lookup
         goes through every vertex with the value (TinkerGraph 3.5 copies the set before
         ``limit(1)``) would pay for the lane's every waiting task once per listing; the lanes asked
