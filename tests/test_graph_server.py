@@ -19,7 +19,9 @@ import pytest
 from coord.testing import NodeProcess, TcpProxy, wait_until
 from coord.testing.plugin import ZkNamespace
 from messaging.testing.plugin import AmqpNamespace
+from runner.errors import StoreUnavailable
 from runner.store import AttemptStatus
+from runner.store.remote import RemoteGraph
 from runner.testing.cluster import Cluster
 from runner.testing.gremlinserver import GremlinServer
 
@@ -87,6 +89,37 @@ def test_a_silenced_link_delays_the_ends_and_loses_none(
     assert all(node.is_alive() for node in server_cluster.nodes.values())
     status = server_cluster.cli("cluster", "status")
     assert status.exit_code == 0 and all(m in status.output for m in members), status.output
+
+
+def test_a_call_over_a_silenced_link_keeps_its_deadline_when_it_connects_anew(
+        link: TcpProxy) -> None:
+    """Every call has its deadline, the connect of a new connection included: over a link
+    gone silent, the first read times out on its pooled connection and the next ones on the
+    new connections they open (the driver's own connect waited up to 300 s for a handshake,
+    holding every caller of the store behind it); once the link heals, reads work again."""
+    graph = RemoteGraph(f"ws://127.0.0.1:{link.port}/gremlin", atomicity="serial",
+                        timeout=1.0)
+    try:
+        assert graph.read(lambda g: g.inject(1).to_list()) == [1]
+        link.blackhole()
+        try:
+            for _ in range(3):
+                began = time.monotonic()
+                with pytest.raises(StoreUnavailable, match="no answer in time"):
+                    graph.read(lambda g: g.inject(2).to_list())
+                assert time.monotonic() - began < 10.0
+        finally:
+            link.heal()
+        assert wait_until(lambda: _answers(graph), 30, 0.2)
+    finally:
+        graph.close()
+
+
+def _answers(graph: RemoteGraph) -> bool:
+    try:
+        return bool(graph.read(lambda g: g.inject(3).to_list()) == [3])
+    except StoreUnavailable:
+        return False
 
 
 def test_a_graph_server_restarted_cleanly_keeps_its_data_and_the_cluster_goes_on(

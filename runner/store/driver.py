@@ -1,7 +1,8 @@
 """What the store changes of gremlinpython's driver (3.7) for a remote graph
 (:class:`~runner.store.remote.RemoteGraph`): requests answered in the calling thread
-(:func:`lean`), and reads answered in GraphSON 3 on the same connections
-(:func:`graphson_reads`); the encodings themselves are in :mod:`runner.store.wire`. Each keeps
+(:func:`lean`), reads answered in GraphSON 3 on the same connections
+(:func:`graphson_reads`), and a deadline on every connect (:class:`DeadlineTransport`); the
+encodings themselves are in :mod:`runner.store.wire`. Each keeps
 the driver's requests and answers, and leaves the driver as it is where its internals are not
 the ones this was written for. What they saved is in docs/runner.md ("The driver's share").
 
@@ -13,17 +14,58 @@ own reader puts it back.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import queue
 import uuid
+from collections.abc import Callable
 from typing import Any
 
+import aiohttp
 from gremlin_python.driver import request
+from gremlin_python.driver.aiohttp.transport import AiohttpTransport
 from gremlin_python.driver.remote_connection import RemoteTraversal
 from gremlin_python.driver.resultset import ResultSet
 from gremlin_python.process.traversal import Bytecode
 
 from runner.store.wire import GraphSONReader
+
+
+class DeadlineTransport(AiohttpTransport):  # type: ignore[misc]  # untyped driver
+    """The driver's websocket transport whose connect has the read deadline too, and which
+    closes itself when the connect fails.
+
+    The driver's own connect has none: aiohttp's session waits up to 300 s for the handshake,
+    so a new connection over a link that went silent (nothing answers, nothing is closed) held
+    a read or write that far past its deadline, and every other caller waiting for the
+    store's lock with it. A connect that failed left its transport (an event loop and a
+    session) open; the garbage collector closed it later, in whatever thread it ran."""
+
+    def connect(self, url: str, headers: Any = None) -> None:
+        async def connect() -> None:
+            self._client_session = aiohttp.ClientSession()
+            async with asyncio.timeout(self._read_timeout):
+                self._websocket = await self._client_session.ws_connect(
+                    url, **self._aiohttp_kwargs, headers=headers)
+
+        try:
+            self._loop.run_until_complete(connect())
+        except BaseException as exc:
+            self.close()
+            if isinstance(exc, aiohttp.ClientResponseError) and exc.status == 403:
+                # the driver's own words: the error's text may hold the credentials
+                raise Exception("Failed to connect to server: HTTP Error code 403 - "
+                                "Forbidden.") from None
+            raise
+
+
+def deadline_transports(options: dict[str, Any]) -> Callable[[], DeadlineTransport]:
+    """A ``transport_factory`` for ``DriverRemoteConnection`` that makes what its default one
+    makes from the same ``options`` (``read_timeout``, ``write_timeout``, ``ssl_options``),
+    as :class:`DeadlineTransport`."""
+    kept = {key: options[key] for key in ("read_timeout", "write_timeout", "ssl_options")
+            if key in options}
+    return functools.partial(DeadlineTransport, max_content_length=10 * 1024 * 1024, **kept)
 
 
 def lean(remote: Any) -> Any:

@@ -19,7 +19,7 @@ from gremlin_python.process.anonymous_traversal import traversal
 
 from runner.errors import StoreUnavailable, WriteRaceLost
 from runner.store.calls import CallStats
-from runner.store.driver import graphson_reads, lean
+from runner.store.driver import deadline_transports, graphson_reads, lean
 from runner.store.wire import GraphSONReader, graphbinary
 
 log = logging.getLogger("latchwork.store")
@@ -93,6 +93,7 @@ class RemoteGraph:
         if ca_file is not None or url.startswith("wss://"):
             import ssl
             self._options["ssl_options"] = ssl.create_default_context(cafile=ca_file)
+        self._options["transport_factory"] = deadline_transports(self._options)
         self._lock = threading.Lock()
         self._remote: Any = None
         self._g: Any = None
@@ -247,11 +248,14 @@ class RemoteGraph:
             except Exception as exc:
                 text = str(exc).lower()
                 answer.append(False if "transaction" in text or "not support" in text else exc)
+            finally:  # in this thread, once the commit answered or its read timed out: a
+                # close from another thread while this one reads fails, and leaves the
+                # session's connection open
+                _close_quietly(probe_remote)
 
         thread = threading.Thread(target=probe, daemon=True, name="gremlin-tx-probe")
         thread.start()
         thread.join(deadline)
-        _close_later(probe_remote)
         if not answer:
             log.info("Gremlin Server %s: no answer to a commit in %gs: no transactions",
                      self.url, deadline)
