@@ -53,7 +53,7 @@ lint: setup
 	$(VENV)/bin/mypy
 
 pytest: setup
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -n 2 --dist loadfile
 
 test: lint pytest
 
