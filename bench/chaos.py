@@ -136,6 +136,7 @@ from runner.store import Attempt, AttemptStatus, GraphStore, Task, codec, open_s
 from runner.store.remote import SERIAL
 from runner.tasks.features.diag import AppendRecord, appended, effects
 from runner.tasks.master import schedules
+from runner.tasks.master.duties import FULL_REAP_INTERVAL
 from runner.tasks.master.schedules import ScheduleSpec
 from runner.testing.chaoscommands import COMMAND, EFFECTS, RUNS
 from runner.testing.gremlinserver import GremlinServer
@@ -761,7 +762,11 @@ def left_lock(run: Run, reader: Session, task_id: str) -> str:
     client = reader.client
     members = set(read_members(reader))
     parts = []
-    for child in client.get_children(f"/locks/tasks/{task_id}"):
+    try:
+        children = client.get_children(f"/locks/tasks/{task_id}")
+    except NoNodeError:  # pruned since it was listed
+        return f"{task_id}: pruned while the figures were read"
+    for child in children:
         try:
             data, stat = client.get(f"/locks/tasks/{task_id}/{child}")
         except NoNodeError:
@@ -976,9 +981,11 @@ def chaos(profile_name: str, seed: int, keep: Path | None,
             drain = time.monotonic() - last_fault
             run.say(f"drained={ok} in {drain:.1f}s")
             # no lock is held once every task ended; the master prunes parents left by
-            # sessions that expired (allow it a few reaper passes)
+            # sessions that expired, in its full passes (every FULL_REAP_INTERVAL, or when a
+            # member left): allow it three (one, 10 s, was too short on a loaded machine)
             wait_until(lambda: not reader.client.exists("/locks/tasks")
-                       or reader.client.get_children("/locks/tasks") == [], 10, 0.25)
+                       or reader.client.get_children("/locks/tasks") == [],
+                       3 * FULL_REAP_INTERVAL, 0.25)
             result = figures(run, reader)
             if not ok:  # what the broker holds, for the log (a message nobody consumes, ...)
                 for what in (["list_queues", "name", "messages_ready",

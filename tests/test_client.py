@@ -333,9 +333,12 @@ def test_top_and_follow_show_a_live_cluster(cluster: Cluster) -> None:
         wide = cluster.cli("top", "--once", "--wide")
         assert wide.exit_code == 0 and any(t.id in wide.output for t in busy), wide.output
 
+        # a task of its own, followed from its submit: the busy ones may have ended while the
+        # two CLI calls above ran (each a process of its own, slow on a loaded box)
+        followed = client.submit("diag.sleep", {"seconds": 3})
         lines: list[str] = []
-        assert follow(client, busy[0].id, lines.append, poll=0.2) == 0
-        assert lines[-1] == f"task {busy[0].id} finished"
+        assert follow(client, followed.id, lines.append, poll=0.2) == 0
+        assert lines[-1] == f"task {followed.id} finished"
         assert any("running" in line for line in lines)
         assert any("succeeded" in line for line in lines)
         assert follow(client, failed.id, lines.append, poll=0.2) == 1

@@ -89,7 +89,9 @@ def test_incidents_are_raised_once_resolved_and_heard(
     try:
         members = [c.start_node() for _ in range(3)]
         with c.client() as client:
-            slow = client.submit("watched.slow", {"seconds": 6}).id
+            # long enough to be still running through the two CLI calls below (each a process
+            # of its own: 6 s ended before them on a loaded box)
+            slow = client.submit("watched.slow", {"seconds": 15}).id
             broken = client.submit("watched.broken", {}).id
 
             def open_kinds() -> set[str]:
