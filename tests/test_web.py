@@ -94,7 +94,8 @@ def test_every_page_answers_from_the_cluster(cluster: Cluster) -> None:
 def test_live_fragments_follow_a_running_task(cluster: Cluster) -> None:
     cluster.start_node()
     with cluster.client() as client, console(cluster) as web:
-        task = client.submit("diag.sleep", {"seconds": 3})
+        # running through the checks below on a loaded box too (3 s left little margin)
+        task = client.submit("diag.sleep", {"seconds": 8})
         assert wait_until(lambda: task.id in web.get("/tasks/running").text, 30, 0.2)
         (attempt,) = cluster.store.attempts.for_task(task.id)  # a checkpoint, as its owner
         cluster.store.checkpoints.commit(Fence(task.id, attempt.fence, attempt.id),

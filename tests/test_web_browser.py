@@ -126,7 +126,8 @@ def test_the_console_in_a_browser(cluster: Cluster) -> None:
 
         # kill -9 the node running a task: CANCELLED_BY_SYSTEM appears, then the next attempt
         with cluster.client() as client:
-            victim = client.submit("diag.sleep", {"seconds": 6})
+            # still running when it is killed, after two page loads and a screenshot
+            victim = client.submit("diag.sleep", {"seconds": 12})
         owner = cluster.wait_running_on(victim.id)
         await page.goto(url + "/cluster")  # the live view names the task and its lock
         await page.wait_for_selector(f"#locks a[href='/tasks/{victim.id}']", timeout=10_000)
