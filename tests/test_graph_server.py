@@ -94,9 +94,10 @@ def test_a_silenced_link_delays_the_ends_and_loses_none(
 def test_a_call_over_a_silenced_link_keeps_its_deadline_when_it_connects_anew(
         link: TcpProxy) -> None:
     """Every call has its deadline, the connect of a new connection included: over a link
-    gone silent, the first read times out on its pooled connection and the next ones on the
-    new connections they open (the driver's own connect waited up to 300 s for a handshake,
-    holding every caller of the store behind it); once the link heals, reads work again."""
+    gone silent, each read times out whether it finds an open connection in the pool or must
+    open one (the pool opens its connections as they are first used; the driver's own
+    connect waited up to 300 s for a handshake: the first read here took 300.7 s); once the
+    link heals, reads work again."""
     graph = RemoteGraph(f"ws://127.0.0.1:{link.port}/gremlin", atomicity="serial",
                         timeout=1.0)
     try:
