@@ -53,7 +53,7 @@ lint: setup
 	$(VENV)/bin/mypy
 
 pytest: setup
-	$(VENV)/bin/pytest -n 2 --dist loadfile --durations=25
+	$(VENV)/bin/pytest --durations=25
 
 test: lint pytest
 
