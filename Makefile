@@ -13,7 +13,7 @@ APT_PACKAGES := zookeeper rabbitmq-server default-jre-headless chromium
 # As root use apt-get directly; otherwise through sudo.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help setup apt-packages venv test lint pytest demo bench chaos diagrams screenshots pyfiles clean
+.PHONY: help setup apt-packages venv test lint pytest demo bench chaos fuzz diagrams screenshots pyfiles clean
 
 help:
 	@echo "make setup  - Debian packages (zookeeper, rabbitmq-server, JDK, chromium) + .venv + pip install -e .[dev] + the Gremlin Server's jars"
@@ -22,6 +22,7 @@ help:
 	@echo "make lint   - ruff and mypy only"
 	@echo "make bench  - the benchmarks in bench/ (each prints its ratio last)"
 	@echo "make chaos  - the full chaos profile: faults under load, one JSON table, exit 1 if a guarantee broke"
+	@echo "make fuzz   - the fuzzers of tests/test_fuzz.py with 50,000 inputs each (the suite runs 2,000)"
 	@echo "make diagrams - render diagrams/*.puml to SVG (installs the Debian plantuml package when missing)"
 	@echo "make screenshots - the README's pictures of the web console, taken by its browser suite"
 	@echo "make pyfiles - dist/latchwork-pyfiles.zip for spark-submit --py-files"
@@ -66,6 +67,10 @@ bench: setup
 
 chaos: setup
 	$(PY) bench/chaos.py --profile full $(CHAOS_ARGS)
+
+# the fuzzers of tests/test_fuzz.py with 50,000 inputs each (the suite runs 2,000)
+fuzz: setup
+	LATCHWORK_FUZZ_EXAMPLES=50000 $(VENV)/bin/pytest -q tests/test_fuzz.py
 
 # the browser suite saves the cluster and task pages of a live run (docs/images/web-*.png)
 screenshots: setup
