@@ -129,7 +129,8 @@ def test_killed_node_mid_task_is_freed_by_the_master_and_finished_elsewhere(
         cluster: Cluster, zk_client: KazooClient) -> None:
     for _ in range(3):
         cluster.start_node()
-    task_id = cluster.submit("diag.sleep", {"seconds": 3})
+    # long enough to be still running when the kill comes on a loaded box (3 s once was not)
+    task_id = cluster.submit("diag.sleep", {"seconds": 6})
     victim = cluster.wait_running_on(task_id)
     cluster.nodes[victim].kill()
     done = cluster.wait_finished(task_id, timeout=60)
@@ -260,7 +261,7 @@ def test_a_frozen_owner_wakes_up_and_cannot_overwrite_the_new_owners_result(
         cluster: Cluster, zk_client: KazooClient) -> None:
     for _ in range(2):
         cluster.start_node()
-    task_id = cluster.submit("diag.sleep", {"seconds": 3})
+    task_id = cluster.submit("diag.sleep", {"seconds": 6})  # still running when paused
     victim = cluster.wait_running_on(task_id)
     cluster.pause(victim)  # a long GC pause: its session expires, its lock is freed
     done = cluster.wait_finished(task_id, timeout=60)
@@ -313,7 +314,7 @@ def test_an_owner_frozen_past_its_session_cannot_finish_the_task_the_master_took
             c.start_node()
         busy = c.submit("diag.sleep", {"seconds": 120})
         busy_owner = c.wait_running_on(busy)
-        task_id = c.submit("diag.sleep", {"seconds": 4})
+        task_id = c.submit("diag.sleep", {"seconds": 8})  # still running when paused
         owner = c.wait_running_on(task_id)
         assert owner != busy_owner  # the busy node has no free worker
         c.pause(owner)

@@ -357,7 +357,7 @@ def test_bad_submissions_get_clear_errors(make: Callable[..., Cluster]) -> None:
                   "--payload", '{"seconds": 0}')
     assert again.exit_code == 2 and "exists already" in again.output
     with c.client() as client:
-        running = client.submit("diag.sleep", {"seconds": 5}).id
+        running = client.submit("diag.sleep", {"seconds": 15}).id  # running through the CLI
         c.wait_running_on(running)
         refused = c.cli("task", "skip", running)
         assert refused.exit_code != 0 and "cancel it first" in refused.output
