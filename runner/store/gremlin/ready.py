@@ -6,14 +6,14 @@ reach raises ``StoreUnavailable``."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gremlin_python.process.graph_traversal import __
 
 from runner.store import due
 from runner.store.graph import Graph
-from runner.store.gremlin.rows import TASK_ROW, TaskRows, task_from_row
+from runner.store.gremlin.rows import TASK_ROW, task_from_row
 from runner.store.gremlin.steps import any_of, chunks
 from runner.store.migrations.format import FORMAT_KEY, FORMAT_KEY_VALUE
 from runner.store.model import Task
@@ -48,42 +48,22 @@ _ANCHORED = "@format"
 
 
 def ready_page(graph: Graph, lane: str, seconds: Sequence[str], limit: int,
-               known: TaskRows | None = None) -> list[Task]:
+               decode: Callable[[Mapping[Any, Any]], Task] = task_from_row) -> list[Task]:
     """Up to ``limit`` WAITING tasks of ``lane`` that became ready in one of ``seconds``
-    (``YYYYMMDDHHMMSS``): one index lookup, in no particular order.
-
-    With ``known`` (the store's :class:`~runner.store.gremlin.rows.TaskRows`) the lookup
-    answers ids and versions, and a second read the rows of the tasks ``known`` does not hold
-    at that version: a node lists the same waiting tasks again and again, and a whole row is
-    ten times an id and a version. A task changed between the two reads (claimed meanwhile)
-    is left out: it is no longer where the page found it."""
+    (``YYYYMMDDHHMMSS``): one index lookup, in no particular order; each row made a task by
+    ``decode`` (the store's :class:`~runner.store.gremlin.rows.TaskRows`)."""
     keys = [due.ready_key(lane, s) for s in seconds]
     # a graph that answers each value by its own lookup gets them a few hundred a read (the
     # traversal's size stays well under a server's 64 KiB request limit)
-    fields = TASK_ROW if known is None else _NAMED
     rows: list[dict[Any, Any]] = []
     for part in chunks(keys, max(1, len(keys)) if graph.within_indexed else READY_KEYS):
         def page(g: Any, part: Sequence[str] = part, left: int = limit - len(rows)) -> Any:
             return any_of(graph, g, "task_queue", part).limit(left)\
-                .element_map(*fields).to_list()
+                .element_map(*TASK_ROW).to_list()
         rows += graph.read(page)
         if len(rows) >= limit:
             break
-    if known is None:
-        return [task_from_row(row) for row in rows]
-    found = [(row["task_id"], int(row["task_version"])) for row in rows]
-    missing = [task_id for task_id, version in found if known.get(task_id, version) is None]
-    for part in chunks(missing, READY_KEYS):
-        def whole(g: Any, part: Sequence[str] = part) -> Any:
-            return any_of(graph, g, "task_id", part).element_map(*TASK_ROW).to_list()
-        for row in graph.read(whole):
-            known.decode(row)
-    return [task for task_id, version in found
-            if (task := known.get(task_id, version)) is not None]
-
-
-#: what a page's lookup reads of each task when the tasks it knows are kept
-_NAMED = ("task_id", "task_version")
+    return [decode(row) for row in rows]
 
 
 def lane_seconds(graph: Graph, lane: str) -> list[str]:

@@ -143,36 +143,29 @@ def task_from_row(row: Mapping[Any, Any]) -> Task:
 
 
 class TaskRows:
-    """The waiting tasks the ready pages decoded (the last ``size``), by id and version: the
-    task loop reads the same waiting tasks in page after page (every node reads the oldest,
-    and leaves the others' to them for a while). A page reads ids and versions first, then
-    the rows of the tasks not kept (:func:`runner.store.gremlin.ready.ready_page`): under load
-    a node read and decoded 3 to 5 full rows per task it started, a quarter of its CPU.
-
-    A task's id and version name one row: every change of a task moves its version (the
-    write algebra's :class:`~runner.store.gremlin.writes.TaskChange`). What changes a row and
-    no version is never a waiting task's: a checkpoint is fenced by a RUNNING attempt, a
-    promotion moves the indexes only (``task_queue``, ``task_lane``: not in
-    :data:`TASK_ROW`), and a format migration runs with no node up (unless forced)."""
+    """:func:`task_from_row` with the tasks it decoded kept by their row's values (the last
+    ``size``): the task loop reads the same waiting tasks in page after page (every node reads
+    the oldest, and leaves the others' to them for a while), and decoding a row was a tenth of
+    a node's CPU under load, 3 to 5 times per task it started. A row whose values are all the
+    same decodes to the same task (a task is frozen; a change moves its version and state)."""
 
     def __init__(self, size: int = 4096) -> None:
         self.size = size
-        self._tasks: dict[tuple[str, int], Task] = {}
+        self._tasks: dict[tuple[Any, ...], Task] = {}
         self._lock = threading.Lock()  # the eviction walks the dict: one thread at a time
 
     def __len__(self) -> int:
         return len(self._tasks)
 
-    def get(self, task_id: str, version: int) -> Task | None:
-        return self._tasks.get((task_id, version))
-
     def decode(self, row: Mapping[Any, Any]) -> Task:
-        """The task of ``row``, kept."""
-        task = task_from_row(row)
-        with self._lock:
-            self._tasks[(task.id, task.version)] = task
-            if len(self._tasks) > self.size:  # the oldest decoded first
-                del self._tasks[next(iter(self._tasks))]
+        key = tuple(map(row.get, TASK_ROW))
+        task = self._tasks.get(key)
+        if task is None:
+            task = task_from_row(row)
+            with self._lock:
+                self._tasks[key] = task
+                if len(self._tasks) > self.size:  # the oldest decoded first
+                    del self._tasks[next(iter(self._tasks))]
         return task
 
 

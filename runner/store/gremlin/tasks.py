@@ -64,7 +64,7 @@ def read_task(graph: Graph, task_id: str) -> Task:
 class GremlinTaskStore:
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
-        self.ready_rows = TaskRows()  # the tasks the ready pages decoded, by id and version
+        self.ready_rows = TaskRows()  # the tasks the ready pages decoded, by their rows
 
     def create(self, type: str, payload: Mapping[str, Any] | None = None, *,
                unique_key: str | None = None, priority: int = 0,
@@ -165,7 +165,7 @@ class GremlinTaskStore:
         return ready.lanes(self.graph, among)
 
     def ready_page(self, lane: str, seconds: Sequence[str], limit: int) -> list[Task]:
-        return ready.ready_page(self.graph, lane, seconds, limit, self.ready_rows)
+        return ready.ready_page(self.graph, lane, seconds, limit, self.ready_rows.decode)
 
     def lane_seconds(self, lane: str) -> list[str]:
         return ready.lane_seconds(self.graph, lane)
