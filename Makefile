@@ -54,7 +54,7 @@ lint: setup
 	$(VENV)/bin/mypy
 
 pytest: setup
-	$(VENV)/bin/pytest --durations=25
+	$(VENV)/bin/pytest -n 2 --dist loadfile --durations=25
 
 test: lint pytest
 
