@@ -1534,39 +1534,3 @@ def test_tasks_that_cannot_start_do_not_stop_the_tasks_behind_them(store: GraphS
     assert len([t for t in page if t.id in keyed]) == 1  # the key's first as read
     assert set(plain) <= {t.id for t in page} and not set(foreign) & {t.id for t in page}
     assert len(page) == 6 and scan.reads < 40
-
-
-def test_a_ready_page_decodes_a_task_again_only_when_its_row_changed(store: GraphStore) -> None:
-    """The ready pages keep the tasks they decoded by their rows' values
-    (``TaskRows``): a task read again unchanged is the task decoded before (no second decode);
-    a change of any of its properties (here its payload, then its priority, each through a
-    guarded write that moves its version) is what the next page gives; the kept tasks are
-    bounded."""
-    from runner.store.gremlin.rows import TaskRows
-
-    (task_id,) = _create_waiting(store, 1)
-    lane = due.lane_of(0)
-    seconds = store.tasks.lane_seconds(lane)
-    first = store.tasks.ready_page(lane, seconds, 5)
-    assert [t.id for t in first] == [task_id]
-    assert store.tasks.ready_page(lane, seconds, 5)[0] is first[0]  # kept, not decoded again
-
-    changed = store.tasks.update(task_id, first[0].version, None, payload={"n": "new"})
-    page = store.tasks.ready_page(lane, store.tasks.lane_seconds(lane), 5)
-    assert page == [changed] and page[0].payload == {"n": "new"}
-    assert page[0].version == first[0].version + 1
-    assert store.tasks.get(task_id) == page[0]
-
-    rows = TaskRows(size=2)
-    made = [rows.decode({**_row(store, task_id), "task_version": v}) for v in range(3)]
-    assert [t.version for t in made] == [0, 1, 2] and len(rows) == 2
-    assert rows.decode({**_row(store, task_id), "task_version": 2}) is made[2]
-    assert rows.decode({**_row(store, task_id), "task_version": 0}) is not made[0]  # evicted
-
-
-def _row(store: GraphStore, task_id: str) -> dict[Any, Any]:
-    from runner.store.gremlin.rows import TASK_ROW
-
-    (row,) = store.graph.read(lambda g: g.V().has("task_id", task_id)
-                              .element_map(*TASK_ROW).to_list())
-    return dict(row)

@@ -6,7 +6,7 @@ reach raises ``StoreUnavailable``."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from gremlin_python.process.graph_traversal import __
@@ -47,11 +47,9 @@ def lanes(graph: Graph, among: Sequence[str] | None = None) -> list[str]:
 _ANCHORED = "@format"
 
 
-def ready_page(graph: Graph, lane: str, seconds: Sequence[str], limit: int,
-               decode: Callable[[Mapping[Any, Any]], Task] = task_from_row) -> list[Task]:
+def ready_page(graph: Graph, lane: str, seconds: Sequence[str], limit: int) -> list[Task]:
     """Up to ``limit`` WAITING tasks of ``lane`` that became ready in one of ``seconds``
-    (``YYYYMMDDHHMMSS``): one index lookup, in no particular order; each row made a task by
-    ``decode`` (the store's :class:`~runner.store.gremlin.rows.TaskRows`)."""
+    (``YYYYMMDDHHMMSS``): one index lookup, in no particular order."""
     keys = [due.ready_key(lane, s) for s in seconds]
     # a graph that answers each value by its own lookup gets them a few hundred a read (the
     # traversal's size stays well under a server's 64 KiB request limit)
@@ -63,7 +61,7 @@ def ready_page(graph: Graph, lane: str, seconds: Sequence[str], limit: int,
         rows += graph.read(page)
         if len(rows) >= limit:
             break
-    return [decode(row) for row in rows]
+    return [task_from_row(row) for row in rows]
 
 
 def lane_seconds(graph: Graph, lane: str) -> list[str]:

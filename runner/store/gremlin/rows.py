@@ -4,7 +4,6 @@ decoders from a ``valueMap``-style row back to the model. An unknown stored form
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -140,33 +139,6 @@ def task_from_row(row: Mapping[Any, Any]) -> Task:
         ordering_key=row.get("task_okey"), resources=tuple(state.get("resources", ())),
         skipped=bool(state.get("skipped", False)), stop_reason=state.get("stop_reason"),
         checkpoint=checkpoint_from_meta(row.get("task_ckpt_meta")), timeout=state.get("timeout"))
-
-
-class TaskRows:
-    """:func:`task_from_row` with the tasks it decoded kept by their row's values (the last
-    ``size``): the task loop reads the same waiting tasks in page after page (every node reads
-    the oldest, and leaves the others' to them for a while), and decoding a row was a tenth of
-    a node's CPU under load, 3 to 5 times per task it started. A row whose values are all the
-    same decodes to the same task (a task is frozen; a change moves its version and state)."""
-
-    def __init__(self, size: int = 4096) -> None:
-        self.size = size
-        self._tasks: dict[tuple[Any, ...], Task] = {}
-        self._lock = threading.Lock()  # the eviction walks the dict: one thread at a time
-
-    def __len__(self) -> int:
-        return len(self._tasks)
-
-    def decode(self, row: Mapping[Any, Any]) -> Task:
-        key = tuple(map(row.get, TASK_ROW))
-        task = self._tasks.get(key)
-        if task is None:
-            task = task_from_row(row)
-            with self._lock:
-                self._tasks[key] = task
-                if len(self._tasks) > self.size:  # the oldest decoded first
-                    del self._tasks[next(iter(self._tasks))]
-        return task
 
 
 def attempt_from_row(row: Mapping[Any, Any]) -> Attempt:

@@ -23,7 +23,6 @@ from runner.store.graph import Graph
 from runner.store.gremlin import checkpoints, ready
 from runner.store.gremlin.rows import (
     TASK_ROW,
-    TaskRows,
     task_from_row,
     task_props,
 )
@@ -64,7 +63,6 @@ def read_task(graph: Graph, task_id: str) -> Task:
 class GremlinTaskStore:
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
-        self.ready_rows = TaskRows()  # the tasks the ready pages decoded, by their rows
 
     def create(self, type: str, payload: Mapping[str, Any] | None = None, *,
                unique_key: str | None = None, priority: int = 0,
@@ -165,7 +163,7 @@ class GremlinTaskStore:
         return ready.lanes(self.graph, among)
 
     def ready_page(self, lane: str, seconds: Sequence[str], limit: int) -> list[Task]:
-        return ready.ready_page(self.graph, lane, seconds, limit, self.ready_rows.decode)
+        return ready.ready_page(self.graph, lane, seconds, limit)
 
     def lane_seconds(self, lane: str) -> list[str]:
         return ready.lane_seconds(self.graph, lane)
