@@ -101,7 +101,6 @@ CLIENT = textwrap.dedent("""
                 for first in range(0, len(won), batch):
                     store.conclude_many([Conclusion.of(a, AttemptStatus.SUCCEEDED, t, finished)
                                          for t, a in won[first:first + batch]])
-                return {"ended": len(won)}
 
             part("add_many, pages of 500", add, rnd)
             part(f"ready pages of 64 rows, one per {page_every} tasks", pages, rnd)
@@ -159,6 +158,9 @@ def report(lines: list[dict[str, float | str]], remote: bool) -> None:
         print(f"| {name} | {server} | {median['client']:.3f} | {median['wall']:.3f} |")
     server = f"{total['server']:.3f}" if remote else "-"
     print(f"| the loop's parts (pages, claims, ends) | {server} | {total['client']:.3f} | |")
+    rows = [float(line["rows_per_page"]) for line in lines if "rows_per_page" in line]
+    if rows:  # fewer than 64: the pages read fewer rows than a drain's do
+        print(f"rows a page read: {statistics.median(rows):.0f}")
 
 
 if __name__ == "__main__":
