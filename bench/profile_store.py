@@ -39,18 +39,14 @@ from runner.testing.gremlinserver import GremlinServer  # noqa: E402
 
 #: the client, run with the tree's code: prints one JSON line per part and round
 CLIENT = textwrap.dedent("""
-    import json, os, resource, sys, time
+    import json, resource, sys, time
+    from bench._profile import cpu_seconds
     from runner.store import AttemptStatus, Conclusion, TaskStatus, open_store
     graph, server_pid, tasks, batch, page_every, rounds = sys.argv[1:7]
     tasks, batch, page_every, rounds = int(tasks), int(batch), int(page_every), int(rounds)
-    TICKS = os.sysconf("SC_CLK_TCK")
 
     def server_cpu():
-        if server_pid == "-":
-            return 0.0
-        with open(f"/proc/{server_pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / TICKS
+        return 0.0 if server_pid == "-" else cpu_seconds(int(server_pid), descendants=False)
 
     def own_cpu():
         usage = resource.getrusage(resource.RUSAGE_SELF)
