@@ -26,6 +26,9 @@ from runner.store.remote import SERIAL, RemoteGraph
 from runner.testing.formats import write_format_0
 from runner.testing.gremlinserver import GremlinServer
 
+#: the steps that add a property to every task, by version (step 3 rewrites nothing)
+MARKERS = {1: "task_h", 2: "task_lane", 4: "task_shard"}
+
 
 def measure(name: str, graph: object, tasks: int, page: int) -> tuple[float, float]:
     store = GraphStore(graph, check_format=False)  # type: ignore[arg-type]
@@ -36,9 +39,9 @@ def measure(name: str, graph: object, tasks: int, page: int) -> tuple[float, flo
     reports = migrations.migrate(store.graph, name, page=page)
     took = time.monotonic() - began
     assert [r.version for r in reports] == list(range(1, migrations.CURRENT + 1)), reports
-    for report in reports:  # every step so far changes every task
-        assert report.changed == tasks, report
-    for marker in ("task_h", "task_lane"):
+    for report in reports:  # every step that adds a property changes every task
+        assert report.changed == (tasks if report.version in MARKERS else 0), report
+    for marker in MARKERS.values():
         marked = store.graph.read(lambda g, m=marker: g.V().has(m).count().next())
         assert marked == tasks, (marker, marked)
     GraphStore(store.graph)  # opens: the format is the current one

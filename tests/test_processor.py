@@ -8,7 +8,7 @@ import dataclasses
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
@@ -180,8 +180,9 @@ def test_a_listing_that_goes_stale_during_the_scan_is_rechecked(
         real_read = processor.backlog.ready.read
 
         def listing_then_others_claim(limit: int, startable: Callable[[Task], bool],
-                                      ahead: bool = True) -> list[Task]:
-            listing = real_read(limit, startable, ahead=ahead)
+                                      ahead: bool = True,
+                                      shards: Sequence[str] | None = None) -> list[Task]:
+            listing = real_read(limit, startable, ahead=ahead, shards=shards)
             for task_id in taken:
                 store.tasks.update(task_id, 0, 9, owner="m2")
             return listing
@@ -310,6 +311,33 @@ def test_the_others_tasks_are_taken_once_left_listed_for_steal_after(store: Grap
     fresh = [(t, False) for t in theirs]  # listed anew, alone: taken at once
     backlog._first_listed.clear()
     assert backlog._deferring_others(fresh, 200.0) == fresh
+
+
+def test_a_listing_reads_its_own_shards_and_every_task_each_steal_after(
+        store: GraphStore) -> None:
+    """Two live members: m1's listings read only its own shards' tasks (the others' are
+    neither read nor deferred again) but every ``steal_after`` seconds, when one reads every
+    task and takes the others' it first listed that long ago; membership unknown: every
+    listing reads every task."""
+    split = preferred_split(store, ["m1", "m2"], 3)
+    mine, theirs = {t.id for t in split["m1"]}, {t.id for t in split["m2"]}
+    stats: Counter[str] = Counter()
+    backlog = Backlog(store, "m1", DueTimer(lambda: None), stats, lambda task_id: False,
+                      settings=LoopSettings(workers=1, steal_after=0.5))
+    live = {"m1", "m2"}
+
+    def listed() -> set[str]:
+        return {t.id for t, _, _ in backlog.items}
+    assert backlog.list_open(live)  # the first: every task, the others' left to m2
+    assert stats["full_listings"] == 1 and stats["deferred_others"] == len(theirs)
+    assert listed() == mine
+    assert backlog.list_open(live)  # its own only: the others' not even read
+    assert (stats["full_listings"], stats["deferred_others"]) == (1, len(theirs))
+    assert listed() == mine
+    time.sleep(0.5)
+    assert backlog.list_open(live)  # steal_after on: every task, the others' taken now
+    assert stats["full_listings"] == 2 and listed() == mine | theirs
+    assert backlog.list_open(None) and stats["full_listings"] == 3
 
 
 def test_a_listing_after_a_finished_task_reads_up_to_now_and_keeps_what_was_planned(

@@ -1275,6 +1275,36 @@ def test_the_ready_scan_reads_a_page_whatever_the_backlog(store: GraphStore) -> 
     assert queue.startswith("r09:") and queue[4:] >= due.second(put_back)  # ready again now
 
 
+def test_an_own_read_finds_only_the_members_shards_and_moves_no_cursor(
+        store: GraphStore) -> None:
+    """A node's own read (``shards``): only its shards' tasks, the oldest first, on every graph
+    (a filter after the index lookup, each window's lookup still limited); a window it reads
+    empty keeps the cursor (the others' tasks there are not seen), and the full read after it
+    still finds the oldest task of all."""
+    from runner.tasks.worker.ready import ReadyScan
+
+    made = _create_waiting(store, 120)
+    mine = due.shards_of(0, 3)
+    own = [t for t in made if due.shard_of(t) in mine]
+    assert 0 < len(own) < len(made)
+    row = store.graph.read(lambda g: g.V().has("task_id", made[0]).element_map().to_list())[0]
+    assert row["task_shard"] == due.shard_of(made[0])  # written when the task is made
+    assert due.preferred_index(made[0], 3) == int(due.shard_of(made[0])) % 3
+    page = store.tasks.ready_page(due.lane_of(0), [due.second(codec.now() - timedelta(hours=2)
+                                                                + timedelta(seconds=n))
+                                                      for n in range(120)], 500, mine)
+    assert sorted(t.id for t in page) == sorted(own)
+    scan = ReadyScan(store.tasks)
+    assert [t.id for t in scan.read(5, shards=mine)] == own[:5]
+    for task_id in own:  # this member's run out: its windows read empty from now
+        store.claim(store.tasks.get(task_id), 7, "m1")
+    cursor = scan.cursors[due.lane_of(0)][0]
+    assert scan.read(5, shards=mine) == []
+    assert scan.cursors[due.lane_of(0)][0] == cursor  # an own read moved no cursor
+    others = [t for t in made if t not in own]
+    assert [t.id for t in scan.read(5)] == others[:5]  # the full read: the oldest of all
+
+
 def test_a_node_starts_a_lane_at_its_shared_floor_and_reads_behind_it_for_late_writes(
         store: GraphStore, zk_namespace: ZkNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
     """The lanes' floors in ZooKeeper (real server): the first node with no floor reads the

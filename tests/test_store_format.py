@@ -47,7 +47,7 @@ def migrated(store: GraphStore, marker: str = "task_h") -> int:
 
 
 #: the steps that write a property on every task, by version (format 3 rewrites nothing)
-MARKERS = {1: "task_h", 2: "task_lane"}
+MARKERS = {1: "task_h", 2: "task_lane", 4: "task_shard"}
 
 
 def everything(store: GraphStore) -> list[Any]:
@@ -134,7 +134,7 @@ def test_migrate_backfills_the_console_lists_and_a_dry_run_changes_nothing(
             row = current.graph.read(lambda g, t=task_id: g.V().has("task_id", t)
                                      .element_map().to_list())[0]
             for key in (*CONSOLE_KEYS, *(resource_key(r) for r in task.resources),
-                        "task_lane", "task_queue"):
+                        "task_lane", "task_queue", "task_shard"):
                 assert row[key] == props[key], (task_id, key)
         # the task loop's scan reads them a page at a time, the oldest first
         waiting = sorted(t for t in ids if (lambda i: i % 3 and i % 5)(int(t[4:])))

@@ -19,12 +19,18 @@
   task into a bucket already moved.
 
 ``task_lane`` holds the lane of every open task that is ready or running (none in a time
-bucket, none once closed): the tasks the loop lists, and which lanes hold any. Pure; nothing
-fails.
+bucket, none once closed): the tasks the loop lists, and which lanes hold any.
+
+``task_shard`` (from format 4) is one of :data:`SHARDS` shards, from the task's id
+(:func:`shard_of`), written once when the task is made. A task's preferred member is its shard
+modulo the live members (:func:`preferred_index`), so a node reads the ready buckets for its own
+shards' tasks only (a filter after the index lookup), and the others' rows are not read,
+shipped and decoded by every node. Pure; nothing fails.
 """
 
 from __future__ import annotations
 
+import zlib
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
@@ -35,6 +41,27 @@ if TYPE_CHECKING:
 BUCKET = 60
 #: tasks due within this many seconds (plus two buckets) are in the ``open`` queue
 HORIZON = 60
+
+
+#: shards of the tasks (``task_shard``): divisible by 1 to 6, 10, 12, 15, 20 and 30 members, so
+#: that each of those gets as many; a member past the 60th has none of its own
+SHARDS = 60
+
+
+def shard_of(task_id: str) -> str:
+    """``task_shard``: the task's shard, from its id."""
+    return str(zlib.crc32(task_id.encode()) % SHARDS)
+
+
+def preferred_index(task_id: str, members: int) -> int:
+    """The index, among ``members`` sorted live member ids, of the task's preferred member: its
+    shard modulo ``members``."""
+    return (zlib.crc32(task_id.encode()) % SHARDS) % members
+
+
+def shards_of(index: int, members: int) -> list[str]:
+    """The shards of the member at ``index`` among ``members`` (the tasks it is preferred for)."""
+    return [str(shard) for shard in range(SHARDS) if shard % members == index]
 
 
 def bucket_of(at: datetime) -> int:

@@ -71,8 +71,10 @@ class TaskStore(Protocol):
         only these are asked about."""
         ...
 
-    def ready_page(self, lane: str, seconds: Sequence[str], limit: int) -> list[Task]:
-        """Up to ``limit`` WAITING tasks of ``lane`` that became ready in ``seconds``."""
+    def ready_page(self, lane: str, seconds: Sequence[str], limit: int,
+                   shards: Sequence[str] | None = None) -> list[Task]:
+        """Up to ``limit`` WAITING tasks of ``lane`` that became ready in ``seconds``;
+        ``shards``: only those of these shards (``task_shard``)."""
         ...
 
     def lane_seconds(self, lane: str) -> list[str]:

@@ -47,16 +47,19 @@ def lanes(graph: Graph, among: Sequence[str] | None = None) -> list[str]:
 _ANCHORED = "@format"
 
 
-def ready_page(graph: Graph, lane: str, seconds: Sequence[str], limit: int) -> list[Task]:
+def ready_page(graph: Graph, lane: str, seconds: Sequence[str], limit: int,
+               shards: Sequence[str] | None = None) -> list[Task]:
     """Up to ``limit`` WAITING tasks of ``lane`` that became ready in one of ``seconds``
-    (``YYYYMMDDHHMMSS``): one index lookup, in no particular order."""
+    (``YYYYMMDDHHMMSS``): one index lookup, in no particular order; ``shards``: only tasks of
+    these shards (``task_shard``: a node's own, :func:`runner.store.due.shards_of`)."""
+    where = None if shards is None else ("task_shard", list(shards))
     keys = [due.ready_key(lane, s) for s in seconds]
     # a graph that answers each value by its own lookup gets them a few hundred a read (the
     # traversal's size stays well under a server's 64 KiB request limit)
     rows: list[dict[Any, Any]] = []
     for part in chunks(keys, max(1, len(keys)) if graph.within_indexed else READY_KEYS):
         def page(g: Any, part: Sequence[str] = part, left: int = limit - len(rows)) -> Any:
-            return any_of(graph, g, "task_queue", part).limit(left)\
+            return any_of(graph, g, "task_queue", part, each=left, where=where).limit(left)\
                 .element_map(*TASK_ROW).to_list()
         rows += graph.read(page)
         if len(rows) >= limit:

@@ -54,6 +54,7 @@ def task_props(task: Task, *, payload: bool = True) -> dict[str, Any]:
     # what an operator's list filters on (runner.store.gremlin.search), each from an index
     digits = "".join(ch for ch in created if ch.isdigit())
     props["task_h"], props["task_s"] = digits[:10], digits[:14]  # creation hour, second
+    props["task_shard"] = due.shard_of(task.id)  # which member prefers it (runner.store.due)
     for resource in task.resources:
         props[resource_key(resource)] = "1"
     if task.unique_key is not None:

@@ -162,8 +162,9 @@ class GremlinTaskStore:
     def lanes(self, among: Sequence[str] | None = None) -> list[str]:
         return ready.lanes(self.graph, among)
 
-    def ready_page(self, lane: str, seconds: Sequence[str], limit: int) -> list[Task]:
-        return ready.ready_page(self.graph, lane, seconds, limit)
+    def ready_page(self, lane: str, seconds: Sequence[str], limit: int,
+                   shards: Sequence[str] | None = None) -> list[Task]:
+        return ready.ready_page(self.graph, lane, seconds, limit, shards)
 
     def lane_seconds(self, lane: str) -> list[str]:
         return ready.lane_seconds(self.graph, lane)

@@ -5,12 +5,14 @@ Priority first. Within a priority, this member's preferred tasks in first-come o
 others' tasks in first-come order by windows shuffled per node. Every node reads the same list;
 walking it in the same order would make all nodes contend for the same tasks and lose most of
 their claims (a lost claim costs a lock try, two ZooKeeper requests). A task's preferred member
-is ``crc32(task id) mod n`` over the n sorted live members: the nodes' first choices are
-disjoint. While a listing holds any of its own, a node leaves the others' tasks to them for
-``steal_after`` from when it first listed them (:meth:`Backlog._deferring_others`); otherwise
-it takes the others' oldest ones, shuffled a few times the workers wide so that two such nodes
-do not pick the same ones. Membership unknown, or this member not in it: no preferred tasks,
-shuffled windows only. Nothing here can fail.
+is its shard modulo n over the n sorted live members (:func:`runner.store.due.preferred_index`):
+the nodes' first choices are disjoint. A listing reads this member's own shards only
+(:meth:`Backlog.list_open`), but every ``steal_after`` seconds, or when its own ran out, it reads
+every task; while such a listing holds any of its own, a node leaves the others' tasks to them
+for ``steal_after`` from when it first listed them (:meth:`Backlog._deferring_others`);
+otherwise it takes the others' oldest ones, shuffled a few times the workers wide so that two
+such nodes do not pick the same ones. Membership unknown, or this member not in it: no
+preferred tasks, every listing reads every task, shuffled windows only. Nothing here can fail.
 """
 
 from __future__ import annotations
@@ -18,23 +20,18 @@ from __future__ import annotations
 import logging
 import random
 import time
-import zlib
 from collections import Counter
 from collections.abc import Callable
 from datetime import datetime
 
 from runner.errors import StoreError
-from runner.store import GraphStore, Task, TaskStatus, codec
+from runner.store import GraphStore, Task, TaskStatus, codec, due
+from runner.store.due import preferred_index
 from runner.tasks.worker.ready import Floors, ReadyScan
 from runner.tasks.worker.settings import LoopSettings
 from runner.tasks.worker.timing import DueTimer
 
 log = logging.getLogger("latchwork.tasks")
-
-
-def preferred_index(task_id: str, members: int) -> int:
-    """The index, among ``members`` sorted live member ids, of the task's preferred member."""
-    return zlib.crc32(task_id.encode()) % members
 
 
 def unowned(tasks: list[Task], live: set[str] | None, member_id: str,
@@ -151,6 +148,7 @@ class Backlog:
         #: the tasks of the last listing -> when this member first listed them (monotonic)
         self._first_listed: dict[str, float] = {}
         self._deferred = 0  # others' tasks the last listing left to their members
+        self._full_at = -float("inf")  # when a listing last read every task (monotonic)
 
     def __bool__(self) -> bool:
         return bool(self.items)
@@ -175,8 +173,15 @@ class Backlog:
         whatever the time since the last that did (a write asked for the listing: see
         :meth:`ReadyScan.read`). False when the store cannot be read (logged)."""
         began = time.monotonic()
+        shards = self._own_shards(live, began)
         try:
-            listing = self.ready.read(self.page, self._startable(), ahead=ahead)
+            listing = self.ready.read(self.page, self._startable(), ahead=ahead, shards=shards)
+            if shards is not None and not listing:  # its own ran out: the others' at once
+                shards = None
+                listing = self.ready.read(self.page, self._startable(), ahead=ahead)
+            if shards is None:
+                self._full_at = began
+                self.stats["full_listings"] += 1
             if claimed:
                 listing += self.store.tasks.claimed()
             self.stats["listings"] += 1
@@ -191,11 +196,26 @@ class Backlog:
         self.stats["skipped_running"] += skipped
         ready, later = split_due(tasks, codec.now())
         ordered = candidates(ready, live, self.member_id, self.workers)
-        self.load(self._deferring_others(ordered, seen), seen)
-        # a listing that ended at now keeps the tasks planned by one that read further
+        if shards is None:
+            ordered = self._deferring_others(ordered, seen)
+        else:
+            self._deferred = 0
+        self.load(ordered, seen)
+        # a listing that ended at now keeps the tasks planned by one that read further, an
+        # own listing those of the others planned by a full one
         self.later.plan([(t, is_preferred(t.id, live, self.member_id)) for t in later],
-                        keep=not self.ready.read_ahead)
+                        keep=shards is not None or not self.ready.read_ahead)
         return True
+
+    def _own_shards(self, live: set[str] | None, now: float) -> list[str] | None:
+        """The shards a listing at ``now`` reads: this member's own, or None (every task) when
+        the last listing of every task is ``steal_after`` old, membership is unknown, this
+        member is not in it or is the only one, or has no shard (past the 60th)."""
+        if live is None or self.member_id not in live or len(live) < 2 \
+                or now - self._full_at >= self.steal_after:
+            return None
+        members = sorted(live)
+        return due.shards_of(members.index(self.member_id), len(members)) or None
 
     def _deferring_others(self, ordered: list[tuple[Task, bool]], now: float
                           ) -> list[tuple[Task, bool]]:

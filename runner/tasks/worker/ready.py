@@ -31,6 +31,11 @@ with them. Only with no floor (a new cluster, a graph migrated from format 1) is
 oldest second read from the lane itself (every waiting task's ``task_queue``: 6 s at 100,000
 on gremlite), and the floor moved to it.
 
+A node's own read (``shards``: :meth:`ReadyScan.read`) finds only the tasks of its shards
+(those it is preferred for: :mod:`runner.store.due`), so a window it reads empty may still hold
+the others' tasks: it never moves a cursor forward nor says a lane holds nothing. The full reads
+(every task) do, as before.
+
 Failure behaviour: a store error propagates to the caller (the backlog logs it and the scan
 ends); nothing is kept half updated.
 """
@@ -39,7 +44,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Protocol
 
@@ -142,7 +147,7 @@ class ReadyScan:
                     self.floors.move(lane, at, back=True)
 
     def read(self, limit: int, startable: Callable[[Task], bool] = lambda task: True,
-             *, ahead: bool = True) -> list[Task]:
+             *, ahead: bool = True, shards: Sequence[str] | None = None) -> list[Task]:
         """Up to ``limit`` WAITING tasks this node may start (``startable``: its type known
         here, not declined, the first of its ordering key in what was read), the highest lanes
         first, each lane's oldest first. Tasks that cannot start (a busy key's later tasks, a
@@ -156,7 +161,8 @@ class ReadyScan:
         otherwise at most every :data:`PROBE_EVERY` seconds; the listings between walk only the
         lanes whose last walk found tasks. A task written in a lane that was empty comes with its
         write's TRIGGER_SCAN, or is found by the first listing :data:`PROBE_EVERY` seconds after
-        the last probe (the interval's scan at the latest)."""
+        the last probe (the interval's scan at the latest). ``shards``: only tasks of these
+        shards (this node's own: see the module)."""
         self._rewound()
         with self._behind_lock:
             asked, self._asked = self._asked, False
@@ -174,7 +180,7 @@ class ReadyScan:
         else:
             lanes = sorted(self._held)
         for lane in lanes:
-            found += self._lane(lane, limit - len(found), end, startable)
+            found += self._lane(lane, limit - len(found), end, startable, shards)
             self._publish(lane)
             if len(found) >= limit:
                 break
@@ -259,8 +265,8 @@ class ReadyScan:
         self._published[lane] = time.monotonic()
         self.floors.move(lane, self.cursors[lane][0])
 
-    def _lane(self, lane: str, want: int, end: datetime,
-              startable: Callable[[Task], bool]) -> list[Task]:
+    def _lane(self, lane: str, want: int, end: datetime, startable: Callable[[Task], bool],
+              shards: Sequence[str] | None = None) -> list[Task]:
         cursor = self._cursor(lane)
         at = cursor
         if time.monotonic() - self._skewed.get(lane, -SKEW_EVERY) >= SKEW_EVERY:
@@ -279,7 +285,8 @@ class ReadyScan:
             need = want - len(got)
             self.reads += 1
             windows += 1
-            rows = self.tasks.ready_page(lane, due.seconds_from(at, size), need + need // 2 + 1)
+            rows = self.tasks.ready_page(lane, due.seconds_from(at, size), need + need // 2 + 1,
+                                         shards)
             at += timedelta(seconds=size)
             if rows and size > ORDERED:  # across a gap: its quarters, the first one first
                 at -= timedelta(seconds=size)
@@ -291,14 +298,14 @@ class ReadyScan:
                 step, widest = 0, len(WINDOWS) - 1
             else:
                 step = min(step + 1, widest)  # wider only while they come back empty
-                if not seen and at <= now - timedelta(seconds=LAG):
+                if not seen and shards is None and at <= now - timedelta(seconds=LAG):
                     # before every task found, and past: nothing can come there any more (but a
                     # write under way, which LAG leaves time for)
                     cursor = max(cursor, at)
                     self.cursors[lane] = (cursor, self.cursors.get(lane, (cursor, 0.0))[1])
         if seen:
             self._held.add(lane)
-        else:
+        elif shards is None:  # an own read that found none says nothing of the others' tasks
             self._held.discard(lane)
         return got
 
