@@ -340,6 +340,42 @@ def test_a_listing_reads_its_own_shards_and_every_task_each_steal_after(
     assert backlog.list_open(None) and stats["full_listings"] == 3
 
 
+def test_the_others_task_is_taken_while_this_members_own_keep_coming(
+        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+    """Two live members, m2 never taking anything (stopped with its session alive): m1's own
+    tasks keep coming faster than it runs them, so its own listings never run out, yet it takes
+    m2's oldest task within a few ``steal_after``: a listing of every task comes every
+    ``steal_after`` (an own listing alone would leave it there as long as m1's own come)."""
+    ran: list[str] = []
+    registry = TaskRegistry()
+
+    def handler(ctx: TaskContext, payload: object) -> None:
+        ran.append(ctx.task.id)
+        time.sleep(0.05)
+    registry.register("t", handler)
+    made: list[Task] = []
+    with session(zk_namespace) as s:
+        for member in ("m1", "m2"):
+            s.client.create(f"/members/{member}", b"{}", ephemeral=True, makepath=True)
+        processor = TaskLoop(s, "m1", store, registry,
+                             LoopSettings(workers=2, scan_interval=600, steal_after=0.3))
+        try:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:  # about 100 tasks/s, half m1's: it runs 40/s
+                made += [store.tasks.create("t") for _ in range(5)]
+                processor.scan()
+                theirs = [t for t in made if preferred_index(t.id, 2) == 1]
+                if theirs and theirs[0].id in ran:
+                    break
+                time.sleep(0.05)
+            waiting_own = [t for t in made if preferred_index(t.id, 2) == 0 and t.id not in ran]
+        finally:
+            processor.close()
+    assert theirs and theirs[0].id in ran, "m2's oldest task was never taken"
+    assert len(waiting_own) >= 10, waiting_own  # m1's own had not run out
+    assert processor.stats["full_listings"] >= 2
+
+
 def test_a_listing_after_a_finished_task_reads_up_to_now_and_keeps_what_was_planned(
         store: GraphStore, monkeypatch: pytest.MonkeyPatch) -> None:
     """A listing no write asked for (after a finished task, the interval's) walks past now
