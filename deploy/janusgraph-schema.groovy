@@ -28,6 +28,8 @@ def index = { name, prop, unique ->
     index("by_${it}", it, false)
 }
 index('by_task_unique', 'task_unique', true)
+// a task's shard (store format 4): a filter after the task_queue lookup, not an index
+key('task_shard')
 // the store format (runner/store/migrations): one vertex, found by its key
 key('format_version', Integer)
 index('by_format_key', 'format_key', true)
