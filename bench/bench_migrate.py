@@ -26,8 +26,10 @@ from runner.store.remote import SERIAL, RemoteGraph
 from runner.testing.formats import write_format_0
 from runner.testing.gremlinserver import GremlinServer
 
-#: the steps that add a property to every task, by version (step 3 rewrites nothing)
-MARKERS = {1: "task_h", 2: "task_lane", 4: "task_shard"}
+#: the steps that add a property to every task (their marker), by version; the others rewrite
+#: nothing
+MARKERS = {version: step.marker for version, (step, _) in migrations.STEPS.items()
+           if isinstance(step, migrations.TaskBackfill)}
 
 
 def measure(name: str, graph: object, tasks: int, page: int) -> tuple[float, float]:
