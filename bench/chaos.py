@@ -46,6 +46,10 @@ The figures (all must be 0 but the time to drain):
   Both leave out the one window docs/reliability.md states (the owner paused between its
   last ``ctx.check()`` and its effect: a SIGSTOP that began after the check returned); those
   cases are listed apart, with their timings, as ``unfenced_effects_in_the_stated_window``;
+* ``tasks_created_twice``: tasks of the run's types in the store that no submit of the run
+  answered with, beyond those its failed submits may have written: a submit handled twice
+  (the broker delivers an API request again when the node that took it dies or is cut off
+  before its ack), each handling writing a task of its own;
 * ``needless_reruns``: an attempt closed CANCELLED_BY_SYSTEM although its owner was not
   disrupted while it ran (not killed, paused, partitioned, nor its session expired): a
   ZooKeeper leader election, a broker restart or another node's fault cost it its work;
@@ -111,6 +115,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from gremlin_python.process.traversal import P
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
@@ -144,7 +149,8 @@ from runner.testing.gremlinserver import GremlinServer
 CLUSTER = "chaos"
 ZERO = ("tasks_lost", "finished_without_succeeded_attempt", "effects_applied_twice",
         "effects_from_a_closed_attempt", "unfenced_effects_twice",
-        "unfenced_effects_from_a_closed_attempt", "needless_reruns", "overlapping_owners",
+        "unfenced_effects_from_a_closed_attempt", "tasks_created_twice", "needless_reruns",
+        "overlapping_owners",
         "interrupted_attempts_not_cancelled_by_system", "confirmed_master_messages_lost",
         "master_messages_handled_twice", "lock_znodes_left", "started_before_run_at",
         "ordering_violations", "resource_holders_overlapping", "schedule_fires_twice",
@@ -211,6 +217,9 @@ class Run:
     tasks: dict[str, str] = field(default_factory=dict)  # task id -> type
     #: tasks submitted through the client -> their status in the submit's answer
     through_api: dict[str, str] = field(default_factory=dict)
+    # tasks a failed submit may have written all the same (its answer lost): at most this
+    # many tasks of the store are not among ``tasks``
+    unanswered_submits: int = 0
     confirmed: set[str] = field(default_factory=set)  # chaos.record ids the broker confirmed
     injected: Counter[str] = field(default_factory=Counter)
     restarts: int = 0
@@ -350,6 +359,7 @@ class Run:
                     view = client.submit(kind, payload, priority=priority)
                 except ClientError as exc:
                     self.say(f"submit of a {kind} task failed: {exc}")
+                    self.unanswered_submits += 1
                     continue
                 self.tasks[view.id] = kind
                 self.through_api[view.id] = view.status
@@ -397,6 +407,7 @@ class Run:
             except ClientError as exc:
                 ids = getattr(exc, "done", [])
                 self.say(f"burst: submit_many stopped after {len(ids)}: {exc}")
+                self.unanswered_submits += len(items) - len(ids)
             self.burst_tasks += ids
             for task_id in ids:
                 self.tasks[task_id] = "diag.sleep"
@@ -652,6 +663,7 @@ def figures(run: Run, reader: Session) -> dict[str, Any]:
                 f"[{a.started_at.isoformat()}, {a.ended_at.isoformat() if a.ended_at else '-'}]"
                 f": {a.error}")
     unfenced = unfenced_figures(run, status)
+    made_twice = created_twice(run)
     records = effects(store)
     per_task = Counter(r.task_id for r in records)
     closed = sum(1 for r in records
@@ -700,6 +712,7 @@ def figures(run: Run, reader: Session) -> dict[str, Any]:
         "tasks_lost": lost, "finished_without_succeeded_attempt": without_success,
         "effects_applied_twice": sum(1 for n in per_task.values() if n > 1),
         "effects_from_a_closed_attempt": closed, **unfenced,
+        "tasks_created_twice": made_twice,
         "needless_reruns": len(needless), "overlapping_owners": overlapping,
         "interrupted_attempts_not_cancelled_by_system": interrupted,
         "confirmed_master_messages_lost": messages_lost,
@@ -823,6 +836,22 @@ def in_stated_window(run: Run, line: AppendRecord) -> tuple[str, float, float] |
     return None
 
 
+def created_twice(run: Run) -> int:
+    """Tasks of the run's types in the store that no submit of the run answered with, past
+    those its unanswered submits may have written (a submit handled twice, each handling
+    writing a task of its own: the user's work done twice)."""
+    kinds = sorted(set(run.tasks.values()))
+    stored = run.store.graph.read(
+        lambda g: g.V().has("task_type", P.within(kinds)).values("task_id").to_list())
+    unknown = [task_id for task_id in stored if task_id not in run.tasks]
+    for task_id in unknown:
+        task = run.store.tasks.get(task_id)
+        run.say(f"task not submitted by the run: {task_id} ({task.type}) {task.payload}, "
+                f"attempts: " + "; ".join(f"{a.seq} {a.status.value} on {a.executor}"
+                                          for a in run.store.attempts.for_task(task_id)))
+    return max(0, len(unknown) - run.unanswered_submits)
+
+
 def unfenced_figures(run: Run, status: dict[str, AttemptStatus]) -> dict[str, Any]:
     """``diag.append``'s lines: written twice for a task, written by an attempt that did not
     succeed, and those of either kind that the stated window explains (listed with timings)."""
@@ -830,6 +859,8 @@ def unfenced_figures(run: Run, status: dict[str, AttemptStatus]) -> dict[str, An
     window: list[dict[str, Any]] = []
     counted = []
     for line in lines:
+        if line.attempt_id not in status:  # of a task not among the run's: made twice
+            status[line.attempt_id] = run.store.attempts.get(line.attempt_id).status
         pause = in_stated_window(run, line) \
             if status.get(line.attempt_id) is not AttemptStatus.SUCCEEDED else None
         if pause is None:

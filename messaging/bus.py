@@ -171,9 +171,12 @@ class ApiClient:
             self._replies[properties.correlation_id] = envelope
 
     def request(self, command: str, payload: dict[str, Any] | None = None,
-                timeout: float = 10.0) -> Any:
+                timeout: float = 10.0, message_id: uuid.UUID | None = None) -> Any:
+        """Send an API request and wait ``timeout`` seconds for its answer. ``message_id``:
+        its id, new when None; a copy the broker delivers again keeps it (a node's
+        ``task.submit`` makes its task's id from it, so a copy handled twice creates one)."""
         envelope = Envelope(paradigm=Paradigm.API, command=command, sender=self.sender,
-                            payload=payload or {})
+                            payload=payload or {}, id=message_id or uuid.uuid4())
         return self._send(envelope, "", self.topology.api_queue, wait=timeout,
                           expiration_ms=max(1, int(timeout * 1000)),
                           hint=f"is any latchwork node running for cluster "

@@ -150,6 +150,12 @@ def page_task_id(page: str, index: int) -> str:
     return str(uuid.uuid5(PAGE_IDS, f"{page}/{index}"))
 
 
+def submit_task_id(request: uuid.UUID) -> str:
+    """The id of the task a ``task.submit`` request with this message id creates: the same
+    for a redelivered copy of the request, so it creates the task once."""
+    return str(uuid.uuid5(PAGE_IDS, f"submit/{request}"))
+
+
 class TaskList(Request[list[TaskView]]):
     """Tasks, newest first; ``unfinished``: the open ones in the order nodes take them;
     ``ordering_key``: that key's unfinished tasks in the order they run."""

@@ -387,6 +387,45 @@ def test_a_bulk_submit_page_whose_answer_was_lost_is_sent_again_and_written_once
         == 600
 
 
+def test_a_submit_the_broker_delivers_twice_creates_its_task_once(cluster: Cluster) -> None:
+    """A ``task.submit`` request handled twice: the broker delivers it again when the node
+    that took it was killed, paused or cut off before its ack, and the copy keeps its message
+    id (the chaos suite saw a second task made that way, its first one run besides). Here
+    sent with one id through two clients at once (two nodes may take the copies together),
+    then once more after the task ended: every answer names one task, written once, run by
+    one attempt."""
+    import threading
+    import uuid
+
+    from runner.store import AttemptStatus
+
+    cluster.start_node()
+    cluster.start_node()
+    same = uuid.uuid4()
+    submit = {"type": "diag.sleep", "payload": {"seconds": 0.3}, "priority": 6}
+    answers: list[Any] = []
+
+    def send() -> None:
+        with cluster.client(timeout=30) as client:
+            answers.append(client._api.request("task.submit", submit, 30, message_id=same))
+
+    senders = [threading.Thread(target=send) for _ in range(2)]
+    for sender in senders:
+        sender.start()
+    for sender in senders:
+        sender.join(60)
+    assert len(answers) == 2 and answers[0]["id"] == answers[1]["id"]
+    task_id = answers[0]["id"]
+    with cluster.client(timeout=30) as client:
+        assert client.wait(task_id, 30).succeeded
+        again = client._api.request("task.submit", submit, 30, message_id=same)
+    assert again["id"] == task_id and again["finished"] and again["attempts"] == 1
+    assert cluster.store.graph.read(lambda g: g.V().has("task_priority", 6).count().next()) \
+        == 1
+    assert [a.status for a in cluster.store.attempts.for_task(task_id)] == [
+        AttemptStatus.SUCCEEDED]
+
+
 def test_a_trigger_scan_that_says_behind_makes_the_nodes_read_a_late_write(
         cluster: Cluster) -> None:
     """A task written ready 20 s behind the nodes' cursors (its writer paused after it stamped

@@ -360,6 +360,28 @@ def test_a_new_task_written_claimed_is_what_a_create_and_a_claim_leave(
     assert counts(store) == before
 
 
+def test_a_submit_sent_again_finds_the_task_its_first_sending_wrote(store: GraphStore) -> None:
+    """``create_claimed_again`` and ``add_many(..., again=True)``: a submit whose request was
+    handled twice (redelivered after the node that wrote it was killed or cut off before its
+    answer went) writes its task once, by the id the request's id makes; the second sending
+    writes nothing, neither a task nor an attempt, whichever way either went."""
+    new = store.tasks.new("t", {"n": 1})
+    made = store.create_claimed_again(new, 7, "m1")
+    assert made is not None
+    task, attempt = made
+    before = counts(store)
+    assert store.create_claimed_again(new, 9, "m2") is None
+    assert store.tasks.add_many([new], again=True) == [task]
+    assert counts(store) == before
+    assert store.tasks.get(new.id) == task and store.attempts.for_task(new.id) == [attempt]
+    waiting = store.tasks.new("t", {"n": 2})  # the first sending wrote it WAITING
+    (written,) = store.tasks.add_many([waiting], again=True)
+    before = counts(store)
+    assert store.create_claimed_again(waiting, 7, "m1") is None
+    assert counts(store) == before and store.attempts.for_task(waiting.id) == []
+    assert store.tasks.get(waiting.id) == written
+
+
 def test_a_checkpoint_is_fenced_by_its_attempt_and_read_back_until_dropped(
         store: GraphStore) -> None:
     """``ctx.checkpoint``'s write: guarded like the owner's end (its attempt RUNNING, its token

@@ -17,6 +17,7 @@ requests are mixins of their own (:mod:`.api_console`, :mod:`.api_outside`).
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
@@ -112,7 +113,7 @@ class ApiHost(Protocol):
     @property
     def member_id(self) -> str: ...
 
-    def submit(self, req: TaskSubmit) -> Task: ...
+    def submit(self, req: TaskSubmit, request: uuid.UUID | None = None) -> Task: ...
 
     def submit_many(self, req: TaskSubmitMany) -> list[Task]: ...
 
@@ -159,7 +160,9 @@ class NodeApi(OutsideApi, ConsoleApi):
 
     @api(TaskSubmit)
     def submit(self, ctx: HandlerContext, req: TaskSubmit) -> TaskView:
-        task = self.node.submit(req)
+        # the request's id names the task: a copy redelivered after its first handler was
+        # killed or cut off before it answered finds that task instead of making a second
+        task = self.node.submit(req, ctx.message_id)
         log.info("member %s: task %s (%s) submitted by %s", self.node.member_id, task.id,
                  task.type, ctx.envelope.sender)
         return TaskView.of(task)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import uuid
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
@@ -59,7 +60,7 @@ from runner.pipeline.aspects import AspectRegistry
 from runner.pipeline.handlers import Pipeline, register_pipeline_tasks
 from runner.pipeline.spark import stop_spark
 from runner.replies import Cancelled
-from runner.requests import TaskSubmit, TaskSubmitMany, page_task_id
+from runner.requests import TaskSubmit, TaskSubmitMany, page_task_id, submit_task_id
 from runner.store import GraphStore, Task
 from runner.store.due import ready_at
 from runner.tasks import Services, TaskRegistry, due
@@ -357,7 +358,7 @@ class Node:
                  "catch-ups", self.member_id)
         self.commands.reconnected(self.services)
 
-    def submit(self, req: TaskSubmit) -> Task:
+    def submit(self, req: TaskSubmit, request: uuid.UUID | None = None) -> Task:
         """Create a task (its payload validated; at its type's default priority, and with its
         type's resources besides the request's): the API's ``task.submit`` and every task the
         node makes itself (schedule fires, stream copies, aspect tasks) come through here.
@@ -368,7 +369,11 @@ class Node:
         WAITING, and every node is told to scan (TRIGGER_SCAN) when this one cannot start it
         now. A task due later than the
         open queue's horizon waits in a time bucket: the bucket cursor is made sure of first
-        (:mod:`runner.tasks.due`)."""
+        (:mod:`runner.tasks.due`).
+
+        ``request``: the API request's message id, which a redelivered copy keeps: the task's
+        id is made from it (:func:`~runner.requests.submit_task_id`), and a task with that id
+        written already by an earlier handling is answered, not written twice."""
         kind = self.registry.get(req.type)
         kind.parse(req.payload)
         run_at = req.when()
@@ -380,7 +385,9 @@ class Node:
                                    ordering_key=req.ordering_key,
                                    resources=[*kind.resources, *req.resources],
                                    timeout=req.timeout)
-        admitted = self.processor.accept(new)
+        if request is not None:
+            new = replace(new, id=submit_task_id(request))
+        admitted = self.processor.accept(new, again=request is not None)
         if admitted.admission is Admission.ELSEWHERE:
             self.bus.broadcast("TRIGGER_SCAN", {"task": admitted.task.id,
                                                 "behind": _ready_from([new])})

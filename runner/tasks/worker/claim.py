@@ -218,7 +218,7 @@ class Claimer:
         stats["started"] += 1
         return slot
 
-    def claim_new(self, task: Task) -> Slot | None:
+    def claim_new(self, task: Task, again: bool = False) -> Slot | None:
         """Take ``task``, new and not written yet (this node just accepted it, so nobody else
         can know its id), and write it already claimed, RUNNING with its RUNNING attempt in
         one store write (:meth:`~runner.store.GraphStore.create_claimed`), registered in the
@@ -234,7 +234,10 @@ class Claimer:
         to waiting. None, with nothing written and the lock let go, only when the session has
         seen no zxid yet (then the lock goes first, as before, and the caller writes the task
         WAITING if that fails). A store error propagates, the lock released and nothing known
-        written: the submit fails as a failed create does."""
+        written: the submit fails as a failed create does.
+
+        ``again``: the task's id is its request's (a redelivered submit): when a task has that
+        id already, nothing is written and the lock let go, None (the caller finds that task)."""
         session_id = self.session.session_id
         slot = self._register(task, None)
         try:
@@ -248,11 +251,19 @@ class Claimer:
             else:
                 token = taking.below
             try:
-                claimed, attempt = self.store.create_claimed(task, token, self.member_id)
+                made = (self.store.create_claimed_again(task, token, self.member_id) if again
+                        else self.store.create_claimed(task, token, self.member_id))
             except BaseException:
                 if taking.below > 0:
                     _settled(taking)  # the lock's answer first, so its release finds it
                 raise
+            if made is None:  # its first sending wrote it
+                if taking.below > 0:
+                    _settled(taking)
+                self.stats["sent_again"] += 1
+                self._abandon(slot)
+                return None
+            claimed, attempt = made
         except BaseException:
             self._abandon(slot)
             raise

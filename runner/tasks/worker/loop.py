@@ -164,27 +164,32 @@ class TaskLoop:
         return slot is not None
 
     # -- one way in ---------------------------------------------------------------------------
-    def accept(self, task: Task) -> Admitted:
+    def accept(self, task: Task, again: bool = False) -> Admitted:
         """A task this node has just accepted (``tasks.new``, not written yet). When a worker
         is free and nothing has to be looked up or booked first (a plain task: no slot level,
         resource or ordering key; no uniqueness key; due now), it is written already claimed
         by this node, RUNNING with its attempt, in one store write after its lock, and its
         handler starts: STARTED. Otherwise it is written WAITING: QUEUED when this node has a
         free worker (its scan runs now), ELSEWHERE when it has none (the caller tells the
-        other nodes). Store and ZooKeeper errors propagate with nothing written."""
-        slot = self._start_new(task)
+        other nodes). Store and ZooKeeper errors propagate with nothing written.
+
+        ``again``: ``task``'s id is its request's, which an earlier sending of the request may
+        have written (a submit redelivered): then that task is found and nothing is written
+        (:meth:`~runner.store.GraphStore.create_claimed_again`, ``add_many(again=True)``)."""
+        slot = self._start_new(task, again)
         if slot is not None and slot.claim is not None:
             self.stats["offered"] += 1
             self._pool.submit(self._execute, slot)
             return Admitted(slot.claim.task, Admission.STARTED)
-        written = self.store.tasks.add(task)
+        written = (self.store.tasks.add_many([task], again=True)[0] if again
+                   else self.store.tasks.add(task))
         if self.scanner.may_start(written):
             self.trigger()
             return Admitted(written, Admission.QUEUED)
         self.backlog.ready.ask()  # a worker freed here lists it, if the others have not
         return Admitted(written, Admission.ELSEWHERE)
 
-    def _start_new(self, task: Task) -> Slot | None:
+    def _start_new(self, task: Task, again: bool) -> Slot | None:
         if not self.scanner.may_start(task) or task.unique_key is not None:
             return None
         kind = self.scanner.kind_of(task)
@@ -200,7 +205,7 @@ class TaskLoop:
         try:
             if self.running.free() <= 0 or not self.scanner.may_claim():
                 return None
-            return self.claimer.claim_new(task)
+            return self.claimer.claim_new(task, again)
         finally:
             self.scanner.lock.release()
 
