@@ -10,7 +10,9 @@ it uses, written with the drivers alone (kazoo, gremlinpython, gremlite), no lat
   added) and the ends (the attempt RUNNING guarded and ended, the task finished), each batch one
   ``union`` traversal standing on one vertex, as the runner writes them; on the embedded file
   inside ``BEGIN IMMEDIATE`` ... ``COMMIT``, on a Gremlin Server one request; tasks/s and this
-  process's CPU per task.
+  process's CPU per task. ``lean``: on the embedded file, with the store's replace of a
+  property in place (:mod:`runner.store.replace`, which every node uses) instead of
+  gremlite's own: the engine as latchwork runs it, the same traversals.
 """
 
 from __future__ import annotations
@@ -125,9 +127,26 @@ def _make_tasks(g: Any, count: int, write: Callable[[Callable[[], Any]], Any]) -
     return ids
 
 
-def graph_writes(where: str, batch: int, tasks: int = 2000) -> dict[str, float]:
+def graph_writes(where: str, batch: int, tasks: int = 2000, lean: bool = False
+                 ) -> dict[str, float]:
     """Claim and end ``tasks`` tasks, ``batch`` per traversal, on the gremlite file or the
     Gremlin Server at ``where`` (see the module)."""
+    if where.startswith("ws://"):
+        return _graph_writes(where, batch, tasks)
+    from gremlite import results  # type: ignore[import-untyped]
+
+    from runner.store.replace import lean_replace
+
+    lean_replace()  # installed in this process either way: set each run's own
+    kept = results.Result.set_property
+    results.Result.set_property = kept if lean else results.Result._latchwork_own
+    try:
+        return _graph_writes(where, batch, tasks)
+    finally:
+        results.Result.set_property = kept
+
+
+def _graph_writes(where: str, batch: int, tasks: int) -> dict[str, float]:
     if where.startswith("ws://"):
         from gremlin_python.driver.driver_remote_connection import DriverRemoteConnection
         remote: Any = DriverRemoteConnection(where, "g")

@@ -349,6 +349,9 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any], dict[
             if args.graph in ("embedded", "both"):
                 floors["embedded"] = {b: _floors.graph_writes(str(scratch / f"floor{b}.db"), b)
                                       for b in (1, 4, 16)}
+                floors["embedded, lean replace"] = {
+                    b: _floors.graph_writes(str(scratch / f"lean{b}.db"), b, lean=True)
+                    for b in (4, 16)}
                 clusters.append(Cluster("embedded", str(scratch / "graph.db"), zk, mq,
                                         scratch, None))
             if args.graph in ("server", "both"):
@@ -420,7 +423,7 @@ def report(results: dict[str, Any], floors: dict[str, Any], peer: dict[str, Any]
     for b, f in floors.get("zk", {}).items():
         print(f"ZooKeeper lock+release, {b} per multi(): {f['tasks_per_s']:,.0f} tasks/s, "
               f"ZooKeeper CPU {f['zk_cpu_ms_per_task']:.3f} ms/task")
-    for graph in ("embedded", "server"):
+    for graph in ("embedded", "embedded, lean replace", "server"):
         for b, f in floors.get(graph, {}).items():
             print(f"{graph} graph, claim + end of {b} per traversal: {f['tasks_per_s']:,.0f} "
                   f"tasks/s, client CPU {f['client_cpu_ms_per_task']:.3f} ms/task")
@@ -460,7 +463,10 @@ def report(results: dict[str, Any], floors: dict[str, Any], peer: dict[str, Any]
                        f"{0.5 if name == 'server' else 0.25})",
                        f"p50/celery {f['p50_ms'] / peer['p50_ms']:.2f} (target <= 2)",
                        f"p99/celery {f['p99_ms'] / peer['p99_ms']:.2f} (target <= 3)"]
-        floor = max(v["tasks_per_s"] for v in floors.get(name, {0: {"tasks_per_s": 1}}).values())
+        # the embedded drain against the faster of gremlite's floors: with its own replace
+        # and with the store's (runner.store.replace), which the nodes use
+        floor = max(v["tasks_per_s"] for k, fl in floors.items() if k.startswith(name)
+                    for v in fl.values()) if any(k.startswith(name) for k in floors) else 1
         ratios += [f"drain/raw graph floor {drain / floor:.2f} (embedded target >= 0.8)",
                    f"CPU per task, every process {profile['cpu_ms_total']:.3f} ms (server "
                    "target <= 1.0)",

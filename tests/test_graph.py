@@ -249,3 +249,52 @@ def test_a_new_vertexs_properties_go_to_gremlite_as_list_properties_and_read_as_
     claimed, attempt = store.create_claimed(task, 7, "host:1")
     assert store.tasks.get(task.id) == claimed
     assert store.attempts.for_task(task.id) == [attempt]
+
+
+def _replaces(path: Path) -> tuple[list[dict[str, Any]], list[list[str]], int]:
+    """A run of property replaces on a new graph file (names, values of every kind, a value
+    set back, a key new to one vertex, a value the graph has never held): what a read gives
+    back (element maps without ids), what ``has`` finds for old and new values, and the
+    highest element id (a replace in place takes none)."""
+    from gremlin_python.process.traversal import Cardinality, T
+
+    graph = EmbeddedGraph(path)
+    try:
+        graph.write(lambda g: [g.add_v("task").property("k", f"t{n}").property("state", "a")
+                               .property("n", 1).property("flag", True).iterate()
+                               for n in range(3)])
+        for key, value in (("state", "b"), ("n", 2), ("flag", 1), ("state", "a"),
+                           ("state", "never-seen-before"), ("f", 2.5), ("n", None),
+                           ("flag", False), ("extra", "new on t1 only")):
+            target = "t1" if key == "extra" else "t0"
+            graph.write(lambda g, k=key, v=value, t=target: g.V().has("k", t)
+                        .property(Cardinality.single, k, v).iterate())
+        graph.write(lambda g: g.V().has("k", "t2").property(Cardinality.single, "state", "c")
+                    .property(Cardinality.single, "n", 7).iterate())
+        maps = graph.read(lambda g: g.V().has_label("task").element_map().to_list())
+        found = [graph.read(lambda g, k=k, v=v: g.V().has(k, v).values("k").to_list())
+                 for k, v in (("state", "a"), ("state", "b"), ("state", "c"), ("n", 2),
+                              ("n", 7), ("n", 1), ("flag", False), ("flag", True),
+                              ("state", "never-seen-before"), ("f", 2.5))]
+        bound = graph.element_id_bound()
+    finally:
+        graph.close()
+    rows = sorted(({k: v for k, v in m.items() if k is not T.id} for m in maps),
+                  key=lambda m: str(m["k"]))
+    return rows, [sorted(f) for f in found], bound
+
+
+def test_a_property_replaced_in_place_reads_back_as_gremlites_own_replace(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``runner.store.replace``: the same replaces through the lean one and through gremlite's
+    own leave the same values, found by the same lookups (an old value by none); the lean one
+    takes no element id per replace."""
+    from gremlite import results
+
+    lean = _replaces(tmp_path / "lean.db")
+    assert results.Result._latchwork_lean
+    monkeypatch.setattr(results.Result, "set_property", results.Result._latchwork_own)
+    own = _replaces(tmp_path / "own.db")
+    assert lean[:2] == own[:2]
+    assert lean[1][0] == ["t1"] and lean[1][1] == [] and lean[1][8] == ["t0"]
+    assert lean[2] < own[2]  # gremlite's own took an element id per replace

@@ -40,6 +40,7 @@ from gremlin_python.process.traversal import Bytecode, Cardinality
 from runner.errors import StoreFull, StoreUnavailable
 from runner.store.alarm import StorageAlarm, unwritable
 from runner.store.calls import CallStats
+from runner.store.replace import lean_replace
 from runner.store.strings import kept_strings
 
 log = logging.getLogger("latchwork.store")
@@ -171,6 +172,7 @@ class EmbeddedGraph:
         from gremlite import SQLiteConnection
 
         kept_strings()
+        lean_replace()
         try:
             remote = SQLiteConnection(self.path, isolation_level=None, timeout=self.busy_timeout)
             # gremlite's traversals use ``remote.con``: ours, which begins lazily, replaces it
