@@ -21,6 +21,10 @@ that changed since it was listed (CommitConflict, StaleFencingToken, or a resour
 with a newer lock token), or a session that changed between the booking and the lock, gives
 None with everything taken released; ZooKeeper and store errors propagate after the same
 release. Slot leases are ephemeral: a holder killed -9 frees them with its session.
+
+Why one module: the three ways a task is taken (one with its bookings, a new one written
+claimed, a batch of plain ones) share how a slot is registered before its lock is tried and
+how everything taken is let go when a step fails; apart, each would repeat that order.
 """
 
 from __future__ import annotations
