@@ -127,12 +127,13 @@ def _make_tasks(g: Any, count: int, write: Callable[[Callable[[], Any]], Any]) -
     return ids
 
 
-def graph_writes(where: str, batch: int, tasks: int = 2000, lean: bool = False
-                 ) -> dict[str, float]:
+def graph_writes(where: str, batch: int, tasks: int = 2000, lean: bool = False,
+                 server_pid: int | None = None) -> dict[str, float]:
     """Claim and end ``tasks`` tasks, ``batch`` per traversal, on the gremlite file or the
-    Gremlin Server at ``where`` (see the module)."""
+    Gremlin Server at ``where`` (see the module); ``server_pid``: the Gremlin Server's process,
+    whose CPU per task is given too (``server_cpu_ms_per_task``)."""
     if where.startswith("ws://"):
-        return _graph_writes(where, batch, tasks)
+        return _graph_writes(where, batch, tasks, server_pid)
     from gremlite import results  # type: ignore[import-untyped]
 
     from runner.store.replace import lean_replace
@@ -146,7 +147,8 @@ def graph_writes(where: str, batch: int, tasks: int = 2000, lean: bool = False
         results.Result.set_property = kept
 
 
-def _graph_writes(where: str, batch: int, tasks: int) -> dict[str, float]:
+def _graph_writes(where: str, batch: int, tasks: int, server_pid: int | None = None
+                  ) -> dict[str, float]:
     if where.startswith("ws://"):
         from gremlin_python.driver.driver_remote_connection import DriverRemoteConnection
         remote: Any = DriverRemoteConnection(where, "g")
@@ -173,6 +175,7 @@ def _graph_writes(where: str, batch: int, tasks: int) -> dict[str, float]:
     try:
         ids = _make_tasks(g, tasks, write)
         g.add_v("anchor").property("anchor_key", "floor").iterate()
+        server = _profile.cpu_seconds(server_pid) if server_pid else 0.0
         cpu, began = _cpu(), time.perf_counter()
         token = 7
         for first in range(0, tasks, batch):
@@ -186,9 +189,13 @@ def _graph_writes(where: str, batch: int, tasks: int) -> dict[str, float]:
                                    f"{len(chunk)}")
         took = time.perf_counter() - began
         used = _cpu() - cpu
+        server = _profile.cpu_seconds(server_pid) - server if server_pid else 0.0
     finally:
         try:
             remote.close()
         except (OSError, sqlite3.Error):
             pass
-    return {"tasks_per_s": tasks / took, "client_cpu_ms_per_task": used * 1000 / tasks}
+    out = {"tasks_per_s": tasks / took, "client_cpu_ms_per_task": used * 1000 / tasks}
+    if server_pid:
+        out["server_cpu_ms_per_task"] = server * 1000 / tasks
+    return out

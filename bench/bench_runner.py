@@ -360,8 +360,9 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any], dict[
                 floor_server = GremlinServer(scratch / "gremlin-floor", heap="1g")
                 floor_server.start()
                 try:
-                    floors["server"] = {b: _floors.graph_writes(floor_server.url, b)
-                                        for b in (1, 4, 16)}
+                    floors["server"] = {b: _floors.graph_writes(
+                        floor_server.url, b, server_pid=floor_server.record.pid
+                        if floor_server.record else None) for b in (1, 4, 16)}
                 finally:
                     floor_server.kill()
                 clusters.append(Cluster("server", server.url, zk, mq, scratch,
@@ -425,8 +426,10 @@ def report(results: dict[str, Any], floors: dict[str, Any], peer: dict[str, Any]
               f"ZooKeeper CPU {f['zk_cpu_ms_per_task']:.3f} ms/task")
     for graph in ("embedded", "embedded, lean replace", "server"):
         for b, f in floors.get(graph, {}).items():
+            server = (f", server CPU {f['server_cpu_ms_per_task']:.3f} ms/task"
+                      if "server_cpu_ms_per_task" in f else "")
             print(f"{graph} graph, claim + end of {b} per traversal: {f['tasks_per_s']:,.0f} "
-                  f"tasks/s, client CPU {f['client_cpu_ms_per_task']:.3f} ms/task")
+                  f"tasks/s, client CPU {f['client_cpu_ms_per_task']:.3f} ms/task{server}")
     if peer:
         print(f"== celery (3 prefork workers, acks_late, prefetch 1): drain "
               f"{statistics.median(peer['drains']):,.0f} tasks/s (rounds "

@@ -134,6 +134,7 @@ from messaging import (
     Topology,
     declare_topology,
 )
+from messaging.processed import HANDLING, PROCESSED
 from messaging.testing import RabbitMQServer
 from runner.client import Client
 from runner.errors import ClientError
@@ -682,7 +683,8 @@ def figures(run: Run, reader: Session) -> dict[str, Any]:
             run.say(f"chaos.record {message} handled {n} times: {seen[message]}")
     unanswered = [m for m in run.confirmed if client.exists(f"{EFFECTS}/{m}") is None]
     for message in unanswered:
-        run.say(f"chaos.record {message} confirmed, no effect; its runs: {seen.get(message)}")
+        run.say(f"chaos.record {message} confirmed, no effect; its runs: {seen.get(message)}; "
+                f"{message_state(client, message)}")
     messages_lost = len(unanswered)
     locks = client.get_children("/locks/tasks") if client.exists("/locks/tasks") else []
     for task_id in locks:
@@ -834,6 +836,21 @@ def in_stated_window(run: Run, line: AppendRecord) -> tuple[str, float, float] |
                 and (line.at - line.checked < 0.05 or line.at >= begin):
             return fault, begin, until
     return None
+
+
+def message_state(client: KazooClient, message: str) -> str:
+    """What ZooKeeper holds of a MASTER message: its processed record and its claim (for the
+    log of a confirmed message left without its effect)."""
+    found = []
+    for what, path in (("processed record", f"{PROCESSED}/{message}"),
+                       ("claim", f"{HANDLING}/{message}")):
+        try:
+            data, stat = client.get(path)
+            found.append(f"{what} {data.decode(errors='replace')} (owner session "
+                         f"{stat.ephemeralOwner:#x})")
+        except NoNodeError:
+            found.append(f"no {what}")
+    return ", ".join(found)
 
 
 def created_twice(run: Run) -> int:

@@ -195,6 +195,11 @@ class Dispatcher:
 
     def _emit(self, delivery: Delivery, envelope: Envelope | None, outcome: DeliveryOutcome,
               detail: str) -> None:
+        if outcome in (DeliveryOutcome.REQUEUED, DeliveryOutcome.RETRIED):
+            # rare (leadership changes, failures) and what a lost message is traced by
+            log.info("member %s: %s message %s (%s) %s: %s", self.member_id,
+                     self.paradigm.value, envelope.id if envelope else "-",
+                     envelope.command if envelope else "undecoded", outcome.value, detail)
         for hook in self.on_outcome:
             try:
                 hook(delivery, envelope, outcome, detail)
