@@ -360,6 +360,8 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any], dict[
                 floor_server = GremlinServer(scratch / "gremlin-floor", heap="1g")
                 floor_server.start()
                 try:
+                    # warm: the server's JIT is cold, and its CPU per task is printed too
+                    _floors.graph_writes(floor_server.url, 16)
                     floors["server"] = {b: _floors.graph_writes(
                         floor_server.url, b, server_pid=floor_server.record.pid
                         if floor_server.record else None) for b in (1, 4, 16)}
