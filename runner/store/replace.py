@@ -35,7 +35,8 @@ _LOCK = threading.Lock()
 
 
 def lean_replace() -> None:
-    """Put :func:`_set_property` in place of gremlite's ``Result.set_property`` (once)."""
+    """Put the replace in place (:func:`_lean`) instead of gremlite's ``Result.set_property``
+    (once per process)."""
     from gremlite import querytools, results
 
     with _LOCK:
@@ -81,4 +82,3 @@ def _lean(own: Any, qt: Any) -> Any:
             cur.close()
 
     return set_property
-
