@@ -1519,7 +1519,7 @@ def test_a_lane_whose_walk_found_tasks_is_not_asked_about_again(
     assert asked[1] is not None and "r09" not in asked[1] and len(asked[1]) == 18
 
 
-def test_a_graph_that_lost_its_format_vertex_under_a_node_still_has_its_tasks_listed(
+def test_a_graph_that_lost_its_format_vertex_under_a_node_still_lists_and_takes_tasks(
         store: GraphStore) -> None:
     """The lanes' probe stands on the format vertex (gremlite has no ``inject``). A graph
     emptied under running nodes (an in-memory Gremlin Server killed and started again) has
@@ -1536,6 +1536,18 @@ def test_a_graph_that_lost_its_format_vertex_under_a_node_still_has_its_tasks_li
         assert set(store.tasks.lanes(["r00", "r09"])) == {"r00", "r09"}
         task = store.tasks.add(store.tasks.new("t", {}))
         assert [t.id for t in scan.read(5)] == [task.id]
+        # a submit's writes do not stand on it either (before, a submit sent WAITING and a
+        # bulk submit wrote nothing there and failed: "a bulk create wrote 0 of 1 tasks")
+        plain, keyed, again = (store.tasks.new("t", {"n": 1}),
+                               store.tasks.new("t", {"n": 2}, unique_key="k"),
+                               store.tasks.new("t", {"n": 3}))
+        assert [t.id for t in store.tasks.add_many([plain, keyed])] == [plain.id, keyed.id]
+        assert [t.id for t in store.tasks.add_many([again], again=True)] == [again.id]
+        assert store.tasks.add_many([again], again=True) == [store.tasks.get(again.id)]
+        claimed = store.tasks.new("t", {"n": 4})
+        assert store.create_claimed_again(claimed, 7, "m1") is not None
+        assert {t.id for t in store.tasks.all()} == {task.id, plain.id, keyed.id, again.id,
+                                                     claimed.id}
     finally:
         store.clear()  # the format stamped again: the server's graph is the next test's
 

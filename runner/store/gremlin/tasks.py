@@ -131,7 +131,9 @@ class GremlinTaskStore:
             for at in range(0, len(tasks), ADD_CHUNK):
                 branches = [branch(t, p) for t, p in zip(tasks[at:at + ADD_CHUNK],
                                                          props[at:at + ADD_CHUNK], strict=True)]
-                rows += g.V().has(FORMAT_KEY, FORMAT_KEY_VALUE).union(*branches).to_list()
+                # ``fold``: one traverser to stand on even where the format vertex is gone (a
+                # graph emptied under running nodes: an in-memory server started again)
+                rows += g.V().has(FORMAT_KEY, FORMAT_KEY_VALUE).fold().union(*branches).to_list()
             return rows
 
         rows = self.graph.write(run) if tasks else []
