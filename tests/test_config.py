@@ -136,7 +136,10 @@ def test_a_node_on_an_embedded_graph_switches_threads_every_half_millisecond(
 
 def test_a_node_run_sets_the_switch_interval_while_it_runs_and_restores_it_after() -> None:
     """``latchwork node start``'s run loop applies the interval before the node is built and
-    puts the process's own back when the node has stopped (SIGTERM here)."""
+    puts the process's own back when the node has stopped (SIGTERM here). It also freezes
+    what the start allocated out of the collector's generations while the node runs, and
+    thaws it after (runner.node.main._freeze_start_up)."""
+    import gc
     import signal
 
     from runner.node.main import run
@@ -153,8 +156,12 @@ def test_a_node_run_sets_the_switch_interval_while_it_runs_and_restores_it_after
 
         def __exit__(self, *exc: object) -> None:
             seen.append(sys.getswitchinterval())
+            frozen.append(gc.get_freeze_count())
 
+    frozen: list[int] = []
     before = sys.getswitchinterval()
+    assert gc.get_freeze_count() == 0
     assert run(Settings(graph="/data/graph.db"), node=Started()) == 0  # type: ignore[arg-type]
     assert seen == [0.0005, 0.0005]
     assert sys.getswitchinterval() == before
+    assert frozen[0] > 1000 and gc.get_freeze_count() == 0

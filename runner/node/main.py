@@ -9,6 +9,7 @@ started is left running.
 
 from __future__ import annotations
 
+import gc
 import logging
 import signal
 import sys
@@ -38,12 +39,14 @@ def run(settings: Settings, ready: threading.Event | None = None,
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     switch = sys.getswitchinterval()
+    frozen = False
     try:
         sys.setswitchinterval(switch_interval(settings))
         with node or Node(settings) as running:
             logs.set_member(running.member_id)
             print(f"latchwork node {running.member_id} joined cluster {settings.cluster} "
                   f"at {settings.zk_hosts}", flush=True)
+            frozen = _freeze_start_up()
             if ready is not None:
                 ready.set()
             while not received:
@@ -53,9 +56,26 @@ def run(settings: Settings, ready: threading.Event | None = None,
         log.info("node stopped cleanly")
         return 0
     finally:
+        if frozen:
+            gc.unfreeze()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         sys.setswitchinterval(switch)
+
+
+def _freeze_start_up() -> bool:
+    """Move what the node's start allocated (the libraries' modules, the registry, the
+    connections: most of the process's objects, and they live as long as it) out of the
+    garbage collector's generations, so that its full collections walk only what was allocated
+    since: ``gc.freeze``, done once the node has started; ``run`` undoes it when the node
+    has stopped. Without it, each node paused 30-55 ms in a full collection now and then, in
+    whichever traversal was running (one submit's store write here in the bench's paced
+    latency: its p99 was 51 ms where its p90 was 10). Whether this run froze anything (a
+    process that froze before keeps its own)."""
+    if gc.get_freeze_count():
+        return False
+    gc.freeze()
+    return True
 
 
 #: the switch interval of a node on an embedded graph (seconds)
