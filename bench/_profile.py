@@ -78,6 +78,8 @@ def scrape(port: int) -> dict[str, float]:
             out["messages"] += float(value)
         elif name.startswith("latchwork_attempts_total{") and 'status="SUCCEEDED"' in name:
             out["succeeded"] = out.get("succeeded", 0.0) + float(value)
+        elif name.startswith("latchwork_task_scans_total"):
+            out["listings"] = float(value)
         elif name.startswith("latchwork_task_claims_total{"):
             result = name.split('result="', 1)[1].split('"', 1)[0]
             out[f"claims_{result}"] = out.get(f"claims_{result}", 0.0) + float(value)
@@ -108,9 +110,11 @@ def per_task(before: Snapshot, after: Snapshot, tasks: int) -> dict[str, float]:
     """Per task: ZooKeeper requests, store reads and writes and their ms, broker messages
     consumed, the nodes' claims that did not start their task (``claims_lock_busy``: its lock
     held elsewhere; ``claims_stale``: the task moved on since it was listed, its claim
-    refused by the store), and the CPU ms of each process group."""
+    refused by the store), the listings of ready tasks (each a page of up to 64), and the CPU
+    ms of each process group."""
     out = {"zk_requests": (after.zk_packets - before.zk_packets) / tasks}
-    for key in ("store_reads", "store_writes", "messages", "claims_lock_busy", "claims_stale"):
+    for key in ("store_reads", "store_writes", "messages", "claims_lock_busy", "claims_stale",
+                "listings"):
         out[key] = (after.nodes.get(key, 0.0) - before.nodes.get(key, 0.0)) / tasks
     for key in ("store_read_s", "store_write_s"):
         out[key.replace("_s", "_ms")] = (after.nodes.get(key, 0.0)
