@@ -131,8 +131,7 @@ class GremlinTaskStore:
             for at in range(0, len(tasks), ADD_CHUNK):
                 branches = [branch(t, p) for t, p in zip(tasks[at:at + ADD_CHUNK],
                                                          props[at:at + ADD_CHUNK], strict=True)]
-                # ``fold``: one traverser to stand on even where the format vertex is gone (a
-                # graph emptied under running nodes: an in-memory server started again)
+                # ``fold``: one traverser even where an emptied graph lost the format vertex
                 rows += g.V().has(FORMAT_KEY, FORMAT_KEY_VALUE).fold().union(*branches).to_list()
             return rows
 
