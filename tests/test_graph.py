@@ -125,7 +125,7 @@ def test_a_failed_write_rolls_back_every_statement_and_nested_write(
     assert count(graph, "job") == 3
 
 
-def test_strings_kept_by_a_connection_are_only_those_a_read_found_committed(
+def test_strings_a_read_found_are_kept_and_a_rolled_back_write_leaves_none(
         graph: EmbeddedGraph, other: sqlite3.Connection) -> None:
     """A connection keeps the strings its reads look up (gremlite reads each property name and
     string value with a query of its own). A string a write added and looked up is not kept:
@@ -152,6 +152,48 @@ def test_strings_kept_by_a_connection_are_only_those_a_read_found_committed(
     graph.write(lambda g: g.add_v("note").property("text", "from-another-process").iterate())
     assert sorted(graph.read(lambda g: g.V().has_label("note").values("text").to_list())) == [
         "from-another-process", "the-string-written"]
+
+
+def test_strings_a_write_found_are_kept_once_it_committed_and_never_after_a_rollback(
+        graph: EmbeddedGraph, other: sqlite3.Connection) -> None:
+    """A claim and an end looked up 43 names and values inside the write lock, each a query:
+    what a write finds is kept once its transaction commits. A string it added is not kept
+    (mostly one task's values), and nothing a write found is kept after a rollback: it may
+    have added the string itself, whose id then goes to the next new string."""
+    con = graph._connection().con
+
+    def stored(value: str) -> int:
+        return int(other.execute("SELECT id FROM strings WHERE v = ?", [value]).fetchone()[0])
+
+    graph.write(lambda g: g.add_v("note").property("text", "written-once").iterate())
+    assert "written-once" not in con.by_value  # added by the write: not kept
+    graph.write(lambda g: g.add_v("note").property("text", "written-once").iterate())
+    assert con.by_value["written-once"] == stored("written-once")  # found, then committed
+    assert con.by_value["text"] == stored("text") and con.by_value["note"] == stored("note")
+
+    def added_found_then_failed(g: Any) -> None:
+        g.add_v("note").property("text", "rolled-back-string").iterate()
+        assert g.V().has("text", "rolled-back-string").count().next() == 1  # found, uncommitted
+        raise ValueError("handler bug")
+
+    with pytest.raises(ValueError):
+        graph.write(added_found_then_failed)
+    assert "rolled-back-string" not in con.by_value and not con.found
+    other.execute("BEGIN IMMEDIATE")  # the id the rolled-back string had goes to another one
+    other.execute("INSERT INTO strings (v) VALUES ('from-another-process')")
+    other.execute("COMMIT")
+    assert graph.write(lambda g: g.V().has("text", "from-another-process").count().next()) == 0
+    graph.write(lambda g: g.add_v("note").property("text", "from-another-process").iterate())
+    assert con.by_value["from-another-process"] == stored("from-another-process")
+
+    def added_and_found(g: Any) -> None:
+        g.add_v("note").property("text", "added-and-found").iterate()
+        assert g.V().has("text", "added-and-found").count().next() == 1
+
+    graph.write(added_and_found)  # found in the transaction that added it: kept once committed
+    assert con.by_value["added-and-found"] == stored("added-and-found")
+    assert sorted(graph.read(lambda g: g.V().has_label("note").values("text").to_list())) == [
+        "added-and-found", "from-another-process", "written-once", "written-once"]
 
 
 def test_a_process_frozen_holding_the_first_open_lock_blocks_no_thread_or_node_start(

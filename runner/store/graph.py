@@ -41,7 +41,7 @@ from runner.errors import StoreFull, StoreUnavailable
 from runner.store.alarm import StorageAlarm, unwritable
 from runner.store.calls import CallStats
 from runner.store.replace import lean_replace
-from runner.store.strings import kept_strings
+from runner.store.strings import committed, kept_strings
 
 log = logging.getLogger("latchwork.store")
 
@@ -66,7 +66,8 @@ class _LazyBegin(sqlite3.Connection):
     :meth:`begin_lazily`, so that only statements run inside it: gremlite reaches SQLite through
     ``cursor()`` only, after gremlinpython has built the traversal and gremlite has compiled it.
 
-    It also keeps the strings its reads looked up (:mod:`runner.store.strings`)."""
+    It also keeps the strings its reads looked up, and those its writes found once they commit
+    (:mod:`runner.store.strings`)."""
 
     def __init__(self, path: Path, busy_timeout: float) -> None:
         super().__init__(path, timeout=busy_timeout, isolation_level=None)
@@ -76,6 +77,7 @@ class _LazyBegin(sqlite3.Connection):
         self.reading = False  # in a read's transaction: what it looks up may be kept
         self.by_id: dict[int, str] = {}
         self.by_value: dict[str, int] = {}
+        self.found: dict[str, int] = {}  # what a write found, kept once it commits
 
     def begin_lazily(self, begin: str | None) -> None:
         """``begin`` runs before the next cursor is handed out (None: forget a pending one)."""
@@ -220,6 +222,7 @@ class EmbeddedGraph:
             wrote = con.in_transaction and begin == "BEGIN IMMEDIATE"
             if con.in_transaction:  # not begun when fn ran no statement
                 con.execute("COMMIT")
+                committed(con)
         except BaseException as exc:
             if con.in_transaction:
                 try:
@@ -235,6 +238,7 @@ class EmbeddedGraph:
         finally:
             con.begin_lazily(None)
             con.reading = False
+            con.found.clear()
             self._local.depth = 0
         if wrote:
             self.alarm.written()

@@ -3,12 +3,16 @@ them.
 
 gremlite stores every property name and string value once, in a table of strings, and reads
 each of a row's names and values with a query of its own (an element map of ten properties is
-21 queries). A connection (``runner.store.graph._LazyBegin``: ``by_id``, ``by_value``,
-``reading``) keeps what its reads looked up, and its lookups and writes use it. A string's id
-never changes once committed (gremlite never deletes one), so what a read (a snapshot of
-committed data) found stays true; a write's lookups are not kept (a string that write added is
-gone again if it rolls back, and its id may be given to another). Nothing here does I/O of its
-own; a connection that is not one of ours goes straight to gremlite.
+21 queries; a claim and an end of one task looked up 43 names and values, 40% of their
+statements, inside the write lock). A connection (``runner.store.graph._LazyBegin``:
+``by_id``, ``by_value``, ``reading``, ``found``) keeps what its reads looked up, and its lookups
+and writes use it. A string's id never changes once committed (gremlite never deletes one), so
+what a read (a snapshot of committed data) found stays true. What a write found is held apart
+(``found``) until its transaction commits, and kept only then: the write may have added the
+string itself, and if it rolls back the string is gone and its id may be given to another. A
+string a write adds is not kept at all (mostly values of one task: a state, an attempt's id).
+Nothing here does I/O of its own; a connection that is not one of ours goes straight to
+gremlite.
 """
 
 from __future__ import annotations
@@ -44,22 +48,48 @@ def _wrap_lookups(querytools: Any) -> None:
             found = strings.get(key)
             if found is None:
                 found = lookup(con, key)
-                if found is not None and con.reading:
-                    _keep(con, *((key, found) if by_id else (found, key)))
+                if found is not None:
+                    _found(con, *((key, found) if by_id else (found, key)))
             return found
         return find
 
     id_to_string = kept(querytools.id_to_string, True)
     string_to_id = kept(querytools.string_to_id, False)
-    merge = querytools.merge_string
+    look_up, merge = querytools.string_to_id, querytools.merge_string
 
-    def merge_string(con: Any, value: Any) -> Any:  # a write's: kept ones used, none kept
+    def merge_string(con: Any, value: Any) -> Any:  # a write's: kept ones used
         strings = getattr(con, "by_value", None)
-        i = strings.get(value) if strings is not None else None
-        return merge(con, value) if i is None else i
+        if strings is None:
+            return merge(con, value)
+        i = strings.get(value)
+        if i is None:
+            i = look_up(con, value)
+            if i is None:  # new: added, not kept
+                cur = con.cursor()
+                i = cur.execute("INSERT INTO strings (v) VALUES (?) RETURNING id",
+                                [value]).fetchone()[0]
+                cur.close()
+            else:
+                _found(con, i, value)
+        return i
 
     querytools.id_to_string, querytools.string_to_id = id_to_string, string_to_id
     querytools.merge_string = merge_string
+
+
+def _found(con: Any, i: int, value: str) -> None:
+    """A string looked up and found: kept at once by a read, after its commit by a write."""
+    if con.reading:
+        _keep(con, i, value)
+    else:
+        con.found[value] = i
+
+
+def committed(con: Any) -> None:
+    """``con``'s write committed: what it found is kept (see the module)."""
+    for value, i in con.found.items():
+        _keep(con, i, value)
+    con.found.clear()
 
 
 def _keep(con: Any, i: int, value: str) -> None:
