@@ -474,25 +474,45 @@ def _snapshot_series(spark: Any, session: Session, store: GraphStore, tmp_path: 
     return coordinator, paths
 
 
+#: the rows of the first batch the cancel tests' series cut (their snapshots hold more)
+_BATCH_ROWS = 20
+
+
+def _slow_rows(marks: Path) -> Any:
+    """A value that takes a second a row, each row leaving a file in ``marks`` as it starts: a
+    batch's rows, one after another in one task, run for many seconds unless its job is
+    cancelled, and the files count the rows computed. (A Python UDF: a cancelled job's Python
+    worker is killed, where a built-in loop runs its row to the end.)"""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType
+    marks.mkdir(exist_ok=True)
+    where = str(marks)
+
+    def slow(avatar: str) -> str:
+        import os
+        import time
+        import uuid
+        open(os.path.join(where, uuid.uuid4().hex), "w").close()
+        time.sleep(1.0)
+        return '"slow"'
+
+    return F.udf(slow, StringType())(F.col("id"))
+
+
 def test_cancelling_the_task_cancels_its_spark_job_group(
         spark: Any, zk_namespace: ZkNamespace, tmp_path: Path) -> None:
-    from pyspark.sql import functions as F
-    seq = F.sequence(F.lit(0), F.lit(20_000))  # nested built-in loops: slow, little memory
-    COMPUTATIONS["test-slow"] = lambda df: F.when(
-        F.aggregate(seq, F.lit(0).cast("long"),
-                    lambda acc, x: acc + F.aggregate(seq, F.lit(0).cast("long"),
-                                                     lambda a, y: a + y)) >= 0,
-        F.lit('"slow"'))
+    marks = tmp_path / "rows"
+    COMPUTATIONS["test-slow"] = lambda df: _slow_rows(marks)
     try:
         slow = AspectDefinition(name="slow", kind=Kind.HEAVY, compute="test-slow",
                                 classes=(f"{EX}Equipment",))
         store = open_store(str(tmp_path / "g.db"))
         with Session(zk_namespace.hosts, "c1") as session:
             coordinator, paths = _snapshot_series(spark, session, store, tmp_path, "slow-1",
-                                                  40, 20)
+                                                  40, _BATCH_ROWS)
             cancel = CancelToken()
             worker = BatchWorker(spark, store, coordinator, slow, paths, "w1", cancel,
-                                 group="latchwork-task-t1", batch_rows=20)
+                                 group="latchwork-task-t1", batch_rows=_BATCH_ROWS)
             errors: list[BaseException] = []
 
             def run() -> None:
@@ -513,12 +533,59 @@ def test_cancelling_the_task_cancels_its_spark_job_group(
             assert time.monotonic() - asked < 30
             assert len(errors) == 1 and isinstance(errors[0], TaskCancelled)
             assert spark.sparkContext.statusTracker().getActiveJobsIds() == []
+            assert len(list(marks.iterdir())) < _BATCH_ROWS, "the batch was computed"
             (batch, *_) = coordinator.history()
             assert batch.state is BatchState.ABORTED and batch.failures == 0  # not its fault
             assert "cancelled" in batch.errors[-1]
         store.close()
     finally:
         del COMPUTATIONS["test-slow"]
+
+
+def test_a_cancel_between_two_spark_jobs_cancels_the_job_started_after_it(
+        spark: Any, zk_namespace: ZkNamespace, tmp_path: Path) -> None:
+    """The cancel lands while no job of the group runs (after the snapshot's read, before the
+    batch's write starts): the write's job, started after it, is cancelled too."""
+    cancel = CancelToken()
+    between: list[list[int]] = []
+    marks = tmp_path / "rows"
+
+    def slow_after_a_cancel(df: Any) -> Any:  # built on the driver between the two jobs
+        between.append(list(spark.sparkContext.statusTracker().getActiveJobsIds()))
+        cancel.cancel("operator deactivated the task")
+        return _slow_rows(marks)
+
+    COMPUTATIONS["test-slow-after-cancel"] = slow_after_a_cancel
+    try:
+        slow = AspectDefinition(name="slow", kind=Kind.HEAVY, compute="test-slow-after-cancel",
+                                classes=(f"{EX}Equipment",))
+        store = open_store(str(tmp_path / "g.db"))
+        with Session(zk_namespace.hosts, "c1") as session:
+            coordinator, paths = _snapshot_series(spark, session, store, tmp_path, "between-1",
+                                                  40, _BATCH_ROWS)
+            worker = BatchWorker(spark, store, coordinator, slow, paths, "w1", cancel,
+                                 group="latchwork-task-t2", batch_rows=_BATCH_ROWS)
+            errors: list[BaseException] = []
+
+            def run() -> None:
+                try:
+                    worker.run()
+                except BaseException as exc:
+                    errors.append(exc)
+
+            thread = threading.Thread(target=run)
+            thread.start()
+            thread.join(60)
+            assert not thread.is_alive(), "the job started after the cancel ran on"
+            assert between == [[]], "the cancel did not fall between two jobs"
+            assert len(errors) == 1 and isinstance(errors[0], TaskCancelled)
+            assert spark.sparkContext.statusTracker().getActiveJobsIds() == []
+            assert len(list(marks.iterdir())) < _BATCH_ROWS, "the batch was computed"
+            (batch, *_) = coordinator.history()
+            assert batch.state is BatchState.ABORTED and "cancelled" in batch.errors[-1]
+        store.close()
+    finally:
+        del COMPUTATIONS["test-slow-after-cancel"]
 
 
 def test_a_committed_batch_is_not_recomputed_and_reapplying_it_changes_nothing(

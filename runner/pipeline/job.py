@@ -96,6 +96,51 @@ class Lease:
                             self.batch.series, exc)
 
 
+class GroupCancel:
+    """Cancels a Spark job group at once and then again every ``every`` seconds until closed.
+
+    ``cancelJobGroup`` cancels only the group's jobs running at that moment. A batch is several
+    jobs (the snapshot's read, then the batch's write), and the driver thread starts the next
+    one without asking the token first: a cancel that fell between two jobs left the next one
+    to run to its end, the whole computation. Asked again until the worker is out of its Spark
+    calls, a job started after the cancel is cancelled within ``every`` seconds."""
+
+    def __init__(self, sc: Any, group: str, every: float = 0.25) -> None:
+        self.sc = sc
+        self.group = group
+        self.every = every
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def __call__(self, reason: str) -> None:
+        self._cancel()
+        with self._lock:
+            if self._thread is None and not self._stop.is_set():
+                self._thread = threading.Thread(target=self._repeat, daemon=True,
+                                                name=f"cancel-{self.group}")
+                self._thread.start()
+
+    def _cancel(self) -> bool:
+        try:
+            self.sc.cancelJobGroup(self.group)
+            return True
+        except Exception as exc:  # the context stopped meanwhile: nothing left to cancel
+            log.warning("job group %s: cancel failed: %s", self.group, exc)
+            return False
+
+    def _repeat(self) -> None:
+        while not self._stop.wait(self.every) and self._cancel():
+            pass
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop.set()
+            thread = self._thread
+        if thread is not None:
+            thread.join()
+
+
 @dataclass
 class BatchWorker:
     """One driver working one series for one task (or one spark-submit)."""
@@ -124,8 +169,8 @@ class BatchWorker:
 
     def run(self) -> SeriesStatus:
         """Work batches until the series is COMPLETED; raises SeriesFailed or TaskCancelled."""
-        sc = self.spark.sparkContext
-        unhook = self.cancel.on_cancel(lambda reason: sc.cancelJobGroup(self.group))
+        cancel_group = GroupCancel(self.spark.sparkContext, self.group)
+        unhook = self.cancel.on_cancel(cancel_group)
         try:
             while True:
                 self.cancel.raise_if_cancelled()
@@ -141,26 +186,29 @@ class BatchWorker:
                 self._attempt(batch)
         finally:
             unhook()
+            cancel_group.close()
 
     def _attempt(self, batch: Batch) -> None:
         started = time.monotonic()
-        sc = self.spark.sparkContext
-        with Lease(self.coordinator, batch,
-                   on_lost=lambda why: sc.cancelJobGroup(self.group)) as lease:
-            try:
-                rows = self.process(batch)
-            except Exception as exc:
-                if lease.lost is not None:
-                    log.warning("member %s: batch %d of %s lost: %s", self.member, batch.no,
-                                batch.series, lease.lost)
+        lost_group = GroupCancel(self.spark.sparkContext, self.group)  # a lost lease's
+        try:
+            with Lease(self.coordinator, batch, on_lost=lost_group) as lease:
+                try:
+                    rows = self.process(batch)
+                except Exception as exc:
+                    if lease.lost is not None:
+                        log.warning("member %s: batch %d of %s lost: %s", self.member, batch.no,
+                                    batch.series, lease.lost)
+                        return
+                    if self.cancel.cancelled:
+                        self._release(lease.batch, f"cancelled: {self.cancel.reason}")
+                        raise TaskCancelled(self.cancel.reason) from exc
+                    log.exception("member %s: batch %d of %s failed", self.member, batch.no,
+                                  batch.series)
+                    self._release(lease.batch, f"{type(exc).__name__}: {exc}", count=True)
                     return
-                if self.cancel.cancelled:
-                    self._release(lease.batch, f"cancelled: {self.cancel.reason}")
-                    raise TaskCancelled(self.cancel.reason) from exc
-                log.exception("member %s: batch %d of %s failed", self.member, batch.no,
-                              batch.series)
-                self._release(lease.batch, f"{type(exc).__name__}: {exc}", count=True)
-                return
+        finally:
+            lost_group.close()
         try:
             self.coordinator.finish(lease.batch, rows=rows)
         except BatchLost as exc:
