@@ -340,3 +340,68 @@ def test_a_property_replaced_in_place_reads_back_as_gremlites_own_replace(
     assert lean[:2] == own[:2]
     assert lean[1][0] == ["t1"] and lean[1][1] == [] and lean[1][8] == ["t0"]
     assert lean[2] < own[2]  # gremlite's own took an element id per replace
+
+
+def _unions(path: Path) -> list[Any]:
+    """What unions of every shape answer on a small graph: over one traverser (the store's
+    batches) and over several, nested, cut short by a limit, with a branch that matches nothing,
+    and a batch of guarded changes as the store writes them (a branch that fails its guard
+    changes nothing)."""
+    from gremlin_python.process.graph_traversal import __
+
+    graph = EmbeddedGraph(path)
+    try:
+        graph.write(lambda g: [g.add_v("task").property("k", f"t{n}").property("n", n).iterate()
+                               for n in range(4)])
+        asked = [
+            lambda g: g.V().has("k", "t0").union(__.values("n"), __.V().has("k", "t1")
+                                                .values("k")).to_list(),
+            lambda g: g.V().has_label("task").union(__.values("k"), __.constant("x")).to_list(),
+            lambda g: g.V().has("k", "t2").union(__.union(__.values("n"), __.constant(9)),
+                                                 __.V().has("k", "nobody")).to_list(),
+            lambda g: g.V().has_label("task").union(__.values("k"), __.values("n"))
+            .limit(3).to_list(),
+        ]
+        answers = [sorted(map(str, graph.read(ask))) for ask in asked]
+        batch = [__.V().has("k", f"t{n}").has("n", n if n != 2 else 99).property("done", True)
+                 .constant(n) for n in range(4)]
+        written = graph.write(lambda g: sorted(g.V().has("k", "t0").union(*batch).to_list()))
+        done = graph.read(lambda g: sorted(g.V().has("done", True).values("k").to_list()))
+    finally:
+        graph.close()
+    return [*answers, written, done]
+
+
+def test_union_branches_compiled_before_the_write_lock_answer_as_gremlites_own(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``runner.store.branches``: a union compiles its branches before the write's
+    transaction begins (none of them compiled inside it), and every shape of union answers
+    what gremlite's own way answers."""
+    from gremlin_python.process.graph_traversal import __
+    from gremlite import steps
+
+    graph = EmbeddedGraph(tmp_path / "lock.db")
+    try:
+        graph.write(lambda g: [g.add_v("task").property("k", f"t{n}").iterate() for n in range(3)])
+        con = graph._connection().con
+        seeded: list[bool] = []
+        chain = steps.bytecode_to_producer_chain
+
+        def compile_(*args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("seed_producer") is not None:
+                seeded.append(con.in_transaction)
+            return chain(*args, **kwargs)
+
+        monkeypatch.setattr(steps, "bytecode_to_producer_chain", compile_)
+        branches = [__.V().has("k", f"t{n}").property("seen", True).constant(n) for n in range(3)]
+        assert sorted(graph.write(lambda g: g.V().has("k", "t0").union(*branches)
+                                  .to_list())) == [0, 1, 2]
+        assert seeded == [False, False, False]
+    finally:
+        graph.close()
+    monkeypatch.undo()
+    early = _unions(tmp_path / "early.db")
+    assert early[4] == [0, 1, 3] and early[5] == ["t0", "t1", "t3"]
+    monkeypatch.setattr(steps.Union, "build", steps.Union._latchwork_own[0])
+    monkeypatch.setattr(steps.Union, "follow_all_traversals", steps.Union._latchwork_own[1])
+    assert _unions(tmp_path / "own.db") == early

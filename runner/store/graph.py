@@ -39,6 +39,7 @@ from gremlin_python.process.traversal import Bytecode, Cardinality
 
 from runner.errors import StoreFull, StoreUnavailable
 from runner.store.alarm import StorageAlarm, unwritable
+from runner.store.branches import early_branches
 from runner.store.calls import CallStats
 from runner.store.replace import lean_replace
 from runner.store.strings import committed, kept_strings
@@ -175,6 +176,7 @@ class EmbeddedGraph:
 
         kept_strings()
         lean_replace()
+        early_branches()
         try:
             remote = SQLiteConnection(self.path, isolation_level=None, timeout=self.busy_timeout)
             # gremlite's traversals use ``remote.con``: ours, which begins lazily, replaces it
