@@ -499,6 +499,21 @@ def _slow_rows(marks: Path) -> Any:
     return F.udf(slow, StringType())(F.col("id"))
 
 
+def _in_a_thread(worker: BatchWorker) -> tuple[threading.Thread, list[BaseException]]:
+    """``worker.run()`` started in a thread of its own; what it raised, once it ended."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            worker.run()
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, errors
+
+
 def test_cancelling_the_task_cancels_its_spark_job_group(
         spark: Any, zk_namespace: ZkNamespace, tmp_path: Path) -> None:
     marks = tmp_path / "rows"
@@ -513,16 +528,7 @@ def test_cancelling_the_task_cancels_its_spark_job_group(
             cancel = CancelToken()
             worker = BatchWorker(spark, store, coordinator, slow, paths, "w1", cancel,
                                  group="latchwork-task-t1", batch_rows=_BATCH_ROWS)
-            errors: list[BaseException] = []
-
-            def run() -> None:
-                try:
-                    worker.run()
-                except BaseException as exc:
-                    errors.append(exc)
-
-            thread = threading.Thread(target=run)
-            thread.start()
+            thread, errors = _in_a_thread(worker)
             assert wait_until(lambda: spark.sparkContext.statusTracker()
                               .getActiveJobsIds() != [], 30, 0.1)
             time.sleep(1.0)
@@ -565,16 +571,7 @@ def test_a_cancel_between_two_spark_jobs_cancels_the_job_started_after_it(
                                                   40, _BATCH_ROWS)
             worker = BatchWorker(spark, store, coordinator, slow, paths, "w1", cancel,
                                  group="latchwork-task-t2", batch_rows=_BATCH_ROWS)
-            errors: list[BaseException] = []
-
-            def run() -> None:
-                try:
-                    worker.run()
-                except BaseException as exc:
-                    errors.append(exc)
-
-            thread = threading.Thread(target=run)
-            thread.start()
+            thread, errors = _in_a_thread(worker)
             thread.join(60)
             assert not thread.is_alive(), "the job started after the cancel ran on"
             assert between == [[]], "the cancel did not fall between two jobs"

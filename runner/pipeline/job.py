@@ -140,6 +140,12 @@ class GroupCancel:
         if thread is not None:
             thread.join()
 
+    def __enter__(self) -> GroupCancel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 @dataclass
 class BatchWorker:
@@ -190,25 +196,23 @@ class BatchWorker:
 
     def _attempt(self, batch: Batch) -> None:
         started = time.monotonic()
-        lost_group = GroupCancel(self.spark.sparkContext, self.group)  # a lost lease's
-        try:
-            with Lease(self.coordinator, batch, on_lost=lost_group) as lease:
-                try:
-                    rows = self.process(batch)
-                except Exception as exc:
-                    if lease.lost is not None:
-                        log.warning("member %s: batch %d of %s lost: %s", self.member, batch.no,
-                                    batch.series, lease.lost)
-                        return
-                    if self.cancel.cancelled:
-                        self._release(lease.batch, f"cancelled: {self.cancel.reason}")
-                        raise TaskCancelled(self.cancel.reason) from exc
-                    log.exception("member %s: batch %d of %s failed", self.member, batch.no,
-                                  batch.series)
-                    self._release(lease.batch, f"{type(exc).__name__}: {exc}", count=True)
+        sc = self.spark.sparkContext
+        with GroupCancel(sc, self.group) as lost_group, \
+                Lease(self.coordinator, batch, on_lost=lost_group) as lease:
+            try:
+                rows = self.process(batch)
+            except Exception as exc:
+                if lease.lost is not None:
+                    log.warning("member %s: batch %d of %s lost: %s", self.member, batch.no,
+                                batch.series, lease.lost)
                     return
-        finally:
-            lost_group.close()
+                if self.cancel.cancelled:
+                    self._release(lease.batch, f"cancelled: {self.cancel.reason}")
+                    raise TaskCancelled(self.cancel.reason) from exc
+                log.exception("member %s: batch %d of %s failed", self.member, batch.no,
+                              batch.series)
+                self._release(lease.batch, f"{type(exc).__name__}: {exc}", count=True)
+                return
         try:
             self.coordinator.finish(lease.batch, rows=rows)
         except BatchLost as exc:
