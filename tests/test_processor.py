@@ -941,20 +941,27 @@ def test_a_new_task_is_written_claimed_by_its_submitter_in_one_store_write(
         assert failing.id not in {t.id for t in store.tasks.all()}
 
 
+@pytest.mark.parametrize("again", [False, True], ids=["new", "redelivered"])
 def test_a_new_task_whose_lock_cannot_be_had_as_it_is_written_ends_cancelled_by_system(
-        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+        zk_namespace: ZkNamespace, store: GraphStore, again: bool,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """A new task is written claimed while its lock is taken; when the lock cannot be had
     after all (here another session holds the new id's lock: in life, a session lost at that
     moment), the task stands RUNNING in the store: its attempt is cancelled before the handler
     runs and ends CANCELLED_BY_SYSTEM, fenced like any end, the task back to waiting, and it
-    runs once the lock is free, with a token above the first."""
+    runs once the lock is free, with a token above the first. A redelivered submit's task
+    waits for its lock a while first (``RETAKE_WAIT``, shortened here) and ends the same way
+    when the other holder keeps it."""
+    from runner.tasks.worker import claim
+
+    monkeypatch.setattr(claim, "RETAKE_WAIT", 0.3)
     held = Held()
     with one_worker_loop(zk_namespace, store, held) as (s, processor), \
             session(zk_namespace) as theirs:
         new = store.tasks.new("t", {"n": 1})
         other = TaskLock(theirs, new.id, "m2")
         assert other.try_acquire() is not None
-        admitted = processor.accept(new)
+        admitted = processor.accept(new, again=again)
         assert admitted.admission is Admission.STARTED
         assert wait_until(lambda: new.id not in processor.running, 10)
         (first,) = store.attempts.for_task(new.id)
@@ -969,6 +976,37 @@ def test_a_new_task_whose_lock_cannot_be_had_as_it_is_written_ends_cancelled_by_
         assert held.started.wait(10) and held.ran == [new.id]
         second = store.attempts.for_task(new.id)[-1]
         assert second.seq == 2 and second.fence > first.fence
+
+
+def test_a_redelivered_submits_task_waits_for_its_lock_held_by_the_other_copy_and_runs_once(
+        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+    """Two copies of one submit handled at once on two nodes: the copy that writes the task
+    may find its lock taken by the other copy's try, which lets it go once it finds the task
+    written (here another session holds the lock and lets go 0.3 s later). The writer waits
+    for the lock rather than cancel its attempt: the task runs with one attempt, its claim's
+    token kept (the CI run of stop 22 saw a cancelled attempt and a second one)."""
+    import threading
+
+    held = Held()
+    with one_worker_loop(zk_namespace, store, held) as (_, processor), \
+            session(zk_namespace) as theirs:
+        new = store.tasks.new("t", {"n": 1})
+        other = TaskLock(theirs, new.id, "m2")
+        assert other.try_acquire() is not None
+        letting_go = threading.Timer(0.3, other.release)
+        letting_go.start()
+        try:
+            admitted = processor.accept(new, again=True)
+        finally:
+            letting_go.join()
+        assert admitted.admission is Admission.STARTED
+        assert held.started.wait(10) and held.ran == [new.id]
+        held.release.set()
+        assert wait_until(lambda: new.id not in processor.running, 10)
+        (only,) = store.attempts.for_task(new.id)
+        assert only.status is AttemptStatus.SUCCEEDED and only.seq == 1
+        assert processor.stats["lock_lost_at_start"] == 0
+        assert store.tasks.get(new.id).finished
 
 
 def test_a_batch_claim_that_partly_loses_keeps_what_it_won(

@@ -30,6 +30,7 @@ how everything taken is let go when a step fails; apart, each would repeat that 
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from urllib.parse import quote
@@ -51,6 +52,11 @@ from runner.tasks.registry import TaskType
 from runner.tasks.worker.running import Claimed, RunningSet, Slot
 
 log = logging.getLogger("latchwork.tasks")
+
+#: how long a redelivered submit's new task waits for its lock when another node held it as
+#: the task was written (the other copy's own try, which lets go once it finds the task
+#: written): seconds
+RETAKE_WAIT = 2.0
 
 
 def release(lock: TaskLock, booking: Booking | None, member_id: str) -> None:
@@ -80,6 +86,24 @@ def _settled(taking: Acquiring) -> int | None:
         log.warning("task lock %s: %s", taking.locks[0].task_id, exc)
         return None
     return token
+
+
+def _retake(lock: TaskLock, member_id: str) -> int | None:
+    """The lock of a new task written claimed here, tried again until :data:`RETAKE_WAIT` has
+    passed (:meth:`Claimer.claim_new`, ``again``); its token, None when it is still held
+    elsewhere or a try fails (logged). Its token is above the one the task's claim was written
+    with, which stays the attempt's: nothing was written with the other holder's."""
+    deadline, pause = time.monotonic() + RETAKE_WAIT, 0.005
+    while True:
+        try:
+            token = lock.try_acquire()
+        except CoordError as exc:
+            log.warning("member %s: task lock %s: %s", member_id, lock.task_id, exc)
+            return None
+        if token is not None or time.monotonic() + pause > deadline:
+            return token
+        time.sleep(pause)
+        pause = min(pause * 2, 0.1)
 
 
 def slot_name(value: str) -> str:
@@ -241,7 +265,12 @@ class Claimer:
         written: the submit fails as a failed create does.
 
         ``again``: the task's id is its request's (a redelivered submit): when a task has that
-        id already, nothing is written and the lock let go, None (the caller finds that task)."""
+        id already, nothing is written and the lock let go, None (the caller finds that task).
+        Two copies handled at once on two nodes both try the lock as they write: the one that
+        wrote first may find the lock held by the other, which lets it go as soon as its write
+        finds the task there. So a copy that wrote the task and found its lock held tries it
+        again for up to :data:`RETAKE_WAIT` seconds (:func:`_retake`) before it cancels its
+        attempt: the task then runs with one attempt, not a cancelled one and a second."""
         session_id = self.session.session_id
         slot = self._register(task, None)
         try:
@@ -273,14 +302,23 @@ class Claimer:
             raise
         slot.claim = Claimed(claimed, attempt, token)
         if taking.below > 0:
-            held = _settled(taking)
-            if held is None or self.session.expired(session_id):
-                self.stats["lock_lost_at_start"] += 1
-                slot.cancel.cancel("its task lock could not be taken as it started"
-                                   if held is None else
-                                   "its ZooKeeper session changed as it started")
+            self._lock_written(slot, taking, again, session_id)
         self.stats["started"] += 1
         return slot
+
+    def _lock_written(self, slot: Slot, taking: Acquiring, again: bool,
+                      session_id: int | None) -> None:
+        """The lock's answer for a task :meth:`claim_new` has written claimed: the attempt is
+        cancelled before its handler runs when the lock cannot be had (a redelivered submit's
+        tried again first, :func:`_retake`) or the session changed meanwhile."""
+        held = _settled(taking)
+        if held is None and again and not self.session.expired(session_id):
+            held = _retake(slot.lock, self.member_id)
+        if held is None or self.session.expired(session_id):
+            self.stats["lock_lost_at_start"] += 1
+            slot.cancel.cancel("its task lock could not be taken as it started"
+                               if held is None else
+                               "its ZooKeeper session changed as it started")
 
     def claim_many(self, tasks: Sequence[Task]) -> list[Slot]:
         """Take several plain tasks (:func:`plain`: no slot, hold or ordering key) in one pass:
