@@ -33,7 +33,7 @@ from runner.pipeline.handlers import eligible_classes, series_id
 from runner.pipeline.job import BatchWorker
 from runner.pipeline.snapshot import write_snapshot
 from runner.pipeline.spark import TEST_CONF
-from runner.pipeline.storage import SeriesPaths
+from runner.pipeline.storage import HadoopFS, SeriesPaths
 from runner.store import Avatar, GraphStore, Ontology, OntologyClass, open_store
 from runner.tasks import CancelToken, TaskCancelled
 from runner.testing.cluster import CLUSTER, Cluster
@@ -583,6 +583,50 @@ def test_a_cancel_between_two_spark_jobs_cancels_the_job_started_after_it(
         store.close()
     finally:
         del COMPUTATIONS["test-slow-after-cancel"]
+
+
+def test_a_batch_lost_while_its_spark_job_runs_cancels_that_job_and_the_worker_goes_on(
+        spark: Any, zk_namespace: ZkNamespace, tmp_path: Path) -> None:
+    """The batch's lease is lost while its Spark job computes (here another worker took the
+    batch over as timed out, by a clock 100 s ahead, and the series' other batch besides): the
+    lease's next renewal finds it (BatchLost), the job group is cancelled before the batch is
+    computed, nothing of it is committed, and the worker goes on with the series (it waits:
+    nothing is left to start) until its task is cancelled."""
+    marks = tmp_path / "rows"
+    COMPUTATIONS["test-slow-lost"] = lambda df: _slow_rows(marks)
+    try:
+        slow = AspectDefinition(name="slow", kind=Kind.HEAVY, compute="test-slow-lost",
+                                classes=(f"{EX}Equipment",))
+        store = open_store(str(tmp_path / "g.db"))
+        with Session(zk_namespace.hosts, "c1") as session, \
+                Session(zk_namespace.hosts, "c1") as theirs:
+            coordinator, paths = _snapshot_series(spark, session, store, tmp_path, "lost-1",
+                                                  40, _BATCH_ROWS, timeout=3.0)
+            cancel = CancelToken()
+            worker = BatchWorker(spark, store, coordinator, slow, paths, "w1", cancel,
+                                 group="latchwork-task-t3", batch_rows=_BATCH_ROWS)
+            thread, errors = _in_a_thread(worker)
+            assert wait_until(lambda: marks.exists() and any(marks.iterdir()), 30, 0.1)
+            thief = BatchCoordinator(theirs, "lost-1", timeout=3.0,
+                                     clock=lambda: time.time() + 100)
+            taken = thief.start_batch("w2", _BATCH_ROWS)
+            assert taken is not None and taken.no == 0 and taken.attempt == 2
+            rest = thief.start_batch("w2", _BATCH_ROWS)
+            assert rest is not None and rest.no == 1
+            assert wait_until(lambda: spark.sparkContext.statusTracker()
+                              .getActiveJobsIds() == [], 15, 0.1), "the lost batch's job ran on"
+            assert len(list(marks.iterdir())) < _BATCH_ROWS, "the lost batch was computed"
+            assert thread.is_alive() and errors == []  # the worker goes on with its series
+            assert not HadoopFS(spark).exists(paths.batch(0))
+            cancel.cancel("operator deactivated the task")
+            thread.join(30)
+            assert not thread.is_alive()
+            assert len(errors) == 1 and isinstance(errors[0], TaskCancelled)
+            batch = coordinator.status().batches[0]
+            assert batch.state is BatchState.IN_PROGRESS and batch.owner == "w2"
+        store.close()
+    finally:
+        del COMPUTATIONS["test-slow-lost"]
 
 
 def test_a_committed_batch_is_not_recomputed_and_reapplying_it_changes_nothing(
