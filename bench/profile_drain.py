@@ -69,8 +69,11 @@ LOAD = textwrap.dedent("""
 
 
 def category(frame: str) -> str:
+    # a file of the tree the nodes run from comes relative ("f (runner/store/codec.py:31)"):
+    # rooted here, so that "/runner/store/" finds it as it finds an absolute one
+    probe = frame.replace("(", "(/")
     for needle, name in CATEGORIES:
-        if needle in frame:
+        if needle in probe:
             return name
     return "other (stdlib, interpreter)"
 
