@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pika
 import pika.exceptions
@@ -129,3 +130,52 @@ def test_ensemble_survives_its_leader_dying_and_so_does_the_session(
     finally:
         client.stop()
         client.close()
+
+
+_KILLED_OWNER = """
+import sys, time
+from pathlib import Path
+from coord.testing import guard
+from coord.testing.nodeprocess import NodeProcess
+from coord.testing.processes import spawn
+guard.enable()
+out = Path(sys.argv[1])
+_, server = spawn("sleeper", ["sleep", "300"], out / "sleeper.log")
+node = NodeProcess(["-c", "import time; print('READY', flush=True); "
+                    "time.sleep(300)"], out / "node.log", name="node")
+node.start()
+print(server.pid, node.pid, flush=True)
+time.sleep(300)
+"""
+
+
+def test_a_test_process_killed_takes_the_servers_and_nodes_it_started_with_it(
+        tmp_path: Path) -> None:
+    """A test process that is killed (SIGTERM before pytest's finalizers, -9, a worker whose
+    controller died) runs no finalizer; the servers it spawned and the nodes it started are
+    ended all the same, by the guard it told of them (:mod:`coord.testing.guard`). Before,
+    they ran on with their ports held."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from coord.testing import wait_until
+    from coord.testing.guard import proc_start_ticks
+
+    owner = subprocess.Popen([sys.executable, "-c", _KILLED_OWNER, str(tmp_path)],
+                             stdout=subprocess.PIPE, text=True,
+                             cwd=Path(__file__).resolve().parent.parent)
+    try:
+        assert owner.stdout is not None
+        server, node = (int(pid) for pid in owner.stdout.readline().split())
+        assert proc_start_ticks(server) is not None and proc_start_ticks(node) is not None
+        os.kill(owner.pid, signal.SIGKILL)
+        owner.wait(10)
+        assert wait_until(lambda: proc_start_ticks(server) is None
+                          and proc_start_ticks(node) is None, 10), "left running"
+    finally:
+        owner.kill()
+        owner.wait(10)
+        if owner.stdout is not None:
+            owner.stdout.close()

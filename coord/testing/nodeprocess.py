@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
+from coord.testing import guard
+from coord.testing.guard import proc_start_ticks
 from coord.testing.processes import FaultInjectionFailed, in_netns
 
 
@@ -54,6 +56,9 @@ class NodeProcess:
             self._proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL,
                                           stdout=subprocess.PIPE, stderr=stderr, text=True,
                                           env=self.env)
+        ticks = proc_start_ticks(self._proc.pid)
+        if ticks is not None:  # killed with the test process, however it ends
+            guard.watch(self._proc.pid, ticks, group=False)
         self._reader = threading.Thread(target=self._read, name=f"{self.name}-stdout", daemon=True)
         self._reader.start()
         line = self.wait_for_line(ready_prefix, ready_timeout)

@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 from kazoo.client import KazooClient
 
+from coord.testing import guard
 from coord.testing.containers import ZooKeeperContainer, servers_backend
 from coord.testing.nodeprocess import NodeProcess
 from coord.testing.zookeeper import ZooKeeperCluster
@@ -65,6 +66,12 @@ class NodeSpawner:
         self.nodes.append(node)
         node.start(ready_timeout, ready_prefix)
         return node
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The servers and nodes a test process starts end with it, however it ends
+    (:mod:`coord.testing.guard`)."""
+    guard.enable()
 
 
 @pytest.fixture(scope="session")

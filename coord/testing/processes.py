@@ -25,6 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from coord.testing import guard
+from coord.testing.guard import proc_start_ticks as proc_start_ticks  # its home before
+
 LOOPBACK = "127.0.0.1"
 
 
@@ -62,19 +65,6 @@ class ServerNotReady(DevServerError):
 
 # --------------------------------------------------------------------------------------------
 # processes
-
-
-def proc_start_ticks(pid: int) -> int | None:
-    """Start time of ``pid`` in clock ticks since boot, or None when there is no such process."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # The command name (field 2) may contain spaces and parentheses: split after the last ')'.
-    fields = stat[stat.rindex(")") + 2 :].split()
-    if fields[0] == "Z":  # a zombie is as good as dead
-        return None
-    return int(fields[19])
 
 
 @dataclass(frozen=True)
@@ -147,10 +137,12 @@ def spawn(name: str, argv: Sequence[str], log: Path, env: Mapping[str, str] | No
             start_new_session=True,  # a Ctrl-C in the terminal is for us, not for the servers
         )
     try:
-        return proc, ProcessRecord.of(name, proc.pid)
+        record = ProcessRecord.of(name, proc.pid)
     except ServerNotReady:
         proc.wait()
         raise ServerNotReady(f"{name} exited at once; log tail:\n{tail(log)}") from None
+    guard.watch(record.pid, record.start_ticks, group=True)  # a session of its own
+    return proc, record
 
 
 def reap(proc: subprocess.Popen[bytes] | None, timeout: float = 10.0) -> None:

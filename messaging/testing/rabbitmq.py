@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+from coord.testing import guard
 from coord.testing.ports import check_ports_free, free_ports
 from coord.testing.processes import (
     LOOPBACK,
@@ -270,6 +271,7 @@ class RabbitMQServer(BrokerControl):
         except (OSError, ValueError) as exc:
             raise ServerNotReady(f"rabbitmq answers but wrote no pid file at {pid_file}") from exc
         self.record = ProcessRecord.of("rabbitmq", pid)
+        guard.watch(self.record.pid, self.record.start_ticks, group=False)
 
     def log_tail(self, lines: int = 40) -> str:
         return tail(self.log_path, lines)
