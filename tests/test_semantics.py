@@ -52,7 +52,7 @@ FLAKY = '''
             raise RuntimeError(f"attempt {ctx.attempt.seq} fails")
 
 
-    @task("flaky.slow", retry=RetryPolicy(max_attempts=2, backoff=4.0, jitter=0.0))
+    @task("flaky.slow", retry=RetryPolicy(max_attempts=2, backoff=15.0, jitter=0.0))
     def slow(ctx, payload):
         if ctx.attempt.seq < 2:
             raise RuntimeError("the first attempt fails")
@@ -188,7 +188,9 @@ def test_retry_policies_back_off_stop_and_survive_a_restart(make: Callable[..., 
         types = {t.name: t for t in client.task_types()}
         retry = types["flaky.op"].retry
         assert retry is not None and retry.max_attempts == 3
-    # a retry waiting for its backoff survives kill -9 of every node
+    # a retry waiting for its backoff survives kill -9 of every node: the backoff (15 s) is
+    # several times what the CLI call and the kill take unloaded (4 s was outrun by a slow
+    # CLI start in a fresh-clone run: the retry had run before `task show` read it)
     assert wait_until(lambda: c.task(slow).attempts == 1 and c.task(slow).status.value
                       == "WAITING", 20, 0.05)
     waiting = c.task(slow)
@@ -196,8 +198,9 @@ def test_retry_policies_back_off_stop_and_survive_a_restart(make: Callable[..., 
     shown = c.cli("task", "show", slow)
     assert "next attempt at" in shown.output, shown.output
     c.nodes[first].kill()
+    assert codec.now() < waiting.run_at, "the retry was due before every node was killed"
     c.start_node()
-    done = c.wait_finished(slow, timeout=30)
+    done = c.wait_finished(slow, timeout=45)
     _a1, a2 = c.store.attempts.for_task(slow)
     assert done.attempts == 2 and a2.status is AttemptStatus.SUCCEEDED
     assert a2.started_at >= waiting.run_at
