@@ -4,6 +4,7 @@ spark-submit, eligibility under cache reloads and Parquet import/export."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -514,38 +515,49 @@ def _in_a_thread(worker: BatchWorker) -> tuple[threading.Thread, list[BaseExcept
     return thread, errors
 
 
-def test_cancelling_the_task_cancels_its_spark_job_group(
-        spark: Any, zk_namespace: ZkNamespace, tmp_path: Path) -> None:
-    marks = tmp_path / "rows"
-    COMPUTATIONS["test-slow"] = lambda df: _slow_rows(marks)
+@contextlib.contextmanager
+def _slow_worker(spark: Any, zk_namespace: ZkNamespace, tmp_path: Path, sid: str, group: str,
+                 computation: Callable[[Any], Any], cancel: CancelToken, timeout: float = 30.0
+                 ) -> Iterator[tuple[BatchWorker, Session]]:
+    """A worker (not started) of a new series ``sid`` of 40 snapshot rows in batches of
+    ``_BATCH_ROWS``, its aspect computed by ``computation``, and the session of its coordinator
+    (series ``timeout`` seconds); the computation registered until the block ends."""
+    COMPUTATIONS[f"test-{sid}"] = computation
     try:
-        slow = AspectDefinition(name="slow", kind=Kind.HEAVY, compute="test-slow",
+        slow = AspectDefinition(name="slow", kind=Kind.HEAVY, compute=f"test-{sid}",
                                 classes=(f"{EX}Equipment",))
         store = open_store(str(tmp_path / "g.db"))
         with Session(zk_namespace.hosts, "c1") as session:
-            coordinator, paths = _snapshot_series(spark, session, store, tmp_path, "slow-1",
-                                                  40, _BATCH_ROWS)
-            cancel = CancelToken()
-            worker = BatchWorker(spark, store, coordinator, slow, paths, "w1", cancel,
-                                 group="latchwork-task-t1", batch_rows=_BATCH_ROWS)
-            thread, errors = _in_a_thread(worker)
-            assert wait_until(lambda: spark.sparkContext.statusTracker()
-                              .getActiveJobsIds() != [], 30, 0.1)
-            time.sleep(1.0)
-            asked = time.monotonic()
-            cancel.cancel("operator deactivated the task")
-            thread.join(60)
-            assert not thread.is_alive()
-            assert time.monotonic() - asked < 30
-            assert len(errors) == 1 and isinstance(errors[0], TaskCancelled)
-            assert spark.sparkContext.statusTracker().getActiveJobsIds() == []
-            assert len(list(marks.iterdir())) < _BATCH_ROWS, "the batch was computed"
-            (batch, *_) = coordinator.history()
-            assert batch.state is BatchState.ABORTED and batch.failures == 0  # not its fault
-            assert "cancelled" in batch.errors[-1]
+            coordinator, paths = _snapshot_series(spark, session, store, tmp_path, sid, 40,
+                                                  _BATCH_ROWS, timeout=timeout)
+            yield BatchWorker(spark, store, coordinator, slow, paths, "w1", cancel,
+                              group=group, batch_rows=_BATCH_ROWS), session
         store.close()
     finally:
-        del COMPUTATIONS["test-slow"]
+        del COMPUTATIONS[f"test-{sid}"]
+
+
+def test_cancelling_the_task_cancels_its_spark_job_group(
+        spark: Any, zk_namespace: ZkNamespace, tmp_path: Path) -> None:
+    marks = tmp_path / "rows"
+    cancel = CancelToken()
+    with _slow_worker(spark, zk_namespace, tmp_path, "slow-1", "latchwork-task-t1",
+                      lambda df: _slow_rows(marks), cancel) as (worker, _):
+        thread, errors = _in_a_thread(worker)
+        assert wait_until(lambda: spark.sparkContext.statusTracker()
+                          .getActiveJobsIds() != [], 30, 0.1)
+        time.sleep(1.0)
+        asked = time.monotonic()
+        cancel.cancel("operator deactivated the task")
+        thread.join(60)
+        assert not thread.is_alive()
+        assert time.monotonic() - asked < 30
+        assert len(errors) == 1 and isinstance(errors[0], TaskCancelled)
+        assert spark.sparkContext.statusTracker().getActiveJobsIds() == []
+        assert len(list(marks.iterdir())) < _BATCH_ROWS, "the batch was computed"
+        (batch, *_) = worker.coordinator.history()
+        assert batch.state is BatchState.ABORTED and batch.failures == 0  # not its fault
+        assert "cancelled" in batch.errors[-1]
 
 
 def test_a_cancel_between_two_spark_jobs_cancels_the_job_started_after_it(
@@ -561,28 +573,17 @@ def test_a_cancel_between_two_spark_jobs_cancels_the_job_started_after_it(
         cancel.cancel("operator deactivated the task")
         return _slow_rows(marks)
 
-    COMPUTATIONS["test-slow-after-cancel"] = slow_after_a_cancel
-    try:
-        slow = AspectDefinition(name="slow", kind=Kind.HEAVY, compute="test-slow-after-cancel",
-                                classes=(f"{EX}Equipment",))
-        store = open_store(str(tmp_path / "g.db"))
-        with Session(zk_namespace.hosts, "c1") as session:
-            coordinator, paths = _snapshot_series(spark, session, store, tmp_path, "between-1",
-                                                  40, _BATCH_ROWS)
-            worker = BatchWorker(spark, store, coordinator, slow, paths, "w1", cancel,
-                                 group="latchwork-task-t2", batch_rows=_BATCH_ROWS)
-            thread, errors = _in_a_thread(worker)
-            thread.join(60)
-            assert not thread.is_alive(), "the job started after the cancel ran on"
-            assert between == [[]], "the cancel did not fall between two jobs"
-            assert len(errors) == 1 and isinstance(errors[0], TaskCancelled)
-            assert spark.sparkContext.statusTracker().getActiveJobsIds() == []
-            assert len(list(marks.iterdir())) < _BATCH_ROWS, "the batch was computed"
-            (batch, *_) = coordinator.history()
-            assert batch.state is BatchState.ABORTED and "cancelled" in batch.errors[-1]
-        store.close()
-    finally:
-        del COMPUTATIONS["test-slow-after-cancel"]
+    with _slow_worker(spark, zk_namespace, tmp_path, "between-1", "latchwork-task-t2",
+                      slow_after_a_cancel, cancel) as (worker, _):
+        thread, errors = _in_a_thread(worker)
+        thread.join(60)
+        assert not thread.is_alive(), "the job started after the cancel ran on"
+        assert between == [[]], "the cancel did not fall between two jobs"
+        assert len(errors) == 1 and isinstance(errors[0], TaskCancelled)
+        assert spark.sparkContext.statusTracker().getActiveJobsIds() == []
+        assert len(list(marks.iterdir())) < _BATCH_ROWS, "the batch was computed"
+        (batch, *_) = worker.coordinator.history()
+        assert batch.state is BatchState.ABORTED and "cancelled" in batch.errors[-1]
 
 
 def test_a_batch_lost_while_its_spark_job_runs_cancels_that_job_and_the_worker_goes_on(
@@ -593,40 +594,29 @@ def test_a_batch_lost_while_its_spark_job_runs_cancels_that_job_and_the_worker_g
     computed, nothing of it is committed, and the worker goes on with the series (it waits:
     nothing is left to start) until its task is cancelled."""
     marks = tmp_path / "rows"
-    COMPUTATIONS["test-slow-lost"] = lambda df: _slow_rows(marks)
-    try:
-        slow = AspectDefinition(name="slow", kind=Kind.HEAVY, compute="test-slow-lost",
-                                classes=(f"{EX}Equipment",))
-        store = open_store(str(tmp_path / "g.db"))
-        with Session(zk_namespace.hosts, "c1") as session, \
-                Session(zk_namespace.hosts, "c1") as theirs:
-            coordinator, paths = _snapshot_series(spark, session, store, tmp_path, "lost-1",
-                                                  40, _BATCH_ROWS, timeout=3.0)
-            cancel = CancelToken()
-            worker = BatchWorker(spark, store, coordinator, slow, paths, "w1", cancel,
-                                 group="latchwork-task-t3", batch_rows=_BATCH_ROWS)
-            thread, errors = _in_a_thread(worker)
-            assert wait_until(lambda: marks.exists() and any(marks.iterdir()), 30, 0.1)
-            thief = BatchCoordinator(theirs, "lost-1", timeout=3.0,
-                                     clock=lambda: time.time() + 100)
-            taken = thief.start_batch("w2", _BATCH_ROWS)
-            assert taken is not None and taken.no == 0 and taken.attempt == 2
-            rest = thief.start_batch("w2", _BATCH_ROWS)
-            assert rest is not None and rest.no == 1
-            assert wait_until(lambda: spark.sparkContext.statusTracker()
-                              .getActiveJobsIds() == [], 15, 0.1), "the lost batch's job ran on"
-            assert len(list(marks.iterdir())) < _BATCH_ROWS, "the lost batch was computed"
-            assert thread.is_alive() and errors == []  # the worker goes on with its series
-            assert not HadoopFS(spark).exists(paths.batch(0))
-            cancel.cancel("operator deactivated the task")
-            thread.join(30)
-            assert not thread.is_alive()
-            assert len(errors) == 1 and isinstance(errors[0], TaskCancelled)
-            batch = coordinator.status().batches[0]
-            assert batch.state is BatchState.IN_PROGRESS and batch.owner == "w2"
-        store.close()
-    finally:
-        del COMPUTATIONS["test-slow-lost"]
+    cancel = CancelToken()
+    with _slow_worker(spark, zk_namespace, tmp_path, "lost-1", "latchwork-task-t3",
+                      lambda df: _slow_rows(marks), cancel, timeout=3.0) as (worker, _), \
+            Session(zk_namespace.hosts, "c1") as theirs:
+        thread, errors = _in_a_thread(worker)
+        assert wait_until(lambda: marks.exists() and any(marks.iterdir()), 30, 0.1)
+        thief = BatchCoordinator(theirs, "lost-1", timeout=3.0,
+                                 clock=lambda: time.time() + 100)
+        taken = thief.start_batch("w2", _BATCH_ROWS)
+        assert taken is not None and taken.no == 0 and taken.attempt == 2
+        rest = thief.start_batch("w2", _BATCH_ROWS)
+        assert rest is not None and rest.no == 1
+        assert wait_until(lambda: spark.sparkContext.statusTracker()
+                          .getActiveJobsIds() == [], 15, 0.1), "the lost batch's job ran on"
+        assert len(list(marks.iterdir())) < _BATCH_ROWS, "the lost batch was computed"
+        assert thread.is_alive() and errors == []  # the worker goes on with its series
+        assert not HadoopFS(spark).exists(worker.paths.batch(0))
+        cancel.cancel("operator deactivated the task")
+        thread.join(30)
+        assert not thread.is_alive()
+        assert len(errors) == 1 and isinstance(errors[0], TaskCancelled)
+        batch = worker.coordinator.status().batches[0]
+        assert batch.state is BatchState.IN_PROGRESS and batch.owner == "w2"
 
 
 def test_a_committed_batch_is_not_recomputed_and_reapplying_it_changes_nothing(
