@@ -1305,16 +1305,16 @@ def test_an_own_read_finds_only_the_members_shards_and_moves_no_cursor(
     still finds the oldest task of all."""
     from runner.tasks.worker.ready import ReadyScan
 
-    made = _create_waiting(store, 120)
+    start = codec.now() - timedelta(hours=2)  # one start: a second boundary may pass meanwhile
+    made = _create_waiting(store, 120, at=start)
     mine = due.shards_of(0, 3)
     own = [t for t in made if due.shard_of(t) in mine]
     assert 0 < len(own) < len(made)
     row = store.graph.read(lambda g: g.V().has("task_id", made[0]).element_map().to_list())[0]
     assert row["task_shard"] == due.shard_of(made[0])  # written when the task is made
     assert due.preferred_index(made[0], 3) == int(due.shard_of(made[0])) % 3
-    page = store.tasks.ready_page(due.lane_of(0), [due.second(codec.now() - timedelta(hours=2)
-                                                                + timedelta(seconds=n))
-                                                      for n in range(120)], 500, mine)
+    page = store.tasks.ready_page(due.lane_of(0), [due.second(start + timedelta(seconds=n))
+                                                   for n in range(120)], 500, mine)
     assert sorted(t.id for t in page) == sorted(own)
     scan = ReadyScan(store.tasks)
     assert [t.id for t in scan.read(5, shards=mine)] == own[:5]
