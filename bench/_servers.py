@@ -3,6 +3,7 @@ and the nodes a bench starts."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import tempfile
@@ -37,14 +38,19 @@ def rabbitmq() -> Iterator[RabbitMQServer]:
             server.stop()
 
 
-def start_nodes(env: Mapping[str, str], count: int = 3,
-                cwd: Path | None = None) -> list[subprocess.Popen[bytes]]:
-    """``count`` ``latchwork node start`` processes (WARNING logs, stderr dropped), each past
-    its "joined" line; stop them with ``coord.testing.terminate_all``."""
-    procs = [subprocess.Popen([sys.executable, "-m", "runner.cli", "node", "start",
-                               "--log-level", "WARNING"], env=dict(env), cwd=cwd,
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-             for _ in range(count)]
+def start_nodes(env: Mapping[str, str], count: int = 3, cwd: Path | None = None,
+                logs: Path | None = None) -> list[subprocess.Popen[bytes]]:
+    """``count`` ``latchwork node start`` processes (WARNING logs: to ``logs``/node-N.log when
+    given, else dropped), each past its "joined" line; stop them with
+    ``coord.testing.terminate_all``."""
+    procs = []
+    for n in range(count):
+        with contextlib.ExitStack() as stack:  # the child keeps its own copy of the log file
+            err = (subprocess.DEVNULL if logs is None
+                   else stack.enter_context((logs / f"node-{n}.log").open("wb")))
+            procs.append(subprocess.Popen([sys.executable, "-m", "runner.cli", "node", "start",
+                                           "--log-level", "WARNING"], env=dict(env), cwd=cwd,
+                                          stdout=subprocess.PIPE, stderr=err))
     for proc in procs:
         assert proc.stdout is not None
         proc.stdout.readline()

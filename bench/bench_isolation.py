@@ -33,6 +33,7 @@ Usage: ``python bench/bench_isolation.py [--tasks 2000]`` (``--tasks 0``: no CPU
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import json
 import os
@@ -153,25 +154,25 @@ def measure(tasks: int, sets: int = SETS, graph_kind: str = "embedded") -> None:
                "PYTHONPATH": os.pathsep.join(filter(None, [
                    str(scratch), str(Path(__file__).resolve().parent.parent),
                    os.environ.get("PYTHONPATH")]))}
-        procs = start_nodes(env)
+        procs = start_nodes(env, logs=scratch)
         try:
             client = Client(mq.url, "isolation", timeout=60)
             store = (open_store(graph, atomicity=SERIAL) if graph_kind == "server"
                      else open_store(graph))
-            bench(client, store, [p.pid for p in procs], tasks, sets)
+            bench(client, store, [p.pid for p in procs], tasks, sets, scratch)
         finally:
             terminate_all(procs)
 
 
 def bench(client: Client, store: GraphStore, pids: list[int], tasks: int,
-          sets: int) -> None:
+          sets: int, logs: Path) -> None:
     drain(client, store, pids, "bench.process", 200)  # the children started, the server warm
     drain(client, store, pids, "bench.thread", 200)
     drain(client, store, pids, "bench.echo", 200)  # each worker's helpers started
     drain(client, store, pids, "bench.pyecho", 200)
     if tasks:
         cpu_rounds(client, store, pids, tasks, sets)
-    slow_and_hung(client, store)
+    slow_and_hung(client, store, logs)
 
 
 def cpu_rounds(client: Client, store: GraphStore, pids: list[int], tasks: int,
@@ -211,8 +212,9 @@ def cpu_rounds(client: Client, store: GraphStore, pids: list[int], tasks: int,
           "isolation adds over a round trip through a second interpreter)")
 
 
-def slow_and_hung(client: Client, store: GraphStore) -> None:
-    """60 one-second tasks of each kind against the ideal; one hung isolated handler."""
+def slow_and_hung(client: Client, store: GraphStore, logs: Path) -> None:
+    """60 one-second tasks of each kind against the ideal, and how many each node ran (one
+    that ran none has its log's last lines printed); one hung isolated handler."""
 
     for kind in ("bench.thread", "bench.process"):
         # one wave of one-second tasks first: a node that has just run short handlers claims
@@ -232,9 +234,14 @@ def slow_and_hung(client: Client, store: GraphStore) -> None:
         attempts = [a for t in ids for a in store.attempts.for_task(t)]
         span = (max(a.ended_at.timestamp() for a in attempts if a.ended_at is not None)
                 - min(a.started_at.timestamp() for a in attempts))
+        ran = collections.Counter(a.executor for a in attempts)
         print(f"60 one-second {kind} tasks on 3 x 4 workers: {span:.2f} s from the first "
               f"start to the last end, ideal 5 s: {span / 5:.3f}x (target for bench.process "
-              "<= 1.05)")
+              f"<= 1.05); tasks per node: {', '.join(str(n) for n in sorted(ran.values()))}")
+        if len(ran) < 3:
+            for log in sorted(logs.glob("node-*.log")):
+                print(f"-- the last lines of {log.name}:\n"
+                      + "\n".join(log.read_text(errors="replace").splitlines()[-15:]))
 
     (hung,) = client.submit_many([{"type": "bench.hang"}])
     wait_until(lambda: any(a.ended_at is not None for a in store.attempts.for_task(hung)), 60)
