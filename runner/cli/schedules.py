@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,20 @@ from runner.cli.client import (
 from runner.cli.root import cli
 from runner.errors import InvalidSchedule
 from runner.requests import ScheduleList, SchedulePause, ScheduleRemove, ScheduleSpec
-from runner.tasks.master.schedules import parse_every
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+
+
+def parse_every(text: str) -> float:
+    """``30s``, ``5m``, ``1.5h``, ``2d``, ``250ms`` or plain seconds."""
+    match = _DURATION.match(text)
+    if not match:
+        raise InvalidSchedule(f"not a duration: {text!r} (e.g. 30s, 5m, 1h)")
+    seconds = float(match.group(1)) * _UNITS[match.group(2)]
+    if seconds <= 0:
+        raise InvalidSchedule(f"the interval must be positive, not {text!r}")
+    return seconds
 
 
 @cli.group()

@@ -14,11 +14,14 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from coord import Session
 from runner.errors import AttemptAlreadyFinished, StaleFencingToken, StoreUnavailable
-from runner.store import Attempt, Fence, GraphStore, Task, codec
+from runner.store import Attempt, Fence, Task, codec
+
+if TYPE_CHECKING:
+    from runner.store import GraphStore
 
 
 class TaskConflict(Exception):

@@ -31,7 +31,6 @@ tried again next time.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
@@ -39,7 +38,7 @@ from apscheduler.triggers.base import BaseTrigger
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
-from runner.errors import CommitConflict, InvalidSchedule, ScheduleNotFound
+from runner.errors import CommitConflict, ScheduleNotFound
 from runner.replies import ScheduleView
 from runner.requests import ScheduleSpec, TaskSubmit
 from runner.store import GraphStore, Task, TaskStatus, codec
@@ -53,19 +52,6 @@ LOOKAHEAD = 5.0
 GRACE = 10.0
 #: fires walked per schedule and round at most (an interval of a second after a long outage)
 MAX_STEPS = 100_000
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
-_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
-
-
-def parse_every(text: str) -> float:
-    """``30s``, ``5m``, ``1.5h``, ``2d``, ``250ms`` or plain seconds."""
-    match = _DURATION.match(text)
-    if not match:
-        raise InvalidSchedule(f"not a duration: {text!r} (e.g. 30s, 5m, 1h)")
-    seconds = float(match.group(1)) * _UNITS[match.group(2)]
-    if seconds <= 0:
-        raise InvalidSchedule(f"the interval must be positive, not {text!r}")
-    return seconds
 
 
 def trigger_of(spec: ScheduleSpec, created: datetime) -> BaseTrigger:
