@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from coord.testing import ZooKeeperCluster
+from coord.testing import ZooKeeperCluster, terminate_all
 from messaging.testing import RabbitMQServer
 
 
@@ -51,7 +51,24 @@ def start_nodes(env: Mapping[str, str], count: int = 3, cwd: Path | None = None,
             procs.append(subprocess.Popen([sys.executable, "-m", "runner.cli", "node", "start",
                                            "--log-level", "WARNING"], env=dict(env), cwd=cwd,
                                           stdout=subprocess.PIPE, stderr=err))
-    for proc in procs:
-        assert proc.stdout is not None
-        proc.stdout.readline()
+    try:
+        for n, proc in enumerate(procs):
+            joined(proc, logs / f"node-{n}.log" if logs is not None else None)
+    except RuntimeError:
+        terminate_all(procs)
+        raise
     return procs
+
+
+def joined(proc: subprocess.Popen[bytes], log: Path | None = None) -> None:
+    """Wait for a started node's "joined" line; a node that exits before it (a graph it
+    refuses, a broker out of reach) stops the bench, naming its log, instead of leaving the
+    bench to measure the nodes that did start."""
+    assert proc.stdout is not None
+    line = proc.stdout.readline().decode(errors="replace")
+    if "joined" not in line:
+        proc.wait(10)
+        said = log.read_text(errors="replace").strip()[-2000:] if log is not None else ""
+        raise RuntimeError(f"a node did not start (exit {proc.returncode}); "
+                           + (f"its log {log}:\n{said}" if log is not None
+                              else "its log is not kept"))

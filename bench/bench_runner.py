@@ -60,7 +60,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import _floors, _profile, bench_isolation
-from bench._servers import rabbitmq, zookeeper
+from bench._servers import joined, rabbitmq, zookeeper
 from bench.bench_peer import _records
 from coord.testing import terminate_all
 from coord.testing.ports import free_ports
@@ -117,9 +117,12 @@ class Nodes:
                 stdout=subprocess.PIPE,
                 stderr=open(Path(logs) / f"node{i}-{workers}.log", "a")  # noqa: SIM115
                 if logs else subprocess.DEVNULL))
-        for proc in self.procs:
-            assert proc.stdout is not None
-            proc.stdout.readline()  # "latchwork node <id> joined ..."
+        try:
+            for i, proc in enumerate(self.procs):  # "latchwork node <id> joined ..."
+                joined(proc, Path(logs) / f"node{i}-{workers}.log" if logs else None)
+        except RuntimeError:
+            self.close()
+            raise
 
     def close(self) -> None:
         terminate_all(self.procs)

@@ -12,16 +12,20 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from typing import Any
+import threading
+from collections.abc import Callable
+from typing import Any, cast
 
 import pytest
 
 from coord.testing import wait_until
 from runner.errors import StoreFormatOutdated, StoreFormatTooNew
 from runner.store import GraphStore, migrations, open_store
+from runner.store.graph import Graph
 from runner.store.gremlin.rows import resource_key, task_props
 from runner.store.gremlin.search import TaskFilter
-from runner.store.migrations.format import FORMAT_KEY, FORMAT_KEY_VALUE, read_state
+from runner.store.migrations import format as format_module
+from runner.store.migrations.format import FORMAT_KEY, FORMAT_KEY_VALUE, FORMAT_LABEL, read_state
 from runner.store.remote import SERIAL
 from runner.tasks.worker.ready import ReadyScan
 from runner.testing.cluster import Cluster
@@ -77,6 +81,107 @@ def test_a_brand_new_graph_is_created_at_the_current_format(tmp_path: Any) -> No
     with open_store(str(tmp_path / "new.db")) as again:  # opened again: the same one vertex
         assert again.graph.read(lambda g: g.V().has(FORMAT_KEY, FORMAT_KEY_VALUE)
                                 .count().next()) == 1
+
+
+class _StampedBetween:
+    """A graph as one store reads it while another store writes ``landing`` between this one's
+    first and second reads."""
+
+    def __init__(self, graph: Any, landing: Callable[[Any], None]) -> None:
+        self.graph, self.landing, self.reads = graph, landing, 0
+
+    def read(self, fn: Any) -> Any:
+        self.reads += 1
+        if self.reads == 2:
+            self.landing(self.graph)
+        return self.graph.read(fn)
+
+    def write(self, fn: Any) -> Any:
+        return self.graph.write(fn)
+
+
+def _stamp(graph: Any) -> None:
+    migrations.stamp(graph, migrations.CURRENT)
+
+
+def _stamp_and_a_vertex(graph: Any) -> None:  # the other node stamped, then wrote on
+    migrations.stamp(graph, migrations.CURRENT)
+    graph.write(lambda g: g.add_v("thing").iterate())
+
+
+def _keyless(graph: Any) -> None:  # caught half-written: the vertex without key or version
+    graph.write(lambda g: g.add_v(FORMAT_LABEL).iterate())
+
+
+@pytest.mark.parametrize("landing", [_stamp, _stamp_and_a_vertex, _keyless])
+def test_a_new_graph_stamped_by_another_node_between_two_reads_is_opened_at_the_current_format(
+        tmp_path: Any, landing: Callable[[Any], None]) -> None:
+    """Nodes started together open one new graph at once. A node that finds no format vertex
+    while another node's stamp lands before its next read opens the graph at the current
+    format: it used to find the graph "not empty" (the other's format vertex) and call it
+    format 0, refusing to start (a node of three missing from the bench's cluster). A format
+    vertex alone is no content; with other vertices after it, the format vertex is looked up
+    again; one caught half-written (no key yet) leaves the graph empty, stamped by this node
+    too."""
+    with open_store(str(tmp_path / "new.db"), check_format=False) as store:
+        racing = _StampedBetween(store.graph, landing)
+        assert migrations.open_format(cast(Graph, racing), "new.db") == migrations.CURRENT
+        assert racing.reads >= 2  # the other's write came between this node's reads
+        assert read_state(store.graph).version == migrations.CURRENT
+
+
+def test_a_format_vertex_without_its_version_is_read_again_until_the_stamp_lands(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A format vertex found with its key but not its version yet (another node's stamp
+    half-written on a graph without transactions) is read again until the version lands; one
+    whose version never comes is a graph at format 0, as before (``store migrate`` stamps it)."""
+    with open_store(str(tmp_path / "new.db"), check_format=False) as store:
+        store.graph.write(lambda g: g.add_v(FORMAT_LABEL)
+                          .property(FORMAT_KEY, FORMAT_KEY_VALUE)
+                          .property("filler", "x").iterate())
+        landing = threading.Timer(0.3, migrations.stamp, (store.graph, migrations.CURRENT))
+        landing.start()
+        assert read_state(store.graph).version == migrations.CURRENT
+        landing.join()
+        store.graph.write(lambda g: g.V().has(FORMAT_KEY, FORMAT_KEY_VALUE)
+                          .properties("format_version").drop().iterate())
+        monkeypatch.setattr(format_module, "STAMP_WAIT", 0.2)
+        with pytest.raises(StoreFormatOutdated, match="store format 0"):
+            migrations.open_format(store.graph, "new.db")
+
+
+def _open_together(cluster: Cluster, stores: int) -> list[BaseException]:
+    """``stores`` stores, each with its own connection, opened at one moment; what they raised."""
+    ready = threading.Barrier(stores)
+    failed: list[BaseException] = []
+
+    def open_one() -> None:
+        ready.wait()
+        try:
+            reopen(cluster).close()
+        except BaseException as exc:  # reported by the test
+            failed.append(exc)
+
+    threads = [threading.Thread(target=open_one) for _ in range(stores)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return failed
+
+
+@GRAPHS
+def test_nodes_opening_one_new_graph_together_all_open_it(cluster: Cluster) -> None:
+    """Six stores (as six nodes started at once, each with its own connection) open one
+    brand-new graph together, five times over: none is refused, and the graph is at the
+    current format."""
+    try:
+        for _ in range(5):
+            fresh(cluster)
+            assert _open_together(cluster, 6) == []
+            assert read_state(cluster.store.graph).version == migrations.CURRENT
+    finally:  # the server's graph is shared with the tests after this one
+        cluster.store.clear()
 
 
 @GRAPHS

@@ -6,7 +6,9 @@
 otherwise), ``format_at`` (when it last changed) and ``format_by`` (the latchwork version that
 changed it). A graph without it is at format 0 (written before formats existed) unless it
 holds no vertex at all: a brand-new graph is stamped with :data:`CURRENT` when a store first
-opens it (:func:`open_format`, one upsert: two nodes opening one new graph make one vertex).
+opens it (:func:`open_format`, one upsert). The nodes of a new cluster, started together,
+open one new graph at once: a node that reads while another stamps finds the stamp
+(:func:`~runner.store.migrations.format.read_state` looks again), never "format 0".
 
 **Opening.** :class:`~runner.store.GraphStore` reads the format when it is built: an older
 graph raises :class:`~runner.errors.StoreFormatOutdated` ("run `latchwork store migrate`"), a

@@ -3,6 +3,7 @@ migration step resumes (see :mod:`runner.store.migrations`)."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,20 +28,46 @@ class FormatState:
     #: where the step of ``cursor_version`` resumes (a vertex id); 0: from the start
     cursor_version: int = 0
     cursor: int = 0
-    #: the graph holds no vertex at all (and so no format vertex either)
+    #: the graph holds no vertex but, at most, format vertices still being written
     empty: bool = False
 
 
+#: how long a format vertex found without its version is read again (another store is
+#: stamping it: a graph without transactions shows the vertex before its properties)
+STAMP_WAIT = 2.0
+
+
 def read_state(graph: Graph) -> FormatState:
-    """The graph's format (one index lookup; a second read when there is no format vertex)."""
-    rows = graph.read(lambda g: g.V().has(FORMAT_KEY, FORMAT_KEY_VALUE)
-                      .element_map().to_list())
-    if rows:
-        row = rows[0]
-        cursor_version, _, cursor = str(row.get("format_cursor") or "0:0").partition(":")
-        return FormatState(int(row["format_version"]), int(cursor_version), int(cursor or 0))
-    empty = not graph.read(lambda g: g.V().limit(1).id_().to_list())
-    return FormatState(None, empty=empty)
+    """The graph's format (one index lookup; two more reads when there is no format vertex).
+
+    Several stores may open one brand-new graph at once (the nodes of a cluster started
+    together), each stamping it (:func:`stamp`, an upsert). So a graph found without a format
+    vertex is empty when it holds no other vertex (one being stamped may hold the format
+    vertex without its key yet); one that is not is looked up again (the others' vertices may
+    have come after their format vertex); a format vertex without its version yet is read
+    again for up to :data:`STAMP_WAIT` seconds. Only then is the graph at format 0."""
+    rows = _format_rows(graph)
+    if not rows:  # empty: no vertex but (half-written) format vertices
+        if not graph.read(lambda g: g.V().not_(__.has_label(FORMAT_LABEL)).limit(1).id_()
+                          .to_list()):
+            return FormatState(None, empty=True)
+        rows = _format_rows(graph)  # stamped by another store since the first lookup?
+        if not rows:
+            return FormatState(None)
+    row = rows[0]
+    end = time.monotonic() + STAMP_WAIT
+    while "format_version" not in row and time.monotonic() < end:
+        time.sleep(0.05)
+        row = _format_rows(graph)[0]
+    if "format_version" not in row:
+        return FormatState(None)  # a stamp that never finished: as old as no stamp at all
+    cursor_version, _, cursor = str(row.get("format_cursor") or "0:0").partition(":")
+    return FormatState(int(row["format_version"]), int(cursor_version), int(cursor or 0))
+
+
+def _format_rows(graph: Graph) -> list[dict[Any, Any]]:
+    return list(graph.read(lambda g: g.V().has(FORMAT_KEY, FORMAT_KEY_VALUE)
+                           .element_map().to_list()))
 
 
 def stamp(graph: Graph, version: int) -> None:
