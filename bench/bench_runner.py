@@ -106,26 +106,35 @@ class Nodes:
 
     def __init__(self, env: dict[str, str], workers: int) -> None:
         self.ports = free_ports(3)
-        logs = os.environ.get("LATCHWORK_BENCH_LOGS")  # a directory: keep the nodes' INFO logs
+        kept = os.environ.get("LATCHWORK_BENCH_LOGS")  # a directory: keep the nodes' INFO logs
+        # else their WARNING logs, for as long as they run: a node that exits before it joins
+        # stops the bench with its log (bench._servers.joined)
+        self._scratch: tempfile.TemporaryDirectory[str] | None = None
+        if kept:
+            logs = Path(kept)
+        else:
+            self._scratch = tempfile.TemporaryDirectory(prefix="latchwork-bench-")
+            logs = Path(self._scratch.name)
         self.procs = []
         for i, port in enumerate(self.ports):
-            self.procs.append(subprocess.Popen(
-                [sys.executable, "-m", "runner.cli", "node", "start",
-                 "--log-level", "INFO" if logs else "WARNING"],
-                env={**env, "LATCHWORK_WORKERS": str(workers),
-                     "LATCHWORK_METRICS_PORT": str(port)},
-                stdout=subprocess.PIPE,
-                stderr=open(Path(logs) / f"node{i}-{workers}.log", "a")  # noqa: SIM115
-                if logs else subprocess.DEVNULL))
+            with (logs / f"node{i}-{workers}.log").open("ab") as log:  # the child keeps a copy
+                self.procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "runner.cli", "node", "start",
+                     "--log-level", "INFO" if kept else "WARNING"],
+                    env={**env, "LATCHWORK_WORKERS": str(workers),
+                         "LATCHWORK_METRICS_PORT": str(port)},
+                    stdout=subprocess.PIPE, stderr=log))
         try:
             for i, proc in enumerate(self.procs):  # "latchwork node <id> joined ..."
-                joined(proc, Path(logs) / f"node{i}-{workers}.log" if logs else None)
+                joined(proc, logs / f"node{i}-{workers}.log")
         except RuntimeError:
             self.close()
             raise
 
     def close(self) -> None:
         terminate_all(self.procs)
+        if self._scratch is not None:
+            self._scratch.cleanup()
 
 
 @contextlib.contextmanager
