@@ -58,7 +58,7 @@ def read_state(graph: Graph) -> FormatState:
     end = time.monotonic() + STAMP_WAIT
     while "format_version" not in row and time.monotonic() < end:
         time.sleep(0.05)
-        row = _format_rows(graph)[0]
+        row = next(iter(_format_rows(graph)), row)  # (a graph cleared meanwhile: as it was)
     if "format_version" not in row:
         return FormatState(None)  # a stamp that never finished: as old as no stamp at all
     cursor_version, _, cursor = str(row.get("format_cursor") or "0:0").partition(":")
