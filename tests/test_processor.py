@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import threading
 import time
 from collections import Counter
@@ -1050,14 +1051,16 @@ def test_a_batch_claim_that_partly_loses_keeps_what_it_won(
 
 def test_a_node_claims_ahead_only_while_its_handlers_are_short() -> None:
     """``RunningSet.free()``: the free workers, and ``prefetch`` times the workers more once
-    the handlers' moving mean (over at least twice the workers' worth) is under ``short``;
-    none ahead while any handler has run longer, nor with ``prefetch`` 0. Pure logic."""
+    the handlers of some type have a moving mean (over at least twice the workers' worth of
+    that type) under ``short``; none ahead while any handler has run longer, nor with
+    ``prefetch`` 0. Pure logic."""
     from runner.tasks.worker.running import RunningSet
 
     slots: dict[int, Any] = {}
 
-    def slot(n: int) -> Any:
-        return slots.setdefault(n, SimpleNamespace(task_id=f"t{n}"))
+    def slot(n: int, kind: str = "a") -> Any:
+        return slots.setdefault(n, SimpleNamespace(task_id=f"t{n}",
+                                                   task=SimpleNamespace(type=kind)))
 
     running = RunningSet(2, prefetch=3.0, short=0.05)
     assert running.free() == 2  # nothing heard yet: no claim ahead
@@ -1095,3 +1098,91 @@ def test_a_node_claims_ahead_only_while_its_handlers_are_short() -> None:
         never.returned(slot(n))
         never.discard(slot(n))
     assert never.free() == 2
+
+
+def test_nodes_that_drained_short_tasks_claim_long_ones_one_worker_at_a_time(
+        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+    """Two nodes of one worker each, claiming ahead (``prefetch`` 3), drain short tasks; then
+    long tasks of another type come. Neither node claims a long task before its worker is free
+    (each node's attempts of the long type never overlap: a claim ahead would start an attempt,
+    at its claim, while the node's one worker still runs the last one), and both run them."""
+    registry = TaskRegistry()
+    registry.register("quick", lambda ctx, p: ctx.cancel.wait(0.01))
+    registry.register("long", lambda ctx, p: ctx.cancel.wait(0.3))
+    sessions = [session(zk_namespace).start() for _ in range(2)]
+    loops = []
+    try:
+        for i, s in enumerate(sessions):
+            loops.append(TaskLoop(s, f"m{i}", store, registry,
+                                  LoopSettings(workers=1, scan_interval=0.2, prefetch=3.0,
+                                               short_handler=0.05)).start())
+        for _ in range(10):  # until each node has run enough to know quick is short
+            for _ in range(20):
+                store.tasks.create("quick")
+            assert wait_until(lambda: not store.tasks.unfinished(), 60)
+            if all(loop.running.ahead() > 0 for loop in loops):
+                break
+        assert all(loop.running.ahead() > 0 for loop in loops)  # both may claim ahead
+        slow = [store.tasks.create("long").id for _ in range(6)]
+        assert wait_until(lambda: not store.tasks.unfinished(), 60)
+    finally:
+        for loop in loops:
+            loop.close()
+        for s in sessions:
+            s.close()
+    by_node: dict[str, list[Attempt]] = {}
+    for task_id in slow:
+        (attempt,) = store.attempts.for_task(task_id)
+        assert attempt.status is AttemptStatus.SUCCEEDED
+        by_node.setdefault(attempt.executor, []).append(attempt)
+    assert sorted(by_node) == ["m0", "m1"], by_node  # both ran long ones
+    for attempts in by_node.values():
+        attempts.sort(key=lambda a: a.started_at)
+        for before, after in itertools.pairwise(attempts):
+            assert before.ended_at is not None
+            assert after.started_at >= before.ended_at - timedelta(milliseconds=20), (
+                "claimed ahead while its worker ran", before, after)
+
+
+def test_a_node_claims_ahead_only_tasks_of_a_type_whose_handlers_are_short_here() -> None:
+    """``RunningSet.room(tasks)``: after many short handlers of type ``a``, a node with its
+    workers busy may claim more ``a`` tasks ahead, but a task of a type it has not run (or
+    whose handlers are long) only for a free worker; a batch is cut at the first task it may
+    not claim, so the order of the listing is kept. Pure logic."""
+    from runner.tasks.worker.running import RunningSet
+
+    def task(kind: str) -> Any:
+        return SimpleNamespace(type=kind)
+
+    def ran(running: RunningSet, n: int, kind: str, seconds: float = 0.0) -> None:
+        s = SimpleNamespace(task_id=f"{kind}{n}", task=task(kind))
+        running.add(s)
+        running.begin(s)
+        if seconds:
+            time.sleep(seconds)
+        running.returned(s)
+        running.discard(s)
+
+    running = RunningSet(1, prefetch=3.0, short=0.05)
+    assert running.room([task("a"), task("a")]) == 1  # one free worker, nothing known yet
+    for n in range(2):
+        ran(running, n, "a")
+    a, b = task("a"), task("b")
+    assert running.room([a, a, a, a, a]) == 1 + 3  # a free worker and 3 ahead
+    assert running.room([b, b]) == 1  # b: never seen here: its free worker only
+    assert running.room([a, b, a]) == 1  # b is second: cut there, after the free worker
+    busy = SimpleNamespace(task_id="held", task=a)
+    running.add(busy)  # the worker is taken (claimed, not started)
+    assert running.room([b]) == 0  # b waits for a worker: another node may run it now
+    assert running.room([a, a, a, a]) == 3  # a is short here: claimed ahead
+    assert running.room([a, b]) == 1
+    running.discard(busy)
+    for n in range(2):
+        ran(running, n, "b")  # b's handlers are short too now
+    running.add(busy)
+    assert running.room([b, a]) == 2
+    running.discard(busy)
+    for n in range(3):  # then long: 3 of 120 ms move its mean past 50 ms
+        ran(running, n, "b", 0.12)
+    running.add(busy)
+    assert running.room([b]) == 0 and running.room([a]) == 1

@@ -21,7 +21,7 @@ import logging
 import random
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 
 from runner.errors import StoreError
@@ -268,11 +268,12 @@ class Backlog:
         listed_at, took = self.listed
         return listed_at + took / self.relist_share - time.monotonic()
 
-    def take(self, free: int, taken: Callable[[str], bool],
-             relist: Callable[[], bool]) -> list[Task] | None:
+    def take(self, free: int, taken: Callable[[str], bool], relist: Callable[[], bool],
+             room: Callable[[Sequence[Task]], int] | None = None) -> list[Task] | None:
         """Up to ``free`` candidates, each still trusted (a version read first when needed),
-        removed from the backlog; ``taken(task_id)``: this node has it already. An empty list
-        when the backlog ran out; None when the store could not be read (logged)."""
+        removed from the backlog; ``taken(task_id)``: this node has it already; ``room``: how
+        many of them, in order, it may claim now (the rest stay first in line). Empty when the
+        backlog ran out or none may be claimed now; None when the store could not be read."""
         while self.items:
             task, seen, own = self.items[0]
             trusted = self.own_fresh_for if own else self.fresh_for
@@ -299,7 +300,7 @@ class Backlog:
             # member's preferred ones or all the others': one batch (its locks one ZooKeeper
             # transaction, in which each lock held elsewhere costs a round trip of its own;
             # the others' are the ones contended)
-            batch: list[Task] = []
+            batch: list[tuple[Task, float, bool]] = []
             now = time.monotonic()
             mine = self.items[0][2]
             while self.items and len(batch) < free:
@@ -307,9 +308,12 @@ class Backlog:
                 trusted = self.own_fresh_for if own else self.fresh_for
                 if batch and (now - seen > trusted or own != mine):
                     break  # the next take checks its version first, or starts the others'
-                self.items.pop(0)
-                if not taken(task.id) and task.id not in {t.id for t in batch}:
-                    batch.append(task)
-            if batch:
-                return batch
+                item = self.items.pop(0)
+                if not taken(task.id) and task.id not in {t.id for t, _, _ in batch}:
+                    batch.append(item)
+            if not batch:
+                continue  # each was taken here already
+            kept = len(batch) if room is None else room([t for t, _, _ in batch])
+            self.items[0:0] = batch[kept:]  # not for now: first in line for the next take
+            return [t for t, _, _ in batch[:kept]]
         return []

@@ -195,7 +195,7 @@ class TaskLoop:
         kind = self.scanner.kind_of(task)
         if kind is None or not plain(task, kind, self.claimer.limits):
             return None
-        if self.running.free() <= 0 or not self.scanner.may_claim():
+        if self.running.room([task]) <= 0 or not self.scanner.may_claim():
             return None
         # a scan in progress holds the loop: the submit waits for it a little (a listing
         # takes milliseconds; written WAITING, the task would cost a listing and a claim
@@ -203,7 +203,7 @@ class TaskLoop:
         if not self.scanner.lock.acquire(timeout=ACCEPT_WAIT):
             return None
         try:
-            if self.running.free() <= 0 or not self.scanner.may_claim():
+            if self.running.room([task]) <= 0 or not self.scanner.may_claim():
                 return None
             return self.claimer.claim_new(task, again)
         finally:

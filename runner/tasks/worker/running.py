@@ -23,7 +23,7 @@ from __future__ import annotations
 import enum
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
@@ -116,14 +116,16 @@ class Admitted:
 class RunningSet:
     """The slots of one member, its ``workers`` and the tasks it declined.
 
-    Claiming ahead: while this node's handlers are short (their mean duration, a moving
-    average over at least twice the workers' worth of handlers, under ``short`` seconds, and
-    none running now for longer), it may hold
-    ``prefetch`` times its workers more tasks claimed than it runs, waiting for a worker in
-    the pool's queue: the next batch is claimed while handlers run, and batches grow past the
-    number of workers (one lock transaction and one store write for all of them). A long
-    handler stops it at once: then no task is claimed beyond the free workers, so a node busy
-    with long jobs never sits on tasks others could run. ``prefetch`` 0: never."""
+    Claiming ahead: a task of a type whose handlers are short here (their moving mean, over
+    at least twice the workers' worth of that type's handlers, under ``short`` seconds) may be
+    claimed beyond the free workers, up to ``prefetch`` times the workers, while no handler has
+    been running for longer than ``short``: it waits in the pool's queue for a worker. So the
+    next batch is claimed while handlers run, and batches grow past the number of workers (one
+    lock transaction and one store write for all of them). Each type is judged by its own
+    handlers: a task of a type not seen here, or whose handlers are long, is claimed only for a
+    free worker (:meth:`room`), so a node that has just drained short tasks does not sit on
+    long ones another node could run. A long handler stops all claiming ahead at once.
+    ``prefetch`` 0: never."""
 
     def __init__(self, workers: int, prefetch: float = 0.0, short: float = 0.05) -> None:
         self.workers = workers
@@ -132,8 +134,9 @@ class RunningSet:
         self._running: dict[str, Slot] = {}
         self._ending: dict[str, Slot] = {}
         self._started: dict[str, float] = {}  # handlers running now: when each began
-        self._mean: float | None = None  # moving mean of the handlers' durations
-        self._samples = 0  # handlers the mean has heard of (none ahead before 2x workers)
+        #: per task type: the moving mean of its handlers' durations, and how many it heard of
+        self._means: dict[str, tuple[float, int]] = {}
+        self._short_types: set[str] = set()  # the types that may be claimed ahead now
         #: tasks this node's handlers declined, and until when it leaves them to the others
         self._declined: dict[str, float] = {}
         self._lock = threading.Lock()
@@ -148,13 +151,20 @@ class RunningSet:
             self._started[slot.task_id] = time.monotonic()
 
     def returned(self, slot: Slot) -> None:
-        """``slot``'s handler returned: its duration joins the moving mean."""
+        """``slot``'s handler returned: its duration joins its type's moving mean."""
         with self._lock:
             began = self._started.pop(slot.task_id, None)
-            if began is not None:
-                took = time.monotonic() - began
-                self._mean = took if self._mean is None else 0.8 * self._mean + 0.2 * took
-                self._samples += 1
+            if began is None:
+                return
+            took = time.monotonic() - began
+            kind = slot.task.type
+            mean, heard = self._means.get(kind, (took, 0))
+            mean = 0.8 * mean + 0.2 * took if heard else took
+            self._means[kind] = (mean, heard + 1)
+            if mean < self.short and heard + 1 >= 2 * self.workers:
+                self._short_types.add(kind)
+            else:
+                self._short_types.discard(kind)
 
     def working(self) -> int:
         """Handlers running now."""
@@ -162,18 +172,32 @@ class RunningSet:
             return len(self._started)
 
     def ahead(self) -> int:
-        """How many tasks may be claimed beyond the workers now (see the class)."""
+        """How many tasks of a short type may be claimed beyond the workers now (see the
+        class)."""
         with self._lock:
             return self._ahead()
 
     def _ahead(self) -> int:
-        if not self.prefetch or self._mean is None or self._mean >= self.short \
-                or self._samples < 2 * self.workers:
+        if not self.prefetch or not self._short_types:
             return 0
         now = time.monotonic()
         if any(now - began >= self.short for began in self._started.values()):
             return 0
         return int(self.workers * self.prefetch)
+
+    def room(self, tasks: Sequence[Task]) -> int:
+        """How many of ``tasks``, taken in order, this node may claim now: any for a free
+        worker, and beyond them (:meth:`ahead`) only tasks of a short type; the count stops at
+        the first task that may not be claimed."""
+        with self._lock:
+            idle = self.workers - len(self._running)
+            ahead = self._ahead()
+            n = 0
+            for task in tasks:
+                if n >= idle and (n >= idle + ahead or task.type not in self._short_types):
+                    break
+                n += 1
+            return n
 
     def ending(self, slot: Slot) -> None:
         """``slot``'s handler returned: its worker is free, its end is being written."""
@@ -203,8 +227,9 @@ class RunningSet:
             return [*self._running.values(), *self._ending.values()]
 
     def free(self) -> int:
-        """Tasks this node may claim now: its workers not running a handler, and those it may
-        claim ahead (:meth:`ahead`), less those claimed and waiting for a worker."""
+        """At most how many tasks this node may claim now: its workers not running a handler,
+        and those it may claim ahead (:meth:`ahead`), less those claimed and waiting for a
+        worker; which of them it may (:meth:`room`) depends on their types."""
         with self._lock:
             return self.workers + self._ahead() - len(self._running)
 

@@ -138,7 +138,7 @@ class Scanner:
                 return started
             while self.running.free() > 0 and self.may_claim():
                 batch = self.backlog.take(self.running.free(), self.running.__contains__,
-                                          self._list)
+                                          self._list, self.running.room)
                 if not batch:
                     break
                 started += self._start_batch(batch)
@@ -193,7 +193,7 @@ class Scanner:
                 log.error("member %s: cannot check due tasks: %s", self.member_id, exc)
         ready = [(t, own) for t, own in due if own or current.get(t.id) == t.version]
         self.stats["skipped_stale"] += len(due) - len(ready)
-        free = max(0, self.running.free()) if self.may_claim() else 0
+        free = self.running.room([t for t, _ in ready]) if self.may_claim() else 0
         self.backlog.push_front(ready[free:])
         return self._start_batch([t for t, _ in ready[:free] if t.id not in self.running])
 
@@ -209,9 +209,9 @@ class Scanner:
         return not self.stopping.is_set() and self.session.state is SessionState.CONNECTED
 
     def may_start(self, task: Task) -> bool:
-        """Whether a task due now may start here now: a free worker, the session CONNECTED,
-        the loop running."""
-        return (self.running.free() > 0 and self.may_claim()
+        """Whether a task due now may start here now: a free worker (or room ahead for a task
+        of a short type: :meth:`RunningSet.room`), the session CONNECTED, the loop running."""
+        return (self.running.room([task]) > 0 and self.may_claim()
                 and (task.run_at is None or task.run_at <= codec.now()))
 
     def _live(self) -> set[str] | None:
