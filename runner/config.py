@@ -91,10 +91,11 @@ class Settings(BaseSettings):
                     "writes run Python for milliseconds while the ZooKeeper and broker threads "
                     "wait, else Python's own 0.005")
     prefetch: float = Field(
-        3.0, ge=0, le=64,
-        description="while handlers are short (under 50 ms on average), tasks a node claims "
-                    "ahead of its free workers, in workers: batches grow past the workers; "
-                    "such a task shows RUNNING while it waits a few ms for a worker; 0: never")
+        8.0, ge=0, le=64,
+        description="tasks a node claims ahead of its free workers, in workers, of a type "
+                    "whose handlers are short here (under 50 ms on average): batches grow past "
+                    "the workers; such a task shows RUNNING while it waits a few ms for a "
+                    "worker; 0: never")
     scan_interval: float = Field(5.0, gt=0, description="seconds between task scans")
     reap_interval: float = Field(2.0, gt=0,
                                  description="seconds between the master's dead-owner lock scans")

@@ -31,6 +31,6 @@ class LoopSettings:
     limits: Mapping[str, int] = field(default_factory=dict)
     store_retry_for: float = 60.0
     #: claimed ahead while handlers are short, in workers (:class:`RunningSet`); 0: never
-    prefetch: float = 3.0
+    prefetch: float = 8.0
     #: a handler shorter than this (a moving mean, seconds) lets the node claim ahead
     short_handler: float = 0.05
