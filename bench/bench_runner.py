@@ -2,9 +2,10 @@
 servers, on this box in one run.
 
 latchwork runs on the embedded graph (gremlite file) and on a Gremlin Server (the nodes share
-it over loopback, one traversal at a time), Celery 5 on RabbitMQ with the durable-message setup
-of bench/bench_peer.py (3 prefork workers, acks_late, reject on worker lost, prefetch 1, no
-result backend). Both latchwork clusters (3 nodes x 4 workers each) stay up for the throughput
+it over loopback, one traversal at a time; started ``tuned``, as a long-running server runs:
+full JIT, a fixed heap, the parallel collector, for the floor's server too), Celery 5 on
+RabbitMQ with the durable-message setup of bench/bench_peer.py (3 prefork workers, acks_late,
+reject on worker lost, prefetch 1, no result backend). Both latchwork clusters (3 nodes x 4 workers each) stay up for the throughput
 rounds, which are interleaved: embedded, server, Celery, three times over.
 
 1. **floors** (raw probes, no latchwork code: bench/_floors.py): ZooKeeper's lock and release
@@ -367,9 +368,9 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any], dict[
                 clusters.append(Cluster("embedded", str(scratch / "graph.db"), zk, mq,
                                         scratch, None))
             if args.graph in ("server", "both"):
-                server = GremlinServer(scratch / "gremlin-server", heap="4g")
+                server = GremlinServer(scratch / "gremlin-server", heap="4g", tuned=True)
                 server.start()
-                floor_server = GremlinServer(scratch / "gremlin-floor", heap="1g")
+                floor_server = GremlinServer(scratch / "gremlin-floor", heap="1g", tuned=True)
                 floor_server.start()
                 try:
                     # warm: the server's JIT is cold, and its CPU per task is printed too

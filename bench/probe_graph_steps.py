@@ -111,7 +111,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
-        server = GremlinServer(Path(scratch) / "gremlin-server", heap="2g")
+        server = GremlinServer(Path(scratch) / "gremlin-server", heap="2g", tuned=True)
         server.start()
         try:
             if server.record is None:

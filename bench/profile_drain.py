@@ -95,7 +95,7 @@ def main() -> None:
         server = None
         graph = str(scratch / "graph.db")
         if args.graph == "server":
-            server = GremlinServer(scratch / "gremlin-server", heap="2g")
+            server = GremlinServer(scratch / "gremlin-server", heap="2g", tuned=True)
             server.start()
             graph = server.url
         env = {**os.environ, "LATCHWORK_ZK_HOSTS": zk.hosts, "LATCHWORK_AMQP_URL": mq.url,

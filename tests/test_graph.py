@@ -9,12 +9,14 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from coord.testing import wait_until
 from runner.errors import StoreUnavailable
 from runner.store import EmbeddedGraph
 
@@ -405,3 +407,43 @@ def test_union_branches_compiled_before_the_write_lock_answer_as_gremlites_own(
     monkeypatch.setattr(steps.Union, "build", steps.Union._latchwork_own[0])
     monkeypatch.setattr(steps.Union, "follow_all_traversals", steps.Union._latchwork_own[1])
     assert _unions(tmp_path / "own.db") == early
+
+
+def test_the_wal_is_checkpointed_beside_the_writers_and_stays_bounded(
+        graph: EmbeddedGraph) -> None:
+    """The writers' own checkpoint threshold is the safety net only (``wal_autocheckpoint``
+    raised to ``WAL_AUTOCHECKPOINT`` pages): the graph's checkpointer thread copies the log
+    into the database file after the commits (the file alone, read without its log, holds
+    every vertex written), and restarts the log once it passes ``RESTART_AT`` bytes, so about
+    three times that much written leaves a log file far below what the writers' threshold
+    would let grow. Closed with the graph."""
+    from runner.store.wal import RESTART_AT, WAL_AUTOCHECKPOINT
+
+    blob = "x" * 60_000
+    graph.write(lambda g: g.add_v("blob").property("data", blob).iterate())
+    con = graph._connection().con
+    assert con.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == WAL_AUTOCHECKPOINT
+    rounds = 3 * RESTART_AT // len(blob)
+    for n in range(rounds):  # each its own commit, a few ms apart, as a node's writes are
+        graph.write(lambda g, n=n: g.add_v("blob").property("data", f"{n}{blob}").iterate())
+        time.sleep(0.003)
+
+    def in_the_file_alone() -> int:
+        """The database file read without its log (immutable): torn while a checkpoint
+        writes it, so read again until it reads whole."""
+        ro = sqlite3.connect(f"file:{graph.path}?immutable=1", uri=True)
+        try:
+            return int(ro.execute("SELECT count(*) FROM strings WHERE v LIKE '%xxxx'")
+                       .fetchone()[0])
+        except sqlite3.DatabaseError:
+            return -1
+        finally:
+            ro.close()
+
+    assert wait_until(lambda: in_the_file_alone() == rounds + 1, 20)
+    assert graph.checkpointer.checkpoints > 0 and graph.checkpointer.restarts > 0
+    log_file = graph.path.parent / f"{graph.path.name}-wal"
+    assert log_file.stat().st_size < 2 * RESTART_AT  # the writers' threshold: ~40 MB
+    assert count(graph, "blob") == rounds + 1
+    graph.close()
+    assert not graph.checkpointer.alive()

@@ -43,6 +43,7 @@ from runner.store.branches import early_branches
 from runner.store.calls import CallStats
 from runner.store.replace import lean_replace
 from runner.store.strings import committed, kept_strings
+from runner.store.wal import WAL_AUTOCHECKPOINT, WalCheckpointer
 
 log = logging.getLogger("latchwork.store")
 
@@ -133,6 +134,8 @@ class EmbeddedGraph:
         self._lock = threading.Lock()
         self.stats = CallStats()
         self.alarm = StorageAlarm(self.path)
+        #: checkpoints the WAL beside the writers, not inside a commit (:mod:`.wal`)
+        self.checkpointer = WalCheckpointer(self.path, busy_timeout)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         #: gremlite's tables are all there: no open of this object needs the init lock
         self._initialised = self._tables_exist()
@@ -184,6 +187,7 @@ class EmbeddedGraph:
             remote.con = _LazyBegin(self.path, self.busy_timeout)
             remote.con.execute("PRAGMA journal_mode=WAL")
             remote.con.execute("PRAGMA synchronous=NORMAL")
+            remote.con.execute(f"PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT}")
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"cannot open graph file {self.path}: {exc}") from exc
         submit = remote.submit
@@ -244,6 +248,7 @@ class EmbeddedGraph:
             self._local.depth = 0
         if wrote:
             self.alarm.written()
+            self.checkpointer.committed()
         return result
 
     def read(self, fn: Callable[[Any], T]) -> T:
@@ -265,6 +270,7 @@ class EmbeddedGraph:
             return self._run("BEGIN IMMEDIATE", fn)
 
     def close(self) -> None:
+        self.checkpointer.close()
         with self._lock:
             remotes, self._all = self._all, []
         for remote in remotes:
