@@ -5,8 +5,9 @@ latchwork runs on the embedded graph (gremlite file) and on a Gremlin Server (th
 it over loopback, one traversal at a time; started ``tuned``, as a long-running server runs:
 full JIT, a fixed heap, the parallel collector, for the floor's server too), Celery 5 on
 RabbitMQ with the durable-message setup of bench/bench_peer.py (3 prefork workers, acks_late,
-reject on worker lost, prefetch 1, no result backend). Both latchwork clusters (3 nodes x 4 workers each) stay up for the throughput
-rounds, which are interleaved: embedded, server, Celery, three times over.
+reject on worker lost, prefetch 1, no result backend). Both latchwork clusters (3 nodes x 4
+workers each) stay up for the throughput rounds, which are interleaved: embedded, server,
+Celery, three times over.
 
 1. **floors** (raw probes, no latchwork code: bench/_floors.py): ZooKeeper's lock and release
    of ``batch`` task locks per ``multi()`` (1, 4, 32), and each graph's claim and end writes of
