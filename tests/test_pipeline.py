@@ -170,7 +170,9 @@ def test_create_twice_from_two_nodes_reports_progress_then_delete(
     shown = plant.cli("task", "show", task_id)
     assert shown.exit_code == 0 and "/6 batches" in shown.output and "rows/s" in shown.output
 
-    done = plant.cli("aspect", "create", "geo", "--wait", "--timeout", "20")
+    # the wait lasts as long as the job: a fresh-clone run under load took 38 s to start Spark
+    # and 26 s for the first batch (72 s from the task's start to READY)
+    done = plant.cli("aspect", "create", "geo", "--wait", "--timeout", "20", timeout=240)
     assert done.exit_code == 0, done.output
     assert "READY" in done.output and "6/6 batches" in done.output
     final = aspect(plant)
@@ -202,7 +204,7 @@ def test_create_twice_from_two_nodes_reports_progress_then_delete(
     assert json.loads(again.output)["generation"] == 1
     assert len(plant.store.tasks.all("aspect.create")) == 1
 
-    deleted = plant.cli("aspect", "delete", "geo", "--wait", "--timeout", "20")
+    deleted = plant.cli("aspect", "delete", "geo", "--wait", "--timeout", "20", timeout=240)
     assert deleted.exit_code == 0, deleted.output
     assert aspect(plant)["state"] == "DELETED"
     assert plant.store.avatars.with_aspect("geo") == {}
