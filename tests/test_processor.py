@@ -1103,9 +1103,10 @@ def test_a_node_claims_ahead_only_while_its_handlers_are_short() -> None:
 def test_nodes_that_drained_short_tasks_claim_long_ones_one_worker_at_a_time(
         zk_namespace: ZkNamespace, store: GraphStore) -> None:
     """Two nodes of one worker each, claiming ahead (``prefetch`` 3), drain short tasks; then
-    long tasks of another type come. Neither node claims a long task before its worker is free
-    (each node's attempts of the long type never overlap: a claim ahead would start an attempt,
-    at its claim, while the node's one worker still runs the last one), and both run them."""
+    long tasks of another type come. Neither node claims a long task before its worker is free:
+    each node's attempts of the long type never overlap (a claim ahead would start an attempt,
+    at its claim, while the node's one worker still runs the last one). Which node runs which
+    is the listing's (preferred members, ``steal_after``): not checked."""
     registry = TaskRegistry()
     registry.register("quick", lambda ctx, p: ctx.cancel.wait(0.01))
     registry.register("long", lambda ctx, p: ctx.cancel.wait(0.3))
@@ -1135,7 +1136,7 @@ def test_nodes_that_drained_short_tasks_claim_long_ones_one_worker_at_a_time(
         (attempt,) = store.attempts.for_task(task_id)
         assert attempt.status is AttemptStatus.SUCCEEDED
         by_node.setdefault(attempt.executor, []).append(attempt)
-    assert sorted(by_node) == ["m0", "m1"], by_node  # both ran long ones
+    assert sum(len(a) for a in by_node.values()) == len(slow)
     for attempts in by_node.values():
         attempts.sort(key=lambda a: a.started_at)
         for before, after in itertools.pairwise(attempts):
