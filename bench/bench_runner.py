@@ -28,7 +28,8 @@ Celery, three times over.
 3. **submit -> start**, paced, on the clusters of the drain once its rounds are over (the
    Gremlin Server then warm, as a server in service is: measured on a just-started server,
    as the bench did before, a full-JIT server still compiling gave p50 10.4-10.6 ms and p99
-   27-31 ms against 9.4 and 18 once warmed by 3,000 tasks, same run); Celery's is measured
+   27-31 ms against 9.4 and 18 once warmed by 3,000 tasks, same run; the server's p99 in
+   this bench after its rounds is another matter, docs/runner.md); Celery's is measured
    after its rounds too: tasks submitted through the API one at a time, 50 ms apart;
    latency = the start of the handler's body - the client's clock just before its submit, as
    the peer measures it (``bench.mark``, bench/marks.py); p50, p99;
@@ -410,7 +411,7 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any], dict[
                     say(f"celery round {n + 1}: {peer['drains'][-1]:,.0f} tasks/s")
             for c in clusters:
                 # after the rounds: the Gremlin Server's JIT warm, as a server in service is
-                # (measured on a just-started server, its p99 was 1.5x: step 3 of the docstring)
+                # (a just-started one was still compiling: step 3 of the docstring)
                 results[c.name].update(c.latency())
                 results[c.name].update(c.enqueue_speed())
                 assert c.nodes is not None
