@@ -256,7 +256,7 @@ def test_a_new_vertexs_properties_go_to_gremlite_as_list_properties_and_read_as_
     from gremlin_python.process.traversal import Cardinality, T
 
     from runner.store import open_store
-    from runner.store.graph import fresh_props_listed
+    from runner.store.replace import fresh_props_listed
 
     def made(g: Any) -> Any:
         return (g.add_v("a").property("k", 1).property("s", "x").as_("v").property("late", 2)

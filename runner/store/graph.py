@@ -29,19 +29,18 @@ import random
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from gremlin_python.process.anonymous_traversal import traversal
-from gremlin_python.process.traversal import Bytecode, Cardinality
 
 from runner.errors import StoreFull, StoreUnavailable
 from runner.store.alarm import StorageAlarm, unwritable
 from runner.store.branches import early_branches
 from runner.store.calls import CallStats
-from runner.store.replace import lean_replace
+from runner.store.replace import fresh_props_listed, lean_replace
 from runner.store.strings import committed, kept_strings
 from runner.store.wal import WAL_AUTOCHECKPOINT, WalCheckpointer
 
@@ -269,6 +268,29 @@ class EmbeddedGraph:
         with self.stats.timed("write"):
             return self._run("BEGIN IMMEDIATE", fn)
 
+    def write_plans(self, plans: Sequence[Sequence[tuple[Any, ...]] | None],
+                    one: Callable[[Any, int], bool]) -> set[int]:
+        """Several guarded writes in one write transaction, each applied from its data form
+        (``Write.plan``) by SQL (:mod:`runner.store.direct`), not interpreted as a traversal;
+        a plan that cannot be (or None: a write without one) goes as its traversal
+        (``one(g, n)`` writes the ``n``-th and says whether its guards matched). The indices
+        of those whose guards matched."""
+        from runner.store import direct
+
+        def run(g: Any) -> set[int]:
+            con = self._local.remote.con
+            out = set()
+            for n, plan in enumerate(plans):
+                done = None if plan is None else direct.apply(con, plan)
+                if done is None:
+                    done = one(g, n)
+                if done:
+                    out.add(n)
+            return out
+
+        with self.stats.timed("write"):
+            return self._run("BEGIN IMMEDIATE", run)
+
     def close(self) -> None:
         self.checkpointer.close()
         with self._lock:
@@ -279,28 +301,6 @@ class EmbeddedGraph:
             except sqlite3.ProgrammingError:
                 pass  # opened by another thread, which is gone; SQLite closes it with the file
         self._local = threading.local()
-
-
-def fresh_props_listed(bytecode: Bytecode) -> Bytecode:
-    """``bytecode`` with the ``property(key, value)`` steps that directly follow an ``addV``
-    (nested traversals too) given list cardinality, for gremlite. A vertex just added has no
-    values yet, so the result is the same; but gremlite looks a single property's earlier
-    values up first (one SQL query each: 30% of writing a new task and its attempt), a list
-    property's not. Other graphs get the steps as written (list cardinality is not portable).
-    ``bytecode`` is changed in place; a second pass changes nothing more."""
-    fresh = False
-    steps = bytecode.step_instructions
-    for n, step in enumerate(steps):
-        name = step[0]
-        if name == "property" and fresh and len(step) == 3 and isinstance(step[1], str):
-            steps[n] = [name, Cardinality.list_, step[1], step[2]]
-            continue
-        fresh = name == "addV"
-        for arg in step[1:]:
-            inner = getattr(arg, "bytecode", arg)
-            if isinstance(inner, Bytecode):
-                fresh_props_listed(inner)
-    return bytecode
 
 
 def location(graph: Graph) -> str:

@@ -9,6 +9,11 @@ closed by someone else). The ``union`` stands on the first task's vertex. One tr
 atomic wherever one is (a transaction on the embedded graph, a server that runs one traversal
 at a time), and on a Gremlin Server it is one request instead of one per task.
 
+On the embedded graph the same writes are not interpreted as a traversal: each is applied from
+its data form (``Write.plan``) by SQL, all in one transaction (:mod:`runner.store.direct`,
+:func:`write_plans`), as are the store's single guarded writes (:func:`matched`): gremlite's
+interpretation of a batch was most of a node's CPU in a drain.
+
 Failure behaviour: the graph out of reach raises ``StoreUnavailable`` for the whole batch
 (nothing of it is known written: the caller tries again, and a conclusion whose write had in
 fact been applied is recognised as its own); a single task's refusal is returned in its place.
@@ -24,7 +29,13 @@ from gremlin_python.process.graph_traversal import __
 from runner.errors import StoreError, StoreUnavailable, WriteRaceLost
 from runner.store.graph import Graph
 from runner.store.gremlin.guards import Write
-from runner.store.gremlin.writes import AttemptEnd, Conclusion, attempt_start, task_change
+from runner.store.gremlin.writes import (
+    AttemptEnd,
+    Conclusion,
+    attempt_start,
+    matched_write,
+    task_change,
+)
 from runner.store.model import Attempt, Task, TaskStatus
 
 X = TypeVar("X")
@@ -49,6 +60,8 @@ def written(store: _Store, writes: Sequence[Write], anchor: str) -> set[int]:
     (none when the anchor is gone: each then goes the single way)."""
     if not writes:
         return set()
+    if getattr(store.graph, "write_plans", None) is not None:
+        return write_plans(store.graph, writes)
 
     def run(g: Any) -> set[int]:
         branches = [w.traverse(__).constant(n) for n, w in enumerate(writes)]
@@ -58,6 +71,23 @@ def written(store: _Store, writes: Sequence[Write], anchor: str) -> set[int]:
         return store.graph.write(run)
     except WriteRaceLost:  # a transactional server refused the commit: none was written
         return set()
+
+
+def matched(graph: Graph, w: Write) -> bool:
+    """:func:`matched_write` of one :class:`Write`: from its data form where the graph applies
+    one (the embedded graph: :mod:`runner.store.direct`), else as its traversal."""
+    if getattr(graph, "write_plans", None) is not None:
+        return bool(write_plans(graph, [w]))
+    return matched_write(graph, w.traverse)
+
+
+def write_plans(graph: Any, writes: Sequence[Write]) -> set[int]:
+    """``writes`` in one transaction of a graph that applies their data forms
+    (``graph.write_plans``); one without a data form goes as its traversal. The indices of
+    those whose guards matched."""
+    def one(g: Any, n: int) -> bool:
+        return bool(writes[n].traverse(g).id_().to_list())
+    return set(graph.write_plans([w.plan for w in writes], one))
 
 
 def claim_many(store: _Store, claims: Sequence[tuple[Task, int]], member_id: str

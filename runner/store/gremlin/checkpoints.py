@@ -30,9 +30,10 @@ from typing import Any
 from runner.errors import AttemptAlreadyFinished, InvalidValue, StaleFencingToken
 from runner.store import codec
 from runner.store.graph import Graph
+from runner.store.gremlin.batch import matched
 from runner.store.gremlin.guards import Write, finder, set_on
 from runner.store.gremlin.rows import checkpoint_from_meta, checkpoint_meta
-from runner.store.gremlin.writes import TaskChange, matched_write, task_change
+from runner.store.gremlin.writes import TaskChange, task_change
 from runner.store.model import (
     CHECKPOINT_LIMIT,
     AttemptStatus,
@@ -94,7 +95,7 @@ class GremlinCheckpointStore:
         task = w.guard(finder(("task_id", fence.task_id),
                               ("task_fence", codec.encode_big(fence.token))))
         w.change(set_on(task, {STATE: text, META: checkpoint_meta(info)}))
-        if matched_write(self.graph, w.traverse):
+        if matched(self.graph, w):
             return info
         status = self.graph.read(lambda g: g.V().has("attempt_id", fence.attempt_id)
                                  .values("attempt_status").to_list())

@@ -45,15 +45,31 @@ class Write:
     def __init__(self) -> None:
         self._guards: list[tuple[str, Callable[[Any], Any]]] = []
         self._changes: list[Callable[[Any], Any]] = []
+        #: the same write as data, for a graph that applies it without a traversal
+        #: (:mod:`runner.store.direct`): None once a guard or change has no data form
+        self.plan: list[tuple[Any, ...]] | None = []
 
     def guard(self, find: Callable[[Any], Any]) -> str:
         """``find(src)`` is ``src.V().has(...)...``: the vertex must match; its label."""
         label = f"w{len(self._guards)}"
         self._guards.append((label, find))
+        pairs = getattr(find, "pairs", None)
+        if self.plan is not None and pairs is not None:
+            self.plan.append(("guard", label, pairs))
+        else:
+            self.plan = None
         return label
 
-    def change(self, fn: Callable[[Any], Any]) -> None:
+    def change(self, fn: Callable[[Any], Any], op: tuple[Any, ...] | None = None) -> None:
+        """``fn(t)`` adds the change to ``t``; ``op``: the change as data (see :attr:`plan`):
+        ``("set", label, props)`` or ``("add", vertex_label, props, edge_label, from_label)``
+        (a vertex, and an edge to it from the vertex ``from_label``)."""
         self._changes.append(fn)
+        op = op or getattr(fn, "op", None)
+        if self.plan is not None and op is not None:
+            self.plan.append(op)
+        else:
+            self.plan = None
 
     def traverse(self, g: Any, effect: Callable[[Any], Any] | None = None) -> Any:
         if not self._guards:
@@ -139,12 +155,16 @@ def finder(*pairs: tuple[str, Any]) -> Callable[[Any], Any]:
     """A guard's ``find``: ``src.V().has(k1, v1).has(k2, v2)...``."""
     def find(src: Any) -> Any:
         return has_all(src.V(), *pairs)
+    find.pairs = pairs  # type: ignore[attr-defined]  # its data form (Write.plan)
     return find
 
 
 def set_on(label: str, props: Mapping[str, Any]) -> Callable[[Any], Any]:
     """A :class:`Write` change: ``props`` set on the vertex a guard labelled ``label``."""
-    return lambda t: set_props(t.select(label), props)
+    def change(t: Any) -> Any:
+        return set_props(t.select(label), props)
+    change.op = ("set", label, props)  # type: ignore[attr-defined]  # its data form (Write.plan)
+    return change
 
 
 class FencedSource:

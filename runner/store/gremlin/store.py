@@ -126,7 +126,7 @@ class GraphStore:
             for end in ends:
                 end.add_to(w)
             start.add_to(w, change.add_to(w))
-            started = start.attempt if matched_write(self.graph, w.traverse) else None
+            started = start.attempt if batch.matched(self.graph, w) else None
         if started is None:
             self.claim_refused(task, fence_token)
         return change.task, started
@@ -198,7 +198,7 @@ class GraphStore:
           and nothing is written; the owner ends the attempt otherwise.
         """
         change = task_change(c.task, c.token, c.changes)
-        if matched_write(self.graph, c.write(change).traverse):
+        if batch.matched(self.graph, c.write(change)):
             return change.task
         return self.conclude_refused(c)
 
@@ -224,8 +224,7 @@ class GraphStore:
             again = task_change(task_now, c.token, c.changes)
             if c.needs:
                 self.graph.read(lambda g: resource_guard(g, task.id, end.attempt_id, c.needs))
-            return again.task if matched_write(self.graph,
-                                               c.write(again, not ours).traverse) else None
+            return again.task if batch.matched(self.graph, c.write(again, not ours)) else None
 
         return until_written(once, task.id)
 
@@ -288,7 +287,7 @@ class GraphStore:
             for end in ends:
                 end.add_to(w)
             change.add_to(w)
-            if matched_write(self.graph, w.traverse):
+            if batch.matched(self.graph, w):
                 return change.task, [e.attempt for e in ends]
             return None
 

@@ -70,16 +70,18 @@ class TaskChange:
     task: Task
 
     def find(self, src: Any) -> Any:
-        return has_all(src.V(), ("task_id", self.task_id),
-                       ("task_version", self.expected_version),
-                       ("task_fence", codec.encode_big(self.expected_fence)))
+        return has_all(src.V(), *self._pairs())
+
+    def _pairs(self) -> tuple[tuple[str, Any], ...]:
+        return (("task_id", self.task_id), ("task_version", self.expected_version),
+                ("task_fence", codec.encode_big(self.expected_fence)))
 
     def traverse(self, src: Any) -> Any:
         return set_props(self.find(src), self.props)
 
     def add_to(self, write: Write) -> str:
         """Guard ``write`` by this change and make it; the task vertex's label in it."""
-        label = write.guard(self.find)
+        label = write.guard(finder(*self._pairs()))
         write.change(set_on(label, self.props))
         return label
 
@@ -102,7 +104,8 @@ class AttemptStart:
     def add_to(self, write: Write, task: str) -> None:
         """Add the attempt to ``write``, with its edge from the vertex labelled ``task``."""
         write.change(lambda t: add_vertex(t, "attempt", self.props).as_("new_attempt")
-                     .add_e("has_attempt").from_(task).to("new_attempt"))
+                     .add_e("has_attempt").from_(task).to("new_attempt"),
+                     ("add", "attempt", self.props, "has_attempt", task))
 
 
 @dataclass(frozen=True)
@@ -113,14 +116,16 @@ class AttemptEnd:
     attempt: Attempt
 
     def find(self, src: Any) -> Any:
-        return has_all(src.V(), ("attempt_id", self.attempt_id),
-                       ("attempt_status", AttemptStatus.RUNNING.value))
+        return has_all(src.V(), *self._pairs())
+
+    def _pairs(self) -> tuple[tuple[str, Any], ...]:
+        return (("attempt_id", self.attempt_id), ("attempt_status", AttemptStatus.RUNNING.value))
 
     def traverse(self, src: Any) -> Any:
         return set_props(self.find(src), self.props)
 
     def add_to(self, write: Write) -> None:
-        write.change(set_on(write.guard(self.find), self.props))
+        write.change(set_on(write.guard(finder(*self._pairs())), self.props))
 
     def write(self, g: Any) -> None:
         if not self.traverse(g).id_().to_list():

@@ -1,0 +1,152 @@
+"""``runner.store.direct``: a guarded write applied to gremlite's tables by SQL leaves what the
+same write, interpreted by gremlite as a traversal, leaves (real SQLite files, gremlite's own
+reads); the store's claims and ends on the embedded graph go that way, and the contract suite
+(``tests/test_store_contract.py``) runs every store operation over it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gremlin_python.process.graph_traversal import __
+from gremlin_python.process.traversal import T
+
+from runner.store import direct
+from runner.store.graph import EmbeddedGraph
+from runner.store.gremlin.batch import write_plans
+from runner.store.gremlin.guards import Write, finder, set_on
+
+
+def _writes() -> list[Write]:
+    """A batch of every shape: guards of one and of several pairs, values of every plain kind
+    (a string never written, an int, a bool, None, a key new to the vertex), a vertex and its
+    edge, a guard that matches nothing (the batch's others still written), a guard that sees
+    an earlier write of the same batch, one that matches two vertices and a float (both
+    written as their traversal), a value no vertex ever had."""
+    out = []
+    w = Write()
+    t0 = w.guard(finder(("k", "t0"), ("v", 1), ("fence", "0")))
+    w.change(set_on(t0, {"v": 2, "state": "never-seen-before", "flag": True, "n": None,
+                         "extra": 5}))
+    w.change(lambda t: (t.add_v("attempt").property("aid", "a0").property("status", "RUNNING")
+                        .as_("new").add_e("has_attempt").from_(t0).to("new")),
+             ("add", "attempt", {"aid": "a0", "status": "RUNNING"}, "has_attempt", t0))
+    out.append(w)
+    w = Write()
+    w.change(set_on(w.guard(finder(("k", "t1"), ("v", 99))), {"state": "moved"}))
+    out.append(w)
+    w = Write()
+    first = w.guard(finder(("k", "t0"), ("v", 2)))  # only after the first write of the batch
+    second = w.guard(finder(("k", "t2")))
+    w.change(set_on(second, {"state": "b", "v": 7}))
+    w.change(set_on(first, {"state": "c"}))
+    out.append(w)
+    w = Write()
+    w.change(set_on(w.guard(finder(("dup", "x"))), {"seen": True}))
+    out.append(w)
+    w = Write()
+    w.change(set_on(w.guard(finder(("k", "t3"))), {"f": 2.5}))
+    out.append(w)
+    w = Write()
+    w.change(set_on(w.guard(finder(("k", "nobody-ever"))), {"state": "x"}))
+    out.append(w)
+    return out
+
+
+def _written(path: Path) -> tuple[set[int], list[Any], list[Any], list[Any]]:
+    graph = EmbeddedGraph(path)
+    try:
+        graph.write(lambda g: [g.add_v("task").property("k", f"t{n}").property("v", 1)
+                               .property("fence", "0").property("state", "a").iterate()
+                               for n in range(4)])
+        graph.write(lambda g: [g.add_v("other").property("dup", "x").property("n", n).iterate()
+                               for n in range(2)])
+        done = write_plans(graph, _writes())
+        maps = graph.read(lambda g: g.V().element_map().to_list())
+        edges = graph.read(lambda g: g.E().project("l", "o", "i").by(__.label())
+                           .by(__.out_v().values("k")).by(__.in_v().values("aid")).to_list())
+        found = [graph.read(lambda g, k=k, v=v: sorted(
+                     g.V().has(k, v).values("k", "n", "aid").to_list(), key=str))
+                 for k, v in (("state", "a"), ("state", "c"), ("state", "b"), ("v", 2),
+                              ("v", 7), ("flag", True), ("seen", True), ("f", 2.5),
+                              ("state", "never-seen-before"), ("state", "moved"),
+                              ("extra", 5), ("status", "RUNNING"))]
+    finally:
+        graph.close()
+    rows = sorted((sorted((str(k), str(v)) for k, v in m.items() if k is not T.id)
+                   for m in maps), key=str)
+    return done, rows, sorted(map(str, edges)), found
+
+
+def test_a_write_applied_by_sql_leaves_what_gremlites_traversal_leaves(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    answers: list[bool | None] = []
+    apply = direct.apply
+
+    def counted(con: Any, plan: Any) -> bool | None:
+        answers.append(apply(con, plan))
+        return answers[-1]
+
+    monkeypatch.setattr(direct, "apply", counted)
+    by_sql = _written(tmp_path / "sql.db")
+    # the ambiguous guard and the float went as their traversal, the others by SQL
+    assert answers == [True, False, True, None, None, False]
+    monkeypatch.setattr(direct, "apply", lambda con, plan: None)  # every write a traversal
+    by_traversal = _written(tmp_path / "traversal.db")
+    assert by_sql == by_traversal
+    done, _, edges, found = by_sql
+    assert done == {0, 2, 3, 4}
+    assert edges == [str({"l": "has_attempt", "o": "t0", "i": "a0"})]
+    assert found[0] == ["t1", "t3"] and found[1] == ["t0"] and found[2] == ["t2"]
+    assert found[6] == [0, 1] and found[9] == []  # both duplicates; the missed guard wrote none
+
+
+def test_a_write_whose_guards_fail_changes_nothing_and_adds_no_string(tmp_path: Path) -> None:
+    """Guards are all read before the first change: a write whose last guard fails leaves
+    the vertex its first guard matched, and the strings, as they were."""
+    graph = EmbeddedGraph(tmp_path / "g.db")
+    try:
+        graph.write(lambda g: g.add_v("task").property("k", "t0").property("v", 1).iterate())
+        con = graph._connection().con
+        strings = con.execute("SELECT count(*) FROM strings").fetchone()[0]
+        w = Write()
+        t0 = w.guard(finder(("k", "t0")))
+        w.guard(finder(("k", "t0"), ("v", 2)))
+        w.change(set_on(t0, {"state": "a string never written"}))
+        assert write_plans(graph, [w]) == set()
+        assert graph.read(lambda g: g.V().has("k", "t0").values("state").to_list()) == []
+        assert con.execute("SELECT count(*) FROM strings").fetchone()[0] == strings
+    finally:
+        graph.close()
+
+
+def test_the_store_claims_and_ends_on_the_embedded_graph_by_sql(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch
+                                                                 ) -> None:
+    """A claim and an end of tasks, one and several at a time, go by SQL (no traversal of
+    theirs interpreted), and read back RUNNING then SUCCEEDED with their attempts."""
+    from runner.store import AttemptStatus, Conclusion, Task, TaskStatus, open_store
+
+    store = open_store(str(tmp_path / "s.db"))
+    try:
+        answers: list[bool | None] = []
+        apply = direct.apply
+        monkeypatch.setattr(direct, "apply",
+                            lambda con, plan: answers.append(apply(con, plan)) or answers[-1])
+        tasks = [store.tasks.create("diag.sleep", {"n": n}) for n in range(3)]
+        task, attempt = store.claim(tasks[0], 5, "m1")
+        claimed = store.claim_many([(t, 6) for t in tasks[1:]], "m2")
+        assert answers == [True, True, True]
+        ends = [Conclusion.of(a, AttemptStatus.SUCCEEDED, t,
+                              {"status": TaskStatus.WAITING, "finished": True})
+                for t, a in [(task, attempt), *claimed]]  # type: ignore[misc]
+        assert all(isinstance(t, Task) for t in store.conclude_many(ends))
+        assert answers == [True] * 6
+        for t in tasks:
+            now = store.tasks.get(t.id)
+            assert now.finished and now.status is TaskStatus.WAITING and now.attempts == 1
+            (only,) = store.attempts.for_task(t.id)
+            assert only.status is AttemptStatus.SUCCEEDED
+    finally:
+        store.close()
