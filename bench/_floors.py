@@ -14,6 +14,11 @@ it uses, written with the drivers alone (kazoo, gremlinpython, gremlite), no lat
   embedded file, with the store's replace of a property in place (:mod:`runner.store.replace`,
   which every node uses) instead of gremlite's own: the engine as latchwork runs it, the same
   traversals.
+* :func:`sql_writes`: the same claims and ends on the embedded file, not as traversals but as
+  the SQL statements they come to on gremlite's tables (a guard's lookup, a property's update
+  in place, an attempt vertex, its properties and edge), written by hand here: SQLite's floor
+  for the writes, which the embedded graph's nodes apply that way too (:mod:`runner.store.
+  direct`), so it is the floor their drain is measured against.
 """
 
 from __future__ import annotations
@@ -126,6 +131,124 @@ def _make_tasks(g: Any, count: int, write: Callable[[Callable[[], Any]], Any]) -
                     .property("task_fence", "0" * 20).property("task_queue", "open").iterate()
         write(make)
     return ids
+
+
+class _Sql:
+    """The statements a claim and an end come to on gremlite's tables (see the module): the
+    property names' ids kept, every value's string looked up (and added) by a query."""
+
+    MIN_INT = -2**62
+
+    def __init__(self, con: sqlite3.Connection) -> None:
+        self.con = con
+        self.names: dict[str, int] = {}
+
+    def string(self, value: str) -> int:
+        row = self.con.execute("SELECT id FROM strings WHERE v = ?", [value]).fetchone()
+        if row is not None:
+            return int(row[0])
+        return int(self.con.execute("INSERT INTO strings (v) VALUES (?) RETURNING id",
+                                    [value]).fetchone()[0])
+
+    def name(self, key: str) -> int:
+        if key not in self.names:
+            self.names[key] = self.string(key)
+        return self.names[key]
+
+    def code(self, value: Any) -> int:
+        return value + self.MIN_INT if isinstance(value, int) else self.string(value)
+
+    def element(self) -> int:
+        return int(self.con.execute("INSERT INTO graphelts VALUES (NULL) RETURNING id")
+                   .fetchone()[0])
+
+    def find(self, *pairs: tuple[str, Any]) -> int | None:
+        codes = [c for k, v in pairs for c in (self.name(k), self.code(v))]
+        joins = "".join(f" JOIN quads q{n} ON q{n}.s = q0.s AND q{n}.p = ? AND q{n}.o = ?"
+                        for n in range(1, len(pairs)))
+        row = self.con.execute(f"SELECT q0.s FROM quads q0{joins} WHERE q0.p = ? AND q0.o = ?"
+                               f" AND +q0.g > 0", [*codes[2:], *codes[:2]]).fetchone()
+        return None if row is None else int(row[0])
+
+    def put(self, vertex: int, **props: Any) -> None:
+        for key, value in props.items():
+            cur = self.con.execute("UPDATE quads SET o = ? WHERE s = ? AND p = ? AND +g > 0",
+                                   [self.code(value), vertex, self.name(key)])
+            if cur.rowcount == 0:
+                self.con.execute("INSERT INTO quads VALUES (?, ?, ?, ?)",
+                                 [vertex, self.name(key), self.code(value), self.element()])
+
+    def add(self, label: str, **props: Any) -> int:
+        vertex = self.element()
+        self.con.execute("INSERT INTO quads VALUES (?, 0, ?, 0)", [vertex, self.string(label)])
+        for key, value in props.items():
+            self.con.execute("INSERT INTO quads VALUES (?, ?, ?, ?)",
+                             [vertex, self.name(key), self.code(value), self.element()])
+        return vertex
+
+    def edge(self, source: int, label: str, target: int) -> None:
+        self.con.execute("INSERT INTO quads VALUES (?, ?, ?, ?)",
+                         [source, -self.string(label), target, -self.element()])
+
+    def claim(self, task_id: str, token: int) -> bool:
+        task = self.find(("task_id", task_id), ("task_version", 0), ("task_fence", "0" * 20))
+        if task is None:
+            return False
+        self.put(task, task_state=json.dumps({"status": "RUNNING", "owner": "floor",
+                                              "attempts": 1}),
+                 task_version=1, task_fence=f"{token:020d}", task_queue="running")
+        attempt = self.add("attempt", attempt_id=f"{task_id}-a", attempt_status="RUNNING",
+                           attempt_start=json.dumps({"task": task_id, "seq": 1}))
+        self.edge(task, "has_attempt", attempt)
+        return True
+
+    def end(self, task_id: str, token: int) -> bool:
+        attempt = self.find(("attempt_id", f"{task_id}-a"), ("attempt_status", "RUNNING"))
+        task = self.find(("task_id", task_id), ("task_version", 1),
+                         ("task_fence", f"{token:020d}"))
+        if attempt is None or task is None:
+            return False
+        self.put(attempt, attempt_status="SUCCEEDED",
+                 attempt_end=json.dumps({"duration_ms": 1}))
+        self.put(task, task_state=json.dumps({"status": "WAITING", "finished": True,
+                                              "attempts": 1}),
+                 task_version=2, task_queue="closed")
+        return True
+
+
+def sql_writes(where: str, batch: int, tasks: int = 2000) -> dict[str, float]:
+    """:func:`graph_writes`' claims and ends of ``tasks`` tasks, ``batch`` per transaction, as
+    SQL on the gremlite file at ``where`` (see the module)."""
+    from gremlite import SQLiteConnection  # type: ignore[import-untyped]
+    remote = SQLiteConnection(Path(where), isolation_level=None, timeout=30)
+    con = remote.con
+    con.execute("PRAGMA journal_mode=WAL")
+    con.execute("PRAGMA synchronous=NORMAL")
+
+    def write(fn: Callable[[], Any]) -> Any:
+        con.execute("BEGIN IMMEDIATE")
+        try:
+            out = fn()
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        con.execute("COMMIT")
+        return out
+    try:
+        ids = _make_tasks(traversal().with_remote(remote), tasks, write)
+        sql = _Sql(con)
+        cpu, began = _cpu(), time.perf_counter()
+        for first in range(0, tasks, batch):
+            chunk = ids[first:first + batch]
+            claimed = write(lambda c=chunk: sum(sql.claim(t, 7) for t in c))
+            ended = write(lambda c=chunk: sum(sql.end(t, 7) for t in c))
+            if claimed != len(chunk) or ended != len(chunk):
+                raise RuntimeError(f"floor batch wrote {claimed}/{ended} of {len(chunk)}")
+        took = time.perf_counter() - began
+        used = _cpu() - cpu
+    finally:
+        remote.close()
+    return {"tasks_per_s": tasks / took, "client_cpu_ms_per_task": used * 1000 / tasks}
 
 
 def graph_writes(where: str, batch: int, tasks: int = 2000, lean: bool = False,
