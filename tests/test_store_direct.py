@@ -5,6 +5,7 @@ reads); the store's claims and ends on the embedded graph go that way, and the c
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -148,5 +149,54 @@ def test_the_store_claims_and_ends_on_the_embedded_graph_by_sql(tmp_path: Path,
             assert now.finished and now.status is TaskStatus.WAITING and now.attempts == 1
             (only,) = store.attempts.for_task(t.id)
             assert only.status is AttemptStatus.SUCCEEDED
+    finally:
+        store.close()
+
+
+class _Traversals:
+    """The embedded graph seen as a graph without SQL: its reads go as traversals."""
+
+    within_indexed = True
+
+    def __init__(self, graph: Any) -> None:
+        self.read = graph.read
+
+
+def test_reads_by_sql_find_what_gremlites_traversals_find(tmp_path: Path) -> None:
+    """A page of a lane's ready tasks (every shard and a member's own, a limit below what
+    waits, seconds no task has) and a lane's ready seconds, by SQL and as traversals, on one
+    graph; and a row of every kind of value decoded as ``element_map`` decodes it."""
+    from runner.store import due, open_store
+    from runner.store.gremlin import ready
+
+    store = open_store(str(tmp_path / "r.db"))
+    try:
+        graph = store.graph
+        made = [store.tasks.create("t", {"n": n}, priority=n % 3) for n in range(40)]
+        start = min(t.created_at for t in made)
+        seconds = due.seconds_from(start - timedelta(seconds=5), 120)
+        plain = _Traversals(graph)
+        for lane in {due.lane_of(t.priority) for t in made}:
+            for limit, shards in ((100, None), (5, None), (100, due.shards_of(0, 3))):
+                by_sql = ready.ready_page(graph, lane, seconds, limit, shards)
+                by_traversal = ready.ready_page(plain, lane, seconds, limit, shards)  # type: ignore[arg-type]
+                assert len(by_sql) == len(by_traversal) and len(by_sql) > 0
+                if limit == 100:
+                    assert sorted(t.id for t in by_sql) == sorted(t.id for t in by_traversal)
+                    assert sorted(by_sql, key=lambda t: t.id) == \
+                        sorted(by_traversal, key=lambda t: t.id)
+            assert ready.ready_page(graph, lane, ["19990101000000"], 10) == []
+            assert ready.lane_seconds(graph, lane) == \
+                ready.lane_seconds(plain, lane)  # type: ignore[arg-type]
+            assert ready.lane_seconds(graph, lane)
+        graph.write(lambda g: g.add_v("x").property("k", "row").property("i", -7)
+                    .property("b", False).property("z", None).property("f", 2.5)
+                    .property("s", "text").iterate())
+        keys = ["k", "i", "b", "z", "f", "s", "missing"]
+        (vertex,) = graph.read(lambda g: g.V().has("k", "row").id_().to_list())
+        (by_sql,) = graph.sql(lambda con, g: direct.rows(con, [vertex], keys))
+        (mapped,) = graph.read(lambda g: g.V().has("k", "row").element_map(*keys).to_list())
+        assert by_sql == {k: v for k, v in mapped.items() if isinstance(k, str)}
+        assert by_sql["i"] == -7 and by_sql["b"] is False and by_sql["f"] == 2.5
     finally:
         store.close()

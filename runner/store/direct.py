@@ -120,3 +120,98 @@ def _set(cur: Any, con: Any, qt: Any, vertex: int, props: Any) -> None:
                     [code, vertex, name])
         if cur.rowcount == 0:
             qt.create_vertex_property(con, vertex, key, value)
+
+
+def having(con: Any, key: str, values: Sequence[str], limit: int,
+           where: tuple[str, Sequence[str]] | None = None) -> list[int]:
+    """Up to ``limit`` vertices whose ``key`` is one of the strings ``values`` (and, ``where``,
+    whose other property is one of its strings): one query over the ``ops`` index, as gremlite's
+    ``V().has(key, within(values)).has(...).limit(limit)`` finds them, in no particular order."""
+    from gremlite import querytools as qt
+
+    name = qt.string_to_id(con, key)
+    codes = _ids(con, values)
+    if name is None or not codes:
+        return []
+    args: list[Any] = []
+    join = ""
+    if where is not None:
+        other = qt.string_to_id(con, where[0])
+        allowed = _ids(con, where[1])
+        if other is None or not allowed:
+            return []
+        join = (f" JOIN quads w ON w.s = q.s AND w.p = ? AND w.o IN "
+                f"({','.join('?' * len(allowed))})")
+        args += [other, *allowed]
+    rows = con.cursor().execute(
+        f"SELECT q.s FROM quads q{join} WHERE q.p = ? AND q.o IN ({','.join('?' * len(codes))})"
+        f" AND +q.g > 0 LIMIT ?", [*args, name, *codes, limit]).fetchall()
+    return [row[0] for row in rows]
+
+
+def rows(con: Any, vertices: Sequence[int], keys: Sequence[str]) -> list[dict[str, Any]]:
+    """The properties ``keys`` of each of ``vertices`` (those it has), in their order, decoded
+    as gremlite decodes them: what ``element_map(*keys)`` gives, without the id and label."""
+    from gremlite import querytools as qt
+
+    names = {i: key for key in keys if (i := qt.string_to_id(con, key)) is not None}
+    if not vertices or not names:
+        return [{} for _ in vertices]
+    found = con.cursor().execute(
+        f"SELECT s, p, o FROM quads WHERE s IN ({','.join('?' * len(vertices))}) AND p IN "
+        f"({','.join('?' * len(names))}) AND +g > 0", [*vertices, *names]).fetchall()
+    strings = _strings(con, {o for _, _, o in found if 2 < o <= _MAX_INT})
+    out: dict[int, dict[str, Any]] = {v: {} for v in vertices}
+    for s, p, o in found:
+        row = out[s]
+        if names[p] in row:  # a second value (list cardinality): element_map shows the first
+            continue
+        if o > _MAX_INT:
+            row[names[p]] = float(qt.id_to_string(con, o - _MAX_INT))
+        elif o > 2:
+            row[names[p]] = strings[o]
+        else:
+            row[names[p]] = o - _MIN_INT if o < 0 else (False, True, None)[o]
+    return [out[v] for v in vertices]
+
+
+def _ids(con: Any, values: Sequence[str]) -> list[int]:
+    """The ids of those of ``values`` the strings table holds: the connection's kept ones, the
+    others in one query a few hundred at a time (a window of ready seconds is up to 3,840)."""
+    kept = getattr(con, "by_value", {})
+    out = [kept[v] for v in values if v in kept]
+    left = [v for v in values if v not in kept]
+    for first in range(0, len(left), 500):
+        part = left[first:first + 500]
+        out += [i for (i,) in con.cursor().execute(
+            f"SELECT id FROM strings WHERE v IN ({','.join('?' * len(part))})", part)]
+    return out
+
+
+def _strings(con: Any, ids: set[int]) -> dict[int, str]:
+    """The strings of ``ids``: the connection's kept ones, the others in one query a few
+    hundred at a time (not kept: mostly one task's values, a state, a payload)."""
+    kept = getattr(con, "by_id", {})
+    out = {i: kept[i] for i in ids if i in kept}
+    left = [i for i in ids if i not in out]
+    for first in range(0, len(left), 500):
+        part = left[first:first + 500]
+        out.update(con.cursor().execute(
+            f"SELECT id, v FROM strings WHERE id IN ({','.join('?' * len(part))})",
+            part).fetchall())
+    return out
+
+
+def values_of(con: Any, key: str, value: str, wanted: str) -> set[str]:
+    """The distinct string values of ``wanted`` on the vertices whose ``key`` is ``value``
+    (what a traversal of those values would give, without repeats; strings only): one query,
+    whatever number of vertices share them."""
+    from gremlite import querytools as qt
+
+    name, code, other = (qt.string_to_id(con, x) for x in (key, value, wanted))
+    if name is None or code is None or other is None:
+        return set()
+    found = con.cursor().execute(
+        "SELECT DISTINCT v.o FROM quads q JOIN quads v ON v.s = q.s AND v.p = ? AND +v.g > 0 "
+        "WHERE q.p = ? AND q.o = ? AND +q.g > 0", [other, name, code]).fetchall()
+    return set(_strings(con, {o for (o,) in found if 2 < o <= _MAX_INT}).values())

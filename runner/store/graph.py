@@ -29,7 +29,7 @@ import random
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -268,28 +268,13 @@ class EmbeddedGraph:
         with self.stats.timed("write"):
             return self._run("BEGIN IMMEDIATE", fn)
 
-    def write_plans(self, plans: Sequence[Sequence[tuple[Any, ...]] | None],
-                    one: Callable[[Any, int], bool]) -> set[int]:
-        """Several guarded writes in one write transaction, each applied from its data form
-        (``Write.plan``) by SQL (:mod:`runner.store.direct`), not interpreted as a traversal;
-        a plan that cannot be (or None: a write without one) goes as its traversal
-        (``one(g, n)`` writes the ``n``-th and says whether its guards matched). The indices
-        of those whose guards matched."""
-        from runner.store import direct
-
-        def run(g: Any) -> set[int]:
-            con = self._local.remote.con
-            out = set()
-            for n, plan in enumerate(plans):
-                done = None if plan is None else direct.apply(con, plan)
-                if done is None:
-                    done = one(g, n)
-                if done:
-                    out.add(n)
-            return out
-
-        with self.stats.timed("write"):
-            return self._run("BEGIN IMMEDIATE", run)
+    def sql(self, fn: Callable[[Any, Any], T], write: bool = False) -> T:
+        """``fn(con, g)`` inside one read's (``write``: one write's) transaction, given the
+        SQLite connection beside the traversal source: the reads and writes the store applies
+        to gremlite's tables directly (:mod:`runner.store.direct`)."""
+        with self.stats.timed("write" if write else "read"):
+            return self._run("BEGIN IMMEDIATE" if write else "BEGIN DEFERRED",
+                             lambda g: fn(self._local.remote.con, g))
 
     def close(self) -> None:
         self.checkpointer.close()

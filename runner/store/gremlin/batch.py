@@ -27,6 +27,7 @@ from typing import Any, NoReturn, Protocol, TypeVar
 from gremlin_python.process.graph_traversal import __
 
 from runner.errors import StoreError, StoreUnavailable, WriteRaceLost
+from runner.store import direct
 from runner.store.graph import Graph
 from runner.store.gremlin.guards import Write
 from runner.store.gremlin.writes import (
@@ -60,7 +61,7 @@ def written(store: _Store, writes: Sequence[Write], anchor: str) -> set[int]:
     (none when the anchor is gone: each then goes the single way)."""
     if not writes:
         return set()
-    if getattr(store.graph, "write_plans", None) is not None:
+    if getattr(store.graph, "sql", None) is not None:
         return write_plans(store.graph, writes)
 
     def run(g: Any) -> set[int]:
@@ -76,18 +77,26 @@ def written(store: _Store, writes: Sequence[Write], anchor: str) -> set[int]:
 def matched(graph: Graph, w: Write) -> bool:
     """:func:`matched_write` of one :class:`Write`: from its data form where the graph applies
     one (the embedded graph: :mod:`runner.store.direct`), else as its traversal."""
-    if getattr(graph, "write_plans", None) is not None:
+    if getattr(graph, "sql", None) is not None:
         return bool(write_plans(graph, [w]))
     return matched_write(graph, w.traverse)
 
 
 def write_plans(graph: Any, writes: Sequence[Write]) -> set[int]:
-    """``writes`` in one transaction of a graph that applies their data forms
-    (``graph.write_plans``); one without a data form goes as its traversal. The indices of
-    those whose guards matched."""
-    def one(g: Any, n: int) -> bool:
-        return bool(writes[n].traverse(g).id_().to_list())
-    return set(graph.write_plans([w.plan for w in writes], one))
+    """``writes`` in one write transaction of the embedded graph, each from its data form by
+    SQL (:func:`runner.store.direct.apply`); one that has none, or that SQL cannot apply as
+    gremlite would, goes as its traversal in the same transaction. The indices of those whose
+    guards matched."""
+    def run(con: Any, g: Any) -> set[int]:
+        out = set()
+        for n, w in enumerate(writes):
+            done = None if w.plan is None else direct.apply(con, w.plan)
+            if done is None:
+                done = bool(w.traverse(g).id_().to_list())
+            if done:
+                out.add(n)
+        return out
+    return set(graph.sql(run, write=True))
 
 
 def claim_many(store: _Store, claims: Sequence[tuple[Task, int]], member_id: str
