@@ -45,12 +45,7 @@ def plain(plan: Sequence[tuple[Any, ...]]) -> bool:
     """Whether every value of ``plan`` (guards and changes) is one :func:`apply` writes as
     gremlite would: a string, a bool, None, or an integer in gremlite's range."""
     for op in plan:
-        if op[0] == "guard":
-            values = [v for _, v in op[2]]
-        elif op[0] == "set":
-            values = list(op[2].values())
-        else:
-            values = list(op[2].values())
+        values = [v for _, v in op[2]] if op[0] == "guard" else list(op[2].values())
         for value in values:
             if value.__class__ not in _PLAIN:
                 return False
