@@ -6,7 +6,10 @@ embedded drain had gremlite at 58% of the nodes' samples, a claim's and an end's
 compiled (16%) and interpreted step by step. The task loop's writes are a small algebra
 (:class:`~runner.store.gremlin.guards.Write`): guards (``V().has(k, v)...``, each standing on
 one vertex), properties set with single cardinality on a guarded vertex, a vertex added with
-its properties and an edge to it from a guarded vertex. Here a write's data form
+its properties and an edge to it from a guarded vertex; and a new task written claimed
+(:meth:`~runner.store.GraphStore.create_claimed`): a vertex of its own, its attempt with an
+edge from it, after a guard that no task has its id yet (``absent``, a redelivered
+submit's). Here a write's data form
 (``Write.plan``) is applied with the statements gremlite itself would end up running, in the
 transaction of the graph's write:
 
@@ -17,8 +20,12 @@ transaction of the graph's write:
 * a property set: one ``UPDATE`` of the vertex's row by ``sp`` (its value looked up or added
   once), or the property created as gremlite creates one when the vertex has none (what
   :mod:`runner.store.replace` does inside gremlite's step);
-* a vertex, its properties and its edge: gremlite's own ``create_vertex``,
-  ``create_vertex_property`` and ``create_edge``.
+* a vertex, its properties and its edge: the rows gremlite's ``create_vertex``,
+  ``create_vertex_property`` and ``create_edge`` make, in four statements (:func:`_created`).
+
+The ops: ``("guard", name, pairs)``, ``("absent", "", pairs)`` (no vertex may match),
+``("set", name, props)``, ``("add", label, props, edge, from_name)`` and ``("new", label,
+props, name)`` (a vertex with no edge, named for the ops after it).
 
 What a read gives back afterwards is what the traversal would have left (the contract suite
 runs the store's writes both ways: ``tests/test_store_direct.py``). A write this cannot apply as
@@ -36,16 +43,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from runner.store.replace import set_single
+from runner.store.strings import string_ids
+
 #: the property values applied here: gremlite's plain encodings (a float is a string's id)
 _PLAIN = (str, bool, int, type(None))
 _MIN_INT, _MAX_INT = -2**62, 2**62 - 1
+#: the ops that find vertices (their pairs third): ``guard`` must match, ``absent`` must not
+_FINDS = ("guard", "absent")
 
 
 def plain(plan: Sequence[tuple[Any, ...]]) -> bool:
     """Whether every value of ``plan`` (guards and changes) is one :func:`apply` writes as
     gremlite would: a string, a bool, None, or an integer in gremlite's range."""
     for op in plan:
-        values = [v for _, v in op[2]] if op[0] == "guard" else list(op[2].values())
+        values = [v for _, v in op[2]] if op[0] in _FINDS else list(op[2].values())
         for value in values:
             if value.__class__ not in _PLAIN:
                 return False
@@ -66,9 +78,13 @@ def apply(con: Any, plan: Sequence[tuple[Any, ...]]) -> bool | None:
     try:
         at: dict[str, int] = {}
         for op in plan:
-            if op[0] != "guard":
+            if op[0] not in _FINDS:
                 continue
             found = _vertices(cur, con, qt, op[2])
+            if op[0] == "absent":
+                if found:
+                    return False
+                continue
             if not found:
                 return False
             if len(found) > 1:
@@ -76,13 +92,12 @@ def apply(con: Any, plan: Sequence[tuple[Any, ...]]) -> bool | None:
             at[op[1]] = found[0]
         for op in plan:
             if op[0] == "set":
-                _set(cur, con, qt, at[op[1]], op[2])
+                for key, value in op[2].items():  # plain values: each one gremlite encodes
+                    set_single(con, qt, at[op[1]], key, value)
             elif op[0] == "add":
-                _, label, props, edge, source = op
-                vertex = qt.create_vertex(con, label)
-                for key, value in props.items():
-                    qt.create_vertex_property(con, vertex, key, value)
-                qt.create_edge(con, at[source], edge, vertex)
+                _created(cur, con, op[1], op[2], (op[3], at[op[4]]))
+            elif op[0] == "new":
+                at[op[3]] = _created(cur, con, op[1], op[2], None)
         return True
     finally:
         cur.close()
@@ -105,16 +120,29 @@ def _vertices(cur: Any, con: Any, qt: Any, pairs: Sequence[tuple[str, Any]]) -> 
     return [row[0] for row in rows]
 
 
-def _set(cur: Any, con: Any, qt: Any, vertex: int, props: Any) -> None:
-    """``props`` set on ``vertex`` with single cardinality (its row's value replaced in place,
-    or the property created)."""
-    for key, value in props.items():
-        name = qt.merge_string(con, key)
-        code = qt.encode_property_value(con, value, merge=True)
-        cur.execute("UPDATE quads SET o = ? WHERE s = ? AND p = ? AND +g > 0",
-                    [code, vertex, name])
-        if cur.rowcount == 0:
-            qt.create_vertex_property(con, vertex, key, value)
+def _created(cur: Any, con: Any, label: str, props: Any, edge: tuple[str, int] | None) -> int:
+    """A vertex ``label`` with ``props`` (and ``edge``: an edge of that label to it from that
+    vertex) as gremlite's ``create_vertex``, ``create_vertex_property`` and ``create_edge``
+    make them, in four statements instead of three or four per property: their element ids
+    taken at once, in gremlite's order (the vertex, each property, the edge); the strings
+    looked up and added at once (:func:`~runner.store.strings.string_ids`); the rows in one
+    ``executemany``. The new vertex's id."""
+    count = 2 + len(props) if edge is not None else 1 + len(props)
+    ids = sorted(i for (i,) in cur.execute(
+        f"INSERT INTO graphelts VALUES {','.join(['(NULL)'] * count)} RETURNING id"))
+    strings = string_ids(con, [label, *props, *(v for v in props.values() if v.__class__ is str),
+                               *((edge[0],) if edge is not None else ())])
+    vertex = ids[0]
+    rows = [(vertex, 0, strings[label], 0)]  # gremlite's label row: p 0, g 0
+    for (key, value), prop in zip(props.items(), ids[1:], strict=False):
+        code = (strings[value] if value.__class__ is str else
+                2 if value is None else int(value) if value.__class__ is bool else
+                value + _MIN_INT)
+        rows.append((vertex, strings[key], code, prop))
+    if edge is not None:
+        rows.append((edge[1], -strings[edge[0]], vertex, -ids[-1]))
+    cur.executemany("INSERT INTO quads VALUES (?, ?, ?, ?)", rows)
+    return int(vertex)
 
 
 def having(con: Any, key: str, values: Sequence[str], limit: int,

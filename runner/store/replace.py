@@ -1,6 +1,6 @@
 """Properties written the cheap way on the embedded graph: a vertex property of single
 cardinality replaced in place (gremlite's ``property(single, key, value)`` on a vertex that has
-the key, in two statements instead of six), and the properties of a vertex just added given
+the key, in one statement instead of six), and the properties of a vertex just added given
 list cardinality (:func:`fresh_props_listed`: no lookup of earlier values it cannot have).
 
 gremlite keeps a vertex property as a row of its ``quads`` table (vertex, name, value, the
@@ -12,12 +12,12 @@ about ten properties in all, and a profile of the embedded drain had gremlite's 
 replaces as the largest part of the nodes' CPU (a scratch probe of batched claims and ends:
 250-275 tasks/s with gremlite's replace, 506-519 with this one).
 
-Here the row is found by the ``sp`` index (vertex, name) and its value column updated where
-it differs: the value looked up or added once, the property keeping its element id. What a
+Here the row is found by the ``sp`` index (vertex, name) and its value column updated
+(:func:`set_single`): the value looked up or added once, the property keeping its element id. What a
 read gives back is the same: the value, by name, found by ``has(key, value)`` through the
 same index. Only the property's element id, which the store never reads, stays the old one
-(TinkerPop leaves it to the graph). Anything else (list or set cardinality, an edge, a key
-the strings table does not hold yet, a value gremlite cannot encode) goes to gremlite's own.
+(TinkerPop leaves it to the graph). Anything else (list or set cardinality, an edge, a value
+gremlite cannot encode) goes to gremlite's own.
 
 Installed once per process by :func:`lean_replace` when the embedded graph opens a
 connection; a gremlite whose internals differ (another minor version) keeps its own replace,
@@ -65,26 +65,34 @@ def _lean(own: Any, qt: Any) -> Any:
                      cardinality: Any = Cardinality.single) -> Any:
         if cardinality is not Cardinality.single or not isinstance(obj, graph.Vertex):
             return own(self, obj, prop_name, prop_value, cardinality)
-        con = self.con
-        name_id = qt.string_to_id(con, prop_name)
-        if name_id is None:  # no vertex has the key yet
-            return own(self, obj, prop_name, prop_value, cardinality)
-        cur = con.cursor()
-        try:
-            row = cur.execute("SELECT o, g FROM quads WHERE s = ? AND p = ? LIMIT 1",
-                              [obj.id, name_id]).fetchone()
-            if row is None:  # this vertex does not have it: a new property
-                return qt.create_vertex_property(con, obj.id, prop_name, prop_value)
-            code = qt.encode_property_value(con, prop_value, merge=True)
-            if code is None:  # beyond what gremlite encodes: its own way says so
-                return own(self, obj, prop_name, prop_value, cardinality)
-            if code != row[0]:
-                cur.execute("UPDATE quads SET o = ? WHERE g = ?", [code, row[1]])
-            return None
-        finally:
-            cur.close()
+        if not set_single(self.con, qt, obj.id, prop_name, prop_value):
+            return own(self, obj, prop_name, prop_value, cardinality)  # it says why
+        return None
 
     return set_property
+
+
+def set_single(con: Any, qt: Any, vertex: int, key: str, value: Any) -> bool:
+    """``key`` set to ``value`` on ``vertex`` with single cardinality, gremlite's own table rows:
+    the row found by the ``sp`` index and its value updated in place (the property keeps its
+    element id), or the property created as gremlite creates one when the vertex has none.
+    False, nothing written, for a value gremlite does not encode (its own way says why). Both
+    the lean replace here and the embedded graph's writes as SQL (:mod:`runner.store.direct`)
+    set properties this way."""
+    code = qt.encode_property_value(con, value, merge=True)
+    if code is None:
+        return False
+    name = qt.merge_string(con, key)
+    cur = con.cursor()
+    try:
+        # +g: SQLite would otherwise plan it on the pg index (every row of that name)
+        cur.execute("UPDATE quads SET o = ? WHERE s = ? AND p = ? AND +g > 0",
+                    [code, vertex, name])
+        if cur.rowcount == 0:  # this vertex does not have it: a new property
+            qt.create_vertex_property(con, vertex, key, value)
+    finally:
+        cur.close()
+    return True
 
 
 def fresh_props_listed(bytecode: Bytecode) -> Bytecode:

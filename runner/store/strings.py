@@ -18,7 +18,7 @@ gremlite.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 #: strings (property names and values) a connection keeps, by id and by value; past it, it
@@ -75,6 +75,34 @@ def _wrap_lookups(querytools: Any) -> None:
 
     querytools.id_to_string, querytools.string_to_id = id_to_string, string_to_id
     querytools.merge_string = merge_string
+
+
+def string_ids(con: Any, values: Sequence[str]) -> dict[str, int]:
+    """The ids of the strings ``values``, those gremlite has not yet added (as its
+    ``merge_string`` adds one), inside a write: the kept ones, the others looked up in one
+    query and the missing added in one statement, a few hundred at a time; what was found is
+    kept once the write commits, what was added is not (see the module)."""
+    kept = getattr(con, "by_value", {})
+    out = {v: kept[v] for v in values if v in kept}
+    left = list(dict.fromkeys(v for v in values if v not in out))
+    cur = con.cursor()
+    try:
+        for first in range(0, len(left), 400):
+            part = left[first:first + 400]
+            marks = ",".join("?" * len(part))
+            found = dict(cur.execute(f"SELECT v, id FROM strings WHERE v IN ({marks})", part))
+            if hasattr(con, "found"):  # one of ours
+                for value, i in found.items():
+                    _found(con, i, value)
+            new = [v for v in part if v not in found]
+            if new:
+                found.update(cur.execute(
+                    f"INSERT INTO strings (v) VALUES {','.join(['(?)'] * len(new))} "
+                    "RETURNING v, id", new).fetchall())
+            out.update(found)
+    finally:
+        cur.close()
+    return out
 
 
 def _found(con: Any, i: int, value: str) -> None:

@@ -21,7 +21,7 @@ fact been applied is recognised as its own); a single task's refusal is returned
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn, Protocol, TypeVar
 
 from gremlin_python.process.graph_traversal import __
@@ -30,8 +30,10 @@ from runner.errors import StoreError, StoreUnavailable, WriteRaceLost
 from runner.store import direct
 from runner.store.graph import Graph
 from runner.store.gremlin.guards import Write
+from runner.store.gremlin.steps import add_vertex
 from runner.store.gremlin.writes import (
     AttemptEnd,
+    AttemptStart,
     Conclusion,
     attempt_start,
     matched_write,
@@ -80,6 +82,35 @@ def matched(graph: Graph, w: Write) -> bool:
     if getattr(graph, "sql", None) is not None:
         return bool(write_plans(graph, [w]))
     return matched_write(graph, w.traverse)
+
+
+def created(graph: Graph, props: Mapping[str, Any], start: AttemptStart,
+            again: str | None = None) -> bool:
+    """The new task vertex ``props`` and its RUNNING attempt ``start`` (with its edge) in one
+    write (``GraphStore.create_claimed``); ``again``: the task's id, which no vertex may have
+    yet (a redelivered submit's: when one has, nothing is written and the answer is False).
+    From its data form where the graph applies one (the embedded graph:
+    :mod:`runner.store.direct`), else as one traversal."""
+    def run(g: Any) -> bool:
+        if again is None:
+            start.extend(add_vertex(g, "task", props)).iterate()
+            return True
+        return bool(g.V().has("task_id", again).fold().coalesce(
+            __.unfold().constant("found"),
+            start.extend(add_vertex(__, "task", props)).constant("made")).to_list()
+            == ["made"])
+
+    sql = getattr(graph, "sql", None)
+    if sql is None:
+        return graph.write(run)
+    plan: list[tuple[Any, ...]] = [("new", "task", props, "t"), start.op("t")]
+    if again is not None:
+        plan.insert(0, ("absent", "", (("task_id", again),)))
+
+    def apply(con: Any, g: Any) -> bool:
+        done = direct.apply(con, plan)
+        return run(g) if done is None else done
+    return bool(sql(apply, write=True))
 
 
 def write_plans(graph: Any, writes: Sequence[Write]) -> set[int]:

@@ -17,8 +17,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn, TypeVar
 
-from gremlin_python.process.graph_traversal import __
-
 from runner.errors import (
     AttemptAlreadyFinished,
     CommitConflict,
@@ -46,15 +44,14 @@ from runner.store.gremlin.retention import GremlinRetentionStore
 from runner.store.gremlin.rows import task_props
 from runner.store.gremlin.schedules import GremlinScheduleStore
 from runner.store.gremlin.search import GremlinTaskSearch
-from runner.store.gremlin.steps import add_vertex
 from runner.store.gremlin.tasks import GremlinTaskStore
 from runner.store.gremlin.writes import (
     AttemptEnd,
     AttemptStart,
     Conclusion,
-    TaskChange,
     attempt_end,
     attempt_start,
+    changed_task,
     matched_write,
     task_change,
     until_written,
@@ -149,37 +146,32 @@ class GraphStore:
     def create_claimed(self, task: Task, fence_token: int,
                        member_id: str) -> tuple[Task, Attempt]:
         """Write the new ``task`` (``tasks.new``) as ``claim`` leaves it, RUNNING with its
-        attempt, in one traversal: what ``tasks.add`` and ``claim`` write in two. Only for a
-        task with no ``unique_key`` (an existing task may hold it) and no resources (their
-        holders are read first): InvalidValue otherwise."""
-        change, start, props = self._claimed_new(task, fence_token, member_id)
-        self.graph.write(lambda g: start.extend(add_vertex(g, "task", props)).iterate())
-        return change.task, start.attempt
+        attempt, in one write (:func:`~runner.store.gremlin.batch.created`): what ``tasks.add``
+        and ``claim`` write in two. Only for a task with no ``unique_key`` (an existing task may
+        hold it) and no resources (their holders are read first): InvalidValue otherwise."""
+        claimed, start, props = self._claimed_new(task, fence_token, member_id)
+        batch.created(self.graph, props, start)
+        return claimed, start.attempt
 
     def create_claimed_again(self, task: Task, fence_token: int,
                              member_id: str) -> tuple[Task, Attempt] | None:
         """:meth:`create_claimed` of a task whose id an earlier sending of the same request
         may have written already (a submit redelivered after its node was killed, paused or
         cut off before its answer went): the task and its attempt written only when no task
-        has its id, found or made in the one traversal; None, nothing written, when one has."""
-        change, start, props = self._claimed_new(task, fence_token, member_id)
-
-        def run(g: Any) -> Any:
-            return g.V().has("task_id", task.id).fold().coalesce(
-                __.unfold().constant("found"),
-                start.extend(add_vertex(__, "task", props)).constant("made")).to_list()
-
-        return (change.task, start.attempt) if self.graph.write(run) == ["made"] else None
+        has its id, found or made in the one write; None, nothing written, when one has."""
+        claimed, start, props = self._claimed_new(task, fence_token, member_id)
+        made = batch.created(self.graph, props, start, again=task.id)
+        return (claimed, start.attempt) if made else None
 
     @staticmethod
     def _claimed_new(task: Task, fence_token: int,
-                     member_id: str) -> tuple[TaskChange, AttemptStart, dict[str, Any]]:
+                     member_id: str) -> tuple[Task, AttemptStart, dict[str, Any]]:
         if task.version != 0 or task.unique_key is not None or task.resources:
             raise InvalidValue(f"task {task.id}: only a new task without a uniqueness key or "
                                "resources is created claimed")
-        change = task_change(task, fence_token,
-                             {"status": TaskStatus.RUNNING, "owner": member_id}, new_attempt=True)
-        return change, attempt_start(change.task, member_id, fence_token), task_props(change.task)
+        claimed = changed_task(task, fence_token,
+                               {"status": TaskStatus.RUNNING, "owner": member_id})
+        return claimed, attempt_start(claimed, member_id, fence_token), task_props(claimed)
 
     def conclude(self, c: Conclusion) -> Task:
         """Write conclusion ``c`` as the task's owner: the attempt's end and the task's change

@@ -41,18 +41,8 @@ from runner.store.gremlin.rows import (
     task_from_row,
     task_props,
 )
-from runner.store.gremlin.steps import (
-    X,
-    add_vertex,
-    has_all,
-    set_props,
-)
-from runner.store.model import (
-    Attempt,
-    AttemptStatus,
-    Task,
-    TaskStatus,
-)
+from runner.store.gremlin.steps import X, add_vertex, has_all, set_props
+from runner.store.model import Attempt, AttemptStatus, Task, TaskStatus
 
 
 @dataclass(frozen=True)
@@ -104,8 +94,12 @@ class AttemptStart:
     def add_to(self, write: Write, task: str) -> None:
         """Add the attempt to ``write``, with its edge from the vertex labelled ``task``."""
         write.change(lambda t: add_vertex(t, "attempt", self.props).as_("new_attempt")
-                     .add_e("has_attempt").from_(task).to("new_attempt"),
-                     ("add", "attempt", self.props, "has_attempt", task))
+                     .add_e("has_attempt").from_(task).to("new_attempt"), self.op(task))
+
+    def op(self, task: str) -> tuple[Any, ...]:
+        """The attempt and its edge from the vertex named ``task`` as data
+        (:mod:`runner.store.direct`)."""
+        return ("add", "attempt", self.props, "has_attempt", task)
 
 
 @dataclass(frozen=True)
@@ -190,6 +184,30 @@ def task_change(task: Task, fence_token: int | None, changes: Mapping[str, Any],
 
     ``new_attempt`` counts one more started attempt.
     """
+    fields = _changed_fields(task, fence_token, changes, new_attempt, move_fence)
+    if "payload" in changes:  # the task as a read would give it back, payload included
+        old = task_props(task)
+        new = task_props(Task(**fields))
+        changed = {k: v for k, v in new.items() if k not in TASK_FIXED and old.get(k) != v}
+        return TaskChange(task.id, task.version, task.fence, changed,
+                          task_from_row({**old, **changed}))
+    # the loop's changes (a claim, an end): neither the payload encoded twice nor the new
+    # task decoded from its own properties; the fields a read would normalise are normalised
+    after = _normalised(fields)
+    old = changing_props(task, payload=False)
+    new = changing_props(after, payload=False)
+    changed = {k: v for k, v in new.items() if old.get(k) != v}
+    return TaskChange(task.id, task.version, task.fence, changed, after)
+
+
+def changed_task(task: Task, fence_token: int, changes: Mapping[str, Any]) -> Task:
+    """The task :func:`task_change` of a new attempt leaves, without comparing what it
+    changed (a new task written whole: ``GraphStore.create_claimed``; not its payload)."""
+    return _normalised(_changed_fields(task, fence_token, changes, True, False))
+
+
+def _changed_fields(task: Task, fence_token: int | None, changes: Mapping[str, Any],
+                    new_attempt: bool, move_fence: bool) -> dict[str, Any]:
     unknown = set(changes) - TASK_CHANGES
     if unknown:
         raise InvalidValue(f"cannot change {sorted(unknown)} of a task")
@@ -203,27 +221,18 @@ def task_change(task: Task, fence_token: int | None, changes: Mapping[str, Any],
         fence = fence_token
     elif move_fence:
         fence = task.fence + 1
-    fields = {**task.__dict__, **changes, "version": task.version + 1,
-              "updated_at": codec.now(), "fence": fence,
-              "attempts": task.attempts + (1 if new_attempt else 0)}
-    if "payload" in changes:  # the task as a read would give it back, payload included
-        old = task_props(task)
-        new = task_props(Task(**fields))
-        changed = {k: v for k, v in new.items() if k not in TASK_FIXED and old.get(k) != v}
-        return TaskChange(task.id, task.version, task.fence, changed,
-                          task_from_row({**old, **changed}))
-    # the loop's changes (a claim, an end): neither the payload encoded twice nor the new
-    # task decoded from its own properties; the fields a read would normalise are normalised
+    return {**task.__dict__, **changes, "version": task.version + 1, "updated_at": codec.now(),
+            "fence": fence, "attempts": task.attempts + (1 if new_attempt else 0)}
+
+
+def _normalised(fields: dict[str, Any]) -> Task:
+    """The task of ``fields``, its values as a read gives them back."""
     run_at = fields["run_at"]
-    after = Task(**{**fields, "owner": fields["owner"] or None,
-                    "stop_reason": fields["stop_reason"] or None,
-                    "priority": int(fields["priority"]), "active": bool(fields["active"]),
-                    "finished": bool(fields["finished"]), "skipped": bool(fields["skipped"]),
-                    "run_at": run_at.astimezone(UTC) if run_at is not None else None})
-    old = changing_props(task, payload=False)
-    new = changing_props(after, payload=False)
-    changed = {k: v for k, v in new.items() if old.get(k) != v}
-    return TaskChange(task.id, task.version, task.fence, changed, after)
+    return Task(**{**fields, "owner": fields["owner"] or None,
+                   "stop_reason": fields["stop_reason"] or None,
+                   "priority": int(fields["priority"]), "active": bool(fields["active"]),
+                   "finished": bool(fields["finished"]), "skipped": bool(fields["skipped"]),
+                   "run_at": run_at.astimezone(UTC) if run_at is not None else None})
 
 
 def attempt_start(task: Task, executor: str, fence_token: int) -> AttemptStart:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -180,6 +181,9 @@ class TaskLoop:
         if slot is not None and slot.claim is not None:
             self.stats["offered"] += 1
             self._pool.submit(self._execute, slot)
+            # the GIL to the worker now, not after this thread's answer to the request (the
+            # handler waited for it: 0.86 ms of a paced submit -> start's p50, 0.14 with this)
+            time.sleep(0)
             return Admitted(slot.claim.task, Admission.STARTED)
         written = (self.store.tasks.add_many([task], again=True)[0] if again
                    else self.store.tasks.add(task))
