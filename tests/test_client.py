@@ -453,6 +453,43 @@ def test_a_trigger_scan_that_says_behind_makes_the_nodes_read_a_late_write(
         assert client.wait(late.id, 20).succeeded
 
 
+def test_a_task_due_past_the_horizon_tells_no_node_to_scan(cluster: Cluster) -> None:
+    """A task that waits in a time bucket (due past the open queue's horizon) cannot be found
+    by a scan before the master moves its bucket into the ready lanes: its submit, and a page
+    of such tasks, tell no node to scan (no TRIGGER_SCAN on the MODEL exchange, read here by a
+    queue of the test's own); a task due soon that the accepting node cannot start now, and a
+    page with one task due now, each tell them once."""
+    import pika
+
+    from messaging.envelope import decode
+    from messaging.topology import Topology
+
+    cluster.start_node()
+    connection = pika.BlockingConnection(pika.URLParameters(cluster.env["LATCHWORK_AMQP_URL"]))
+    try:
+        channel = connection.channel()
+        exchange = Topology(CLUSTER).model_exchange
+        channel.exchange_declare(exchange, exchange_type="fanout", durable=True)
+        queue = channel.queue_declare("", exclusive=True).method.queue
+        channel.queue_bind(queue, exchange)
+        later: dict[str, Any] = {"type": "diag.sleep", "payload": {"seconds": 0}, "delay": 3600}
+        with cluster.client(timeout=30) as client:
+            client.submit("diag.sleep", {"seconds": 0}, delay=3600)
+            client.submit_many([later] * 3)
+            soon = client.submit("diag.sleep", {"seconds": 0}, delay=0.5)
+            client.submit_many([later, {"type": "diag.sleep", "payload": {"seconds": 0}}])
+            assert client.wait(soon.id, 30).succeeded
+        scans = []  # each broadcast went before its submit was answered
+        while (got := channel.basic_get(queue, auto_ack=True))[0] is not None:
+            envelope = decode(got[2])
+            if envelope.command == "TRIGGER_SCAN":
+                scans.append(envelope.payload)
+    finally:
+        connection.close()
+    assert [p["task"] for p in scans if "task" in p] == [soon.id]
+    assert [p["tasks"] for p in scans if "tasks" in p] == [2]
+
+
 def test_submit_many_creates_pages_in_one_request_each_and_refuses_a_page_by_its_item(
         cluster: Cluster, tmp_path: Path) -> None:
     """``Client.submit_many``: 1,100 tasks in three pages (500, 500, 100), their ids in order,

@@ -367,9 +367,9 @@ class Node:
         and the task needs nothing looked up or booked first, it is written already claimed by
         this node and starts at once (its lock, then one store write); otherwise it is written
         WAITING, and every node is told to scan (TRIGGER_SCAN) when this one cannot start it
-        now. A task due later than the
-        open queue's horizon waits in a time bucket: the bucket cursor is made sure of first
-        (:mod:`runner.tasks.due`).
+        now. A task due later than the open queue's horizon waits in a time bucket: the bucket
+        cursor is made sure of first (:mod:`runner.tasks.due`), and no node is told (no scan
+        can find it before the master moves its bucket into the ready lanes).
 
         ``request``: the API request's message id, which a redelivered copy keeps: the task's
         id is made from it (:func:`~runner.requests.submit_task_id`), and a task with that id
@@ -377,7 +377,8 @@ class Node:
         kind = self.registry.get(req.type)
         kind.parse(req.payload)
         run_at = req.when()
-        if due.needs_cursor(run_at):
+        bucketed = due.needs_cursor(run_at)
+        if bucketed:
             due.ensure_cursor(self.session)
         new = self.store.tasks.new(req.type, req.payload, unique_key=req.unique_key,
                                    priority=kind.priority if req.priority is None
@@ -388,7 +389,7 @@ class Node:
         if request is not None:
             new = replace(new, id=submit_task_id(request))
         admitted = self.processor.accept(new, again=request is not None)
-        if admitted.admission is Admission.ELSEWHERE:
+        if admitted.admission is Admission.ELSEWHERE and not bucketed:
             self.bus.broadcast("TRIGGER_SCAN", {"task": admitted.task.id,
                                                 "behind": _ready_from([new])})
         return admitted.task
@@ -396,10 +397,12 @@ class Node:
     def submit_many(self, req: TaskSubmitMany) -> list[Task]:
         """Create a page of tasks (``task.submit_many``) in one store write, in order: each
         validated as :meth:`submit` validates one (an invalid one refuses the page, naming its
-        index, before anything is written), then every node told to scan once. A keyed page
+        index, before anything is written), then every node told to scan once (unless every
+        task of the page waits in a time bucket, as :meth:`submit` says). A keyed page
         (``req.page``) gives its tasks the ids its key makes, and creates only those a sending
         before did not."""
         news = []
+        ready = False  # a task of the page written into a ready lane
         for n, item in enumerate(req.tasks):
             try:
                 kind = self.registry.get(item.type)
@@ -409,6 +412,8 @@ class Node:
             run_at = item.when()
             if due.needs_cursor(run_at):
                 due.ensure_cursor(self.session)
+            else:
+                ready = True
             news.append(self.store.tasks.new(
                 item.type, item.payload, unique_key=item.unique_key,
                 priority=kind.priority if item.priority is None else item.priority,
@@ -417,11 +422,12 @@ class Node:
         if req.page is not None:
             news = [replace(task, id=page_task_id(req.page, n)) for n, task in enumerate(news)]
         written = self.store.tasks.add_many(news, again=req.page is not None)
-        # from when they are ready: a write that landed late (this node paused, or waiting
-        # for the graph, after it stamped them) lies behind the scans' cursors
-        behind = _ready_from(news)
-        self.processor.trigger(datetime.fromisoformat(behind))
-        self.bus.broadcast("TRIGGER_SCAN", {"tasks": len(written), "behind": behind})
+        if ready:
+            # from when they are ready: a write that landed late (this node paused, or waiting
+            # for the graph, after it stamped them) lies behind the scans' cursors
+            behind = _ready_from(news)
+            self.processor.trigger(datetime.fromisoformat(behind))
+            self.bus.broadcast("TRIGGER_SCAN", {"tasks": len(written), "behind": behind})
         return written
 
     def _mail(self, name: str, data: bytes) -> None:
