@@ -131,7 +131,7 @@ def _created(cur: Any, con: Any, label: str, props: Any, edge: tuple[str, int] |
     ids = sorted(i for (i,) in cur.execute(
         f"INSERT INTO graphelts VALUES {','.join(['(NULL)'] * count)} RETURNING id"))
     strings = string_ids(con, [label, *props, *(v for v in props.values() if v.__class__ is str),
-                               *((edge[0],) if edge is not None else ())])
+                               *((edge[0],) if edge is not None else ())], add=True)
     vertex = ids[0]
     rows = [(vertex, 0, strings[label], 0)]  # gremlite's label row: p 0, g 0
     for (key, value), prop in zip(props.items(), ids[1:], strict=False):
@@ -153,14 +153,14 @@ def having(con: Any, key: str, values: Sequence[str], limit: int,
     from gremlite import querytools as qt
 
     name = qt.string_to_id(con, key)
-    codes = _ids(con, values)
+    codes = list(string_ids(con, values).values())
     if name is None or not codes:
         return []
     args: list[Any] = []
     join = ""
     if where is not None:
         other = qt.string_to_id(con, where[0])
-        allowed = _ids(con, where[1])
+        allowed = list(string_ids(con, where[1]).values())
         if other is None or not allowed:
             return []
         join = (f" JOIN quads w ON w.s = q.s AND w.p = ? AND w.o IN "
@@ -196,19 +196,6 @@ def rows(con: Any, vertices: Sequence[int], keys: Sequence[str]) -> list[dict[st
         else:
             row[names[p]] = o - _MIN_INT if o < 0 else (False, True, None)[o]
     return [out[v] for v in vertices]
-
-
-def _ids(con: Any, values: Sequence[str]) -> list[int]:
-    """The ids of those of ``values`` the strings table holds: the connection's kept ones, the
-    others in one query a few hundred at a time (a window of ready seconds is up to 3,840)."""
-    kept = getattr(con, "by_value", {})
-    out = [kept[v] for v in values if v in kept]
-    left = [v for v in values if v not in kept]
-    for first in range(0, len(left), 500):
-        part = left[first:first + 500]
-        out += [i for (i,) in con.cursor().execute(
-            f"SELECT id FROM strings WHERE v IN ({','.join('?' * len(part))})", part)]
-    return out
 
 
 def _strings(con: Any, ids: set[int]) -> dict[int, str]:

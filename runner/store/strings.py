@@ -77,11 +77,12 @@ def _wrap_lookups(querytools: Any) -> None:
     querytools.merge_string = merge_string
 
 
-def string_ids(con: Any, values: Sequence[str]) -> dict[str, int]:
-    """The ids of the strings ``values``, those gremlite has not yet added (as its
-    ``merge_string`` adds one), inside a write: the kept ones, the others looked up in one
-    query and the missing added in one statement, a few hundred at a time; what was found is
-    kept once the write commits, what was added is not (see the module)."""
+def string_ids(con: Any, values: Sequence[str], add: bool = False) -> dict[str, int]:
+    """The ids of those of the strings ``values`` the table holds: the kept ones, the others
+    looked up in one query a few hundred at a time. ``add`` (inside a write): the missing ones
+    added too, in one statement per query, as gremlite's ``merge_string`` adds one; what such
+    a write found is kept once it commits, what it added is not (see the module). A read keeps
+    nothing here (a window of ready seconds, up to 3,840, would flush the kept strings)."""
     kept = getattr(con, "by_value", {})
     out = {v: kept[v] for v in values if v in kept}
     left = list(dict.fromkeys(v for v in values if v not in out))
@@ -91,10 +92,10 @@ def string_ids(con: Any, values: Sequence[str]) -> dict[str, int]:
             part = left[first:first + 400]
             marks = ",".join("?" * len(part))
             found = dict(cur.execute(f"SELECT v, id FROM strings WHERE v IN ({marks})", part))
-            if hasattr(con, "found"):  # one of ours
+            if add and hasattr(con, "found"):  # one of ours
                 for value, i in found.items():
                     _found(con, i, value)
-            new = [v for v in part if v not in found]
+            new = [v for v in part if v not in found] if add else []
             if new:
                 found.update(cur.execute(
                     f"INSERT INTO strings (v) VALUES {','.join(['(?)'] * len(new))} "
