@@ -33,7 +33,9 @@ Celery, three times over.
    this bench after its rounds is another matter, docs/runner.md); Celery's is measured
    after its rounds too: tasks submitted through the API one at a time, 50 ms apart;
    latency = the start of the handler's body - the client's clock just before its submit, as
-   the peer measures it (``bench.mark``, bench/marks.py); p50, p99;
+   the peer measures it (``bench.mark``, bench/marks.py); p50, p99, and the five slowest
+   marks, each with the Gremlin Server's collector pauses that overlapped it (its ``-Xlog:gc``
+   log, kept for this);
 4. **enqueue**: ``ENQUEUE`` tasks (due in an hour, so that they only wait) submitted one at a
    time, then with ``submit_many``: the client's time per task;
 5. **60 one-second tasks** on 3 nodes of one worker each, wall time against the ideal 20 s;
@@ -64,6 +66,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +107,33 @@ def wait(predicate: Any, timeout: float, step: float = 0.05) -> None:
 def say(line: str) -> None:
     """A figure as soon as it is measured (stderr; the report comes at the end)."""
     print(f"bench {time.strftime('%H:%M:%S')} {line}", file=sys.stderr, flush=True)
+
+
+def gc_pauses(log: Path | None) -> list[tuple[float, float]]:
+    """The collector's pauses in a JVM's ``-Xlog:gc:file=...:time`` log: (start, seconds);
+    each line is written as its pause ends."""
+    pauses = []
+    for line in log.read_text().splitlines() if log is not None and log.exists() else []:
+        if " Pause " in line and line.endswith("ms") and line.startswith("["):
+            stamp = line[1:line.index("]")]
+            ended = datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%f%z").timestamp()
+            took = float(line.rsplit(" ", 1)[1][:-2]) / 1000
+            pauses.append((ended - took, took))
+    return pauses
+
+
+def slowest(marks: list[tuple[float, float]], pauses: list[tuple[float, float]],
+            count: int = 5) -> list[str]:
+    """The ``count`` slowest paced marks, each with the collector pauses that overlapped it:
+    what decides a p99 of 300 samples (its fourth largest)."""
+    lines = []
+    for sent, began in sorted(marks, key=lambda m: m[0] - m[1])[:count]:
+        during = [f"a collector pause of {took * 1000:.0f} ms" for start, took in pauses
+                  if start < began and start + took > sent]
+        lines.append(f"{datetime.fromtimestamp(sent).strftime('%H:%M:%S.%f')[:-3]} "
+                     f"{(began - sent) * 1000:.1f} ms" + (f" ({', '.join(during)})"
+                                                          if during else ""))
+    return lines
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -180,6 +210,8 @@ class Cluster:
                                   else open_store(graph))
         self.client = Client(mq.url, f"bench-{name}", timeout=60, sender="bench")
         self.nodes: Nodes | None = None
+        #: the Gremlin Server's collector log (server graph): its pauses beside the slow marks
+        self.gc_log: Path | None = None
 
     def close(self) -> None:
         if self.nodes is not None:
@@ -199,20 +231,22 @@ class Cluster:
         return procs
 
     # -- measurements -------------------------------------------------------------------------
-    def latency(self) -> dict[str, float]:
-        def mark() -> float:
+    def latency(self) -> dict[str, Any]:
+        def mark() -> tuple[float, float]:
             count = len(_records(self.marks))
             self.client.submit("bench.mark", {"sent": time.time()})
             wait(lambda: len(_records(self.marks)) > count, 30, step=0.05)
             sent, began, _ = max(_records(self.marks), key=lambda r: r[0])
-            return began - sent
+            return sent, began
         mark()  # warm
-        latencies = []
+        marks = []
         for _ in range(LATENCY_TASKS):
-            latencies.append(mark())
+            marks.append(mark())
             time.sleep(0.05)
+        latencies = [began - sent for sent, began in marks]
         return {"p50_ms": statistics.median(latencies) * 1000,
-                "p99_ms": percentile(latencies, 0.99) * 1000}
+                "p99_ms": percentile(latencies, 0.99) * 1000,
+                "slowest": slowest(marks, gc_pauses(self.gc_log))}
 
     def enqueue(self, count: int, *, lead: float = LEAD, priority: int = 0,
                 seconds: float = 0.0) -> list[str]:
@@ -379,7 +413,8 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any], dict[
                 clusters.append(Cluster("embedded", str(scratch / "graph.db"), zk, mq,
                                         scratch, None))
             if args.graph in ("server", "both"):
-                server = GremlinServer(scratch / "gremlin-server", heap="4g", tuned=True)
+                server = GremlinServer(scratch / "gremlin-server", heap="4g", tuned=True,
+                                       log_gc=True)
                 server.start()
                 floor_server = GremlinServer(scratch / "gremlin-floor", heap="1g", tuned=True)
                 floor_server.start()
@@ -393,6 +428,7 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any], dict[
                     floor_server.kill()
                 clusters.append(Cluster("server", server.url, zk, mq, scratch,
                                         server.record.pid if server.record else None))
+                clusters[-1].gc_log = server.gc_log
             for c in clusters:
                 c.nodes = Nodes(c.env, 4)
                 results[c.name] = {"rounds": []}
@@ -480,7 +516,8 @@ def report(results: dict[str, Any], floors: dict[str, Any], peer: dict[str, Any]
             f"{k} {v:.3f}" for k, v in profile.items() if k not in ("cores_used",)))
         print(f"CPU of every process over the round's wall time: {profile['cores_used']:.2f} "
               f"of {CORES} cores")
-        print(f"submit->start p50 {f['p50_ms']:.2f} ms, p99 {f['p99_ms']:.2f} ms")
+        print(f"submit->start p50 {f['p50_ms']:.2f} ms, p99 {f['p99_ms']:.2f} ms; slowest "
+              f"marks: {'; '.join(f['slowest'])}")
         print(f"enqueue per task: submit {f['submit_ms']:.3f} ms, submit_many "
               f"{f['submit_many_ms']:.3f} ms")
         print(f"{SLOW_TASKS} x {SLOW_SECONDS:g} s tasks on 3 nodes x 1 worker: "

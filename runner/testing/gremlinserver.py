@@ -161,6 +161,8 @@ class GremlinServer:
     #: the JVM as a long-running server runs it (full JIT, the heap fixed at ``heap``, a
     #: parallel collector); False: tuned to start fast and small, as the tests start many
     tuned: bool = False
+    #: keep the collector's log (one line per pause, wall-clock times) at :attr:`gc_log`
+    log_gc: bool = False
     _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -175,6 +177,10 @@ class GremlinServer:
     @property
     def log(self) -> Path:
         return self.directory / "gremlin-server.log"
+
+    @property
+    def gc_log(self) -> Path:
+        return self.directory / "gc.log"
 
     @property
     def data_file(self) -> Path:
@@ -227,6 +233,8 @@ class GremlinServer:
         yaml = self.write_config()
         jvm = ([f"-Xms{self.heap}", "-XX:+UseParallelGC"] if self.tuned
                else ["-Xms64m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"])
+        if self.log_gc:
+            jvm.append(f"-Xlog:gc:file={self.gc_log}:time")
         argv = [str(java()), f"-Xmx{self.heap}", *jvm,
                 "-cp", f"{home / 'lib'}/*",
                 "org.apache.tinkerpop.gremlin.server.GremlinServer", str(yaml)]
