@@ -131,11 +131,11 @@ def test_the_store_claims_and_ends_on_the_embedded_graph_by_sql(tmp_path: Path,
 
     store = open_store(str(tmp_path / "s.db"))
     try:
+        tasks = [store.tasks.create("diag.sleep", {"n": n}) for n in range(3)]
         answers: list[bool | None] = []
         apply = direct.apply
         monkeypatch.setattr(direct, "apply",
                             lambda con, plan: answers.append(apply(con, plan)) or answers[-1])
-        tasks = [store.tasks.create("diag.sleep", {"n": n}) for n in range(3)]
         task, attempt = store.claim(tasks[0], 5, "m1")
         claimed = store.claim_many([(t, 6) for t in tasks[1:]], "m2")
         assert answers == [True, True, True]
@@ -261,3 +261,53 @@ def test_a_task_written_claimed_by_sql_is_what_its_traversal_writes(
         assert by["sql"][0][2] == ["has_attempt"]
     finally:
         store.close()
+
+
+def test_tasks_added_by_sql_are_what_their_traversal_writes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``tasks.add`` and ``add_many`` (a submit that waits, a bulk page) write new task vertices
+    by SQL: the same properties as their traversal writes, and the task each answers is the one
+    read back; a uniqueness key or a redelivered id that a task has already answers that task
+    and writes nothing, either way (a page holding a key twice included)."""
+    from datetime import UTC, datetime
+
+    from runner.store import TaskStatus, open_store
+
+    answers: list[bool | None] = []
+    apply = direct.apply
+    by: dict[str, list[Any]] = {}
+    for way, fake in (("sql", None), ("traversal", lambda con, plan: None)):
+        monkeypatch.setattr(direct, "apply", fake or (
+            lambda con, plan: answers.append(apply(con, plan)) or answers[-1]))
+        store = open_store(str(tmp_path / f"{way}.db"))
+        try:
+            def vertices(store: Any = store) -> int:
+                return int(store.graph.read(lambda g: g.V().count().next()))
+
+            tasks = store.tasks
+            later = datetime(2031, 5, 6, 7, 8, 9, 123456, tzinfo=UTC)
+            plain = tasks.add(tasks.new("diag.sleep", {"n": 1, "s": "é"}, priority=3))
+            shaped = tasks.add(tasks.new("diag.sleep", {}, run_at=later, ordering_key="o",
+                                         resources=("b", "a"), unique_key="k1"))
+            timed = tasks.add(tasks.new("diag.sleep", timeout=2.5))
+            count = vertices()
+            again = tasks.add(tasks.new("diag.fail", unique_key="k1"))
+            assert again.id == shaped.id and vertices() == count  # the key's task, nothing new
+            page = [tasks.new("diag.sleep", {"n": n}, unique_key="k2" if n < 2 else None)
+                    for n in range(3)]
+            first, twin, third = tasks.add_many(page)
+            assert twin.id == first.id and third.id == page[2].id  # the key twice in one page
+            redelivered = tasks.add_many([page[2], tasks.new("diag.sleep")], again=True)
+            assert redelivered[0].id == page[2].id
+            for task in (plain, shaped, timed, first, third, *redelivered):
+                assert task == tasks.get(task.id), task.id
+                assert task.status is TaskStatus.WAITING
+            assert vertices() == count + 3
+            by[way] = [sorted((str(k), type(v).__name__) for k, v in row.items()
+                              if k is not T.id)
+                       for row in store.graph.read(lambda g: g.V().has_label("task")
+                                                   .element_map().to_list())]
+        finally:
+            store.close()
+    assert answers == [True, True, True, False, True, False, True, False, True], answers
+    assert sorted(by["sql"]) == sorted(by["traversal"])

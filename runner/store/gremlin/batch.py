@@ -113,6 +113,29 @@ def created(graph: Graph, props: Mapping[str, Any], start: AttemptStart,
     return bool(sql(apply, write=True))
 
 
+def added(graph: Graph, news: Sequence[tuple[Mapping[str, Any], tuple[str, str] | None]],
+          traverse: Callable[[Any, int], Any]) -> list[Any] | None:
+    """New task vertices in one write of the embedded graph, each from its data form by SQL
+    (``tasks.add_many``): ``news``, each a vertex's properties and the ``(key, value)`` no
+    vertex may have yet (a uniqueness key, or a redelivered submit's id; None: no such
+    guard). Per item: None, written as given; else the row its traversal ``traverse(g, n)``
+    gave in the same transaction (the vertex found with that key, or one SQL could not write
+    as gremlite would). None for a graph with no data form (a server)."""
+    sql = getattr(graph, "sql", None)
+    if sql is None:
+        return None
+
+    def apply(con: Any, g: Any) -> list[Any]:
+        rows = []
+        for n, (props, unique) in enumerate(news):
+            plan: list[tuple[Any, ...]] = [("new", "task", props, "t")]
+            if unique is not None:
+                plan.insert(0, ("absent", "", (unique,)))
+            rows.append(None if direct.apply(con, plan) else traverse(g, n))
+        return rows
+    return list(sql(apply, write=True))
+
+
 def write_plans(graph: Any, writes: Sequence[Write]) -> set[int]:
     """``writes`` in one write transaction of the embedded graph, each from its data form by
     SQL (:func:`runner.store.direct.apply`); one that has none, or that SQL cannot apply as

@@ -20,7 +20,7 @@ from runner.errors import (
 )
 from runner.store import codec, due
 from runner.store.graph import Graph
-from runner.store.gremlin import checkpoints, ready
+from runner.store.gremlin import batch, checkpoints, ready
 from runner.store.gremlin.rows import (
     TASK_ROW,
     task_from_row,
@@ -95,21 +95,13 @@ class GremlinTaskStore:
     def add(self, task: Task) -> Task:
         """Write ``task`` (from :meth:`new`); the task as stored: the existing one when a task
         with its ``unique_key`` exists already."""
-        props = task_props(task)
-        unique_key = task.unique_key
-
-        def run(g: Any) -> Any:
-            if unique_key is None:
-                return add_vertex(g, "task", props).element_map().next()
-            # one traversal: find the task with this key or create it
-            return get_or_add(g, "task_unique", unique_key, "task", props).element_map().next()
-
-        return task_from_row(self.graph.write(run))
+        return self.add_many([task])[0]
 
     def add_many(self, tasks: Sequence[Task], *, again: bool = False) -> list[Task]:
         """Write ``tasks`` (from :meth:`new`), in order, as one write: on the embedded graph
-        one transaction, of traversals of :data:`ADD_CHUNK` tasks each; on a Gremlin Server
-        each such traversal is a request of its own (each atomic, the page not). The tasks as
+        one transaction, by SQL (:func:`~runner.store.gremlin.batch.added`; a task found by
+        its key, by its traversal); on a Gremlin Server as traversals of :data:`ADD_CHUNK` tasks,
+        each a request of its own (each atomic, the page not). The tasks as
         stored: for a ``unique_key`` that exists already, that task; with ``again`` (ids that
         a write of the same tasks may have used already: a bulk submit's keyed page sent
         again), for an id that exists already, that task, each found or made in the one
@@ -117,25 +109,30 @@ class GremlinTaskStore:
         traversals before it are written)."""
         props = [task_props(task) for task in tasks]
 
-        def branch(task: Task, p: Mapping[str, Any]) -> Any:
+        def unique(task: Task) -> tuple[str, str] | None:  # what no other task may have yet
             if task.unique_key is not None:
-                made = get_or_add(__, "task_unique", task.unique_key, "task", p)
-            elif again:
-                made = get_or_add(__, "task_id", task.id, "task", p)
-            else:
-                made = add_vertex(__, "task", p)
-            return made.element_map()
+                return "task_unique", task.unique_key
+            return ("task_id", task.id) if again else None
 
-        def run(g: Any) -> list[Any]:
-            rows: list[Any] = []
-            for at in range(0, len(tasks), ADD_CHUNK):
-                branches = [branch(t, p) for t, p in zip(tasks[at:at + ADD_CHUNK],
-                                                         props[at:at + ADD_CHUNK], strict=True)]
-                # ``fold``: one traverser even where an emptied graph lost the format vertex
-                rows += g.V().has(FORMAT_KEY, FORMAT_KEY_VALUE).fold().union(*branches).to_list()
-            return rows
+        def branch(n: int) -> Any:
+            key = unique(tasks[n])
+            return (add_vertex(__, "task", props[n]) if key is None
+                    else get_or_add(__, *key, "task", props[n])).element_map()
 
-        rows = self.graph.write(run) if tasks else []
+        def run(g: Any, ns: Sequence[int]) -> list[Any]:
+            # ``fold``: one traverser even where an emptied graph lost the format vertex
+            return list(g.V().has(FORMAT_KEY, FORMAT_KEY_VALUE).fold().union(
+                *[branch(n) for n in ns]).to_list())
+
+        made = batch.added(self.graph, [(p, unique(t)) for t, p in zip(tasks, props,
+                                                                        strict=True)],
+                           lambda g, n: run(g, [n])[0])
+        if made is not None:  # the embedded graph, by SQL: a task written is as given
+            return [t if row is None else task_from_row(row)
+                    for t, row in zip(tasks, made, strict=True)]
+        rows = self.graph.write(lambda g: [row for at in range(0, len(tasks), ADD_CHUNK) for row
+                                           in run(g, range(at, min(at + ADD_CHUNK, len(tasks))))]
+                                ) if tasks else []
         if len(rows) != len(tasks):  # one traverser per branch, in order: anything else is a bug
             raise StoreUnavailable(f"a bulk create wrote {len(rows)} of {len(tasks)} tasks")
         return [task_from_row(row) for row in rows]
