@@ -127,7 +127,7 @@ def slowest(marks: list[tuple[float, float]], pauses: list[tuple[float, float]],
     """The ``count`` slowest paced marks, each with the collector pauses that overlapped it:
     what decides a p99 of 300 samples (its fourth largest)."""
     lines = []
-    for sent, began in sorted(marks, key=lambda m: m[0] - m[1])[:count]:
+    for sent, began in sorted(marks, key=lambda m: m[1] - m[0], reverse=True)[:count]:
         during = [f"a collector pause of {took * 1000:.0f} ms" for start, took in pauses
                   if start < began and start + took > sent]
         lines.append(f"{datetime.fromtimestamp(sent).strftime('%H:%M:%S.%f')[:-3]} "

@@ -98,15 +98,15 @@ class GremlinTaskStore:
         return self.add_many([task])[0]
 
     def add_many(self, tasks: Sequence[Task], *, again: bool = False) -> list[Task]:
-        """Write ``tasks`` (from :meth:`new`), in order, as one write: on the embedded graph
-        one transaction, by SQL (:func:`~runner.store.gremlin.batch.added`; a task found by
-        its key, by its traversal); on a Gremlin Server as traversals of :data:`ADD_CHUNK` tasks,
-        each a request of its own (each atomic, the page not). The tasks as
-        stored: for a ``unique_key`` that exists already, that task; with ``again`` (ids that
-        a write of the same tasks may have used already: a bulk submit's keyed page sent
-        again), for an id that exists already, that task, each found or made in the one
-        traversal. A graph out of reach raises for the whole page (on a server, the
-        traversals before it are written)."""
+        """Write ``tasks`` (from :meth:`new`), in order, as one write: on the embedded graph one
+        transaction, by SQL (:func:`~runner.store.gremlin.batch.added`); on a Gremlin Server
+        traversals of :data:`ADD_CHUNK` tasks, each a request (atomic, the page not). The tasks
+        as stored: for a ``unique_key`` that exists already, that task; with ``again`` (ids a
+        write of the same tasks may have used: a bulk submit's page sent again), for an id
+        that exists already, that task, found or made in one traversal. A graph out of reach
+        raises for the whole page (on a server, the traversals before it are written)."""
+        if not tasks:
+            return []
         props = [task_props(task) for task in tasks]
 
         def unique(task: Task) -> tuple[str, str] | None:  # what no other task may have yet
@@ -130,9 +130,12 @@ class GremlinTaskStore:
         if made is not None:  # the embedded graph, by SQL: a task written is as given
             return [t if row is None else task_from_row(row)
                     for t, row in zip(tasks, made, strict=True)]
-        rows = self.graph.write(lambda g: [row for at in range(0, len(tasks), ADD_CHUNK) for row
-                                           in run(g, range(at, min(at + ADD_CHUNK, len(tasks))))]
-                                ) if tasks else []
+
+        def chunks(g: Any) -> list[Any]:  # a Gremlin Server: ADD_CHUNK tasks a request
+            return [row for at in range(0, len(tasks), ADD_CHUNK)
+                    for row in run(g, range(at, min(at + ADD_CHUNK, len(tasks))))]
+
+        rows = self.graph.write(chunks)
         if len(rows) != len(tasks):  # one traverser per branch, in order: anything else is a bug
             raise StoreUnavailable(f"a bulk create wrote {len(rows)} of {len(tasks)} tasks")
         return [task_from_row(row) for row in rows]
