@@ -98,8 +98,6 @@ class _KazooLogger(logging.Logger):
         super().warning(msg, *args, **kwargs)
 
     def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
-        # kazoo narrates the digest credentials it sends ("Sending request: Auth(...)")
-        args = tuple(arg._replace(auth="***") if isinstance(arg, Auth) else arg for arg in args)
         if level == BLATHER and isinstance(msg, str) and msg.startswith("Session created") \
                 and len(args) >= 3:
             try:
@@ -107,6 +105,10 @@ class _KazooLogger(logging.Logger):
             except (TypeError, ValueError):
                 pass
             return
+        if not self.isEnabledFor(level):  # kazoo narrates every request: nothing made of it
+            return
+        # kazoo narrates the digest credentials it sends ("Sending request: Auth(...)")
+        args = tuple(arg._replace(auth="***") if isinstance(arg, Auth) else arg for arg in args)
         super().log(level, msg, *args, **kwargs)
 
 

@@ -140,6 +140,22 @@ def test_a_loop_change_writes_what_a_full_comparison_of_the_properties_finds() -
                                     if k not in TASK_FIXED and old.get(k) != v}, change
 
 
+def test_a_started_attempt_is_the_attempt_a_read_of_its_properties_gives() -> None:
+    """``attempt_start`` answers the attempt it writes without decoding its own properties:
+    it equals what a read of them gives (``attempt_from_row``), field by field."""
+    from runner.store.gremlin.rows import attempt_from_row
+    from runner.store.gremlin.writes import attempt_start
+
+    now = codec.now()
+    task = Task(id="t1", type="etl", payload={}, active=True, status=TaskStatus.RUNNING,
+                finished=False, priority=0, created_at=now, updated_at=now, version=2,
+                fence=11, attempts=3)
+    for token in (11, 10 ** 19):
+        start = attempt_start(task, "host:42", token)
+        assert start.attempt == attempt_from_row(start.props)
+        assert (start.attempt.seq, start.attempt.fence) == (3, token)
+
+
 # -- tasks --------------------------------------------------------------------------------------
 
 def test_create_and_get_round_trip_every_field(store: GraphStore) -> None:
@@ -1206,6 +1222,66 @@ def test_the_stores_requests_are_written_byte_for_byte_as_the_drivers_writer_wri
         with pytest.raises(Exception) as theirs:
             driver.to_dict(value)
         assert type(ours.value) is type(theirs.value)
+
+
+def test_the_stores_reads_are_written_in_the_json_the_drivers_graphson_writer_makes(
+        gremlin_server: GremlinServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``QuickGraphSON`` writes a remote graph's read requests: every traversal the store
+    sends to be answered in GraphSON (the lanes' probe, a lane's seconds, a ready page with
+    its shards, versions, a task, the unfinished ones, the reads of claims and ends refused)
+    is the very JSON gremlinpython's own GraphSON 3 writer makes of it (checked as it is
+    sent), and so is every value of every type, out of its range or unknown to it included."""
+    import json
+
+    from gremlin_python.process.anonymous_traversal import traversal
+    from gremlin_python.process.graph_traversal import __
+    from gremlin_python.process.traversal import Cardinality, Direction, Order, P, T, TextP
+    from gremlin_python.statics import long
+    from gremlin_python.structure.io.graphsonV3d0 import GraphSONWriter
+
+    from runner.store import due, wire
+    from runner.store.remote import SKIPPED_STRATEGIES
+
+    driver, sent = GraphSONWriter(), []
+    quick = wire.QuickGraphSON._bytecode
+
+    def compared(self: wire.QuickGraphSON, obj: Any) -> Any:
+        out = quick(self, obj)
+        assert json.dumps(out) == json.dumps(driver.to_dict(obj)), obj
+        sent.append(obj)
+        return out
+
+    monkeypatch.setattr(wire.QuickGraphSON, "_bytecode", compared)
+    store = open_store(gremlin_server.url, atomicity=SERIAL)
+    try:
+        store.clear()
+        made = [store.tasks.create("t", {"n": n}, priority=n % 2) for n in range(4)]
+        lanes = store.tasks.lanes()
+        assert lanes
+        seconds = store.tasks.lane_seconds(lanes[0])
+        page = store.tasks.ready_page(lanes[0], seconds, 10, shards=due.shards_of(0, 1))
+        assert {t.id for t in page} <= {t.id for t in made} and page
+        assert set(store.tasks.versions([t.id for t in made])) == {t.id for t in made}
+        assert store.tasks.get(made[0].id).id == made[0].id
+        assert len(store.tasks.unfinished()) == 4
+        store.clear()
+        test_claims_and_ends_of_several_tasks_are_one_write_each_refusal_its_own(store)
+    finally:
+        store.clear()
+        store.close()
+    assert len(sent) > 10
+
+    writer = wire.QuickGraphSON()
+    g = traversal().with_remote(None).without_strategies(*SKIPPED_STRATEGIES)  # type: ignore
+    values: list[Any] = [
+        g.V().has("a", P.within(["x", "y"])).property(Cardinality.single, "k", long(2 ** 40))
+        .property("b", True).property("c", -7).order().by("p", Order.desc).to_e(Direction.OUT)
+        .union(__.constant("@f"), __.V().has(T.id, 3).fold()).where(P.gt(1).and_(P.lt(9)))
+        .has("z", TextP.containing("q")).inject([1, "é", {"x": None}], None, 1.5, {1, 2}),
+        2 ** 31 - 1, -2 ** 31, 2 ** 31, long(-2 ** 63), long(2 ** 63), 2 ** 70, False, "",
+        None, {"k": [T.label, T.id]}, datetime(2026, 1, 1, tzinfo=UTC)]
+    for value in values:
+        assert json.dumps(writer.to_dict(value)) == json.dumps(driver.to_dict(value)), value
 
 
 def test_steps_appended_directly_are_the_steps_gremlinpython_adds() -> None:

@@ -35,7 +35,6 @@ from runner.store.gremlin.guards import Write, finder, set_on
 from runner.store.gremlin.rows import (
     TASK_CHANGES,
     TASK_FIXED,
-    attempt_from_row,
     changing_props,
     progress_from_json,
     task_from_row,
@@ -239,14 +238,18 @@ def attempt_start(task: Task, executor: str, fence_token: int) -> AttemptStart:
     """The RUNNING attempt that ``task`` (as the same write leaves it: its ``attempts`` already
     count this one) starts; its end, duration, error and stack are written when it ends."""
     attempt_id = str(uuid.uuid4())
+    started = codec.now()
     props = {
         "attempt_id": attempt_id, "attempt_status": AttemptStatus.RUNNING.value,
         "attempt_start": codec.encode_json({
             "task": task.id, "seq": task.attempts, "executor": executor,
-            "started": codec.encode_time(codec.now()),
+            "started": codec.encode_time(started),
             "fence": codec.encode_big(fence_token)}),
     }
-    return AttemptStart(props, attempt_from_row(props))
+    # the attempt a read of these properties gives (attempt_from_row), not decoded from them
+    return AttemptStart(props, Attempt(
+        id=attempt_id, task_id=task.id, seq=task.attempts, status=AttemptStatus.RUNNING,
+        executor=executor, started_at=started, fence=fence_token))
 
 
 def attempt_end(attempt: Attempt, status: AttemptStatus, error: str | None = None,
