@@ -1,9 +1,10 @@
 """The store's encodings on the wire to a Gremlin Server, each the driver's own made cheaper
-for the client's CPU: :class:`GraphSONReader` reads answers with the C JSON parser, and
-:class:`QuickWriter` (:func:`graphbinary`) writes requests in GraphBinary with one dispatch
-per value. Each gives what the driver's gives (the tests compare them value by value and byte
-by byte) and hands whatever it does not know to the driver's own code. What they saved is in
-docs/runner.md ("The driver's share").
+for the client's CPU: :class:`GraphSONReader` reads answers with the C JSON parser and writes
+a read's request with :class:`QuickGraphSON`, and :class:`QuickWriter` (:func:`graphbinary`)
+writes the other requests in GraphBinary; both writers dispatch once per value. Each gives
+what the driver's gives (the tests compare them value by value and byte by byte) and hands
+whatever it does not know to the driver's own code. What they saved is in docs/runner.md
+("The driver's share").
 """
 
 from __future__ import annotations
