@@ -27,6 +27,7 @@ from coord.testing.processes import in_netns
 from messaging.testing import RabbitMQServer
 from runner.client import Client
 from runner.tasks.features.example_stream import EXAMPLE, moving_average
+from runner.tasks.features.streams import copies
 from runner.testing.gremlinserver import GremlinServer
 from runner.testing.sparkcluster import SparkStandalone
 
@@ -135,14 +136,17 @@ def test_a_stream_copy_is_followed_through_the_beacon_its_host_advertises(
         for raw in readings[:60]:
             source.push(raw)
         assert wait_until(lambda: sink.end() >= 30, 60, 0.2)
+        # both copies run, one per node: the node that took both tasks declined one, which the
+        # other finds by its next listing (seconds; more on a loaded box)
+        assert wait_until(lambda: len(copies(s, EXAMPLE)) == 2, 60, 0.2), copies(s, EXAMPLE)
         # the follower, on the other host, connects to the leader's beacon there; the leader
         # names it in the next state it writes (fed slowly so that there are some)
-        fed = 60
-        while stamp(s)["next"] is None and fed < 120:
+        fed, until = 60, time.monotonic() + 30
+        while stamp(s)["next"] is None and fed < 120 and time.monotonic() < until:
             source.push(readings[fed])
             fed += 1
-            time.sleep(0.1)
-        assert stamp(s)["next"] is not None, stamp(s)
+            time.sleep(0.25)
+        assert stamp(s)["next"] is not None, (stamp(s), copies(s, EXAMPLE))
         at = beacon_of(s)
         assert at is not None
         addresses = {h.address: m for m, h in host_cluster.node_hosts.items()}
