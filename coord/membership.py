@@ -133,7 +133,7 @@ class Membership:
                 stat = client.exists(self.path)
                 if stat is None:
                     raise  # raced with its deletion: let the retry create it again
-                if stat.ephemeralOwner != client.client_id[0]:
+                if stat.ephemeralOwner != self.session.session_id:
                     raise MemberIdTaken(f"member id {self.member_id} is registered by another "
                                         f"live session (0x{stat.ephemeralOwner:x})") from None
                 # ours: a retried create whose first reply was lost

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from coord._znodes import retry_policy, zk_errors
+from coord.errors import ConnectionLost
 from coord.late import delete_later
 from coord.session import Session
 
@@ -80,8 +81,11 @@ class Booking:
         leases, self.leases = self.leases, []
 
         def attempt() -> None:
-            if client.client_id is None or client.client_id[0] != self.session_id:
-                return  # booked on a session that is gone: so are its nodes
+            # booked on a session that is gone: so are its nodes. Not kazoo's client_id, which
+            # is None while the connection is down (a leader election): a release then deleted
+            # nothing, and the live session kept the holds, and the resources, for ever
+            if self.session.expired(self.session_id):
+                return
             tx = client.transaction()
             for lease in leases:
                 tx.delete(lease)
@@ -151,18 +155,24 @@ class Slots:
     def _attempt(self, levels: Sequence[SlotLevel], held: list[str], lease_name: str,
                  tried: list[bool]) -> Booking | object | None:
         client = self.session.client
+        # the session this try runs on (a new one fails every call of the old one first, so
+        # a retry reads it again); not kazoo's client_id, None while the connection is down:
+        # read after a commit whose reply came, it raised, and the booking made was lost
+        session_id = self.session.session_id
+        if session_id is None:
+            raise ConnectionLost("no ZooKeeper session yet: nothing can be booked")
         leases = [f"{level.path}/{lease_name}" for level in levels]
         retry, tried[:] = bool(tried), [True]
         if retry and leases and client.exists(leases[0]) is not None:
-            return Booking(self.session, leases + held, client.client_id[0])  # reply lost
+            return Booking(self.session, leases + held, session_id)  # reply lost
         if retry and not leases:
             stat = client.exists(held[0])
-            if stat is not None and stat.ephemeralOwner == client.client_id[0]:
+            if stat is not None and stat.ephemeralOwner == session_id:
                 # ours (a commit whose reply was lost), unless this owner holds it already:
                 # a second booking of a name it holds is refused like anyone else's
                 data, _ = client.get(held[0])
                 if data == self._hold_data(lease_name):
-                    return Booking(self.session, held, client.client_id[0])
+                    return Booking(self.session, held, session_id)
         tx = client.transaction()
         for level in levels:
             data, stat = client.get(level.path)  # version first, then the children
@@ -176,7 +186,7 @@ class Slots:
             tx.create(path, self._hold_data(lease_name), ephemeral=True)
         results = tx.commit()
         if not any(isinstance(r, Exception) for r in results):
-            return Booking(self.session, leases + held, client.client_id[0])
+            return Booking(self.session, leases + held, session_id)
         if any(isinstance(r, NodeExistsError) for r in results[len(levels) + len(leases):]):
             return None  # a name held by someone
         if any(isinstance(r, BadVersionError) for r in results):

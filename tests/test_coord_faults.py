@@ -393,6 +393,35 @@ def test_register_has_no_lost_update_under_concurrent_writers(
     assert value == writers * increments
 
 
+def test_a_release_while_the_connection_is_down_still_frees_the_hold(
+        zookeeper: ZooKeeperCluster, zk_namespace: ZkNamespace) -> None:
+    """A booking released while its session's connection is down (SUSPENDED: a ZooKeeper
+    leader election, a dropped link) and the session lives on: the release waits for the
+    connection and deletes its hold and lease. It returned at once instead, taking the missing
+    connection for a session gone, and the live session kept the resource for ever (most
+    likely why a chaos run with two leader elections left 14 tasks needing them unstarted)."""
+    level = SlotLevel("type/released", 1)
+    hold = "resource/aspect%3Ageo"
+    with TcpProxy(zookeeper.servers[0].client_port) as proxy, \
+            Session(zk_namespace.hosts, "c1", timeout=4.0) as steady, \
+            Session(f"127.0.0.1:{proxy.port}{zk_namespace.root}", "c1", timeout=4.0) as cut:
+        mine = Slots(cut, "m1").try_book([level], [hold])
+        assert mine is not None
+        first = cut.session_id
+        proxy.blackhole()
+        proxy.drop_connections()
+        assert wait_until(lambda: cut.state is SessionState.SUSPENDED, 5)
+        releasing = threading.Thread(target=mine.release)
+        releasing.start()
+        time.sleep(0.5)
+        assert releasing.is_alive()  # waiting for the connection, not given up
+        proxy.heal()
+        releasing.join(30)
+        assert not releasing.is_alive()
+        assert cut.session_id == first  # the same session: its nodes would have stayed
+        assert Slots(steady, "m2").try_book([level], [hold]) is not None
+
+
 def test_a_late_release_leaves_the_next_holders_hold(zk_namespace: ZkNamespace) -> None:
     """A booking whose session expired and was replaced before its release ran (a release
     retrying through a partition): its hold went with the old session and another member
