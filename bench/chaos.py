@@ -59,6 +59,9 @@ The figures (all must be 0 but the time to drain):
 * ``confirmed_master_messages_lost``: a confirmed chaos.record without its effect;
 * ``master_messages_handled_twice``: a chaos.record whose handler completed more than once;
 * ``lock_znodes_left``: task lock parents left under ``locks/tasks`` once everything ended;
+* ``holds_left``: exclusive holds (a resource, an ordering key) left under ``slots/held`` once
+  everything ended: a live member's session keeps one for as long as it lives, and every task
+  that needs it waits (a release run while the connection was down left them);
 * ``started_before_run_at``: an attempt of a delayed task (a share of the tasks get a ``run_at``
   a few seconds ahead) that started before it;
 * ``ordering_violations``: a task of an ordering key (a share of the tasks carry one of 4)
@@ -102,6 +105,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -120,6 +124,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from coord import Session, read_leader, read_members
+from coord.slots import HELD, exclusive_holders
 from coord.testing import (
     FaultInjectionFailed,
     NodeProcess,
@@ -153,7 +158,8 @@ ZERO = ("tasks_lost", "finished_without_succeeded_attempt", "effects_applied_twi
         "unfenced_effects_from_a_closed_attempt", "tasks_created_twice", "needless_reruns",
         "overlapping_owners",
         "interrupted_attempts_not_cancelled_by_system", "confirmed_master_messages_lost",
-        "master_messages_handled_twice", "lock_znodes_left", "started_before_run_at",
+        "master_messages_handled_twice", "lock_znodes_left", "holds_left",
+        "started_before_run_at",
         "ordering_violations", "resource_holders_overlapping", "schedule_fires_twice",
         "hung_attempts_left", "work_redone_before_checkpoint")
 #: the kinds whose retry policy moves their run_at (their first attempt hangs or crashes)
@@ -689,6 +695,9 @@ def figures(run: Run, reader: Session) -> dict[str, Any]:
     locks = client.get_children("/locks/tasks") if client.exists("/locks/tasks") else []
     for task_id in locks:
         run.say(f"lock left: {left_lock(run, reader, task_id)}")
+    holds = left_holds(reader)
+    for name, owner in holds.items():
+        run.say(f"hold left: {name}, by {owner} (live members {sorted(read_members(reader))})")
     early, ordering, resources = semantics(run)
     shapes: Counter[str] = Counter()
     for task_id in run.tasks:
@@ -719,7 +728,7 @@ def figures(run: Run, reader: Session) -> dict[str, Any]:
         "interrupted_attempts_not_cancelled_by_system": interrupted,
         "confirmed_master_messages_lost": messages_lost,
         "master_messages_handled_twice": sum(1 for n in runs.values() if n > 1),
-        "lock_znodes_left": len(locks),
+        "lock_znodes_left": len(locks), "holds_left": len(holds),
         "started_before_run_at": early, "ordering_violations": ordering,
         "resource_holders_overlapping": resources, **fires(run), "burst": burst_figures(run),
         "hung_attempts_left": hung, **checkpoint_figures(run),
@@ -768,6 +777,17 @@ def checkpoint_figures(run: Run) -> dict[str, Any]:
                     after += 1
     return {"work_redone_before_checkpoint": before, "work_redone_after_checkpoint": after,
             "checkpointed_tasks": len(attempts)}
+
+
+def left_holds(reader: Session) -> dict[str, str]:
+    """The exclusive holds (resources, ordering keys) left under ``slots/held`` once
+    everything ended, each with its owner; the releases under way are given a few seconds."""
+    def read() -> dict[str, str]:
+        groups = reader.client.get_children(HELD) if reader.client.exists(HELD) else []
+        return {f"{group}/{name}": owner for group in groups
+                for name, owner in exclusive_holders(reader, group).items()}
+    wait_until(lambda: not read(), 10, 0.2)
+    return read()
 
 
 def left_lock(run: Run, reader: Session, task_id: str) -> str:
@@ -1116,6 +1136,9 @@ def main(argv: list[str] | None = None) -> int:
                         "on a bridge; root), the nodes on the server graph, the network's own "
                         "faults: a link cut, a one-way cut, latency and loss")
     args = parser.parse_args(argv)
+    # SIGTERM ends the run as Ctrl-C does: every server and node it started is stopped on the
+    # way out (the default action left its ZooKeeper ensemble and broker running)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.hosts:
         reason = hosts_unavailable_reason()
         if reason is not None:
