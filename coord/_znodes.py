@@ -9,6 +9,7 @@ from typing import Any
 from kazoo.client import KazooClient
 from kazoo.exceptions import (
     AuthFailedError,
+    ConnectionLoss,
     KazooException,
     NoAuthError,
     NoNodeError,
@@ -41,6 +42,17 @@ def zk_errors(what: str) -> Iterator[None]:
                             ) from exc
     except (KazooException, KazooTimeoutError) as exc:
         raise ConnectionLost(f"{what}: {exc!r}") from exc
+
+
+def session_of(client: KazooClient) -> int:
+    """The id of the session ``client`` is connected on. kazoo has none while the link is down
+    (``client_id`` is None then, the session perhaps alive): that is a lost connection,
+    retried like any call's. Read from kazoo, not from :class:`~coord.session.Session`, whose
+    view of a new session comes a moment after kazoo's."""
+    client_id = client.client_id
+    if client_id is None:
+        raise ConnectionLoss("not connected to ZooKeeper")
+    return int(client_id[0])
 
 
 def seq_of(name: str) -> int:

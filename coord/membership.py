@@ -25,7 +25,7 @@ from typing import Any
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 from kazoo.recipe.watchers import ChildrenWatch
 
-from coord._znodes import read_children, zk_errors
+from coord._znodes import read_children, session_of, zk_errors
 from coord.errors import ConnectionLost, LifecycleError, MemberIdTaken
 from coord.session import Session, SessionState
 
@@ -133,7 +133,7 @@ class Membership:
                 stat = client.exists(self.path)
                 if stat is None:
                     raise  # raced with its deletion: let the retry create it again
-                if stat.ephemeralOwner != self.session.session_id:
+                if stat.ephemeralOwner != session_of(client):
                     raise MemberIdTaken(f"member id {self.member_id} is registered by another "
                                         f"live session (0x{stat.ephemeralOwner:x})") from None
                 # ours: a retried create whose first reply was lost

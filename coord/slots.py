@@ -12,9 +12,11 @@ That is one write where a counted level of one costs three reads and a write, an
 nothing behind once released (a counted level's node stays).
 
 Failure behaviour: a booking is released by ``release()``, and vanishes with the session (leases
-and holds are ephemeral) when the holder dies or its session is LOST; a transaction whose reply
-was lost is recognised on retry by its uuid-named lease or, with holds only, by the hold's
-ephemeral owner being this session.
+and holds are ephemeral) when the holder dies or its session is LOST; a release while the link
+is down waits for it and deletes what its session still owns (a delete that fails while the
+session lives is tried again later: :mod:`coord.late`); a transaction whose reply was lost is
+recognised on retry by its uuid-named lease or, with holds only, by the hold's ephemeral owner
+being this session.
 """
 
 from __future__ import annotations
@@ -28,8 +30,7 @@ from dataclasses import dataclass
 
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
-from coord._znodes import retry_policy, zk_errors
-from coord.errors import ConnectionLost
+from coord._znodes import retry_policy, session_of, zk_errors
 from coord.late import delete_later
 from coord.session import Session
 
@@ -65,9 +66,10 @@ class Booking:
     """Leases held at every level of one booking; ``release()`` frees them all at once.
 
     A booking is ``session_id``'s: its nodes are ephemeral and go with that session. So a
-    release that runs once the session is gone (lost, and replaced by a new one while the
-    release waited) deletes nothing: an exclusive hold's name (``held/<name>``) may be the
-    next holder's node by then, and deleting it would let a third party in beside it."""
+    release deletes only the nodes whose ephemeral owner is still that session: once it is
+    gone (lost, and replaced by a new one while the release waited) an exclusive hold's name
+    (``held/<name>``) may be the next holder's node, and deleting it would let a third party
+    in beside it. A release while the link is down waits for it (see :meth:`_gone`)."""
 
     def __init__(self, session: Session, leases: list[str], session_id: int) -> None:
         self.session = session
@@ -77,35 +79,55 @@ class Booking:
     def release(self) -> None:
         if not self.leases:
             return
-        client = self.session.client
         leases, self.leases = self.leases, []
 
         def attempt() -> None:
-            # booked on a session that is gone: so are its nodes. Not kazoo's client_id, which
-            # is None while the connection is down (a leader election): a release then deleted
-            # nothing, and the live session kept the holds, and the resources, for ever
-            if self.session.expired(self.session_id):
-                return
-            tx = client.transaction()
-            for lease in leases:
-                tx.delete(lease)
-            if not any(isinstance(r, Exception) for r in tx.commit()):
-                return
-            for lease in leases:  # some are already gone (session replaced): delete the rest
-                try:
-                    client.delete(lease)
-                except NoNodeError:
-                    pass
+            self._delete(leases)
 
         with zk_errors("cannot release slot leases"):
             try:
                 retry_policy()(attempt)
-            except Exception:  # the session lives on (else ``attempt`` returns): a live
+            except Exception:  # the session lives on (else ``_delete`` returns): a live
                 # session would keep these leases, and so the slots, for as long as it lives
-                if not self.session.expired(self.session_id):
+                if not self._gone():
                     delete_later(self.session, self.session_id, attempt,
                                  f"slot leases {', '.join(leases)}")
                 raise
+
+    def _gone(self) -> bool:
+        """Whether the session this booking was made on is gone, and its nodes with it: kazoo
+        is connected on another one, or not connected and the session is not the booking's
+        any more (LOST, past its deadline, replaced). Not connected is not gone: a link down
+        (a leader election) leaves the session and its nodes, and a release that took it for
+        gone deleted nothing while the live session kept the holds, and every task needing
+        them waited, for ever."""
+        client_id = self.session.client.client_id
+        if client_id is not None:
+            return int(client_id[0]) != self.session_id
+        return self.session.expired(self.session_id)
+
+    def _delete(self, leases: list[str]) -> None:
+        """Delete those of ``leases`` that are still this booking's (its session their
+        ephemeral owner: a name another session holds by now is theirs), in one transaction;
+        raises kazoo's ConnectionLoss while the link is down (retried by the caller)."""
+        if self._gone():
+            return
+        client = self.session.client
+        reads = [(lease, client.exists_async(lease)) for lease in leases]
+        mine = [(lease, stat.version) for lease, stat in ((lease, r.get()) for lease, r in reads)
+                if stat is not None and stat.ephemeralOwner == self.session_id]
+        if not mine:
+            return
+        tx = client.transaction()
+        for lease, version in mine:
+            tx.delete(lease, version=version)
+        if not any(isinstance(r, Exception) for r in tx.commit()):
+            return
+        for lease, version in mine:  # one went meanwhile: delete the others one by one
+            try:
+                client.delete(lease, version=version)
+            except (NoNodeError, BadVersionError):
+                pass
 
     def __enter__(self) -> Booking:
         return self
@@ -155,12 +177,12 @@ class Slots:
     def _attempt(self, levels: Sequence[SlotLevel], held: list[str], lease_name: str,
                  tried: list[bool]) -> Booking | object | None:
         client = self.session.client
-        # the session this try runs on (a new one fails every call of the old one first, so
-        # a retry reads it again); not kazoo's client_id, None while the connection is down:
-        # read after a commit whose reply came, it raised, and the booking made was lost
-        session_id = self.session.session_id
-        if session_id is None:
-            raise ConnectionLost("no ZooKeeper session yet: nothing can be booked")
+        # the session this try runs on, read before the commit (kazoo's: the Session's view
+        # of a new session comes a moment later, and a booking named after the old one was
+        # never released; a new session fails every call of the old one, so a retry reads it
+        # again). Read after the commit, a link down just after the reply raised, and the
+        # booking made was lost
+        session_id = session_of(client)
         leases = [f"{level.path}/{lease_name}" for level in levels]
         retry, tried[:] = bool(tried), [True]
         if retry and leases and client.exists(leases[0]) is not None:
