@@ -10,7 +10,15 @@ from messaging.connection import Backoff, Connector
 from messaging.consumer import Consumer
 from messaging.deadletters import DeadLetter, DeadLetterNotFound, DeadLetterQueue
 from messaging.delivery import Delivery, DeliveryState
-from messaging.envelope import MAX_BODY, Envelope, Paradigm, decode, summary, validate_payload
+from messaging.envelope import (
+    MAX_BODY,
+    Envelope,
+    Paradigm,
+    decode,
+    parse_json,
+    summary,
+    validate_payload,
+)
 from messaging.errors import (
     BrokerRefused,
     BrokerUnavailable,
@@ -51,5 +59,5 @@ __all__ = [
     "Retry", "RedeliveryPolicy", "Topology", "UndecodableMessage", "UnknownCommand",
     "MessageTooLarge", "ZkProcessedLog", "declare_topology", "decode", "fenced_out",
     "send_master",
-    "summary", "validate_payload",
+    "parse_json", "summary", "validate_payload",
 ]

@@ -19,8 +19,14 @@ from coord import LeaderLatch
 from messaging.connection import CONNECTION_ERRORS, Connector, still_open, translated
 from messaging.consumer import Consumer
 from messaging.envelope import MAX_BODY, Envelope, Paradigm, decode
-from messaging.errors import EnvelopeError, LifecycleError, RemoteError, RequestTimeout
-from messaging.outcomes import OutcomeHook, ReceiveHook
+from messaging.errors import (
+    EnvelopeError,
+    LifecycleError,
+    MessageTooLarge,
+    RemoteError,
+    RequestTimeout,
+)
+from messaging.outcomes import OutcomeHook, ReceiveHook, reply_too_large
 from messaging.paradigms import ApiResponder, MasterConsumer, ModelConsumer
 from messaging.processed import ProcessedLog
 from messaging.publisher import Publisher
@@ -165,8 +171,16 @@ class ApiClient:
         try:
             envelope = decode(body)
         except EnvelopeError as exc:
-            log.warning("ignoring an undecodable API reply: %s", exc)
-            return
+            log.warning("an undecodable API reply (%s): %s", properties.correlation_id, exc)
+            if not properties.correlation_id:
+                return
+            # the request it answers ends with why, never as "no node answered"
+            error = reply_too_large("the request", len(body), MAX_BODY) \
+                if isinstance(exc, MessageTooLarge) else {"ok": False, "error": {
+                    "kind": "UndecodableReply", "code": "undecodable-reply",
+                    "refused": False, "detail": f"the answer could not be read: {exc}"}}
+            envelope = Envelope(paradigm=Paradigm.API, command="error", sender="client",
+                                payload=error)
         if properties.correlation_id:
             self._replies[properties.correlation_id] = envelope
 

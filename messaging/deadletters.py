@@ -17,7 +17,6 @@ never lost by a replay, at worst present twice.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -27,7 +26,8 @@ from typing import Any
 import pika
 
 from messaging.connection import CONNECTION_ERRORS, Connector, still_open, translated
-from messaging.errors import MessagingError
+from messaging.envelope import parse_json
+from messaging.errors import EnvelopeError, MessagingError
 from messaging.outcomes import DETAIL_HEADER, REASON_HEADER
 from messaging.topology import Topology
 
@@ -57,10 +57,13 @@ class DeadLetter:
     properties: Any
 
     def view(self, body_limit: int = 4000) -> dict[str, Any]:
-        """JSON for people and ``--json``: the body decoded when it is JSON, else as text."""
-        try:
-            body: Any = json.loads(self.body)
-        except ValueError:
+        """JSON for people and ``--json``: the body decoded when it is JSON latchwork reads
+        (:func:`~messaging.envelope.parse_json`), else its first ``body_limit`` bytes as
+        text (a body nested 2,000 deep too)."""
+        body: Any
+        try:  # whatever a body holds, it is shown: as JSON when it reads as such
+            body = parse_json(self.body)
+        except EnvelopeError:
             body = self.body[:body_limit].decode("utf-8", errors="replace")
         return {"message_id": self.message_id, "reason": self.reason, "detail": self.detail,
                 "queue": self.queue, "member": self.member, "dead_at": self.dead_at,
@@ -76,10 +79,10 @@ def _letter(properties: Any, body: bytes) -> DeadLetter:
 
     command = None
     try:
-        raw = json.loads(body)
+        raw = parse_json(body)
         if isinstance(raw, dict) and isinstance(raw.get("command"), str):
-            command = raw["command"]
-    except ValueError:
+            command = raw["command"][:200]
+    except EnvelopeError:
         pass
     return DeadLetter(properties.message_id, text(REASON_HEADER), text(DETAIL_HEADER),
                       text(QUEUE_HEADER), text(MEMBER_HEADER), text(DEAD_AT_HEADER), command,

@@ -45,6 +45,7 @@ from messaging.outcomes import (
     OutcomeHook,
     ReceiveHook,
     describe,
+    reply_too_large,
 )
 from messaging.processed import ProcessedLog
 from messaging.publisher import Publisher
@@ -52,6 +53,24 @@ from messaging.registry import HandlerContext, HandlerRegistry, Route
 from messaging.topology import Topology
 
 log = logging.getLogger("latchwork.messaging")
+
+
+#: the most retries a ``x-latchwork-retries`` header may count (the policy's own maximum is
+#: far lower: a larger count was not written by a node)
+MAX_RETRIES_HEADER = 1000
+
+
+def retries_of(delivery: Delivery) -> int:
+    """The retry count a delivery carries (0 without the header). The header is read like the
+    body: anything but a whole number in 0..:data:`MAX_RETRIES_HEADER` is
+    :class:`InvalidEnvelope`, so a hand-made header is refused once, never looped on."""
+    value = delivery.headers.get(RETRIES_HEADER)
+    if value is None:
+        return 0
+    if type(value) is not int or not 0 <= value <= MAX_RETRIES_HEADER:
+        raise InvalidEnvelope(f"header {RETRIES_HEADER} is {value!r:.60}, not a whole number "
+                              f"from 0 to {MAX_RETRIES_HEADER}")
+    return value
 
 
 class Dispatcher:
@@ -112,14 +131,23 @@ class Dispatcher:
                                           f"{self.paradigm} queue")
                 route = self.registry.resolve(envelope.command)
                 payload = route.parse(envelope.payload)
+                retries = retries_of(delivery)
             except (EnvelopeError, UnknownCommand) as exc:
                 self.dead_letter(delivery, envelope, exc.reason, str(exc))
+                return
+            except Exception as exc:
+                # reading a message is a pure function of its bytes: what fails here fails
+                # on every delivery, so a requeue would loop. Refused once, with the bug's trace
+                log.exception("member %s: %s could not read delivery %d; dead-lettering it",
+                              self.member_id, self.name, delivery.delivery_tag)
+                self.dead_letter(delivery, envelope, "invalid",
+                                 f"the message could not be read: {exc!r}")
                 return
             for hook in self.on_receive:
                 hook(delivery, envelope)
             if not self.before_handler(delivery, envelope):
                 return
-            self._invoke(delivery, envelope, route, payload)
+            self._invoke(delivery, envelope, route, payload, retries)
         except Exception:
             log.exception("member %s: %s failed handling delivery %d", self.member_id,
                           self.name, delivery.delivery_tag)
@@ -129,8 +157,8 @@ class Dispatcher:
             with self._lock:
                 self._inflight.pop(id(delivery), None)
 
-    def _invoke(self, delivery: Delivery, envelope: Envelope, route: Route, payload: Any) -> None:
-        retries = int(delivery.headers.get(RETRIES_HEADER, 0) or 0)
+    def _invoke(self, delivery: Delivery, envelope: Envelope, route: Route, payload: Any,
+                retries: int) -> None:
         ctx = HandlerContext(envelope=envelope, redelivered=delivery.redelivered,
                              retries=retries, member_id=self.member_id,
                              publisher=self.publisher, processed=self._processed_log(),
@@ -181,9 +209,17 @@ class Dispatcher:
         props = delivery.properties
         if not props.reply_to:
             return
-        answer = Envelope(paradigm=self.paradigm,
-                          command=envelope.command if envelope is not None else "error",
-                          sender=self.member_id, payload=reply)
+        command = envelope.command if envelope is not None else "error"
+        answer = Envelope(paradigm=self.paradigm, command=command, sender=self.member_id,
+                          payload=reply)
+        size = len(answer.encode())
+        if size > self.max_body:
+            # the sender would drop it unread and wait in vain: say what happened instead
+            log.warning("member %s: the answer to %s is %d bytes, over the limit of %d; "
+                        "answering reply-too-large", self.member_id, command, size,
+                        self.max_body)
+            answer = Envelope(paradigm=self.paradigm, command=command, sender=self.member_id,
+                              payload=reply_too_large(command, size, self.max_body))
         try:
             self.publisher.publish("", props.reply_to, answer, persistent=False,
                                    mandatory=False,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 import uuid
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -58,7 +59,9 @@ def decode(body: bytes, *, content_type: str | None = None, max_bytes: int = MAX
     """Parse and validate a message body; failures are typed poison errors.
 
     Refused, each with its reason: a body over ``max_bytes`` (:class:`MessageTooLarge`), a
-    content type other than JSON, a body that is not UTF-8 JSON, an envelope without ``id``
+    content type other than JSON, a body that is not UTF-8 JSON, a number JSON has not
+    (``NaN``, ``Infinity``, a float past a double's range) or an integer over
+    :data:`MAX_INT_DIGITS` digits (:class:`InvalidEnvelope`), an envelope without ``id``
     (the idempotency key: a default would give every redelivery a new one), any field that
     does not validate or is unknown.
     """
@@ -66,10 +69,7 @@ def decode(body: bytes, *, content_type: str | None = None, max_bytes: int = MAX
         raise MessageTooLarge(f"body of {len(body)} bytes is over the limit of {max_bytes}")
     if content_type is not None and content_type.split(";")[0].strip().lower() != JSON_TYPE:
         raise InvalidEnvelope(f"content type {content_type!r} is not {JSON_TYPE}")
-    try:
-        raw = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise UndecodableMessage(f"body is not UTF-8 JSON: {exc}") from exc
+    raw = parse_json(body)
     if not isinstance(raw, dict):
         raise InvalidEnvelope(f"body is JSON {type(raw).__name__}, not an object")
     if "id" not in raw:
@@ -81,12 +81,87 @@ def decode(body: bytes, *, content_type: str | None = None, max_bytes: int = MAX
         raise InvalidEnvelope(summary(exc)) from exc
 
 
+def parse_json(data: bytes | str) -> Any:
+    """JSON as a message, a payload or a line of input may hold it, read strictly and never
+    with an error other than :class:`UndecodableMessage` (not UTF-8 JSON) or
+    :class:`InvalidEnvelope` (valid JSON latchwork does not take: nested deeper than
+    :data:`MAX_DEPTH`, ``NaN``/``Infinity``, a float past a double, an integer over
+    :data:`MAX_INT_DIGITS` digits). Python's own ``json.loads`` raises RecursionError or a
+    bare ValueError for some of these, which a caller would not expect."""
+    try:
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
+        value = json.loads(text, parse_int=_json_int, parse_float=_json_float,
+                           parse_constant=_json_constant)
+    except InvalidEnvelope:
+        raise
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError, JSONDecodeError too
+        raise UndecodableMessage(f"not valid JSON (UTF-8): {exc}") from exc
+    # counting brackets is C-fast; only a text with many of them is walked
+    if text.count("[") + text.count("{") > MAX_DEPTH and depth(value) > MAX_DEPTH:
+        raise InvalidEnvelope(f"JSON nested more than {MAX_DEPTH} levels deep")
+    return value
+
+
+#: the deepest nesting of arrays and objects a message or payload may have
+MAX_DEPTH = 64
+
+
+def depth(value: Any) -> int:
+    """How deeply ``value``'s lists and dicts nest (0 for a scalar), without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        children = item.values() if isinstance(item, dict) else item \
+            if isinstance(item, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, level)
+        if deepest > MAX_DEPTH:
+            return deepest
+        stack.extend((child, level + 1) for child in children)
+    return deepest
+
+
+#: the longest integer a message may hold, in digits: Python's own limit for converting one
+#: (``sys.get_int_max_str_digits``), which a longer one would hit wherever it is read or written
+MAX_INT_DIGITS = 4300
+
+
+def _json_int(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > MAX_INT_DIGITS:
+        raise InvalidEnvelope(f"a number of {digits} digits is over the limit of "
+                              f"{MAX_INT_DIGITS}")
+    return int(text)
+
+
+def _json_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise InvalidEnvelope(f"the number {text[:40]} is too large for a double")
+    return value
+
+
+def _json_constant(name: str) -> float:
+    """``NaN``, ``Infinity`` and ``-Infinity``: Python's json reads them, JSON has no such
+    values."""
+    raise InvalidEnvelope(f"{name} is not a JSON number")
+
+
+#: pydantic's errors for a value that should have been a mapping ("a valid dictionary or
+#: instance of ..."): on the wire and at the command line that is a JSON object
+NOT_AN_OBJECT = frozenset({"dict_type", "model_type", "model_attributes_type"})
+OBJECT_EXPECTED = "Input should be a JSON object"
+
+
 def summary(exc: ValidationError, limit: int = 5) -> str:
-    """A pydantic error as one line: ``field.path: message; ...`` (the first ``limit``)."""
+    """A pydantic error as one line: ``field.path: message; ...`` (the first ``limit``); a
+    mapping expected reads "a JSON object", as the docs say it."""
     parts = []
     for err in exc.errors()[:limit]:
         where = ".".join(str(p) for p in err["loc"]) or "(root)"
-        parts.append(f"{where}: {err['msg']}")
+        message = OBJECT_EXPECTED if err["type"] in NOT_AN_OBJECT else err["msg"]
+        parts.append(f"{where}: {message}")
     return "; ".join(parts)
 
 

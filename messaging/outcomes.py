@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import traceback
 from collections.abc import Callable
+from typing import Any
 
 from messaging.delivery import Delivery
 from messaging.envelope import Envelope
@@ -37,3 +38,12 @@ ReceiveHook = Callable[[Delivery, Envelope], None]
 def describe(exc: BaseException) -> str:
     """An exception with its traceback, for a dead-letter detail header."""
     return "".join(traceback.format_exception(exc)).strip()
+
+
+def reply_too_large(command: str, size: int, limit: int) -> dict[str, Any]:
+    """The answer sent (or read) instead of one over the message size limit (a node's or a
+    client's). Not a refusal: what the request did stands, only its answer cannot travel."""
+    return {"ok": False, "error": {
+        "kind": "ReplyTooLarge", "code": "reply-too-large", "refused": False,
+        "detail": f"the answer to {command} is {size} bytes, over the message limit of "
+                  f"{limit}: what the request did stands; ask for less at once (a page)"}}

@@ -121,9 +121,10 @@ class MasterConsumer(Consumer):
                      "waiting", self.member_id, envelope.id, envelope.command)
             self.processed.wait_released(envelope.id, 1.0)
 
-    def _invoke(self, delivery: Delivery, envelope: Envelope, route: Route, payload: Any) -> None:
+    def _invoke(self, delivery: Delivery, envelope: Envelope, route: Route, payload: Any,
+                retries: int) -> None:
         try:
-            super()._invoke(delivery, envelope, route, payload)
+            super()._invoke(delivery, envelope, route, payload, retries)
         finally:
             # failed, retried, cancelled: the next copy may run (a recorded id released it)
             self.processed.release(envelope.id)

@@ -309,8 +309,15 @@ class Client:
              ordering_key: str | None = None) -> builtins.list[TaskView]:
         """Tasks, newest first; ``unfinished``: the open ones in the order nodes take them;
         ``ordering_key``: that key's unfinished tasks in the order they will run."""
-        return self.send(build(TaskList, unfinished=unfinished, type=task_type,
-                               ordering_key=ordering_key))
+        tasks: builtins.list[TaskView] = []
+        after: str | None = None
+        while True:  # a page at a time: one reply of every task would be over the limit
+            page = self.send(build(TaskList, unfinished=unfinished, type=task_type,
+                                   ordering_key=ordering_key, after=after))
+            tasks.extend(page.tasks)
+            if page.next is None:
+                return tasks
+            after = page.next
 
     def wait(self, task_id: str, timeout: float) -> TaskReport:
         """The task's report once it is finished or stopped; :class:`NoAnswer` if it is still

@@ -156,14 +156,19 @@ def submit_task_id(request: uuid.UUID) -> str:
     return str(uuid.uuid5(PAGE_IDS, f"submit/{request}"))
 
 
-class TaskList(Request[list[TaskView]]):
-    """Tasks, newest first; ``unfinished``: the open ones in the order nodes take them;
-    ``ordering_key``: that key's unfinished tasks in the order they run."""
+class TaskList(Request[SearchPage]):
+    """A page of tasks, newest first; ``unfinished``: the open ones in the order nodes take
+    them; ``ordering_key``: that key's unfinished tasks in the order they run. A page holds at
+    most ``limit`` tasks and stays under half the message size limit, whatever the payloads;
+    ``after``: the ``next`` cursor of the page before (:meth:`runner.client.Client.list`
+    walks them)."""
 
     command = "task.list"
     unfinished: bool = False
     type: str | None = None
     ordering_key: str | None = None
+    after: str | None = Field(default=None, max_length=300)
+    limit: int = Field(default=200, ge=1, le=1000)
 
 
 class TaskById(BaseModel):
@@ -251,7 +256,7 @@ class AspectRef(BaseModel):
 
 class AspectCreate(AspectRef, Request[AspectView]):
     command = "aspect.create"
-    batch_rows: int | None = Field(default=None, ge=1)
+    batch_rows: int | None = Field(default=None, ge=1, le=10_000_000)
     pause: float = Field(default=0.0, ge=0, le=3600)
 
 
@@ -319,7 +324,7 @@ class StreamRead(Request[StreamPage]):
 
     command = "stream.read"
     queue: str = Field(pattern=QUEUE_PATTERN)
-    start: int = Field(default=0, ge=0)
+    start: int = Field(default=0, ge=0, le=9_999_999_999)  # a queue index has 10 digits
     limit: int = Field(default=100, ge=1, le=1000)
 
 

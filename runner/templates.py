@@ -8,13 +8,23 @@ models; nothing here does I/O.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Literal, TypeAlias
 
 from apscheduler.triggers.cron import CronTrigger
 from pydantic import AwareDatetime, BaseModel, Field, JsonValue, model_validator
 
 from runner.store import codec
+
+#: the documented ranges of a task's numbers (docs/runner.md, "Numbers a submit accepts"): a
+#: value outside is refused at submit, before any node holds it in a timer or an index
+PRIORITY_MIN, PRIORITY_MAX = -1_000_000, 1_000_000
+#: the furthest ahead a task may be put (``delay``, ``run_at``) or a schedule may fire: 10 years
+MAX_AHEAD = 10 * 365 * 86400.0
+#: the longest time limit of an attempt: a year and a day
+MAX_TIME_LIMIT = 366 * 86400.0
+
+Priority = Annotated[int, Field(ge=PRIORITY_MIN, le=PRIORITY_MAX)]
 
 #: a JSON object (a payload, a JSON schema, a stream handler's state); a JSON value is
 #: pydantic's ``JsonValue``
@@ -26,7 +36,7 @@ class TaskFields(BaseModel):
 
     type: str = Field(min_length=1)
     payload: JsonObject = Field(default_factory=dict)
-    priority: int | None = None
+    priority: Priority | None = None
     ordering_key: str | None = Field(default=None, min_length=1, max_length=200)
     resources: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(
         default_factory=list, max_length=32)
@@ -38,14 +48,23 @@ class TaskTemplate(TaskFields):
     model_config = {"extra": "forbid"}
     unique_key: str | None = None
     run_at: AwareDatetime | None = None  # not claimed before this instant
-    delay: float | None = Field(default=None, ge=0)  # seconds from now (instead of run_at)
+    #: seconds from now (instead of run_at)
+    delay: float | None = Field(default=None, ge=0, le=MAX_AHEAD, allow_inf_nan=False)
     #: seconds an attempt may run (its type's ``timeout``, when it has one, caps it)
-    timeout: float | None = Field(default=None, gt=0)
+    timeout: float | None = Field(default=None, gt=0, le=MAX_TIME_LIMIT, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _one_time(self) -> TaskTemplate:
         if self.run_at is not None and self.delay is not None:
             raise ValueError("give run_at or delay, not both")
+        if self.run_at is not None:
+            try:
+                at = self.run_at.astimezone(UTC)
+            except (OverflowError, ValueError):
+                raise ValueError(f"run_at {self.run_at.isoformat()} is out of range") from None
+            if at > codec.now() + timedelta(seconds=MAX_AHEAD):
+                raise ValueError(f"run_at {self.run_at.isoformat()} is more than 10 years "
+                                 "ahead")
         return self
 
     def when(self) -> datetime | None:
@@ -59,7 +78,7 @@ class ScheduleSpec(TaskFields):
     each fire creates."""
 
     cron: str | None = None
-    every: float | None = Field(default=None, gt=0)
+    every: float | None = Field(default=None, gt=0, le=MAX_AHEAD, allow_inf_nan=False)
     misfire: Literal["run_once", "skip"] = "run_once"
 
     @model_validator(mode="after")

@@ -89,7 +89,7 @@ def test_cli_rejects_bad_input_with_usage_errors(cluster: Cluster) -> None:
     assert bad_json.exit_code == 2 and "not valid JSON" in bad_json.output
     not_object = cluster.cli("task", "submit", "diag.sleep", "--payload", "[1]")
     assert not_object.exit_code == 2 and "--payload" in not_object.output
-    assert "valid dictionary" in not_object.output
+    assert "Input should be a JSON object" in not_object.output
     unknown = cluster.cli("task", "submit", "no.such.type")
     assert unknown.exit_code == 2 and "unknown task type 'no.such.type'" in unknown.output
     invalid = cluster.cli("task", "submit", "diag.sleep", "--payload", '{"seconds": -1}')

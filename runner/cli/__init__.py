@@ -12,6 +12,12 @@
   :mod:`~runner.cli.console`.
 """
 
+import os
+import sys
+import traceback
+
+import click
+
 from runner.cli import (
     aspects,
     avatars,
@@ -38,4 +44,26 @@ _GROUPS = (aspects, avatars, cluster, commands, dev, dlq, node, ontology, schedu
 
 
 def main() -> None:
-    cli(prog_name="latchwork")
+    """The ``latchwork`` command. Every failure is one line and an exit code (docs/cli.md): a
+    usage error or refused input 2, anything else 1. An error no command expected (a bug) is
+    one line too, naming its type; ``LATCHWORK_DEBUG=1`` shows its traceback."""
+    try:
+        cli(prog_name="latchwork", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        click.echo("Aborted!", err=True)
+        sys.exit(1)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except (RecursionError, MemoryError) as exc:  # input too deep or too large to take
+        click.echo(f"Error: the input is too large or too deeply nested ({exc!r:.200})",
+                   err=True)
+        sys.exit(2)
+    except Exception as exc:
+        if os.environ.get("LATCHWORK_DEBUG"):
+            traceback.print_exc()
+        click.echo(f"Error: internal error: {type(exc).__name__}: {str(exc)[:300]} "
+                   "(LATCHWORK_DEBUG=1 shows where)", err=True)
+        sys.exit(1)

@@ -23,7 +23,7 @@ import click
 from pydantic import BaseModel, JsonValue, ValidationError
 from pydantic_core import to_jsonable_python
 
-from messaging import summary
+from messaging import EnvelopeError, parse_json, summary
 from messaging.errors import INTERNAL_ERROR
 from runner.cli.root import fail
 from runner.client import Client, build
@@ -105,9 +105,9 @@ def from_options(model: type[M], fields_of: Mapping[str, str],
                               if (value := options.get(option)) is not None and value != ()}
     if "payload" in fields:
         try:
-            fields["payload"] = json.loads(fields["payload"])
-        except json.JSONDecodeError as exc:
-            raise click.BadParameter(f"not valid JSON: {exc}", param_hint="--payload") from exc
+            fields["payload"] = parse_json(fields["payload"])
+        except EnvelopeError as exc:
+            raise click.BadParameter(str(exc), param_hint="--payload") from exc
     try:
         return model.model_validate(fields)
     except ValidationError as exc:

@@ -15,15 +15,16 @@ from typing import Any
 
 import click
 
+from messaging import EnvelopeError, parse_json
 from runner.cli.client import config_option, connect, json_option, output, timeout_option
 from runner.cli.root import cli
 
 
 def _payload(text: str) -> dict[str, Any]:
     try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise click.BadParameter(f"not JSON: {exc}", param_hint="--payload") from exc
+        value = parse_json(text)
+    except EnvelopeError as exc:
+        raise click.BadParameter(str(exc), param_hint="--payload") from exc
     if not isinstance(value, dict):
         raise click.BadParameter("must be a JSON object", param_hint="--payload")
     return value

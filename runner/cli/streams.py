@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from messaging import EnvelopeError, parse_json
 from runner.cli.client import (
     call,
     config_option,
@@ -71,8 +72,8 @@ def _values(value: tuple[str, ...], file: Path | None) -> list[Any]:
     values = []
     for number, text in enumerate(texts, 1):
         try:
-            values.append(json.loads(text))
-        except ValueError as exc:
+            values.append(parse_json(text))
+        except EnvelopeError as exc:
             raise click.BadParameter(f"value {number} is not JSON: {exc}: {text[:80]!r}") \
                 from exc
     return values

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any, TextIO
 
 import click
 
+from messaging import EnvelopeError, parse_json
 from runner.cli.client import (
     call,
     config_option,
@@ -21,7 +21,7 @@ from runner.cli.client import (
 )
 from runner.cli.root import cli
 from runner.replies import Cancelled
-from runner.requests import TaskGet, TaskList, TaskTemplate
+from runner.requests import TaskGet, TaskTemplate
 
 
 @cli.group()
@@ -40,22 +40,24 @@ def task() -> None:
 @click.option("--payload", default="{}", show_default=True,
               help='the task payload as a JSON object, e.g. \'{"seconds": 5}\'')
 @click.option("--priority", type=int, default=None,
-              help="higher runs first (default: the type's own, see `latchwork task types`)")
+              help="higher runs first, -1000000 to 1000000 (default: the type's own, see "
+                   "`latchwork task types`)")
 @click.option("--unique-key", default=None,
               help="submitting again with the same key returns the existing task")
 @click.option("--run-at", default=None, metavar="TIME",
               help="not started before TIME: ISO 8601 with a zone, e.g. "
-                   "2026-11-23T08:00:00+00:00")
+                   "2026-11-23T08:00:00+00:00, at most 10 years ahead")
 @click.option("--delay", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
-              help="not started before SECONDS from now")
+              help="not started before SECONDS from now (at most 10 years)")
 @click.option("--ordering-key", default=None, metavar="KEY",
               help="tasks with the same key run one at a time, in submission order")
 @click.option("--resource", "resources", multiple=True, metavar="NAME",
               help="a resource the task holds while it runs, taken all-or-nothing with the "
                    "others (repeat for more), e.g. --resource ontology:brick")
 @click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=None,
-              metavar="SECONDS", help="an attempt may run this long, then it is cancelled and "
-              "ends TIMED_OUT (the type's own timeout, when it has one, caps it)")
+              metavar="SECONDS", help="an attempt may run this long (at most 366 days), then it "
+              "is cancelled and ends TIMED_OUT (the type's own timeout, when it has one, caps "
+              "it)")
 @config_option
 @json_option
 @timeout_option
@@ -102,10 +104,9 @@ def _submit_file(lines: TextIO, config: Path | None, as_json: bool, timeout: flo
         if not line.strip():
             continue
         try:
-            item = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise click.BadParameter(f"line {number}: not valid JSON: {exc}",
-                                     param_hint="--file") from exc
+            item = parse_json(line)
+        except EnvelopeError as exc:
+            raise click.BadParameter(f"line {number}: {exc}", param_hint="--file") from exc
         if not isinstance(item, dict):
             raise click.BadParameter(f"line {number}: must be a JSON object",
                                      param_hint="--file")
@@ -132,9 +133,10 @@ def task_list(unfinished: bool, task_type: str | None, ordering_key: str | None,
     """List tasks (newest first; --unfinished: in the order nodes pick them)."""
     from runner.cli.console import render_task_list
 
-    result = call(config, TaskList, timeout, unfinished=unfinished, type=task_type,
-                  ordering_key=ordering_key)
-    output(result, as_json, render_task_list)
+    with connect(config, timeout) as client:  # it walks the pages
+        tasks = client.list(unfinished=unfinished, task_type=task_type,
+                            ordering_key=ordering_key)
+    output([t.model_dump(mode="json") for t in tasks], as_json, render_task_list)
 
 
 @task.command("show")

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 from coord import (
     VersionedRegister,
 )
-from messaging import HandlerContext, MessageBus
+from messaging import MAX_BODY, HandlerContext, MessageBus
 from runner.errors import NoOntologySource, OntologyNotFound, TaskArchived, TaskNotFound
 from runner.node.api_console import ConsoleApi
 from runner.node.api_outside import OutsideApi, api
@@ -40,6 +40,7 @@ from runner.replies import (
     RecentAttempt,
     ScheduleRemoved,
     ScheduleView,
+    SearchPage,
     StreamStarted,
     StreamState,
     Submitted,
@@ -90,6 +91,19 @@ if TYPE_CHECKING:
     from runner.tasks.features.streams import StreamRegistry
 
 
+
+
+def list_start(listed: list[Task], after: str | None) -> int:
+    """Where the page after cursor ``after`` (``<position>:<last task id>``) starts: after
+    that task, found again even when tasks were added before it since; at its position when
+    it is gone."""
+    if after is None:
+        return 0
+    position, _, last = after.partition(":")
+    for n, task in enumerate(listed):
+        if task.id == last:
+            return n + 1
+    return int(position) if position.isdigit() else 0
 
 
 class ApiHost(Protocol):
@@ -175,16 +189,28 @@ class NodeApi(OutsideApi, ConsoleApi):
         return Submitted(ids=[task.id for task in tasks])
 
     @api(TaskList)
-    def list_tasks(self, ctx: HandlerContext, q: TaskList) -> list[TaskView]:
+    def list_tasks(self, ctx: HandlerContext, q: TaskList) -> SearchPage:
         if q.ordering_key is not None:
             tasks = self.store.tasks.with_key(q.ordering_key)
         elif q.unfinished:
             tasks = self.store.tasks.unfinished()
         else:
             tasks = self.store.tasks.all(q.type)
+        listed = [t for t in tasks if q.type is None or t.type == q.type]
+        start = list_start(listed, q.after)
         progress = {a.task_id: a.progress for a in self.store.attempts.running()}
-        return [TaskView.of(t, progress.get(t.id))
-                for t in tasks if q.type is None or t.type == q.type]
+        # half what the node and a client with the default limit read: room for the rest
+        budget = min(self.node.settings.max_message_bytes, MAX_BODY) // 2
+        page: list[TaskView] = []
+        for task in listed[start:start + q.limit]:
+            view = TaskView.of(task, progress.get(task.id))
+            budget -= len(view.model_dump_json()) + 1
+            if budget < 0 and page:
+                break
+            page.append(view)
+        end = start + len(page)
+        return SearchPage(tasks=page,
+                          next=f"{end}:{listed[end - 1].id}" if end < len(listed) else None)
 
     @api(AttemptRecent)
     def recent_attempts(self, ctx: HandlerContext, q: AttemptRecent) -> list[RecentAttempt]:

@@ -4,7 +4,8 @@ The signal handler only records the signal; the main thread polls it and closes 
 running tasks cancelled (their attempts end CANCELLED_BY_SYSTEM), locks released after the
 attempts are written, the latch handed over, membership left, exit 0, within
 ``shutdown_timeout`` plus a few seconds. A node that fails to start raises; nothing it had
-started is left running.
+started is left running. A node whose own thread dies of an exception stops the same way and
+exits 70 (:data:`THREAD_DIED`), loudly, rather than run on with a guarantee switched off.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import signal
 import sys
 import threading
 import time
-from types import FrameType
+from collections.abc import Callable
+from types import FrameType, TracebackType
 
 from runner import logs
 from runner.config import Settings
@@ -38,6 +40,9 @@ def run(settings: Settings, ready: threading.Event | None = None,
         received.append(signum)
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    died: list[str] = []
+    hook = threading.excepthook
+    threading.excepthook = _on_thread_death(hook, died)
     switch = sys.getswitchinterval()
     frozen = False
     try:
@@ -49,18 +54,60 @@ def run(settings: Settings, ready: threading.Event | None = None,
             frozen = _freeze_start_up()
             if ready is not None:
                 ready.set()
-            while not received:
+            while not received and not died:
                 time.sleep(0.1)
-            log.info("member %s: signal %s: leaving the cluster", running.member_id,
-                     signal.Signals(received[0]).name)
+            if died:
+                log.critical("member %s: its thread %s died; leaving the cluster (exit %d)",
+                             running.member_id, died[0], THREAD_DIED)
+            else:
+                log.info("member %s: signal %s: leaving the cluster", running.member_id,
+                         signal.Signals(received[0]).name)
+        if died:
+            print(f"latchwork node stopped: its thread {died[0]} died (see the log)",
+                  file=sys.stderr, flush=True)
+            return THREAD_DIED
         log.info("node stopped cleanly")
         return 0
     finally:
+        threading.excepthook = hook
         if frozen:
             gc.unfreeze()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         sys.setswitchinterval(switch)
+
+
+#: the exit code of a node one of whose own threads died (EX_SOFTWARE)
+THREAD_DIED = 70
+
+#: the packages whose threads are the node's own: one of them dying stops the node
+OWN_PACKAGES = ("coord.", "messaging.", "runner.")
+
+
+def _on_thread_death(hook: Callable[[threading.ExceptHookArgs], object], died: list[str]
+                     ) -> Callable[[threading.ExceptHookArgs], None]:
+    """A ``threading.excepthook`` that stops the node when one of its own threads dies of an
+    exception: a dead time-limit watcher, group commit or scan feeder would switch a guarantee
+    off in silence, so the node logs CRITICAL, leaves the cluster and exits
+    :data:`THREAD_DIED` (a supervisor starts it again). A thread of a user's handler is not the
+    node's: its death is only logged, as Python does."""
+    def on_death(args: threading.ExceptHookArgs) -> None:
+        hook(args)  # the traceback on stderr, as always
+        if args.exc_type is SystemExit or not _own(args.exc_traceback):
+            return
+        name = args.thread.name if args.thread is not None else "?"
+        log.critical("thread %s died: %s: %s", name, args.exc_type.__name__, args.exc_value)
+        died.append(name)
+    return on_death
+
+
+def _own(tb: TracebackType | None) -> bool:
+    """Whether the thread whose traceback this is ran a target of latchwork's own packages
+    (the first frame after threading's ``run``)."""
+    while tb is not None and tb.tb_frame.f_globals.get("__name__") == "threading":
+        tb = tb.tb_next
+    return tb is not None and str(tb.tb_frame.f_globals.get("__name__", "")).startswith(
+        OWN_PACKAGES)
 
 
 def _freeze_start_up() -> bool:

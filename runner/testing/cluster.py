@@ -40,6 +40,13 @@ class CliResult:
     output: str
 
 
+def log_problems(log: str) -> list[str]:
+    """The node log's lines that must never appear for input from outside."""
+    return [line for line in log.splitlines()
+            if " ERROR " in line or " CRITICAL " in line or "Traceback" in line
+            or "Exception in thread" in line]
+
+
 class Cluster:
     """Node processes of one test cluster, a store view and a CLI."""
 

@@ -158,8 +158,10 @@ class LimitWatch:
             with self._cond:
                 while not self._closed and (not self._heap
                                             or self._heap[0][0] > time.monotonic()):
+                    # a minute at most: a far deadline is never a wait the platform
+                    # cannot hold (threading.TIMEOUT_MAX, time_t)
                     self._cond.wait(None if not self._heap
-                                    else self._heap[0][0] - time.monotonic())
+                                    else min(60.0, self._heap[0][0] - time.monotonic()))
                 if self._closed:
                     return
                 _, _, what, w = heapq.heappop(self._heap)
