@@ -22,7 +22,7 @@ help:
 	@echo "make lint   - ruff and mypy only"
 	@echo "make bench  - the benchmarks in bench/ (each prints its ratio last)"
 	@echo "make chaos  - the full chaos profile: faults under load, one JSON table, exit 1 if a guarantee broke"
-	@echo "make fuzz   - the fuzzers of tests/test_fuzz.py with 50,000 inputs each (the suite runs 2,000)"
+	@echo "make fuzz   - the fuzzers of tests/test_fuzz*.py with 50,000 inputs each (the suite runs 2,000)"
 	@echo "make diagrams - render diagrams/*.puml to SVG (installs the Debian plantuml package when missing)"
 	@echo "make screenshots - the README's pictures of the web console, taken by its browser suite"
 	@echo "make pyfiles - dist/latchwork-pyfiles.zip for spark-submit --py-files"
@@ -68,9 +68,11 @@ bench: setup
 chaos: setup
 	$(PY) bench/chaos.py --profile full $(CHAOS_ARGS)
 
-# the fuzzers of tests/test_fuzz.py with 50,000 inputs each (the suite runs 2,000)
+# the fuzzers of tests/test_fuzz.py and, against a live node, tests/test_fuzz_cluster.py with
+# 50,000 inputs each (the suite runs 2,000)
 fuzz: setup
-	LATCHWORK_FUZZ_EXAMPLES=50000 $(VENV)/bin/pytest -q tests/test_fuzz.py
+	LATCHWORK_FUZZ_EXAMPLES=50000 $(VENV)/bin/pytest -q -p no:timeout tests/test_fuzz.py \
+	  tests/test_fuzz_cluster.py
 
 # the browser suite saves the cluster and task pages of a live run (docs/images/web-*.png)
 screenshots: setup

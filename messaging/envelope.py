@@ -95,7 +95,7 @@ def parse_json(data: bytes | str) -> Any:
     except InvalidEnvelope:
         raise
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError, JSONDecodeError too
-        raise UndecodableMessage(f"not valid JSON (UTF-8): {exc}") from exc
+        raise UndecodableMessage(f"not valid JSON (it must be UTF-8 JSON): {exc}") from exc
     # counting brackets is C-fast; only a text with many of them is walked
     if text.count("[") + text.count("{") > MAX_DEPTH and depth(value) > MAX_DEPTH:
         raise InvalidEnvelope(f"JSON nested more than {MAX_DEPTH} levels deep")
