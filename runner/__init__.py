@@ -1,3 +1,5 @@
 """latchwork's runner layer: the node process, the task loop, the CLI and the dev servers."""
 
-__version__ = "0.1.0"
+#: the one place the version is defined (pyproject.toml reads it); a store format change needs a
+#: new one (runner.store.migrations.RELEASES, checked by tests/test_store_format.py)
+__version__ = "0.2.0"

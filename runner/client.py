@@ -77,6 +77,7 @@ from runner.errors import (
     RequestRefused,
 )
 from runner.replies import (
+    Acted,
     AspectView,
     Cancelled,
     ClusterStatus,
@@ -342,13 +343,16 @@ class Client:
         """Stop the task (it is kept); a running attempt is cancelled as with :meth:`cancel`."""
         return self.send(build(TaskDeactivate, id=task_id))
 
-    def reactivate(self, task_id: str, *, fresh: bool = False) -> TaskView:
+    def reactivate(self, task_id: str, *, fresh: bool = False) -> Acted:
         """Let nodes pick a stopped task again; ``fresh``: drop its last checkpoint too, so
-        its next attempt starts from the beginning (refused while an attempt runs it)."""
+        its next attempt starts from the beginning (refused while an attempt runs it). The
+        answer says what it did (``was``, ``changed``): an active task is left as it is; a
+        finished one raises ``RequestFailed`` ``task_finished``, its checkpoint kept."""
         return self.send(build(TaskReactivate, id=task_id, fresh=fresh))
 
-    def skip(self, task_id: str) -> TaskView:
-        """Finish a stopped or waiting task without running it (its ordering key goes on)."""
+    def skip(self, task_id: str) -> Acted:
+        """Finish a stopped or waiting task without running it (its ordering key goes on);
+        ``task_finished`` for a finished one, refused for a running one."""
         return self.send(build(TaskSkip, id=task_id))
 
     def recent_attempts(self, limit: int = 10) -> builtins.list[RecentAttempt]:

@@ -46,6 +46,7 @@ The tree (``tests/test_layout.py`` checks that it equals the classes and codes b
     │   ├── StaleFencingToken       stale_fencing_token
     │   ├── ResourceTaken           resource_taken
     │   ├── AttemptAlreadyFinished  attempt_already_finished
+    │   ├── TaskFinished            task_finished
     │   ├── InvalidValue            invalid_value             refused
     │   ├── UnknownStoreFormat      unknown_store_format
     │   │   ├── StoreFormatOutdated  store_format_outdated
@@ -320,6 +321,14 @@ class AttemptAlreadyFinished(StoreError):
     """finish() on an attempt that is no longer RUNNING."""
 
     error_code = "attempt_already_finished"
+
+
+class TaskFinished(StoreError):
+    """An action that needs an unfinished task on one that succeeded or was skipped (a
+    reactivate, cancel, deactivate or skip): nothing is changed, its checkpoint is kept. A
+    task succeeds once; to run its work again, submit a new task."""
+
+    error_code = "task_finished"
 
 
 class InvalidValue(StoreError, ValueError):

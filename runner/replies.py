@@ -19,7 +19,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, JsonValue, SerializationInfo, model_serializer
 
-from runner.store import Attempt, OntologyRecord, Progress, Task
+from runner.store import Attempt, OntologyRecord, Progress, Task, codec
 from runner.templates import JsonObject, ScheduleSpec
 
 __all__ = ["JsonObject", "JsonValue"]
@@ -85,6 +85,9 @@ class TaskView(TaskRef):
     stop_reason: str | None = None  # why it was stopped unrun (a paused schedule's fire)
     checkpoint: CheckpointView | None = None  # where its next attempt resumes
     timeout: float | None = None  # its own time limit (its type's caps it)
+    #: its one state (docs/runner.md, "A task's state"): waiting, delayed, running, succeeded,
+    #: failed, cancelled or skipped; the fields it comes from stay above
+    state: str = ""
 
     @classmethod
     def fields_of(cls, task: Task, progress: Progress | None = None) -> dict[str, object]:
@@ -97,7 +100,7 @@ class TaskView(TaskRef):
             "owner": task.owner, "attempts": task.attempts, "run_at": task.run_at,
             "ordering_key": task.ordering_key, "resources": list(task.resources),
             "skipped": task.skipped, "stop_reason": task.stop_reason, "timeout": task.timeout,
-            "progress": ProgressView.of(progress),
+            "progress": ProgressView.of(progress), "state": task.state(codec.now()).value,
             "checkpoint": None if checkpoint is None else CheckpointView(
                 at=checkpoint.at, size=checkpoint.size, seq=checkpoint.seq)}
 
@@ -114,13 +117,30 @@ class TaskView(TaskRef):
         return not self.active and not self.finished
 
 
-class Cancelled(TaskView):
+class Acted(TaskView):
+    """A task an operator's action (cancel, deactivate, reactivate, skip) was asked of: as it
+    is now, the state it was in before (``was``), and whether the action changed it
+    (``changed``: False for a reactivate of a waiting task, a cancel of a failed one)."""
+    was: str = ""
+    changed: bool = True
+
+    @classmethod
+    def of_action(cls, before: Task, after: Task) -> Acted:
+        return cls.model_construct(None, **cls.fields_of(after), **acted(before, after))
+
+
+def acted(before: Task, after: Task) -> dict[str, object]:
+    """What an action did, from the task before and after it: a write moves the version."""
+    return {"was": before.state(codec.now()).value, "changed": after.version != before.version}
+
+
+class Cancelled(Acted):
     """A cancelled or deactivated task, and the attempts the cancel stopped."""
     cancelled_attempts: list[str] = []
 
     @classmethod
-    def of_cancel(cls, task: Task, stopped: list[Attempt]) -> Cancelled:
-        return cls.model_construct(None, **cls.fields_of(task),
+    def of_cancel(cls, before: Task, task: Task, stopped: list[Attempt]) -> Cancelled:
+        return cls.model_construct(None, **cls.fields_of(task), **acted(before, task),
                                    cancelled_attempts=[a.id for a in stopped])
 
 

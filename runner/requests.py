@@ -24,6 +24,7 @@ from typing import Annotated, ClassVar, Generic, Literal, TypeVar
 from pydantic import BaseModel, Field, JsonValue, TypeAdapter, field_serializer, model_validator
 
 from runner.replies import (
+    Acted,
     AspectView,
     Cancelled,
     ClusterStatus,
@@ -188,13 +189,13 @@ class TaskDeactivate(TaskById, Request[Cancelled]):
     command = "task.deactivate"
 
 
-class TaskReactivate(TaskById, Request[TaskView]):
+class TaskReactivate(TaskById, Request[Acted]):
     command = "task.reactivate"
     #: also drop the task's last checkpoint: its next attempt starts from the beginning
     fresh: bool = False
 
 
-class TaskSkip(TaskById, Request[TaskView]):
+class TaskSkip(TaskById, Request[Acted]):
     command = "task.skip"
 
 
@@ -330,8 +331,11 @@ class StreamRead(Request[StreamPage]):
 
 # -- the web console's views ------------------------------------------------------------------
 
-#: a task's state as lists show and filter it (runner.store.gremlin.rows.LIST_STATES)
-TaskState = Literal["waiting", "running", "stopped", "finished", "skipped"]
+#: a task's state as a ``state:`` filter takes it (runner.store.model.TaskState; ``delayed``
+#: finds the waiting ones; ``finished`` and ``stopped``, the words before format 5, are
+#: succeeded, and failed or cancelled)
+TaskState = Literal["waiting", "delayed", "running", "succeeded", "failed", "cancelled",
+                    "skipped", "finished", "stopped"]
 
 
 Name = Annotated[str, Field(min_length=1)]
@@ -353,7 +357,7 @@ class TaskSearch(TaskFilterFields, Request[SearchPage]):
     cursor of the previous page."""
 
     command = "task.search"
-    state: TaskState | Annotated[list[TaskState], Field(min_length=1, max_length=5)] | None = None
+    state: TaskState | Annotated[list[TaskState], Field(min_length=1, max_length=9)] | None = None
     before: str | None = Field(default=None, max_length=200)
     limit: int = Field(default=50, ge=1, le=200)
 

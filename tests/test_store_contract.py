@@ -44,6 +44,7 @@ from runner.store import (
     GraphStore,
     Ontology,
     OntologyClass,
+    StopCause,
     Task,
     TaskStatus,
     codec,
@@ -51,6 +52,7 @@ from runner.store import (
     open_store,
 )
 from runner.store.remote import SERIAL
+from runner.tasks.outcomes import Outcome, task_changes
 from runner.testing.gremlinserver import GremlinServer
 
 REMOTE_URL = os.environ.get("LATCHWORK_TEST_GREMLIN_URL")
@@ -1081,6 +1083,11 @@ def test_search_pages_newest_first_by_filters_and_counts_per_state(
     stopped = store.tasks.deactivate(made[-2].id)
     second, _ = store.claim(made[-3], 6, "m2")
     store.tasks.skip(made[-4].id)
+    failing, _ = store.claim(made[-5], 7, "m2")  # its owner's end after a failure: failed
+    failed = store.release(failing.id, 7, task_changes(Outcome.STOPPED))
+    assert failed.stored_state().value == "failed" and stopped.stored_state().value == \
+        "cancelled"
+    assert store.tasks.get(failed.id).stop is StopCause.FAILED  # read back as written
     newest_first = [t.id for t in reversed(made)]
 
     def walk(where: TaskFilter, size: int) -> list[str]:
@@ -1100,7 +1107,10 @@ def test_search_pages_newest_first_by_filters_and_counts_per_state(
                                                   if store.tasks.get(i).type == "kind.a"]
     assert walk(TaskFilter(state="running"), 5) == [claimed.id, second.id]
     assert walk(TaskFilter(owner="m1"), 5) == [claimed.id]
-    assert walk(TaskFilter(state="stopped"), 5) == [stopped.id]
+    assert walk(TaskFilter(state="failed"), 5) == [failed.id]
+    assert walk(TaskFilter(state="cancelled"), 5) == [stopped.id]
+    assert walk(TaskFilter(state="stopped"), 5) == [stopped.id, failed.id]  # format 4's word
+    assert walk(TaskFilter(state="delayed"), 50) == walk(TaskFilter(state="waiting"), 50)
     assert walk(TaskFilter(state="skipped"), 5) == [made[-4].id]
     assert walk(TaskFilter(ordering_key="k1"), 2) == [t.id for t in reversed(made[:5])]
     assert walk(TaskFilter(resource="printer"), 3) == [
@@ -1109,13 +1119,13 @@ def test_search_pages_newest_first_by_filters_and_counts_per_state(
     # several values: any of them, still one index lookup
     assert walk(TaskFilter(type=("kind.a", "kind.b")), 7) == newest_first
     assert walk(TaskFilter(state=("running", "stopped")), 2) == [
-        claimed.id, stopped.id, second.id]
+        claimed.id, stopped.id, second.id, failed.id]
     assert walk(TaskFilter(owner=("m1", "m2"), type=("kind.b", "kind.c")), 5) == [
-        i for i in (claimed.id, second.id) if store.tasks.get(i).type == "kind.b"]
+        i for i in (claimed.id, second.id, failed.id) if store.tasks.get(i).type == "kind.b"]
     assert store.search.counts(TaskFilter()) == {
-        "waiting": 19, "running": 2, "stopped": 1, "finished": 0, "skipped": 1}
+        "waiting": 18, "running": 2, "succeeded": 0, "failed": 1, "cancelled": 1, "skipped": 1}
     assert store.search.counts(TaskFilter(type="kind.b", state="running")) == {
-        "waiting": 10, "running": 2, "stopped": 0, "finished": 0, "skipped": 0}
+        "waiting": 9, "running": 2, "succeeded": 0, "failed": 1, "cancelled": 0, "skipped": 0}
     with pytest.raises(InvalidValue):
         store.search.page(TaskFilter(), "not a cursor", 5)
     with pytest.raises(InvalidValue):

@@ -20,7 +20,7 @@ import pytest
 
 from coord.testing import wait_until
 from runner.errors import StoreFormatOutdated, StoreFormatTooNew
-from runner.store import GraphStore, migrations, open_store
+from runner.store import GraphStore, codec, migrations, open_store
 from runner.store.graph import Graph
 from runner.store.gremlin.rows import resource_key, task_props
 from runner.store.gremlin.search import TaskFilter
@@ -50,8 +50,15 @@ def migrated(store: GraphStore, marker: str = "task_h") -> int:
     return int(store.graph.read(lambda g: g.V().has("task_id").has(marker).count().next()))
 
 
-#: the steps that write a property on every task, by version (format 3 rewrites nothing)
+#: the steps that write a property on every task, by version (format 3 rewrites nothing;
+#: format 5 rewrites the finished and stopped ones: :func:`ended`)
 MARKERS = {1: "task_h", 2: "task_lane", 4: "task_shard"}
+
+
+def ended(total: int) -> int:
+    """How many of ``write_format_0``'s first ``total`` tasks are finished or stopped: what
+    step 5 rewrites (every third finished, every fifth stopped)."""
+    return sum(1 for i in range(total) if i % 3 == 0 or i % 5 == 0)
 
 
 def everything(store: GraphStore) -> list[Any]:
@@ -229,7 +236,7 @@ def test_migrate_backfills_the_console_lists_and_a_dry_run_changes_nothing(
     assert f"at store format 0; running {latest} step(s) to format {latest}" in run.output
     assert "the web console's list properties" in run.output.lower()
     for version in range(1, latest + 1):  # a step with no marker has nothing to rewrite
-        changed = 250 if version in MARKERS else 0
+        changed = 250 if version in MARKERS else ended(250) if version == 5 else 0
         assert re.search(rf"│ {version}\s+│.*│ {changed}\s+│ 0\s+│", run.output), run.output
     with reopen(cluster) as current:
         assert read_state(current.graph).version == migrations.CURRENT
@@ -248,11 +255,14 @@ def test_migrate_backfills_the_console_lists_and_a_dry_run_changes_nothing(
         page = current.search.page(TaskFilter(), None, 200)
         assert [t.id for t in page.tasks] == sorted(ids, reverse=True)[:200]
         counts = current.search.counts(TaskFilter(type="old.kind1"))
+        # a stopped task whose last attempt FAILED is failed (format 5)
         assert counts == {"waiting": sum(1 for i in range(1, 250, 2) if i % 3 and i % 5),
                           "running": 0,
-                          "stopped": sum(1 for i in range(1, 250, 2) if i % 5 == 0 and i % 3),
-                          "finished": sum(1 for i in range(1, 250, 2) if i % 3 == 0),
-                          "skipped": 0}
+                          "succeeded": sum(1 for i in range(1, 250, 2) if i % 3 == 0),
+                          "failed": sum(1 for i in range(1, 250, 2) if i % 5 == 0 and i % 3),
+                          "cancelled": 0, "skipped": 0}
+        stopped = next(t for t in ids if int(t[4:]) % 5 == 0 and int(t[4:]) % 3)
+        assert current.tasks.get(stopped).state(codec.now()).value == "failed"
         printers = [t.id for t in current.search.page(TaskFilter(resource="printer"), None,
                                                       200).tasks]
         assert sorted(printers) == [t for t in ids if int(t[4:]) % 4 == 0]
@@ -289,6 +299,7 @@ def test_a_migrate_killed_half_way_finishes_when_run_again(cluster: Cluster) -> 
         reopen(cluster)
     rerun = cluster.cli("store", "migrate", "--page-size", "200")
     assert rerun.exit_code == 0, rerun.output
+    left[5] = ended(total)  # killed in an earlier step: step 5 rewrites every ended task
     for version in range(at + 1, migrations.CURRENT + 1):  # each step changed what was left
         assert re.search(rf"│ {version}\s+│.*│ {left.get(version, 0)}\s+│ 0\s+│",
                          rerun.output), (
@@ -309,3 +320,25 @@ def test_migrate_refuses_while_members_are_live_unless_forced(cluster: Cluster) 
     cluster.env["LATCHWORK_ZK_HOSTS"] = "127.0.0.1:1"  # nothing listens: liveness unknown
     unknown = cluster.cli("store", "migrate", timeout=120)
     assert unknown.exit_code == 1 and "cannot read the membership" in unknown.output
+
+
+def test_a_format_change_comes_with_a_new_version_defined_once() -> None:
+    """0.1.0 wrote formats 0 to 4, so ``format_by`` and the members' versions could not tell
+    those releases apart. Now each release writes one format: the newest release in
+    ``RELEASES`` is this code's version and writes ``CURRENT``; a step added without a new
+    version (or a version bumped without its entry) fails here. The version is defined once
+    (runner/__init__.py; pyproject.toml reads it)."""
+    import tomllib
+    from pathlib import Path
+
+    from runner import __version__
+
+    releases = list(migrations.RELEASES.items())
+    assert releases[-1] == (__version__, migrations.CURRENT), (
+        f"store format {migrations.CURRENT} needs a release of its own: add it to "
+        f"runner.store.migrations.RELEASES with a new runner.__version__")
+    formats = [f for _, f in releases]
+    assert formats == sorted(set(formats)), "each release writes a newer format than the last"
+    project = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml")
+                            .read_text())["project"]
+    assert "version" not in project and "version" in project["dynamic"]

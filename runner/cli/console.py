@@ -45,19 +45,26 @@ def checkpoint_text(checkpoint: dict[str, Any] | None, now: datetime | None = No
     return f"{bytes_}, {ago} ago, by attempt {checkpoint['seq']}"
 
 
+#: how a console colours each state
+STATE_STYLE = {"waiting": "cyan", "delayed": "cyan", "running": "yellow",
+               "succeeded": "green", "skipped": "green", "failed": "bold red",
+               "cancelled": "bold magenta"}
+
+
 def _state(task: dict[str, Any]) -> Text:
-    if task["finished"]:
-        return Text("skipped" if task.get("skipped") else "finished", style="green")
-    if not task["active"]:
-        why = task.get("stop_reason")
-        return Text(f"stopped: {why}" if why else "stopped", style="bold red")
-    if task["status"] == "RUNNING":
-        return Text(f"running on {task['owner']}", style="yellow")
-    run_at = task.get("run_at")
-    if run_at and datetime.fromisoformat(run_at) > datetime.now(UTC):
+    """The task's one state (its reply's ``state``), with what a person wants next to it: who
+    runs it, until when it waits, why it stopped."""
+    state = task.get("state") or "waiting"
+    style = STATE_STYLE.get(state, "")
+    if state == "running":
+        return Text(f"running on {task['owner']}", style=style)
+    if state == "delayed":
         what = "next attempt at" if task.get("attempts") else "waiting until"
-        return Text(f"{what} {_when(run_at)}", style="cyan")
-    return Text("waiting", style="cyan")
+        return Text(f"delayed: {what} {_when(task['run_at'])}", style=style)
+    why = task.get("stop_reason")
+    if state in ("failed", "cancelled") and why:
+        return Text(f"{state}: {why}", style=style)
+    return Text(state, style=style)
 
 
 def render_task_list(tasks: list[dict[str, Any]], console: Console | None = None) -> None:

@@ -165,9 +165,12 @@ def task_show(task_id: str, follow: bool, config: Path | None, as_json: bool,
 
 
 def _stopped(verb: str, task_id: str, result: Cancelled) -> None:
+    if not result.changed:
+        click.echo(f"task {task_id} was {result.was} already: nothing changed")
+        return
     cancelled = result.cancelled_attempts
     running = f"; its running attempt {', '.join(cancelled)} was cancelled" if cancelled else ""
-    click.echo(f"task {task_id} {verb}{running}")
+    click.echo(f"task {task_id} {verb} (was {result.was}){running}")
 
 
 @task.command("deactivate")
@@ -202,10 +205,19 @@ def task_cancel(task_id: str, reason: str | None, config: Path | None, timeout: 
 @config_option
 @timeout_option
 def task_reactivate(task_id: str, fresh: bool, config: Path | None, timeout: float) -> None:
-    """Let nodes pick a stopped task again (from its last checkpoint, if it has one)."""
+    """Let nodes pick a stopped (failed or cancelled) task again, from its last checkpoint if
+    it has one. A task that is active already is left as it is (exit 0, "nothing changed"); a
+    finished one (succeeded, skipped) is refused with exit 1 and its checkpoint kept: a task
+    succeeds once, so to run its work again submit a new task."""
     with connect(config, timeout) as client:
-        client.reactivate(task_id, fresh=fresh)
-    click.echo(f"task {task_id} reactivated" + (", its checkpoint dropped" if fresh else ""))
+        result = client.reactivate(task_id, fresh=fresh)
+    if not result.changed:
+        click.echo(f"task {task_id} is {result.was} already: nothing changed")
+    elif result.was in ("failed", "cancelled"):
+        click.echo(f"task {task_id} reactivated (was {result.was}), now {result.state}"
+                   + ("; its checkpoint dropped" if fresh else ""))
+    else:  # --fresh on a task that was active: only its checkpoint went
+        click.echo(f"task {task_id} is {result.state}; its checkpoint dropped")
 
 
 
@@ -218,8 +230,8 @@ def task_skip(task_id: str, config: Path | None, timeout: float) -> None:
     """Finish a stopped or waiting task without running it, so that the next task of its
     ordering key can run. A running task must be cancelled first."""
     with connect(config, timeout) as client:
-        client.skip(task_id)
-    click.echo(f"task {task_id} skipped")
+        result = client.skip(task_id)
+    click.echo(f"task {task_id} skipped (was {result.was})")
 
 
 @task.command("types")

@@ -195,7 +195,6 @@ def follow(client: Client, task_id: str, echo: Any = click.echo, poll: float = 0
                 echo(line)
             seen[attempt.seq] = view
         if report.done:
-            outcome = "finished" if report.succeeded else "stopped"
-            echo(f"task {task_id} {outcome}")
+            echo(f"task {task_id} {report.task.state}")
             return 0 if report.succeeded else 1
         time.sleep(poll)

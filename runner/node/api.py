@@ -30,6 +30,7 @@ from runner.node.api_console import ConsoleApi
 from runner.node.api_outside import OutsideApi, api
 from runner.node.status import cluster_status
 from runner.replies import (
+    Acted,
     AspectView,
     AttemptView,
     Cancelled,
@@ -287,19 +288,22 @@ class NodeApi(OutsideApi, ConsoleApi):
         return self.node.cancel(req.id, ctx.envelope.sender, req.reason)
 
     @api(TaskReactivate)
-    def reactivate(self, ctx: HandlerContext, ref: TaskReactivate) -> TaskView:
+    def reactivate(self, ctx: HandlerContext, ref: TaskReactivate) -> Acted:
+        before = self.store.tasks.get(ref.id)
         task = self.store.tasks.reactivate(ref.id, fresh=ref.fresh)
-        self.bus.broadcast("TRIGGER_SCAN", {"task": task.id})
-        return TaskView.of(task)
+        if task.version != before.version:
+            self.bus.broadcast("TRIGGER_SCAN", {"task": task.id})
+        return Acted.of_action(before, task)
 
     @api(TaskSkip)
-    def skip(self, ctx: HandlerContext, ref: TaskSkip) -> TaskView:
+    def skip(self, ctx: HandlerContext, ref: TaskSkip) -> Acted:
         """Finish a stopped or waiting task without running it: its ordering key goes on."""
+        before = self.store.tasks.get(ref.id)
         task = self.store.tasks.skip(ref.id)
         log.warning("member %s: task %s (%s) skipped by %s", self.node.member_id, task.id,
                     task.type, ctx.envelope.sender)
         self.bus.broadcast("TRIGGER_SCAN", {"task": task.id})
-        return TaskView.of(task)
+        return Acted.of_action(before, task)
 
     @api(ScheduleAdd)
     def schedule_add(self, ctx: HandlerContext, req: ScheduleAdd) -> ScheduleView:

@@ -445,6 +445,7 @@ class Node:
         CANCELLED and the task's fence moves on in one write (the owner can write nothing
         more), then the owner's lock node is deleted and a ``cancel-<task id>`` message left
         in the owner's mailbox, which cancels its handler within a ZooKeeper round trip."""
+        before = self.store.tasks.get(task_id)
         task, closed = self.store.cancel(task_id, by, reason)
         if closed:
             owner = force_release(self.session, task_id)
@@ -453,7 +454,7 @@ class Node:
                      (attempt.error or "cancelled by an operator").encode())
             log.warning("member %s: task %s (%s) cancelled by operator %s; its attempt on %s "
                         "was stopped", self.member_id, task_id, task.type, by, owner)
-        return Cancelled.of_cancel(task, closed)
+        return Cancelled.of_cancel(before, task, closed)
 
     def register_messages(self, bus: MessageBus) -> None:
         """The declared commands and broadcasts (:mod:`runner.node.commands`, then the

@@ -35,7 +35,9 @@ from runner.store.model import (
     OntologyClass,
     OntologyRecord,
     Progress,
+    StopCause,
     Task,
+    TaskState,
     TaskStatus,
 )
 from runner.store.ports import AttemptLog, AvatarStore, OntologyStore, TaskStore
@@ -75,6 +77,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "StopCause", "TaskState",
     "CHECKPOINT_LIMIT", "CheckpointInfo",
     "Attempt", "AttemptAlreadyFinished", "AttemptLog", "AttemptStatus", "Avatar", "AvatarStore",
     "CommitConflict", "Conclusion", "EmbeddedGraph", "Fence", "Graph", "GraphStore",

@@ -26,6 +26,28 @@ class AttemptStatus(enum.StrEnum):
     TIMED_OUT = "TIMED_OUT"
 
 
+class StopCause(enum.StrEnum):
+    """Why an unfinished task is inactive: what its ``state`` says (failed or cancelled)."""
+
+    FAILED = "failed"  # its last attempt failed (or timed out) past its retries
+    CANCELLED = "cancelled"  # an operator cancelled or deactivated it, or it was stopped unrun
+
+
+class TaskState(enum.StrEnum):
+    """A task's one state, as every reply, console and ``state:`` query says it (the fields it
+    is derived from stay in replies too). ``delayed`` is a waiting task whose time has not
+    come; lists that filter by state find it under ``waiting`` (a stored index cannot hold a
+    time-dependent word)."""
+
+    WAITING = "waiting"
+    DELAYED = "delayed"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    SKIPPED = "skipped"
+
+
 #: the largest checkpoint a handler may commit, in bytes of its JSON (``ctx.checkpoint``)
 CHECKPOINT_LIMIT = 64 * 1024
 
@@ -68,11 +90,28 @@ class Task:
     checkpoint: CheckpointInfo | None = None
     #: seconds an attempt may run, given at its submission (its type's ``timeout`` caps it)
     timeout: float | None = None
+    #: why it is inactive while unfinished (None otherwise): its state, failed or cancelled
+    stop: StopCause | None = None
 
     @property
     def open(self) -> bool:
         """Unfinished and active: what the task loop looks at."""
         return self.active and not self.finished
+
+    def stored_state(self) -> TaskState:
+        """Its state as a list index stores it: :meth:`state` without ``delayed``."""
+        if self.finished:
+            return TaskState.SKIPPED if self.skipped else TaskState.SUCCEEDED
+        if not self.active:
+            return TaskState.FAILED if self.stop is StopCause.FAILED else TaskState.CANCELLED
+        return TaskState.RUNNING if self.status is TaskStatus.RUNNING else TaskState.WAITING
+
+    def state(self, now: datetime) -> TaskState:
+        """Its one state at ``now`` (:class:`TaskState`)."""
+        stored = self.stored_state()
+        if stored is TaskState.WAITING and self.run_at is not None and self.run_at > now:
+            return TaskState.DELAYED
+        return stored
 
 
 @dataclass(frozen=True)

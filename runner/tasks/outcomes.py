@@ -26,7 +26,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from runner.errors import CommitConflict, ResourceTaken
-from runner.store import AttemptStatus, TaskStatus, codec
+from runner.store import AttemptStatus, StopCause, TaskStatus, codec
 from runner.tasks.context import (
     CancelToken,
     TaskCancelled,
@@ -114,6 +114,7 @@ def task_changes(outcome: Outcome, run_at: datetime | None = None) -> dict[str, 
         changes["finished"] = True
     elif outcome is Outcome.STOPPED:
         changes["active"] = False
+        changes["stop"] = StopCause.FAILED  # its state: failed (an operator's stop: cancelled)
     elif outcome is Outcome.RETRY_LATER:
         changes["run_at"] = run_at
     return changes

@@ -19,7 +19,10 @@ from typing import Any
 from runner.errors import WebQueryInvalid
 from runner.replies import AttemptView, TaskView
 
-STATES = ("waiting", "running", "stopped", "finished", "skipped")
+#: the words a ``state:`` term takes (runner.store.model.TaskState; ``finished`` and
+#: ``stopped``, the words before store format 5, too)
+STATES = ("waiting", "delayed", "running", "succeeded", "failed", "cancelled", "skipped",
+          "finished", "stopped")
 #: query key -> the client's filter argument
 KEYS = {"type": "type", "state": "state", "owner": "owner", "key": "ordering_key",
         "resource": "resource"}
@@ -73,11 +76,8 @@ def parse_query(text: str) -> Query:
 
 
 def task_state(task: TaskView) -> str:
-    if task.finished:
-        return "skipped" if task.skipped else "finished"
-    if not task.active:
-        return "stopped"
-    return "running" if task.status == "RUNNING" else "waiting"
+    """The task's one state, as its reply says it (TaskView.state)."""
+    return task.state
 
 
 def age(since: datetime | None, now: datetime | None = None) -> str:

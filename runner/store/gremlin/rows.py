@@ -17,27 +17,29 @@ from runner.store.model import (
     CheckpointInfo,
     Heartbeat,
     Progress,
+    StopCause,
     Task,
+    TaskState,
     TaskStatus,
 )
 
 TASK_CHANGES = {"status", "finished", "active", "payload", "owner", "priority", "run_at",
-                "skipped", "stop_reason"}
+                "skipped", "stop_reason", "stop"}
 
 
 TASK_FIXED = ("task_id", "task_type", "task_created", "task_unique", "task_okey")
 
 
-#: a task's state as an operator's list shows and filters it
-LIST_STATES = ("waiting", "running", "stopped", "finished", "skipped")
+#: a task's state as a list index stores it and a ``state:`` query finds it
+#: (:meth:`~runner.store.model.Task.stored_state`: every state but ``delayed``)
+LIST_STATES = tuple(s.value for s in TaskState if s is not TaskState.DELAYED)
+#: the words of the lists before store format 5, still taken in a query: ``finished`` is
+#: succeeded, ``stopped`` failed or cancelled
+OLD_STATES = {"finished": ("succeeded",), "stopped": ("failed", "cancelled")}
 
 
 def list_state(task: Task) -> str:
-    if task.finished:
-        return "skipped" if task.skipped else "finished"
-    if not task.active:
-        return "stopped"
-    return "running" if task.status is TaskStatus.RUNNING else "waiting"
+    return task.stored_state().value
 
 
 def resource_key(resource: str) -> str:
@@ -81,6 +83,7 @@ def changing_props(task: Task, *, payload: bool = True) -> dict[str, Any]:
             "run_at": codec.encode_time(task.run_at) if task.run_at else "",
             "resources": list(task.resources), "skipped": task.skipped,
             **({"stop_reason": task.stop_reason} if task.stop_reason else {}),
+            **({"stop": task.stop.value} if task.stop is not None else {}),
             **({"timeout": task.timeout} if task.timeout is not None else {})}),
         "task_fence": codec.encode_big(task.fence),
         # the unfinished tasks of an ordering key, found from an index ("" once finished)
@@ -139,7 +142,8 @@ def task_from_row(row: Mapping[Any, Any]) -> Task:
         run_at=codec.decode_time(state["run_at"]) if state.get("run_at") else None,
         ordering_key=row.get("task_okey"), resources=tuple(state.get("resources", ())),
         skipped=bool(state.get("skipped", False)), stop_reason=state.get("stop_reason"),
-        checkpoint=checkpoint_from_meta(row.get("task_ckpt_meta")), timeout=state.get("timeout"))
+        checkpoint=checkpoint_from_meta(row.get("task_ckpt_meta")), timeout=state.get("timeout"),
+        stop=StopCause(state["stop"]) if state.get("stop") else None)
 
 
 def attempt_from_row(row: Mapping[Any, Any]) -> Attempt:

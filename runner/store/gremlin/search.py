@@ -34,7 +34,7 @@ from gremlin_python.process.traversal import P
 from runner.errors import InvalidValue
 from runner.store import codec
 from runner.store.graph import Graph
-from runner.store.gremlin.rows import LIST_STATES, resource_key, task_from_row
+from runner.store.gremlin.rows import LIST_STATES, OLD_STATES, resource_key, task_from_row
 from runner.store.model import Task
 
 #: a bucket holding at most this many matching tasks is read whole (their creation time and
@@ -82,10 +82,17 @@ class TaskFilter:
     resource: str | None = None
 
     def __post_init__(self) -> None:
+        states: list[str] = []
         for state in _values(self.state):
-            if state not in LIST_STATES:
+            if state == "delayed":  # not a stored word: a delayed task is listed as waiting
+                state = "waiting"
+            if state not in LIST_STATES and state not in OLD_STATES:
                 raise InvalidValue(f"unknown task state {state!r} (one of "
                                    f"{', '.join(LIST_STATES)})")
+            states.extend(OLD_STATES.get(state, (state,)))
+        if states:
+            unique = tuple(dict.fromkeys(states))
+            object.__setattr__(self, "state", unique[0] if len(unique) == 1 else unique)
 
     def equalities(self) -> list[tuple[str, Any]]:
         found: list[tuple[str, Any]] = []

@@ -52,6 +52,7 @@ from runner.store.gremlin.writes import (
     attempt_end,
     attempt_start,
     changed_task,
+    finished_error,
     matched_write,
     task_change,
     until_written,
@@ -247,7 +248,8 @@ class GraphStore:
 
     def close_attempts(self, task_id: str, status: AttemptStatus, error: str, *,
                        executor: str | None = None,
-                       changes: Mapping[str, object] | None = None) -> tuple[Task, list[Attempt]]:
+                       changes: Mapping[str, object] | None = None,
+                       refuse_finished: bool = False) -> tuple[Task, list[Attempt]]:
         """Close RUNNING attempts as someone other than their owner (the master's reaper for
         ``executor``'s attempts, an operator's cancel for all), and apply ``changes``, in one
         traversal.
@@ -256,11 +258,14 @@ class GraphStore:
         closed attempt carries the task's token), the task goes back to WAITING and its fence
         moves on in the same write: that owner can write nothing more on the task, not even
         "finished". Re-read and written again while someone else writes first.
+        ``refuse_finished``: a finished task raises :class:`TaskFinished`, nothing written.
         """
         wanted = dict(changes or {})
 
         def once() -> tuple[Task, list[Attempt]] | None:
             task = self._tasks.get(task_id)
+            if refuse_finished and task.finished:
+                raise finished_error(task, "cancelled or deactivated")
             running = [a for a in self.attempts.for_task(task_id)
                        if a.status is AttemptStatus.RUNNING
                        and (executor is None or a.executor == executor)]
@@ -292,7 +297,7 @@ class GraphStore:
         caller then frees the lock, which tells the owner to stop (its lost-lock listener)."""
         why = f"cancelled by operator {by}" + (f": {reason}" if reason else "")
         return self.close_attempts(task_id, AttemptStatus.CANCELLED, why,
-                                   changes={"active": False})
+                                   changes={"active": False}, refuse_finished=True)
 
     def complete(self, attempt: Attempt, task: Task, fence_token: int,
                  effect: Callable[[Any], Any]) -> Task:

@@ -35,6 +35,7 @@ from runner.store.gremlin.steps import (
 )
 from runner.store.gremlin.writes import (
     TaskChange,
+    finished_error,
     matched_write,
     task_change,
     until_written,
@@ -263,10 +264,15 @@ class GremlinTaskStore:
         return until_written(once, task_id)
 
     def _flip(self, task_id: str, active: bool) -> Task:
-        task = self.get(task_id)
-        if task.active is active:
-            return task
-        return self.modify(task_id, None, {"active": active, "stop_reason": None})
+        def once() -> Task | None:
+            task = read_task(self.graph, task_id)
+            if task.finished:
+                raise finished_error(task, "reactivated" if active else "deactivated")
+            if task.active is active:
+                return task  # nothing to change: the caller tells it by the same version
+            change = task_change(task, None, {"active": active, "stop_reason": None})
+            return change.task if matched_write(self.graph, change.traverse) else None
+        return until_written(once, task_id)
 
     def stop_unstarted(self, task_id: str, reason: str) -> Task | None:
         """Deactivate the task, with ``reason``, only while it has never started: unfinished,
@@ -292,12 +298,17 @@ class GremlinTaskStore:
     def reactivate(self, task_id: str, fresh: bool = False) -> Task:
         """Make a stopped task active again; ``fresh``: also drop its last checkpoint in the
         same write (its next attempt starts from the beginning: ``ctx.resume`` is None),
-        refused with :class:`InvalidValue` while an attempt runs it."""
+        refused with :class:`InvalidValue` while an attempt runs it. A finished task (it
+        succeeded, or was skipped) raises :class:`TaskFinished`, nothing written: a task
+        succeeds once."""
         if not fresh:
             return self._flip(task_id, True)
 
         def once() -> Task | None:
-            change = checkpoints.fresh_start(read_task(self.graph, task_id))
+            task = read_task(self.graph, task_id)
+            if task.finished:
+                raise finished_error(task, "reactivated")
+            change = checkpoints.fresh_start(task)
             return change.task if matched_write(self.graph, change.traverse) else None
         return until_written(once, task_id)
 
@@ -308,7 +319,7 @@ class GremlinTaskStore:
         def once() -> Task | None:
             task = read_task(self.graph, task_id)
             if task.finished:
-                raise InvalidValue(f"task {task_id} is finished already")
+                raise finished_error(task, "skipped")
             if task.status is TaskStatus.RUNNING:
                 raise InvalidValue(f"task {task_id} is running on {task.owner}: cancel it "
                                    "first")

@@ -27,6 +27,7 @@ from runner.errors import (
     CommitConflict,
     InvalidValue,
     StaleFencingToken,
+    TaskFinished,
     WriteRaceLost,
 )
 from runner.store import codec
@@ -41,7 +42,7 @@ from runner.store.gremlin.rows import (
     task_props,
 )
 from runner.store.gremlin.steps import X, add_vertex, has_all, set_props
-from runner.store.model import Attempt, AttemptStatus, Task, TaskStatus
+from runner.store.model import Attempt, AttemptStatus, StopCause, Task, TaskStatus
 
 
 @dataclass(frozen=True)
@@ -220,8 +221,31 @@ def _changed_fields(task: Task, fence_token: int | None, changes: Mapping[str, A
         fence = fence_token
     elif move_fence:
         fence = task.fence + 1
-    return {**task.__dict__, **changes, "version": task.version + 1, "updated_at": codec.now(),
-            "fence": fence, "attempts": task.attempts + (1 if new_attempt else 0)}
+    fields = {**task.__dict__, **changes, "version": task.version + 1,
+              "updated_at": codec.now(), "fence": fence,
+              "attempts": task.attempts + (1 if new_attempt else 0)}
+    fields["stop"] = stop_of(fields, changes.get("stop"))
+    return fields
+
+
+def finished_error(task: Task, action: str) -> TaskFinished:
+    """The refusal of an action that needs an unfinished task (``action``: "reactivated",
+    "skipped", ...) on one that succeeded or was skipped."""
+    state = task.stored_state().value
+    return TaskFinished(f"task {task.id} {state}: a finished task is not {action} (a task "
+                        f"succeeds once; submit a new task to run its work again); nothing "
+                        f"was changed")
+
+
+def stop_of(fields: Mapping[str, Any], given: Any) -> StopCause | None:
+    """Why a task so changed is stopped: none while it is active or finished; else what the
+    change says (the owner's end after a failure: ``failed``), else what it was, else
+    ``cancelled`` (an operator's cancel or deactivate, a stop before it ran)."""
+    if fields["active"] or fields["finished"]:
+        return None
+    if given is not None:
+        return StopCause(given)
+    return fields.get("stop") or StopCause.CANCELLED
 
 
 def _normalised(fields: dict[str, Any]) -> Task:

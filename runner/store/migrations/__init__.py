@@ -46,9 +46,9 @@ from runner.store.graph import Graph
 from runner.store.migrations.backfill import StepProgress, TaskBackfill
 from runner.store.migrations.format import FormatState, read_state, stamp
 
-__all__ = ["CURRENT", "STEPS", "FormatState", "Step", "StepProgress", "StepReport", "TaskBackfill",
-           "describe", "graph_version", "migrate", "open_format", "pending", "read_state",
-           "stamp"]
+__all__ = ["CURRENT", "RELEASES", "STEPS", "FormatState", "Step", "StepProgress", "StepReport",
+           "TaskBackfill", "describe", "graph_version", "migrate", "open_format", "pending",
+           "read_state", "stamp"]
 
 MODULE = re.compile(r"^v(\d{3})_\w+$")
 
@@ -94,6 +94,12 @@ def _steps() -> dict[int, tuple[Step, ModuleType]]:
 STEPS = _steps()
 #: the store format this latchwork writes
 CURRENT = max(STEPS, default=0)
+#: the store format each release writes, oldest first. 0.1.0 wrote formats 0 to 4 as they
+#: came (the releases before formats existed among them: they do not check a graph's format,
+#: docs/graph.md "Upgrading"); from 0.2.0 a release writes one format, and a new format needs a
+#: new release (tests/test_store_format.py fails otherwise), so ``format_by`` and the members'
+#: versions tell releases apart
+RELEASES = {"0.1.0": 4, "0.2.0": 5}
 
 
 def describe(version: int) -> str:

@@ -15,15 +15,26 @@ from typing import Any
 
 from runner.store.gremlin.rows import resource_key, task_props
 from runner.store.migrations.backfill import TaskBackfill
-from runner.store.model import Task
+from runner.store.model import Task, TaskStatus
 
 #: the properties this step writes (the resource keys besides)
 KEYS = ("task_list", "task_owner", "task_h", "task_s")
 
 
+def list_state_v1(task: Task) -> str:
+    """``task_list`` as format 1 wrote it, frozen here: the words changed with format 5
+    (``v005_task_states``), which rewrites them from these."""
+    if task.finished:
+        return "skipped" if task.skipped else "finished"
+    if not task.active:
+        return "stopped"
+    return "running" if task.status is TaskStatus.RUNNING else "waiting"
+
+
 def console_props(task: Task, row: Mapping[Any, Any]) -> dict[str, Any]:
     props = task_props(task)
     wanted = {key: props[key] for key in KEYS}
+    wanted["task_list"] = list_state_v1(task)
     wanted.update({resource_key(r): "1" for r in task.resources})
     return wanted
 
