@@ -61,7 +61,7 @@ from runner.pipeline.handlers import Pipeline, register_pipeline_tasks
 from runner.pipeline.spark import stop_spark
 from runner.replies import Cancelled
 from runner.requests import TaskSubmit, TaskSubmitMany, page_task_id, submit_task_id
-from runner.store import GraphStore, Task
+from runner.store import GraphStore, Task, migrations
 from runner.store.due import ready_at
 from runner.tasks import Services, TaskRegistry, due
 from runner.tasks.authoring import load_entry_points, load_modules, register_commands
@@ -73,6 +73,7 @@ from runner.tasks.features.streams import (
     StreamRetention,
     register_stream_tasks,
 )
+from runner.tasks.master import layout
 from runner.tasks.master.duties import MasterDuties, Pruning
 from runner.tasks.master.incidents import IncidentWatch, load_hooks
 from runner.tasks.master.retention import Retention
@@ -243,9 +244,11 @@ class Node:
         closers.callback(self.session.close)
         closers.callback(stop_spark)
         membership = Membership(self.session, version=__version__,
-                                details={"commands": self.commands.describe()}).start()
+                                details={"commands": self.commands.describe(),
+                                         layout.FORMAT_KEY: migrations.CURRENT}).start()
         closers.callback(membership.close)
         member = membership.member_id
+        layout.check_on_join(self.session, store, member)
         self.session.add_listener(
             lambda state: log.log(logging.INFO if state is SessionState.CONNECTED
                                   else logging.WARNING,
@@ -330,7 +333,8 @@ class Node:
         duties: list[tuple[str, Callable[[], object]]] = [
             ("schedules", ScheduleFirer(store, self.submit).tick),
             ("incidents", IncidentWatch(store, self.registry, member, self.incident_hooks,
-                                        s.incident_webhook).tick)]
+                                        s.incident_webhook).tick),
+            ("store layout", layout.LayoutWatch(self.session, store, member).tick)]
         if s.stream_retention > 0:
             duties.append(("stream retention", StreamRetention(
                 self.session, self.streams, member, s.stream_retention,

@@ -47,6 +47,11 @@ class TaskStore(Protocol):
         """Tasks stopped before they finished, oldest first."""
         ...
 
+    def move_old_layout(self, limit: int) -> tuple[list[Task], list[tuple[str, str]]]:
+        """Open tasks an older release wrote in no ready bucket, brought to today's layout:
+        (those moved, (id, why) of those that cannot be read)."""
+        ...
+
     def promote(self, buckets: Sequence[int]) -> int:
         """Move the tasks of these time buckets into their ready buckets."""
         ...

@@ -53,3 +53,22 @@ def write_format_0(graph: Graph, count: int) -> list[str]:
                     .as_("a").add_e("has_attempt").from_("t").to("a").iterate()
         graph.write(page)
     return ids
+
+
+def write_format_0_open_task(graph: Graph, task_id: str, task_type: str,
+                             payload: dict[str, Any]) -> None:
+    """One open task as a node of a release before store formats wrote it on submit: its state,
+    fence and version, and ``task_queue = "open"``, with none of what format 1 and later add
+    (no list properties, no ready bucket, no shard): what such a node, still running beside
+    new ones after a migration, writes."""
+    created = datetime.now(UTC)
+    state = {"status": "WAITING", "active": True, "finished": False, "owner": "",
+             "updated": codec.encode_time(created), "attempts": 0, "run_at": "",
+             "resources": [], "skipped": False}
+    graph.write(lambda g: g.add_v("task").property("task_id", task_id)
+                .property("task_type", task_type).property("task_payload", json.dumps(payload))
+                .property("task_priority", 0)
+                .property("task_created", codec.encode_time(created))
+                .property("task_version", 0).property("task_fence", codec.encode_big(0))
+                .property("task_queue", "open").property("task_state", json.dumps(state))
+                .property("task_okey_open", "").property("task_stopped", "").iterate())

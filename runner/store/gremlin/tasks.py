@@ -15,6 +15,7 @@ from gremlin_python.process.traversal import Cardinality, P
 from runner.errors import (
     CommitConflict,
     InvalidValue,
+    StoreError,
     StoreUnavailable,
     TaskNotFound,
 )
@@ -32,6 +33,7 @@ from runner.store.gremlin.steps import (
     any_of,
     chunks,
     get_or_add,
+    set_props,
 )
 from runner.store.gremlin.writes import (
     TaskChange,
@@ -289,6 +291,32 @@ class GremlinTaskStore:
             return until_written(once, task_id)
         except _Started:
             return None
+
+    def move_old_layout(self, limit: int) -> tuple[list[Task], list[tuple[str, str]]]:
+        """Tasks a node of a release before format 2 wrote open (``task_queue = "open"``: in
+        no ready bucket, so no scan finds them), up to ``limit``, rewritten with today's
+        layout (:func:`task_props`), each guarded by its version and its old queue. One equality
+        lookup on an indexed property when there is none. (the moved tasks, (id, why) of those
+        that cannot be read)."""
+        rows = self.graph.read(lambda g: g.V().has("task_queue", "open").limit(limit)
+                               .element_map().to_list())
+        moved, unreadable = [], []
+        for row in rows:
+            task_id = str(row.get("task_id"))
+            try:
+                task = task_from_row(row)
+            except (StoreError, KeyError, ValueError) as exc:
+                unreadable.append((task_id, str(exc)))
+                continue
+            props = task_props(task)
+
+            def guarded(g: Any, task_id: str = task_id, props: dict[str, Any] = props,
+                        version: Any = row["task_version"]) -> Any:
+                return set_props(g.V().has("task_id", task_id).has("task_queue", "open")
+                                 .has("task_version", version), props)
+            if matched_write(self.graph, guarded):
+                moved.append(task)
+        return moved, unreadable
 
     def deactivate(self, task_id: str) -> Task:
         """Stop the task (the task loop no longer picks it); kept forever, like every task.

@@ -40,6 +40,7 @@ import httpx
 from runner.errors import HookLoadError, TaskError, TaskNotFound
 from runner.store import AttemptStatus, GraphStore, TaskStatus, codec
 from runner.store.gremlin.incidents import Incident
+from runner.tasks.master.layout import left_to_layout
 from runner.tasks.outcomes import IGNORED_TIMEOUT
 from runner.tasks.registry import TaskRegistry
 
@@ -146,6 +147,8 @@ class IncidentWatch:
 
     # -- resolving ----------------------------------------------------------------------------
     def _over(self, incident: Incident) -> bool:
+        if left_to_layout(incident):  # a member's, not a task's: LayoutWatch resolves it
+            return False
         try:
             task = self.store.tasks.get(incident.task_id)
         except TaskNotFound:
