@@ -7,8 +7,11 @@ from __future__ import annotations
 import base64
 import re
 import ssl
+import subprocess
+import sys
 import urllib.error
 import urllib.request
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -297,3 +300,56 @@ def test_latchwork_web_keeps_its_connections_logs_what_matters_and_exits_0(
     assert len(pages) == 3, log
     assert not [line for line in log if "/cluster/live" in line], log
     assert log[-1].endswith("latchwork web stopped"), log
+
+
+def _cert(directory: Path, name: str, not_before: datetime, not_after: datetime
+          ) -> tuple[Path, Path]:
+    """A server certificate valid from ``not_before`` to ``not_after`` (trustme), its key."""
+    import trustme
+
+    directory.mkdir(parents=True, exist_ok=True)
+    leaf = trustme.CA().issue_cert("127.0.0.1", not_before=not_before, not_after=not_after)
+    cert, key = directory / f"{name}.crt", directory / f"{name}.key"
+    cert.write_bytes(b"".join(blob.bytes() for blob in leaf.cert_chain_pems))
+    key.write_bytes(leaf.private_key_pem.bytes())
+    return cert, key
+
+
+def test_a_certificate_out_of_its_dates_or_a_directory_is_refused_in_one_line(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """An expired certificate was served without a word (clients then failed with
+    "certificate has expired"), one not valid yet likewise, and a directory given as
+    --tls-cert printed click's three-line usage error."""
+    now = datetime.now(UTC)
+    expired = _cert(tmp_path, "expired", now - timedelta(days=30), now - timedelta(days=1))
+    early = _cert(tmp_path, "early", now + timedelta(days=1), now + timedelta(days=30))
+    cases = [(expired, "expired on " + f"{now - timedelta(days=1):%Y-%m-%d}"),
+             (early, "is not valid before " + f"{now + timedelta(days=1):%Y-%m-%d}"),
+             ((tmp_path, expired[1]), "is a directory, not a PEM file")]
+    for (cert, key), says in cases:
+        run = cluster.cli("web", "--port", "0", "--tls-cert", str(cert), "--tls-key", str(key),
+                          timeout=60)
+        lines = run.output.strip().splitlines()
+        assert run.exit_code == 2 and len(lines) == 1 and says in lines[0], run.output
+
+
+def test_a_certificate_near_its_end_is_warned_of_in_the_log(cluster: Cluster,
+                                                             tmp_path: Path) -> None:
+    now = datetime.now(UTC)
+    cert, key = _cert(tmp_path, "soon", now - timedelta(days=60), now + timedelta(days=5))
+    web = subprocess.Popen([sys.executable, "-m", "runner.cli", "web", "--port", "0",
+                            "--tls-cert", str(cert), "--tls-key", str(key)], env=cluster.env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert web.stdout is not None
+        seen = []
+        for line in web.stdout:
+            seen.append(line)
+            if "latchwork web on https://" in line:
+                break
+        text = "".join(seen)
+        assert f"expires on {now + timedelta(days=5):%Y-%m-%d}" in text, text
+        assert "WARNING" in text and "renew it" in text
+    finally:
+        web.terminate()
+        web.communicate(timeout=30)  # its pipe read to the end and closed

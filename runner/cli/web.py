@@ -43,10 +43,10 @@ WEB_SETTINGS = {"tls_cert": "web_tls_cert", "tls_key": "web_tls_key",
               default="INFO", show_default=True,
               help="INFO: one access line per request (the 2-second live refreshes that "
                    "succeed only at DEBUG) and errors; DEBUG adds pika's connection lines")
-@click.option("--tls-cert", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--tls-cert", type=click.Path(path_type=Path), default=None,
               help="serve HTTPS with this PEM certificate (chain); with --tls-key "
                    "(web_tls_cert); adds HSTS and a Secure CSRF cookie")
-@click.option("--tls-key", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--tls-key", type=click.Path(path_type=Path), default=None,
               help="the certificate's PEM private key (web_tls_key)")
 @click.option("--behind-proxy", is_flag=True, default=None,
               help="a TLS-terminating proxy fronts the console: plain HTTP beyond loopback is "
@@ -92,6 +92,8 @@ def web(host: str, port: int, allow_actions: bool, timeout: float, log_level: st
     app = create_app(connect, credentials, allow_actions=allow_actions,
                      pages_need_auth=credentials.configured and not is_loopback(host))
     logs.configure(log_level)
+    if (expiring := transport.expiry_warning()) is not None:
+        logging.getLogger("latchwork.web").warning("%s", expiring)
     if log_level != "DEBUG":
         logging.getLogger("pika").setLevel(logging.WARNING)
         logging.getLogger("uvicorn.access").addFilter(QuietRefreshes())

@@ -29,6 +29,7 @@ import ipaddress
 import secrets
 import ssl
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -89,6 +90,10 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+#: how long before its end a certificate is warned of in the log
+EXPIRY_WARNING = timedelta(days=14)
+
+
 @dataclass(frozen=True)
 class Transport:
     """How requests reach the console: TLS of its own (``cert`` + ``key``), or behind a proxy
@@ -120,17 +125,61 @@ class Transport:
             raise ConfigError("--tls-cert and --tls-key go together (web_tls_cert and "
                               "web_tls_key)")
         if self.cert is not None and self.key is not None:
+            for what, path in (("--tls-cert", self.cert), ("--tls-key", self.key)):
+                if path.is_dir():
+                    raise ConfigError(f"latchwork web: {what} {path} is a directory, not a "
+                                      "PEM file")
             try:  # what uvicorn will load: a bad pair is one line now, not a traceback later
                 ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
                     self.cert, self.key)
             except (OSError, ssl.SSLError) as exc:
                 raise ConfigError(f"latchwork web: cannot use the TLS certificate {self.cert} "
                                   f"with the key {self.key}: {exc}") from None
+            self.check_dates()
         for proxy in self.proxies:
             try:
                 ipaddress.ip_network(proxy, strict=False)
             except ValueError:
                 raise ConfigError(f"--proxy {proxy!r} is not an address or a network") from None
+
+    def validity(self) -> tuple[datetime, datetime]:
+        """(not before, not after) of the served certificate (the first of its chain), UTC."""
+        from cryptography import x509
+
+        assert self.cert is not None
+        try:
+            cert = x509.load_pem_x509_certificate(self.cert.read_bytes())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"latchwork web: cannot read the TLS certificate {self.cert}: "
+                              f"{exc}") from None
+        return cert.not_valid_before_utc, cert.not_valid_after_utc
+
+    def check_dates(self, now: datetime | None = None) -> None:
+        """An expired certificate, or one not valid yet, is refused in one line naming its
+        dates (clients would fail with "certificate has expired", and the console say
+        nothing)."""
+        now = now or datetime.now(UTC)
+        start, end = self.validity()
+        dates = f"valid from {start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC"
+        if now > end:
+            raise ConfigError(f"latchwork web: the TLS certificate {self.cert} expired on "
+                              f"{end:%Y-%m-%d %H:%M} UTC ({dates}): renew it")
+        if now < start:
+            raise ConfigError(f"latchwork web: the TLS certificate {self.cert} is not valid "
+                              f"before {start:%Y-%m-%d %H:%M} UTC ({dates}): check the "
+                              "clock, or the certificate")
+
+    def expiry_warning(self, now: datetime | None = None) -> str | None:
+        """A warning when the certificate expires within :data:`EXPIRY_WARNING` (None
+        otherwise, and without TLS)."""
+        if self.cert is None:
+            return None
+        _, end = self.validity()
+        left = end - (now or datetime.now(UTC))
+        if left > EXPIRY_WARNING:
+            return None
+        return (f"the TLS certificate {self.cert} expires on {end:%Y-%m-%d %H:%M} UTC, in "
+                f"{left.days} day(s) {left.seconds // 3600} h: renew it before then")
 
 
 def check_bind(host: str, credentials: Credentials, allow_actions: bool,
