@@ -334,7 +334,7 @@ class StreamRead(Request[StreamPage]):
 #: a task's state as a ``state:`` filter takes it (runner.store.model.TaskState; ``delayed``
 #: finds the waiting ones; ``finished`` and ``stopped``, the words before format 5, are
 #: succeeded, and failed or cancelled)
-TaskState = Literal["waiting", "delayed", "running", "succeeded", "failed", "cancelled",
+StateQuery = Literal["waiting", "delayed", "running", "succeeded", "failed", "cancelled",
                     "skipped", "finished", "stopped"]
 
 
@@ -357,7 +357,7 @@ class TaskSearch(TaskFilterFields, Request[SearchPage]):
     cursor of the previous page."""
 
     command = "task.search"
-    state: TaskState | Annotated[list[TaskState], Field(min_length=1, max_length=9)] | None = None
+    state: StateQuery | Annotated[list[StateQuery], Field(min_length=1, max_length=9)] | None = None
     before: str | None = Field(default=None, max_length=200)
     limit: int = Field(default=50, ge=1, le=200)
 

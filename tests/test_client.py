@@ -338,14 +338,14 @@ def test_top_and_follow_show_a_live_cluster(cluster: Cluster) -> None:
         followed = client.submit("diag.sleep", {"seconds": 3})
         lines: list[str] = []
         assert follow(client, followed.id, lines.append, poll=0.2) == 0
-        assert lines[-1] == f"task {followed.id} finished"
+        assert lines[-1] == f"task {followed.id} succeeded"
         assert any("running" in line for line in lines)
         assert any("succeeded" in line for line in lines)
         assert follow(client, failed.id, lines.append, poll=0.2) == 1
     shown = cluster.cli("task", "show", busy[1].id, "--follow")
-    assert shown.exit_code == 0 and f"task {busy[1].id} finished" in shown.output
+    assert shown.exit_code == 0 and f"task {busy[1].id} succeeded" in shown.output
     stopped = cluster.cli("task", "show", failed.id, "--follow")
-    assert stopped.exit_code == 1 and "stopped" in stopped.output
+    assert stopped.exit_code == 1 and f"task {failed.id} failed" in stopped.output
 
 
 def test_a_bulk_submit_page_whose_answer_was_lost_is_sent_again_and_written_once(

@@ -58,8 +58,11 @@ def test_every_page_answers_from_the_cluster(cluster: Cluster) -> None:
         assert web.get("/").url.path == "/cluster"
         tasks = web.get("/tasks")
         assert done.id in tasks.text and failed.id in tasks.text
-        stopped = web.get("/tasks", params={"q": "state:stopped"})
+        stopped = web.get("/tasks", params={"q": "state:stopped"})  # format 4's word
         assert failed.id in stopped.text and done.id not in stopped.text
+        failing = web.get("/tasks", params={"q": "state:failed"})
+        assert failed.id in failing.text and done.id not in failing.text
+        assert failed.id not in web.get("/tasks", params={"q": "state:cancelled"}).text
         by_type = web.get("/tasks", params={"q": "type:diag.sleep state:finished"})
         assert done.id in by_type.text and failed.id not in by_type.text
         # a key given twice: any of its values (issue 40: the first was dropped silently)
@@ -69,13 +72,13 @@ def test_every_page_answers_from_the_cluster(cluster: Cluster) -> None:
         neither = web.get("/tasks", params={"q": "state:stopped state:finished type:diag.fail"})
         assert failed.id in neither.text and done.id not in neither.text
         both = web.get("/tasks/counts", params={"q": "type:diag.fail type:diag.sleep"})
-        assert re.search(r'id="count-stopped">1<', both.text), both.text
-        assert re.search(r'id="count-finished">1<', both.text), both.text
+        assert re.search(r'id="count-failed">1<', both.text), both.text
+        assert re.search(r'id="count-succeeded">1<', both.text), both.text
         two = web.get("/tasks", params={"q": "resource:a resource:b"})
         assert two.status_code == 400 and "resource: give one" in two.text
         counts = web.get("/tasks/counts", params={"q": "type:diag.fail"})
-        assert re.search(r'id="count-stopped">1<', counts.text), counts.text
-        assert re.search(r'id="count-finished">0<', counts.text)
+        assert re.search(r'id="count-failed">1<', counts.text), counts.text
+        assert re.search(r'id="count-succeeded">0<', counts.text)
         bad = web.get("/tasks", params={"q": "colour:red"})
         assert bad.status_code == 400 and "unknown key &#39;colour&#39;" in bad.text
         jump = web.get("/tasks", params={"q": done.id}, follow_redirects=False)
@@ -353,3 +356,76 @@ def test_a_certificate_near_its_end_is_warned_of_in_the_log(cluster: Cluster,
     finally:
         web.terminate()
         web.communicate(timeout=30)  # its pipe read to the end and closed
+
+
+def _status(url: str, headers: dict[str, str]) -> tuple[int, dict[str, str]]:
+    """POST an action (an empty form): the status and headers. Actions need credentials even
+    on loopback (pages do beyond it): 401 or 429 before the credentials are accepted, 403 (no
+    CSRF token) after."""
+    request = urllib.request.Request(url, data=b"", headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status, dict(answer.headers)
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers)
+
+
+def test_the_login_throttle_waits_longer_with_each_failure_past_the_free_ones() -> None:
+    """The throttle's arithmetic on a clock of the test's: 5 failures a minute are free, the
+    5th starts a 2 s wait, each failure after a wait doubles it (to 300 s at most), a success
+    clears it, a minute without failures after the last wait forgets them. (The real console: below.)"""
+    from runner.web.security import LoginThrottle
+
+    now = [1000.0]
+    throttle = LoginThrottle(clock=lambda: now[0])
+    for _ in range(4):
+        throttle.failed("a")
+        assert throttle.wait("a") == 0
+    throttle.failed("a")
+    assert throttle.wait("a") == 2.0 and throttle.wait("b") == 0
+    waits = []
+    for _ in range(9):
+        now[0] += throttle.wait("a")  # waited it out, then failed again
+        throttle.failed("a")
+        waits.append(throttle.wait("a"))
+    assert waits[:4] == [4.0, 8.0, 16.0, 32.0] and waits[-1] == 300.0
+    throttle.succeeded("a")
+    assert throttle.wait("a") == 0
+    for _ in range(5):
+        throttle.failed("c")
+    now[0] += 2 + 61  # its wait (2 s), then a minute without a failure
+    throttle.failed("c")  # the five before are forgotten: one failure now
+    assert throttle.wait("c") == 0
+
+
+def test_failed_logins_are_throttled_per_client_address(cluster: Cluster) -> None:
+    """30 wrong passwords in 9.8 s were all answered 401 at full speed. Now an address that
+    failed 5 times within a minute gets 429 with Retry-After (growing), wrong tokens count
+    too, the throttled address is logged once, and the right password keeps working for
+    everyone else: behind a listed proxy each client is its X-Forwarded-For address, so one
+    attacker does not lock out the others."""
+    cluster.env["LATCHWORK_WEB_TOKEN"] = "the-right-token"
+    cluster.start_node()
+    base, web = cluster.start_web("--allow-actions", "--behind-proxy", **CREDENTIAL_ENV)
+    url = f"{base}/tasks/no-such-task/cancel"
+    wrong = "Basic " + base64.b64encode(b"ops:wrong").decode()
+    attacker = {"X-Forwarded-For": "203.0.113.66"}
+    answers = [_status(url, {**attacker, "Authorization": wrong}) for _ in range(4)]
+    answers.append(_status(url, {**attacker, "Authorization": "Bearer nope"}))
+    assert [code for code, _ in answers] == [401] * 5
+    for _ in range(25):  # within its first wait (2 s): not even checked
+        code, headers = _status(url, {**attacker, "Authorization": wrong})
+        assert code == 429 and 1 <= int(headers["Retry-After"]) <= 2, (code, headers)
+    # the attacker's right password waits too; every other client gets past the login
+    assert _status(url, {**attacker, **AUTH})[0] == 429
+    assert _status(url, {"X-Forwarded-For": "198.51.100.7", **AUTH})[0] == 403
+    assert _status(url, {**AUTH})[0] == 403  # the proxy itself
+    assert _status(url, {"X-Forwarded-For": "198.51.100.8", "Authorization": wrong})[0] == 401
+    assert _status(url, {"X-Forwarded-For": "198.51.100.9",
+                         "Authorization": "Bearer the-right-token"})[0] == 403
+    # a request without credentials is no failed login
+    for _ in range(8):
+        assert _status(url, {"X-Forwarded-For": "198.51.100.10"})[0] == 401
+    assert web.terminate() == 0
+    log = web.log_path.read_text()
+    assert log.count("failed logins from 203.0.113.66") == 1, log

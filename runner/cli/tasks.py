@@ -166,7 +166,7 @@ def task_show(task_id: str, follow: bool, config: Path | None, as_json: bool,
 
 def _stopped(verb: str, task_id: str, result: Cancelled) -> None:
     if not result.changed:
-        click.echo(f"task {task_id} was {result.was} already: nothing changed")
+        click.echo(f"task {task_id} is {result.was} already: nothing changed")
         return
     cancelled = result.cancelled_attempts
     running = f"; its running attempt {', '.join(cancelled)} was cancelled" if cancelled else ""

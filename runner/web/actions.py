@@ -27,9 +27,10 @@ log = logging.getLogger("latchwork.web")
 def _action(name: str, call: Callable[[Client, Request], Any],
             back: Callable[[Request], str]) -> Callable[[Request], Any]:
     async def run(request: Request) -> Response:
-        console = request.app.state.console
-        if not console.credentials.accepts(request.headers.get("authorization")):
-            return security.challenge()
+        console = request.app.state.console  # runner.web.app.Console
+        refused: Response | None = console.authorize(request)
+        if refused is not None:
+            return refused
         form = await request.form()
         token = form.get(security.CSRF_FIELD)
         if not security.csrf_ok(request, token if isinstance(token, str) else None):

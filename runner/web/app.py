@@ -39,7 +39,7 @@ from runner.errors import (
     StoreFull,
     StoreUnavailable,
 )
-from runner.web import security
+from runner.web import logins, security
 from runner.web.security import Credentials
 from runner.web.views import (
     QueryError,
@@ -83,6 +83,7 @@ class Console:
                  allow_actions: bool, pages_need_auth: bool) -> None:
         self.connect = connect
         self.credentials = credentials
+        self.throttle = logins.LoginThrottle()
         self.allow_actions = allow_actions
         self.pages_need_auth = pages_need_auth
         self._local = threading.local()
@@ -107,11 +108,15 @@ class Console:
                 client.close()
             self._clients.clear()
 
+    def authorize(self, request: Request) -> Response | None:
+        """None when the request carries the credentials, else its 401 or 429
+        (:func:`~runner.web.security.authorize`: failed logins are throttled per address)."""
+        return logins.authorize(request, self.credentials, self.throttle)
+
     def render(self, request: Request, name: str, http_status: int = 200,
                **context: Any) -> Response:
-        if self.pages_need_auth and not self.credentials.accepts(
-                request.headers.get("authorization")):
-            return security.challenge()
+        if self.pages_need_auth and (refused := self.authorize(request)) is not None:
+            return refused
         context.update(request=request, actions=self.allow_actions,
                        now=datetime.now(UTC))
         if self.allow_actions:

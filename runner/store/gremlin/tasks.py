@@ -1,6 +1,13 @@
 """Tasks as ``task`` vertices: create (unique key), read, list the open queue, version reads,
-guarded modify. A missing task raises :class:`~runner.errors.TaskNotFound`; a guard lost
-to another writer, :class:`~runner.errors.CommitConflict`."""
+guarded modify, an operator's changes (deactivate, reactivate, skip) and the task written in
+an older layout brought to today's. A missing task raises
+:class:`~runner.errors.TaskNotFound`; a guard lost to another writer,
+:class:`~runner.errors.CommitConflict`; an action a finished task cannot take,
+:class:`~runner.errors.TaskFinished`.
+
+Why one module: it is the task store port's one implementation (``runner.store.ports.
+TaskStore``), and each method is a read and a guarded write of the same vertex; the store's
+split into one port and two drivers (the next issue) divides it by driver, not by method."""
 
 from __future__ import annotations
 

@@ -9,6 +9,10 @@ go out as one traversal.
 A guard that matches nothing means someone else wrote first: the caller re-reads and retries
 (:func:`until_written`, the one re-read-and-write loop of the store) or reports
 :class:`~runner.errors.CommitConflict` / :class:`~runner.errors.StaleFencingToken`.
+
+Why one module: a task's change, its fence rule and its stop cause (:func:`task_change`), an
+attempt's start and end, and the guarded write they go out in are one algebra that every
+write of the store composes; split, each half would import the other.
 """
 
 from __future__ import annotations
