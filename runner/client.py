@@ -177,6 +177,14 @@ def _pages(items: builtins.list[TaskTemplate]) -> Iterator[builtins.list[TaskTem
         yield page
 
 
+def _object(payload: object) -> object:
+    """A payload as the request model takes it: a mapping copied, anything else left for the
+    model to refuse ("Input should be a JSON object"), never a TypeError here."""
+    if payload is None:
+        return {}
+    return dict(payload) if isinstance(payload, Mapping) else payload
+
+
 def _listed(value: AnyOf | None) -> str | list[str] | None:
     return value if value is None or isinstance(value, str) else list(value)
 
@@ -245,7 +253,7 @@ class Client:
         at a time in submission order. ``resources``: taken all-or-nothing before it starts
         (besides its type's). ``timeout``: seconds an attempt may run, capped by its type's
         (docs/runner.md, "Time limits and heartbeats"); not the request's own timeout."""
-        return self.send(build(TaskSubmit, type=task_type, payload=dict(payload or {}),
+        return self.send(build(TaskSubmit, type=task_type, payload=_object(payload),
                                priority=priority, unique_key=unique_key, run_at=run_at,
                                delay=delay, ordering_key=ordering_key,
                                resources=list(resources), timeout=timeout))

@@ -235,3 +235,24 @@ def test_a_node_whose_own_thread_dies_stops_loudly(cluster: Cluster, tmp_path: A
     assert node.returncode() == 70
     log = node.log_path.read_text()
     assert "CRITICAL" in log and "thread limits-" in log and "died" in log
+
+
+def test_a_payload_that_is_not_an_object_is_called_a_json_object_everywhere(
+        cluster: Cluster) -> None:
+    """Item 9: "Input should be a valid dictionary" was pydantic's word; the docs say "a JSON
+    object", and so does every refusal now: the client's own check, the node's answer over
+    AMQP, and a command's payload."""
+    cluster.start_node()
+    with cluster.client() as client:
+        with pytest.raises(RequestRefused) as local:
+            client.submit("diag.sleep", [1])  # type: ignore[arg-type]
+        assert "Input should be a JSON object" in local.value.detail
+        with pytest.raises(RequestRefused) as remote:
+            client.request("task.submit", {"type": "diag.sleep", "payload": [1]})
+        assert "Input should be a JSON object" in remote.value.detail
+        with pytest.raises(RequestRefused) as typed:  # a task type's payload model
+            client.request("task.submit", {"type": "diag.sleep", "payload": {"seconds": 0},
+                                           "resources": {"a": 1}})
+        assert "valid list" in typed.value.detail  # other types keep pydantic's words
+    result = cluster.cli("command", "send", "SYNCHRONIZE_MODEL", "--payload", "[1]")
+    assert result.exit_code == 2 and "a JSON object" in result.output
