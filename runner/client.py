@@ -80,6 +80,7 @@ from runner.replies import (
     Acted,
     AspectView,
     Cancelled,
+    CheckpointValue,
     ClusterStatus,
     CommandView,
     OntologyDetail,
@@ -121,6 +122,7 @@ from runner.requests import (
     StreamStart,
     StreamStatus,
     TaskCancel,
+    TaskCheckpoint,
     TaskCounts,
     TaskDeactivate,
     TaskGet,
@@ -341,6 +343,11 @@ class Client:
                 raise NoAnswer(f"task {task_id} is still {report.task.status.lower()} after "
                                f"{timeout:g}s")
             time.sleep(min(self.poll_interval, left))
+
+    def checkpoint(self, task_id: str) -> CheckpointValue:
+        """The task's last checkpoint with its value (``present`` False: none);
+        ``task_not_found`` for an unknown task."""
+        return self.send(build(TaskCheckpoint, id=task_id))
 
     def cancel(self, task_id: str, reason: str | None = None) -> Cancelled:
         """Deactivate the task and cancel its running attempt cluster-wide: the attempt ends

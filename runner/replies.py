@@ -64,6 +64,23 @@ class HeartbeatView(View):
     details: JsonValue = None
 
 
+class CheckpointValue(View):
+    """A task's last checkpoint with its value (``task show ID --checkpoint``): ``present``
+    False when it has none. The value is whole: a checkpoint is at most ``CHECKPOINT_LIMIT``
+    (64 KiB of JSON) when written, so the answer stays under the message limit; consoles show
+    the first :data:`SHOWN` bytes of it and say when they cut."""
+    task_id: str
+    present: bool
+    at: datetime | None = None
+    size: int = 0  # bytes of JSON
+    seq: int | None = None  # the attempt that committed it
+    value: JsonValue = None
+
+
+#: how much of a checkpoint's JSON the CLI and the web console show (the rest: ``--json``)
+SHOWN = 16 * 1024
+
+
 class TaskView(TaskRef):
     payload: JsonObject
     active: bool

@@ -27,6 +27,7 @@ from runner.replies import (
     Acted,
     AspectView,
     Cancelled,
+    CheckpointValue,
     ClusterStatus,
     CommandView,
     OntologyDetail,
@@ -178,6 +179,12 @@ class TaskById(BaseModel):
 
 class TaskGet(TaskById, Request[TaskReport]):
     command = "task.get"
+
+
+class TaskCheckpoint(TaskById, Request[CheckpointValue]):
+    """The task's last checkpoint with its value (``task show ID --checkpoint``)."""
+
+    command = "task.checkpoint"
 
 
 class TaskCancel(TaskById, Request[Cancelled]):

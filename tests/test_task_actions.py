@@ -31,6 +31,10 @@ MODULE = textwrap.dedent('''
         ctx.checkpoint({"n": 1})
         raise RuntimeError("acts.fail fails")
 
+    @task("acts.big")
+    def big(ctx: TaskContext, payload: dict) -> None:
+        ctx.checkpoint({"rows": "r" * 40_000, "next": 7})
+
     @task("acts.hold")
     def hold(ctx: TaskContext, payload: dict) -> None:
         ctx.cancel.wait(600)
@@ -188,3 +192,39 @@ def test_a_succeeded_task_reactivated_fresh_is_refused_and_keeps_its_checkpoint(
         assert len(after.attempts) == 1 and after.task.state == "succeeded"
         shown = cluster.cli("task", "show", done.id, "--json")
         assert '"state": "succeeded"' in shown.output
+
+
+def test_a_checkpoint_is_read_from_outside(cluster: Cluster, tmp_path: Path) -> None:
+    """Item 10: ``task show`` gave a checkpoint's time, size and sequence only. Its value is
+    shown by ``task show ID --checkpoint`` (the first 16 KiB, said so when cut; ``--json`` all
+    of it), ``Client.checkpoint`` and the web console's task page."""
+    import json
+    import urllib.request
+
+    cluster.load_module(tmp_path / "site", "acts", MODULE)
+    cluster.start_node()
+    with cluster.client(timeout=30) as client:
+        small = client.submit("acts.keep", {})
+        large = client.submit("acts.big", {})
+        none = client.submit("acts.hold", {}, delay=3600)
+        for t in (small, large):
+            assert client.wait(t.id, 30).succeeded
+        found = client.checkpoint(small.id)
+        assert found.present and found.value == {"n": 1} and found.seq == 1
+        assert not client.checkpoint(none.id).present
+        with pytest.raises(RequestFailed) as missing:
+            client.checkpoint("no-such-task")
+        assert missing.value.code == "task_not_found"
+    shown = cluster.cli("task", "show", small.id, "--checkpoint")
+    assert shown.exit_code == 0 and '"n": 1' in shown.output and "by attempt 1" in shown.output
+    cut = cluster.cli("task", "show", large.id, "--checkpoint")
+    assert cut.exit_code == 0 and "the first 16 KiB of" in cut.output
+    whole = json.loads(cluster.cli("task", "show", large.id, "--checkpoint", "--json").output)
+    assert whole["value"] == {"rows": "r" * 40_000, "next": 7}
+    assert "has no checkpoint" in cluster.cli("task", "show", none.id, "--checkpoint").output
+    url, web = cluster.start_web()
+    page = urllib.request.urlopen(f"{url}/tasks/{small.id}", timeout=10).read().decode()
+    assert 'id="checkpoint-value"' in page and "&#34;n&#34;: 1" in page
+    page = urllib.request.urlopen(f"{url}/tasks/{large.id}", timeout=10).read().decode()
+    assert "the first 16 KiB of" in page
+    assert web.terminate() == 0

@@ -11,6 +11,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from runner.replies import SHOWN
+
 STATUS_STYLE = {"SUCCEEDED": "green", "FAILED": "bold red", "RUNNING": "yellow",
                 "CANCELLED_BY_SYSTEM": "magenta", "CANCELLED": "magenta", "TIMED_OUT": "bold red"}
 STATUS_TEXT = {"CANCELLED_BY_SYSTEM": "cancelled by system", "SUCCEEDED": "succeeded",
@@ -93,6 +95,25 @@ def bar(progress: dict[str, Any] | None, width: int = 20) -> Text:
     if progress.get("message"):
         text.append(f" {progress['message']}", style="dim")
     return text
+
+
+def render_checkpoint(found: dict[str, Any], console: Console | None = None) -> None:
+    """``task show ID --checkpoint``: when, by which attempt, how big, and its value (the
+    first :data:`~runner.replies.SHOWN` bytes of its JSON, said so when cut)."""
+    console = console or Console()
+    if not found["present"]:
+        console.print(f"task {found['task_id']} has no checkpoint")
+        return
+    console.print(f"checkpoint of task {found['task_id']}: "
+                  f"{checkpoint_text({k: found[k] for k in ('at', 'size', 'seq')})}")
+    text = json.dumps(found["value"], indent=2, sort_keys=True)
+    if len(text.encode()) > SHOWN:
+        text = text.encode()[:SHOWN].decode(errors="ignore")
+        console.print(Text(text))
+        console.print(f"... (the first {SHOWN // 1024} KiB of {found['size']} bytes; --json "
+                      "shows all of it)")
+        return
+    console.print(Text(text))
 
 
 def render_task_report(report: dict[str, Any], console: Console | None = None) -> None:

@@ -21,7 +21,7 @@ from runner.cli.client import (
 )
 from runner.cli.root import cli
 from runner.replies import Cancelled
-from runner.requests import TaskGet, TaskTemplate
+from runner.requests import TaskCheckpoint, TaskGet, TaskTemplate
 
 
 @cli.group()
@@ -144,14 +144,20 @@ def task_list(unfinished: bool, task_type: str | None, ordering_key: str | None,
 @click.option("--follow", is_flag=True,
               help="then print every attempt change until the task ends; exit 0 if it "
                    "succeeded, 1 if it stopped")
+@click.option("--checkpoint", "with_checkpoint", is_flag=True,
+              help="show the task's last checkpoint's value instead (the first 16 KiB of its "
+                   "JSON; with --json all of it: at most 64 KiB, the checkpoint limit)")
 @config_option
 @json_option
 @timeout_option
-def task_show(task_id: str, follow: bool, config: Path | None, as_json: bool,
-              timeout: float) -> None:
+def task_show(task_id: str, follow: bool, with_checkpoint: bool, config: Path | None,
+              as_json: bool, timeout: float) -> None:
     """The attempt report of one task: status, every attempt, errors and stack traces."""
-    from runner.cli.console import render_task_report
+    from runner.cli.console import render_checkpoint, render_task_report
 
+    if with_checkpoint:
+        output(call(config, TaskCheckpoint, timeout, id=task_id), as_json, render_checkpoint)
+        return
     output(call(config, TaskGet, timeout, id=task_id), as_json, render_task_report)
     if follow:
         from runner.cli.top import follow as follow_task

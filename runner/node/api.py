@@ -34,6 +34,7 @@ from runner.replies import (
     AspectView,
     AttemptView,
     Cancelled,
+    CheckpointValue,
     ClusterStatus,
     OntologyClassView,
     OntologyDetail,
@@ -68,6 +69,7 @@ from runner.requests import (
     StreamStart,
     StreamStatus,
     TaskCancel,
+    TaskCheckpoint,
     TaskDeactivate,
     TaskGet,
     TaskList,
@@ -246,6 +248,15 @@ class NodeApi(OutsideApi, ConsoleApi):
         """Every task type this node knows, with its description and payload JSON schema."""
         return [TaskTypeView.model_validate(kind.describe())
                 for kind in self.node.registry.all()]
+
+    @api(TaskCheckpoint)
+    def task_checkpoint(self, ctx: HandlerContext, ref: TaskCheckpoint) -> CheckpointValue:
+        self.store.tasks.get(ref.id)  # task_not_found for a task that is not there
+        found = self.store.checkpoints.read(ref.id)
+        if found is None:
+            return CheckpointValue(task_id=ref.id, present=False)
+        return CheckpointValue(task_id=ref.id, present=True, at=found.info.at,
+                               size=found.info.size, seq=found.info.seq, value=found.state)
 
     @api(TaskGet)
     def get_task(self, ctx: HandlerContext, ref: TaskGet) -> TaskReport:

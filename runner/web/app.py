@@ -49,6 +49,7 @@ from runner.web.views import (
     parse_query,
     pretty,
     schema_fields,
+    shown_checkpoint,
     task_state,
     timeline,
 )
@@ -206,8 +207,11 @@ def _task(c: Console, request: Request) -> dict[str, Any]:
     report = c.call(request, lambda cl: cl.get(task_id))
     incidents = [i for i in c.call(request, lambda cl: cl.cluster_status()).incidents
                  if i.task == task_id]
+    found = c.call(request, lambda cl: cl.checkpoint(task_id)) \
+        if report.task.checkpoint is not None else None
     return {"report": report, "task": report.task, "bars": timeline(report.attempts),
-            "incidents": incidents, "state": task_state(report.task)}
+            "incidents": incidents, "state": task_state(report.task),
+            "checkpoint_value": shown_checkpoint(found)}
 
 
 def schedules_page(request: Request) -> Response:

@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from runner.errors import WebQueryInvalid
-from runner.replies import AttemptView, TaskView
+from runner.replies import SHOWN, AttemptView, CheckpointValue, TaskView
 
 #: the words a ``state:`` term takes (runner.store.model.TaskState; ``finished`` and
 #: ``stopped``, the words before store format 5, too)
@@ -97,6 +97,19 @@ def checkpoint(task: TaskView, now: datetime | None = None) -> str:
         return ""
     size = f"{cp.size} B" if cp.size < 1024 else f"{cp.size / 1024:.1f} KiB"
     return f"{size}, {age(cp.at, now)} ago (attempt {cp.seq})"
+
+
+def shown_checkpoint(found: CheckpointValue | None) -> str | None:
+    """A checkpoint's value as the task page shows it: its JSON, the first
+    :data:`~runner.replies.SHOWN` bytes, said so when cut; None without one."""
+    if found is None or not found.present:
+        return None
+    text = json.dumps(found.value, indent=2, sort_keys=True)
+    if len(text.encode()) <= SHOWN:
+        return text
+    return (text.encode()[:SHOWN].decode(errors="ignore")
+            + f"\n... (the first {SHOWN // 1024} KiB of {found.size} bytes; `latchwork task "
+            f"show {found.task_id} --checkpoint --json` shows all of it)")
 
 
 def duration(ms: int | None) -> str:
