@@ -172,3 +172,36 @@ def test_the_observers_a_node_is_given_hear_attempts_scans_commands_and_deliveri
         assert recorder.has("command", "UPDATE_CACHE", "ok")
         metrics = node.metrics
         assert metrics is not None and node._started().observers == [metrics, recorder]
+
+
+def test_an_attempts_end_is_logged_when_written_not_when_the_zookeeper_link_returns(
+        zk_namespace: ZkNamespace, amqp_vhost: AmqpNamespace, tmp_path: os.PathLike[str],
+        spawn_node: Callable[..., NodeProcess]) -> None:
+    """Issue 70, item 8: a node cut off from ZooKeeper (a black-holed link, no RST) declares its
+    session LOST within its timeout and cancels its task, whose end is written to the graph at
+    once; its "attempt 1 CANCELLED_BY_SYSTEM" line appeared only when the link healed (28 s
+    later there), after the lock's release got through. The link stays cut here until that
+    line is in the log (or 20 s pass): it must come while the link is down."""
+    from coord.testing import wait_until
+    from coord.testing.proxy import TcpProxy
+    from runner.client import Client
+
+    servers, _, chroot = zk_namespace.hosts.partition("/")
+    with TcpProxy(int(servers.split(",")[0].rsplit(":", 1)[1])) as proxy:
+        env = {**os.environ, "LATCHWORK_ZK_HOSTS": f"127.0.0.1:{proxy.port}/{chroot}",
+               "LATCHWORK_CLUSTER": "cut", "LATCHWORK_SESSION_TIMEOUT": "3",
+               "LATCHWORK_AMQP_URL": amqp_vhost.url,
+               "LATCHWORK_GRAPH": os.path.join(tmp_path, "graph.db")}
+        node = spawn_node(["-m", "runner.cli", "node", "start"], name="cut", env=env,
+                          ready_prefix="latchwork node")
+        with Client(amqp_vhost.url, "cut", timeout=30) as client:
+            task = client.submit("diag.sleep", {"seconds": 120})
+            assert wait_until(lambda: client.get(task.id).task.state == "running", 30, 0.1)
+        proxy.blackhole()
+        ended = "attempt 1 CANCELLED_BY_SYSTEM"
+        try:
+            assert wait_until(lambda: ended in node.log_path.read_text(), 20, 0.1), \
+                node.stderr_tail(40)
+        finally:
+            proxy.heal()
+        assert node.terminate(timeout=30) == 0

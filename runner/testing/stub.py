@@ -157,7 +157,6 @@ class TaskStub:
     def _told(self, ending: Ending, outcome: Outcome, task: Task | None,
               ended: tuple[AttemptStatus, str | None]) -> None:
         self._ended[id(ending)] = (outcome, task, ended)
-        ending.tell(*ended)
 
     def _execution(self, kind: TaskType) -> tuple[Execution, _Recorder]:
         """The execution of ``kind``'s attempts (kept: a process-isolated type's handler

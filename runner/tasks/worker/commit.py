@@ -9,9 +9,12 @@ thread writes whatever is queued, up to ``max_items`` at a time, as one write
 traversal on a Gremlin Server); an idle node writes a single end at once, a busy one writes a
 group of every end that arrived during the last write (the classic group commit: no timer, the
 write itself is the flush period). Then it releases the group's task locks in one ZooKeeper
-transaction (:meth:`~coord.TaskLock.release_all`) and calls ``on_ended`` for each: the
-observers are told, the slot is done. So nothing reports an end the store does not have, and
-no other node can claim a task before its end is written.
+transaction (:meth:`~coord.TaskLock.release_all`) and calls ``on_ended`` for each (the slot is
+done). The attempt's observers (its log line, metrics, traces) hear each end as soon as it is
+written or given up, before the release: a release waits for ZooKeeper, which a cut-off link
+can hold back for as long as the cut lasts, and the log would then show the handler running
+long after it stopped. So nothing reports an end the store does not have, no end is reported
+late, and no other node can claim a task before its end is written.
 
 Each end is guarded on its own: one that is refused (its attempt closed by the master or an
 operator, a stale token, a resource taken) is settled alone, the rest of its group is written.
@@ -65,6 +68,7 @@ class _Queued:
     since: float
     done: threading.Event = field(default_factory=threading.Event)
     outcome: Outcome = Outcome.CANCELLED
+    observed: bool = False  # its attempt's observers heard its end
 
 
 class GroupCommit:
@@ -145,9 +149,23 @@ class GroupCommit:
         self.stats["concluded"] += len(group)
         self.stats["largest"] = max(self.stats["largest"], len(group))
         settled = [(q, *self._settled(q, results.get(id(q)))) for q in group]
+        for q, _, _, ended in settled:  # written (or given up): logged and observed now,
+            self._observed(q, ended)    # not when a lock's release gets through to ZooKeeper
         self._release(group)
         for q, outcome, task, ended in settled:
             self._told(q, outcome, task, ended)
+
+    def _observed(self, q: _Queued, ended: tuple[AttemptStatus, str | None]) -> None:
+        """The observers of ``q``'s attempt hear its end (what the store holds, or that it
+        was given up), once."""
+        if q.observed:
+            return
+        q.observed = True
+        try:
+            q.ending.tell(*ended)
+        except Exception:
+            log.exception("member %s: telling the end of task %s failed", self.member_id,
+                          q.ending.claim.task.id)
 
     def _release(self, group: list[_Queued]) -> None:
         """The group's task locks, in one transaction; one that cannot be released now goes
@@ -244,6 +262,7 @@ class GroupCommit:
     def _told(self, q: _Queued, outcome: Outcome, task: Task | None,
               ended: tuple[AttemptStatus, str | None]) -> None:
         q.outcome = outcome
+        self._observed(q, ended)
         try:
             self.on_ended(q.ending, outcome, task, ended)
         except Exception:

@@ -277,9 +277,9 @@ class TaskLoop:
     def _ended(self, ending: Ending, outcome: Outcome, task: Task | None,
                ended: tuple[AttemptStatus, str | None]) -> None:
         """The group commit wrote ``ending`` (the ``outcome`` written, the task as written)
-        and released its lock: the observers are told; a declined task is left to the others,
-        a retry's time planned; and, unless its worker waits for it, the slot is done."""
-        ending.tell(*ended)
+        and released its lock (its observers heard the end before the release): a declined
+        task is left to the others, a retry's time planned; and, unless its worker waits for
+        it, the slot is done."""
         slot = ending.slot
         if outcome is Outcome.DECLINED:  # left to the other nodes for a while
             self.running.decline(slot.task_id, self.decline_for)
