@@ -11,7 +11,7 @@ COPY pyproject.toml README.md ./
 COPY coord ./coord
 COPY messaging ./messaging
 COPY runner ./runner
-RUN pip install --no-cache-dir .
+RUN pip install --no-cache-dir ".[pipeline]"
 
 RUN useradd --create-home latchwork && mkdir /data && chown latchwork /data
 USER latchwork

@@ -21,6 +21,7 @@ The tree (``tests/test_layout.py`` checks that it equals the classes and codes b
 
     RunnerError                     runner_error
     ├── ConfigError                 config_invalid            refused
+    │   └── ExtraMissing            extra_missing             refused
     ├── TaskLoadError               task_module_invalid
     │   └── HookLoadError           incident_hook_invalid
     ├── TaskError                   task_error
@@ -130,6 +131,13 @@ class ConfigError(RunnerError, ValueError):
 
     error_code = "config_invalid"
     refused = True
+
+
+class ExtraMissing(ConfigError):
+    """What was asked needs an extra that is not installed (``latchwork[pipeline]``): the
+    message names it and the command that installs it. Refused: the install must change."""
+
+    error_code = "extra_missing"
 
 
 class TaskLoadError(RunnerError):

@@ -233,34 +233,39 @@ def child_pids(pid: int) -> list[int]:
 @pytest.mark.filterwarnings("ignore::ResourceWarning")
 def test_node_killed_mid_batch_its_batch_is_retried_and_the_result_is_exact(
         plant: Cluster, tmp_path: Path, spark: Any) -> None:
+    """A node killed -9 while it holds a batch: the batch times out and another node does it;
+    the result is exact. The kill lands inside the batch by construction: the nodes run with
+    a gate (``LATCHWORK_TEST_BATCH_GATE``) at which a computed batch waits before its commit,
+    after writing a marker naming its node; the first node to write one is killed there, then
+    the gate opens for the others. (It guessed before: a 1.5 s pause before each commit, and a
+    busy box finished the batch before the kill.)"""
     n = 300
+    gate = tmp_path / "gate"
+    gate.write_text("closed")
+    plant.env["LATCHWORK_TEST_BATCH_GATE"] = str(gate)
     start_plant(plant, 2, n, tmp_path)
-    result = plant.cli("aspect", "create", "geo", "--batch-rows", "20", "--pause", "1.5")
+    result = plant.cli("aspect", "create", "geo", "--batch-rows", "20")
     assert result.exit_code == 0, result.output
     sid = series_id("geo", 1)
     zk = plant.env["LATCHWORK_ZK_HOSTS"]
     with Session(zk, CLUSTER) as s:
         coordinator = BatchCoordinator(s, sid)
 
-        def victim() -> str | None:
-            if not coordinator.exists():
-                return None
-            status = coordinator.status()
-            if not status.finished:
-                return None
-            busy = [b.owner for b in status.batches if b.state is BatchState.IN_PROGRESS]
-            return busy[0] if busy else None
+        def held() -> list[Path]:
+            return sorted(tmp_path.glob("gate.*"), key=lambda p: p.stat().st_mtime)
 
-        assert wait_until(lambda: victim() is not None, 120, 0.1)
-        member = victim()
-        assert member is not None
+        assert wait_until(lambda: bool(held()), 180, 0.1)
+        marker = held()[0]
+        member, held_no = marker.read_text(), int(marker.name.rsplit(".", 1)[1])
         node = plant.nodes[member]
+        assert int(marker.name.split(".")[1]) == node.pid
         jvms = child_pids(node.pid)
         assert jvms, "the node has no Spark driver JVM child"
         lost = [b.no for b in coordinator.status().batches
                 if b.state is BatchState.IN_PROGRESS and b.owner == member]
-        assert lost, "the victim's batch finished before the kill"
+        assert held_no in lost  # held at its commit: in progress, by construction
         node.kill()
+        gate.unlink()  # the others' batches go on
         assert wait_until(lambda: not any(Path(f"/proc/{p}").exists() for p in jvms), 20, 0.2), \
             "the killed node's Spark JVM outlived it"
 

@@ -38,6 +38,9 @@ def avatars_import(path: Path, config: Path | None) -> None:
 
     The whole file is validated first; a malformed row exits 2 and writes nothing."""
     from runner.errors import InvalidAvatars
+    from runner.pipeline import extra
+    if (why := extra.needs("avatars import")) is not None:
+        raise fail(why, 2)
     from runner.pipeline.avatars_io import import_avatars
     store = _local_store(config)
     try:
@@ -56,6 +59,9 @@ def avatars_import(path: Path, config: Path | None) -> None:
 @config_option
 def avatars_export(path: Path, classes: tuple[str, ...], config: Path | None) -> None:
     """Write avatars with their aspects to a Parquet file (atomically replaced)."""
+    from runner.pipeline import extra
+    if (why := extra.needs("avatars export")) is not None:
+        raise fail(why, 2)
     from runner.pipeline.avatars_io import export_avatars
     store = _local_store(config)
     try:

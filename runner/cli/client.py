@@ -59,7 +59,7 @@ def connect(config: Path | None, timeout: float) -> Iterator[Client]:
         with Client.from_settings(settings, timeout=timeout, name="latchwork cli") as client:
             yield client
     except RequestRefused as exc:
-        raise click.UsageError(exc.detail) from exc
+        raise fail(exc.detail, 2) from exc  # one line: the node said what is wrong
     except RequestFailed as exc:
         if exc.code != INTERNAL_ERROR:  # a declared error: its message is the whole story
             raise fail(exc.detail) from exc

@@ -48,9 +48,8 @@ def checkpoint_text(checkpoint: dict[str, Any] | None, now: datetime | None = No
 
 
 #: how a console colours each state
-STATE_STYLE = {"waiting": "cyan", "delayed": "cyan", "running": "yellow",
-               "succeeded": "green", "skipped": "green", "failed": "bold red",
-               "cancelled": "bold magenta"}
+STATE_STYLE = {"waiting": "cyan", "delayed": "cyan", "running": "yellow", "succeeded": "green",
+               "skipped": "green", "failed": "bold red", "cancelled": "bold magenta"}
 
 
 def _state(task: dict[str, Any]) -> Text:
@@ -106,14 +105,11 @@ def render_checkpoint(found: dict[str, Any], console: Console | None = None) -> 
         return
     console.print(f"checkpoint of task {found['task_id']}: "
                   f"{checkpoint_text({k: found[k] for k in ('at', 'size', 'seq')})}")
-    text = json.dumps(found["value"], indent=2, sort_keys=True)
-    if len(text.encode()) > SHOWN:
-        text = text.encode()[:SHOWN].decode(errors="ignore")
-        console.print(Text(text))
+    text = json.dumps(found["value"], indent=2, sort_keys=True).encode()
+    console.print(Text(text[:SHOWN].decode(errors="ignore")))
+    if len(text) > SHOWN:
         console.print(f"... (the first {SHOWN // 1024} KiB of {found['size']} bytes; --json "
                       "shows all of it)")
-        return
-    console.print(Text(text))
 
 
 def render_task_report(report: dict[str, Any], console: Console | None = None) -> None:

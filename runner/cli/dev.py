@@ -81,6 +81,10 @@ def dev_up(timeout: float, zk_ensemble: int, **options: Any) -> None:
     failure it stops what it had started and exits 1 with the reason.
     """
     plan = DevPlan(zk_size=zk_ensemble, **options)  # the other options are its fields
+    if plan.spark_workers:
+        from runner.pipeline import extra
+        if (why := extra.needs("dev up --spark-workers")) is not None:
+            raise fail(why, 2)
     env = DevEnvironment.plan(plan)
     spark = f", a Spark master with {plan.spark_workers} worker(s)" if plan.spark_workers \
         else ""

@@ -80,7 +80,7 @@ def node_start(config: Path | None, log_level: str, log_format: str, log_file: P
 
     try:
         node = Node(settings)  # loads task types and aspects before anything joins the cluster
-    except (TaskLoadError, InvalidAspect) as exc:
+    except (TaskLoadError, InvalidAspect, ConfigError) as exc:  # an extra missing among them
         raise fail(str(exc), 2) from exc
     try:
         sys.exit(run(settings, node=node))

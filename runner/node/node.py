@@ -56,6 +56,7 @@ from runner.node import commands as builtin_commands
 from runner.node.api import NodeApi
 from runner.node.metrics import LiveState, NodeMetrics
 from runner.ontology import OntologyCache, OntologySync, register_ontology_tasks
+from runner.pipeline import extra
 from runner.pipeline.aspects import AspectRegistry
 from runner.pipeline.handlers import Pipeline, register_pipeline_tasks
 from runner.pipeline.spark import stop_spark
@@ -166,6 +167,8 @@ class Node:
         self.session = zk_session(settings)
         self.cache = OntologyCache()
         self.aspects = AspectRegistry(settings.aspects)  # a bad definition fails the start
+        if settings.retention_days is not None and settings.retention_mode == "archive":
+            extra.require('retention_mode = "archive" (Parquet files of finished tasks)')
         self._parts: NodeParts | None = None
         #: what start() started, closed in reverse by close() (a failed start included)
         self._closers = ExitStack()

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from pydantic import BaseModel, Field
 
@@ -29,6 +31,7 @@ from coord.batches import BatchCoordinator, SeriesNotFound, SeriesState
 from runner.config import Settings
 from runner.errors import AspectBusy
 from runner.ontology import OntologyCache
+from runner.pipeline import extra
 from runner.pipeline.aspects import (
     AspectDefinition,
     AspectRegistry,
@@ -50,6 +53,13 @@ from runner.tasks import TaskContext, TaskRegistry
 log = logging.getLogger("latchwork.pipeline")
 
 DELETE_CHUNK = 1000
+
+
+def batch_gate() -> Path | None:
+    """The gate of a test that must land a kill inside a batch (``LATCHWORK_TEST_BATCH_GATE``,
+    set on the nodes a test starts; docs/testing.md): None otherwise."""
+    gate = os.environ.get("LATCHWORK_TEST_BATCH_GATE")
+    return Path(gate) if gate else None
 
 
 class AspectPayload(BaseModel):
@@ -100,6 +110,8 @@ class Pipeline:
         submitter died in between) submits it again, which the uniqueness key makes harmless.
         """
         definition = self.aspects.get(name)
+        if definition.kind is Kind.HEAVY:
+            extra.require(f"aspect create {name}")
         states = self.states
         while True:
             current, _ = states.get(name)
@@ -123,6 +135,7 @@ class Pipeline:
     def delete(self, name: str) -> AspectView:
         """Delete an aspect through a task that removes it from every avatar."""
         self.aspects.get(name)
+        extra.require(f"aspect delete {name}")
         states = self.states
         while True:
             current, _ = states.get(name)
@@ -191,7 +204,8 @@ class Pipeline:
                            definition, SeriesPaths(meta["root"]), self.member, ctx.cancel,
                            group=f"latchwork-task-{ctx.task.id}", fence=ctx.fence,
                            check=ctx.check, report=ctx.progress, checkpoint=ctx.checkpoint,
-                           batch_rows=int(meta["batch_rows"]), pause=float(meta["pause"]))
+                           batch_rows=int(meta["batch_rows"]), pause=float(meta["pause"]),
+                           gate=batch_gate())
 
     def _current(self, ctx: TaskContext, payload: AspectPayload, state: State) -> bool:
         """Whether the aspect still is in ``state`` at this task's generation."""
@@ -278,7 +292,17 @@ def _pipeline(ctx: TaskContext) -> Pipeline:
     return pipeline
 
 
+#: the pipeline's task types
+PIPELINE_TYPES = ("aspect.create", "aspect.batches", "aspect.delete")
+
+
 def register_pipeline_tasks(registry: TaskRegistry) -> None:
+    """The pipeline's task types; without the ``pipeline`` extra, known but refused at submit
+    in one line naming it."""
+    if (why := extra.needs("the aspect pipeline")) is not None:
+        for name in PIPELINE_TYPES:
+            registry.unavailable(name, f"task type {name!r}: {why}")
+        return
     registry.register("aspect.create", lambda ctx, p: _pipeline(ctx).run_create(ctx, p),
                       AspectPayload, description="enrich every eligible avatar with an aspect")
     registry.register("aspect.batches", lambda ctx, p: _pipeline(ctx).run_helper(ctx, p),

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -160,7 +161,11 @@ class BatchWorker:
     cancel: CancelToken
     group: str  # the Spark job group: cancelling the task cancels it
     batch_rows: int
-    pause: float = 0.0  # seconds to wait before each commit (throttling; tests kill here)
+    pause: float = 0.0  # seconds to wait before each commit (throttling)
+    #: a test's gate (LATCHWORK_TEST_BATCH_GATE): while this file exists, a batch computed
+    #: waits before its commit, after writing ``<gate>.<pid>.<batch>``: a kill "during" a
+    #: batch lands there by construction, whatever the box's speed
+    gate: Path | None = None
     poll: float = 0.5
     apply_to_graph: bool = True  # False: compute and commit only (benchmarks, dry runs)
     # as a task's owner: the graph writes carry its fence (refused once stale), and ownership
@@ -255,6 +260,8 @@ class BatchWorker:
             part = snapshot.where((F.col("pos") >= batch.start) & (F.col("pos") < batch.end))
             tmp = self.paths.tmp(f"batch-{batch.no:06d}")
             compute(part, self.definition).write.parquet(tmp)
+            if self.gate is not None:
+                self._hold(batch)
             if self.pause and self.cancel.wait(self.pause):
                 fs.delete(tmp)
                 raise TaskCancelled(self.cancel.reason)
@@ -267,6 +274,14 @@ class BatchWorker:
                 raise
             fs.commit(tmp, final)
         return self.apply(final) if self.apply_to_graph else 0
+
+    def _hold(self, batch: Batch) -> None:
+        """Wait before the commit while the test's gate exists (see ``gate``); cancelled, the
+        wait ends (the caller's cancellation check follows)."""
+        assert self.gate is not None
+        Path(f"{self.gate}.{os.getpid()}.{batch.no}").write_text(self.member)
+        while self.gate.exists() and not self.cancel.wait(0.05):
+            pass
 
     def apply(self, uri: str) -> int:
         """Upsert the committed batch into the graph (idempotent; keyed by avatar id).

@@ -164,6 +164,13 @@ class TaskType:
 class TaskRegistry:
     def __init__(self) -> None:
         self._types: dict[str, TaskType] = {}
+        #: types this node knows but cannot run (an extra not installed): why, by name
+        self._unavailable: dict[str, str] = {}
+
+    def unavailable(self, name: str, why: str) -> None:
+        """Know ``name`` without running it: a submit of it is refused with ``why`` (the
+        extra it needs), not as an unknown type."""
+        self._unavailable[name] = why
 
     def register(self, name: str, handler: TaskHandler,
                  payload_model: type[BaseModel] | None = None, *,
@@ -198,6 +205,8 @@ class TaskRegistry:
         try:
             return self._types[name]
         except KeyError:
+            if name in self._unavailable:
+                raise UnknownTaskType(self._unavailable[name]) from None
             known = ", ".join(sorted(self._types)) or "none"
             raise UnknownTaskType(f"unknown task type {name!r} (known: {known})") from None
 
