@@ -151,7 +151,9 @@ def test_a_handler_paused_past_its_session_sees_itself_cancelled_on_its_first_lo
     False, so the handler went on to its effect.)"""
     member = probe_cluster.start_node()
     out = tmp_path / "probe.log"
-    task_id = probe_cluster.submit("probe.pause", {"out": str(out), "wait": 1.5})
+    # the wait must still run when the SIGSTOP lands and must end during the stop (6 s):
+    # 4 s leaves a busy box 4 s to land it (it was 1.5 s)
+    task_id = probe_cluster.submit("probe.pause", {"out": str(out), "wait": 4.0})
     assert wait_until(lambda: out.exists() and "waiting" in out.read_text(), 30)
     probe_cluster.pause(member)
     time.sleep(3 * 2.0)  # the cluster's session is 2 s

@@ -141,10 +141,13 @@ def assert_exactly_once(c: Cluster, sid: str, root: str, n: int, spark: Any) -> 
 def test_create_twice_from_two_nodes_reports_progress_then_delete(
         plant: Cluster, tmp_path: Path) -> None:
     n = 240
+    gate = tmp_path / "gate"  # batches wait at their commit until it opens (see below)
+    gate.write_text("closed")
+    plant.env["LATCHWORK_TEST_BATCH_GATE"] = str(gate)
     start_plant(plant, 2, n, tmp_path)
     # the same aspect requested at once from two clients (answered by any node): one task
-    procs = [cli_subprocess(plant, "aspect", "create", "geo", "--batch-rows", "30", "--pause",
-                            "1.0", "--json") for _ in range(2)]
+    procs = [cli_subprocess(plant, "aspect", "create", "geo", "--batch-rows", "30", "--json")
+             for _ in range(2)]
     answers = []
     for p in procs:
         out, err = p.communicate(timeout=60)
@@ -169,6 +172,7 @@ def test_create_twice_from_two_nodes_reports_progress_then_delete(
     assert now["progress"]["batches_total"] == 6
     shown = plant.cli("task", "show", task_id)
     assert shown.exit_code == 0 and "/6 batches" in shown.output and "rows/s" in shown.output
+    gate.unlink()  # seen while it runs (held by construction, not by a pause): it may end now
 
     # the wait lasts as long as the job: a fresh-clone run under load took 38 s to start Spark
     # and 26 s for the first batch (72 s from the task's start to READY)
