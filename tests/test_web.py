@@ -365,16 +365,16 @@ def _status(url: str, headers: dict[str, str]) -> tuple[int, dict[str, str]]:
     request = urllib.request.Request(url, data=b"", headers=headers, method="POST")
     try:
         with urllib.request.urlopen(request, timeout=10) as answer:
-            return answer.status, dict(answer.headers)
+            return answer.status, {k.lower(): v for k, v in answer.headers.items()}
     except urllib.error.HTTPError as exc:
-        return exc.code, dict(exc.headers)
+        return exc.code, {k.lower(): v for k, v in exc.headers.items()}
 
 
 def test_the_login_throttle_waits_longer_with_each_failure_past_the_free_ones() -> None:
     """The throttle's arithmetic on a clock of the test's: 5 failures a minute are free, the
     5th starts a 2 s wait, each failure after a wait doubles it (to 300 s at most), a success
     clears it, a minute without failures after the last wait forgets them. (The real console: below.)"""
-    from runner.web.security import LoginThrottle
+    from runner.web.logins import LoginThrottle
 
     now = [1000.0]
     throttle = LoginThrottle(clock=lambda: now[0])
@@ -415,7 +415,7 @@ def test_failed_logins_are_throttled_per_client_address(cluster: Cluster) -> Non
     assert [code for code, _ in answers] == [401] * 5
     for _ in range(25):  # within its first wait (2 s): not even checked
         code, headers = _status(url, {**attacker, "Authorization": wrong})
-        assert code == 429 and 1 <= int(headers["Retry-After"]) <= 2, (code, headers)
+        assert code == 429 and 1 <= int(headers["retry-after"]) <= 2, (code, headers)
     # the attacker's right password waits too; every other client gets past the login
     assert _status(url, {**attacker, **AUTH})[0] == 429
     assert _status(url, {"X-Forwarded-For": "198.51.100.7", **AUTH})[0] == 403

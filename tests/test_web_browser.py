@@ -104,8 +104,8 @@ def test_the_console_in_a_browser(cluster: Cluster) -> None:
         await page.wait_for_url("**/tasks?q=type*")
         rows = await page.inner_text("#tasks")
         assert failed.id in rows and done.id not in rows
-        await page.wait_for_selector("#count-stopped")
-        assert await page.inner_text("#count-stopped") == "1"
+        await page.wait_for_selector("#count-failed")
+        assert await page.inner_text("#count-failed") == "1"
         await page.go_back()
         assert page.url.rstrip("/").endswith("/tasks")
         assert done.id in await page.inner_text("#tasks")
@@ -120,7 +120,7 @@ def test_the_console_in_a_browser(cluster: Cluster) -> None:
         await page.goto(f"{url}/tasks/{running.id}")
         await page.evaluate("window.notReloaded = true")
         await page.wait_for_function(
-            "document.querySelector('#state').textContent == 'finished'", timeout=30_000)
+            "document.querySelector('#state').textContent == 'succeeded'", timeout=30_000)
         assert await page.evaluate("window.notReloaded") is True
         assert "SUCCEEDED" in await page.inner_text("#attempts")
 
@@ -190,7 +190,7 @@ def test_actions_need_the_flag_and_credentials(cluster: Cluster, tmp_path: Path)
         await authed.click("#action-cancel")
         await authed.wait_for_url(f"{acting}/tasks/{task.id}")
         await authed.wait_for_selector("tr.attempt[data-status=CANCELLED]", timeout=30_000)
-        assert await authed.inner_text("#state") == "stopped"
+        assert await authed.inner_text("#state") == "cancelled"
         await context.close()
 
     in_browser(scenario, *trusting(pki.server_cert))
