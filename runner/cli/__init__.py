@@ -51,7 +51,7 @@ def main() -> None:
         cli(prog_name="latchwork", standalone_mode=False)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
-    except click.Abort:
+    except (click.Abort, EOFError, KeyboardInterrupt):  # as click's standalone mode says it
         click.echo("Aborted!", err=True)
         sys.exit(1)
     except click.ClickException as exc:
