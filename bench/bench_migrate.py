@@ -32,6 +32,17 @@ MARKERS = {version: step.marker for version, (step, _) in migrations.STEPS.items
            if isinstance(step, migrations.TaskBackfill)}
 
 
+def expected(version: int, tasks: int) -> int:
+    """What step ``version`` changes on ``write_format_0``'s ``tasks``: every task for a step
+    that adds a property; for step 5 the finished and stopped ones (every third, every fifth),
+    whose list word it rewrites; none for the others."""
+    if version in MARKERS:
+        return tasks
+    if version == 5:
+        return sum(1 for i in range(tasks) if i % 3 == 0 or i % 5 == 0)
+    return 0
+
+
 def measure(name: str, graph: object, tasks: int, page: int) -> tuple[float, float]:
     store = GraphStore(graph, check_format=False)  # type: ignore[arg-type]
     began = time.monotonic()
@@ -42,7 +53,7 @@ def measure(name: str, graph: object, tasks: int, page: int) -> tuple[float, flo
     took = time.monotonic() - began
     assert [r.version for r in reports] == list(range(1, migrations.CURRENT + 1)), reports
     for report in reports:  # every step that adds a property changes every task
-        assert report.changed == (tasks if report.version in MARKERS else 0), report
+        assert report.changed == expected(report.version, tasks), report
     for marker in MARKERS.values():
         marked = store.graph.read(lambda g, m=marker: g.V().has(m).count().next())
         assert marked == tasks, (marker, marked)
