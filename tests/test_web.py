@@ -371,9 +371,9 @@ def _status(url: str, headers: dict[str, str]) -> tuple[int, dict[str, str]]:
 
 
 def test_the_login_throttle_waits_longer_with_each_failure_past_the_free_ones() -> None:
-    """The throttle's arithmetic on a clock of the test's: 5 failures a minute are free, the
-    5th starts a 2 s wait, each failure after a wait doubles it (to 300 s at most), a success
-    clears it, a minute without failures after the last wait forgets them. (The real console: below.)"""
+    """The throttle's arithmetic on a clock of the test's: 5 failures are free, the 5th starts
+    a 2 s wait, each failure after a wait doubles it (to 300 s at most), a success clears it,
+    a minute without failures after the last wait forgets them. (The real console: below.)"""
     from runner.web.logins import LoginThrottle
 
     now = [1000.0]
