@@ -23,6 +23,7 @@ from messaging.errors import (
     EnvelopeError,
     LifecycleError,
     MessageTooLarge,
+    PublishFailed,
     RemoteError,
     RequestTimeout,
 )
@@ -253,6 +254,11 @@ class ApiClient:
         except CONNECTION_ERRORS:
             self._drop()  # the next request connects again
             raise
+        except (pika.exceptions.NackError, pika.exceptions.UnroutableError) as exc:
+            # the broker did not take it (a nack during a restart or an alarm, no queue): not
+            # sent, typed like the publisher's
+            raise PublishFailed(f"sending {envelope.paradigm} {envelope.command}: the broker "
+                                f"did not take it ({exc!r}); send it again") from exc
         reply = self._replies.pop(correlation).payload
         if reply.get("ok"):
             return reply.get("result")

@@ -59,6 +59,7 @@ from messaging import (
     DeadLetterNotFound,
     DeadLetterQueue,
     EnvelopeError,
+    PublishFailed,
     RemoteError,
     RequestTimeout,
     Topology,
@@ -213,7 +214,7 @@ def _answered(command: str, refused: type[RequestRefused],
         raise kind(command, exc.code, exc.detail) from exc
     except RequestTimeout as exc:
         raise NoAnswer(str(exc)) from exc
-    except BrokerUnavailable as exc:
+    except (BrokerUnavailable, PublishFailed) as exc:  # not sent: send it again
         raise BrokerUnreachable(str(exc)) from exc
 
 

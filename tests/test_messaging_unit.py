@@ -126,3 +126,34 @@ def test_retry_policy_and_queue_names() -> None:
     assert topology.model_queue("h:1:x") == "latchwork.c1.model.h:1:x"
     with pytest.raises(ValueError):
         RedeliveryPolicy(max_retries=-1)
+
+
+def test_a_request_the_broker_nacks_is_a_typed_error_not_pikas() -> None:
+    """Chaos (hosts, this session) had the client's command raise pika's NackError from
+    ``basic_publish`` around a broker restart: untyped, it killed the sender's thread. It is
+    :class:`PublishFailed` from the API client, and the client's ``BrokerUnreachable``
+    (a ClientError: send it again). The broker's nack is played by a channel stub."""
+    import pika.exceptions
+    import pytest
+
+    from messaging import ApiClient, PublishFailed, Topology
+    from runner.client import _answered
+    from runner.errors import BrokerUnreachable, RequestFailed, RequestRefused
+
+    class Nacking:
+        is_open = True
+
+        def process_data_events(self, time_limit: float = 0) -> None:
+            pass
+
+        def basic_publish(self, *args: object, **kwargs: object) -> None:
+            raise pika.exceptions.NackError([])
+
+    api = ApiClient(connector=None, topology=Topology("c"))  # type: ignore[arg-type]
+    api._connection = Nacking()  # type: ignore[assignment]
+    api._channel = Nacking()
+    with pytest.raises(PublishFailed, match="did not take it"):
+        api.command("X", {}, wait=1.0)
+    with pytest.raises(BrokerUnreachable, match="did not take it"), \
+            _answered("X", RequestRefused, RequestFailed):
+        api.command("X", {}, wait=1.0)
