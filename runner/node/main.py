@@ -42,7 +42,7 @@ def run(settings: Settings, ready: threading.Event | None = None,
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     died: list[str] = []
     hook = threading.excepthook
-    threading.excepthook = _on_thread_death(hook, died)
+    threading.excepthook = _on_thread_death(hook, died, stopping=lambda: bool(received))
     switch = sys.getswitchinterval()
     frozen = False
     try:
@@ -84,7 +84,8 @@ THREAD_DIED = 70
 OWN_PACKAGES = ("coord.", "messaging.", "runner.")
 
 
-def _on_thread_death(hook: Callable[[threading.ExceptHookArgs], object], died: list[str]
+def _on_thread_death(hook: Callable[[threading.ExceptHookArgs], object], died: list[str],
+                     stopping: Callable[[], bool] = lambda: False
                      ) -> Callable[[threading.ExceptHookArgs], None]:
     """A ``threading.excepthook`` that stops the node when one of its own threads dies of an
     exception: a dead time-limit watcher, group commit or scan feeder would switch a guarantee
@@ -93,8 +94,8 @@ def _on_thread_death(hook: Callable[[threading.ExceptHookArgs], object], died: l
     node's: its death is only logged, as Python does."""
     def on_death(args: threading.ExceptHookArgs) -> None:
         hook(args)  # the traceback on stderr, as always
-        if args.exc_type is SystemExit or not _own(args.exc_traceback):
-            return
+        if args.exc_type is SystemExit or not _own(args.exc_traceback) or stopping():
+            return  # not the node's, or the node is leaving anyway (a SIGTERM came first)
         name = args.thread.name if args.thread is not None else "?"
         log.critical("thread %s died: %s: %s", name, args.exc_type.__name__, args.exc_value)
         died.append(name)
