@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -17,6 +18,24 @@ def latchwork(*args: str, env: dict[str, str] | None = None,
               timeout: float = 150) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "runner.cli", *args], capture_output=True,
                           text=True, timeout=timeout, env=env, check=False)
+
+
+def left_behind(port: int, directory: str) -> bool:
+    """Whether the listener on ``port`` is a process of the dev environment in ``directory``
+    (its command line names it), or one whose owner cannot be seen (counted, to be safe)."""
+    shown = subprocess.run(["ss", "-Hltnp", f"sport = :{port}"], capture_output=True,
+                           text=True, timeout=10, check=False).stdout
+    pids = [int(p) for p in re.findall(r"pid=(\d+)", shown)]
+    if not pids:
+        return True
+    for pid in pids:
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue  # gone meanwhile
+        if directory in command:
+            return True
+    return False
 
 
 def test_up_status_check_down_leaves_no_process_or_listener(tmp_path: Path) -> None:
@@ -76,7 +95,11 @@ def test_up_status_check_down_leaves_no_process_or_listener(tmp_path: Path) -> N
         down = latchwork("dev", "down", "--dir", d)
     assert down.returncode == 0, down.stderr
     assert not any(r is not None and r.is_ours() for r in records)
-    listening = [name for name, port in ports.items() if port_is_listening(port)]
+    # a port freed by the stop may be taken at once by another test's server (the suite runs
+    # on two workers, and a ZooKeeper ensemble elsewhere picks its quorum ports freely): a
+    # listener counts as left behind when a process of this environment holds it
+    listening = [name for name, port in ports.items()
+                 if port_is_listening(port) and left_behind(port, d)]
     assert listening == []
     assert not (Path(d) / "state.json").exists()
     assert (Path(d) / "gremlin-server" / "graph.kryo").exists()  # written on the clean stop
