@@ -4,13 +4,33 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 from coord import Session, read_leader, read_members
 from coord.testing import NodeProcess
 from coord.testing.plugin import ZkNamespace
 from messaging.testing.plugin import AmqpNamespace
 
+
+@contextmanager
+def zk_behind_a_proxy(zk_namespace: ZkNamespace) -> Iterator[tuple[Any, str]]:
+    """A TCP proxy in front of the namespace's first ZooKeeper server (to cut the link), and
+    the ``zk_hosts`` that reach it."""
+    from coord.testing.proxy import TcpProxy
+
+    servers, _, chroot = zk_namespace.hosts.partition("/")
+    with TcpProxy(int(servers.split(",")[0].rsplit(":", 1)[1])) as proxy:
+        yield proxy, f"127.0.0.1:{proxy.port}/{chroot}"
+
+
+def node_env(zk_hosts: str, cluster: str, amqp_vhost: AmqpNamespace,
+             tmp_path: os.PathLike[str]) -> dict[str, str]:
+    """A node's environment with a 3 s session, for the tests that cut its ZooKeeper link."""
+    return {**os.environ, "LATCHWORK_ZK_HOSTS": zk_hosts, "LATCHWORK_CLUSTER": cluster,
+            "LATCHWORK_SESSION_TIMEOUT": "3", "LATCHWORK_AMQP_URL": amqp_vhost.url,
+            "LATCHWORK_GRAPH": os.path.join(tmp_path, "graph.db")}
 
 def test_nodes_join_elect_a_master_and_leave_cleanly_on_sigterm(
         zk_namespace: ZkNamespace, amqp_vhost: AmqpNamespace, tmp_path: os.PathLike[str],
@@ -53,15 +73,9 @@ def test_a_node_stopped_while_its_zookeeper_is_silent_exits_within_its_shutdown_
     session is seen not connected it is closed first, and the node exits 0 within about the
     session timeout, saying what it left. (It waited for ever: the mailbox's delete, a MASTER
     handler's ZooKeeper call, the latch's worker.)"""
-    from coord.testing.proxy import TcpProxy
-
-    servers, _, chroot = zk_namespace.hosts.partition("/")
-    with TcpProxy(int(servers.split(",")[0].rsplit(":", 1)[1])) as proxy:
-        env = {**os.environ, "LATCHWORK_ZK_HOSTS": f"127.0.0.1:{proxy.port}/{chroot}",
-               "LATCHWORK_CLUSTER": "silent", "LATCHWORK_SESSION_TIMEOUT": "3",
-               "LATCHWORK_AMQP_URL": amqp_vhost.url,
-               "LATCHWORK_GRAPH": os.path.join(tmp_path, "graph.db")}
-        node = spawn_node(["-m", "runner.cli", "node", "start"], name="silent", env=env,
+    with zk_behind_a_proxy(zk_namespace) as (proxy, zk_hosts):
+        node = spawn_node(["-m", "runner.cli", "node", "start"], name="silent",
+                          env=node_env(zk_hosts, "silent", amqp_vhost, tmp_path),
                           ready_prefix="latchwork node")
         proxy.blackhole()
         stopped = time.monotonic()
@@ -183,16 +197,11 @@ def test_an_attempts_end_is_logged_when_written_not_when_the_zookeeper_link_retu
     later there), after the lock's release got through. The link stays cut here until that
     line is in the log (or 20 s pass): it must come while the link is down."""
     from coord.testing import wait_until
-    from coord.testing.proxy import TcpProxy
     from runner.client import Client
 
-    servers, _, chroot = zk_namespace.hosts.partition("/")
-    with TcpProxy(int(servers.split(",")[0].rsplit(":", 1)[1])) as proxy:
-        env = {**os.environ, "LATCHWORK_ZK_HOSTS": f"127.0.0.1:{proxy.port}/{chroot}",
-               "LATCHWORK_CLUSTER": "cut", "LATCHWORK_SESSION_TIMEOUT": "3",
-               "LATCHWORK_AMQP_URL": amqp_vhost.url,
-               "LATCHWORK_GRAPH": os.path.join(tmp_path, "graph.db")}
-        node = spawn_node(["-m", "runner.cli", "node", "start"], name="cut", env=env,
+    with zk_behind_a_proxy(zk_namespace) as (proxy, zk_hosts):
+        node = spawn_node(["-m", "runner.cli", "node", "start"], name="cut",
+                          env=node_env(zk_hosts, "cut", amqp_vhost, tmp_path),
                           ready_prefix="latchwork node")
         with Client(amqp_vhost.url, "cut", timeout=30) as client:
             task = client.submit("diag.sleep", {"seconds": 120})
