@@ -11,7 +11,8 @@ it uses, written with the drivers alone (kazoo, gremlinpython, gremlite), no lat
   ``union`` traversal standing on its first task's vertex, as the runner writes them; on the
   embedded file inside ``BEGIN IMMEDIATE`` ... ``COMMIT``, on a Gremlin Server one request;
   tasks/s and this process's CPU per task (and the server's, given its pid). ``lean``: on the
-  embedded file, with the store's replace of a property in place (:mod:`runner.store.replace`,
+  embedded file, with the store's replace of a property in place
+  (:mod:`runner.store.embedded.replace`,
   which every node uses) instead of gremlite's own: the engine as latchwork runs it, the same
   traversals.
 * :func:`sql_writes`: the same claims and ends on the embedded file, not as traversals but as
@@ -260,7 +261,7 @@ def graph_writes(where: str, batch: int, tasks: int = 2000, lean: bool = False,
         return _graph_writes(where, batch, tasks, server_pid)
     from gremlite import results  # type: ignore[import-untyped]
 
-    from runner.store.replace import lean_replace
+    from runner.store.embedded.replace import lean_replace
 
     lean_replace()  # installed in this process either way: set each run's own
     kept = results.Result.set_property

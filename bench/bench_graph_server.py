@@ -27,8 +27,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from runner.store import AttemptStatus, GraphStore, TaskStatus, open_store
-from runner.store.remote import SERIAL
+from runner.store import AttemptStatus, Store, TaskStatus, open_store
+from runner.store.server.graph import SERIAL
 from runner.testing.gremlinserver import GremlinServer
 
 RAW = 500
@@ -45,7 +45,7 @@ def rate(count: int, fn: Any) -> float:
     return count / (time.perf_counter() - began)
 
 
-def measure(store: GraphStore) -> dict[str, float]:
+def measure(store: Store) -> dict[str, float]:
     props = {f"p{i}": f"value-{i}" for i in range(8)}
 
     def raw(i: int) -> None:

@@ -51,8 +51,8 @@ from bench import _profile
 from bench._servers import rabbitmq, start_nodes, zookeeper
 from coord.testing import terminate_all
 from runner.client import Client
-from runner.store import AttemptStatus, GraphStore, open_store
-from runner.store.remote import SERIAL
+from runner.store import AttemptStatus, Store, open_store
+from runner.store.server.graph import SERIAL
 from runner.testing.gremlinserver import GremlinServer
 
 MODULE = textwrap.dedent('''
@@ -164,7 +164,7 @@ def measure(tasks: int, sets: int = SETS, graph_kind: str = "embedded") -> None:
             terminate_all(procs)
 
 
-def bench(client: Client, store: GraphStore, pids: list[int], tasks: int,
+def bench(client: Client, store: Store, pids: list[int], tasks: int,
           sets: int, logs: Path) -> None:
     drain(client, store, pids, "bench.process", 200)  # the children started, the server warm
     drain(client, store, pids, "bench.thread", 200)
@@ -175,7 +175,7 @@ def bench(client: Client, store: GraphStore, pids: list[int], tasks: int,
     slow_and_hung(client, store, logs)
 
 
-def cpu_rounds(client: Client, store: GraphStore, pids: list[int], tasks: int,
+def cpu_rounds(client: Client, store: Store, pids: list[int], tasks: int,
                sets: int = SETS) -> None:
     """Threaded, isolated and the two raw probes' drains side by side: ``sets`` sets, each of
     the kinds once, the order turning from one set to the next (ABCD, BCDA, ..., then
@@ -212,7 +212,7 @@ def cpu_rounds(client: Client, store: GraphStore, pids: list[int], tasks: int,
           "isolation adds over a round trip through a second interpreter)")
 
 
-def slow_and_hung(client: Client, store: GraphStore, logs: Path) -> None:
+def slow_and_hung(client: Client, store: Store, logs: Path) -> None:
     """60 one-second tasks of each kind against the ideal, and how many each node ran (one
     that ran none has its log's last lines printed); one hung isolated handler."""
 
@@ -253,7 +253,7 @@ def slow_and_hung(client: Client, store: GraphStore, logs: Path) -> None:
     assert attempt.status is AttemptStatus.TIMED_OUT
 
 
-def drain(client: Client, store: GraphStore, pids: list[int], kind: str,
+def drain(client: Client, store: Store, pids: list[int], kind: str,
           count: int) -> tuple[float, float, float]:
     """``count`` tasks of ``kind`` submitted at once and drained: tasks/s, CPU ms per task of
     the nodes and their descendants, and of the descendants alone (handler processes)."""
@@ -269,7 +269,7 @@ def drain(client: Client, store: GraphStore, pids: list[int], kind: str,
     return count / took, 1000 * used / count, 1000 * (used - nodes) / count
 
 
-def closed(store: GraphStore) -> int:
+def closed(store: Store) -> int:
     """Tasks finished or stopped (one count of an index lookup: cheap for the nodes)."""
     return int(store.graph.read(lambda g: g.V().has("task_queue", "closed").count().next()))
 

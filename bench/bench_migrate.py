@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from runner.store import GraphStore, migrations, open_graph
-from runner.store.remote import SERIAL, RemoteGraph
+from runner.store import migrations, open_graph, store_on
+from runner.store.server.graph import SERIAL, RemoteGraph
 from runner.testing.formats import write_format_0
 from runner.testing.gremlinserver import GremlinServer
 
@@ -44,7 +44,7 @@ def expected(version: int, tasks: int) -> int:
 
 
 def measure(name: str, graph: object, tasks: int, page: int) -> tuple[float, float]:
-    store = GraphStore(graph, check_format=False)  # type: ignore[arg-type]
+    store = store_on(graph, check_format=False)  # type: ignore[arg-type]
     began = time.monotonic()
     write_format_0(store.graph, tasks)
     built = time.monotonic() - began
@@ -57,7 +57,7 @@ def measure(name: str, graph: object, tasks: int, page: int) -> tuple[float, flo
     for marker in MARKERS.values():
         marked = store.graph.read(lambda g, m=marker: g.V().has(m).count().next())
         assert marked == tasks, (marker, marked)
-    GraphStore(store.graph)  # opens: the format is the current one
+    store_on(store.graph)  # opens: the format is the current one
     steps = ", ".join(f"step {r.version} {r.seconds:.1f}s" for r in reports)
     print(f"{name}: format 0 written in {built:.1f}s; migrated {tasks} tasks to format "
           f"{migrations.CURRENT} in {took:.1f}s ({steps}; {tasks / took:,.0f} tasks/s); "

@@ -36,8 +36,8 @@ from runner.pipeline.aspects import AspectRegistry, compute
 from runner.pipeline.job import BatchWorker
 from runner.pipeline.spark import spark_session, stop_spark
 from runner.pipeline.storage import SeriesPaths
-from runner.store import Avatar, GraphStore, codec
-from runner.store.graph import EmbeddedGraph
+from runner.store import Avatar, codec, store_on
+from runner.store.embedded.graph import EmbeddedGraph
 from runner.tasks import CancelToken
 
 ROWS = int(os.environ.get("LATCHWORK_BENCH_ROWS", 10_000_000))
@@ -111,7 +111,7 @@ def with_pyarrow(snapshot: Path, out: Path) -> float:
 def graph_apply(spark: Any, tmp: Path, definition: Any) -> tuple[float, float]:
     """Best of two alternating rounds each (the JVM next door adds noise on 2 cores)."""
     graph = EmbeddedGraph(tmp / "apply.db")
-    store = GraphStore(graph)
+    store = store_on(graph)
     store.avatars.upsert([Avatar(f"av-{i:010d}", f"{BRICK}AHU", {"lat": 1.0, "lon": 2.0})
                           for i in range(APPLY_ROWS)])
     ids = graph.read(lambda g: g.V().has_label("avatar").id_().to_list())

@@ -82,8 +82,8 @@ from bench.bench_peer import _records
 from coord.testing import terminate_all
 from coord.testing.ports import free_ports
 from runner.client import Client
-from runner.store import AttemptStatus, GraphStore, open_store
-from runner.store.remote import SERIAL
+from runner.store import AttemptStatus, Store, open_store
+from runner.store.server.graph import SERIAL
 from runner.testing.gremlinserver import GremlinServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -210,7 +210,7 @@ class Cluster:
         self.remote = graph.startswith("ws://")
         if self.remote:
             self.env["LATCHWORK_GRAPH_SERIAL_SERVER"] = "true"
-        self.store: GraphStore = (open_store(graph, atomicity=SERIAL) if self.remote
+        self.store: Store = (open_store(graph, atomicity=SERIAL) if self.remote
                                   else open_store(graph))
         self.client = Client(mq.url, f"bench-{name}", timeout=60, sender="bench")
         self.nodes: Nodes | None = None
@@ -559,8 +559,8 @@ def report(results: dict[str, Any], floors: dict[str, Any], peer: dict[str, Any]
                        f"p50/celery {f['p50_ms'] / peer['p50_ms']:.2f} (target <= 2)",
                        f"p99/celery {f['p99_ms'] / peer['p99_ms']:.2f} (target <= 3)"]
         # the drain against the faster of the graph's traversal floors (on the embedded graph
-        # gremlite's own replace and the store's, runner.store.replace), and on the embedded
-        # graph against SQLite's floor for the same writes: its nodes write them as SQL
+        # gremlite's own replace and the store's, runner.store.embedded.replace), and on the
+        # embedded graph against SQLite's floor for the same writes: its nodes write them as SQL
         floor = max([v["tasks_per_s"] for k, fl in floors.items()
                      if k.startswith(name) and k != SQL_FLOOR for v in fl.values()] or [1])
         ratios += [f"drain/raw graph floor {drain / floor:.2f} (embedded target >= 0.8)"]

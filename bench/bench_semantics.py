@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._servers import rabbitmq, zookeeper
 from bench.bench_runner import wait
 from coord.testing import terminate_all
-from runner.store import AttemptStatus, GraphStore, codec, open_store
+from runner.store import AttemptStatus, Store, codec, open_store
 
 SESSION = 2.0
 SCAN = 5.0
@@ -35,7 +35,7 @@ KEYS = 100
 ROUNDS = 3
 
 
-def throughput(store: GraphStore, keys: int | None) -> float:
+def throughput(store: Store, keys: int | None) -> float:
     ids = store.graph.write(lambda g: [
         store.tasks.create("diag.sleep", {"seconds": 0},
                            ordering_key=None if keys is None else f"k{n % keys}").id

@@ -24,7 +24,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gremlin_python.process.traversal import Cardinality
 
-from runner.store import AttemptStatus, Avatar, EmbeddedGraph, GraphStore, Task, TaskStatus, codec
+from runner.store import (
+    AttemptStatus,
+    Avatar,
+    EmbeddedGraph,
+    Task,
+    TaskStatus,
+    codec,
+    store_on,
+)
 from runner.store.gremlin.rows import task_props
 
 CREATES = 1000
@@ -76,7 +84,7 @@ def bulk_finished(graph: EmbeddedGraph, n: int) -> None:
 
 def scan_latency(path: Path, finished: int) -> float:
     graph = EmbeddedGraph(path)
-    store = GraphStore(graph)
+    store = store_on(graph)
     bulk_finished(graph, finished)
     for i in range(OPEN):
         store.tasks.create("t", {"n": i})
@@ -93,7 +101,7 @@ def scan_latency(path: Path, finished: int) -> float:
 
 def aspect_rates(path: Path) -> tuple[float, float]:
     graph = EmbeddedGraph(path)
-    store = GraphStore(graph)
+    store = store_on(graph)
     avatars = [Avatar(f"av{i}", "https://brickschema.org/schema/Brick#AHU", {"lat": i})
                for i in range(AVATARS)]
     store.avatars.upsert(avatars)
@@ -120,7 +128,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="latchwork-bench-") as tmp:
         root = Path(tmp)
         graph = EmbeddedGraph(root / "rates.db")
-        store = GraphStore(graph)
+        store = store_on(graph)
         raw_add_v(graph, 100)  # warm-up
         raw = raw_add_v(graph, CREATES)
         started = time.perf_counter()

@@ -145,8 +145,8 @@ from messaging.processed import HANDLING, PROCESSED
 from messaging.testing import RabbitMQServer
 from runner.client import Client
 from runner.errors import ClientError
-from runner.store import Attempt, AttemptStatus, GraphStore, Task, codec, open_store
-from runner.store.remote import SERIAL
+from runner.store import Attempt, AttemptStatus, Store, Task, codec, open_store
+from runner.store.server.graph import SERIAL
 from runner.tasks.features.diag import AppendRecord, appended, effects
 from runner.tasks.master import schedules
 from runner.tasks.master.duties import FULL_REAP_INTERVAL
@@ -221,7 +221,7 @@ class Run:
     workdir: Path
     zk: ZooKeeperCluster
     rabbit: RabbitMQServer
-    store: GraphStore
+    store: Store
     nodes: list[Node] = field(default_factory=list)
     tasks: dict[str, str] = field(default_factory=dict)  # task id -> type
     #: tasks submitted through the client -> their status in the submit's answer
@@ -599,7 +599,7 @@ def drained(run: Run, reader: Session) -> bool:
     return all(client.exists(f"{EFFECTS}/{m}") is not None for m in run.confirmed)
 
 
-def schedule_tasks(store: GraphStore) -> list[tuple[str, str]]:
+def schedule_tasks(store: Store) -> list[tuple[str, str]]:
     """(task id, uniqueness key) of every task the run's schedule made."""
     prefix = f"schedule:{SCHEDULE}:"
     rows = store.graph.read(lambda g: g.V().has_label("task").has("task_unique")

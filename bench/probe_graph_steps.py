@@ -3,7 +3,7 @@
 
 Each variant is one ``union`` traversal of ``--batch`` branches standing on its first task's
 vertex, as the runner writes its batches, sent with the driver alone and with the strategies
-the store skips (``runner.store.remote.SKIPPED_STRATEGIES``) skipped too, so that the server
+the store skips (``runner.store.server.graph.SKIPPED_STRATEGIES``) skipped too, so that the server
 does what it does for the nodes:
 
 * ``claim``: the floor's claim (the task's version and fence guarded, four properties set, an
@@ -38,7 +38,7 @@ from gremlin_python.process.graph_traversal import __
 from gremlin_python.process.traversal import Cardinality
 
 from bench import _floors, _profile
-from runner.store.remote import SKIPPED_STRATEGIES
+from runner.store.server.graph import SKIPPED_STRATEGIES
 from runner.testing.gremlinserver import GremlinServer
 
 SINGLE = Cardinality.single

@@ -27,13 +27,9 @@ from runner.config import Settings
 if TYPE_CHECKING:
     from coord import Session
     from messaging import Connector
-    from runner.store import Graph, GraphStore
+    from runner.store import Store
 
 log = logging.getLogger("latchwork.connect")
-
-#: seconds a remote graph has to answer the commit of an empty transaction (TinkerPop 3.5
-#: never answers one on a graph without transactions: TINKERPOP-2751)
-TX_PROBE_DEADLINE = 5.0
 
 
 def zk_session(settings: Settings, *, timeout: float | None = None) -> Session:
@@ -58,45 +54,20 @@ def amqp_connector(settings: Settings, name: str = "latchwork",
                      tls_key=settings.amqp_tls_key)
 
 
-def graph_store(settings: Settings, *, check_format: bool = True) -> GraphStore:
+def graph_store(settings: Settings, *, check_format: bool = True) -> Store:
     """The graph store of ``settings``; a remote one is checked for transactions, and both for
-    their store format (:class:`~runner.store.GraphStore`; ``check_format=False``: the
-    migration's own way in).
+    their store format (``check_format=False``: the migration's own way in).
 
     ``graph_serial_server`` declares a server without transactions that runs one traversal at a
     time (each guarded write is one traversal: atomic there): no probe, plain requests.
-    Otherwise the server is asked to commit an empty transaction (an answer within
-    ``TX_PROBE_DEADLINE``); without transactions it is refused, or accepted with a WARNING
-    when ``allow_untransactional_graph`` accepts check-then-act."""
-    from runner.errors import GraphNotTransactional
-    from runner.store import open_graph
-    from runner.store.remote import NONE, SERIAL, TRANSACTIONS, RemoteGraph
-    if not settings.graph.startswith(("ws://", "wss://")):
-        return _checked(open_graph(settings.graph), check_format)
-    graph = RemoteGraph(settings.graph, username=settings.graph_username,
-                       password=(settings.graph_password.get_secret_value()
-                                 if settings.graph_password else None),
-                       ca_file=settings.graph_tls_ca, timeout=settings.graph_timeout,
-                       atomicity=SERIAL if settings.graph_serial_server else TRANSACTIONS)
-    if settings.graph_serial_server:
-        log.info("the Gremlin Server at %s runs one traversal at a time (graph_serial_server): "
-                 "every guarded write is one traversal", settings.graph)
-    elif not graph.supports_transactions(min(TX_PROBE_DEADLINE, settings.graph_timeout)):
-        if not settings.allow_untransactional_graph:
-            graph.close()
-            raise GraphNotTransactional(
-                f"the Gremlin Server at {settings.graph} has no transactions: guarded claims "
-                "and unique creates would be check-then-act there; use a transactional graph "
-                "(JanusGraph, Neo4j: docs/graph.md), set graph_serial_server if the server "
-                "runs one traversal at a time, or set allow_untransactional_graph to accept "
-                "the risk")
-        graph.atomicity = NONE
-        log.warning("the Gremlin Server at %s has no transactions and "
-                    "allow_untransactional_graph is set: guarded writes are check-then-act "
-                    "there, two owners can both win a claim (docs/graph.md)", settings.graph)
-    return _checked(graph, check_format)
-
-
-def _checked(graph: Graph, check_format: bool) -> GraphStore:
-    from runner.store import GraphStore
-    return GraphStore.checked(graph, check_format)
+    Otherwise the server is asked to commit an empty transaction; without transactions it is
+    refused (:class:`~runner.errors.GraphNotTransactional`), or accepted with a WARNING when
+    ``allow_untransactional_graph`` accepts check-then-act."""
+    from runner.store import ServerOptions, open_store
+    options = ServerOptions(
+        username=settings.graph_username,
+        password=settings.graph_password.get_secret_value() if settings.graph_password else None,
+        ca_file=settings.graph_tls_ca, timeout=settings.graph_timeout,
+        atomicity="serial" if settings.graph_serial_server else "transactions",
+        probe_transactions=True, allow_untransactional=settings.allow_untransactional_graph)
+    return open_store(settings.graph, check_format=check_format, server=options)

@@ -52,6 +52,7 @@ The tree (``tests/test_layout.py`` checks that it equals the classes and codes b
     │   ├── UnknownStoreFormat      unknown_store_format
     │   │   ├── StoreFormatOutdated  store_format_outdated
     │   │   └── StoreFormatTooNew    store_format_too_new
+    │   ├── StoreSchemaUnknown      store_schema_unknown
     │   └── MigrationRefused        migration_refused
     ├── OntologyError               ontology_invalid
     ├── SourceError                 ontology_source_failed
@@ -365,6 +366,15 @@ class StoreFormatTooNew(UnknownStoreFormat):
     latchwork that knows that format."""
 
     error_code = "store_format_too_new"
+
+
+class StoreSchemaUnknown(StoreError):
+    """The embedded graph's driver does not know what it would write into: a gremlite or
+    gremlinpython version it was not tested with, or a SQLite schema (tables, columns,
+    indexes) other than the one its SQL relies on. Nothing was written; install the versions
+    latchwork pins (docs/graph.md, "What the embedded driver relies on")."""
+
+    error_code = "store_schema_unknown"
 
 
 class MigrationRefused(StoreError):

@@ -20,7 +20,7 @@ from coord import Session, SessionState
 from coord.testing import NodeProcess, ZooKeeperCluster, wait_until
 from coord.testing.plugin import ZkNamespace
 from messaging.testing.plugin import AmqpNamespace
-from runner.store import AttemptStatus, GraphStore, Task, codec, open_store
+from runner.store import AttemptStatus, Store, Task, codec, open_store
 from runner.tasks import TaskContext, TaskRegistry
 from runner.tasks.master.schedules import LOOKAHEAD
 from runner.tasks.worker.loop import LoopSettings, TaskLoop
@@ -28,7 +28,7 @@ from runner.testing.cluster import Cluster
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[GraphStore]:
+def store(tmp_path: Path) -> Iterator[Store]:
     with open_store(str(tmp_path / "graph.db")) as s:
         yield s
 
@@ -36,7 +36,7 @@ def store(tmp_path: Path) -> Iterator[GraphStore]:
 @pytest.mark.slow
 def test_handlers_ending_during_a_zookeeper_leader_election_succeed_once(
         zookeeper_ensemble: ZooKeeperCluster, ensemble_namespace: ZkNamespace,
-        store: GraphStore) -> None:
+        store: Store) -> None:
     """The ensemble's leader is killed -9 while two handlers end: one simply returns, the
     other calls ``ctx.check()`` and ``ctx.complete()``, both while the session is SUSPENDED.
     The session survives the election, so both attempts SUCCEED and each handler ran once.

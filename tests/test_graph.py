@@ -18,7 +18,7 @@ import pytest
 
 from coord.testing import wait_until
 from runner.errors import StoreUnavailable
-from runner.store import EmbeddedGraph
+from runner.store.embedded.graph import EmbeddedGraph
 
 
 @pytest.fixture
@@ -256,7 +256,7 @@ def test_a_new_vertexs_properties_go_to_gremlite_as_list_properties_and_read_as_
     from gremlin_python.process.traversal import Cardinality, T
 
     from runner.store import open_store
-    from runner.store.replace import fresh_props_listed
+    from runner.store.embedded.replace import fresh_props_listed
 
     def made(g: Any) -> Any:
         return (g.add_v("a").property("k", 1).property("s", "x").as_("v").property("late", 2)
@@ -330,7 +330,8 @@ def _replaces(path: Path) -> tuple[list[dict[str, Any]], list[list[str]], int]:
 
 def test_a_property_replaced_in_place_reads_back_as_gremlites_own_replace(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``runner.store.replace``: the same replaces through the lean one and through gremlite's
+    """``runner.store.embedded.replace``: the same replaces through the lean one and through
+    gremlite's
     own leave the same values, found by the same lookups (an old value by none); the lean one
     takes no element id per replace."""
     from gremlite import results
@@ -376,7 +377,7 @@ def _unions(path: Path) -> list[Any]:
 
 def test_union_branches_compiled_before_the_write_lock_answer_as_gremlites_own(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``runner.store.branches``: a union compiles its branches before the write's
+    """``runner.store.embedded.branches``: a union compiles its branches before the write's
     transaction begins (none of them compiled inside it), and every shape of union answers
     what gremlite's own way answers."""
     from gremlin_python.process.graph_traversal import __
@@ -417,7 +418,7 @@ def test_the_wal_is_checkpointed_beside_the_writers_and_stays_bounded(
     every vertex written), and restarts the log once it passes ``RESTART_AT`` bytes, so about
     three times that much written leaves a log file far below what the writers' threshold
     would let grow. Closed with the graph."""
-    from runner.store.wal import RESTART_AT, WAL_AUTOCHECKPOINT
+    from runner.store.embedded.wal import RESTART_AT, WAL_AUTOCHECKPOINT
 
     blob = "x" * 60_000
     graph.write(lambda g: g.add_v("blob").property("data", blob).iterate())

@@ -21,7 +21,7 @@ from coord.testing.plugin import ZkNamespace
 from messaging.testing.plugin import AmqpNamespace
 from runner.errors import StoreUnavailable
 from runner.store import AttemptStatus
-from runner.store.remote import RemoteGraph
+from runner.store.server.graph import RemoteGraph
 from runner.testing.cluster import Cluster
 from runner.testing.gremlinserver import GremlinServer
 

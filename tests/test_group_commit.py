@@ -17,8 +17,8 @@ from coord import Session, TaskLock, lock_owner
 from coord.testing import wait_until
 from coord.testing.plugin import ZkNamespace
 from runner.errors import StoreUnavailable
-from runner.store import AttemptStatus, Conclusion, GraphStore, Task, TaskStatus, open_store
-from runner.store.remote import SERIAL
+from runner.store import AttemptStatus, Conclusion, Store, Task, TaskStatus, open_store
+from runner.store.server.graph import SERIAL
 from runner.tasks.context import CancelToken
 from runner.tasks.outcomes import AttemptResult, Outcome
 from runner.tasks.worker.commit import GroupCommit
@@ -29,7 +29,7 @@ FINISHED = {"status": TaskStatus.WAITING, "finished": True}
 
 
 @pytest.fixture(params=["gremlite", "server"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[GraphStore]:
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     if request.param == "gremlite":
         with open_store(str(tmp_path / "graph.db")) as s:
             yield s
@@ -57,7 +57,7 @@ class Told:
         self.ends[ending.claim.task.id] = (outcome, task, ended)
 
 
-def claimed(store: GraphStore, session: Session, n: int) -> list[Ending]:
+def claimed(store: Store, session: Session, n: int) -> list[Ending]:
     """``n`` tasks claimed by ``m1`` with their locks held, each ended SUCCEEDED (not
     written)."""
     out = []
@@ -80,7 +80,7 @@ class HeldFirstWrite:
     """The graph's first ``conclude_many`` held until :meth:`go`: the ends handed in meanwhile
     queue for the next group."""
 
-    def __init__(self, store: GraphStore) -> None:
+    def __init__(self, store: Store) -> None:
         self.store = store
         self.gate = threading.Event()
         self.calls = 0
@@ -97,7 +97,7 @@ class HeldFirstWrite:
         self.gate.set()
 
 
-def test_ends_that_arrive_during_a_write_go_in_the_next_group(store: GraphStore,
+def test_ends_that_arrive_during_a_write_go_in_the_next_group(store: Store,
                                                              zk: Session) -> None:
     told = Told()
     commits = GroupCommit(store, "m1", told)
@@ -122,7 +122,7 @@ def test_ends_that_arrive_during_a_write_go_in_the_next_group(store: GraphStore,
 
 
 def test_a_refused_end_is_its_own_and_the_rest_of_the_group_is_written(
-        store: GraphStore, zk: Session) -> None:
+        store: Store, zk: Session) -> None:
     told = Told()
     commits = GroupCommit(store, "m1", told)
     ends = claimed(store, zk, 3)

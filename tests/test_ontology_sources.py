@@ -18,7 +18,7 @@ import pytest
 from runner.errors import SourceError
 from runner.ontology import DirectorySource, OlsSource, OntologyCache, OntologySync
 from runner.ontology.parse import checksum_of
-from runner.store import GraphStore, Ontology, OntologyClass, open_store
+from runner.store import Ontology, OntologyClass, Store, open_store
 
 ALIGN = Path(importlib.util.find_spec("brickschema").submodule_search_locations[0]) / (  # type: ignore[union-attr,index]
     "ontologies/1.2/alignments")
@@ -134,7 +134,7 @@ def test_ontology_cache_answers_from_memory_and_reloads_consistently(tmp_path: P
         assert cache.ancestors("x#D") == {"x#A", "x#B", "x#C"}
 
 
-def _load(store: GraphStore, *classes: tuple[str, tuple[str, ...]], iri: str = "x") -> None:
+def _load(store: Store, *classes: tuple[str, tuple[str, ...]], iri: str = "x") -> None:
     store.ontologies.load(Ontology(iri, "1", iri, tuple(
         OntologyClass(f"x#{name}", name, tuple(f"x#{p}" for p in parents))
         for name, parents in classes)))

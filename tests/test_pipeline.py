@@ -35,7 +35,7 @@ from runner.pipeline.job import BatchWorker
 from runner.pipeline.snapshot import write_snapshot
 from runner.pipeline.spark import TEST_CONF
 from runner.pipeline.storage import HadoopFS, SeriesPaths
-from runner.store import Avatar, GraphStore, Ontology, OntologyClass, open_store
+from runner.store import Avatar, Ontology, OntologyClass, Store, open_store
 from runner.tasks import CancelToken, TaskCancelled
 from runner.testing.cluster import CLUSTER, Cluster
 from runner.testing.sparkcluster import SparkStandalone
@@ -425,7 +425,7 @@ def test_the_snapshot_is_exported_in_pages_and_resumed_after_kill_9(
     assert final["done"] and final["rows"] == n // 3
 
 
-def _store_with(path: Path, edges: list[tuple[str, str]]) -> GraphStore:
+def _store_with(path: Path, edges: list[tuple[str, str]]) -> Store:
     store = open_store(str(path))
     classes = {c for e in edges for c in e}
     store.ontologies.load(Ontology(
@@ -474,7 +474,7 @@ def test_eligible_classes_are_one_consistent_view_while_the_cache_reloads(
     assert len(set(seen)) == 2, "the reloads never interleaved with the reads"
 
 
-def _snapshot_series(spark: Any, session: Session, store: GraphStore, tmp_path: Path,
+def _snapshot_series(spark: Any, session: Session, store: Store, tmp_path: Path,
                      sid: str, n: int, batch_rows: int, timeout: float = 30.0
                      ) -> tuple[BatchCoordinator, SeriesPaths]:
     store.avatars.upsert([Avatar(id=f"av-{i:05d}", class_iri=CLASSES[i % 3],

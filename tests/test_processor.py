@@ -20,7 +20,7 @@ import pytest
 from coord import Session, TaskLock, lock_owner
 from coord.testing import wait_until
 from coord.testing.plugin import ZkNamespace
-from runner.store import Attempt, AttemptStatus, GraphStore, Task, TaskStatus, codec, open_store
+from runner.store import Attempt, AttemptStatus, Store, Task, TaskStatus, codec, open_store
 from runner.tasks import TaskContext, TaskRegistry
 from runner.tasks.observer import Hooks
 from runner.tasks.worker.backlog import Backlog, candidates, preferred_index
@@ -30,7 +30,7 @@ from runner.tasks.worker.timing import DueTimer
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[GraphStore]:
+def store(tmp_path: Path) -> Iterator[Store]:
     with open_store(str(tmp_path / "graph.db")) as s:
         yield s
 
@@ -50,7 +50,7 @@ def held_until_close(ran: list[str]) -> Callable[[TaskContext, object], None]:
 
 
 def test_higher_priority_first_and_hooks_unwind_in_reverse(
-        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+        zk_namespace: ZkNamespace, store: Store) -> None:
     order: list[str] = []
     registry = TaskRegistry()
     registry.register("t", lambda ctx, p: order.append(f"run {p['name']}"))
@@ -81,7 +81,7 @@ def test_higher_priority_first_and_hooks_unwind_in_reverse(
 
 
 def test_a_type_slot_limits_concurrency_across_nodes(
-        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+        zk_namespace: ZkNamespace, store: Store) -> None:
     running = 0
     peak = 0
     lock = threading.Lock()
@@ -117,7 +117,7 @@ def test_a_type_slot_limits_concurrency_across_nodes(
 
 
 def test_close_cancels_running_handlers_and_writes_their_attempts(
-        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+        zk_namespace: ZkNamespace, store: Store) -> None:
     started = threading.Event()
 
     def slow(ctx: TaskContext, payload: dict[str, object]) -> None:
@@ -140,7 +140,7 @@ def test_close_cancels_running_handlers_and_writes_their_attempts(
 
 
 def test_an_old_listing_is_rechecked_before_locking(
-        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+        zk_namespace: ZkNamespace, store: Store) -> None:
     """Tasks another node claimed since the listing are dropped by one read, not by a lock
     and a failed claim each."""
     ran: list[str] = []
@@ -166,7 +166,7 @@ def test_an_old_listing_is_rechecked_before_locking(
 
 
 def test_a_listing_that_goes_stale_during_the_scan_is_rechecked(
-        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+        zk_namespace: ZkNamespace, store: Store) -> None:
     """Right after this node listed the open tasks another node claimed four of them: one scan
     walking its listing drops them by a version read, not by a lock and a failed claim each."""
     ran: list[str] = []
@@ -199,7 +199,7 @@ def test_a_listing_that_goes_stale_during_the_scan_is_rechecked(
     assert processor.stats["stale"] == 0 and processor.stats["lock_busy"] == 0
 
 
-def scan_stale_backlog(zk_namespace: ZkNamespace, store: GraphStore,
+def scan_stale_backlog(zk_namespace: ZkNamespace, store: Store,
                        listed: tuple[float, float] | None = None
                        ) -> tuple[TaskLoop, str, set[str]]:
     """One worker, and a listing of 20 tasks from a second ago, of which another node has since
@@ -230,7 +230,7 @@ def scan_stale_backlog(zk_namespace: ZkNamespace, store: GraphStore,
 
 
 def test_a_backlog_found_stale_is_listed_again_instead_of_read_in_growing_chunks(
-        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+        zk_namespace: ZkNamespace, store: Store) -> None:
     """The first version read (4 candidates for one free worker) finds only tasks another node
     took: the rest of the backlog is likely gone too, so the open tasks are listed again
     rather than checked 8, 16, ... at a time."""
@@ -242,7 +242,7 @@ def test_a_backlog_found_stale_is_listed_again_instead_of_read_in_growing_chunks
 
 
 def test_a_stale_backlog_is_not_listed_again_when_listing_would_take_too_much_of_the_time(
-        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+        zk_namespace: ZkNamespace, store: Store) -> None:
     """A listing that took long (a big queue) is not repeated sooner than ``relist_share``
     allows: the version reads grow instead (4, 8, then the 8 left)."""
     # as if the last listing had just taken a minute
@@ -252,7 +252,7 @@ def test_a_stale_backlog_is_not_listed_again_when_listing_would_take_too_much_of
     assert processor.stats["listings"] == 0
 
 
-def preferred_split(store: GraphStore, members: list[str], each: int) -> dict[str, list[Task]]:
+def preferred_split(store: Store, members: list[str], each: int) -> dict[str, list[Task]]:
     """Tasks created until every member is the preferred one of at least ``each``."""
     split: dict[str, list[Task]] = {m: [] for m in members}
     for _ in range(200):
@@ -264,7 +264,7 @@ def preferred_split(store: GraphStore, members: list[str], each: int) -> dict[st
 
 
 def test_a_node_starts_its_preferred_tasks_first_and_the_others_when_none_is_left(
-        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+        zk_namespace: ZkNamespace, store: Store) -> None:
     """Two live members: m1 claims the tasks it is preferred for first and, while a listing
     holds any of its own, leaves m2's to m2 (so two nodes walking one queue do not race for the
     same tasks); with workers left, the next listing holds only m2's: m1 takes their oldest."""
@@ -294,7 +294,7 @@ def test_a_node_starts_its_preferred_tasks_first_and_the_others_when_none_is_lef
     assert processor.stats["lock_busy"] == 0 and processor.stats["stale"] == 0
 
 
-def test_the_others_tasks_are_taken_once_left_listed_for_steal_after(store: GraphStore) -> None:
+def test_the_others_tasks_are_taken_once_left_listed_for_steal_after(store: Store) -> None:
     """While a listing holds tasks of this member's, another member's tasks are left to it
     only for ``steal_after`` seconds from when this member first listed them: a preferred
     member that is stopped or slow (its session still alive) holds its tasks back that long
@@ -315,7 +315,7 @@ def test_the_others_tasks_are_taken_once_left_listed_for_steal_after(store: Grap
 
 
 def test_a_listing_reads_its_own_shards_and_every_task_each_steal_after(
-        store: GraphStore) -> None:
+        store: Store) -> None:
     """Two live members: m1's listings read only its own shards' tasks (the others' are
     neither read nor deferred again) but every ``steal_after`` seconds, when one reads every
     task and takes the others' it first listed that long ago; membership unknown: every
@@ -342,7 +342,7 @@ def test_a_listing_reads_its_own_shards_and_every_task_each_steal_after(
 
 
 def test_the_others_task_is_taken_while_this_members_own_keep_coming(
-        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+        zk_namespace: ZkNamespace, store: Store) -> None:
     """Two live members, m2 never taking anything (stopped with its session alive): m1's own
     tasks keep coming faster than it runs them, so its own listings never run out, yet it takes
     m2's oldest task: a listing of every task comes every ``steal_after`` (an own listing alone
@@ -381,7 +381,7 @@ def test_the_others_task_is_taken_while_this_members_own_keep_coming(
 
 
 def test_a_listing_after_a_finished_task_reads_up_to_now_and_keeps_what_was_planned(
-        store: GraphStore, monkeypatch: pytest.MonkeyPatch) -> None:
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     """A listing no write asked for (after a finished task, the interval's) walks past now
     only ``AHEAD_EVERY`` seconds after the last that did; one a write asked for always does.
     One that ended at now keeps the tasks planned before on the due timer (a task due in 40 s
@@ -415,7 +415,7 @@ def test_a_listing_after_a_finished_task_reads_up_to_now_and_keeps_what_was_plan
 
 
 def test_a_listing_no_write_asked_for_reads_only_the_lanes_that_held_tasks(
-        store: GraphStore, monkeypatch: pytest.MonkeyPatch) -> None:
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     """The lanes that held nothing are probed by a listing a write asked for, or the first
     ``PROBE_EVERY`` seconds after the last probe (which need not read ahead of now): a
     listing after a finished task reads the lanes its last walk found tasks in (a task
@@ -451,7 +451,7 @@ def test_a_listing_no_write_asked_for_reads_only_the_lanes_that_held_tasks(
         timer.close()
 
 
-def test_priority_comes_before_preference(zk_namespace: ZkNamespace, store: GraphStore) -> None:
+def test_priority_comes_before_preference(zk_namespace: ZkNamespace, store: Store) -> None:
     split = preferred_split(store, ["m1", "m2"], 1)
     urgent = store.tasks.create("t", priority=5)
     with session(zk_namespace) as s:
@@ -472,7 +472,7 @@ def test_priority_comes_before_preference(zk_namespace: ZkNamespace, store: Grap
 
 
 def test_the_watched_membership_view_is_used_and_read_when_it_has_not_reported(
-        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+        zk_namespace: ZkNamespace, store: Store) -> None:
     view: dict[str, set[str] | None] = {"live": None}
     with session(zk_namespace) as s:
         s.client.create("/members/m1", b"{}", ephemeral=True, makepath=True)
@@ -486,7 +486,7 @@ def test_the_watched_membership_view_is_used_and_read_when_it_has_not_reported(
 
 
 def test_tasks_running_under_another_live_member_are_not_tried(
-        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+        zk_namespace: ZkNamespace, store: Store) -> None:
     """A listed RUNNING task of a live member is skipped without a lock try; one whose owner
     left, and one this member owns but does not run (its end was never written), are run."""
     ran: list[str] = []
@@ -509,7 +509,7 @@ def test_tasks_running_under_another_live_member_are_not_tried(
 
 
 def test_a_commit_conflict_is_retried_as_a_new_claim_unless_the_task_was_stopped_meanwhile(
-        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+        zk_namespace: ZkNamespace, store: Store) -> None:
     """A retry after a commit conflict claims the task as its owner last wrote it: attempts
     numbered 1, 2, 3 and the task counts them. If an operator stops the task during the
     backoff, there is no new attempt: the task stays stopped and its lock is released."""
@@ -556,7 +556,7 @@ def test_a_commit_conflict_is_retried_as_a_new_claim_unless_the_task_was_stopped
 
 
 def test_progress_is_throttled_and_the_last_value_wins(
-        zk_namespace: ZkNamespace, store: GraphStore, monkeypatch: pytest.MonkeyPatch) -> None:
+        zk_namespace: ZkNamespace, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     """A handler may report on every row: writes stay about one a second (on the node's
     progress writer, never in the handler's time), the value kept back by the throttle is
     written with the attempt's end (no write of its own), and a report after someone else
@@ -606,7 +606,7 @@ def test_progress_is_throttled_and_the_last_value_wins(
 
 
 def test_a_holder_cut_off_after_its_last_check_cannot_record_a_success_over_the_next_holder(
-        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+        zk_namespace: ZkNamespace, store: Store) -> None:
     """The chaos suite's ``resource_holders_overlapping`` on CI (2026-11-23), after the task lock
     was confirmed before every success: a holder can still lose its session *between* that
     confirmation and its write, and another task can claim the resource meanwhile. Here the
@@ -649,7 +649,7 @@ class HolderAndNext:
     :meth:`cut` has the server expire ``m1``'s session (its lock and holds go with it), submits
     a ``b`` task that needs the same resource and waits until ``m2`` runs it."""
 
-    def __init__(self, ns: ZkNamespace, store: GraphStore,
+    def __init__(self, ns: ZkNamespace, store: Store,
                  handler: Callable[[TaskContext, object], None],
                  after: list[Callable[[TaskContext, AttemptStatus, str | None], None]]
                  | None = None,
@@ -736,7 +736,7 @@ def test_an_ordering_key_is_one_exclusive_hold_that_a_chain_keeps() -> None:
 
 
 def test_a_holder_cut_off_mid_handler_cannot_write_a_fenced_effect_once_its_resource_is_taken(
-        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+        zk_namespace: ZkNamespace, store: Store) -> None:
     """The same fence inside a handler: a holder whose session expired mid-handler, its
     resource then claimed by another node's task, makes a fenced write
     (``store.fenced_write(ctx.fence, ...)``) before it has learned anything. The task's own
@@ -779,7 +779,7 @@ class Held:
 
 
 @contextlib.contextmanager
-def one_worker_loop(ns: ZkNamespace, store: GraphStore,
+def one_worker_loop(ns: ZkNamespace, store: Store,
                     held: Held) -> Iterator[tuple[Session, TaskLoop]]:
     """A task loop of one worker for type ``t`` (``held``), no interval scan but the first,
     which has ended (nothing was open) when this yields; released and closed after."""
@@ -797,7 +797,7 @@ def one_worker_loop(ns: ZkNamespace, store: GraphStore,
 
 
 def test_accept_starts_queues_or_says_elsewhere(
-        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+        zk_namespace: ZkNamespace, store: Store) -> None:
     """``TaskLoop.accept``, the loop's one way in: a plain task due now with a worker free
     starts at once (no scan, no listing: STARTED); with no worker free it is written WAITING
     and the others must be told (ELSEWHERE); one due later likewise; one that needs a look
@@ -827,7 +827,7 @@ def test_accept_starts_queues_or_says_elsewhere(
 
 
 def test_a_task_queued_while_the_interval_scan_runs_is_taken_right_after_that_scan(
-        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+        zk_namespace: ZkNamespace, store: Store) -> None:
     """A task written WAITING while a scan is under way (its listing read before the write)
     asks for a scan; the one under way cannot take it, and the next comes right after it, not
     at the next interval (this loop has none for an hour). Before, the ask re-timed the
@@ -857,7 +857,7 @@ def test_a_task_queued_while_the_interval_scan_runs_is_taken_right_after_that_sc
 
 
 def test_a_freed_worker_lists_once_its_share_allows_when_it_may_not_at_once(
-        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+        zk_namespace: ZkNamespace, store: Store) -> None:
     """A worker frees up with the backlog empty while listing again would pass listing's share
     of the time (the last listing was slow, as on a loaded machine): the follow-up does not
     list, and a pass comes when the share allows, so the task that waits is taken with no
@@ -880,7 +880,7 @@ def test_a_freed_worker_lists_once_its_share_allows_when_it_may_not_at_once(
 
 
 def test_a_new_task_is_written_claimed_by_its_submitter_in_one_store_write(
-        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+        zk_namespace: ZkNamespace, store: Store) -> None:
     """``TaskLoop.accept`` of a plain task with a worker free: written RUNNING with its
     attempt in one store write while its lock is taken (one ZooKeeper transaction, no watch):
     its token is below the lock's czxid (the session's last zxid before the lock was sent), and
@@ -944,7 +944,7 @@ def test_a_new_task_is_written_claimed_by_its_submitter_in_one_store_write(
 
 @pytest.mark.parametrize("again", [False, True], ids=["new", "redelivered"])
 def test_a_new_task_whose_lock_cannot_be_had_as_it_is_written_ends_cancelled_by_system(
-        zk_namespace: ZkNamespace, store: GraphStore, again: bool,
+        zk_namespace: ZkNamespace, store: Store, again: bool,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A new task is written claimed while its lock is taken; when the lock cannot be had
     after all (here another session holds the new id's lock: in life, a session lost at that
@@ -980,7 +980,7 @@ def test_a_new_task_whose_lock_cannot_be_had_as_it_is_written_ends_cancelled_by_
 
 
 def test_a_redelivered_submits_task_waits_for_its_lock_held_by_the_other_copy_and_runs_once(
-        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+        zk_namespace: ZkNamespace, store: Store) -> None:
     """Two copies of one submit handled at once on two nodes: the copy that writes the task
     may find its lock taken by the other copy's try, which lets it go once it finds the task
     written (here another session holds the lock and lets go 0.3 s later). The writer waits
@@ -1011,7 +1011,7 @@ def test_a_redelivered_submits_task_waits_for_its_lock_held_by_the_other_copy_an
 
 
 def test_a_batch_claim_that_partly_loses_keeps_what_it_won(
-        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+        zk_namespace: ZkNamespace, store: Store) -> None:
     """``Claimer.claim_many``: of four listed tasks, one is locked by another node and one
     changed since it was listed; the other two are claimed in one store write, each with its
     RUNNING attempt and its lock's token, and nothing of the two lost is left held here."""
@@ -1101,7 +1101,7 @@ def test_a_node_claims_ahead_only_while_its_handlers_are_short() -> None:
 
 
 def test_nodes_that_drained_short_tasks_claim_long_ones_one_worker_at_a_time(
-        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+        zk_namespace: ZkNamespace, store: Store) -> None:
     """Two nodes of one worker each, claiming ahead (``prefetch`` 3), drain short tasks; then
     long tasks of another type come. Neither node claims a long task before its worker is free:
     each node's attempts of the long type never overlap (a claim ahead would start an attempt,

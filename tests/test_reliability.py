@@ -18,7 +18,7 @@ from coord import LeaderLatch, Membership, Session, TaskLock, force_release, loc
 from coord.testing import wait_until
 from coord.testing.plugin import ZkNamespace
 from runner.errors import StaleFencingToken, StoreUnavailable
-from runner.store import AttemptStatus, GraphStore, open_store
+from runner.store import AttemptStatus, Store, open_store
 from runner.tasks import Observer, TaskCancelled, TaskContext, TaskRegistry
 from runner.tasks.features.diag import effects, register_diagnostics
 from runner.tasks.master.duties import MasterDuties, Pruning
@@ -26,7 +26,7 @@ from runner.tasks.worker.loop import LoopSettings, TaskLoop
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[GraphStore]:
+def store(tmp_path: Path) -> Iterator[Store]:
     with open_store(str(tmp_path / "graph.db")) as s:
         yield s
 
@@ -36,7 +36,7 @@ def session(ns: ZkNamespace) -> Session:
 
 
 def test_the_reaper_does_not_take_a_member_that_joined_during_its_pass_for_dead(
-        zk_namespace: ZkNamespace, store: GraphStore, monkeypatch: pytest.MonkeyPatch) -> None:
+        zk_namespace: ZkNamespace, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     """A member joins and takes a lock right after the reaper read the members: listing the
     locks after that read took the newcomer's lock for a dead member's and freed it."""
     task = store.tasks.create("t")
@@ -73,7 +73,7 @@ def test_the_reaper_does_not_take_a_member_that_joined_during_its_pass_for_dead(
 
 
 def test_the_reaper_reads_every_lock_only_when_a_member_left_or_joined_or_its_time_came(
-        zk_namespace: ZkNamespace, store: GraphStore, monkeypatch: pytest.MonkeyPatch) -> None:
+        zk_namespace: ZkNamespace, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every ``reap_interval`` the reaper read every held lock and every RUNNING attempt: its
     cost grew with the locks held, all the time. A pass now reads the member ids first and
     goes no further while they are those its last full pass began with (nobody left: no lock
@@ -119,7 +119,7 @@ class RecordingLock(TaskLock):
 
 
 def test_a_lock_lost_between_acquire_and_claim_still_cancels_the_attempt(
-        zk_namespace: ZkNamespace, store: GraphStore, monkeypatch: pytest.MonkeyPatch) -> None:
+        zk_namespace: ZkNamespace, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     """The lost-lock listener used to be registered after the claim: a loss in between was
     never delivered, and the handler ran to SUCCEEDED without its lock. Here the session
     expires (its locks go with it) after the batch's locks were taken and before its claims are
@@ -155,7 +155,7 @@ def test_a_lock_lost_between_acquire_and_claim_still_cancels_the_attempt(
 
 
 def test_ctx_check_and_fenced_writes_stop_an_owner_that_lost_its_task(
-        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+        zk_namespace: ZkNamespace, store: Store) -> None:
     """A handler asks ``ctx.check()`` before its effect and writes through its fence: once the
     master closed its attempt (the fence moved) or its lock node went, neither goes through,
     and the effect is not written. A handler that still owns its task passes both."""
@@ -223,7 +223,7 @@ def test_ctx_check_and_fenced_writes_stop_an_owner_that_lost_its_task(
 
 
 def test_an_owner_whose_attempt_the_master_closed_cannot_finish_the_task(
-        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+        zk_namespace: ZkNamespace, store: Store) -> None:
     """The first-round defect, made deterministic: the handler succeeds only after the master
     closed its attempt (the owner was frozen past its session, say). The owner used to re-read
     the task and finish it with its old token (``finished``, its only attempt
@@ -265,7 +265,7 @@ def test_an_owner_whose_attempt_the_master_closed_cannot_finish_the_task(
 
 
 def test_the_master_prunes_processed_message_records_by_age(
-        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+        zk_namespace: ZkNamespace, store: Store) -> None:
     """The processed-message log grew without bound; the master now deletes records older than
     the retention, every prune interval, and keeps the newer ones (a redelivery within the
     retention is still recognised)."""
@@ -291,7 +291,7 @@ def test_the_master_prunes_processed_message_records_by_age(
 
 
 def test_ctx_complete_writes_the_effect_and_the_success_together_or_neither(
-        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+        zk_namespace: ZkNamespace, store: Store) -> None:
     """An owner killed between its effect and its success used to leave the effect behind and
     the task to run again (a second effect). ``ctx.complete()`` writes both at once; an owner
     whose attempt was closed first (the master took the task back) writes neither."""
@@ -341,7 +341,7 @@ def test_ctx_complete_writes_the_effect_and_the_success_together_or_neither(
 
 @pytest.mark.parametrize("applied", [False, True], ids=["not_written", "answer_lost"])
 def test_ctx_complete_with_the_graph_out_of_reach_is_a_system_cancellation(
-        zk_namespace: ZkNamespace, store: GraphStore, applied: bool) -> None:
+        zk_namespace: ZkNamespace, store: Store, applied: bool) -> None:
     """The graph goes out of reach under ``ctx.complete()`` (a cut link, a server restart:
     ``StoreUnavailable``), before its write ran or after it ran with its answer lost. Which
     one cannot be known then, and it is no fault of the handler: the attempt is cancelled by
@@ -394,7 +394,7 @@ def test_ctx_complete_with_the_graph_out_of_reach_is_a_system_cancellation(
 
 
 def test_closing_the_master_duties_waits_for_their_on_master_action(
-        zk_namespace: ZkNamespace, store: GraphStore) -> None:
+        zk_namespace: ZkNamespace, store: Store) -> None:
     """The on-master action (publish SYNCHRONIZE_MODEL) runs on a thread of its own, using the
     bus, which the node closes right after the duties: a node closed just after it became
     master closed the bus under that publish (pika failed in another thread, seen in a full

@@ -41,17 +41,18 @@ from runner.store import (
     Avatar,
     Conclusion,
     Fence,
-    GraphStore,
     Ontology,
     OntologyClass,
     StopCause,
+    Store,
     Task,
     TaskStatus,
     codec,
     due,
     open_store,
+    store_on,
 )
-from runner.store.remote import SERIAL
+from runner.store.server.graph import SERIAL
 from runner.tasks.outcomes import Outcome, task_changes
 from runner.testing.gremlinserver import GremlinServer
 
@@ -62,7 +63,7 @@ BRICK = Path(importlib.util.find_spec("brickschema").submodule_search_locations[
 
 
 @pytest.fixture(params=["gremlite", "server", *(["remote"] if REMOTE_URL else [])])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[GraphStore]:
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     if request.param == "server":
         server: GremlinServer = request.getfixturevalue("gremlin_server")
         s = open_store(server.url, atomicity=SERIAL)
@@ -78,7 +79,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[GraphStore
         s.close()
 
 
-def counts(store: GraphStore) -> tuple[int, int]:
+def counts(store: Store) -> tuple[int, int]:
     return store.graph.read(lambda g: (g.V().count().next(), g.E().count().next()))
 
 
@@ -160,7 +161,7 @@ def test_a_started_attempt_is_the_attempt_a_read_of_its_properties_gives() -> No
 
 # -- tasks --------------------------------------------------------------------------------------
 
-def test_create_and_get_round_trip_every_field(store: GraphStore) -> None:
+def test_create_and_get_round_trip_every_field(store: Store) -> None:
     payload = {"iri": "https://brickschema.org/schema/Brick", "files": ["a.ttl", "b.ttl"],
                "nested": {"n": 2**70, "ok": True}}
     task = store.tasks.create("ontology.load", payload, priority=5)
@@ -173,7 +174,7 @@ def test_create_and_get_round_trip_every_field(store: GraphStore) -> None:
         store.tasks.get("no-such-task")
 
 
-def test_a_uniqueness_key_returns_the_existing_task(store: GraphStore) -> None:
+def test_a_uniqueness_key_returns_the_existing_task(store: Store) -> None:
     first = store.tasks.create("aspect.create", {"aspect": "geo"}, unique_key="aspect:geo")
     second = store.tasks.create("aspect.create", {"aspect": "geo"}, unique_key="aspect:geo")
     other = store.tasks.create("aspect.create", {"aspect": "ts"}, unique_key="aspect:ts")
@@ -182,7 +183,7 @@ def test_a_uniqueness_key_returns_the_existing_task(store: GraphStore) -> None:
 
 
 def test_a_bulk_write_sent_again_finds_what_it_wrote_instead_of_writing_it_twice(
-        store: GraphStore) -> None:
+        store: Store) -> None:
     """``add_many(..., again=True)``, a keyed bulk submit page sent again after its answer was
     lost: the tasks its first write made are found by their ids (and one by its uniqueness
     key), the rest written, in order, each once; a second sending changes nothing."""
@@ -205,7 +206,7 @@ def test_a_bulk_write_sent_again_finds_what_it_wrote_instead_of_writing_it_twice
     assert all(store.tasks.get(t.id) == t for t in whole)
 
 
-def test_unfinished_lists_active_open_tasks_by_priority_then_age(store: GraphStore) -> None:
+def test_unfinished_lists_active_open_tasks_by_priority_then_age(store: Store) -> None:
     low = store.tasks.create("t", priority=0)
     high = store.tasks.create("t", priority=9)
     low2 = store.tasks.create("t", priority=0)
@@ -222,7 +223,7 @@ def test_unfinished_lists_active_open_tasks_by_priority_then_age(store: GraphSto
     assert [t.id for t in store.tasks.all(type="other")] == [other.id]
 
 
-def test_conditional_update_needs_the_current_version(store: GraphStore) -> None:
+def test_conditional_update_needs_the_current_version(store: Store) -> None:
     task = store.tasks.create("t")
     claimed = store.tasks.update(task.id, 0, 7, status=TaskStatus.RUNNING, owner="m1")
     assert (claimed.version, claimed.fence, claimed.owner) == (1, 7, "m1")
@@ -234,14 +235,14 @@ def test_conditional_update_needs_the_current_version(store: GraphStore) -> None
         store.tasks.update(task.id, 1, 7, type="other")
 
 
-def test_versions_reports_current_versions_of_existing_tasks(store: GraphStore) -> None:
+def test_versions_reports_current_versions_of_existing_tasks(store: Store) -> None:
     a, b = store.tasks.create("t"), store.tasks.create("t")
     store.tasks.update(a.id, 0, 3, status=TaskStatus.RUNNING, owner="m1")
     assert store.tasks.versions([a.id, b.id, "no-such-task"]) == {a.id: 1, b.id: 0}
     assert store.tasks.versions([]) == {}
 
 
-def test_a_stale_fencing_token_is_rejected_and_changes_nothing(store: GraphStore) -> None:
+def test_a_stale_fencing_token_is_rejected_and_changes_nothing(store: Store) -> None:
     task = store.tasks.create("t")
     big = 2**63 - 5  # ZooKeeper zxids are 64-bit; gremlite cannot hold this natively
     owned = store.tasks.update(task.id, 0, big, status=TaskStatus.RUNNING, owner="new")
@@ -251,7 +252,7 @@ def test_a_stale_fencing_token_is_rejected_and_changes_nothing(store: GraphStore
     assert store.tasks.get(task.id) == owned
 
 
-def test_stale_owner_of_a_real_task_lock_is_stopped(store: GraphStore,
+def test_stale_owner_of_a_real_task_lock_is_stopped(store: Store,
                                                     zk_namespace: ZkNamespace) -> None:
     task = store.tasks.create("ontology.load")
     with Session(zk_namespace.hosts, "s1", timeout=4.0) as session:
@@ -272,7 +273,7 @@ def test_stale_owner_of_a_real_task_lock_is_stopped(store: GraphStore,
 
 # -- attempts -----------------------------------------------------------------------------------
 
-def test_attempts_are_written_closed_once_and_listed_in_order(store: GraphStore) -> None:
+def test_attempts_are_written_closed_once_and_listed_in_order(store: Store) -> None:
     task = store.tasks.create("t")
     first = store.attempts.start(task.id, "host:1:a", fence_token=2**62 + 1)
     assert first.status is AttemptStatus.RUNNING and first.seq == 1 and first.ended_at is None
@@ -315,7 +316,7 @@ def test_attempts_are_written_closed_once_and_listed_in_order(store: GraphStore)
         store.attempts.finish(third.id, AttemptStatus.RUNNING)
 
 
-def test_attempts_are_numbered_by_their_task_whoever_starts_them(store: GraphStore) -> None:
+def test_attempts_are_numbered_by_their_task_whoever_starts_them(store: Store) -> None:
     """The task counts its attempts (a claim reads nothing): a standalone start counts too and
     moves the task on, so a claim from a listing older than that start is a conflict."""
     listed = store.tasks.create("t")
@@ -330,7 +331,7 @@ def test_attempts_are_numbered_by_their_task_whoever_starts_them(store: GraphSto
     assert [a.seq for a in store.attempts.for_task(listed.id)] == [1, 2, 3]
 
 
-def test_vertices_of_an_unknown_format_are_refused_by_name(store: GraphStore) -> None:
+def test_vertices_of_an_unknown_format_are_refused_by_name(store: Store) -> None:
     """A task or attempt without the properties this version writes (an older, unreleased
     format) is a typed error naming it, not a guess or a KeyError."""
     store.graph.write(lambda g: g.add_v("task").property("task_id", "old-1")
@@ -344,7 +345,7 @@ def test_vertices_of_an_unknown_format_are_refused_by_name(store: GraphStore) ->
 
 
 def test_a_new_task_written_claimed_is_what_a_create_and_a_claim_leave(
-        store: GraphStore) -> None:
+        store: Store) -> None:
     """``create_claimed``: the submitter's one write (the task RUNNING with its attempt) leaves
     the task and attempt that ``tasks.add`` and ``claim`` leave in two; the task is listed and
     found by its owner like any claimed task, and concluded the same way. A task that needs a
@@ -378,7 +379,7 @@ def test_a_new_task_written_claimed_is_what_a_create_and_a_claim_leave(
     assert counts(store) == before
 
 
-def test_a_submit_sent_again_finds_the_task_its_first_sending_wrote(store: GraphStore) -> None:
+def test_a_submit_sent_again_finds_the_task_its_first_sending_wrote(store: Store) -> None:
     """``create_claimed_again`` and ``add_many(..., again=True)``: a submit whose request was
     handled twice (redelivered after the node that wrote it was killed or cut off before its
     answer went) writes its task once, by the id the request's id makes; the second sending
@@ -401,7 +402,7 @@ def test_a_submit_sent_again_finds_the_task_its_first_sending_wrote(store: Graph
 
 
 def test_a_checkpoint_is_fenced_by_its_attempt_and_read_back_until_dropped(
-        store: GraphStore) -> None:
+        store: Store) -> None:
     """``ctx.checkpoint``'s write: guarded like the owner's end (its attempt RUNNING, its token
     the task's), the version left alone so that end still matches; an owner that lost the task
     writes nothing; the next attempt reads the last one; ``reactivate --fresh`` drops it."""
@@ -453,7 +454,7 @@ def test_a_checkpoint_is_fenced_by_its_attempt_and_read_back_until_dropped(
     assert store.tasks.get(task.id) == running
 
 
-def test_claim_and_conclude_write_together_or_say_why(store: GraphStore) -> None:
+def test_claim_and_conclude_write_together_or_say_why(store: Store) -> None:
     """The task loop's two writes: a claim from a listing, and the attempt's end with the
     task's new state. Neither reads first, so the guards decide; what they refuse is left
     unchanged, and the attempt is never lost with a refused task update."""
@@ -544,7 +545,7 @@ def test_claim_and_conclude_write_together_or_say_why(store: GraphStore) -> None
 
 
 def test_closing_the_owners_attempt_moves_the_fence_so_the_owner_can_write_nothing(
-        store: GraphStore) -> None:
+        store: Store) -> None:
     """The first-round defect: the master reset a task without moving its fence, and the woken
     owner, told its attempt was closed, re-read the task and finished it with its old token
     (its only attempt CANCELLED_BY_SYSTEM). Every owner write now fails on the moved fence,
@@ -576,7 +577,7 @@ def test_closing_the_owners_attempt_moves_the_fence_so_the_owner_can_write_nothi
 
 
 def test_a_resource_claimed_by_another_attempt_refuses_the_previous_holders_success(
-        store: GraphStore) -> None:
+        store: Store) -> None:
     """Each claim records its attempt as the holder of the task's resources, in the claim's
     write. A holder that lost its ZooKeeper hold (frozen, cut off) and has not learned it yet
     can then record no success, complete nothing and make no fenced write that needs them
@@ -621,7 +622,7 @@ def test_a_resource_claimed_by_another_attempt_refuses_the_previous_holders_succ
 
 
 def test_a_claim_with_an_older_token_cannot_take_a_resource_from_a_newer_holder(
-        store: GraphStore) -> None:
+        store: Store) -> None:
     """Tokens are task-lock czxids, so they grow with time. A claimant whose claim commits
     only after a newer one's (its write was slow, or it lost its session between its hold and
     its write) is refused, nothing written, and the newer holder keeps the resource and its
@@ -640,7 +641,7 @@ def test_a_claim_with_an_older_token_cannot_take_a_resource_from_a_newer_holder(
 
 
 def test_an_operator_cancel_closes_the_running_attempt_and_fences_its_owner(
-        store: GraphStore) -> None:
+        store: Store) -> None:
     listed = store.tasks.create("t")
     task, attempt = store.claim(listed, 70, "m1")
     stopped, closed = store.cancel(listed.id, "alice@ops")
@@ -660,7 +661,7 @@ def test_an_operator_cancel_closes_the_running_attempt_and_fences_its_owner(
 
 
 def test_stop_unstarted_stops_a_waiting_task_with_its_reason_and_never_a_started_one(
-        store: GraphStore) -> None:
+        store: Store) -> None:
     waiting = store.tasks.create("t", unique_key="schedule:s:1")
     stopped = store.tasks.stop_unstarted(waiting.id, "schedule s paused")
     assert stopped is not None and not stopped.active and not stopped.finished
@@ -680,7 +681,7 @@ def test_stop_unstarted_stops_a_waiting_task_with_its_reason_and_never_a_started
 
 
 def test_a_claim_of_a_task_left_running_closes_the_old_attempt_in_the_same_write(
-        store: GraphStore) -> None:
+        store: Store) -> None:
     listed = store.tasks.create("t")
     task, old = store.claim(listed, 80, "gone")
     taken, new = store.claim(task, 90, "m2")
@@ -711,7 +712,7 @@ def small_ontologies() -> tuple[Ontology, Ontology]:
     return base, ext
 
 
-def test_ontology_load_is_idempotent_and_links_across_ontologies(store: GraphStore) -> None:
+def test_ontology_load_is_idempotent_and_links_across_ontologies(store: Store) -> None:
     base, ext = small_ontologies()
     loaded = store.ontologies.load(ext)  # its parent AHU arrives as a placeholder
     assert loaded.changed and loaded.added_classes == 4 and loaded.added_edges == 4
@@ -737,7 +738,7 @@ def test_ontology_load_is_idempotent_and_links_across_ontologies(store: GraphSto
     assert store.ontologies.classes("https://example.org/none") == []
 
 
-def test_brick_loads_idempotently_with_correct_ancestors(store: GraphStore) -> None:
+def test_brick_loads_idempotently_with_correct_ancestors(store: Store) -> None:
     path = BRICK / "1.2" / "Brick.ttl"
     brick = parse_ontology(path)
     result = store.ontologies.load(brick)
@@ -759,7 +760,7 @@ def test_brick_loads_idempotently_with_correct_ancestors(store: GraphStore) -> N
 
 # -- avatars ------------------------------------------------------------------------------------
 
-def test_aspect_bulk_upsert_is_idempotent_and_removable(store: GraphStore) -> None:
+def test_aspect_bulk_upsert_is_idempotent_and_removable(store: Store) -> None:
     avatars = [Avatar(f"av{i:04d}", BASE + "AHU", {"lat": 52.0 + i / 1000, "lon": 4.0})
                for i in range(450)]  # more than two batches
     assert store.avatars.upsert(avatars) == 450
@@ -781,7 +782,7 @@ def test_aspect_bulk_upsert_is_idempotent_and_removable(store: GraphStore) -> No
 
 
 def test_the_export_pages_every_eligible_avatar_once_in_bounded_pages(
-        store: GraphStore) -> None:
+        store: Store) -> None:
     """Pages of at most twice the limit, every avatar of the classes once, none of the
     others; resumable from any page's cursor."""
     wanted = [Avatar(f"av{i:05d}", BASE + ("AHU" if i % 3 else "Room"), {"n": i})
@@ -854,7 +855,8 @@ def test_a_server_without_transactions_says_so_in_time_and_a_node_decides(
     from runner import connect
     from runner.config import Settings
     from runner.errors import GraphNotTransactional
-    from runner.store.remote import NONE, RemoteGraph
+    from runner.store.server import graph as server_graph
+    from runner.store.server.graph import NONE, RemoteGraph
 
     graph = RemoteGraph(gremlin_server.url, timeout=10.0)
     try:
@@ -865,7 +867,7 @@ def test_a_server_without_transactions_says_so_in_time_and_a_node_decides(
     finally:
         graph.close()
     url = gremlin_server.url
-    monkeypatch.setattr(connect, "TX_PROBE_DEADLINE", 1.0)
+    monkeypatch.setattr(server_graph, "TX_PROBE_DEADLINE", 1.0)
     with pytest.raises(GraphNotTransactional) as refused:
         connect.graph_store(Settings(graph=url, graph_username="lw",
                                      graph_password="s3cret-graph"))
@@ -892,7 +894,7 @@ def test_a_remote_call_is_answered_in_its_callers_thread_and_inside_an_event_loo
 
     from gremlin_python.driver.protocol import GremlinServerError
 
-    from runner.store.remote import RemoteGraph
+    from runner.store.server.graph import RemoteGraph
 
     graph = RemoteGraph(gremlin_server.url, atomicity="serial", timeout=10.0)
     try:
@@ -927,7 +929,7 @@ def test_after_a_server_restart_a_read_then_a_write_go_on_new_connections(
     again on new connections, and the write that follows goes on them too. (A try at reads
     on a pool of their own broke this: the read met a fresh connection, the write a dead
     one; the chaos suite's harness saw it.)"""
-    from runner.store.remote import RemoteGraph
+    from runner.store.server.graph import RemoteGraph
 
     server = GremlinServer(tmp_path / "restarted")
     server.start()
@@ -962,7 +964,7 @@ def test_a_remote_read_decodes_its_answers_as_the_drivers_own_reader_does(
     from gremlin_python.process.graph_traversal import __
     from gremlin_python.statics import long
 
-    from runner.store.remote import RemoteGraph
+    from runner.store.server.graph import RemoteGraph
 
     graph = RemoteGraph(gremlin_server.url, atomicity="serial", timeout=10.0)
     plain = DriverRemoteConnection(gremlin_server.url, "g",
@@ -1004,15 +1006,14 @@ def test_a_server_that_speaks_graphbinary_only_is_read_in_graphbinary(
     GraphBinary from then on (said once, at INFO); the store works on it as on any."""
     import logging
 
-    from runner.store import GraphStore
-    from runner.store.remote import RemoteGraph
+    from runner.store.server.graph import RemoteGraph
 
     server = GremlinServer(tmp_path / "binary-only", graphson=False)
     server.start()
     try:
         with caplog.at_level(logging.INFO, logger="latchwork.store"):
             graph = RemoteGraph(server.url, atomicity="serial", timeout=10.0)
-            store = GraphStore(graph)
+            store = store_on(graph)
             try:
                 task = store.tasks.create("t", {"n": 1})
                 assert store.tasks.get(task.id).payload == {"n": 1}
@@ -1044,7 +1045,7 @@ if REMOTE_URL:  # only a transactional server has this half; none can be install
     def test_a_remote_write_commits_or_rolls_back_as_one_transaction() -> None:
         """A write that fails after its first change leaves nothing (the server rolled the
         transaction back), and the server says it has transactions."""
-        from runner.store.remote import RemoteGraph
+        from runner.store.server.graph import RemoteGraph
         graph = RemoteGraph(REMOTE_URL or "")
         try:
             assert graph.supports_transactions()
@@ -1063,7 +1064,7 @@ if REMOTE_URL:  # only a transactional server has this half; none can be install
 
 @pytest.mark.parametrize("read_at_most", [200, 3])
 def test_search_pages_newest_first_by_filters_and_counts_per_state(
-        store: GraphStore, read_at_most: int, monkeypatch: pytest.MonkeyPatch) -> None:
+        store: Store, read_at_most: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The operator's list (the web console's): equality filters on indexed properties,
     newest first, pages joined by a cursor with nothing lost or repeated, counts per state.
     With buckets read whole only up to 3 tasks, the walk splits the day into hours, minutes
@@ -1135,7 +1136,7 @@ def test_search_pages_newest_first_by_filters_and_counts_per_state(
 
 
 def test_claims_and_ends_of_several_tasks_are_one_write_each_refusal_its_own(
-        store: GraphStore) -> None:
+        store: Store) -> None:
     """``claim_many`` and ``conclude_many``: one write (one traversal) for the batch; a task
     that moved on since it was listed, or one whose fence is newer, is refused alone (its
     error in its place, nothing of it written) and the others are written; an end whose
@@ -1192,8 +1193,8 @@ def test_the_stores_requests_are_written_byte_for_byte_as_the_drivers_writer_wri
     from gremlin_python.statics import long
     from gremlin_python.structure.io.graphbinaryV1 import GraphBinaryWriter
 
-    from runner.store import wire
-    from runner.store.remote import SKIPPED_STRATEGIES
+    from runner.store.server import wire
+    from runner.store.server.graph import SKIPPED_STRATEGIES
 
     driver, sent = GraphBinaryWriter(), []
     quick = wire.QuickWriter._bytecode
@@ -1250,7 +1251,7 @@ def test_the_stores_reads_are_written_in_the_json_the_drivers_graphson_writer_ma
     from gremlin_python.structure.io.graphsonV3d0 import GraphSONWriter
 
     from runner.store import due, wire
-    from runner.store.remote import SKIPPED_STRATEGIES
+    from runner.store.server.graph import SKIPPED_STRATEGIES
 
     driver, sent = GraphSONWriter(), []
     quick = wire.QuickGraphSON._bytecode
@@ -1325,7 +1326,7 @@ def test_steps_appended_directly_are_the_steps_gremlinpython_adds() -> None:
     assert has_all(g.V(), *pairs).bytecode == built.bytecode
 
 
-def _create_waiting(store: GraphStore, count: int, priority: int = 0,
+def _create_waiting(store: Store, count: int, priority: int = 0,
                     at: datetime | None = None) -> list[str]:
     """``count`` WAITING tasks in one write, each ready at its own second from ``at`` on."""
     from runner.store.gremlin.rows import task_props
@@ -1345,7 +1346,7 @@ def _create_waiting(store: GraphStore, count: int, priority: int = 0,
     return made
 
 
-def test_the_ready_scan_reads_a_page_whatever_the_backlog(store: GraphStore) -> None:
+def test_the_ready_scan_reads_a_page_whatever_the_backlog(store: Store) -> None:
     """The task loop's listing (``ReadyScan``): the highest lane first, in it the oldest
     ready seconds first, a page of a size asked for; its reads do not grow with the tasks that
     wait (300 then 3,000 waiting: the same number of reads for a page); a claimed task leaves
@@ -1384,7 +1385,7 @@ def test_the_ready_scan_reads_a_page_whatever_the_backlog(store: GraphStore) -> 
 
 
 def test_an_own_read_finds_only_the_members_shards_and_moves_no_cursor(
-        store: GraphStore) -> None:
+        store: Store) -> None:
     """A node's own read (``shards``): only its shards' tasks, the oldest first, on every graph
     (a filter after the index lookup, each window's lookup still limited); a window it reads
     empty keeps the cursor (the others' tasks there are not seen), and the full read after it
@@ -1414,7 +1415,7 @@ def test_an_own_read_finds_only_the_members_shards_and_moves_no_cursor(
 
 
 def test_a_node_starts_a_lane_at_its_shared_floor_and_reads_behind_it_for_late_writes(
-        store: GraphStore, zk_namespace: ZkNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
+        store: Store, zk_namespace: ZkNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
     """The lanes' floors in ZooKeeper (real server): the first node with no floor reads the
     lane once (every waiting task's queue) and writes the floor; a node that starts later
     begins at the floor, with no read of the whole lane, and lists the same oldest tasks. A
@@ -1476,7 +1477,7 @@ def test_a_node_starts_a_lane_at_its_shared_floor_and_reads_behind_it_for_late_w
 
 
 def test_a_walk_crosses_hours_without_tasks_in_a_few_reads_and_keeps_the_order(
-        store: GraphStore) -> None:
+        store: Store) -> None:
     """A lane's cursor three hours before its first task (a cluster stopped for hours, then a
     backlog): the walk crosses the gap in wider and wider windows (no read of the whole lane),
     and the dense second where the tasks begin is read again narrow, so the oldest come first;
@@ -1494,7 +1495,7 @@ def test_a_walk_crosses_hours_without_tasks_in_a_few_reads_and_keeps_the_order(
 
 
 def test_a_lane_whose_oldest_task_is_due_later_still_reads_a_task_written_now(
-        store: GraphStore) -> None:
+        store: Store) -> None:
     """A lane whose oldest waiting task is due in 40 s, walked first by a node with no floor
     (a new cluster), or with a floor that an older node moved to that second: the cursor
     stays at now less ``LAG``, so a task written now, with no rewind, is read by the next
@@ -1521,7 +1522,7 @@ def test_a_lane_whose_oldest_task_is_due_later_still_reads_a_task_written_now(
 
 
 def test_a_write_that_lands_seconds_behind_the_cursor_is_read_within_a_second(
-        store: GraphStore, monkeypatch: pytest.MonkeyPatch) -> None:
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     """A task whose ready second is 3 s behind a lane's cursor (a write that took that long to
     land, a clock 3 s behind): the walks that start ``SKEW`` before the cursor, one every
     ``SKEW_EVERY`` seconds, read it."""
@@ -1536,7 +1537,7 @@ def test_a_write_that_lands_seconds_behind_the_cursor_is_read_within_a_second(
 
 
 def test_a_write_that_landed_long_behind_the_cursor_is_read_once_its_writer_says_so(
-        store: GraphStore) -> None:
+        store: Store) -> None:
     """A task whose ready second is 20 s behind a lane's cursor (its writer paused after it
     stamped it, as a SIGSTOP of the node writing a bulk page does): no walk reaches back that
     far (``SKEW``); once the writer says where its tasks are ready from (``rewind``: what a
@@ -1566,7 +1567,7 @@ def test_a_write_that_landed_long_behind_the_cursor_is_read_once_its_writer_says
     assert ("r09", when, True) in floors.moved
 
 
-def _a_task_read_then_one_written_behind(store: GraphStore, scan: Any, seconds: float
+def _a_task_read_then_one_written_behind(store: Store, scan: Any, seconds: float
                                          ) -> tuple[Task, Task]:
     """A task that ``scan`` reads (its lane's cursor at it), then one written with its ready
     second ``seconds`` behind that cursor, as a write that landed late leaves it."""
@@ -1582,7 +1583,7 @@ def _a_task_read_then_one_written_behind(store: GraphStore, scan: Any, seconds: 
 
 
 def test_a_lane_whose_walk_found_tasks_is_not_asked_about_again(
-        store: GraphStore, monkeypatch: pytest.MonkeyPatch) -> None:
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     """Which lanes hold tasks, asked of the lanes whose last walk found none only (on
     TinkerGraph a lookup of a lane's tasks costs as many as it holds): a listing after one that
     found tasks in ``r09`` asks about the 18 others; ``lanes(among)`` answers for those."""
@@ -1606,7 +1607,7 @@ def test_a_lane_whose_walk_found_tasks_is_not_asked_about_again(
 
 
 def test_a_graph_that_lost_its_format_vertex_under_a_node_still_lists_and_takes_tasks(
-        store: GraphStore) -> None:
+        store: Store) -> None:
     """The lanes' probe stands on the format vertex (gremlite has no ``inject``). A graph
     emptied under running nodes (an in-memory Gremlin Server killed and started again) has
     none: every lane asked about is then walked, and a task written since is listed (before,
@@ -1638,7 +1639,7 @@ def test_a_graph_that_lost_its_format_vertex_under_a_node_still_lists_and_takes_
         store.clear()  # the format stamped again: the server's graph is the next test's
 
 
-def test_a_task_due_in_the_past_is_ready_from_when_it_is_written(store: GraphStore) -> None:
+def test_a_task_due_in_the_past_is_ready_from_when_it_is_written(store: Store) -> None:
     """A task submitted with a ``run_at`` long past, while a node's walk of its lane is under
     way (the cursor at the lane's tasks of now): it is read with them, not left behind the
     cursor until the lane's cursor is found again (minutes)."""
@@ -1651,7 +1652,7 @@ def test_a_task_due_in_the_past_is_ready_from_when_it_is_written(store: GraphSto
     assert {t.id for t in scan.read(5)} == {now.id, late.id}
 
 
-def test_tasks_that_cannot_start_do_not_stop_the_tasks_behind_them(store: GraphStore) -> None:
+def test_tasks_that_cannot_start_do_not_stop_the_tasks_behind_them(store: Store) -> None:
     """A lane led by 150 tasks of one ordering key (only the first may run) and a type no node
     here has: a listing walks past them to the plain tasks behind, a few reads."""
     from runner.tasks.worker.ready import ReadyScan

@@ -1,4 +1,5 @@
-"""``runner.store.direct``: a guarded write applied to gremlite's tables by SQL leaves what the
+"""``runner.store.embedded.direct``: a guarded write applied to gremlite's tables by SQL leaves
+what the
 same write, interpreted by gremlite as a traversal, leaves (real SQLite files, gremlite's own
 reads); the store's claims and ends on the embedded graph go that way, and the contract suite
 (``tests/test_store_contract.py``) runs every store operation over it."""
@@ -13,8 +14,8 @@ import pytest
 from gremlin_python.process.graph_traversal import __
 from gremlin_python.process.traversal import T
 
-from runner.store import direct
-from runner.store.graph import EmbeddedGraph
+from runner.store.embedded import direct
+from runner.store.embedded.graph import EmbeddedGraph
 from runner.store.gremlin.batch import write_plans
 from runner.store.gremlin.guards import Write, finder, set_on
 

@@ -20,13 +20,13 @@ import pytest
 
 from coord.testing import wait_until
 from runner.errors import StoreFormatOutdated, StoreFormatTooNew
-from runner.store import GraphStore, codec, migrations, open_store
-from runner.store.graph import Graph
+from runner.store import Store, codec, migrations, open_store, store_on
+from runner.store.api import Graph
 from runner.store.gremlin.rows import resource_key, task_props
 from runner.store.gremlin.search import TaskFilter
 from runner.store.migrations import format as format_module
 from runner.store.migrations.format import FORMAT_KEY, FORMAT_KEY_VALUE, FORMAT_LABEL, read_state
-from runner.store.remote import SERIAL
+from runner.store.server.graph import SERIAL
 from runner.tasks.worker.ready import ReadyScan
 from runner.testing.cluster import Cluster
 from runner.testing.formats import write_format_0
@@ -34,18 +34,18 @@ from runner.testing.formats import write_format_0
 CONSOLE_KEYS = ("task_list", "task_owner", "task_h", "task_s")
 
 
-def fresh(cluster: Cluster) -> GraphStore:
+def fresh(cluster: Cluster) -> Store:
     """The cluster's graph emptied, without a format vertex: format 0 once tasks are in."""
     cluster.store.graph.write(lambda g: g.V().drop().iterate())
-    return GraphStore(cluster.store.graph, check_format=False)
+    return store_on(cluster.store.graph, check_format=False)
 
 
-def has_console_props(store: GraphStore, task_id: str) -> bool:
+def has_console_props(store: Store, task_id: str) -> bool:
     return bool(store.graph.read(lambda g: g.V().has("task_id", task_id).has("task_h")
                                  .id_().to_list()))
 
 
-def migrated(store: GraphStore, marker: str = "task_h") -> int:
+def migrated(store: Store, marker: str = "task_h") -> int:
     """Tasks a step has changed: step 1 writes ``task_h``, step 2 ``task_lane``."""
     return int(store.graph.read(lambda g: g.V().has("task_id").has(marker).count().next()))
 
@@ -61,13 +61,13 @@ def ended(total: int) -> int:
     return sum(1 for i in range(total) if i % 3 == 0 or i % 5 == 0)
 
 
-def everything(store: GraphStore) -> list[Any]:
+def everything(store: Store) -> list[Any]:
     rows = store.graph.read(lambda g: g.V().element_map().to_list())
     return sorted(sorted((str(k), str(v)) for k, v in r.items() if str(k) not in ("T.id",))
                    for r in rows)
 
 
-def reopen(cluster: Cluster) -> GraphStore:
+def reopen(cluster: Cluster) -> Store:
     return (open_store(cluster.graph, atomicity=SERIAL) if cluster.remote
             else open_store(cluster.graph))
 

@@ -85,7 +85,7 @@ def store_migrate(dry_run: bool, force: bool, page_size: int, config: Path | Non
 
     from runner.connect import graph_store
     from runner.store import migrations
-    from runner.store.graph import location
+    from runner.store.api import location
 
     try:
         settings = Settings.load(config)

@@ -76,11 +76,11 @@ def check_rabbitmq(url: str, timeout: float = 10.0) -> CheckResult:
 def check_graph(url: str, timeout: float = 10.0) -> CheckResult:
     """Add a vertex to a remote graph, read it back, drop it (plain requests: this checks the
     protocol and the traversals, not transactions)."""
-    from runner.store.remote import SERIAL, RemoteGraph
+    from runner.store import ServerOptions, open_graph
 
     try:
         started = time.monotonic()
-        graph = RemoteGraph(url, atomicity=SERIAL, timeout=timeout)
+        graph = open_graph(url, ServerOptions(atomicity="serial", timeout=timeout))
         try:
             token = uuid.uuid4().hex
             graph.write(lambda g: g.add_v("smoke_check").property("smoke", token).iterate())

@@ -89,7 +89,7 @@ if TYPE_CHECKING:
     from runner.config import Settings
     from runner.pipeline.aspects import AspectRegistry
     from runner.pipeline.handlers import Pipeline
-    from runner.store import GraphStore, Task
+    from runner.store import Store, Task
     from runner.tasks import TaskRegistry
     from runner.tasks.features.streams import StreamRegistry
 
@@ -119,7 +119,7 @@ class ApiHost(Protocol):
     streams: StreamRegistry
 
     @property
-    def store(self) -> GraphStore: ...
+    def store(self) -> Store: ...
 
     @property
     def bus(self) -> MessageBus: ...
@@ -146,7 +146,7 @@ class NodeApi(OutsideApi, ConsoleApi):
         self.node = node
 
     @property
-    def store(self) -> GraphStore:
+    def store(self) -> Store:
         return self.node.store
 
     @property

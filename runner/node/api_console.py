@@ -14,8 +14,7 @@ from messaging import HandlerContext
 from runner.node.api_outside import api
 from runner.replies import SearchPage, StreamInfo, TaskView
 from runner.requests import StreamList, TaskCounts, TaskSearch
-from runner.store import GraphStore
-from runner.store.gremlin.search import TaskFilter
+from runner.store import Store, TaskFilter
 from runner.tasks.features import streams
 from runner.tasks.features.streams import StreamRegistry
 
@@ -25,7 +24,7 @@ class ConsoleHost(Protocol):
     streams: StreamRegistry
 
     @property
-    def store(self) -> GraphStore: ...
+    def store(self) -> Store: ...
 
 
 def _filter(req: TaskSearch | TaskCounts,

@@ -15,7 +15,6 @@ from datetime import datetime
 
 from messaging import HandlerContext
 from runner.ontology import OntologyCache, OntologySync
-from runner.store import GraphStore
 from runner.tasks import Services, broadcast, command
 from runner.tasks.worker.loop import TaskLoop
 from runner.templates import JsonObject
@@ -53,7 +52,7 @@ def trigger_scan(ctx: HandlerContext, payload: JsonObject) -> None:
 
 def _reload(services: Services, why: str = "") -> None:
     cache = services.get(OntologyCache)
-    cache.reload(services.get(GraphStore))
+    cache.reload(services.get(TaskLoop).store)
     log.info("member %s: ontology cache reloaded (%d classes)%s",
              services.get(TaskLoop).member_id, cache.size, why)
 

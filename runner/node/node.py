@@ -62,7 +62,7 @@ from runner.pipeline.handlers import Pipeline, register_pipeline_tasks
 from runner.pipeline.spark import stop_spark
 from runner.replies import Cancelled
 from runner.requests import TaskSubmit, TaskSubmitMany, page_task_id, submit_task_id
-from runner.store import GraphStore, Task, migrations
+from runner.store import Store, Task, migrations
 from runner.store.due import ready_at
 from runner.tasks import Services, TaskRegistry, due
 from runner.tasks.authoring import load_entry_points, load_modules, register_commands
@@ -114,7 +114,7 @@ class NodeParts:
     """What a started node runs (built by :meth:`Node.start` all at once)."""
 
     membership: Membership
-    store: GraphStore
+    store: Store
     latch: LeaderLatch
     bus: MessageBus
     sync: OntologySync
@@ -184,7 +184,7 @@ class Node:
         return self._started().membership
 
     @property
-    def store(self) -> GraphStore:
+    def store(self) -> Store:
         return self._started().store
 
     @property
@@ -237,7 +237,7 @@ class Node:
         self._parts = self._build(store, membership)
         self._run(self._parts)
 
-    def _join(self) -> tuple[GraphStore, Membership]:
+    def _join(self) -> tuple[Store, Membership]:
         closers = self._closers
         # the graph's store format first: a graph to migrate (or a newer one) stops the start
         # here, before this node joins anything
@@ -260,7 +260,7 @@ class Node:
         self.cache.reload(store)
         return store, membership
 
-    def _build(self, store: GraphStore, membership: Membership) -> NodeParts:
+    def _build(self, store: Store, membership: Membership) -> NodeParts:
         s = self.settings
         member = membership.member_id
         latch = LeaderLatch(self.session, member)
@@ -329,7 +329,7 @@ class Node:
             log.info("member %s: metrics on http://%s:%d/metrics", parts.membership.member_id,
                      s.metrics_host, s.metrics_port)
 
-    def _duties(self, store: GraphStore, member: str) -> list[tuple[str, Callable[[], object]]]:
+    def _duties(self, store: Store, member: str) -> list[tuple[str, Callable[[], object]]]:
         """The master's rounds besides reaping: schedules, incidents, and the retentions
         configured."""
         s = self.settings

@@ -18,12 +18,12 @@ from runner.replies import (
     LockView,
     MemberView,
 )
-from runner.store import GraphStore
+from runner.store import Store
 from runner.tasks.worker.claim import slot_name
 
 
 def cluster_status(session: Session, settings: Settings, member_id: str,
-                   store: GraphStore) -> ClusterStatus:
+                   store: Store) -> ClusterStatus:
     now = time.time()
     groups = holders(session, "group")
     return ClusterStatus(

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from runner.store import GraphStore
+from runner.store import Store
 
 if TYPE_CHECKING:
     pass
@@ -62,7 +62,7 @@ class OntologyCache:
         self._parents: dict[str, frozenset[str]] = {}
         self.generation = 0
 
-    def reload(self, store: GraphStore) -> None:
+    def reload(self, store: Store) -> None:
         parents: dict[str, set[str]] = {}
         for child, parent in store.ontologies.subclass_edges():
             parents.setdefault(child, set()).add(parent)

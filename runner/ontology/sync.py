@@ -32,7 +32,7 @@ from pydantic import BaseModel
 from runner.errors import OntologyError, SourceError
 from runner.ontology.parse import checksum_of, parse_ontology_bytes
 from runner.ontology.sources import DirectorySource, SourceEntry, open_source
-from runner.store import GraphStore, Ontology
+from runner.store import Ontology, Store
 from runner.tasks import TaskContext, TaskRegistry
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ class LoadPayload(BaseModel):
 class OntologySync:
     """The master's synchronisation and the loader tasks' access to the source."""
 
-    def __init__(self, location: str | None, store: GraphStore, bus: MessageBus,
+    def __init__(self, location: str | None, store: Store, bus: MessageBus,
                  member_id: str, is_master: Callable[[], bool] | None = None,
                  watch_interval: float = 2.0) -> None:
         self.location = location

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.errors import InvalidAvatars
-from runner.store import Avatar, GraphStore
+from runner.store import Avatar, Store
 
 READ_ROWS = 10_000
 WRITE_CHUNK = 500
@@ -60,7 +60,7 @@ def _avatar(index: int, row: dict[str, Any]) -> Avatar:
     return Avatar(id=avatar_id, class_iri=class_iri, properties=properties)
 
 
-def import_avatars(store: GraphStore, path: Path) -> int:
+def import_avatars(store: Store, path: Path) -> int:
     """Validate ``path`` entirely, then upsert its avatars; returns how many."""
     seen: set[str] = set()
     for index, row in _rows(path):
@@ -80,7 +80,7 @@ def import_avatars(store: GraphStore, path: Path) -> int:
     return written
 
 
-def export_avatars(store: GraphStore, path: Path, class_iris: list[str] | None = None) -> int:
+def export_avatars(store: Store, path: Path, class_iris: list[str] | None = None) -> int:
     """Write the avatars (of ``class_iris``, all when None) to one Parquet file."""
     import pyarrow as pa
     import pyarrow.parquet as pq

@@ -46,7 +46,7 @@ from runner.pipeline.spark import spark_session
 from runner.pipeline.storage import SeriesPaths
 from runner.replies import AspectTask, AspectView, SeriesProgress
 from runner.requests import TaskSubmit
-from runner.store import GraphStore, Task
+from runner.store import Store, Task
 from runner.store.model import ASPECT_PATTERN
 from runner.tasks import TaskContext, TaskRegistry
 
@@ -88,7 +88,7 @@ class Pipeline:
 
     settings: Settings
     session: Session
-    store: GraphStore
+    store: Store
     cache: OntologyCache
     aspects: AspectRegistry
     submit: Callable[[TaskSubmit], Task]  # creates + notifies

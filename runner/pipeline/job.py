@@ -57,7 +57,7 @@ from runner.pipeline.storage import (
     HadoopFS,
     SeriesPaths,
 )
-from runner.store import Fence, GraphStore
+from runner.store import Fence, Store
 from runner.tasks import CancelToken, TaskCancelled
 
 log = logging.getLogger("latchwork.pipeline")
@@ -153,7 +153,7 @@ class BatchWorker:
     """One driver working one series for one task (or one spark-submit)."""
 
     spark: Any
-    store: GraphStore
+    store: Store
     coordinator: BatchCoordinator
     definition: AspectDefinition
     paths: SeriesPaths

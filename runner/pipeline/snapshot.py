@@ -40,7 +40,7 @@ from typing import Any
 from coord import Session, VersionConflict, VersionedRegister
 from runner.errors import PipelineError
 from runner.pipeline.storage import SeriesPaths
-from runner.store import GraphStore
+from runner.store import Store
 
 log = logging.getLogger("latchwork.pipeline")
 
@@ -104,7 +104,7 @@ def filesystem(uri: str) -> tuple[Any, str]:
 class SnapshotExport:
     """Export the avatars of ``classes`` to ``paths.snapshot`` (see the module)."""
 
-    def __init__(self, store: GraphStore, classes: Iterable[str], paths: SeriesPaths,
+    def __init__(self, store: Store, classes: Iterable[str], paths: SeriesPaths,
                  progress: MemoryProgress | ZkProgress | None = None,
                  page_rows: int = PAGE_ROWS, check: Callable[[], None] | None = None,
                  report: Callable[[int, int | None, str], None] | None = None) -> None:
@@ -205,7 +205,7 @@ class SnapshotExport:
                    for i in infos if i.path.endswith(".parquet"))
 
 
-def write_snapshot(store: GraphStore, classes: Iterable[str], paths: SeriesPaths,
+def write_snapshot(store: Store, classes: Iterable[str], paths: SeriesPaths,
                    session: Session | None = None, series_id: str | None = None,
                    page_rows: int | None = None, check: Callable[[], None] | None = None,
                    report: Callable[[int, int | None, str], None] | None = None) -> int:

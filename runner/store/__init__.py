@@ -1,13 +1,11 @@
-"""The graph store: tasks, attempts, ontologies and avatars through gremlinpython.
+"""The graph store as the runner sees it: one typed port (:mod:`runner.store.api`) and the
+values it answers (:mod:`runner.store.model`); nothing here names a driver.
 
-``open_store(location)`` returns a :class:`GraphStore` over gremlite (a SQLite file path, the
-embedded default) or a remote Gremlin Server (``ws://host:8182/gremlin``). Its ``tasks``,
-``attempts``, ``ontologies`` and ``avatars`` implement the ports in :mod:`runner.store.ports`.
-Errors are in :mod:`runner.errors` (the one catalogue); the store's are re-exported here.
+``open_store(location)`` returns a :class:`Store` over gremlite (a SQLite file path, the
+embedded default: :mod:`runner.store.embedded`) or a remote Gremlin Server
+(``ws://host:8182/gremlin``: :mod:`runner.store.server`). Errors are in :mod:`runner.errors`
+(the one catalogue); the store's are re-exported here.
 """
-
-import importlib
-from typing import TYPE_CHECKING, Any
 
 from runner.errors import (
     AttemptAlreadyFinished,
@@ -18,74 +16,66 @@ from runner.errors import (
     ResourceTaken,
     StaleFencingToken,
     StoreError,
+    StoreSchemaUnknown,
     StoreUnavailable,
     TaskArchived,
     TaskNotFound,
     UnknownStoreFormat,
 )
+from runner.store.api import (
+    AttemptLog,
+    AvatarStore,
+    CheckpointStore,
+    Graph,
+    IncidentStore,
+    LastEffect,
+    OntologyStore,
+    RetentionStore,
+    ScheduleStore,
+    SearchStore,
+    Store,
+    TaskClaim,
+    TaskStore,
+    Traversal,
+    location,
+)
+from runner.store.ends import AttemptEnd, Conclusion
 from runner.store.model import (
     CHECKPOINT_LIMIT,
+    LIST_STATES,
     Attempt,
     AttemptStatus,
     Avatar,
+    Checkpoint,
     CheckpointInfo,
     Fence,
+    Incident,
     LoadResult,
     Ontology,
     OntologyClass,
     OntologyRecord,
     Progress,
+    Schedule,
+    ServerOptions,
     StopCause,
     Task,
+    TaskFilter,
+    TaskPage,
     TaskState,
     TaskStatus,
+    Tombstone,
 )
-from runner.store.ports import AttemptLog, AvatarStore, OntologyStore, TaskStore
-
-if TYPE_CHECKING:
-    from runner.store.graph import EmbeddedGraph, Graph, open_graph
-    from runner.store.gremlin.attempts import GremlinAttemptLog
-    from runner.store.gremlin.avatars import GremlinAvatarStore
-    from runner.store.gremlin.ontologies import GremlinOntologyStore
-    from runner.store.gremlin.store import GraphStore, open_store
-    from runner.store.gremlin.tasks import GremlinTaskStore
-    from runner.store.gremlin.writes import Conclusion
-    from runner.store.remote import RemoteGraph
-
-#: the names whose modules load gremlinpython and the remote driver (aiohttp): imported when
-#: first asked for, so that what only needs the model (the reply models, the CLI's ``--help``)
-#: does not pay for them
-_LAZY = {
-    "EmbeddedGraph": "runner.store.graph", "Graph": "runner.store.graph",
-    "open_graph": "runner.store.graph",
-    "GremlinAttemptLog": "runner.store.gremlin.attempts",
-    "GremlinAvatarStore": "runner.store.gremlin.avatars",
-    "GremlinOntologyStore": "runner.store.gremlin.ontologies",
-    "GraphStore": "runner.store.gremlin.store", "open_store": "runner.store.gremlin.store",
-    "GremlinTaskStore": "runner.store.gremlin.tasks",
-    "Conclusion": "runner.store.gremlin.writes", "RemoteGraph": "runner.store.remote",
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
+from runner.store.opening import is_server, open_graph, open_store, store_on
 
 __all__ = [
-    "StopCause", "TaskState",
-    "CHECKPOINT_LIMIT", "CheckpointInfo",
-    "Attempt", "AttemptAlreadyFinished", "AttemptLog", "AttemptStatus", "Avatar", "AvatarStore",
-    "CommitConflict", "Conclusion", "EmbeddedGraph", "Fence", "Graph", "GraphStore",
-    "GremlinAttemptLog",
-    "GremlinAvatarStore", "GremlinOntologyStore", "GremlinTaskStore", "InvalidValue",
-    "LoadResult", "Ontology", "OntologyClass", "OntologyNotFound", "OntologyRecord",
-    "OntologyStore", "Progress", "RemoteGraph", "ResourceTaken",
-    "GraphNotTransactional", "StaleFencingToken", "StoreError", "StoreUnavailable", "Task",
-    "TaskArchived", "TaskNotFound", "TaskStatus",
-    "TaskStore", "UnknownStoreFormat", "open_graph", "open_store",
+    "CHECKPOINT_LIMIT", "LIST_STATES", "Attempt", "AttemptAlreadyFinished", "AttemptEnd",
+    "AttemptLog", "AttemptStatus", "Avatar", "AvatarStore", "Checkpoint", "CheckpointInfo",
+    "CheckpointStore", "TaskClaim", "CommitConflict", "Conclusion", "LastEffect", "Fence", "Graph",
+    "GraphNotTransactional", "Incident", "IncidentStore", "InvalidValue", "LoadResult",
+    "Ontology", "OntologyClass", "OntologyNotFound", "OntologyRecord", "OntologyStore",
+    "Progress", "ResourceTaken", "RetentionStore", "Schedule", "ScheduleStore", "ServerOptions",
+    "StaleFencingToken", "StopCause", "Store", "StoreError", "StoreSchemaUnknown",
+    "StoreUnavailable", "Task", "TaskArchived", "TaskFilter", "TaskNotFound", "TaskPage",
+    "SearchStore", "TaskState", "TaskStatus", "TaskStore", "Tombstone", "Traversal",
+    "UnknownStoreFormat", "is_server", "location", "open_graph", "open_store", "store_on",
 ]

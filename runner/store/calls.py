@@ -1,6 +1,6 @@
 """How many reads and writes a graph ran, and how long they took (:class:`CallStats`): the
 node's ``latchwork_store_*`` metrics and the profile of bench/bench_runner.py. Both graph
-backends (:mod:`runner.store.graph`, :mod:`runner.store.remote`) keep one."""
+backends (:mod:`runner.store.embedded.graph`, :mod:`runner.store.server.graph`) keep one."""
 
 from __future__ import annotations
 

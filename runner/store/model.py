@@ -1,4 +1,10 @@
-"""The store's records: tasks, attempts, ontologies, avatars (frozen dataclasses)."""
+"""The store's records: tasks, attempts, ontologies, avatars, and the values of its smaller
+parts (schedules, incidents, tombstones, checkpoints, task filters and pages): frozen
+dataclasses with no I/O, what the port (:mod:`runner.store.api`) answers.
+
+Why one module: these are the values every driver and every caller of the store share; split,
+each record's module would import the others' (a task's state, its attempts, its filter).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,8 @@ import enum
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+
+from runner.errors import InvalidValue
 
 #: an aspect name: stored as the avatar property ``aspect.<name>``, so a safe identifier
 ASPECT_PATTERN = r"^[a-z][a-z0-9_-]{0,62}$"
@@ -200,3 +208,124 @@ class Avatar:
     class_iri: str
     properties: dict[str, Any] = field(default_factory=dict)
     aspects: dict[str, Any] = field(default_factory=dict)
+
+
+# -- the values of the store's smaller parts ---------------------------------------------
+
+#: a task's state as a list index stores it and a ``state:`` query finds it
+#: (:meth:`~runner.store.model.Task.stored_state`: every state but ``delayed``)
+LIST_STATES = tuple(s.value for s in TaskState if s is not TaskState.DELAYED)
+#: the words of the lists before store format 5, still taken in a query: ``finished`` is
+#: succeeded, ``stopped`` failed or cancelled
+OLD_STATES = {"finished": ("succeeded",), "stopped": ("failed", "cancelled")}
+
+
+@dataclass(frozen=True)
+class Incident:
+    key: str  # <task id>:<kind>:<occurrence>
+    task_id: str
+    kind: str  # running_too_long, waiting_too_long, stopped
+    detail: str
+    raised_at: datetime
+    resolved_at: datetime | None
+    delivered: frozenset[str]  # events hooks heard: raised, resolved
+
+    @property
+    def open(self) -> bool:
+        return self.resolved_at is None
+
+    def view(self) -> dict[str, Any]:
+        return {"key": self.key, "task": self.task_id, "kind": self.kind,
+                "detail": self.detail, "raised_at": self.raised_at.isoformat(),
+                "resolved_at": self.resolved_at.isoformat() if self.resolved_at else None}
+
+
+
+
+@dataclass(frozen=True)
+class Schedule:
+    name: str
+    spec: dict[str, Any]  # cron or every, type, payload, priority, ordering_key, misfire...
+    created_at: datetime
+    paused: bool
+    last_fire: datetime | None  # the last fire handled (a task created, or skipped)
+    version: int
+
+
+
+
+@dataclass(frozen=True)
+class Tombstone:
+    task_id: str
+    where: str  # the Parquet file it was archived to, or "" when only removed
+    at: str  # when (UTC, ISO 8601)
+
+
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A task's last committed checkpoint: its state (decoded JSON) and what rows show."""
+    state: Any
+    info: CheckpointInfo
+
+
+
+
+#: a filter's value: one, or any of several (``P.within``: still one index lookup)
+OneOrMore = str | tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TaskFilter:
+    """What a task list asks for; None: any. ``type``, ``state``, ``owner`` and
+    ``ordering_key`` take several values, meaning any of them; a resource is one (each
+    resource is a property of its own: "any of" would be one lookup per name)."""
+
+    type: OneOrMore | None = None
+    state: OneOrMore | None = None  # of LIST_STATES
+    owner: OneOrMore | None = None
+    ordering_key: OneOrMore | None = None
+    resource: str | None = None
+
+    def __post_init__(self) -> None:
+        states: list[str] = []
+        for state in filter_values(self.state):
+            if state == "delayed":  # not a stored word: a delayed task is listed as waiting
+                state = "waiting"
+            if state not in LIST_STATES and state not in OLD_STATES:
+                raise InvalidValue(f"unknown task state {state!r} (one of "
+                                   f"{', '.join(LIST_STATES)})")
+            states.extend(OLD_STATES.get(state, (state,)))
+        if states:
+            unique = tuple(dict.fromkeys(states))
+            object.__setattr__(self, "state", unique[0] if len(unique) == 1 else unique)
+
+
+def filter_values(value: OneOrMore | None) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    return (value,) if isinstance(value, str) else tuple(dict.fromkeys(value))
+
+
+@dataclass(frozen=True)
+class TaskPage:
+    tasks: list[Task]
+    #: where the next (older) page starts: pass it as ``before``; None: this was the last
+    next: str | None
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """How to reach a Gremlin Server (:mod:`runner.store.server`): credentials, TLS, the
+    answer deadline, and what makes a guarded write atomic there (``atomicity``:
+    ``transactions``, ``serial`` or ``none``; docs/graph.md)."""
+    username: str | None = None
+    password: str | None = None
+    ca_file: str | None = None
+    timeout: float = 30.0
+    atomicity: str = "transactions"
+    #: ask a server said to have transactions to commit an empty one before it is used
+    probe_transactions: bool = False
+    #: a server found without transactions is used anyway (check-then-act), with a WARNING
+    allow_untransactional: bool = False

@@ -21,7 +21,7 @@ from runner.errors import AttemptAlreadyFinished, StaleFencingToken, StoreUnavai
 from runner.store import Attempt, Fence, Task, codec
 
 if TYPE_CHECKING:
-    from runner.store import GraphStore
+    from runner.store import Store
 
 
 class TaskConflict(Exception):
@@ -188,7 +188,7 @@ class TaskContext:
     member_id: str
     fence_token: int
     cancel: CancelToken
-    store: GraphStore
+    store: Store
     services: Services = field(default_factory=Services)
     checker: Callable[[], None] | None = None
     completer: Callable[[Callable[[Any], Any]], None] | None = None

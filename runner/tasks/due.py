@@ -27,8 +27,8 @@ from datetime import datetime
 
 from coord import CoordError, Session, VersionConflict, VersionedRegister
 from runner.store import codec
+from runner.store.api import TaskStore
 from runner.store.due import BUCKET, HORIZON, bucket_of, promote_through
-from runner.store.ports import TaskStore
 
 CURSOR = "due/promoted"
 PER_READ = 100

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from runner.errors import StoreError
-from runner.store import GraphStore, codec
+from runner.store import Store, codec
 from runner.tasks.context import CancelToken
 
 log = logging.getLogger("latchwork.tasks")
@@ -57,7 +57,7 @@ class ProgressWriter:
 
 
 class ProgressReporter:
-    def __init__(self, store: GraphStore, attempt_id: str, cancel: CancelToken,
+    def __init__(self, store: Store, attempt_id: str, cancel: CancelToken,
                  interval: float = 1.0, writer: ProgressWriter | None = None) -> None:
         self.store = store
         self.attempt_id = attempt_id

@@ -24,8 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from coord.testing import NodeProcess, wait_until
 from runner.client import Client
-from runner.store import AttemptStatus, GraphStore, Task, open_store
-from runner.store.remote import SERIAL
+from runner.store import AttemptStatus, Store, Task, open_store
 
 if TYPE_CHECKING:  # pytest imports the plugin itself (assertion rewriting)
     from messaging.testing.plugin import AmqpNamespace
@@ -67,8 +66,8 @@ class Cluster:
         self.nodes: dict[str, NodeProcess] = {}
         # a shared server's graph is the last test's until the fixture clears it (which
         # stamps the current format): its format is not checked here
-        self.store: GraphStore = (
-            open_store(self.graph, atomicity=SERIAL, check_format=False) if self.remote
+        self.store: Store = (
+            open_store(self.graph, atomicity="serial", check_format=False) if self.remote
             else open_store(self.graph))
 
     def start_node(self, *args: str) -> str:

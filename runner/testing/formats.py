@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from runner.store import codec
-from runner.store.graph import Graph
+from runner.store.api import Graph
 
 CREATED = datetime(2026, 10, 1, 8, 30, tzinfo=UTC)
 

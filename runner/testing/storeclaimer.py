@@ -7,10 +7,10 @@ gremlite file or a ``ws://`` Gremlin Server that runs one traversal at a time.
 * ``update`` (the default): claims the WAITING ones with a plain task update (status RUNNING,
   owner NAME) guarded by the version it read; a CommitConflict means another process was
   first: it moves on.
-* ``cycle [ROUNDS]``: the task loop's own writes, racing: claim (``GraphStore.claim``: the
+* ``cycle [ROUNDS]``: the task loop's own writes, racing: claim (``Store.claim``: the
   task, its new attempt and the ends of the attempts it supersedes, with a fencing token newer
   than any before), then, for every other claim, conclude it SUCCEEDED
-  (``GraphStore.conclude``), finished from round ROUNDS on (1: at once); the claims left
+  (``Store.conclude``), finished from round ROUNDS on (1: at once); the claims left
   open are superseded by the next claim of another process, until every task is finished.
   Refusals (CommitConflict, StaleFencingToken, AttemptAlreadyFinished) are lost races: it
   moves on.
@@ -27,13 +27,12 @@ import time
 from pathlib import Path
 
 from runner.errors import AttemptAlreadyFinished, CommitConflict, StaleFencingToken
-from runner.store import AttemptStatus, Conclusion, GraphStore, TaskStatus, open_store
-from runner.store.remote import SERIAL
+from runner.store import AttemptStatus, Conclusion, Store, TaskStatus, open_store
 
 
-def _open(location: str) -> GraphStore:
+def _open(location: str) -> Store:
     if location.startswith(("ws://", "wss://")):
-        return open_store(location, atomicity=SERIAL)
+        return open_store(location, atomicity="serial")
     return open_store(location)
 
 
@@ -43,7 +42,7 @@ def _token(index: int) -> int:
     return time.time_ns() // 1000 * 10 + index
 
 
-def _updates(store: GraphStore, name: str) -> list[str]:
+def _updates(store: Store, name: str) -> list[str]:
     claimed = []
     tasks = store.tasks.unfinished()
     random.Random(name).shuffle(tasks)
@@ -60,7 +59,7 @@ def _updates(store: GraphStore, name: str) -> list[str]:
     return claimed
 
 
-def _cycles(store: GraphStore, name: str, index: int, rounds: int) -> list[str]:
+def _cycles(store: Store, name: str, index: int, rounds: int) -> list[str]:
     concluded = []
     rng = random.Random(name)
     deadline = time.monotonic() + 120

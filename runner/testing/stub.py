@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from coord import SessionState, TaskLock
-from runner.store import Attempt, AttemptStatus, GraphStore, Task, open_store
+from runner.store import Attempt, AttemptStatus, Store, Task, open_store
 from runner.tasks import CancelToken, Services, TaskContext, TaskRegistry, TaskType
 from runner.tasks.authoring import TaskDeclaration, register_declared
 from runner.tasks.observer import Observer
@@ -148,7 +148,7 @@ class TaskStub:
                  services: Services | None = None) -> None:
         self.member_id = member_id
         self.services = services or Services()
-        self.store: GraphStore = open_store(str(Path(directory) / "stub-graph.db"))
+        self.store: Store = open_store(str(Path(directory) / "stub-graph.db"))
         self._tokens = 0
         self._ended: dict[int, tuple[Outcome, Task | None, tuple[AttemptStatus, str | None]]] = {}
         self._commits = GroupCommit(self.store, member_id, self._told)

@@ -13,7 +13,8 @@ from runner.errors import (
     TaskNotFound,
 )
 from runner.store import codec
-from runner.store.graph import Graph
+from runner.store.api import Graph
+from runner.store.ends import attempt_end
 from runner.store.gremlin.rows import (
     attempt_from_row,
 )
@@ -23,11 +24,11 @@ from runner.store.gremlin.tasks import (
 from runner.store.gremlin.writes import (
     AttemptStart,
     TaskChange,
-    attempt_end,
     attempt_start,
     matched_write,
     task_change,
     until_written,
+    write_end,
 )
 from runner.store.model import (
     Attempt,
@@ -62,7 +63,7 @@ class GremlinAttemptLog:
         with the end; ``ended``: its end time, now when None); a second finish raises
         :class:`AttemptAlreadyFinished`."""
         end = attempt_end(self.get(attempt_id), status, error, stack_trace, progress, ended)
-        self.graph.write(end.write)
+        self.graph.write(write_end(end))
         return end.attempt
 
     def progress(self, attempt_id: str, done: int, total: int | None, message: str) -> bool:

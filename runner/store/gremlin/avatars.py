@@ -15,7 +15,7 @@ from runner.errors import (
     TaskNotFound,
 )
 from runner.store import codec
-from runner.store.graph import Graph
+from runner.store.api import Graph
 from runner.store.gremlin.guards import under_fence
 from runner.store.gremlin.steps import (
     ASPECT_NAME,

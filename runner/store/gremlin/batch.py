@@ -10,7 +10,7 @@ atomic wherever one is (a transaction on the embedded graph, a server that runs 
 at a time), and on a Gremlin Server it is one request instead of one per task.
 
 On the embedded graph the same writes are not interpreted as a traversal: each is applied from
-its data form (``Write.plan``) by SQL, all in one transaction (:mod:`runner.store.direct`,
+its data form (``Write.plan``) by SQL, all in one transaction (:mod:`runner.store.embedded.direct`,
 :func:`write_plans`), as are the store's single guarded writes (:func:`matched`): gremlite's
 interpretation of a batch was most of a node's CPU in a drain.
 
@@ -27,15 +27,16 @@ from typing import Any, NoReturn, Protocol, TypeVar
 from gremlin_python.process.graph_traversal import __
 
 from runner.errors import StoreError, StoreUnavailable, WriteRaceLost
-from runner.store import direct
-from runner.store.graph import Graph
+from runner.store.api import Graph
+from runner.store.embedded import direct
+from runner.store.ends import AttemptEnd, Conclusion
 from runner.store.gremlin.guards import Write
 from runner.store.gremlin.steps import add_vertex
 from runner.store.gremlin.writes import (
-    AttemptEnd,
     AttemptStart,
-    Conclusion,
+    add_end,
     attempt_start,
+    conclusion_write,
     matched_write,
     task_change,
 )
@@ -78,7 +79,7 @@ def written(store: _Store, writes: Sequence[Write], anchor: str) -> set[int]:
 
 def matched(graph: Graph, w: Write) -> bool:
     """:func:`matched_write` of one :class:`Write`: from its data form where the graph applies
-    one (the embedded graph: :mod:`runner.store.direct`), else as its traversal."""
+    one (the embedded graph: :mod:`runner.store.embedded.direct`), else as its traversal."""
     if getattr(graph, "sql", None) is not None:
         return bool(write_plans(graph, [w]))
     return matched_write(graph, w.traverse)
@@ -90,7 +91,7 @@ def created(graph: Graph, props: Mapping[str, Any], start: AttemptStart,
     write (``GraphStore.create_claimed``); ``again``: the task's id, which no vertex may have
     yet (a redelivered submit's: when one has, nothing is written and the answer is False).
     From its data form where the graph applies one (the embedded graph:
-    :mod:`runner.store.direct`), else as one traversal."""
+    :mod:`runner.store.embedded.direct`), else as one traversal."""
     def run(g: Any) -> bool:
         if again is None:
             start.extend(add_vertex(g, "task", props)).iterate()
@@ -138,7 +139,7 @@ def added(graph: Graph, news: Sequence[tuple[Mapping[str, Any], tuple[str, str] 
 
 def write_plans(graph: Any, writes: Sequence[Write]) -> set[int]:
     """``writes`` in one write transaction of the embedded graph, each from its data form by
-    SQL (:func:`runner.store.direct.apply`); one that has none, or that SQL cannot apply as
+    SQL (:func:`runner.store.embedded.direct.apply`); one that has none, or that SQL cannot apply as
     gremlite would, goes as its traversal in the same transaction. The indices of those whose
     guards matched."""
     def run(con: Any, g: Any) -> set[int]:
@@ -169,7 +170,7 @@ def claim_many(store: _Store, claims: Sequence[tuple[Task, int]], member_id: str
         w = Write()
         if task.status is TaskStatus.RUNNING:  # its owner left: close that attempt too
             for end in store.superseded(task, member_id, token):
-                end.add_to(w)
+                add_end(w, end)
         start = attempt_start(change.task, member_id, token)
         start.add_to(w, change.add_to(w))
         plans.append((change.task, start.attempt, w))
@@ -192,7 +193,7 @@ def conclude_many(store: _Store, conclusions: Sequence[Conclusion]
     """Conclusions of several attempts (``GraphStore.conclude`` of each), written together;
     one refused goes the single way (:meth:`GraphStore.conclude_refused`)."""
     changes = [task_change(c.task, c.token, c.changes) for c in conclusions]
-    matched = written(store, [c.write(change) for c, change in
+    matched = written(store, [conclusion_write(c, change) for c, change in
                               zip(conclusions, changes, strict=True)],
                       conclusions[0].task.id if conclusions else "")
     out: list[Task | StoreError] = []

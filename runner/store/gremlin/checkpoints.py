@@ -24,12 +24,11 @@ reads what did).
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import Any
 
 from runner.errors import AttemptAlreadyFinished, InvalidValue, StaleFencingToken
 from runner.store import codec
-from runner.store.graph import Graph
+from runner.store.api import Graph
 from runner.store.gremlin.batch import matched
 from runner.store.gremlin.guards import Write, finder, set_on
 from runner.store.gremlin.rows import checkpoint_from_meta, checkpoint_meta
@@ -37,6 +36,7 @@ from runner.store.gremlin.writes import TaskChange, task_change
 from runner.store.model import (
     CHECKPOINT_LIMIT,
     AttemptStatus,
+    Checkpoint,
     CheckpointInfo,
     Fence,
     Task,
@@ -45,13 +45,6 @@ from runner.store.model import (
 
 #: the properties a task's checkpoint is stored in: the state, what a row shows of it
 STATE, META = "task_ckpt", "task_ckpt_meta"
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """A task's last committed checkpoint: its state (decoded JSON) and what rows show."""
-    state: Any
-    info: CheckpointInfo
 
 
 def encode_state(state: Any) -> str:

@@ -3,8 +3,9 @@
 * :class:`Write`: one traversal, every guard first (each standing on its vertex under a label),
   then every change; a guard that matches nothing leaves nothing changed. It is atomic wherever
   one traversal is: a transaction, or a server that runs one traversal at a time.
-* :class:`EffectTraversal`: what ``ctx.complete()``'s write is built on: steps yes, running no;
-  :func:`effect_steps` and :func:`replayed` carry one from a handler process to its node.
+* a handler's last effect (``ctx.complete()``) is built on an
+  :class:`~runner.store.effects.EffectTraversal` and added after the guards by
+  :meth:`Write.traverse`.
 * :func:`fence_finds`, :class:`FencedSource`, :func:`under_fence`: a fence (the task's token,
   the attempt's resources) as guards, and as the first steps of every traversal of a fenced
   write; :func:`fence_guard` and :func:`resource_guard` read them and raise.
@@ -15,11 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from gremlin_python.process.graph_traversal import GraphTraversal
-from gremlin_python.process.traversal import Bytecode
-
 from runner.errors import InvalidValue, ResourceTaken, StaleFencingToken
 from runner.store import codec
+from runner.store.effects import NOT_RUN, EffectTraversal
 from runner.store.gremlin.steps import has_all, set_props
 from runner.store.model import Fence
 
@@ -46,7 +45,7 @@ class Write:
         self._guards: list[tuple[str, Callable[[Any], Any]]] = []
         self._changes: list[Callable[[Any], Any]] = []
         #: the same write as data, for a graph that applies it without a traversal
-        #: (:mod:`runner.store.direct`): None once a guard or change has no data form
+        #: (:mod:`runner.store.embedded.direct`): None once a guard or change has no data form
         self.plan: list[tuple[Any, ...]] | None = []
 
     def guard(self, find: Callable[[Any], Any]) -> str:
@@ -78,7 +77,7 @@ class Write:
         if effect is not None:
             built = effect(EffectTraversal(t))
             if not isinstance(built, EffectTraversal):
-                raise InvalidValue(_NOT_RUN)
+                raise InvalidValue(NOT_RUN)
             t = self._guarded(built.traversal.fold())
         for fn in self._changes:
             t = fn(t)
@@ -88,56 +87,6 @@ class Write:
         for label, find in self._guards:
             t = find(t).as_(label)
         return t
-
-
-_NOT_RUN = ("ctx.complete(write): write(g) must build the effect on g and return it, not run "
-            "it (no .iterate(), .to_list(), .next()): the store runs it with the success, as "
-            "one traversal")
-_TERMINAL = frozenset({"iterate", "next", "to_list", "to_set", "has_next", "toList", "toSet",
-                       "hasNext", "__next__"})
-
-
-class EffectTraversal:
-    """The traversal an effect is built on (``ctx.complete()``): every step works as on a
-    traversal, running it does not (:class:`InvalidValue`, before anything is sent): the
-    effect is run by the store, with the guards and the success."""
-
-    def __init__(self, traversal: Any) -> None:
-        self.traversal = traversal
-
-    def __getattr__(self, name: str) -> Any:
-        if name in _TERMINAL:
-            raise InvalidValue(_NOT_RUN)
-        step = getattr(self.traversal, name)
-        if not callable(step):
-            return step
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            out = step(*args, **kwargs)
-            return EffectTraversal(out) if out is self.traversal else out
-        return call
-
-
-def effect_steps(write: Callable[[Any], Any]) -> list[list[Any]]:
-    """The steps ``write`` (``ctx.complete()``'s effect) adds, built on a traversal of no
-    graph: what a process-isolated handler sends its node, which adds them with
-    :func:`replayed` to the guarded traversal of its own ``complete``, so the effect is the
-    one the handler built, run under the node's guards. Raises :class:`InvalidValue` as the
-    node's ``complete`` would (a ``write`` that runs its traversal)."""
-    blank = GraphTraversal(None, None, Bytecode())
-    built = write(EffectTraversal(blank))
-    if not isinstance(built, EffectTraversal) or built.traversal is not blank:
-        raise InvalidValue(_NOT_RUN)
-    return [list(step) for step in blank.bytecode.step_instructions]
-
-
-def replayed(steps: list[list[Any]]) -> Callable[[Any], Any]:
-    """An effect that adds ``steps`` (from :func:`effect_steps`) to the traversal it is built
-    on, as they were recorded."""
-    def write(t: EffectTraversal) -> EffectTraversal:
-        t.traversal.bytecode.step_instructions.extend(list(step) for step in steps)
-        return t
-    return write
 
 
 def fence_finds(fence: Fence) -> list[Callable[[Any], Any]]:

@@ -10,13 +10,14 @@ from gremlin_python.process.traversal import P
 
 from runner.errors import WriteRaceLost
 from runner.store import codec
-from runner.store.graph import Graph
+from runner.store.api import Graph
+from runner.store.ends import AttemptEnd
 from runner.store.gremlin.guards import Write, finder, set_on
 from runner.store.gremlin.steps import get_or_add
 from runner.store.gremlin.writes import (
-    AttemptEnd,
     TaskChange,
     _Unmatched,
+    add_end,
     attempt_start,
 )
 from runner.store.model import Attempt
@@ -52,7 +53,7 @@ def claim_resources(graph: Graph, change: TaskChange, ends: list[AttemptEnd], me
         start = attempt_start(change.task, member_id, fence_token)
         w = Write()
         for end in ends:
-            end.add_to(w)
+            add_end(w, end)
         task = change.add_to(w)
         start.add_to(w, task)
         held = {"resource_holder": start.attempt.id,

@@ -5,34 +5,13 @@ ones; ``incident_delivered`` lists the events hooks have heard (``raised``, ``re
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from runner.store import codec
-from runner.store.graph import Graph
+from runner.store.api import Graph
 from runner.store.gremlin.steps import get_or_add, set_props
 from runner.store.gremlin.writes import matched_write
-
-
-@dataclass(frozen=True)
-class Incident:
-    key: str  # <task id>:<kind>:<occurrence>
-    task_id: str
-    kind: str  # running_too_long, waiting_too_long, stopped
-    detail: str
-    raised_at: datetime
-    resolved_at: datetime | None
-    delivered: frozenset[str]  # events hooks heard: raised, resolved
-
-    @property
-    def open(self) -> bool:
-        return self.resolved_at is None
-
-    def view(self) -> dict[str, Any]:
-        return {"key": self.key, "task": self.task_id, "kind": self.kind,
-                "detail": self.detail, "raised_at": self.raised_at.isoformat(),
-                "resolved_at": self.resolved_at.isoformat() if self.resolved_at else None}
+from runner.store.model import Incident
 
 
 def _from_row(row: Mapping[Any, Any]) -> Incident:

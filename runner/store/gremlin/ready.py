@@ -1,9 +1,9 @@
 """The task loop's reads of the ready buckets (:mod:`runner.store.due`), the
-:class:`~runner.store.ports.TaskStore` methods :class:`~runner.store.gremlin.tasks.
+:class:`~runner.store.api.TaskStore` methods :class:`~runner.store.gremlin.tasks.
 GremlinTaskStore` hands on: which lanes hold tasks, a page of a lane's ready seconds, and a
 lane's every ready second (where a node with no floor starts). On the embedded graph the pages
-and the seconds are read by SQL (:mod:`runner.store.direct`): gremlite's interpretation of the
-page's element maps was a fifth of a node's CPU in a drain. Reads only; a graph out of reach
+and the seconds are read by SQL (:mod:`runner.store.embedded.direct`): gremlite's interpretation of
+the page's element maps was a fifth of a node's CPU in a drain. Reads only; a graph out of reach
 raises ``StoreUnavailable``."""
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from typing import Any
 
 from gremlin_python.process.graph_traversal import __
 
-from runner.store import direct, due
-from runner.store.graph import Graph
+from runner.store import due
+from runner.store.api import Graph
+from runner.store.embedded import direct
 from runner.store.gremlin.rows import TASK_ROW, task_from_row
 from runner.store.gremlin.steps import any_of, chunks
 from runner.store.migrations.format import FORMAT_KEY, FORMAT_KEY_VALUE

@@ -4,21 +4,13 @@ tombstone saying where they went. A missing tombstone raises nothing: ``tombston
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from runner.store import codec
-from runner.store.graph import Graph
+from runner.store.api import Graph
 from runner.store.gremlin.rows import task_from_row
 from runner.store.gremlin.steps import get_or_add
-from runner.store.model import Task
-
-
-@dataclass(frozen=True)
-class Tombstone:
-    task_id: str
-    where: str  # the Parquet file it was archived to, or "" when only removed
-    at: str  # when (UTC, ISO 8601)
+from runner.store.model import Task, Tombstone
 
 
 class GremlinRetentionStore:

@@ -11,15 +11,14 @@ from runner.errors import (
     UnknownStoreFormat,
 )
 from runner.store import codec, due
+from runner.store.ends import progress_from_json
 from runner.store.model import (
     Attempt,
     AttemptStatus,
     CheckpointInfo,
     Heartbeat,
-    Progress,
     StopCause,
     Task,
-    TaskState,
     TaskStatus,
 )
 
@@ -30,12 +29,6 @@ TASK_CHANGES = {"status", "finished", "active", "payload", "owner", "priority", 
 TASK_FIXED = ("task_id", "task_type", "task_created", "task_unique", "task_okey")
 
 
-#: a task's state as a list index stores it and a ``state:`` query finds it
-#: (:meth:`~runner.store.model.Task.stored_state`: every state but ``delayed``)
-LIST_STATES = tuple(s.value for s in TaskState if s is not TaskState.DELAYED)
-#: the words of the lists before store format 5, still taken in a query: ``finished`` is
-#: succeeded, ``stopped`` failed or cancelled
-OLD_STATES = {"finished": ("succeeded",), "stopped": ("failed", "cancelled")}
 
 
 def list_state(task: Task) -> str:
@@ -160,7 +153,7 @@ def attempt_from_row(row: Mapping[Any, Any]) -> Attempt:
         ended_at=codec.decode_time(end["ended"]) if end else None,
         duration_ms=int(end["duration_ms"]) if end else None,
         error=end.get("error") or None, stack_trace=end.get("stack") or None,
-        progress=progress_from_json(row.get("attempt_progress")),
+        progress=progress_from_json(row.get("attempt_progress") or ""),
         heartbeat=heartbeat_from_json(row.get("attempt_beat")))
 
 
@@ -169,13 +162,5 @@ def heartbeat_from_json(raw: Any) -> Heartbeat | None:
         return None
     value = codec.decode_json(raw)
     return Heartbeat(codec.decode_time(value["at"]), value["details"])
-
-
-def progress_from_json(raw: Any) -> Progress | None:
-    if not raw:
-        return None
-    value = codec.decode_json(raw)
-    return Progress(int(value["done"]), None if value["total"] is None else int(value["total"]),
-                    str(value["message"]), codec.decode_time(value["at"]))
 
 

@@ -8,25 +8,15 @@ whether paused and up to which fire it was handled (``schedule_state``, guarded 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from runner.errors import CommitConflict, ScheduleExists, ScheduleNotFound
 from runner.store import codec
-from runner.store.graph import Graph
+from runner.store.api import Graph
 from runner.store.gremlin.steps import get_or_add, set_props
 from runner.store.gremlin.writes import matched_write
-
-
-@dataclass(frozen=True)
-class Schedule:
-    name: str
-    spec: dict[str, Any]  # cron or every, type, payload, priority, ordering_key, misfire...
-    created_at: datetime
-    paused: bool
-    last_fire: datetime | None  # the last fire handled (a task created, or skipped)
-    version: int
+from runner.store.model import Schedule
 
 
 def _from_row(row: Mapping[Any, Any]) -> Schedule:

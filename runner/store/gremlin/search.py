@@ -25,7 +25,6 @@ that does not parse is :class:`~runner.errors.InvalidValue` (refused).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -33,9 +32,9 @@ from gremlin_python.process.traversal import P
 
 from runner.errors import InvalidValue
 from runner.store import codec
-from runner.store.graph import Graph
-from runner.store.gremlin.rows import LIST_STATES, OLD_STATES, resource_key, task_from_row
-from runner.store.model import Task
+from runner.store.api import Graph
+from runner.store.gremlin.rows import resource_key, task_from_row
+from runner.store.model import LIST_STATES, Task, TaskFilter, TaskPage, filter_values
 
 #: a bucket holding at most this many matching tasks is read whole (their creation time and
 #: id); a fuller one is split into its finer buckets
@@ -65,60 +64,19 @@ def time_digits(created: str) -> str:
     return "".join(ch for ch in created if ch.isdigit())
 
 
-#: a filter's value: one, or any of several (``P.within``: still one index lookup)
-OneOrMore = str | tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class TaskFilter:
-    """What a task list asks for; None: any. ``type``, ``state``, ``owner`` and
-    ``ordering_key`` take several values, meaning any of them; a resource is one (each
-    resource is a property of its own: "any of" would be one lookup per name)."""
-
-    type: OneOrMore | None = None
-    state: OneOrMore | None = None  # of LIST_STATES
-    owner: OneOrMore | None = None
-    ordering_key: OneOrMore | None = None
-    resource: str | None = None
-
-    def __post_init__(self) -> None:
-        states: list[str] = []
-        for state in _values(self.state):
-            if state == "delayed":  # not a stored word: a delayed task is listed as waiting
-                state = "waiting"
-            if state not in LIST_STATES and state not in OLD_STATES:
-                raise InvalidValue(f"unknown task state {state!r} (one of "
-                                   f"{', '.join(LIST_STATES)})")
-            states.extend(OLD_STATES.get(state, (state,)))
-        if states:
-            unique = tuple(dict.fromkeys(states))
-            object.__setattr__(self, "state", unique[0] if len(unique) == 1 else unique)
-
-    def equalities(self) -> list[tuple[str, Any]]:
-        found: list[tuple[str, Any]] = []
-        for key, value in (("task_type", self.type), ("task_list", self.state),
-                           ("task_owner", self.owner), ("task_okey", self.ordering_key)):
-            values = _values(value)
-            if len(values) == 1:
-                found.append((key, values[0]))
-            elif values:
-                found.append((key, P.within(list(values))))
-        if self.resource is not None:
-            found.append((resource_key(self.resource), "1"))
-        return found
-
-
-def _values(value: OneOrMore | None) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    return (value,) if isinstance(value, str) else tuple(dict.fromkeys(value))
-
-
-@dataclass(frozen=True)
-class TaskPage:
-    tasks: list[Task]
-    #: where the next (older) page starts: pass it as ``before``; None: this was the last
-    next: str | None
+def equalities(where: TaskFilter) -> list[tuple[str, Any]]:
+    """The property lookups of a filter (a value, or ``P.within`` several)."""
+    found: list[tuple[str, Any]] = []
+    for key, value in (("task_type", where.type), ("task_list", where.state),
+                       ("task_owner", where.owner), ("task_okey", where.ordering_key)):
+        values = filter_values(value)
+        if len(values) == 1:
+            found.append((key, values[0]))
+        elif values:
+            found.append((key, P.within(list(values))))
+    if where.resource is not None:
+        found.append((resource_key(where.resource), "1"))
+    return found
 
 
 def cursor_of(task: Task) -> str:
@@ -148,7 +106,7 @@ class GremlinTaskSearch:
         property first, then the filters (no label step: every key is a task's, and a label
         step first would make gremlite walk every task)."""
         t = g.V().has(key, value)
-        for other, wanted in where.equalities():
+        for other, wanted in equalities(where):
             t = t.has(other, wanted)
         return t
 

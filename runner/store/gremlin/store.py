@@ -25,7 +25,22 @@ from runner.errors import (
     StoreError,
 )
 from runner.store import migrations
-from runner.store.graph import Graph, location, open_graph
+from runner.store.api import (
+    AttemptLog,
+    AvatarStore,
+    CheckpointStore,
+    Graph,
+    IncidentStore,
+    LastEffect,
+    OntologyStore,
+    RetentionStore,
+    ScheduleStore,
+    SearchStore,
+    TaskStore,
+    Traversal,
+    location,
+)
+from runner.store.ends import AttemptEnd, Conclusion, attempt_end
 from runner.store.gremlin import batch
 from runner.store.gremlin.attempts import GremlinAttemptLog
 from runner.store.gremlin.avatars import GremlinAvatarStore
@@ -46,12 +61,11 @@ from runner.store.gremlin.schedules import GremlinScheduleStore
 from runner.store.gremlin.search import GremlinTaskSearch
 from runner.store.gremlin.tasks import GremlinTaskStore
 from runner.store.gremlin.writes import (
-    AttemptEnd,
     AttemptStart,
-    Conclusion,
-    attempt_end,
+    add_end,
     attempt_start,
     changed_task,
+    conclusion_write,
     finished_error,
     matched_write,
     task_change,
@@ -64,7 +78,6 @@ from runner.store.model import (
     Task,
     TaskStatus,
 )
-from runner.store.ports import AttemptLog, AvatarStore, OntologyStore, TaskStore
 
 T = TypeVar("T")
 
@@ -75,7 +88,7 @@ class GraphStore:
     the migration's own way in)."""
 
     def __init__(self, graph: Graph, *, check_format: bool = True) -> None:
-        self.graph = graph
+        self.graph: Graph = graph
         if check_format:
             migrations.open_format(graph, location(graph))
         self._tasks = GremlinTaskStore(graph)
@@ -84,16 +97,16 @@ class GraphStore:
         self.attempts: AttemptLog = self._attempts
         self.ontologies: OntologyStore = GremlinOntologyStore(graph)
         self.avatars: AvatarStore = GremlinAvatarStore(graph)
-        self.schedules = GremlinScheduleStore(graph)
-        self.incidents = GremlinIncidentStore(graph)
-        self.retention = GremlinRetentionStore(graph)
+        self.schedules: ScheduleStore = GremlinScheduleStore(graph)
+        self.incidents: IncidentStore = GremlinIncidentStore(graph)
+        self.retention: RetentionStore = GremlinRetentionStore(graph)
         #: the state long handlers commit and resume from (``ctx.checkpoint``, ``ctx.resume``)
-        self.checkpoints = GremlinCheckpointStore(graph)
+        self.checkpoints: CheckpointStore = GremlinCheckpointStore(graph)
         #: an operator's filtered, paged, newest-first view (the web console's task list)
-        self.search = GremlinTaskSearch(graph)
+        self.search: SearchStore = GremlinTaskSearch(graph)
 
     def claim(self, task: Task, fence_token: int, member_id: str) -> tuple[Task, Attempt]:
-        """Claim ``task`` as listed (RUNNING, owner, token; guarded by its version and fence)
+        """TaskClaim ``task`` as listed (RUNNING, owner, token; guarded by its version and fence)
         and add its RUNNING attempt (numbered from the task's attempt count), in one traversal.
 
         A task listed as RUNNING (its owner left without ending its attempt) is claimed with
@@ -122,7 +135,7 @@ class GraphStore:
             start = attempt_start(change.task, member_id, fence_token)
             w = Write()
             for end in ends:
-                end.add_to(w)
+                add_end(w, end)
             start.add_to(w, change.add_to(w))
             started = start.attempt if batch.matched(self.graph, w) else None
         if started is None:
@@ -191,7 +204,7 @@ class GraphStore:
           and nothing is written; the owner ends the attempt otherwise.
         """
         change = task_change(c.task, c.token, c.changes)
-        if batch.matched(self.graph, c.write(change)):
+        if batch.matched(self.graph, conclusion_write(c, change)):
             return change.task
         return self.conclude_refused(c)
 
@@ -217,7 +230,8 @@ class GraphStore:
             again = task_change(task_now, c.token, c.changes)
             if c.needs:
                 self.graph.read(lambda g: resource_guard(g, task.id, end.attempt_id, c.needs))
-            return again.task if batch.matched(self.graph, c.write(again, not ours)) else None
+            written = batch.matched(self.graph, conclusion_write(c, again, not ours))
+            return again.task if written else None
 
         return until_written(once, task.id)
 
@@ -282,7 +296,7 @@ class GraphStore:
             change = task_change(task, None, todo, move_fence=move)
             w = Write()
             for end in ends:
-                end.add_to(w)
+                add_end(w, end)
             change.add_to(w)
             if batch.matched(self.graph, w):
                 return change.task, [e.attempt for e in ends]
@@ -300,7 +314,7 @@ class GraphStore:
                                    changes={"active": False}, refuse_finished=True)
 
     def complete(self, attempt: Attempt, task: Task, fence_token: int,
-                 effect: Callable[[Any], Any]) -> Task:
+                 effect: LastEffect) -> Task:
         """A handler's last effect, its attempt SUCCEEDED and its task finished, as one guarded
         traversal: ``effect(t)`` builds the effect on ``t`` (a traversal that stands on the
         guards: ``t.add_v(...)``, ``t.V().has(...).property(...)``) and returns it, not
@@ -324,7 +338,7 @@ class GraphStore:
             w = Write()
             for find in fence_finds(fence):
                 w.guard(find)
-            end.add_to(w)
+            add_end(w, end)
             change.add_to(w)
             if matched_write(self.graph, lambda g: w.traverse(g, effect)):
                 return change.task
@@ -336,7 +350,7 @@ class GraphStore:
 
         return until_written(once, task.id)
 
-    def fenced_write(self, fence: Fence, fn: Callable[[Any], T]) -> T:
+    def fenced_write(self, fence: Fence, fn: Callable[[Traversal], T]) -> T:
         """Run ``fn(g)`` as one write that is refused (:class:`StaleFencingToken` or
         :class:`~runner.errors.ResourceTaken`) unless ``fence`` is still the task's. ``g`` is
         a source whose every traversal starts with the fence's guards (``V()``, ``add_v()``,
@@ -367,10 +381,3 @@ class GraphStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def open_store(where: str, *, check_format: bool = True, **remote: Any) -> GraphStore:
-    """The store at ``where`` (a gremlite file path or a ``ws://`` URL: ``remote`` are
-    :class:`~runner.store.graph.RemoteGraph`'s options, ``atomicity`` among them)."""
-    return GraphStore.checked(open_graph(where, **remote), check_format)
-

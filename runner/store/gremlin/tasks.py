@@ -5,7 +5,7 @@ an older layout brought to today's. A missing task raises
 :class:`~runner.errors.CommitConflict`; an action a finished task cannot take,
 :class:`~runner.errors.TaskFinished`.
 
-Why one module: it is the task store port's one implementation (``runner.store.ports.
+Why one module: it is the task store port's one implementation (``runner.store.api.
 TaskStore``), and each method is a read and a guarded write of the same vertex; the store's
 split into one port and two drivers (the next issue) divides it by driver, not by method."""
 
@@ -27,7 +27,7 @@ from runner.errors import (
     TaskNotFound,
 )
 from runner.store import codec, due
-from runner.store.graph import Graph
+from runner.store.api import Graph
 from runner.store.gremlin import batch, checkpoints, ready
 from runner.store.gremlin.rows import (
     TASK_ROW,

@@ -17,13 +17,12 @@ write of the store composes; split, each half would import the other.
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC
 from typing import Any
 
 from runner.errors import (
@@ -35,13 +34,13 @@ from runner.errors import (
     WriteRaceLost,
 )
 from runner.store import codec
-from runner.store.graph import Graph
+from runner.store.api import Graph, Traversal
+from runner.store.ends import AttemptEnd, Conclusion
 from runner.store.gremlin.guards import Write, finder, set_on
 from runner.store.gremlin.rows import (
     TASK_CHANGES,
     TASK_FIXED,
     changing_props,
-    progress_from_json,
     task_from_row,
     task_props,
 )
@@ -102,73 +101,39 @@ class AttemptStart:
 
     def op(self, task: str) -> tuple[Any, ...]:
         """The attempt and its edge from the vertex named ``task`` as data
-        (:mod:`runner.store.direct`)."""
+        (:mod:`runner.store.embedded.direct`)."""
         return ("add", "attempt", self.props, "has_attempt", task)
 
 
-@dataclass(frozen=True)
-class AttemptEnd:
-    """The end of a RUNNING attempt, and the attempt it leaves."""
-    attempt_id: str
-    props: Mapping[str, Any]
-    attempt: Attempt
-
-    def find(self, src: Any) -> Any:
-        return has_all(src.V(), *self._pairs())
-
-    def _pairs(self) -> tuple[tuple[str, Any], ...]:
-        return (("attempt_id", self.attempt_id), ("attempt_status", AttemptStatus.RUNNING.value))
-
-    def traverse(self, src: Any) -> Any:
-        return set_props(self.find(src), self.props)
-
-    def add_to(self, write: Write) -> None:
-        write.change(set_on(write.guard(finder(*self._pairs())), self.props))
-
-    def write(self, g: Any) -> None:
-        if not self.traverse(g).id_().to_list():
-            raise AttemptAlreadyFinished(f"attempt {self.attempt_id} was finished meanwhile")
+def end_pairs(end: AttemptEnd) -> tuple[tuple[str, str], ...]:
+    """What finds the attempt of ``end`` while it is still RUNNING (the guard of its end)."""
+    return (("attempt_id", end.attempt_id), ("attempt_status", AttemptStatus.RUNNING.value))
 
 
-@dataclass(frozen=True)
-class Conclusion:
-    """What an attempt came to, as its owner writes it: the attempt's end and the task's new
-    state (``changes``), guarded by the owner's ``token``; ``task`` as the owner last read or
-    wrote it. The one value an attempt's end travels as, from the handler's return through
-    the group commit to the store (``GraphStore.conclude``, ``conclude_many``)."""
-    end: AttemptEnd
-    task: Task
-    token: int
-    changes: Mapping[str, Any]
+def add_end(write: Write, end: AttemptEnd) -> None:
+    """Guard ``write`` by the attempt of ``end`` being RUNNING, and end it."""
+    write.change(set_on(write.guard(finder(*end_pairs(end))), end.props))
 
-    @classmethod
-    def of(cls, attempt: Attempt, status: AttemptStatus, task: Task,
-           changes: Mapping[str, Any], *, error: str | None = None, stack: str | None = None,
-           progress: str | None = None, ended: datetime | None = None) -> Conclusion:
-        """``attempt``'s end, guarded by the token it was claimed with (its fence)."""
-        return cls(attempt_end(attempt, status, error, stack, progress, ended), task,
-                   attempt.fence, changes)
 
-    @property
-    def status(self) -> AttemptStatus:
-        return self.end.attempt.status
+def write_end(end: AttemptEnd) -> Callable[[Traversal], None]:
+    """The end alone, as a graph write: AttemptAlreadyFinished when it was ended meanwhile."""
+    def write(g: Traversal) -> None:
+        if not set_props(has_all(g.V(), *end_pairs(end)), end.props).id_().to_list():
+            raise AttemptAlreadyFinished(f"attempt {end.attempt_id} was finished meanwhile")
+    return write
 
-    @property
-    def needs(self) -> tuple[str, ...]:
-        """The resources the write is guarded by: a success needs them still held."""
-        return self.task.resources if self.status is AttemptStatus.SUCCEEDED else ()
 
-    def write(self, change: TaskChange, with_end: bool = True) -> Write:
-        """The guarded write of this conclusion over ``change`` (the task as it is to be
-        written): the attempt still RUNNING (``with_end``), the task's version and fence, and
-        for a success each resource still held by the attempt."""
-        w = Write()
-        if with_end:
-            self.end.add_to(w)
-        change.add_to(w)
-        for name in sorted(set(self.needs)):
-            w.guard(finder(("resource_name", name), ("resource_holder", self.end.attempt_id)))
-        return w
+def conclusion_write(c: Conclusion, change: TaskChange, with_end: bool = True) -> Write:
+    """The guarded write of conclusion ``c`` over ``change`` (the task as it is to be
+    written): the attempt still RUNNING (``with_end``), the task's version and fence, and for
+    a success each resource still held by the attempt."""
+    w = Write()
+    if with_end:
+        add_end(w, c.end)
+    change.add_to(w)
+    for name in sorted(set(c.needs)):
+        w.guard(finder(("resource_name", name), ("resource_holder", c.end.attempt_id)))
+    return w
 
 
 def task_change(task: Task, fence_token: int | None, changes: Mapping[str, Any],
@@ -278,39 +243,6 @@ def attempt_start(task: Task, executor: str, fence_token: int) -> AttemptStart:
     return AttemptStart(props, Attempt(
         id=attempt_id, task_id=task.id, seq=task.attempts, status=AttemptStatus.RUNNING,
         executor=executor, started_at=started, fence=fence_token))
-
-
-def attempt_end(attempt: Attempt, status: AttemptStatus, error: str | None = None,
-                stack_trace: str | None = None, progress: str | None = None,
-                ended: datetime | None = None) -> AttemptEnd:
-    """The end of ``attempt`` as it was read, without reading it again: the write is guarded
-    by its RUNNING status. ``progress``: the handler's last report not written yet
-    (``progress_json``), written with the end; ``ended``: when the attempt ended (its handler
-    returned; now when None), which may be a little before the write."""
-    status = AttemptStatus(status)
-    if status is AttemptStatus.RUNNING:
-        raise InvalidValue("finish() needs a final status")
-    if attempt.status is not AttemptStatus.RUNNING:
-        raise AttemptAlreadyFinished(f"attempt {attempt.id} is already {attempt.status.value}")
-    ended = ended if ended is not None else codec.now()
-    doc: dict[str, Any] = {
-        "ended": codec.encode_time(ended),
-        "duration_ms": int((ended - attempt.started_at).total_seconds() * 1000),
-    }
-    if error:
-        doc["error"] = error
-    if stack_trace:
-        doc["stack"] = stack_trace
-    props = {"attempt_status": status.value, "attempt_end": codec.encode_json(doc),
-             # the UTC day it ended: recent ends are found from an index, not a scan of all
-             "attempt_end_day": ended.strftime("%Y-%m-%d")}
-    if progress is not None:
-        props["attempt_progress"] = progress
-    ended_attempt = dataclasses.replace(
-        attempt, status=status, ended_at=codec.decode_time(doc["ended"]),
-        duration_ms=doc["duration_ms"], error=error or None, stack_trace=stack_trace or None,
-        progress=progress_from_json(progress) if progress is not None else attempt.progress)
-    return AttemptEnd(attempt.id, props, ended_attempt)
 
 
 class _Unmatched(Exception):

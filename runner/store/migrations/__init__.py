@@ -42,7 +42,7 @@ from typing import Protocol
 
 from runner import __version__
 from runner.errors import StoreFormatOutdated, StoreFormatTooNew
-from runner.store.graph import Graph
+from runner.store.api import Graph
 from runner.store.migrations.backfill import StepProgress, TaskBackfill
 from runner.store.migrations.format import FormatState, read_state, stamp
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from gremlin_python.process.graph_traversal import __
 
-from runner.store.graph import Graph
+from runner.store.api import Graph
 from runner.store.gremlin.rows import task_from_row
 from runner.store.gremlin.steps import set_props
 from runner.store.migrations.format import cursor_traversal

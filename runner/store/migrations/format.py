@@ -12,7 +12,7 @@ from gremlin_python.process.traversal import Cardinality
 
 from runner import __version__
 from runner.store import codec
-from runner.store.graph import Graph
+from runner.store.api import Graph
 from runner.store.gremlin.steps import add_vertex, set_props
 
 FORMAT_LABEL = "latchwork_format"

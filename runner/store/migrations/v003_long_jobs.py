@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runner.store.graph import Graph
+from runner.store.api import Graph
 from runner.store.migrations.backfill import StepProgress
 
 

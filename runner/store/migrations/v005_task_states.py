@@ -23,7 +23,7 @@ from typing import Any
 
 from gremlin_python.process.traversal import Cardinality, P
 
-from runner.store.graph import Graph
+from runner.store.api import Graph
 from runner.store.migrations.backfill import StepProgress
 
 #: the words of format 4 this step rewrites

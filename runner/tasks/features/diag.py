@@ -29,7 +29,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from runner.store import GraphStore, codec
+from runner.store import Store, codec
 from runner.tasks import TaskCancelled, TaskConflict, TaskContext, TaskRegistry
 
 
@@ -144,7 +144,7 @@ def appended(path: Path) -> list[AppendRecord]:
     return records
 
 
-def effects(store: GraphStore) -> list[EffectRecord]:
+def effects(store: Store) -> list[EffectRecord]:
     """Every effect record ``diag.effect`` wrote."""
     rows = store.graph.read(
         lambda g: g.V().has_label("diag_effect").element_map().to_list())

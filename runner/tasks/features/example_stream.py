@@ -21,7 +21,7 @@ from typing import Any
 
 from coord import BadInput, LockFreeQueue, QueueOutput, Session
 from coord.stream_input import StreamHandler
-from runner.store import GraphStore
+from runner.store import Store
 from runner.tasks.context import TaskContext
 from runner.tasks.features.streams import StreamRegistry, stream
 
@@ -62,7 +62,7 @@ def moving_average(window_s: float = 60.0, bound: int = 10) -> StreamHandler:
     return handle
 
 
-def record_crossing(store: GraphStore, key: str) -> bool:
+def record_crossing(store: Store, key: str) -> bool:
     """Record the crossing ``key`` once (an idempotent write keyed by it: an output written
     again changes nothing); False when it was there already."""
     def write(g: Any) -> bool:
@@ -74,7 +74,7 @@ def record_crossing(store: GraphStore, key: str) -> bool:
     return written
 
 
-def crossings(store: GraphStore) -> int:
+def crossings(store: Store) -> int:
     """How many crossings the example recorded."""
     return int(store.graph.read(lambda g: g.V().has("event_kind", EXAMPLE).count().next()))
 
@@ -83,7 +83,7 @@ class AveragesOutput(QueueOutput):
     """Every average to the ``averages`` queue at its index, and each crossing recorded in the
     graph, keyed by (queue, index) so a repeated write counts once."""
 
-    def __init__(self, session: Session, store: GraphStore) -> None:
+    def __init__(self, session: Session, store: Store) -> None:
         super().__init__(LockFreeQueue(session, "averages"))
         self.store = store
 

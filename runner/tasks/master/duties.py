@@ -45,7 +45,7 @@ from coord import (
 from coord import mailbox as mailboxes
 from runner import logs
 from runner.errors import StoreError, TaskNotFound
-from runner.store import AttemptStatus, GraphStore
+from runner.store import AttemptStatus, Store
 from runner.tasks import due
 from runner.tasks.observer import Observer, notify_freed
 
@@ -71,7 +71,7 @@ class Pruning:
 
 
 class MasterDuties:
-    def __init__(self, latch: LeaderLatch, store: GraphStore, *, reap_interval: float = 2.0,
+    def __init__(self, latch: LeaderLatch, store: Store, *, reap_interval: float = 2.0,
                  on_master: Callable[[], object] | None = None,
                  on_freed: Callable[[list[str]], object] | None = None,
                  pruning: Pruning | None = None,

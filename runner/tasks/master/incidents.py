@@ -38,8 +38,7 @@ from typing import Any
 import httpx
 
 from runner.errors import HookLoadError, TaskError, TaskNotFound
-from runner.store import AttemptStatus, GraphStore, TaskStatus, codec
-from runner.store.gremlin.incidents import Incident
+from runner.store import AttemptStatus, Incident, Store, TaskStatus, codec
 from runner.tasks.master.layout import left_to_layout
 from runner.tasks.outcomes import IGNORED_TIMEOUT
 from runner.tasks.registry import TaskRegistry
@@ -69,7 +68,7 @@ def load_hooks(names: Sequence[str]) -> list[Hook]:
 class IncidentWatch:
     """The master's incident round (:meth:`tick`)."""
 
-    def __init__(self, store: GraphStore, registry: TaskRegistry, member_id: str,
+    def __init__(self, store: Store, registry: TaskRegistry, member_id: str,
                  hooks: Sequence[Hook] = (), webhook: str | None = None,
                  webhook_timeout: float = 5.0) -> None:
         self.store = store

@@ -27,8 +27,7 @@ from collections.abc import Mapping
 
 from coord import CoordError, MemberInfo, Session, read_members
 from runner.errors import StoreError
-from runner.store import GraphStore, migrations
-from runner.store.gremlin.incidents import Incident
+from runner.store import Incident, Store, migrations
 
 log = logging.getLogger("latchwork.master")
 
@@ -55,7 +54,7 @@ def describe(info: MemberInfo) -> str:
             "migrated for")
 
 
-def raise_foreign_members(store: GraphStore, members: Mapping[str, MemberInfo],
+def raise_foreign_members(store: Store, members: Mapping[str, MemberInfo],
                           by: str) -> list[str]:
     """Raise ``member_format`` for each member of another format (each once: the incident's
     key is the member's); the ids raised."""
@@ -70,7 +69,7 @@ def raise_foreign_members(store: GraphStore, members: Mapping[str, MemberInfo],
     return raised
 
 
-def check_on_join(session: Session, store: GraphStore, member_id: str) -> None:
+def check_on_join(session: Session, store: Store, member_id: str) -> None:
     """What a node checks as it joins: a member of another format (an old master among them,
     which raises nothing itself) is raised as an incident and logged. Never fails the
     start: an unreadable membership or graph is logged and left to the master's rounds."""
@@ -84,7 +83,7 @@ def check_on_join(session: Session, store: GraphStore, member_id: str) -> None:
 class LayoutWatch:
     """The master's round over members and tasks of older formats (see the module)."""
 
-    def __init__(self, session: Session, store: GraphStore, member_id: str,
+    def __init__(self, session: Session, store: Store, member_id: str,
                  interval: float = 5.0) -> None:
         self.session = session
         self.store = store

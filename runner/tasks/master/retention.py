@@ -26,14 +26,14 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from coord import Session, VersionConflict, VersionedRegister
-from runner.store import Attempt, GraphStore, Task, codec
+from runner.store import Attempt, Store, Task, codec
 
 log = logging.getLogger("latchwork.retention")
 CURSOR = "retention/day"
 
 
 class Retention:
-    def __init__(self, session: Session, store: GraphStore, member_id: str, days: float,
+    def __init__(self, session: Session, store: Store, member_id: str, days: float,
                  mode: str, data_dir: str, batch: int = 50, interval: float = 60.0) -> None:
         self.session = session
         self.store = store

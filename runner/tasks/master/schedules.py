@@ -41,8 +41,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 from runner.errors import CommitConflict, ScheduleNotFound
 from runner.replies import ScheduleView
 from runner.requests import ScheduleSpec, TaskSubmit
-from runner.store import GraphStore, Task, TaskStatus, codec
-from runner.store.gremlin.schedules import Schedule
+from runner.store import Schedule, Store, Task, TaskStatus, codec
 
 log = logging.getLogger("latchwork.schedules")
 
@@ -71,7 +70,7 @@ def fire_key(name: str, fire: datetime) -> str:
     return f"schedule:{name}:{codec.encode_time(fire)}"
 
 
-def stop_pending_fires(store: GraphStore, name: str, why: str) -> list[str]:
+def stop_pending_fires(store: Store, name: str, why: str) -> list[str]:
     """Deactivate, with ``why``, the tasks of ``name``'s fires that have not started; their
     ids. Fires are made at most :data:`LOOKAHEAD` ahead, so they wait in the open queue the
     nodes list (no scan of finished tasks)."""
@@ -87,7 +86,7 @@ def stop_pending_fires(store: GraphStore, name: str, why: str) -> list[str]:
     return stopped
 
 
-def pause(store: GraphStore, name: str, paused: bool = True) -> Schedule:
+def pause(store: Store, name: str, paused: bool = True) -> Schedule:
     """Pause a schedule and stop its fires that have not started; or resume it (from now
     on: fires missed while paused are not made up). Written again when the master's round
     wrote the schedule first."""
@@ -104,7 +103,7 @@ def pause(store: GraphStore, name: str, paused: bool = True) -> Schedule:
     return updated
 
 
-def remove(store: GraphStore, name: str) -> None:
+def remove(store: Store, name: str) -> None:
     """Remove a schedule and stop its fires that have not started."""
     store.schedules.remove(name)
     stop_pending_fires(store, name, f"schedule {name} removed")
@@ -123,7 +122,7 @@ def describe(s: Schedule) -> ScheduleView:
 class ScheduleFirer:
     """The master's schedule round (:meth:`tick`); ``submit`` creates a task like the API."""
 
-    def __init__(self, store: GraphStore, submit: Callable[[TaskSubmit], Task]) -> None:
+    def __init__(self, store: Store, submit: Callable[[TaskSubmit], Task]) -> None:
         self.store = store
         self.submit = submit
 

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 
 from runner.errors import StoreError
-from runner.store import GraphStore, Task, TaskStatus, codec, due
+from runner.store import Store, Task, TaskStatus, codec, due
 from runner.store.due import preferred_index
 from runner.tasks.worker.ready import Floors, ReadyScan
 from runner.tasks.worker.settings import LoopSettings
@@ -122,7 +122,7 @@ class Backlog:
     Failure behaviour: a listing or a version read that fails is logged and the scan ends;
     the next one tries again."""
 
-    def __init__(self, store: GraphStore, member_id: str, later: DueTimer,
+    def __init__(self, store: Store, member_id: str, later: DueTimer,
                  stats: Counter[str], running: Callable[[str], bool],
                  known: Callable[[Task], bool] = lambda task: True, *,
                  settings: LoopSettings | None = None, floors: Floors | None = None) -> None:

@@ -19,7 +19,7 @@ import logging
 
 from coord import Booking, CoordError
 from runner.errors import StoreError, TaskError
-from runner.store import GraphStore, Task, TaskStatus, codec
+from runner.store import Store, Task, TaskStatus, codec
 from runner.tasks.registry import TaskRegistry, TaskType
 from runner.tasks.worker.claim import Claimer, key_only, release_booking
 from runner.tasks.worker.running import Slot
@@ -30,7 +30,7 @@ log = logging.getLogger("latchwork.tasks")
 class KeyChain:
     """Claims the next task of an ordering key for the worker that just finished one."""
 
-    def __init__(self, claimer: Claimer, store: GraphStore, registry: TaskRegistry) -> None:
+    def __init__(self, claimer: Claimer, store: Store, registry: TaskRegistry) -> None:
         self.claimer = claimer
         self.store = store
         self.registry = registry

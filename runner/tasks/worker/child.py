@@ -13,7 +13,7 @@ lock and every store write; what the handler asks of its context crosses the cha
 * ``check()``, ``checkpoint(state)``, ``resume``: a request the node answers (a refusal comes
   back as the exception the node's context raised, e.g. ``TaskCancelled``);
 * ``complete(write)``: ``write`` is built here on a traversal of no graph and its steps are the
-  request (:func:`~runner.store.gremlin.guards.effect_steps`); the node adds them to its own
+  request (:func:`~runner.store.effects.effect_steps`); the node adds them to its own
   ``complete`` (lock confirmed, fence guarded, one write) and answers as for ``check``;
 * ``cancelled`` / ``cancel.wait()`` / ``raise_if_cancelled()``: read from memory shared with
   the node, no round trip: a flag the node sets when it cancels the attempt, and the session's
@@ -54,7 +54,7 @@ from typing import Any, NamedTuple
 
 from runner.errors import InvalidValue
 from runner.store import Attempt, Fence, Task
-from runner.store.gremlin.guards import effect_steps
+from runner.store.effects import effect_steps
 from runner.tasks.context import TaskCancelled, TaskTimedOut
 from runner.tasks.worker.channel import Channel, Flat
 

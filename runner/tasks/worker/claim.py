@@ -46,7 +46,7 @@ from coord import (
     TaskLock,
 )
 from runner.errors import CommitConflict, StaleFencingToken, StoreError
-from runner.store import GraphStore, Task
+from runner.store import Store, Task
 from runner.tasks.context import CancelToken
 from runner.tasks.registry import TaskType
 from runner.tasks.worker.running import Claimed, RunningSet, Slot
@@ -161,7 +161,7 @@ class Claimer:
     ``limits`` and the claims' counters (``stats``: started, lock_busy, slots_busy,
     not_first, stale)."""
 
-    def __init__(self, session: Session, store: GraphStore, member_id: str,
+    def __init__(self, session: Session, store: Store, member_id: str,
                  running: RunningSet, limits: Mapping[str, int] | None = None) -> None:
         self.session = session
         self.store = store
@@ -249,7 +249,7 @@ class Claimer:
     def claim_new(self, task: Task, again: bool = False) -> Slot | None:
         """Take ``task``, new and not written yet (this node just accepted it, so nobody else
         can know its id), and write it already claimed, RUNNING with its RUNNING attempt in
-        one store write (:meth:`~runner.store.GraphStore.create_claimed`), registered in the
+        one store write (:meth:`~runner.store.Store.create_claimed`), registered in the
         running set like :meth:`claim`'s. The write goes while its lock is being taken
         (:meth:`~coord.TaskLock.acquire_all_sent`: nothing to contend with), not after: its
         token is the last zxid the session saw before the lock's transaction was sent, below
@@ -324,7 +324,7 @@ class Claimer:
         """Take several plain tasks (:func:`plain`: no slot, hold or ordering key) in one pass:
         their locks in one ZooKeeper transaction (:meth:`~coord.TaskLock.try_acquire_all`,
         no watch: an operator's cancel reaches a handler through the node's mailbox), then the
-        claims of those won in one store write (:meth:`~runner.store.GraphStore.claim_many`).
+        claims of those won in one store write (:meth:`~runner.store.Store.claim_many`).
         A batch that partly loses keeps what it won: a lock held elsewhere or a task that
         changed since it was listed drops that task alone (everything it took released). The
         tasks started, each registered in the running set, like :meth:`claim`'s."""

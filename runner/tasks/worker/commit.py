@@ -5,7 +5,7 @@ A worker whose handler returned hands its :class:`~runner.tasks.worker.running.E
 :meth:`GroupCommit.submit` and is free at once (or, for a task whose next step needs the end
 written first, an ordering key's chain, waits: :meth:`GroupCommit.conclude`). The commit
 thread writes whatever is queued, up to ``max_items`` at a time, as one write
-(:meth:`~runner.store.GraphStore.conclude_many`: one transaction on the embedded graph, one
+(:meth:`~runner.store.Store.conclude_many`: one transaction on the embedded graph, one
 traversal on a Gremlin Server); an idle node writes a single end at once, a busy one writes a
 group of every end that arrived during the last write (the classic group commit: no timer, the
 write itself is the flush period). Then it releases the group's task locks in one ZooKeeper
@@ -50,7 +50,7 @@ from runner.errors import (
     StoreError,
     StoreUnavailable,
 )
-from runner.store import AttemptStatus, Conclusion, GraphStore, Task
+from runner.store import AttemptStatus, Conclusion, Store, Task
 from runner.tasks.outcomes import Outcome, task_changes
 from runner.tasks.worker.running import Ending
 
@@ -75,7 +75,7 @@ class GroupCommit:
     """The ends of one node's attempts, written in groups (see the module). ``stats``:
     ``groups`` written, ``concluded`` ends in them, the ``largest`` group."""
 
-    def __init__(self, store: GraphStore, member_id: str, on_ended: OnEnded, *,
+    def __init__(self, store: Store, member_id: str, on_ended: OnEnded, *,
                  max_items: int = 64, store_retry_for: float = 60.0) -> None:
         self.store = store
         self.member_id = member_id

@@ -46,7 +46,7 @@ from runner.errors import (
     StoreError,
     StoreUnavailable,
 )
-from runner.store import Attempt, AttemptStatus, Conclusion, GraphStore, codec
+from runner.store import Attempt, AttemptStatus, Conclusion, Store, codec
 from runner.tasks import due
 from runner.tasks.context import Services, TaskContext
 from runner.tasks.observer import AttemptLogger, Observer
@@ -83,7 +83,7 @@ class _Handling:
 class Execution:
     """Runs claimed tasks for one member (the task loop's workers call :meth:`run`)."""
 
-    def __init__(self, session: AttemptSession, member_id: str, store: GraphStore,
+    def __init__(self, session: AttemptSession, member_id: str, store: Store,
                  registry: TaskRegistry, *, observers: Sequence[Observer] = (),
                  services: Services | None = None, settings: LoopSettings | None = None,
                  cursor: Callable[[], None] | None = None) -> None:

@@ -60,7 +60,7 @@ from multiprocessing import forkserver
 from typing import Any
 
 from runner.errors import HandlerCrashed
-from runner.store.gremlin.guards import replayed
+from runner.store.effects import replayed
 from runner.tasks.context import TaskCancelled, TaskContext, TaskTimedOut
 from runner.tasks.registry import TaskType
 from runner.tasks.worker.channel import Channel

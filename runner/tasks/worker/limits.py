@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runner.errors import StoreError
-from runner.store import AttemptStatus, GraphStore
+from runner.store import AttemptStatus, Store
 from runner.tasks.outcomes import (
     IGNORED_TIMEOUT,
     AttemptResult,
@@ -236,7 +236,7 @@ class Closed:
     incident: Any  # the incident raised (None when it could not be)
 
 
-def close_ignored(store: GraphStore, member_id: str, w: Watched, reason: str) -> None:
+def close_ignored(store: Store, member_id: str, w: Watched, reason: str) -> None:
     """A thread-run handler still running ``grace`` past its limit (it cannot be killed):
     write its attempt TIMED_OUT and the task's fence moved in one write (nothing it writes
     afterwards is accepted; the retry policy decides the task's next state as for any
@@ -262,6 +262,6 @@ def close_ignored(store: GraphStore, member_id: str, w: Watched, reason: str) ->
     w.written = Closed(outcome, error, run_at, incident)
 
 
-def persist_beat(store: GraphStore, w: Watched) -> None:
+def persist_beat(store: Store, w: Watched) -> None:
     """The last heartbeat's details, on the attempt (``attempt_beat``) while it runs."""
     store.attempts.heartbeat(w.claim.attempt.id, w.details)

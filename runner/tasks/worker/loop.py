@@ -32,7 +32,7 @@ from datetime import UTC, datetime
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from coord import Booking, Session, SessionState
-from runner.store import AttemptStatus, GraphStore, Task
+from runner.store import AttemptStatus, Store, Task
 from runner.tasks import due
 from runner.tasks.context import Services
 from runner.tasks.observer import Observer
@@ -54,7 +54,7 @@ __all__ = ["Admission", "Admitted", "LoopSettings", "TaskLoop"]
 
 
 class TaskLoop:
-    def __init__(self, session: Session, member_id: str, store: GraphStore,
+    def __init__(self, session: Session, member_id: str, store: Store,
                  registry: TaskRegistry, settings: LoopSettings | None = None, *,
                  observers: Sequence[Observer] = (),
                  services: Services | None = None,
@@ -176,7 +176,7 @@ class TaskLoop:
 
         ``again``: ``task``'s id is its request's, which an earlier sending of the request may
         have written (a submit redelivered): then that task is found and nothing is written
-        (:meth:`~runner.store.GraphStore.create_claimed_again`, ``add_many(again=True)``)."""
+        (:meth:`~runner.store.Store.create_claimed_again`, ``add_many(again=True)``)."""
         slot = self._start_new(task, again)
         if slot is not None and slot.claim is not None:
             self.stats["offered"] += 1

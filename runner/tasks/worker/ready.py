@@ -49,7 +49,7 @@ from datetime import datetime, timedelta
 from typing import Protocol
 
 from runner.store import Task, codec, due
-from runner.store.ports import TaskStore
+from runner.store.api import TaskStore
 
 #: seconds a walk starts before its lane's cursor (clocks that disagree, writes that land late)
 SKEW = 5

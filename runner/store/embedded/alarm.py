@@ -1,7 +1,7 @@
 """A graph file that cannot be written: what SQLite says then (:func:`unwritable`, which makes
 it :class:`~runner.errors.StoreFull`), and :class:`StorageAlarm`, which says so in one warning
 line a minute instead of one per refused write. Used by the embedded graph
-(:mod:`runner.store.graph`); nothing here does I/O but its log lines.
+(:mod:`runner.store.embedded.graph`); nothing here does I/O but its log lines.
 """
 
 from __future__ import annotations

@@ -17,10 +17,11 @@ from typing import Any, TypeVar
 from gremlin_python.process import strategies
 from gremlin_python.process.anonymous_traversal import traversal
 
-from runner.errors import StoreUnavailable, WriteRaceLost
+from runner.errors import GraphNotTransactional, StoreUnavailable, WriteRaceLost
 from runner.store.calls import CallStats
-from runner.store.driver import deadline_transports, graphson_reads, lean
-from runner.store.wire import GraphSONReader, graphbinary
+from runner.store.model import ServerOptions
+from runner.store.server.driver import deadline_transports, graphson_reads, lean
+from runner.store.server.wire import GraphSONReader, graphbinary
 
 log = logging.getLogger("latchwork.store")
 
@@ -35,6 +36,9 @@ _RACE_LOST = ("lockingexception", "deadlock", "concurrentmodification", "concurr
 TRANSACTIONS = "transactions"  # every write in a transaction of its own (g.tx())
 SERIAL = "serial"  # the server runs one traversal at a time: each single traversal is atomic
 NONE = "none"  # neither: an operator accepted check-then-act (allow_untransactional_graph)
+#: seconds a remote graph has to answer the commit of an empty transaction (TinkerPop 3.5
+#: never answers one on a graph without transactions: TINKERPOP-2751)
+TX_PROBE_DEADLINE = 5.0
 ATOMICITY = (TRANSACTIONS, SERIAL, NONE)
 
 #: optimisations the server is asked not to apply (``withoutStrategies``): they only reorder
@@ -77,6 +81,35 @@ class RemoteGraph:
     #: TinkerGraph 3.5 answers ``P.within`` by a scan of every vertex (an equality is an index
     #: lookup, at the start of a traversal and in its middle): the store asks for each value
     within_indexed = False
+
+    @classmethod
+    def with_options(cls, url: str, options: ServerOptions) -> RemoteGraph:
+        """The server at ``url`` reached with ``options``. ``options.probe_transactions``: a
+        server said to have transactions is asked to commit an empty one first (an answer
+        within ``TX_PROBE_DEADLINE``); without them it is refused
+        (:class:`~runner.errors.GraphNotTransactional`, the graph closed), or, when
+        ``options.allow_untransactional``, used with check-then-act writes and a WARNING."""
+        graph = cls(url, username=options.username, password=options.password,
+                    ca_file=options.ca_file, atomicity=options.atomicity,
+                    timeout=options.timeout)
+        if options.atomicity == SERIAL:
+            log.info("the Gremlin Server at %s runs one traversal at a time "
+                     "(graph_serial_server): every guarded write is one traversal", url)
+        elif options.probe_transactions and options.atomicity == TRANSACTIONS and \
+                not graph.supports_transactions(min(TX_PROBE_DEADLINE, options.timeout)):
+            if not options.allow_untransactional:
+                graph.close()
+                raise GraphNotTransactional(
+                    f"the Gremlin Server at {url} has no transactions: guarded claims and "
+                    "unique creates would be check-then-act there; use a transactional graph "
+                    "(JanusGraph, Neo4j: docs/graph.md), set graph_serial_server if the server "
+                    "runs one traversal at a time, or set allow_untransactional_graph to "
+                    "accept the risk")
+            graph.atomicity = NONE
+            log.warning("the Gremlin Server at %s has no transactions and "
+                        "allow_untransactional_graph is set: guarded writes are check-then-act "
+                        "there, two owners can both win a claim (docs/graph.md)", url)
+        return graph
 
     def __init__(self, url: str, traversal_source: str = "g", *, username: str | None = None,
                  password: str | None = None, ca_file: str | None = None,

@@ -5,7 +5,8 @@ first runs, that is inside the write's transaction: the store's batches (a claim
 ten tasks is a ``union`` of ten branches) compiled 0.19-0.26 ms per task there, 11-13% of the
 time the write lock was held. Here a ``union`` compiles its branches when the traversal is
 compiled, which is before its first statement and so before ``BEGIN IMMEDIATE``
-(:class:`runner.store.graph._LazyBegin`); each branch waits, seeded later, for the traverser
+(:class:`runner.store.embedded.graph._LazyBegin`); each branch waits, seeded later, for the
+traverser
 that comes in. What runs is the same chain gremlite would have compiled: the seed hands it the
 incoming traverser as gremlite's own seed does. A second traverser coming into the same step
 (not the store's case: a batch stands on one vertex) compiles its own branches, gremlite's way.

@@ -15,11 +15,11 @@ transaction of the graph's write:
 
 * a guard: one query over the ``ops`` index (``o``, ``p``, ``s``), a join per further pair
   over ``sp``; its values encoded by gremlite's own encoder (the connection's kept strings,
-  :mod:`runner.store.strings`); a value gremlite has no string for matches nothing, as in
+  :mod:`runner.store.embedded.strings`); a value gremlite has no string for matches nothing, as in
   gremlite;
 * a property set: one ``UPDATE`` of the vertex's row by ``sp`` (its value looked up or added
   once), or the property created as gremlite creates one when the vertex has none (what
-  :mod:`runner.store.replace` does inside gremlite's step);
+  :mod:`runner.store.embedded.replace` does inside gremlite's step);
 * a vertex, its properties and its edge: the rows gremlite's ``create_vertex``,
   ``create_vertex_property`` and ``create_edge`` make, in four statements (:func:`_created`).
 
@@ -43,8 +43,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from runner.store.replace import set_single
-from runner.store.strings import string_ids
+from runner.store.embedded.replace import set_single
+from runner.store.embedded.strings import string_ids
 
 #: the property values applied here: gremlite's plain encodings (a float is a string's id)
 _PLAIN = (str, bool, int, type(None))
@@ -125,7 +125,7 @@ def _created(cur: Any, con: Any, label: str, props: Any, edge: tuple[str, int] |
     vertex) as gremlite's ``create_vertex``, ``create_vertex_property`` and ``create_edge``
     make them, in four statements instead of three or four per property: their element ids
     taken at once, in gremlite's order (the vertex, each property, the edge); the strings
-    looked up and added at once (:func:`~runner.store.strings.string_ids`); the rows in one
+    looked up and added at once (:func:`~runner.store.embedded.strings.string_ids`); the rows in one
     ``executemany``. The new vertex's id."""
     count = 2 + len(props) if edge is not None else 1 + len(props)
     ids = sorted(i for (i,) in cur.execute(

@@ -4,7 +4,7 @@ them.
 gremlite stores every property name and string value once, in a table of strings, and reads
 each of a row's names and values with a query of its own (an element map of ten properties is
 21 queries; a claim and an end of one task looked up 43 names and values, 40% of their
-statements, inside the write lock). A connection (``runner.store.graph._LazyBegin``:
+statements, inside the write lock). A connection (``runner.store.embedded.graph._LazyBegin``:
 ``by_id``, ``by_value``, ``reading``, ``found``) keeps what its reads looked up, and its lookups
 and writes use it. A string's id never changes once committed (gremlite never deletes one), so
 what a read (a snapshot of committed data) found stays true. What a write found is held apart

@@ -6,8 +6,8 @@ commit, while the writer still holds the file's write lock. A task's write touch
 pages (gremlite's quads, their indexes, the strings), so every 17th to 20th write paid the copy
 and its fsync, 15-20 ms more, and every other node's writer waited behind it.
 
-:class:`WalCheckpointer` takes them out: each :class:`~runner.store.graph.EmbeddedGraph` that
-writes runs one thread which, at most every :data:`CHECKPOINT_EVERY` seconds after this process
+:class:`WalCheckpointer` takes them out: each :class:`~runner.store.embedded.graph.EmbeddedGraph`
+that writes runs one thread which, at most every :data:`CHECKPOINT_EVERY` seconds after this process
 committed, runs ``PRAGMA wal_checkpoint(PASSIVE)`` on a connection of its own. A passive
 checkpoint copies what no reader still needs, without the write lock, so writers go on
 meanwhile. SQLite starts the log again from its beginning only for a writer that begins once
@@ -26,7 +26,7 @@ against 20.3 / 18.2. The drain of 5,000 tasks did not move (249-251 against 237-
 
 Failure behaviour: a checkpoint that fails (the disk full, the file gone) is logged once per
 kind of error and tried again at the next commit; the writes themselves report such errors
-(:mod:`runner.store.alarm`). A process killed -9 loses no data: the log holds every commit
+(:mod:`runner.store.embedded.alarm`). A process killed -9 loses no data: the log holds every commit
 until a checkpoint copies it, whichever process runs it.
 """
 

@@ -1,8 +1,8 @@
 """What the store changes of gremlinpython's driver (3.7) for a remote graph
-(:class:`~runner.store.remote.RemoteGraph`): requests answered in the calling thread
+(:class:`~runner.store.server.graph.RemoteGraph`): requests answered in the calling thread
 (:func:`lean`), reads answered in GraphSON 3 on the same connections
 (:func:`graphson_reads`), and a deadline on every connect (:class:`DeadlineTransport`); the
-encodings themselves are in :mod:`runner.store.wire`. Each keeps
+encodings themselves are in :mod:`runner.store.server.wire`. Each keeps
 the driver's requests and answers, and leaves the driver as it is where its internals are not
 the ones this was written for. What they saved is in docs/runner.md ("The driver's share").
 
@@ -28,7 +28,7 @@ from gremlin_python.driver.remote_connection import RemoteTraversal
 from gremlin_python.driver.resultset import ResultSet
 from gremlin_python.process.traversal import Bytecode
 
-from runner.store.wire import GraphSONReader
+from runner.store.server.wire import GraphSONReader
 
 
 class DeadlineTransport(AiohttpTransport):  # type: ignore[misc]  # untyped driver

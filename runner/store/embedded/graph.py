@@ -14,7 +14,7 @@ Both give the store a gremlinpython ``GraphTraversalSource`` through two calls:
   Remote: every write runs in a transaction of its own (``g.tx()``), so a guarded write's
   check and its change commit together; or, on a server that runs one traversal at a time,
   as plain requests whose single guarded traversals are atomic there; a node refuses to start
-  against a server with neither unless told otherwise (:mod:`runner.store.remote`,
+  against a server with neither unless told otherwise (:mod:`runner.store.server.graph`,
   docs/graph.md).
 
 ``open_graph(location)`` picks the backend: ``ws://`` or ``wss://`` URLs are remote, anything
@@ -32,34 +32,21 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from gremlin_python.process.anonymous_traversal import traversal
 
 from runner.errors import StoreFull, StoreUnavailable
-from runner.store.alarm import StorageAlarm, unwritable
-from runner.store.branches import early_branches
 from runner.store.calls import CallStats
-from runner.store.replace import fresh_props_listed, lean_replace
-from runner.store.strings import committed, kept_strings
-from runner.store.wal import WAL_AUTOCHECKPOINT, WalCheckpointer
+from runner.store.embedded.alarm import StorageAlarm, unwritable
+from runner.store.embedded.branches import early_branches
+from runner.store.embedded.replace import fresh_props_listed, lean_replace
+from runner.store.embedded.strings import committed, kept_strings
+from runner.store.embedded.wal import WAL_AUTOCHECKPOINT, WalCheckpointer
 
 log = logging.getLogger("latchwork.store")
 
 T = TypeVar("T")
-
-
-class Graph(Protocol):
-    name: str
-    stats: CallStats
-    #: ``has(key, P.within(values))`` an index lookup here, not a scan of every vertex
-    within_indexed: bool  # (TinkerGraph 3.5 scans: runner.store.gremlin.steps.any_of)
-
-    def read(self, fn: Callable[[Any], T]) -> T: ...
-
-    def write(self, fn: Callable[[Any], T]) -> T: ...
-
-    def close(self) -> None: ...
 
 
 class _LazyBegin(sqlite3.Connection):
@@ -68,7 +55,7 @@ class _LazyBegin(sqlite3.Connection):
     ``cursor()`` only, after gremlinpython has built the traversal and gremlite has compiled it.
 
     It also keeps the strings its reads looked up, and those its writes found once they commit
-    (:mod:`runner.store.strings`)."""
+    (:mod:`runner.store.embedded.strings`)."""
 
     def __init__(self, path: Path, busy_timeout: float) -> None:
         super().__init__(path, timeout=busy_timeout, isolation_level=None)
@@ -271,7 +258,7 @@ class EmbeddedGraph:
     def sql(self, fn: Callable[[Any, Any], T], write: bool = False) -> T:
         """``fn(con, g)`` inside one read's (``write``: one write's) transaction, given the
         SQLite connection beside the traversal source: the reads and writes the store applies
-        to gremlite's tables directly (:mod:`runner.store.direct`)."""
+        to gremlite's tables directly (:mod:`runner.store.embedded.direct`)."""
         with self.stats.timed("write" if write else "read"):
             return self._run("BEGIN IMMEDIATE" if write else "BEGIN DEFERRED",
                              lambda g: fn(self._local.remote.con, g))
@@ -286,18 +273,3 @@ class EmbeddedGraph:
             except sqlite3.ProgrammingError:
                 pass  # opened by another thread, which is gone; SQLite closes it with the file
         self._local = threading.local()
-
-
-def location(graph: Graph) -> str:
-    """Where a graph is, for messages: its file or its server's URL."""
-    return str(getattr(graph, "path", None) or getattr(graph, "url", None) or graph.name)
-
-
-def open_graph(location: str, **remote: Any) -> Graph:
-    """``ws://``/``wss://`` URL: remote Gremlin Server (``remote``:
-    :class:`~runner.store.remote.RemoteGraph`'s credentials and options); anything else: a
-    gremlite file path."""
-    if location.startswith(("ws://", "wss://")):
-        from runner.store.remote import RemoteGraph
-        return RemoteGraph(location, **remote)
-    return EmbeddedGraph(location)

@@ -77,8 +77,8 @@ def set_single(con: Any, qt: Any, vertex: int, key: str, value: Any) -> bool:
     the row found by the ``sp`` index and its value updated in place (the property keeps its
     element id), or the property created as gremlite creates one when the vertex has none.
     False, nothing written, for a value gremlite does not encode (its own way says why). Both
-    the lean replace here and the embedded graph's writes as SQL (:mod:`runner.store.direct`)
-    set properties this way."""
+    the lean replace here and the embedded graph's writes as SQL
+    (:mod:`runner.store.embedded.direct`) set properties this way."""
     code = qt.encode_property_value(con, value, merge=True)
     if code is None:
         return False

@@ -1,0 +1,96 @@
+"""An attempt's end as one value: :class:`Conclusion` (what the owner writes), with its write
+plan :class:`AttemptEnd` made outside the write slot by :func:`attempt_end`. Part of the
+store's port (:mod:`runner.store.api`); a driver turns the plan into its guarded write."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+
+from runner.errors import AttemptAlreadyFinished, InvalidValue
+from runner.store import codec
+from runner.store.model import Attempt, AttemptStatus, Progress, Task
+
+
+@dataclass(frozen=True)
+class AttemptEnd:
+    """The write plan of a RUNNING attempt's end: the properties to set (guarded by the
+    attempt still being RUNNING) and the attempt it leaves."""
+    attempt_id: str
+    props: Mapping[str, str]
+    attempt: Attempt
+
+
+def attempt_end(attempt: Attempt, status: AttemptStatus, error: str | None = None,
+                stack_trace: str | None = None, progress: str | None = None,
+                ended: datetime | None = None) -> AttemptEnd:
+    """The end of ``attempt`` as it was read, without reading it again: the write is guarded
+    by its RUNNING status. ``progress``: the handler's last report not written yet
+    (``progress_json``), written with the end; ``ended``: when the attempt ended (its handler
+    returned; now when None), which may be a little before the write."""
+    status = AttemptStatus(status)
+    if status is AttemptStatus.RUNNING:
+        raise InvalidValue("finish() needs a final status")
+    if attempt.status is not AttemptStatus.RUNNING:
+        raise AttemptAlreadyFinished(f"attempt {attempt.id} is already {attempt.status.value}")
+    ended = ended if ended is not None else codec.now()
+    doc: dict[str, object] = {
+        "ended": codec.encode_time(ended),
+        "duration_ms": int((ended - attempt.started_at).total_seconds() * 1000),
+    }
+    if error:
+        doc["error"] = error
+    if stack_trace:
+        doc["stack"] = stack_trace
+    props = {"attempt_status": status.value, "attempt_end": codec.encode_json(doc),
+             # the UTC day it ended: recent ends are found from an index, not a scan of all
+             "attempt_end_day": ended.strftime("%Y-%m-%d")}
+    if progress is not None:
+        props["attempt_progress"] = progress
+    ended_attempt = dataclasses.replace(
+        attempt, status=status, ended_at=codec.decode_time(str(doc["ended"])),
+        duration_ms=int(str(doc["duration_ms"])), error=error or None,
+        stack_trace=stack_trace or None,
+        progress=progress_from_json(progress) if progress is not None else attempt.progress)
+    return AttemptEnd(attempt.id, props, ended_attempt)
+
+
+def progress_from_json(text: str) -> Progress | None:
+    """The progress a handler reported, as ``attempt_progress`` holds it ("" when none)."""
+    if not text:
+        return None
+    value = codec.decode_json(text)
+    return Progress(int(value["done"]), int(value["total"]) if value["total"] is not None
+                    else None, str(value["message"]), codec.decode_time(value["at"]))
+
+
+@dataclass(frozen=True)
+class Conclusion:
+    """What an attempt came to, as its owner writes it: the attempt's end and the task's new
+    state (``changes``), guarded by the owner's ``token``; ``task`` as the owner last read or
+    wrote it. The one value an attempt's end travels as, from the handler's return through
+    the group commit to the store (:meth:`Store.conclude_many`)."""
+    end: AttemptEnd
+    task: Task
+    token: int
+    changes: Mapping[str, object]
+
+    @classmethod
+    def of(cls, attempt: Attempt, status: AttemptStatus, task: Task,
+           changes: Mapping[str, object], *, error: str | None = None,
+           stack: str | None = None, progress: str | None = None,
+           ended: datetime | None = None) -> Conclusion:
+        """``attempt``'s end, guarded by the token it was claimed with (its fence)."""
+        return cls(attempt_end(attempt, status, error, stack, progress, ended), task,
+                   attempt.fence, changes)
+
+    @property
+    def status(self) -> AttemptStatus:
+        return self.end.attempt.status
+
+    @property
+    def needs(self) -> tuple[str, ...]:
+        """The resources the write is guarded by: a success needs them still held."""
+        return self.task.resources if self.status is AttemptStatus.SUCCEEDED else ()
