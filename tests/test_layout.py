@@ -398,3 +398,86 @@ def test_functions_stay_short_and_narrow() -> None:
     assert long == []
     assert wide == []
     assert sorted(set(ALLOWED_WIDE) - seen) == [], "within the limits now: leave the list"
+
+
+#: the store's drivers and the shared Gremlin layer under them: behind the port
+STORE_INSIDES = ("runner.store.gremlin", "runner.store.embedded", "runner.store.server")
+#: the port: what the runner may import of the store (with migrations, for `store migrate`,
+#: and opening, which picks a driver from a location)
+STORE_PORT = ("runner.store.api", "runner.store.model", "runner.store.ends",
+              "runner.store.effects", "runner.store.codec", "runner.store.due",
+              "runner.store.calls", "runner.store.format")
+
+
+def test_the_runner_sees_the_store_only_through_its_port() -> None:
+    """Nothing of the runner outside runner.store imports a driver or the Gremlin layer (its
+    harness included: it opens stores with ``open_store`` like everyone else)."""
+    broken = [f"{name}:{line} imports {target}"
+              for name, path in modules()
+              if within(name, "runner") and not within(name, "runner.store")
+              for target, _, line in imports_of(path)
+              if any(within(target, inside) for inside in STORE_INSIDES)]
+    assert broken == []
+
+
+@pytest.mark.parametrize(("importer", "forbidden"), [
+    (STORE_PORT, (*STORE_INSIDES, "runner.store.migrations", "runner.store.opening")),
+    (("runner.store.gremlin",), ("runner.store.embedded", "runner.store.server",
+                                 "runner.store.migrations", "runner.store.opening")),
+    (("runner.store.embedded",), ("runner.store.server", "runner.store.migrations",
+                                  "runner.store.opening")),
+    (("runner.store.server",), ("runner.store.embedded", "runner.store.migrations",
+                                "runner.store.opening")),
+    (("runner.store.migrations",), (*STORE_INSIDES, "runner.store.opening")),
+])
+def test_the_store_is_a_port_over_two_drivers(importer: tuple[str, ...],
+                                             forbidden: tuple[str, ...]) -> None:
+    """The port is below the drivers; each driver and the shared layer know nothing of the
+    other driver; migration steps depend on the graph, never on a driver's insides."""
+    broken = [f"{name}:{line} imports {target}"
+              for name, path in modules() if any(within(name, i) for i in importer)
+              for target, _, line in imports_of(path)
+              if any(within(target, f) for f in forbidden)]
+    assert broken == []
+
+
+def test_runner_store_exports_the_port_only() -> None:
+    """``runner.store`` hands out the port's names, each defined in the port's modules (or the
+    error catalogue), and nothing lazily (no module ``__getattr__`` the rules cannot see)."""
+    store = importlib.import_module("runner.store")
+    assert "__getattr__" not in vars(store)
+    homes = {*STORE_PORT, "runner.store.opening", "runner.errors"}
+    foreign = {}
+    for name in store.__all__:
+        value = getattr(store, name)
+        home = getattr(value, "__module__", None)
+        if home is not None and home not in homes and not home.startswith(("typing", "builtins",
+                                                                           "collections")):
+            foreign[name] = home
+    assert foreign == {}
+
+
+def test_the_stores_subpackages_form_no_cycle() -> None:
+    """Collapsed to runner.store's subpackages (gremlin, embedded, server, migrations) and its
+    top modules, the store's imports still form no cycle."""
+    def unit(module: str) -> str:
+        parts = module.split(".")
+        return ".".join(parts[:3])
+
+    graph: dict[str, set[str]] = {}
+    for module, deps in import_graph().items():
+        if within(module, "runner.store"):
+            graph.setdefault(unit(module), set()).update(
+                unit(d) for d in deps if within(d, "runner.store") and unit(d) != unit(module))
+    cycles: list[str] = []
+
+    def visit(node: str, path: list[str]) -> None:
+        if node in path:
+            cycles.append(" -> ".join([*path[path.index(node):], node]))
+            return
+        for dep in sorted(graph.get(node, ())):
+            visit(dep, [*path, node])
+
+    for node in sorted(graph):
+        visit(node, [])
+    assert cycles == []

@@ -1613,7 +1613,7 @@ def test_a_graph_that_lost_its_format_vertex_under_a_node_still_lists_and_takes_
     none: every lane asked about is then walked, and a task written since is listed (before,
     the probe said no lane held a task, and such a task never started:
     tests/test_graph_server.py's killed server, now and then)."""
-    from runner.store.migrations.format import FORMAT_KEY, FORMAT_KEY_VALUE
+    from runner.store.format import FORMAT_KEY, FORMAT_KEY_VALUE
     from runner.tasks.worker.ready import ReadyScan
 
     scan = ReadyScan(store.tasks)

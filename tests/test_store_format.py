@@ -21,11 +21,11 @@ import pytest
 from coord.testing import wait_until
 from runner.errors import StoreFormatOutdated, StoreFormatTooNew
 from runner.store import Store, codec, migrations, open_store, store_on
+from runner.store import format as format_module
 from runner.store.api import Graph
+from runner.store.format import FORMAT_KEY, FORMAT_KEY_VALUE, FORMAT_LABEL, read_state
 from runner.store.gremlin.rows import resource_key, task_props
 from runner.store.gremlin.search import TaskFilter
-from runner.store.migrations import format as format_module
-from runner.store.migrations.format import FORMAT_KEY, FORMAT_KEY_VALUE, FORMAT_LABEL, read_state
 from runner.store.server.graph import SERIAL
 from runner.tasks.worker.ready import ReadyScan
 from runner.testing.cluster import Cluster

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from runner.store.api import Graph, Store
+from runner.store.api import Graph, Store, location
 from runner.store.model import ServerOptions
 
 
@@ -41,5 +41,12 @@ def open_store(where: str, *, check_format: bool = True, atomicity: str | None =
 
 def store_on(graph: Graph, *, check_format: bool = True) -> Store:
     """The store over an open ``graph`` (closed again when its format is refused)."""
+    from runner.store import migrations
     from runner.store.gremlin.store import GraphStore
-    return GraphStore.checked(graph, check_format)
+    try:
+        if check_format:
+            migrations.open_format(graph, location(graph))
+        return GraphStore(graph, format_version=migrations.CURRENT)
+    except BaseException:
+        graph.close()
+        raise

@@ -225,3 +225,24 @@ def values_of(con: Any, key: str, value: str, wanted: str) -> set[str]:
         "SELECT DISTINCT v.o FROM quads q JOIN quads v ON v.s = q.s AND v.p = ? AND +v.g > 0 "
         "WHERE q.p = ? AND q.o = ? AND +q.g > 0", [other, name, code]).fetchall()
     return set(_strings(con, {o for (o,) in found if 2 < o <= _MAX_INT}).values())
+
+
+class SqlPlans:
+    """:class:`~runner.store.gremlin.plans.Plans` on one SQLite connection (inside the
+    transaction its graph holds)."""
+
+    def __init__(self, con: Any) -> None:
+        self.con = con
+
+    def apply(self, plan: Sequence[tuple[Any, ...]]) -> bool | None:
+        return apply(self.con, plan)
+
+    def having(self, key: str, values: Sequence[str], limit: int,
+               where: tuple[str, list[str]] | None = None) -> list[int]:
+        return having(self.con, key, values, limit, where)
+
+    def rows(self, vertices: Sequence[int], keys: Sequence[str]) -> list[dict[str, Any]]:
+        return rows(self.con, vertices, keys)
+
+    def values_of(self, key: str, value: str, wanted: str) -> set[str]:
+        return values_of(self.con, key, value, wanted)

@@ -37,9 +37,11 @@ from typing import Any, TypeVar
 from gremlin_python.process.anonymous_traversal import traversal
 
 from runner.errors import StoreFull, StoreUnavailable
+from runner.store.api import Traversal
 from runner.store.calls import CallStats
 from runner.store.embedded.alarm import StorageAlarm, unwritable
 from runner.store.embedded.branches import early_branches
+from runner.store.embedded.direct import SqlPlans
 from runner.store.embedded.replace import fresh_props_listed, lean_replace
 from runner.store.embedded.strings import committed, kept_strings
 from runner.store.embedded.wal import WAL_AUTOCHECKPOINT, WalCheckpointer
@@ -255,6 +257,12 @@ class EmbeddedGraph:
         with self.stats.timed("write"):
             return self._run("BEGIN IMMEDIATE", fn)
 
+    @property
+    def direct(self) -> EmbeddedDirect:
+        """Plans applied and reads answered by SQL into gremlite's tables
+        (:class:`runner.store.gremlin.plans.Direct`)."""
+        return EmbeddedDirect(self)
+
     def sql(self, fn: Callable[[Any, Any], T], write: bool = False) -> T:
         """``fn(con, g)`` inside one read's (``write``: one write's) transaction, given the
         SQLite connection beside the traversal source: the reads and writes the store applies
@@ -273,3 +281,13 @@ class EmbeddedGraph:
             except sqlite3.ProgrammingError:
                 pass  # opened by another thread, which is gone; SQLite closes it with the file
         self._local = threading.local()
+
+
+class EmbeddedDirect:
+    """:class:`~runner.store.gremlin.plans.Direct` over an embedded graph's connection."""
+
+    def __init__(self, graph: EmbeddedGraph) -> None:
+        self.graph = graph
+
+    def run(self, fn: Callable[[SqlPlans, Traversal], T], *, write: bool = False) -> T:
+        return self.graph.sql(lambda con, g: fn(SqlPlans(con), g), write=write)

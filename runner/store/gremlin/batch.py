@@ -27,10 +27,10 @@ from typing import Any, NoReturn, Protocol, TypeVar
 from gremlin_python.process.graph_traversal import __
 
 from runner.errors import StoreError, StoreUnavailable, WriteRaceLost
-from runner.store.api import Graph
-from runner.store.embedded import direct
+from runner.store.api import Graph, Traversal
 from runner.store.ends import AttemptEnd, Conclusion
 from runner.store.gremlin.guards import Write
+from runner.store.gremlin.plans import Direct, Op, Plans, direct_of
 from runner.store.gremlin.steps import add_vertex
 from runner.store.gremlin.writes import (
     AttemptStart,
@@ -64,8 +64,9 @@ def written(store: _Store, writes: Sequence[Write], anchor: str) -> set[int]:
     (none when the anchor is gone: each then goes the single way)."""
     if not writes:
         return set()
-    if getattr(store.graph, "sql", None) is not None:
-        return write_plans(store.graph, writes)
+    direct = direct_of(store.graph)
+    if direct is not None:
+        return write_plans(direct, writes)
 
     def run(g: Any) -> set[int]:
         branches = [w.traverse(__).constant(n) for n, w in enumerate(writes)]
@@ -80,8 +81,9 @@ def written(store: _Store, writes: Sequence[Write], anchor: str) -> set[int]:
 def matched(graph: Graph, w: Write) -> bool:
     """:func:`matched_write` of one :class:`Write`: from its data form where the graph applies
     one (the embedded graph: :mod:`runner.store.embedded.direct`), else as its traversal."""
-    if getattr(graph, "sql", None) is not None:
-        return bool(write_plans(graph, [w]))
+    direct = direct_of(graph)
+    if direct is not None:
+        return bool(write_plans(direct, [w]))
     return matched_write(graph, w.traverse)
 
 
@@ -101,17 +103,17 @@ def created(graph: Graph, props: Mapping[str, Any], start: AttemptStart,
             start.extend(add_vertex(__, "task", props)).constant("made")).to_list()
             == ["made"])
 
-    sql = getattr(graph, "sql", None)
-    if sql is None:
+    direct = direct_of(graph)
+    if direct is None:
         return graph.write(run)
-    plan: list[tuple[Any, ...]] = [("new", "task", props, "t"), start.op("t")]
+    plan: list[Op] = [("new", "task", props, "t"), start.op("t")]
     if again is not None:
         plan.insert(0, ("absent", "", (("task_id", again),)))
 
-    def apply(con: Any, g: Any) -> bool:
-        done = direct.apply(con, plan)
+    def apply(plans: Plans, g: Traversal) -> bool:
+        done = plans.apply(plan)
         return run(g) if done is None else done
-    return bool(sql(apply, write=True))
+    return bool(direct.run(apply, write=True))
 
 
 def added(graph: Graph, news: Sequence[tuple[Mapping[str, Any], tuple[str, str] | None]],
@@ -122,36 +124,36 @@ def added(graph: Graph, news: Sequence[tuple[Mapping[str, Any], tuple[str, str] 
     guard). Per item: None, written as given; else the row its traversal ``traverse(g, n)``
     gave in the same transaction (the vertex found with that key, or one SQL could not write
     as gremlite would). None for a graph with no data form (a server)."""
-    sql = getattr(graph, "sql", None)
-    if sql is None:
+    direct = direct_of(graph)
+    if direct is None:
         return None
 
-    def apply(con: Any, g: Any) -> list[Any]:
+    def apply(plans: Plans, g: Traversal) -> list[Any]:
         rows = []
         for n, (props, unique) in enumerate(news):
-            plan: list[tuple[Any, ...]] = [("new", "task", props, "t")]
+            plan: list[Op] = [("new", "task", props, "t")]
             if unique is not None:
                 plan.insert(0, ("absent", "", (unique,)))
-            rows.append(None if direct.apply(con, plan) else traverse(g, n))
+            rows.append(None if plans.apply(plan) else traverse(g, n))
         return rows
-    return list(sql(apply, write=True))
+    return list(direct.run(apply, write=True))
 
 
-def write_plans(graph: Any, writes: Sequence[Write]) -> set[int]:
+def write_plans(direct: Direct, writes: Sequence[Write]) -> set[int]:
     """``writes`` in one write transaction of the embedded graph, each from its data form by
     SQL (:func:`runner.store.embedded.direct.apply`); one that has none, or that SQL cannot apply as
     gremlite would, goes as its traversal in the same transaction. The indices of those whose
     guards matched."""
-    def run(con: Any, g: Any) -> set[int]:
+    def run(plans: Plans, g: Traversal) -> set[int]:
         out = set()
         for n, w in enumerate(writes):
-            done = None if w.plan is None else direct.apply(con, w.plan)
+            done = None if w.plan is None else plans.apply(w.plan)
             if done is None:
                 done = bool(w.traverse(g).id_().to_list())
             if done:
                 out.add(n)
         return out
-    return set(graph.sql(run, write=True))
+    return set(direct.run(run, write=True))
 
 
 def claim_many(store: _Store, claims: Sequence[tuple[Task, int]], member_id: str

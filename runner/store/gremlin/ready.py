@@ -15,10 +15,10 @@ from gremlin_python.process.graph_traversal import __
 
 from runner.store import due
 from runner.store.api import Graph
-from runner.store.embedded import direct
+from runner.store.format import FORMAT_KEY, FORMAT_KEY_VALUE
+from runner.store.gremlin.plans import direct_of
 from runner.store.gremlin.rows import TASK_ROW, task_from_row
 from runner.store.gremlin.steps import any_of, chunks
-from runner.store.migrations.format import FORMAT_KEY, FORMAT_KEY_VALUE
 from runner.store.model import Task
 
 #: ready keys per read where each is its own lookup (a window of an hour is 3,840)
@@ -57,10 +57,10 @@ def ready_page(graph: Graph, lane: str, seconds: Sequence[str], limit: int,
     these shards (``task_shard``: a node's own, :func:`runner.store.due.shards_of`)."""
     where = None if shards is None else ("task_shard", list(shards))
     keys = [due.ready_key(lane, s) for s in seconds]
-    sql = getattr(graph, "sql", None)
-    if sql is not None:  # the embedded graph: SQL, not a traversal
-        found = sql(lambda con, g: direct.rows(
-            con, direct.having(con, "task_queue", keys, limit, where), TASK_ROW))
+    direct = direct_of(graph)
+    if direct is not None:  # the embedded graph: SQL, not a traversal
+        found = direct.run(lambda plans, g: plans.rows(
+            plans.having("task_queue", keys, limit, where), TASK_ROW))
         return [task_from_row(row) for row in found]
     # a graph that answers each value by its own lookup gets them a few hundred a read (the
     # traversal's size stays well under a server's 64 KiB request limit)
@@ -78,9 +78,9 @@ def ready_page(graph: Graph, lane: str, seconds: Sequence[str], limit: int,
 def lane_seconds(graph: Graph, lane: str) -> list[str]:
     """The seconds the WAITING tasks of ``lane`` became ready in (a read of every task's
     queue value in the lane: where a node with no floor starts the lane)."""
-    sql = getattr(graph, "sql", None)
-    if sql is not None:  # the embedded graph: one query
-        values = sql(lambda con, g: direct.values_of(con, "task_lane", lane, "task_queue"))
+    direct = direct_of(graph)
+    if direct is not None:  # the embedded graph: one query
+        values = direct.run(lambda plans, g: plans.values_of("task_lane", lane, "task_queue"))
     else:
         values = graph.read(lambda g: g.V().has("task_lane", lane).values("task_queue")
                             .to_list())

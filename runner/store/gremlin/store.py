@@ -24,7 +24,6 @@ from runner.errors import (
     StaleFencingToken,
     StoreError,
 )
-from runner.store import migrations
 from runner.store.api import (
     AttemptLog,
     AvatarStore,
@@ -38,9 +37,9 @@ from runner.store.api import (
     SearchStore,
     TaskStore,
     Traversal,
-    location,
 )
 from runner.store.ends import AttemptEnd, Conclusion, attempt_end
+from runner.store.format import stamp
 from runner.store.gremlin import batch
 from runner.store.gremlin.attempts import GremlinAttemptLog
 from runner.store.gremlin.avatars import GremlinAvatarStore
@@ -83,14 +82,13 @@ T = TypeVar("T")
 
 
 class GraphStore:
-    """The four stores over one graph connection; ``close()`` when done. Built, it checks the
-    graph's store format (:func:`runner.store.migrations.open_format`; ``check_format=False``:
-    the migration's own way in)."""
+    """The store's parts over one graph connection; ``close()`` when done. Opened through
+    :func:`runner.store.open_store`, which checks the graph's store format first
+    (:mod:`runner.store.migrations`); ``format_version``: what :meth:`clear` stamps."""
 
-    def __init__(self, graph: Graph, *, check_format: bool = True) -> None:
+    def __init__(self, graph: Graph, *, format_version: int) -> None:
         self.graph: Graph = graph
-        if check_format:
-            migrations.open_format(graph, location(graph))
+        self.format_version = format_version
         self._tasks = GremlinTaskStore(graph)
         self._attempts = GremlinAttemptLog(graph)
         self.tasks: TaskStore = self._tasks
@@ -359,19 +357,10 @@ class GraphStore:
         traversal of ``fn`` runs once the fence moved (docs/graph.md)."""
         return self.graph.write(lambda g: under_fence(g, fence, fn))
 
-    @classmethod
-    def checked(cls, graph: Graph, check_format: bool = True) -> GraphStore:
-        """A store on ``graph``; the graph closed when its format is refused."""
-        try:
-            return cls(graph, check_format=check_format)
-        except BaseException:
-            graph.close()
-            raise
-
     def clear(self) -> None:
         """Drop every vertex, then stamp the current format (a test's fresh start)."""
         self.graph.write(lambda g: g.V().drop().iterate())
-        migrations.stamp(self.graph, migrations.CURRENT)
+        stamp(self.graph, self.format_version)
 
     def close(self) -> None:
         self.graph.close()

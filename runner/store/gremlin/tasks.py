@@ -28,6 +28,7 @@ from runner.errors import (
 )
 from runner.store import codec, due
 from runner.store.api import Graph
+from runner.store.format import FORMAT_KEY, FORMAT_KEY_VALUE
 from runner.store.gremlin import batch, checkpoints, ready
 from runner.store.gremlin.rows import (
     TASK_ROW,
@@ -49,7 +50,6 @@ from runner.store.gremlin.writes import (
     task_change,
     until_written,
 )
-from runner.store.migrations.format import FORMAT_KEY, FORMAT_KEY_VALUE
 from runner.store.model import (
     Task,
     TaskStatus,

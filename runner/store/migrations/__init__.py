@@ -8,7 +8,7 @@ changed it). A graph without it is at format 0 (written before formats existed) 
 holds no vertex at all: a brand-new graph is stamped with :data:`CURRENT` when a store first
 opens it (:func:`open_format`, one upsert). The nodes of a new cluster, started together,
 open one new graph at once: a node that reads while another stamps finds the stamp
-(:func:`~runner.store.migrations.format.read_state` looks again), never "format 0".
+(:func:`~runner.store.format.read_state` looks again), never "format 0".
 
 **Opening.** :class:`~runner.store.GraphStore` reads the format when it is built: an older
 graph raises :class:`~runner.errors.StoreFormatOutdated` ("run `latchwork store migrate`"), a
@@ -43,8 +43,8 @@ from typing import Protocol
 from runner import __version__
 from runner.errors import StoreFormatOutdated, StoreFormatTooNew
 from runner.store.api import Graph
+from runner.store.format import FormatState, read_state, stamp
 from runner.store.migrations.backfill import StepProgress, TaskBackfill
-from runner.store.migrations.format import FormatState, read_state, stamp
 
 __all__ = ["CURRENT", "RELEASES", "STEPS", "FormatState", "Step", "StepProgress", "StepReport",
            "TaskBackfill", "describe", "graph_version", "migrate", "open_format", "pending",

@@ -1,4 +1,9 @@
-"""The kind of step every format change so far is: properties added to existing tasks."""
+"""The kind of step most format changes are: properties added to existing tasks.
+
+A step computes its properties from the task's row as the graph holds it (an element map) with
+code frozen in the step's own module, and writes them with the one plain property writer here
+(:func:`write_props`: ``property(single, key, value)`` per key): nothing of today's row mappers
+or write algebra, so what a step writes never changes with later code."""
 
 from __future__ import annotations
 
@@ -7,20 +12,27 @@ from dataclasses import dataclass
 from typing import Any
 
 from gremlin_python.process.graph_traversal import __
+from gremlin_python.process.traversal import Cardinality
 
-from runner.store.api import Graph
-from runner.store.gremlin.rows import task_from_row
-from runner.store.gremlin.steps import set_props
-from runner.store.migrations.format import cursor_traversal
+from runner.store.api import Graph, Traversal
+from runner.store.format import cursor_traversal
 
 #: (done, total) of the step running
 StepProgress = Callable[[int, int], None]
 
 
+def write_props(t: Traversal, props: Mapping[str, str]) -> Traversal:
+    """``props`` set on what ``t`` stands on, each with single cardinality: the writer of
+    every backfill step, frozen (a change here changes what old steps write)."""
+    for key, value in props.items():
+        t = t.property(Cardinality.single, key, value)
+    return t
+
+
 @dataclass(frozen=True)
 class TaskBackfill:
     """Adds properties to every readable task that lacks ``marker`` (one of them):
-    ``compute(task, row)`` gives them. Walks the graph in pages:
+    ``compute(row)`` gives them from the task's element map. Walks the graph in pages:
 
     * embedded (gremlite): windows of vertex ids (index lookups, in id order) up to the highest
       id; each page's changes and the cursor (the next id) in one transaction;
@@ -32,7 +44,7 @@ class TaskBackfill:
 
     version: int
     marker: str
-    compute: Callable[[Any, Mapping[Any, Any]], dict[str, Any]]
+    compute: Callable[[Mapping[Any, Any]], dict[str, str]]
 
     def _needs(self, t: Any) -> Any:
         return t.not_(__.has(self.marker))
@@ -50,7 +62,7 @@ class TaskBackfill:
             if "task_state" not in row:
                 unreadable += 1
                 continue
-            changes.append((str(row["task_id"]), self.compute(task_from_row(row), row)))
+            changes.append((str(row["task_id"]), self.compute(row)))
         return changes, unreadable
 
     def _windows(self, graph: Graph, start: int, page: int, top: int, progress: StepProgress,
@@ -66,7 +78,7 @@ class TaskBackfill:
                 def write(g: Any, changes: list[tuple[str, dict[str, Any]]] = changes,
                           cursor: int = end) -> None:
                     for task_id, props in changes:
-                        set_props(self._needs(g.V().has("task_id", task_id)), props).iterate()
+                        write_props(self._needs(g.V().has("task_id", task_id)), props).iterate()
                     cursor_traversal(g, self.version, cursor).iterate()
                 graph.write(write)
             changed += len(changes)
@@ -100,7 +112,7 @@ class TaskBackfill:
                 def write(g: Any, chunk: list[tuple[str, dict[str, Any]]] = chunk) -> None:
                     t = g.V().has("task_id", chunk[0][0])  # one traverser to hang them on
                     for task_id, props in chunk:
-                        t = t.side_effect(set_props(self._needs(
+                        t = t.side_effect(write_props(self._needs(
                             __.V().has("task_id", task_id)), props))
                     t.iterate()
                 graph.write(write)

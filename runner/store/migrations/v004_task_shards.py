@@ -7,21 +7,23 @@ task only every ``steal_after`` seconds or when its own ran out
 (``runner/tasks/worker/backlog.py``): with three nodes each read two thirds fewer rows. This
 step writes ``task_shard`` on every task without it; a task without it would never be read by
 its preferred member's own listings (the full ones still find it), so nodes refuse a graph at
-format 3.
+format 3. The shard is computed here as format 4 defined it, frozen.
 """
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Mapping
 from typing import Any
 
-from runner.store import due
 from runner.store.migrations.backfill import TaskBackfill
-from runner.store.model import Task
+
+#: format 4's number of shards
+SHARDS = 60
 
 
-def shard_props(task: Task, row: Mapping[Any, Any]) -> dict[str, Any]:
-    return {"task_shard": due.shard_of(task.id)}
+def shard_props(row: Mapping[Any, Any]) -> dict[str, str]:
+    return {"task_shard": str(zlib.crc32(str(row["task_id"]).encode()) % SHARDS)}
 
 
 STEP = TaskBackfill(version=4, marker="task_shard", compute=shard_props)

@@ -1,5 +1,7 @@
 """The format vertex: what store format a graph is written in, and where an interrupted
-migration step resumes (see :mod:`runner.store.migrations`)."""
+migration step resumes (see :mod:`runner.store.migrations`). Below both the shared Gremlin
+layer (which reads the vertex's key) and the migrations (which write it): plain traversals of
+its own, so neither imports the other."""
 
 from __future__ import annotations
 
@@ -12,8 +14,7 @@ from gremlin_python.process.traversal import Cardinality
 
 from runner import __version__
 from runner.store import codec
-from runner.store.api import Graph
-from runner.store.gremlin.steps import add_vertex, set_props
+from runner.store.api import Graph, Traversal
 
 FORMAT_LABEL = "latchwork_format"
 FORMAT_KEY = "format_key"
@@ -75,13 +76,17 @@ def stamp(graph: Graph, version: int) -> None:
     and clear its cursor."""
     props = {"format_version": version, "format_cursor": "",
              "format_at": codec.encode_time(codec.now()), "format_by": __version__}
-    graph.write(lambda g: set_props(
-        g.V().has(FORMAT_KEY, FORMAT_KEY_VALUE).fold()
-        .coalesce(__.unfold(), add_vertex(__, FORMAT_LABEL, {FORMAT_KEY: FORMAT_KEY_VALUE})),
-        props).iterate())
+    def write(g: Traversal) -> None:
+        t = g.V().has(FORMAT_KEY, FORMAT_KEY_VALUE).fold().coalesce(
+            __.unfold(), __.add_v(FORMAT_LABEL).property(FORMAT_KEY, FORMAT_KEY_VALUE))
+        for key, value in props.items():
+            t = t.property(Cardinality.single, key, value)
+        t.iterate()
+    graph.write(write)
 
 
-def cursor_traversal(g: Any, version: int, next_id: int) -> Any:
+def cursor_traversal(g: Traversal, version: int, next_id: int) -> Traversal:
     """The traversal that records where step ``version`` resumes (written with its page)."""
-    return g.V().has(FORMAT_KEY, FORMAT_KEY_VALUE).property(
+    t: Traversal = g.V().has(FORMAT_KEY, FORMAT_KEY_VALUE).property(
         Cardinality.single, "format_cursor", f"{version}:{next_id}")
+    return t
