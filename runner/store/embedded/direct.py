@@ -43,6 +43,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from runner.store.embedded import schema
 from runner.store.embedded.replace import set_single
 from runner.store.embedded.strings import string_ids
 
@@ -112,11 +113,7 @@ def _vertices(cur: Any, con: Any, qt: Any, pairs: Sequence[tuple[str, Any]]) -> 
         if code is None:  # a name or a string no vertex has
             return []
         codes += [name, code]
-    joins = "".join(f" JOIN quads q{n} ON q{n}.s = q0.s AND q{n}.p = ? AND q{n}.o = ?"
-                    for n in range(1, len(pairs)))
-    rows = cur.execute(f"SELECT DISTINCT q0.s FROM quads q0{joins} "
-                       f"WHERE q0.p = ? AND q0.o = ? AND +q0.g > 0 LIMIT 2",
-                       [*codes[2:], *codes[:2]]).fetchall()
+    rows = cur.execute(schema.vertices_with(len(pairs)), [*codes[2:], *codes[:2]]).fetchall()
     return [row[0] for row in rows]
 
 
@@ -128,8 +125,7 @@ def _created(cur: Any, con: Any, label: str, props: Any, edge: tuple[str, int] |
     looked up and added at once (:func:`~runner.store.embedded.strings.string_ids`); the rows in one
     ``executemany``. The new vertex's id."""
     count = 2 + len(props) if edge is not None else 1 + len(props)
-    ids = sorted(i for (i,) in cur.execute(
-        f"INSERT INTO graphelts VALUES {','.join(['(NULL)'] * count)} RETURNING id"))
+    ids = sorted(i for (i,) in cur.execute(schema.new_elements(count)))
     strings = string_ids(con, [label, *props, *(v for v in props.values() if v.__class__ is str),
                                *((edge[0],) if edge is not None else ())], add=True)
     vertex = ids[0]
@@ -141,7 +137,7 @@ def _created(cur: Any, con: Any, label: str, props: Any, edge: tuple[str, int] |
         rows.append((vertex, strings[key], code, prop))
     if edge is not None:
         rows.append((edge[1], -strings[edge[0]], vertex, -ids[-1]))
-    cur.executemany("INSERT INTO quads VALUES (?, ?, ?, ?)", rows)
+    cur.executemany(schema.INSERT_QUAD, rows)
     return int(vertex)
 
 
@@ -157,18 +153,16 @@ def having(con: Any, key: str, values: Sequence[str], limit: int,
     if name is None or not codes:
         return []
     args: list[Any] = []
-    join = ""
+    allowed_count = None
     if where is not None:
         other = qt.string_to_id(con, where[0])
         allowed = list(string_ids(con, where[1]).values())
         if other is None or not allowed:
             return []
-        join = (f" JOIN quads w ON w.s = q.s AND w.p = ? AND w.o IN "
-                f"({','.join('?' * len(allowed))})")
+        allowed_count = len(allowed)
         args += [other, *allowed]
-    rows = con.cursor().execute(
-        f"SELECT q.s FROM quads q{join} WHERE q.p = ? AND q.o IN ({','.join('?' * len(codes))})"
-        f" AND +q.g > 0 LIMIT ?", [*args, name, *codes, limit]).fetchall()
+    rows = con.cursor().execute(schema.vertices_having(len(codes), allowed_count),
+                                [*args, name, *codes, limit]).fetchall()
     return [row[0] for row in rows]
 
 
@@ -180,9 +174,8 @@ def rows(con: Any, vertices: Sequence[int], keys: Sequence[str]) -> list[dict[st
     names = {i: key for key in keys if (i := qt.string_to_id(con, key)) is not None}
     if not vertices or not names:
         return [{} for _ in vertices]
-    found = con.cursor().execute(
-        f"SELECT s, p, o FROM quads WHERE s IN ({','.join('?' * len(vertices))}) AND p IN "
-        f"({','.join('?' * len(names))}) AND +g > 0", [*vertices, *names]).fetchall()
+    found = con.cursor().execute(schema.properties_of(len(vertices), len(names)),
+                                 [*vertices, *names]).fetchall()
     strings = _strings(con, {o for _, _, o in found if 2 < o <= _MAX_INT})
     out: dict[int, dict[str, Any]] = {v: {} for v in vertices}
     for s, p, o in found:
@@ -206,9 +199,7 @@ def _strings(con: Any, ids: set[int]) -> dict[int, str]:
     left = [i for i in ids if i not in out]
     for first in range(0, len(left), 500):
         part = left[first:first + 500]
-        out.update(con.cursor().execute(
-            f"SELECT id, v FROM strings WHERE id IN ({','.join('?' * len(part))})",
-            part).fetchall())
+        out.update(con.cursor().execute(schema.strings_by_id(len(part)), part).fetchall())
     return out
 
 
@@ -221,9 +212,7 @@ def values_of(con: Any, key: str, value: str, wanted: str) -> set[str]:
     name, code, other = (qt.string_to_id(con, x) for x in (key, value, wanted))
     if name is None or code is None or other is None:
         return set()
-    found = con.cursor().execute(
-        "SELECT DISTINCT v.o FROM quads q JOIN quads v ON v.s = q.s AND v.p = ? AND +v.g > 0 "
-        "WHERE q.p = ? AND q.o = ? AND +q.g > 0", [other, name, code]).fetchall()
+    found = con.cursor().execute(schema.VALUES_OF, [other, name, code]).fetchall()
     return set(_strings(con, {o for (o,) in found if 2 < o <= _MAX_INT}).values())
 
 

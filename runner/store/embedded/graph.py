@@ -39,6 +39,7 @@ from gremlin_python.process.anonymous_traversal import traversal
 from runner.errors import StoreFull, StoreUnavailable
 from runner.store.api import Traversal
 from runner.store.calls import CallStats
+from runner.store.embedded import schema
 from runner.store.embedded.alarm import StorageAlarm, unwritable
 from runner.store.embedded.branches import early_branches
 from runner.store.embedded.direct import SqlPlans
@@ -125,9 +126,15 @@ class EmbeddedGraph:
         #: checkpoints the WAL beside the writers, not inside a commit (:mod:`.wal`)
         self.checkpointer = WalCheckpointer(self.path, busy_timeout)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        schema.check_versions()
+        made = schema.has_tables(self.path, busy_timeout)
+        if made:  # what the driver writes into, checked before anything is written
+            schema.check(self.path, busy_timeout)
         #: gremlite's tables are all there: no open of this object needs the init lock
         self._initialised = self._tables_exist()
         self._connection()  # create and initialise the file now, so errors show early
+        if not made:  # made now (or by another process meanwhile): what gremlite made
+            schema.check(self.path, busy_timeout)
 
     def _connection(self) -> Any:
         remote = getattr(self._local, "remote", None)
@@ -248,7 +255,7 @@ class EmbeddedGraph:
         over windows of vertex ids stops there. One read of an integer primary key."""
         remote = self._connection()
         try:
-            row = remote.con.execute("SELECT max(id) FROM graphelts").fetchone()
+            row = remote.con.execute(schema.MAX_ELEMENT_ID).fetchone()
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"graph file {self.path}: {exc}") from exc
         return int(row[0] or 0)

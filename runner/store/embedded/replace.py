@@ -32,6 +32,8 @@ from typing import Any
 
 from gremlin_python.process.traversal import Bytecode, Cardinality
 
+from runner.store.embedded import schema
+
 log = logging.getLogger("latchwork.store")
 
 _LOCK = threading.Lock()
@@ -86,8 +88,7 @@ def set_single(con: Any, qt: Any, vertex: int, key: str, value: Any) -> bool:
     cur = con.cursor()
     try:
         # +g: SQLite would otherwise plan it on the pg index (every row of that name)
-        cur.execute("UPDATE quads SET o = ? WHERE s = ? AND p = ? AND +g > 0",
-                    [code, vertex, name])
+        cur.execute(schema.UPDATE_VALUE, [code, vertex, name])
         if cur.rowcount == 0:  # this vertex does not have it: a new property
             qt.create_vertex_property(con, vertex, key, value)
     finally:

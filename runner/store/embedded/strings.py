@@ -21,6 +21,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from runner.store.embedded import schema
+
 #: strings (property names and values) a connection keeps, by id and by value; past it, it
 #: forgets them all and starts again
 STRINGS_KEPT = 4096
@@ -66,8 +68,7 @@ def _wrap_lookups(querytools: Any) -> None:
             i = look_up(con, value)
             if i is None:  # new: added, not kept
                 cur = con.cursor()
-                i = cur.execute("INSERT INTO strings (v) VALUES (?) RETURNING id",
-                                [value]).fetchone()[0]
+                i = cur.execute(schema.INSERT_STRING, [value]).fetchone()[0]
                 cur.close()
             else:
                 _found(con, i, value)
@@ -90,16 +91,13 @@ def string_ids(con: Any, values: Sequence[str], add: bool = False) -> dict[str, 
     try:
         for first in range(0, len(left), 400):
             part = left[first:first + 400]
-            marks = ",".join("?" * len(part))
-            found = dict(cur.execute(f"SELECT v, id FROM strings WHERE v IN ({marks})", part))
+            found = dict(cur.execute(schema.strings_by_value(len(part)), part))
             if add and hasattr(con, "found"):  # one of ours
                 for value, i in found.items():
                     _found(con, i, value)
             new = [v for v in part if v not in found] if add else []
             if new:
-                found.update(cur.execute(
-                    f"INSERT INTO strings (v) VALUES {','.join(['(?)'] * len(new))} "
-                    "RETURNING v, id", new).fetchall())
+                found.update(cur.execute(schema.new_strings(len(new)), new).fetchall())
             out.update(found)
     finally:
         cur.close()

@@ -28,7 +28,25 @@ from gremlin_python.driver.remote_connection import RemoteTraversal
 from gremlin_python.driver.resultset import ResultSet
 from gremlin_python.process.traversal import Bytecode
 
+from runner.errors import StoreSchemaUnknown
 from runner.store.server.wire import GraphSONReader
+
+#: the gremlinpython minor whose driver internals this module reworks (the pin in
+#: pyproject.toml says the same)
+GREMLINPYTHON = "3.7."
+
+
+def check_version() -> None:
+    """The installed gremlinpython is the minor this driver was written for: another one's
+    driver internals (connections, serializers) may differ, so it is refused in one line."""
+    from importlib import metadata
+
+    installed = metadata.version("gremlinpython")
+    if not installed.startswith(GREMLINPYTHON):
+        raise StoreSchemaUnknown(
+            f"gremlinpython {installed} is installed; the Gremlin Server driver was tested "
+            f"with gremlinpython {GREMLINPYTHON}x: install that (pip install "
+            f"'gremlinpython>={GREMLINPYTHON}0,<3.8')")
 
 
 class DeadlineTransport(AiohttpTransport):  # type: ignore[misc]  # untyped driver

@@ -20,7 +20,7 @@ from gremlin_python.process.anonymous_traversal import traversal
 from runner.errors import GraphNotTransactional, StoreUnavailable, WriteRaceLost
 from runner.store.calls import CallStats
 from runner.store.model import ServerOptions
-from runner.store.server.driver import deadline_transports, graphson_reads, lean
+from runner.store.server.driver import check_version, deadline_transports, graphson_reads, lean
 from runner.store.server.wire import GraphSONReader, graphbinary
 
 log = logging.getLogger("latchwork.store")
@@ -114,6 +114,7 @@ class RemoteGraph:
     def __init__(self, url: str, traversal_source: str = "g", *, username: str | None = None,
                  password: str | None = None, ca_file: str | None = None,
                  atomicity: str = TRANSACTIONS, timeout: float = 30.0) -> None:
+        check_version()
         if atomicity not in ATOMICITY:
             raise ValueError(f"atomicity must be one of {ATOMICITY}, not {atomicity!r}")
         self.url = url
