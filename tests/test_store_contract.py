@@ -855,7 +855,7 @@ def test_a_server_without_transactions_says_so_in_time_and_a_node_decides(
     from runner import connect
     from runner.config import Settings
     from runner.errors import GraphNotTransactional
-    from runner.store.server import graph as server_graph
+    from runner.store.server import probe as server_graph
     from runner.store.server.graph import NONE, RemoteGraph
 
     graph = RemoteGraph(gremlin_server.url, timeout=10.0)
@@ -1250,7 +1250,8 @@ def test_the_stores_reads_are_written_in_the_json_the_drivers_graphson_writer_ma
     from gremlin_python.statics import long
     from gremlin_python.structure.io.graphsonV3d0 import GraphSONWriter
 
-    from runner.store import due, wire
+    from runner.store import due
+    from runner.store.server import wire
     from runner.store.server.graph import SKIPPED_STRATEGIES
 
     driver, sent = GraphSONWriter(), []

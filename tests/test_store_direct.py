@@ -64,7 +64,7 @@ def _written(path: Path) -> tuple[set[int], list[Any], list[Any], list[Any]]:
                                for n in range(4)])
         graph.write(lambda g: [g.add_v("other").property("dup", "x").property("n", n).iterate()
                                for n in range(2)])
-        done = write_plans(graph, _writes())
+        done = write_plans(graph.direct, _writes())
         maps = graph.read(lambda g: g.V().element_map().to_list())
         edges = graph.read(lambda g: g.E().project("l", "o", "i").by(__.label())
                            .by(__.out_v().values("k")).by(__.in_v().values("aid")).to_list())
@@ -116,7 +116,7 @@ def test_a_write_whose_guards_fail_changes_nothing_and_adds_no_string(tmp_path: 
         t0 = w.guard(finder(("k", "t0")))
         w.guard(finder(("k", "t0"), ("v", 2)))
         w.change(set_on(t0, {"state": "a string never written"}))
-        assert write_plans(graph, [w]) == set()
+        assert write_plans(graph.direct, [w]) == set()
         assert graph.read(lambda g: g.V().has("k", "t0").values("state").to_list()) == []
         assert con.execute("SELECT count(*) FROM strings").fetchone()[0] == strings
     finally:

@@ -7,7 +7,7 @@ gremlinpython bytecode, which both drivers run."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from gremlin_python.process.graph_traversal import GraphTraversal
 from gremlin_python.process.traversal import Bytecode
@@ -27,7 +27,7 @@ class EffectTraversal:
     traversal, running it does not (:class:`InvalidValue`, before anything is sent): the
     effect is run by the store, with the guards and the success."""
 
-    def __init__(self, traversal: Any) -> None:
+    def __init__(self, traversal: Traversal) -> None:
         self.traversal = traversal
 
     def __getattr__(self, name: str) -> Any:
@@ -37,13 +37,13 @@ class EffectTraversal:
         if not callable(step):
             return step
 
-        def call(*args: Any, **kwargs: Any) -> Any:
+        def call(*args: object, **kwargs: object) -> object:
             out = step(*args, **kwargs)
             return EffectTraversal(out) if out is self.traversal else out
         return call
 
 
-def effect_steps(write: Callable[[Traversal], Traversal]) -> list[list[Any]]:
+def effect_steps(write: Callable[[Traversal], Traversal]) -> list[list[object]]:
     """The steps ``write`` (``ctx.complete()``'s effect) adds, built on a traversal of no
     graph: what a process-isolated handler sends its node, which adds them with
     :func:`replayed` to the guarded traversal of its own ``complete``, so the effect is the
@@ -56,10 +56,11 @@ def effect_steps(write: Callable[[Traversal], Traversal]) -> list[list[Any]]:
     return [list(step) for step in blank.bytecode.step_instructions]
 
 
-def replayed(steps: list[list[Any]]) -> Callable[[Traversal], Traversal]:
+def replayed(steps: list[list[object]]) -> Callable[[Traversal], Traversal]:
     """An effect that adds ``steps`` (from :func:`effect_steps`) to the traversal it is built
     on, as they were recorded."""
     def write(t: Traversal) -> Traversal:
-        t.traversal.bytecode.step_instructions.extend(list(step) for step in steps)
+        cast(EffectTraversal, t).traversal.bytecode.step_instructions.extend(
+            list(step) for step in steps)
         return t
     return write

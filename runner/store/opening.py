@@ -23,8 +23,8 @@ def open_graph(where: str, server: ServerOptions | None = None) -> Graph:
     options) or a gremlite file path (the embedded driver, which checks what it relies on in
     gremlite before anything is written: :mod:`runner.store.embedded.schema`)."""
     if is_server(where):
-        from runner.store.server.graph import RemoteGraph
-        return RemoteGraph.with_options(where, server or ServerOptions())
+        from runner.store.server.probe import open_server
+        return open_server(where, server or ServerOptions())
     from runner.store.embedded.graph import EmbeddedGraph
     return EmbeddedGraph(where)
 

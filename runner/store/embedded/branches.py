@@ -19,6 +19,7 @@ says so in the log. The step's subclasses (``flatMap``...) keep theirs.
 from __future__ import annotations
 
 import logging
+import sqlite3
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -56,7 +57,7 @@ def _install(steps: Any, base: Any) -> None:
     class Seed(base.SingletonProducer):  # type: ignore[misc]
         """gremlite's seed of a branch, given its traverser when the branch starts."""
 
-        def __init__(self, con: Any, outer: Any) -> None:
+        def __init__(self, con: sqlite3.Connection, outer: Any) -> None:
             bc = Bytecode()
             bc.add_step("_singleton_producer_dummy_step_")
             base.Producer.__init__(self, con, base.StepStream(outer.config, bc,

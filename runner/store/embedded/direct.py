@@ -40,12 +40,16 @@ traversal, so a write whose guards match nothing changed nothing.
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Sequence
+from types import ModuleType
 from typing import Any
 
+from runner.store.api import PropValue
 from runner.store.embedded import schema
 from runner.store.embedded.replace import set_single
 from runner.store.embedded.strings import string_ids
+from runner.store.gremlin.plans import Op
 
 #: the property values applied here: gremlite's plain encodings (a float is a string's id)
 _PLAIN = (str, bool, int, type(None))
@@ -54,7 +58,7 @@ _MIN_INT, _MAX_INT = -2**62, 2**62 - 1
 _FINDS = ("guard", "absent")
 
 
-def plain(plan: Sequence[tuple[Any, ...]]) -> bool:
+def plain(plan: Sequence[Op]) -> bool:
     """Whether every value of ``plan`` (guards and changes) is one :func:`apply` writes as
     gremlite would: a string, a bool, None, or an integer in gremlite's range."""
     for op in plan:
@@ -67,7 +71,7 @@ def plain(plan: Sequence[tuple[Any, ...]]) -> bool:
     return True
 
 
-def apply(con: Any, plan: Sequence[tuple[Any, ...]]) -> bool | None:
+def apply(con: sqlite3.Connection, plan: Sequence[Op]) -> bool | None:
     """Apply one write's ``plan`` on ``con`` (the embedded graph's connection, inside its write
     transaction): True written, False its guards matched nothing (nothing written), None not
     applied (see the module: the caller writes it as a traversal)."""
@@ -104,7 +108,8 @@ def apply(con: Any, plan: Sequence[tuple[Any, ...]]) -> bool | None:
         cur.close()
 
 
-def _vertices(cur: Any, con: Any, qt: Any, pairs: Sequence[tuple[str, Any]]) -> list[int]:
+def _vertices(cur: sqlite3.Cursor, con: sqlite3.Connection, qt: ModuleType,
+              pairs: Sequence[tuple[str, object]]) -> list[int]:
     """The vertices (two at most) that have every ``(key, value)`` of ``pairs``."""
     codes: list[int] = []
     for key, value in pairs:
@@ -117,7 +122,8 @@ def _vertices(cur: Any, con: Any, qt: Any, pairs: Sequence[tuple[str, Any]]) -> 
     return [row[0] for row in rows]
 
 
-def _created(cur: Any, con: Any, label: str, props: Any, edge: tuple[str, int] | None) -> int:
+def _created(cur: sqlite3.Cursor, con: sqlite3.Connection, label: str, props: Any,
+             edge: tuple[str, int] | None) -> int:
     """A vertex ``label`` with ``props`` (and ``edge``: an edge of that label to it from that
     vertex) as gremlite's ``create_vertex``, ``create_vertex_property`` and ``create_edge``
     make them, in four statements instead of three or four per property: their element ids
@@ -141,7 +147,7 @@ def _created(cur: Any, con: Any, label: str, props: Any, edge: tuple[str, int] |
     return int(vertex)
 
 
-def having(con: Any, key: str, values: Sequence[str], limit: int,
+def having(con: sqlite3.Connection, key: str, values: Sequence[str], limit: int,
            where: tuple[str, Sequence[str]] | None = None) -> list[int]:
     """Up to ``limit`` vertices whose ``key`` is one of the strings ``values`` (and, ``where``,
     whose other property is one of its strings): one query over the ``ops`` index, as gremlite's
@@ -166,7 +172,8 @@ def having(con: Any, key: str, values: Sequence[str], limit: int,
     return [row[0] for row in rows]
 
 
-def rows(con: Any, vertices: Sequence[int], keys: Sequence[str]) -> list[dict[str, Any]]:
+def rows(con: sqlite3.Connection, vertices: Sequence[int], keys: Sequence[str]
+         ) -> list[dict[str, PropValue]]:
     """The properties ``keys`` of each of ``vertices`` (those it has), in their order, decoded
     as gremlite decodes them: what ``element_map(*keys)`` gives, without the id and label."""
     from gremlite import querytools as qt
@@ -177,7 +184,7 @@ def rows(con: Any, vertices: Sequence[int], keys: Sequence[str]) -> list[dict[st
     found = con.cursor().execute(schema.properties_of(len(vertices), len(names)),
                                  [*vertices, *names]).fetchall()
     strings = _strings(con, {o for _, _, o in found if 2 < o <= _MAX_INT})
-    out: dict[int, dict[str, Any]] = {v: {} for v in vertices}
+    out: dict[int, dict[str, PropValue]] = {v: {} for v in vertices}
     for s, p, o in found:
         row = out[s]
         if names[p] in row:  # a second value (list cardinality): element_map shows the first
@@ -191,7 +198,7 @@ def rows(con: Any, vertices: Sequence[int], keys: Sequence[str]) -> list[dict[st
     return [out[v] for v in vertices]
 
 
-def _strings(con: Any, ids: set[int]) -> dict[int, str]:
+def _strings(con: sqlite3.Connection, ids: set[int]) -> dict[int, str]:
     """The strings of ``ids``: the connection's kept ones, the others in one query a few
     hundred at a time (not kept: mostly one task's values, a state, a payload)."""
     kept = getattr(con, "by_id", {})
@@ -203,7 +210,7 @@ def _strings(con: Any, ids: set[int]) -> dict[int, str]:
     return out
 
 
-def values_of(con: Any, key: str, value: str, wanted: str) -> set[str]:
+def values_of(con: sqlite3.Connection, key: str, value: str, wanted: str) -> set[str]:
     """The distinct string values of ``wanted`` on the vertices whose ``key`` is ``value``
     (what a traversal of those values would give, without repeats; strings only): one query,
     whatever number of vertices share them."""
@@ -220,17 +227,17 @@ class SqlPlans:
     """:class:`~runner.store.gremlin.plans.Plans` on one SQLite connection (inside the
     transaction its graph holds)."""
 
-    def __init__(self, con: Any) -> None:
+    def __init__(self, con: sqlite3.Connection) -> None:
         self.con = con
 
-    def apply(self, plan: Sequence[tuple[Any, ...]]) -> bool | None:
+    def apply(self, plan: Sequence[Op]) -> bool | None:
         return apply(self.con, plan)
 
     def having(self, key: str, values: Sequence[str], limit: int,
                where: tuple[str, list[str]] | None = None) -> list[int]:
         return having(self.con, key, values, limit, where)
 
-    def rows(self, vertices: Sequence[int], keys: Sequence[str]) -> list[dict[str, Any]]:
+    def rows(self, vertices: Sequence[int], keys: Sequence[str]) -> list[dict[str, PropValue]]:
         return rows(self.con, vertices, keys)
 
     def values_of(self, key: str, value: str, wanted: str) -> set[str]:

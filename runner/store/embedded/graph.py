@@ -210,7 +210,7 @@ class EmbeddedGraph:
             finally:
                 fcntl.flock(lock_file, fcntl.LOCK_UN)
 
-    def _run(self, begin: str, fn: Callable[[Any], T]) -> T:
+    def _run(self, begin: str, fn: Callable[[Traversal], T]) -> T:
         remote = self._connection()
         if self._local.depth:  # nested: already inside the outer transaction
             return fn(self._local.g)
@@ -246,7 +246,7 @@ class EmbeddedGraph:
             self.checkpointer.committed()
         return result
 
-    def read(self, fn: Callable[[Any], T]) -> T:
+    def read(self, fn: Callable[[Traversal], T]) -> T:
         with self.stats.timed("read"):
             return self._run("BEGIN DEFERRED", fn)  # one consistent snapshot for the read
 
@@ -260,7 +260,7 @@ class EmbeddedGraph:
             raise StoreUnavailable(f"graph file {self.path}: {exc}") from exc
         return int(row[0] or 0)
 
-    def write(self, fn: Callable[[Any], T]) -> T:
+    def write(self, fn: Callable[[Traversal], T]) -> T:
         with self.stats.timed("write"):
             return self._run("BEGIN IMMEDIATE", fn)
 

@@ -27,7 +27,9 @@ and says so in the log.
 from __future__ import annotations
 
 import logging
+import sqlite3
 import threading
+from types import ModuleType
 from typing import Any
 
 from gremlin_python.process.traversal import Bytecode, Cardinality
@@ -59,7 +61,7 @@ def lean_replace() -> None:
         results.Result._latchwork_lean = True
 
 
-def _lean(own: Any, qt: Any) -> Any:
+def _lean(own: Any, qt: ModuleType) -> Any:
     from gremlin_python.process.traversal import Cardinality
     from gremlin_python.structure import graph
 
@@ -74,7 +76,7 @@ def _lean(own: Any, qt: Any) -> Any:
     return set_property
 
 
-def set_single(con: Any, qt: Any, vertex: int, key: str, value: Any) -> bool:
+def set_single(con: sqlite3.Connection, qt: ModuleType, vertex: int, key: str, value: Any) -> bool:
     """``key`` set to ``value`` on ``vertex`` with single cardinality, gremlite's own table rows:
     the row found by the ``sp`` index and its value updated in place (the property keeps its
     element id), or the property created as gremlite creates one when the vertex has none.

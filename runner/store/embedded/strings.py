@@ -17,9 +17,10 @@ gremlite.
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol, cast
 
 from runner.store.embedded import schema
 
@@ -28,6 +29,14 @@ from runner.store.embedded import schema
 STRINGS_KEPT = 4096
 _KEPT_LOCK = threading.Lock()
 
+
+
+class KeptStrings(Protocol):
+    """The strings one of the embedded graph's connections keeps (its ``_LazyBegin``)."""
+    reading: bool
+    by_id: dict[int, str]
+    by_value: dict[str, int]
+    found: dict[str, int]
 
 def kept_strings() -> None:
     """gremlite's two string lookups, through the connection's kept strings (see
@@ -43,7 +52,7 @@ def kept_strings() -> None:
 def _wrap_lookups(querytools: Any) -> None:
     def kept(lookup: Callable[[Any, Any], Any], by_id: bool) -> Callable[[Any, Any], Any]:
         """``lookup`` (an id's string, or a string's id) through the kept strings."""
-        def find(con: Any, key: Any) -> Any:
+        def find(con: sqlite3.Connection, key: Any) -> Any:
             strings = getattr(con, "by_id" if by_id else "by_value", None)
             if strings is None:  # not one of ours
                 return lookup(con, key)
@@ -59,7 +68,7 @@ def _wrap_lookups(querytools: Any) -> None:
     string_to_id = kept(querytools.string_to_id, False)
     look_up, merge = querytools.string_to_id, querytools.merge_string
 
-    def merge_string(con: Any, value: Any) -> Any:  # a write's: kept ones used
+    def merge_string(con: sqlite3.Connection, value: Any) -> Any:  # a write's: kept ones used
         strings = getattr(con, "by_value", None)
         if strings is None:
             return merge(con, value)
@@ -78,7 +87,7 @@ def _wrap_lookups(querytools: Any) -> None:
     querytools.merge_string = merge_string
 
 
-def string_ids(con: Any, values: Sequence[str], add: bool = False) -> dict[str, int]:
+def string_ids(con: sqlite3.Connection, values: Sequence[str], add: bool = False) -> dict[str, int]:
     """The ids of those of the strings ``values`` the table holds: the kept ones, the others
     looked up in one query a few hundred at a time. ``add`` (inside a write): the missing ones
     added too, in one statement per query, as gremlite's ``merge_string`` adds one; what such
@@ -104,22 +113,23 @@ def string_ids(con: Any, values: Sequence[str], add: bool = False) -> dict[str, 
     return out
 
 
-def _found(con: Any, i: int, value: str) -> None:
+def _found(con: object, i: int, value: str) -> None:
     """A string looked up and found: kept at once by a read, after its commit by a write."""
+    con = cast(KeptStrings, con)
     if con.reading:
         _keep(con, i, value)
     else:
         con.found[value] = i
 
 
-def committed(con: Any) -> None:
+def committed(con: KeptStrings) -> None:
     """``con``'s write committed: what it found is kept (see the module)."""
     for value, i in con.found.items():
         _keep(con, i, value)
     con.found.clear()
 
 
-def _keep(con: Any, i: int, value: str) -> None:
+def _keep(con: KeptStrings, i: int, value: str) -> None:
     if len(con.by_id) >= STRINGS_KEPT:
         con.by_id.clear()
         con.by_value.clear()

@@ -5,7 +5,6 @@ before the handler runs (with the claim), finished exactly once (a second finish
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
 
 from gremlin_python.process.traversal import Cardinality, P
 
@@ -74,7 +73,7 @@ class GremlinAttemptLog:
                              .has("attempt_status", AttemptStatus.RUNNING.value)
                              .property(Cardinality.single, "attempt_progress", value))
 
-    def heartbeat(self, attempt_id: str, details: Any) -> bool:
+    def heartbeat(self, attempt_id: str, details: object) -> bool:
         """Record the last details a RUNNING attempt beat (``attempt_beat``); False, nothing
         written, once the attempt has ended."""
         value = codec.encode_json({"at": codec.encode_time(codec.now()), "details": details})

@@ -15,7 +15,7 @@ from runner.errors import (
     TaskNotFound,
 )
 from runner.store import codec
-from runner.store.api import Graph
+from runner.store.api import Graph, Row, Traversal
 from runner.store.gremlin.guards import under_fence
 from runner.store.gremlin.steps import (
     ASPECT_NAME,
@@ -41,7 +41,7 @@ def aspect_key(aspect: str) -> str:
     return f"aspect.{aspect}"
 
 
-def avatar_from_row(row: Mapping[Any, Any]) -> Avatar:
+def avatar_from_row(row: Row) -> Avatar:
     aspects = {k[len("aspect."):]: codec.decode_json(v) for k, v in row.items()
                if isinstance(k, str) and k.startswith("aspect.")}
     return Avatar(id=row["avatar_id"], class_iri=row["avatar_class"],
@@ -53,7 +53,7 @@ class GremlinAvatarStore:
         self.graph = graph
 
     @staticmethod
-    def _ids(g: Any, avatar_ids: Sequence[str]) -> dict[str, Any]:
+    def _ids(g: Traversal, avatar_ids: Sequence[str]) -> dict[str, Any]:
         rows = (g.V().has("avatar_id", P.within(list(avatar_ids)))
                 .project("a", "id").by("avatar_id").by(__.id_()).to_list())
         return {r["a"]: r["id"] for r in rows}
@@ -63,7 +63,7 @@ class GremlinAvatarStore:
         ``fence``, each batch is refused (StaleFencingToken) once the token is stale."""
         by_id = {a.id: a for a in avatars}
         for chunk in chunks(list(by_id), BATCH):
-            def run(g: Any, chunk: Sequence[str] = chunk, fenced: bool = False) -> None:
+            def run(g: Traversal, chunk: Sequence[str] = chunk, fenced: bool = False) -> None:
                 if fence is not None and not fenced:  # each traversal guarded by the fence
                     return under_fence(g, fence, lambda f: run(f, chunk, fenced=True))
                 ids = self._ids(g, chunk)
@@ -106,7 +106,7 @@ class GremlinAvatarStore:
             texts = {avatar_id: codec.encode_json(v) for avatar_id, v in values.items()}
         written = 0
         for chunk in chunks(list(texts), BATCH):
-            def run(g: Any, chunk: Sequence[str] = chunk, fenced: bool = False) -> int:
+            def run(g: Traversal, chunk: Sequence[str] = chunk, fenced: bool = False) -> int:
                 if fence is not None and not fenced:  # each traversal guarded by the fence
                     return under_fence(g, fence, lambda f: run(f, chunk, fenced=True))
                 present = list(chunk)
@@ -132,7 +132,7 @@ class GremlinAvatarStore:
         With ``fence``, each batch is refused (StaleFencingToken) once the token is stale."""
         key = aspect_key(aspect)
         if avatar_ids is None:
-            def run(g: Any, fenced: bool = False) -> int:
+            def run(g: Traversal, fenced: bool = False) -> int:
                 if fence is not None and not fenced:  # each traversal guarded by the fence
                     return under_fence(g, fence, lambda f: run(f, fenced=True))
                 count = int(g.V().has(key).count().next())
@@ -142,7 +142,7 @@ class GremlinAvatarStore:
         removed = 0
         ids = sorted(set(avatar_ids))
         for chunk in chunks(ids, BATCH):
-            def run_chunk(g: Any, chunk: Sequence[str] = chunk, fenced: bool = False) -> int:
+            def run_chunk(g: Traversal, chunk: Sequence[str] = chunk, fenced: bool = False) -> int:
                 if fence is not None and not fenced:  # each traversal guarded by the fence
                     return under_fence(g, fence, lambda f: run_chunk(f, chunk, fenced=True))
                 t = g.V().has("avatar_id", P.within(list(chunk))).has(key)
@@ -165,7 +165,7 @@ class GremlinAvatarStore:
                 yield [avatar_from_row(r) for r in chunk]
             return
         for classes in chunks(sorted(set(class_iris)), BATCH):
-            def run(g: Any, classes: Sequence[str] = classes) -> list[Any]:
+            def run(g: Traversal, classes: Sequence[str] = classes) -> list[Row]:
                 return list(g.V().has("avatar_class", P.within(list(classes)))
                             .element_map().to_list())
             rows = self.graph.read(run)
@@ -207,7 +207,7 @@ class GremlinAvatarStore:
         while start <= top and len(found) < limit:
             end = min(start + window, top + 1)
 
-            def run(g: Any, ids: range = range(start, end)) -> list[Any]:
+            def run(g: Traversal, ids: range = range(start, end)) -> list[Row]:
                 return list(g.V(*ids).has_label("avatar")
                             .has("avatar_class", P.within(classes)).element_map().to_list())
             found.extend((r["avatar_id"], r["avatar_class"], r["avatar_props"])

@@ -21,13 +21,13 @@ fact been applied is recognised as its own); a single task's refusal is returned
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NoReturn, Protocol, TypeVar
+from collections.abc import Callable, Sequence
+from typing import NoReturn, Protocol, TypeVar
 
 from gremlin_python.process.graph_traversal import __
 
 from runner.errors import StoreError, StoreUnavailable, WriteRaceLost
-from runner.store.api import Graph, Traversal
+from runner.store.api import Graph, Props, Row, Traversal
 from runner.store.ends import AttemptEnd, Conclusion
 from runner.store.gremlin.guards import Write
 from runner.store.gremlin.plans import Direct, Op, Plans, direct_of
@@ -68,7 +68,7 @@ def written(store: _Store, writes: Sequence[Write], anchor: str) -> set[int]:
     if direct is not None:
         return write_plans(direct, writes)
 
-    def run(g: Any) -> set[int]:
+    def run(g: Traversal) -> set[int]:
         branches = [w.traverse(__).constant(n) for n, w in enumerate(writes)]
         return set(g.V().has("task_id", anchor).union(*branches).to_list())
 
@@ -87,14 +87,14 @@ def matched(graph: Graph, w: Write) -> bool:
     return matched_write(graph, w.traverse)
 
 
-def created(graph: Graph, props: Mapping[str, Any], start: AttemptStart,
+def created(graph: Graph, props: Props, start: AttemptStart,
             again: str | None = None) -> bool:
     """The new task vertex ``props`` and its RUNNING attempt ``start`` (with its edge) in one
     write (``GraphStore.create_claimed``); ``again``: the task's id, which no vertex may have
     yet (a redelivered submit's: when one has, nothing is written and the answer is False).
     From its data form where the graph applies one (the embedded graph:
     :mod:`runner.store.embedded.direct`), else as one traversal."""
-    def run(g: Any) -> bool:
+    def run(g: Traversal) -> bool:
         if again is None:
             start.extend(add_vertex(g, "task", props)).iterate()
             return True
@@ -116,8 +116,8 @@ def created(graph: Graph, props: Mapping[str, Any], start: AttemptStart,
     return bool(direct.run(apply, write=True))
 
 
-def added(graph: Graph, news: Sequence[tuple[Mapping[str, Any], tuple[str, str] | None]],
-          traverse: Callable[[Any, int], Any]) -> list[Any] | None:
+def added(graph: Graph, news: Sequence[tuple[Props, tuple[str, str] | None]],
+          traverse: Callable[[Traversal, int], Row]) -> list[Row | None] | None:
     """New task vertices in one write of the embedded graph, each from its data form by SQL
     (``tasks.add_many``): ``news``, each a vertex's properties and the ``(key, value)`` no
     vertex may have yet (a uniqueness key, or a redelivered submit's id; None: no such
@@ -128,7 +128,7 @@ def added(graph: Graph, news: Sequence[tuple[Mapping[str, Any], tuple[str, str] 
     if direct is None:
         return None
 
-    def apply(plans: Plans, g: Traversal) -> list[Any]:
+    def apply(plans: Plans, g: Traversal) -> list[Row | None]:
         rows = []
         for n, (props, unique) in enumerate(news):
             plan: list[Op] = [("new", "task", props, "t")]
@@ -207,7 +207,7 @@ def conclude_many(store: _Store, conclusions: Sequence[Conclusion]
     return out
 
 
-def _refusal(again: Callable[..., X], *args: Any) -> X | StoreError:
+def _refusal(again: Callable[..., X], *args: object) -> X | StoreError:
     """What the single way makes of a write the batch's guards refused: its result, or the
     store's error; the graph out of reach propagates (the whole batch fails)."""
     try:

@@ -24,7 +24,6 @@ reads what did).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from runner.errors import AttemptAlreadyFinished, InvalidValue, StaleFencingToken
 from runner.store import codec
@@ -47,7 +46,7 @@ from runner.store.model import (
 STATE, META = "task_ckpt", "task_ckpt_meta"
 
 
-def encode_state(state: Any) -> str:
+def encode_state(state: object) -> str:
     """``state`` as stored; :class:`InvalidValue` naming the limit when it is over it."""
     text = codec.encode_json(state)  # InvalidValue when it is not JSON
     size = len(text.encode())
@@ -74,7 +73,7 @@ class GremlinCheckpointStore:
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
 
-    def commit(self, fence: Fence, seq: int, state: Any) -> CheckpointInfo:
+    def commit(self, fence: Fence, seq: int, state: object) -> CheckpointInfo:
         """Store ``state`` as the task's checkpoint, written by attempt ``fence.attempt_id``
         (its ``seq``) while ``fence.token`` is still the task's and the attempt RUNNING;
         durable when this returns (see the module for the errors)."""

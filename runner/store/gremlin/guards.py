@@ -13,12 +13,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import TypeVar, cast
 
 from runner.errors import InvalidValue, ResourceTaken, StaleFencingToken
 from runner.store import codec
+from runner.store.api import Props, Traversal
 from runner.store.effects import NOT_RUN, EffectTraversal
+from runner.store.gremlin.plans import Op
 from runner.store.gremlin.steps import has_all, set_props
 from runner.store.model import Fence
 
@@ -42,13 +44,13 @@ class Write:
     """
 
     def __init__(self) -> None:
-        self._guards: list[tuple[str, Callable[[Any], Any]]] = []
-        self._changes: list[Callable[[Any], Any]] = []
+        self._guards: list[tuple[str, Callable[[Traversal], Traversal]]] = []
+        self._changes: list[Callable[[Traversal], Traversal]] = []
         #: the same write as data, for a graph that applies it without a traversal
         #: (:mod:`runner.store.embedded.direct`): None once a guard or change has no data form
-        self.plan: list[tuple[Any, ...]] | None = []
+        self.plan: list[Op] | None = []
 
-    def guard(self, find: Callable[[Any], Any]) -> str:
+    def guard(self, find: Callable[[Traversal], Traversal]) -> str:
         """``find(src)`` is ``src.V().has(...)...``: the vertex must match; its label."""
         label = f"w{len(self._guards)}"
         self._guards.append((label, find))
@@ -59,7 +61,8 @@ class Write:
             self.plan = None
         return label
 
-    def change(self, fn: Callable[[Any], Any], op: tuple[Any, ...] | None = None) -> None:
+    def change(self, fn: Callable[[Traversal], Traversal],
+               op: Op | None = None) -> None:
         """``fn(t)`` adds the change to ``t``; ``op``: the change as data (see :attr:`plan`):
         ``("set", label, props)`` or ``("add", vertex_label, props, edge_label, from_label)``
         (a vertex, and an edge to it from the vertex ``from_label``)."""
@@ -70,7 +73,8 @@ class Write:
         else:
             self.plan = None
 
-    def traverse(self, g: Any, effect: Callable[[Any], Any] | None = None) -> Any:
+    def traverse(self, g: Traversal,
+                 effect: Callable[[Traversal], Traversal] | None = None) -> Traversal:
         if not self._guards:
             raise ValueError("a write needs at least one guard")
         t = self._guarded(g)
@@ -83,13 +87,13 @@ class Write:
             t = fn(t)
         return t
 
-    def _guarded(self, t: Any) -> Any:
+    def _guarded(self, t: Traversal) -> Traversal:
         for label, find in self._guards:
             t = find(t).as_(label)
         return t
 
 
-def fence_finds(fence: Fence) -> list[Callable[[Any], Any]]:
+def fence_finds(fence: Fence) -> list[Callable[[Traversal], Traversal]]:
     """The guards of ``fence``: the task still carries its token, and its attempt is still the
     last claimant of each of its resources (:func:`claim_resources`)."""
     token = codec.encode_big(fence.token)
@@ -100,17 +104,17 @@ def fence_finds(fence: Fence) -> list[Callable[[Any], Any]]:
     return finds
 
 
-def finder(*pairs: tuple[str, Any]) -> Callable[[Any], Any]:
+def finder(*pairs: tuple[str, object]) -> Callable[[Traversal], Traversal]:
     """A guard's ``find``: ``src.V().has(k1, v1).has(k2, v2)...``."""
-    def find(src: Any) -> Any:
+    def find(src: Traversal) -> Traversal:
         return has_all(src.V(), *pairs)
     find.pairs = pairs  # type: ignore[attr-defined]  # its data form (Write.plan)
     return find
 
 
-def set_on(label: str, props: Mapping[str, Any]) -> Callable[[Any], Any]:
+def set_on(label: str, props: Props) -> Callable[[Traversal], Traversal]:
     """A :class:`Write` change: ``props`` set on the vertex a guard labelled ``label``."""
-    def change(t: Any) -> Any:
+    def change(t: Traversal) -> Traversal:
         return set_props(t.select(label), props)
     change.op = ("set", label, props)  # type: ignore[attr-defined]  # its data form (Write.plan)
     return change
@@ -122,27 +126,27 @@ class FencedSource:
     traversal, once the fence moved (a server without transactions cannot refuse a write
     of several traversals as a whole; see :func:`under_fence`)."""
 
-    def __init__(self, g: Any, fence: Fence) -> None:
+    def __init__(self, g: Traversal, fence: Fence) -> None:
         self._g = g
         self._finds = fence_finds(fence)
 
-    def _prefix(self) -> Any:
+    def _prefix(self) -> Traversal:
         t = self._g
         for find in self._finds:
             t = find(t)
         return t
 
-    def V(self, *ids: Any) -> Any:
+    def V(self, *ids: object) -> Traversal:
         return self._prefix().V(*ids)
 
-    def add_v(self, *label: Any) -> Any:
+    def add_v(self, *label: object) -> Traversal:
         return self._prefix().add_v(*label)
 
-    def add_e(self, *label: Any) -> Any:
+    def add_e(self, *label: object) -> Traversal:
         return self._prefix().add_e(*label)
 
 
-def under_fence(g: Any, fence: Fence, fn: Callable[[Any], X]) -> X:
+def under_fence(g: Traversal, fence: Fence, fn: Callable[[Traversal], X]) -> X:
     """Inside a write: ``fn`` on a :class:`FencedSource`, then the fence read again. A fence
     only moves forward (tokens grow, a resource's holder is a new attempt each claim), so if it
     still holds after ``fn`` it held at every one of ``fn``'s traversals; if not,
@@ -150,12 +154,12 @@ def under_fence(g: Any, fence: Fence, fn: Callable[[Any], X]) -> X:
     transactional server the whole write rolls back; on a server that runs one traversal at a
     time, the traversals that ran while the fence held stay, and none ran after."""
     fence_guard(g, fence)
-    out = fn(FencedSource(g, fence))
+    out = fn(cast(Traversal, FencedSource(g, fence)))  # the source's three steps, fenced
     fence_guard(g, fence)
     return out
 
 
-def fence_guard(g: Any, fence: Fence) -> None:
+def fence_guard(g: Traversal, fence: Fence) -> None:
     """Inside a write: raise :class:`StaleFencingToken` unless ``fence`` is still the task's
     (one read; in a transaction nothing can move the fence between this check and the write's
     other steps; on a server without transactions, see :func:`under_fence`)."""
@@ -166,7 +170,7 @@ def fence_guard(g: Any, fence: Fence) -> None:
         resource_guard(g, fence.task_id, fence.attempt_id, fence.resources)
 
 
-def resource_guard(g: Any, task_id: str, attempt_id: str, resources: tuple[str, ...]) -> None:
+def resource_guard(g: Traversal, task_id: str, attempt_id: str, resources: tuple[str, ...]) -> None:
     """Inside a write: raise :class:`ResourceTaken` unless attempt ``attempt_id`` is still the
     last to have claimed each of ``resources`` (:func:`claim_resources`). The ZooKeeper hold
     keeps live holders apart; this keeps a holder that lost its hold with its session (frozen,

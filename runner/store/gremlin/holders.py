@@ -4,13 +4,12 @@ with the claim's token, in the claim's own write (``GraphStore.claim``)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from gremlin_python.process.traversal import P
 
 from runner.errors import WriteRaceLost
 from runner.store import codec
-from runner.store.api import Graph
+from runner.store.api import Graph, Traversal
 from runner.store.ends import AttemptEnd
 from runner.store.gremlin.guards import Write, finder, set_on
 from runner.store.gremlin.steps import get_or_add
@@ -48,7 +47,7 @@ def claim_resources(graph: Graph, change: TaskChange, ends: list[AttemptEnd], me
     if any(codec.decode_big(token) > fence_token for token in tokens.values()):
         return None
 
-    def write(g: Any) -> Attempt:
+    def write(g: Traversal) -> Attempt:
         g.V().has("task_id", change.task_id).id_().to_list()  # takes the writer slot
         start = attempt_start(change.task, member_id, fence_token)
         w = Write()
@@ -71,9 +70,11 @@ def claim_resources(graph: Graph, change: TaskChange, ends: list[AttemptEnd], me
         return None
 
 
-def _resource_maker(name: str) -> Callable[[Any], None]:
+def _resource_maker(name: str) -> Callable[[Traversal], None]:
     new = {"resource_name": name, "resource_holder": "", "resource_token": codec.encode_big(0)}
-    return lambda g: get_or_add(g, "resource_name", name, "resource", new).iterate()
+    def make(g: Traversal) -> None:
+        get_or_add(g, "resource_name", name, "resource", new).iterate()
+    return make
 
 
 def _resource_tokens(graph: Graph, names: list[str]) -> dict[str, str]:

@@ -4,17 +4,14 @@ ones; ``incident_delivered`` lists the events hooks have heard (``raised``, ``re
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from runner.store import codec
-from runner.store.api import Graph
+from runner.store.api import Graph, Row, Traversal
 from runner.store.gremlin.steps import get_or_add, set_props
 from runner.store.gremlin.writes import matched_write
 from runner.store.model import Incident
 
 
-def _from_row(row: Mapping[Any, Any]) -> Incident:
+def _from_row(row: Row) -> Incident:
     doc = codec.decode_json(row["incident_doc"])
     return Incident(key=row["incident_key"], task_id=doc["task"], kind=doc["kind"],
                     detail=doc["detail"], raised_at=codec.decode_time(doc["raised"]),
@@ -64,7 +61,7 @@ class GremlinIncidentStore:
                "raised": codec.encode_time(incident.raised_at),
                "resolved": codec.encode_time(codec.now())}
 
-        def guarded(g: Any) -> Any:
+        def guarded(g: Traversal) -> Traversal:
             return set_props(g.V().has("incident_key", incident.key)
                              .has("incident_open", "open"),
                              {"incident_open": "", "incident_doc": codec.encode_json(doc),
@@ -77,7 +74,7 @@ class GremlinIncidentStore:
         heard = sorted(incident.delivered | {event})
         done = "resolved" in heard or (incident.open and "raised" in heard)
 
-        def guarded(g: Any) -> Any:
+        def guarded(g: Traversal) -> Traversal:
             return set_props(g.V().has("incident_key", incident.key)
                              .has("incident_open", "open" if incident.open else ""),
                              {"incident_delivered": codec.encode_json(heard),

@@ -3,14 +3,14 @@ in chunks that stay under gremlite's recursion limit; fenced by the loading task
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from gremlin_python.process.graph_traversal import __
 from gremlin_python.process.traversal import P
 
 from runner.store import codec
-from runner.store.api import Graph
+from runner.store.api import Graph, Row, Traversal
 from runner.store.gremlin.guards import under_fence
 from runner.store.gremlin.steps import (
     BATCH,
@@ -29,7 +29,7 @@ from runner.store.model import (
 
 # -- ontologies -------------------------------------------------------------------------------
 
-def ontology_from_row(row: Mapping[Any, Any], classes: int) -> OntologyRecord:
+def ontology_from_row(row: Row, classes: int) -> OntologyRecord:
     return OntologyRecord(iri=row["ontology_iri"], version=row["ontology_version"],
                           checksum=row["ontology_checksum"],
                           loaded_at=codec.decode_time(row["ontology_loaded"]),
@@ -57,7 +57,7 @@ class GremlinOntologyStore:
         and their subClassOf edges, in one write, leaving the ontology vertex alone: a long
         load made of parts, each followed by a checkpoint, ends with :meth:`finish`, which
         marks it loaded. Idempotent; fenced as :meth:`load`."""
-        def write(g: Any) -> LoadResult:
+        def write(g: Traversal) -> LoadResult:
             if fence is not None:
                 return under_fence(g, fence, lambda fenced: self._classes(fenced, ontology.iri,
                                                                           part))
@@ -67,14 +67,14 @@ class GremlinOntologyStore:
     def finish(self, ontology: Ontology, fence: Fence | None = None) -> None:
         """Mark a load made of parts done: the ontology vertex with its version and checksum
         (from then on a load of the same checksum changes nothing)."""
-        def write(g: Any) -> None:
+        def write(g: Traversal) -> None:
             if fence is not None:
                 under_fence(g, fence, lambda fenced: self._meta(fenced, ontology))
             else:
                 self._meta(g, ontology)
         self.graph.write(write)
 
-    def _load(self, g: Any, onto: Ontology, fence: Fence | None) -> LoadResult:
+    def _load(self, g: Traversal, onto: Ontology, fence: Fence | None) -> LoadResult:
         if fence is not None:  # every traversal of the load guarded by the fence
             return under_fence(g, fence, lambda fenced: self._load(fenced, onto, None))
         existing = g.V().has("ontology_iri", onto.iri).element_map().to_list()
@@ -84,7 +84,7 @@ class GremlinOntologyStore:
         return self._classes(g, onto.iri, onto.classes)
 
     @staticmethod
-    def _meta(g: Any, onto: Ontology) -> None:
+    def _meta(g: Traversal, onto: Ontology) -> None:
         meta = {"ontology_version": onto.version, "ontology_checksum": onto.checksum,
                 "ontology_loaded": codec.encode_time(codec.now())}
         if g.V().has("ontology_iri", onto.iri).limit(1).id_().to_list():
@@ -92,7 +92,7 @@ class GremlinOntologyStore:
         else:
             add_vertex(g, "ontology", {"ontology_iri": onto.iri, **meta}).iterate()
 
-    def _classes(self, g: Any, ontology: str, classes: Sequence[OntologyClass]) -> LoadResult:
+    def _classes(self, g: Traversal, ontology: str, classes: Sequence[OntologyClass]) -> LoadResult:
         """``classes`` of ``ontology`` (an IRI), their placeholders and edges (see load)."""
         defined = {c.iri: c for c in classes}
         iris = sorted(set(defined) | {p for c in classes for p in c.parents})
@@ -129,7 +129,7 @@ class GremlinOntologyStore:
         return LoadResult(ontology, len(missing), len(wanted), changed=True)
 
     @staticmethod
-    def _class_ids(g: Any, iris: Sequence[str]) -> dict[str, tuple[Any, str]]:
+    def _class_ids(g: Traversal, iris: Sequence[str]) -> dict[str, tuple[Any, str]]:
         found: dict[str, tuple[Any, str]] = {}
         for chunk in chunks(iris, BATCH):
             rows = (g.V().has("class_iri", P.within(list(chunk)))
@@ -140,7 +140,7 @@ class GremlinOntologyStore:
         return found
 
     @staticmethod
-    def _edges_from(g: Any, iris: Sequence[str]) -> dict[str, set[str]]:
+    def _edges_from(g: Traversal, iris: Sequence[str]) -> dict[str, set[str]]:
         edges: dict[str, set[str]] = {}
         for chunk in chunks(iris, BATCH):
             rows = (g.V().has("class_iri", P.within(list(chunk)))
@@ -151,7 +151,7 @@ class GremlinOntologyStore:
         return edges
 
     def get(self, iri: str) -> OntologyRecord | None:
-        def run(g: Any) -> tuple[list[Any], int]:
+        def run(g: Traversal) -> tuple[list[Row], int]:
             rows = g.V().has("ontology_iri", iri).element_map().to_list()
             count = g.V().has("class_defined_by", iri).count().next() if rows else 0
             return rows, count
@@ -160,7 +160,7 @@ class GremlinOntologyStore:
         return ontology_from_row(rows[0], count) if rows else None
 
     def all(self) -> list[OntologyRecord]:
-        def run(g: Any) -> list[OntologyRecord]:
+        def run(g: Traversal) -> list[OntologyRecord]:
             rows = g.V().has_label("ontology").element_map().to_list()
             return [ontology_from_row(r, g.V().has("class_defined_by", r["ontology_iri"]).count()
                               .next()) for r in rows]
@@ -169,7 +169,7 @@ class GremlinOntologyStore:
 
     def classes(self, iri: str) -> list[OntologyClass]:
         """The classes ``iri`` defines, with their labels and parents, sorted by IRI."""
-        def run(g: Any) -> Any:
+        def run(g: Traversal) -> list[Row]:
             return g.V().has("class_defined_by", iri).project("c", "l", "ps") \
                 .by("class_iri").by("class_label") \
                 .by(__.out("subClassOf").values("class_iri").fold()).to_list()
@@ -180,7 +180,7 @@ class GremlinOntologyStore:
 
     def ancestors(self, class_iri: str) -> set[str]:
         """Every class reachable over subClassOf (not the class itself), cycle-safe."""
-        def run(g: Any) -> set[str]:
+        def run(g: Traversal) -> set[str]:
             seen: set[str] = set()
             frontier = [class_iri]
             while frontier:

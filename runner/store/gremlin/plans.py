@@ -11,7 +11,7 @@ a driver."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
 from runner.store.api import Graph, Traversal
 
@@ -20,7 +20,7 @@ T = TypeVar("T")
 #: one op of a write plan: ``("guard", name, pairs)``, ``("absent", "", pairs)``,
 #: ``("set", name, props)``, ``("add", label, props, edge, from_name)``, ``("new", label,
 #: props, name)``
-Op = tuple[object, ...]
+Op = tuple[Any, ...]
 
 
 class Plans(Protocol):

@@ -8,13 +8,12 @@ raises ``StoreUnavailable``."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
 
 from gremlin_python.process.graph_traversal import __
 
 from runner.store import due
-from runner.store.api import Graph
+from runner.store.api import Graph, Row, Traversal
 from runner.store.format import FORMAT_KEY, FORMAT_KEY_VALUE
 from runner.store.gremlin.plans import direct_of
 from runner.store.gremlin.rows import TASK_ROW, task_from_row
@@ -36,7 +35,7 @@ def lanes(graph: Graph, among: Sequence[str] | None = None) -> list[str]:
     if not asked:
         return []
 
-    def probe(g: Any) -> list[str]:
+    def probe(g: Traversal) -> list[str]:
         branches = [__.V().has("task_lane", lane).limit(1).constant(lane) for lane in asked]
         return list(g.V().has(FORMAT_KEY, FORMAT_KEY_VALUE)
                     .union(__.constant(_ANCHORED), *branches).to_list())
@@ -64,9 +63,10 @@ def ready_page(graph: Graph, lane: str, seconds: Sequence[str], limit: int,
         return [task_from_row(row) for row in found]
     # a graph that answers each value by its own lookup gets them a few hundred a read (the
     # traversal's size stays well under a server's 64 KiB request limit)
-    rows: list[dict[Any, Any]] = []
+    rows: list[Row] = []
     for part in chunks(keys, max(1, len(keys)) if graph.within_indexed else READY_KEYS):
-        def page(g: Any, part: Sequence[str] = part, left: int = limit - len(rows)) -> Any:
+        def page(g: Traversal, part: Sequence[str] = part,
+                 left: int = limit - len(rows)) -> list[Row]:
             return any_of(graph, g, "task_queue", part, each=left, where=where).limit(left)\
                 .element_map(*TASK_ROW).to_list()
         rows += graph.read(page)
@@ -79,6 +79,7 @@ def lane_seconds(graph: Graph, lane: str) -> list[str]:
     """The seconds the WAITING tasks of ``lane`` became ready in (a read of every task's
     queue value in the lane: where a node with no floor starts the lane)."""
     direct = direct_of(graph)
+    values: Iterable[str]
     if direct is not None:  # the embedded graph: one query
         values = direct.run(lambda plans, g: plans.values_of("task_lane", lane, "task_queue"))
     else:

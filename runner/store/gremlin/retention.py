@@ -4,10 +4,8 @@ tombstone saying where they went. A missing tombstone raises nothing: ``tombston
 
 from __future__ import annotations
 
-from typing import Any
-
 from runner.store import codec
-from runner.store.api import Graph
+from runner.store.api import Graph, Traversal
 from runner.store.gremlin.rows import task_from_row
 from runner.store.gremlin.steps import get_or_add
 from runner.store.model import Task, Tombstone
@@ -33,7 +31,7 @@ class GremlinRetentionStore:
         one write (a task already gone is skipped)."""
         at = codec.encode_time(codec.now())
 
-        def write(g: Any) -> None:
+        def write(g: Traversal) -> None:
             for task in tasks:
                 g.V().has("incident_task", task.id).drop().iterate()
                 g.V().has("task_id", task.id).out("has_attempt").drop().iterate()

@@ -4,13 +4,11 @@ decoders from a ``valueMap``-style row back to the model. An unknown stored form
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from runner.errors import (
     UnknownStoreFormat,
 )
 from runner.store import codec, due
+from runner.store.api import PropValue, Row
 from runner.store.ends import progress_from_json
 from runner.store.model import (
     Attempt,
@@ -41,11 +39,12 @@ def resource_key(resource: str) -> str:
     return "task_res_" + resource.encode().hex()
 
 
-def task_props(task: Task, *, payload: bool = True) -> dict[str, Any]:
+def task_props(task: Task, *, payload: bool = True) -> dict[str, PropValue]:
     """The task's properties as written (``payload=False``: all but its payload, for a change
     that leaves it alone: the payload is the one property of any size)."""
     created = codec.encode_time(task.created_at)
-    props = {"task_id": task.id, "task_type": task.type, "task_created": created}
+    props: dict[str, PropValue] = {"task_id": task.id, "task_type": task.type,
+                                   "task_created": created}
     # what an operator's list filters on (runner.store.gremlin.search), each from an index
     digits = "".join(ch for ch in created if ch.isdigit())
     props["task_h"], props["task_s"] = digits[:10], digits[:14]  # creation hour, second
@@ -60,12 +59,12 @@ def task_props(task: Task, *, payload: bool = True) -> dict[str, Any]:
     return props
 
 
-def changing_props(task: Task, *, payload: bool = True) -> dict[str, Any]:
+def changing_props(task: Task, *, payload: bool = True) -> dict[str, PropValue]:
     """The properties of :func:`task_props` that a change of the task can move (those of
     ``TASK_CHANGES`` and what is derived from them: its version, fence, state, indexes); the
     others are written once, when the task is made. A change compares these only: half of
     ``task_props``'s cost, which a claim and an end each paid twice."""
-    props = {
+    props: dict[str, PropValue] = {
         "task_priority": task.priority, "task_version": task.version,
         "task_queue": (queue := due.queue_of(task, codec.now())),
         "task_lane": due.lane_field(task, queue),
@@ -102,7 +101,7 @@ def checkpoint_meta(info: CheckpointInfo) -> str:
                               "seq": info.seq})
 
 
-def checkpoint_from_meta(raw: Any) -> CheckpointInfo | None:
+def checkpoint_from_meta(raw: str | None) -> CheckpointInfo | None:
     if not raw:  # never written, or dropped (``task reactivate --fresh``)
         return None
     value = codec.decode_json(raw)
@@ -118,7 +117,7 @@ TASK_ROW = ("task_id", "task_type", "task_payload", "task_priority", "task_creat
             "task_ckpt_meta")
 
 
-def task_from_row(row: Mapping[Any, Any]) -> Task:
+def task_from_row(row: Row) -> Task:
     if "task_state" not in row or "task_fence" not in row:
         raise UnknownStoreFormat(
             f"task {row.get('task_id')!r} has no task_state: the graph was written by an "
@@ -139,7 +138,7 @@ def task_from_row(row: Mapping[Any, Any]) -> Task:
         stop=StopCause(state["stop"]) if state.get("stop") else None)
 
 
-def attempt_from_row(row: Mapping[Any, Any]) -> Attempt:
+def attempt_from_row(row: Row) -> Attempt:
     if "attempt_start" not in row:
         raise UnknownStoreFormat(
             f"attempt {row.get('attempt_id')!r} has no attempt_start: the graph was written by "
@@ -157,7 +156,7 @@ def attempt_from_row(row: Mapping[Any, Any]) -> Attempt:
         heartbeat=heartbeat_from_json(row.get("attempt_beat")))
 
 
-def heartbeat_from_json(raw: Any) -> Heartbeat | None:
+def heartbeat_from_json(raw: str | None) -> Heartbeat | None:
     if not raw:
         return None
     value = codec.decode_json(raw)

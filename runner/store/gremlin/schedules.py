@@ -9,17 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
 
 from runner.errors import CommitConflict, ScheduleExists, ScheduleNotFound
 from runner.store import codec
-from runner.store.api import Graph
+from runner.store.api import Graph, Props, PropValue, Row, Traversal
 from runner.store.gremlin.steps import get_or_add, set_props
 from runner.store.gremlin.writes import matched_write
 from runner.store.model import Schedule
 
 
-def _from_row(row: Mapping[Any, Any]) -> Schedule:
+def _from_row(row: Row) -> Schedule:
     state = codec.decode_json(row["schedule_state"])
     return Schedule(name=row["schedule_name"], spec=codec.decode_json(row["schedule_spec"]),
                     created_at=codec.decode_time(row["schedule_created"]),
@@ -37,17 +36,17 @@ class GremlinScheduleStore:
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
 
-    def add(self, name: str, spec: Mapping[str, Any]) -> Schedule:
-        props: dict[str, Any] = {
-            "schedule_name": name, "schedule_spec": codec.encode_json(dict(spec)),
-            "schedule_created": codec.encode_time(codec.now()),
+    def add(self, name: str, spec: Mapping[str, object]) -> Schedule:
+        created, spec_json = codec.encode_time(codec.now()), codec.encode_json(dict(spec))
+        props: dict[str, PropValue] = {
+            "schedule_name": name, "schedule_spec": spec_json, "schedule_created": created,
             "schedule_state": _state(False, None), "schedule_version": 0}
         # one traversal: the schedule of this name, or a new one (told apart by the time)
         row = self.graph.write(lambda g: get_or_add(g, "schedule_name", name, "schedule", props)
                                .element_map().next())
         schedule = _from_row(row)
-        if schedule.created_at != codec.decode_time(props["schedule_created"]) or \
-                schedule.spec != codec.decode_json(props["schedule_spec"]):
+        if schedule.created_at != codec.decode_time(created) or \
+                schedule.spec != codec.decode_json(spec_json):
             raise ScheduleExists(f"a schedule named {name!r} exists already")
         return schedule
 
@@ -71,10 +70,10 @@ class GremlinScheduleStore:
         """Write a new state, guarded by the version ``schedule`` was read at."""
         new_paused = schedule.paused if paused is None else paused
         new_last = schedule.last_fire if last_fire is None else last_fire
-        props = {"schedule_state": _state(new_paused, new_last),
+        props: Props = {"schedule_state": _state(new_paused, new_last),
                  "schedule_version": schedule.version + 1}
 
-        def guarded(g: Any) -> Any:
+        def guarded(g: Traversal) -> Traversal:
             return set_props(g.V().has("schedule_name", schedule.name)
                              .has("schedule_version", schedule.version), props)
 

@@ -26,13 +26,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import datetime, timedelta
-from typing import Any
 
 from gremlin_python.process.traversal import P
 
 from runner.errors import InvalidValue
 from runner.store import codec
-from runner.store.api import Graph
+from runner.store.api import Graph, Traversal
 from runner.store.gremlin.rows import resource_key, task_from_row
 from runner.store.model import LIST_STATES, Task, TaskFilter, TaskPage, filter_values
 
@@ -49,7 +48,7 @@ LEVELS = (8, 10, 12, 14)
 CHILDREN = {10: 24, 12: 60, 14: 60}
 
 
-def bucket_match(bucket: str) -> tuple[str, Any]:
+def bucket_match(bucket: str) -> tuple[str, object]:
     """The property and value that find a bucket's tasks: an hour or a second by equality, a
     day as its 24 hours and a minute as its 60 seconds (``P.within``: one index lookup)."""
     if len(bucket) == 8:
@@ -64,9 +63,9 @@ def time_digits(created: str) -> str:
     return "".join(ch for ch in created if ch.isdigit())
 
 
-def equalities(where: TaskFilter) -> list[tuple[str, Any]]:
+def equalities(where: TaskFilter) -> list[tuple[str, object]]:
     """The property lookups of a filter (a value, or ``P.within`` several)."""
-    found: list[tuple[str, Any]] = []
+    found: list[tuple[str, object]] = []
     for key, value in (("task_type", where.type), ("task_list", where.state),
                        ("task_owner", where.owner), ("task_okey", where.ordering_key)):
         values = filter_values(value)
@@ -101,7 +100,7 @@ class GremlinTaskSearch:
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
 
-    def _filtered(self, g: Any, where: TaskFilter, key: str, value: Any) -> Any:
+    def _filtered(self, g: Traversal, where: TaskFilter, key: str, value: object) -> Traversal:
         """The tasks with ``key`` = ``value`` and every equality of ``where``: the bucket's
         property first, then the filters (no label step: every key is a task's, and a label
         step first would make gremlite walk every task)."""
@@ -110,11 +109,11 @@ class GremlinTaskSearch:
             t = t.has(other, wanted)
         return t
 
-    def _count(self, where: TaskFilter, key: str, value: Any, cap: int) -> int:
+    def _count(self, where: TaskFilter, key: str, value: object, cap: int) -> int:
         return int(self.graph.read(
             lambda g: self._filtered(g, where, key, value).limit(cap).count().next()))
 
-    def _keys(self, where: TaskFilter, key: str, value: Any) -> list[tuple[str, str]]:
+    def _keys(self, where: TaskFilter, key: str, value: object) -> list[tuple[str, str]]:
         rows = self.graph.read(
             lambda g: self._filtered(g, where, key, value)
             .element_map("task_created", "task_id").to_list())

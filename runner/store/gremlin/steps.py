@@ -4,13 +4,14 @@ recursion limit, property writes with explicit single cardinality, and vertex cr
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar
 
 from gremlin_python.process.graph_traversal import __
 from gremlin_python.process.traversal import Cardinality, P
 from gremlin_python.statics import long
 
+from runner.store.api import Graph, Props, Traversal
 from runner.store.model import ASPECT_PATTERN
 
 # gremlite evaluates a traversal recursively, one Python frame per step, so a chained bulk
@@ -33,37 +34,39 @@ def chunks(items: Sequence[X], size: int) -> Iterator[Sequence[X]]:
 _AS_IS = frozenset({str, int, long, bool, float, type(None), Cardinality})
 
 
-def _step(t: Any, name: str, *args: Any) -> Any:
+def _step(t: Traversal, name: str, *args: object) -> Traversal:
     """``t``'s step ``name(*args)``: appended directly when every argument is kept as it is."""
     for arg in args:  # a loop, not all() over a generator: 0.27 against 0.73 us a step
         if arg.__class__ not in _AS_IS:
-            return getattr(t, name)(*args)  # gremlinpython's method of the same name
+            step: Callable[..., Traversal] = getattr(t, name)  # gremlinpython's own method
+            return step(*args)
     t.bytecode.step_instructions.append([name, *args])
     return t
 
 
-def set_props(t: Any, props: Mapping[str, Any]) -> Any:
+def set_props(t: Traversal, props: Props) -> Traversal:
     for key, value in props.items():
         t = _step(t, "property", Cardinality.single, key, value)
     return t
 
 
-def add_vertex(g: Any, label: str, props: Mapping[str, Any]) -> Any:
+def add_vertex(g: Traversal, label: str, props: Props) -> Traversal:
     t = g.add_v(label)
     for key, value in props.items():
         t = _step(t, "property", key, value)
     return t
 
 
-def has_all(t: Any, *pairs: tuple[str, Any]) -> Any:
+def has_all(t: Traversal, *pairs: tuple[str, object]) -> Traversal:
     """``t.has(k1, v1).has(k2, v2)...``."""
     for key, value in pairs:
         t = _step(t, "has", key, value)
     return t
 
 
-def any_of(graph: Any, g: Any, key: str, values: Sequence[Any], each: int | None = None,
-           where: tuple[str, Sequence[Any]] | None = None) -> Any:
+def any_of(graph: Graph, g: Traversal, key: str, values: Sequence[object],
+           each: int | None = None,
+           where: tuple[str, Sequence[object]] | None = None) -> Traversal:
     """The vertices whose ``key`` is one of ``values``, found by index on every graph: one
     ``P.within`` where the graph indexes it (``graph.within_indexed``), else an equality per
     value (TinkerGraph 3.5 scans every vertex for a ``within``, and its cost grew with the
@@ -77,21 +80,21 @@ def any_of(graph: Any, g: Any, key: str, values: Sequence[Any], each: int | None
     if not values:
         return g.V().has(key, "").limit(0)
 
-    def refined(found: Any) -> Any:
+    def refined(found: Traversal) -> Traversal:
         if where is not None:
             found = found.has(where[0], P.within(list(where[1])))
         return found
     if graph.within_indexed or len(values) == 1:
         return refined(g.V().has(key, P.within(values) if len(values) > 1 else values[0]))
 
-    def lookup(t: Any, value: Any) -> Any:
+    def lookup(t: Traversal, value: object) -> Traversal:
         found = refined(t.V().has(key, value))
         return found if each is None else found.limit(each)
     first, *rest = values
     return lookup(g, first).fold().union(__.unfold(), *(lookup(__, v) for v in rest))
 
 
-def get_or_add(g: Any, key: str, value: Any, label: str, props: Mapping[str, Any]) -> Any:
+def get_or_add(g: Traversal, key: str, value: object, label: str, props: Props) -> Traversal:
     """The vertex whose ``key`` is ``value``, or a new ``label`` vertex with ``props``, in one
     traversal (the caller tells which by a value only a new one has)."""
     return g.V().has(key, value).fold().coalesce(__.unfold(), add_vertex(__, label, props))

@@ -15,7 +15,7 @@ would rebuild the others' guards.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NoReturn, TypeVar
+from typing import NoReturn, TypeVar
 
 from runner.errors import (
     AttemptAlreadyFinished,
@@ -32,6 +32,7 @@ from runner.store.api import (
     IncidentStore,
     LastEffect,
     OntologyStore,
+    PropValue,
     RetentionStore,
     ScheduleStore,
     SearchStore,
@@ -177,7 +178,7 @@ class GraphStore:
 
     @staticmethod
     def _claimed_new(task: Task, fence_token: int,
-                     member_id: str) -> tuple[Task, AttemptStart, dict[str, Any]]:
+                     member_id: str) -> tuple[Task, AttemptStart, dict[str, PropValue]]:
         if task.version != 0 or task.unique_key is not None or task.resources:
             raise InvalidValue(f"task {task.id}: only a new task without a uniqueness key or "
                                "resources is created claimed")

@@ -14,7 +14,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any
 
 from gremlin_python.process.graph_traversal import __
 from gremlin_python.process.traversal import Cardinality, P
@@ -27,7 +26,7 @@ from runner.errors import (
     TaskNotFound,
 )
 from runner.store import codec, due
-from runner.store.api import Graph
+from runner.store.api import Graph, Props, Row, Traversal
 from runner.store.format import FORMAT_KEY, FORMAT_KEY_VALUE
 from runner.store.gremlin import batch, checkpoints, ready
 from runner.store.gremlin.rows import (
@@ -74,14 +73,14 @@ class GremlinTaskStore:
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
 
-    def create(self, type: str, payload: Mapping[str, Any] | None = None, *,
+    def create(self, type: str, payload: Mapping[str, object] | None = None, *,
                unique_key: str | None = None, priority: int = 0,
                run_at: datetime | None = None, ordering_key: str | None = None,
                resources: Sequence[str] = ()) -> Task:
         return self.add(self.new(type, payload, unique_key=unique_key, priority=priority,
                                  run_at=run_at, ordering_key=ordering_key, resources=resources))
 
-    def new(self, type: str, payload: Mapping[str, Any] | None = None, *,
+    def new(self, type: str, payload: Mapping[str, object] | None = None, *,
             unique_key: str | None = None, priority: int = 0,
             run_at: datetime | None = None, ordering_key: str | None = None,
             resources: Sequence[str] = (), timeout: float | None = None) -> Task:
@@ -124,12 +123,12 @@ class GremlinTaskStore:
                 return "task_unique", task.unique_key
             return ("task_id", task.id) if again else None
 
-        def branch(n: int) -> Any:
+        def branch(n: int) -> Traversal:
             key = unique(tasks[n])
             return (add_vertex(__, "task", props[n]) if key is None
                     else get_or_add(__, *key, "task", props[n])).element_map()
 
-        def run(g: Any, ns: Sequence[int]) -> list[Any]:
+        def run(g: Traversal, ns: Sequence[int]) -> list[Row]:
             # ``fold``: one traverser even where an emptied graph lost the format vertex
             return list(g.V().has(FORMAT_KEY, FORMAT_KEY_VALUE).fold().union(
                 *[branch(n) for n in ns]).to_list())
@@ -141,7 +140,7 @@ class GremlinTaskStore:
             return [t if row is None else task_from_row(row)
                     for t, row in zip(tasks, made, strict=True)]
 
-        def chunks(g: Any) -> list[Any]:  # a Gremlin Server: ADD_CHUNK tasks a request
+        def chunks(g: Traversal) -> list[Row]:  # a Gremlin Server: ADD_CHUNK tasks a request
             return [row for at in range(0, len(tasks), ADD_CHUNK)
                     for row in run(g, range(at, min(at + ADD_CHUNK, len(tasks))))]
 
@@ -213,7 +212,7 @@ class GremlinTaskStore:
             moves.append((task.id, row["task_queue"], queue, due.lane_of(task.priority)))
         moved = 0
         for chunk in chunks(moves, BATCH // 4):
-            def write(g: Any, chunk: Sequence[tuple[str, str, str, str]] = chunk) -> int:
+            def write(g: Traversal, chunk: Sequence[tuple[str, str, str, str]] = chunk) -> int:
                 done = 0
                 for task_id, bucket, queue, lane in chunk:
                     done += len(g.V().has("task_id", task_id).has("task_queue", bucket)
@@ -247,13 +246,13 @@ class GremlinTaskStore:
         return tasks
 
     def update(self, task_id: str, expected_version: int, fence_token: int | None,
-               **changes: Any) -> Task:
+               **changes: object) -> Task:
         change = self.prepare_update(task_id, expected_version, fence_token, changes)
         self.graph.write(change.write)
         return change.task
 
     def prepare_update(self, task_id: str, expected_version: int, fence_token: int | None,
-                       changes: Mapping[str, Any]) -> TaskChange:
+                       changes: Mapping[str, object]) -> TaskChange:
         """Read and check the task now (TaskNotFound, CommitConflict, StaleFencingToken);
         the returned change is written later, guarded by the version."""
         current = read_task(self.graph, task_id)
@@ -261,7 +260,7 @@ class GremlinTaskStore:
             raise CommitConflict(task_id, expected_version, current.version)
         return task_change(current, fence_token, changes)
 
-    def modify(self, task_id: str, fence_token: int | None, changes: Mapping[str, Any],
+    def modify(self, task_id: str, fence_token: int | None, changes: Mapping[str, object],
                move_fence: bool = False) -> Task:
         """Apply ``changes`` to the task as it now stands (re-read and written again while
         someone else writes first). ``fence_token``: an owner's write, refused with
@@ -317,8 +316,8 @@ class GremlinTaskStore:
                 continue
             props = task_props(task)
 
-            def guarded(g: Any, task_id: str = task_id, props: dict[str, Any] = props,
-                        version: Any = row["task_version"]) -> Any:
+            def guarded(g: Traversal, task_id: str = task_id, props: Props = props,
+                        version: object = row["task_version"]) -> Traversal:
                 return set_props(g.V().has("task_id", task_id).has("task_queue", "open")
                                  .has("task_version", version), props)
             if matched_write(self.graph, guarded):

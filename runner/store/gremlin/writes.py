@@ -34,7 +34,7 @@ from runner.errors import (
     WriteRaceLost,
 )
 from runner.store import codec
-from runner.store.api import Graph, Traversal
+from runner.store.api import Graph, Props, Traversal
 from runner.store.ends import AttemptEnd, Conclusion
 from runner.store.gremlin.guards import Write, finder, set_on
 from runner.store.gremlin.rows import (
@@ -59,17 +59,17 @@ class TaskChange:
     task_id: str
     expected_version: int
     expected_fence: int
-    props: Mapping[str, Any]
+    props: Props
     task: Task
 
-    def find(self, src: Any) -> Any:
+    def find(self, src: Traversal) -> Traversal:
         return has_all(src.V(), *self._pairs())
 
-    def _pairs(self) -> tuple[tuple[str, Any], ...]:
+    def _pairs(self) -> tuple[tuple[str, object], ...]:
         return (("task_id", self.task_id), ("task_version", self.expected_version),
                 ("task_fence", codec.encode_big(self.expected_fence)))
 
-    def traverse(self, src: Any) -> Any:
+    def traverse(self, src: Traversal) -> Traversal:
         return set_props(self.find(src), self.props)
 
     def add_to(self, write: Write) -> str:
@@ -78,7 +78,7 @@ class TaskChange:
         write.change(set_on(label, self.props))
         return label
 
-    def write(self, g: Any) -> None:
+    def write(self, g: Traversal) -> None:
         if not self.traverse(g).id_().to_list():
             raise CommitConflict(self.task_id, self.expected_version, None)
 
@@ -86,10 +86,10 @@ class TaskChange:
 @dataclass(frozen=True)
 class AttemptStart:
     """A RUNNING attempt to add to a task vertex."""
-    props: Mapping[str, Any]
+    props: Props
     attempt: Attempt
 
-    def extend(self, at_task: Any) -> Any:
+    def extend(self, at_task: Traversal) -> Traversal:
         """Add the attempt and its edge after a traversal that stands on the task vertex."""
         t = add_vertex(at_task.as_("t"), "attempt", self.props).as_("a")
         return t.add_e("has_attempt").from_("t").to("a")
@@ -99,7 +99,7 @@ class AttemptStart:
         write.change(lambda t: add_vertex(t, "attempt", self.props).as_("new_attempt")
                      .add_e("has_attempt").from_(task).to("new_attempt"), self.op(task))
 
-    def op(self, task: str) -> tuple[Any, ...]:
+    def op(self, task: str) -> tuple[object, ...]:
         """The attempt and its edge from the vertex named ``task`` as data
         (:mod:`runner.store.embedded.direct`)."""
         return ("add", "attempt", self.props, "has_attempt", task)
@@ -136,7 +136,7 @@ def conclusion_write(c: Conclusion, change: TaskChange, with_end: bool = True) -
     return w
 
 
-def task_change(task: Task, fence_token: int | None, changes: Mapping[str, Any],
+def task_change(task: Task, fence_token: int | None, changes: Mapping[str, object],
                 new_attempt: bool = False, move_fence: bool = False) -> TaskChange:
     """The change of ``task`` as it was read (at ``task.version``), without reading it again:
     the guards of the write (version and fence, see :class:`TaskChange`) refuse it if the task
@@ -169,20 +169,20 @@ def task_change(task: Task, fence_token: int | None, changes: Mapping[str, Any],
     return TaskChange(task.id, task.version, task.fence, changed, after)
 
 
-def changed_task(task: Task, fence_token: int, changes: Mapping[str, Any]) -> Task:
+def changed_task(task: Task, fence_token: int, changes: Mapping[str, object]) -> Task:
     """The task :func:`task_change` of a new attempt leaves, without comparing what it
     changed (a new task written whole: ``GraphStore.create_claimed``; not its payload)."""
     return _normalised(_changed_fields(task, fence_token, changes, True, False))
 
 
-def _changed_fields(task: Task, fence_token: int | None, changes: Mapping[str, Any],
+def _changed_fields(task: Task, fence_token: int | None, changes: Mapping[str, object],
                     new_attempt: bool, move_fence: bool) -> dict[str, Any]:
     unknown = set(changes) - TASK_CHANGES
     if unknown:
         raise InvalidValue(f"cannot change {sorted(unknown)} of a task")
-    changes = dict(changes)
-    if "status" in changes:
-        changes["status"] = TaskStatus(changes["status"])
+    wanted: dict[str, Any] = dict(changes)  # the task's fields: Task(**fields) checks them
+    if "status" in wanted:
+        wanted["status"] = TaskStatus(wanted["status"])
     fence = task.fence
     if fence_token is not None:
         if fence_token < task.fence:
@@ -190,10 +190,10 @@ def _changed_fields(task: Task, fence_token: int | None, changes: Mapping[str, A
         fence = fence_token
     elif move_fence:
         fence = task.fence + 1
-    fields = {**task.__dict__, **changes, "version": task.version + 1,
+    fields = {**task.__dict__, **wanted, "version": task.version + 1,
               "updated_at": codec.now(), "fence": fence,
               "attempts": task.attempts + (1 if new_attempt else 0)}
-    fields["stop"] = stop_of(fields, changes.get("stop"))
+    fields["stop"] = stop_of(fields, wanted.get("stop"))
     return fields
 
 
@@ -206,7 +206,7 @@ def finished_error(task: Task, action: str) -> TaskFinished:
                         f"was changed")
 
 
-def stop_of(fields: Mapping[str, Any], given: Any) -> StopCause | None:
+def stop_of(fields: Mapping[str, Any], given: str | None) -> StopCause | None:
     """Why a task so changed is stopped: none while it is active or finished; else what the
     change says (the owner's end after a failure: ``failed``), else what it was, else
     ``cancelled`` (an operator's cancel or deactivate, a stop before it ran)."""
@@ -249,9 +249,9 @@ class _Unmatched(Exception):
     """A guarded write matched nothing: raised to roll its transaction back."""
 
 
-def matched_write(graph: Graph, guarded: Callable[[Any], Any]) -> bool:
+def matched_write(graph: Graph, guarded: Callable[[Traversal], Traversal]) -> bool:
     """Write one guarded traversal; False, rolled back, when its guards matched nothing."""
-    def write(g: Any) -> None:
+    def write(g: Traversal) -> None:
         if not guarded(g).id_().to_list():
             raise _Unmatched
 

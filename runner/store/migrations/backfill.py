@@ -9,12 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from gremlin_python.process.graph_traversal import __
 from gremlin_python.process.traversal import Cardinality
 
-from runner.store.api import Graph, Traversal
+from runner.store.api import Graph, Row, Traversal
 from runner.store.format import cursor_traversal
 
 #: (done, total) of the step running
@@ -44,9 +43,9 @@ class TaskBackfill:
 
     version: int
     marker: str
-    compute: Callable[[Mapping[Any, Any]], dict[str, str]]
+    compute: Callable[[Row], dict[str, str]]
 
-    def _needs(self, t: Any) -> Any:
+    def _needs(self, t: Traversal) -> Traversal:
         return t.not_(__.has(self.marker))
 
     def run(self, graph: Graph, start: int, page: int, progress: StepProgress,
@@ -56,7 +55,7 @@ class TaskBackfill:
             return self._windows(graph, max(1, start), page, int(bound()), progress, dry_run)
         return self._remote(graph, page, progress, dry_run)
 
-    def _changes(self, rows: list[Any]) -> tuple[list[tuple[str, dict[str, Any]]], int]:
+    def _changes(self, rows: list[Row]) -> tuple[list[tuple[str, dict[str, str]]], int]:
         changes, unreadable = [], 0
         for row in rows:
             if "task_state" not in row:
@@ -71,11 +70,11 @@ class TaskBackfill:
         window = max(page, 64)
         while start <= top:
             end = min(start + window, top + 1)
-            def read(g: Any, ids: range = range(start, end)) -> list[Any]:
+            def read(g: Traversal, ids: range = range(start, end)) -> list[Row]:
                 return list(self._needs(g.V(*ids).has("task_id")).element_map().to_list())
             changes, bad = self._changes(graph.read(read))
             if not dry_run:
-                def write(g: Any, changes: list[tuple[str, dict[str, Any]]] = changes,
+                def write(g: Traversal, changes: list[tuple[str, dict[str, str]]] = changes,
                           cursor: int = end) -> None:
                     for task_id, props in changes:
                         write_props(self._needs(g.V().has("task_id", task_id)), props).iterate()
@@ -89,7 +88,7 @@ class TaskBackfill:
 
     def _remote(self, graph: Graph, page: int, progress: StepProgress,
                 dry_run: bool) -> tuple[int, int]:
-        def lacking(g: Any) -> Any:
+        def lacking(g: Traversal) -> Traversal:
             return self._needs(g.V().has("task_id").has("task_state"))
         # one walk over the tasks for the ids of those still lacking the change (a keyset of
         # the predicate would walk them again for every page); then pages by id lookups
@@ -103,13 +102,13 @@ class TaskBackfill:
         changed = 0
         for at in range(0, total, page):
             window = ids[at:at + page]
-            def read(g: Any, window: list[Any] = window) -> list[Any]:
+            def read(g: Traversal, window: list[object] = window) -> list[Row]:
                 return list(self._needs(g.V(*window)).element_map().to_list())
             changes, _ = self._changes(graph.read(read))
             for c in range(0, len(changes), REMOTE_CHUNK):
                 chunk = changes[c:c + REMOTE_CHUNK]
 
-                def write(g: Any, chunk: list[tuple[str, dict[str, Any]]] = chunk) -> None:
+                def write(g: Traversal, chunk: list[tuple[str, dict[str, str]]] = chunk) -> None:
                     t = g.V().has("task_id", chunk[0][0])  # one traverser to hang them on
                     for task_id, props in chunk:
                         t = t.side_effect(write_props(self._needs(

@@ -23,7 +23,7 @@ from typing import Any
 
 from gremlin_python.process.traversal import Cardinality, P
 
-from runner.store.api import Graph
+from runner.store.api import Graph, Traversal
 from runner.store.migrations.backfill import StepProgress
 
 #: the words of format 4 this step rewrites
@@ -57,7 +57,7 @@ class TaskStates:
 
     def run(self, graph: Graph, start: int, page: int, progress: StepProgress,
             dry_run: bool) -> tuple[int, int]:
-        def count(g: Any) -> int:
+        def count(g: Traversal) -> int:
             return int(g.V().has("task_list", P.within(list(OLD))).count().next())
         total = graph.read(count)
         if dry_run:
@@ -65,7 +65,7 @@ class TaskStates:
             return total, 0
         changed, last_page = 0, None
         while True:
-            def read(g: Any) -> list[Any]:
+            def read(g: Traversal) -> list[Any]:
                 return list(g.V().has("task_list", P.within(list(OLD))).limit(page)
                             .element_map("task_id", "task_list", "task_state").to_list())
             rows = graph.read(read)
@@ -76,7 +76,7 @@ class TaskStates:
                 raise RuntimeError(f"format 5: tasks {ids[:3]}... kept their format-4 word")
             last_page = ids
 
-            def attempts(g: Any, ids: list[str] = ids) -> list[Any]:
+            def attempts(g: Traversal, ids: list[str] = ids) -> list[Any]:
                 return list(g.V().has("task_id", P.within(ids)).out("has_attempt")
                             .element_map("attempt_status", "attempt_start").to_list())
             of: dict[str, list[dict[str, Any]]] = {}
@@ -85,7 +85,7 @@ class TaskStates:
             changes = [(str(r["task_id"]), new_props(r, of.get(str(r["task_id"]), [])))
                        for r in rows]
 
-            def write(g: Any, changes: list[tuple[str, dict[str, str]]] = changes) -> None:
+            def write(g: Traversal, changes: list[tuple[str, dict[str, str]]] = changes) -> None:
                 for task_id, props in changes:
                     t = g.V().has("task_id", task_id).has("task_list", P.within(list(OLD)))
                     for key, value in props.items():

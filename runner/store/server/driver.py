@@ -24,6 +24,8 @@ from typing import Any
 import aiohttp
 from gremlin_python.driver import request
 from gremlin_python.driver.aiohttp.transport import AiohttpTransport
+from gremlin_python.driver.client import Client
+from gremlin_python.driver.driver_remote_connection import DriverRemoteConnection
 from gremlin_python.driver.remote_connection import RemoteTraversal
 from gremlin_python.driver.resultset import ResultSet
 from gremlin_python.process.traversal import Bytecode
@@ -86,7 +88,7 @@ def deadline_transports(options: dict[str, Any]) -> Callable[[], DeadlineTranspo
     return functools.partial(DeadlineTransport, max_content_length=10 * 1024 * 1024, **kept)
 
 
-def lean(remote: Any) -> Any:
+def lean(remote: DriverRemoteConnection) -> DriverRemoteConnection:
     """``remote`` (a ``DriverRemoteConnection``) whose requests are sent and answered in the
     calling thread, without the driver's three debug lines per request.
 
@@ -100,10 +102,11 @@ def lean(remote: Any) -> Any:
     connection back. A caller inside a running event loop goes the driver's way (the
     transport runs a loop of its own, which cannot run inside another in one thread). Left as
     it is when debug logging of ``gremlinpython`` is on."""
-    client: Any = getattr(remote, "_client", None)
-    if logging.getLogger("gremlinpython").isEnabledFor(logging.DEBUG) or not all(
-            hasattr(client, name) for name in ("_pool", "_traversal_source",
-                                               "_session_enabled", "is_closed", "submit")):
+    client: Client | None = getattr(remote, "_client", None)
+    if client is None or logging.getLogger("gremlinpython").isEnabledFor(logging.DEBUG) or \
+            not all(hasattr(client, name) for name in ("_pool", "_traversal_source",
+                                                       "_session_enabled", "is_closed",
+                                                       "submit")):
         return remote
     caller = _InCaller(remote, client)
     client.submit_async = caller.submit_async
@@ -112,7 +115,7 @@ def lean(remote: Any) -> Any:
     return remote
 
 
-def graphson_reads(remote: Any) -> Any | None:
+def graphson_reads(remote: DriverRemoteConnection) -> DriverRemoteConnection | None:
     """A remote connection for a traversal source of reads (``with_remote``) that sends its
     requests on ``remote``'s connections (a :func:`lean` one; None for any other) in GraphSON 3,
     so that they are answered in GraphSON 3 and decoded by :class:`GraphSONReader`; ``remote``'s
@@ -136,12 +139,12 @@ class _GraphSONRemote:
         self.caller = caller
         self.serializer = GraphSONReader()
 
-    def submit(self, bytecode: Any) -> Any:
+    def submit(self, bytecode: Bytecode) -> Any:
         if asyncio._get_running_loop() is not None:  # a caller inside an event loop
             return self.caller.submit(bytecode)
         return RemoteTraversal(iter(self.caller.answered(bytecode, self.serializer)))
 
-    def submit_async(self, bytecode: Any) -> Any:
+    def submit_async(self, bytecode: Bytecode) -> Any:
         return self.caller.remote.submit_async(bytecode)
 
     def is_session_bound(self) -> bool:
@@ -152,7 +155,7 @@ class _InCaller:
     """The requests of one ``DriverRemoteConnection``, sent and answered in the caller's
     thread (:func:`lean`)."""
 
-    def __init__(self, remote: Any, client: Any) -> None:
+    def __init__(self, remote: DriverRemoteConnection, client: Client) -> None:
         self.remote = remote
         self.client = client
 
@@ -180,14 +183,14 @@ class _InCaller:
         return self.client._pool.get(True).write(self.message(message, bindings,
                                                               request_options))
 
-    def submit(self, bytecode: Any) -> Any:
+    def submit(self, bytecode: Bytecode) -> Any:
         if asyncio._get_running_loop() is not None:  # a caller inside an event loop
             options = self.remote._extract_request_options(bytecode)
             return RemoteTraversal(iter(self.client.submit(bytecode, request_options=options)
                                         .all().result()))
         return RemoteTraversal(iter(self.answered(bytecode)))
 
-    def answered(self, bytecode: Any, serializer: Any = None) -> list[Any]:
+    def answered(self, bytecode: Bytecode, serializer: Any = None) -> list[Any]:
         """The results of ``bytecode``, sent and read in this thread (in ``serializer``'s
         format when one is given, the connection's own otherwise)."""
         client = self.client

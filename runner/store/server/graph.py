@@ -14,12 +14,13 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from gremlin_python.driver.driver_remote_connection import DriverRemoteConnection
 from gremlin_python.process import strategies
 from gremlin_python.process.anonymous_traversal import traversal
 
-from runner.errors import GraphNotTransactional, StoreUnavailable, WriteRaceLost
+from runner.errors import StoreUnavailable, WriteRaceLost
+from runner.store.api import Traversal
 from runner.store.calls import CallStats
-from runner.store.model import ServerOptions
 from runner.store.server.driver import check_version, deadline_transports, graphson_reads, lean
 from runner.store.server.wire import GraphSONReader, graphbinary
 
@@ -36,9 +37,6 @@ _RACE_LOST = ("lockingexception", "deadlock", "concurrentmodification", "concurr
 TRANSACTIONS = "transactions"  # every write in a transaction of its own (g.tx())
 SERIAL = "serial"  # the server runs one traversal at a time: each single traversal is atomic
 NONE = "none"  # neither: an operator accepted check-then-act (allow_untransactional_graph)
-#: seconds a remote graph has to answer the commit of an empty transaction (TinkerPop 3.5
-#: never answers one on a graph without transactions: TINKERPOP-2751)
-TX_PROBE_DEADLINE = 5.0
 ATOMICITY = (TRANSACTIONS, SERIAL, NONE)
 
 #: optimisations the server is asked not to apply (``withoutStrategies``): they only reorder
@@ -82,35 +80,6 @@ class RemoteGraph:
     #: lookup, at the start of a traversal and in its middle): the store asks for each value
     within_indexed = False
 
-    @classmethod
-    def with_options(cls, url: str, options: ServerOptions) -> RemoteGraph:
-        """The server at ``url`` reached with ``options``. ``options.probe_transactions``: a
-        server said to have transactions is asked to commit an empty one first (an answer
-        within ``TX_PROBE_DEADLINE``); without them it is refused
-        (:class:`~runner.errors.GraphNotTransactional`, the graph closed), or, when
-        ``options.allow_untransactional``, used with check-then-act writes and a WARNING."""
-        graph = cls(url, username=options.username, password=options.password,
-                    ca_file=options.ca_file, atomicity=options.atomicity,
-                    timeout=options.timeout)
-        if options.atomicity == SERIAL:
-            log.info("the Gremlin Server at %s runs one traversal at a time "
-                     "(graph_serial_server): every guarded write is one traversal", url)
-        elif options.probe_transactions and options.atomicity == TRANSACTIONS and \
-                not graph.supports_transactions(min(TX_PROBE_DEADLINE, options.timeout)):
-            if not options.allow_untransactional:
-                graph.close()
-                raise GraphNotTransactional(
-                    f"the Gremlin Server at {url} has no transactions: guarded claims and "
-                    "unique creates would be check-then-act there; use a transactional graph "
-                    "(JanusGraph, Neo4j: docs/graph.md), set graph_serial_server if the server "
-                    "runs one traversal at a time, or set allow_untransactional_graph to "
-                    "accept the risk")
-            graph.atomicity = NONE
-            log.warning("the Gremlin Server at %s has no transactions and "
-                        "allow_untransactional_graph is set: guarded writes are check-then-act "
-                        "there, two owners can both win a claim (docs/graph.md)", url)
-        return graph
-
     def __init__(self, url: str, traversal_source: str = "g", *, username: str | None = None,
                  password: str | None = None, ca_file: str | None = None,
                  atomicity: str = TRANSACTIONS, timeout: float = 30.0) -> None:
@@ -129,11 +98,11 @@ class RemoteGraph:
             self._options["ssl_options"] = ssl.create_default_context(cafile=ca_file)
         self._options["transport_factory"] = deadline_transports(self._options)
         self._lock = threading.Lock()
-        self._remote: Any = None
-        self._g: Any = None
+        self._remote: DriverRemoteConnection | None = None
+        self._g: Traversal | None = None
         #: the reads' traversal source: ``_g`` itself, or the same connections asked for
         #: GraphSON 3 answers (``graphson_reads``) once the server said it gives them
-        self._g_read: Any = None
+        self._g_read: Traversal | None = None
         #: whether the server answers GraphSON 3 (None: not asked yet; asked once in the
         #: graph's life, on a connection of its own, by the first read)
         self._graphson: bool | None = None
@@ -141,7 +110,7 @@ class RemoteGraph:
         self.stats = CallStats()
         self._connect()
 
-    def _connect(self, read: bool = False) -> Any:
+    def _connect(self, read: bool = False) -> Traversal:
         """The traversal source of a working connection (the reads' one when ``read``), made
         anew after a failure."""
         with self._lock:
@@ -156,9 +125,11 @@ class RemoteGraph:
                 if reads is not None:
                     self._g_read = traversal().with_remote(reads).without_strategies(
                         *SKIPPED_STRATEGIES)
-            return self._g_read if read else self._g
+            source = self._g_read if read else self._g
+            assert source is not None  # made above
+            return source
 
-    def _new_remote(self, **options: Any) -> Any:
+    def _new_remote(self, **options: object) -> DriverRemoteConnection:
         from gremlin_python.driver.driver_remote_connection import DriverRemoteConnection
 
         try:
@@ -187,7 +158,7 @@ class RemoteGraph:
         finally:
             _close_later(remote)
 
-    def _broken(self, g: Any, exc: BaseException) -> StoreUnavailable:
+    def _broken(self, g: Traversal, exc: BaseException) -> StoreUnavailable:
         """Drop the connection ``g`` came from (closed in the background: closing a websocket
         whose server is gone waits for its own timeout) and say so in one line."""
         with self._lock:
@@ -198,7 +169,7 @@ class RemoteGraph:
         log.warning("Gremlin Server %s: %s; reconnecting at the next call", self.url, what)
         return StoreUnavailable(f"Gremlin Server {self.url} unreachable: {what}")
 
-    def _call(self, fn: Callable[[Any], T], g: Any) -> T:
+    def _call(self, fn: Callable[[Traversal], T], g: Traversal) -> T:
         from gremlin_python.driver.protocol import GremlinServerError
 
         try:
@@ -215,14 +186,14 @@ class RemoteGraph:
                 raise self._broken(g, exc) from None
             raise
 
-    def read(self, fn: Callable[[Any], T]) -> T:
+    def read(self, fn: Callable[[Traversal], T]) -> T:
         """``fn(g)``; a read that finds its pooled connection dead (the server restarted, the
         link was cut since) is asked once more on a new connection; a read that timed out is
         not (it would wait as long again)."""
         with self.stats.timed("read"):
             return self._read(fn)
 
-    def _read(self, fn: Callable[[Any], T]) -> T:
+    def _read(self, fn: Callable[[Traversal], T]) -> T:
         if self._graphson is None:
             self._graphson = self._speaks_graphson()
         try:
@@ -232,11 +203,11 @@ class RemoteGraph:
                 raise
             return self._call(fn, self._connect(read=True))
 
-    def write(self, fn: Callable[[Any], T]) -> T:
+    def write(self, fn: Callable[[Traversal], T]) -> T:
         with self.stats.timed("write"):
             return self._write(fn)
 
-    def _write(self, fn: Callable[[Any], T]) -> T:
+    def _write(self, fn: Callable[[Traversal], T]) -> T:
         g = self._connect()
         if self.atomicity != TRANSACTIONS:
             return self._call(fn, g)
@@ -307,14 +278,14 @@ class RemoteGraph:
             _close_quietly(remote)
 
 
-def _close_later(remote: Any) -> None:
+def _close_later(remote: DriverRemoteConnection) -> None:
     """Close ``remote`` in the background (closing a websocket whose server is gone waits for
     its own timeout)."""
     threading.Thread(target=_close_quietly, args=(remote,), daemon=True,
                      name="gremlin-close").start()
 
 
-def _close_quietly(remote: Any) -> None:
+def _close_quietly(remote: DriverRemoteConnection) -> None:
     try:
         remote.close()
     except Exception as exc:  # a broken connection: nothing left to release

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Callable
 from enum import Enum
 from typing import Any
 
@@ -35,7 +36,7 @@ class _Unusual(Exception):
 _PLAIN_KEYS = (str, int, long, T)
 
 
-def _typed(d: dict[str, Any]) -> Any:
+def _typed(d: dict[str, Any]) -> object:
     """A JSON object of an answer as the driver's GraphSON 3 reader makes it."""
     kind = d.get("@type")
     if kind is None or len(d) != 2 or "@value" not in d:
@@ -75,7 +76,7 @@ class GraphSONReader(GraphSONSerializersV3d0):  # type: ignore[misc]
         self.standard, self.traversal, self.session = \
             Standard(writer), Traversal(writer), Session(writer)
 
-    def deserialize_message(self, message: Any) -> Any:
+    def deserialize_message(self, message: str | bytes) -> object:
         text = message if isinstance(message, str) else message.decode("utf-8")
         try:
             return json.loads(text, object_hook=_typed)
@@ -105,18 +106,18 @@ class QuickWriter(GraphBinaryWriter):  # type: ignore[misc]
 
     def __init__(self) -> None:
         super().__init__()
-        self._quick: dict[type, Any] = {
+        self._quick: dict[type, Callable[..., object]] = {
             str: self._str, bool: self._bool, int: self._int, long: self._long,
             list: self._list, dict: self._map, P: self._p,
             Bytecode: self._bytecode, GraphTraversal: self._bytecode}
         for kind, io in self.serializers.items():
             if isinstance(io, type) and issubclass(io, _EnumIO):
                 self._quick[kind] = self._enum
-        self._enums: dict[Any, bytes] = {}
+        self._enums: dict[object, bytes] = {}
         self._names: dict[str, bytes] = {}
-        self._sources: dict[Any, bytes] = {}
+        self._sources: dict[object, bytes] = {}
 
-    def to_dict(self, obj: Any, to_extend: bytearray | None = None) -> Any:
+    def to_dict(self, obj: object, to_extend: bytearray | None = None) -> Any:
         if to_extend is None:
             to_extend = bytearray()
         quick = self._quick.get(obj.__class__)
@@ -156,26 +157,26 @@ class QuickWriter(GraphBinaryWriter):  # type: ignore[misc]
         else:
             super().to_dict(obj, out)
 
-    def _list(self, obj: list[Any], out: bytearray) -> None:
+    def _list(self, obj: list[object], out: bytearray) -> None:
         out += b"\x09\x00"
         out += _I32(len(obj))
         for item in obj:
             self.to_dict(item, out)
 
-    def _map(self, obj: dict[Any, Any], out: bytearray) -> None:
+    def _map(self, obj: dict[object, object], out: bytearray) -> None:
         out += b"\x0a\x00"
         out += _I32(len(obj))
         for key, value in obj.items():
             self.to_dict(key, out)
             self.to_dict(value, out)
 
-    def _enum(self, obj: Any, out: bytearray) -> None:
+    def _enum(self, obj: object, out: bytearray) -> None:
         known = self._enums.get(obj)
         if known is None:
             known = self._enums[obj] = bytes(super().to_dict(obj, bytearray()))
         out += known
 
-    def _p(self, obj: Any, out: bytearray) -> None:
+    def _p(self, obj: P, out: bytearray) -> None:
         out += b"\x1e\x00"
         out += self._name(obj.operator)
         if obj.other is not None:
@@ -186,7 +187,7 @@ class QuickWriter(GraphBinaryWriter):  # type: ignore[misc]
         for arg in args:
             self.to_dict(arg, out)
 
-    def _bytecode(self, obj: Any, out: bytearray) -> None:
+    def _bytecode(self, obj: Bytecode | GraphTraversal, out: bytearray) -> None:
         code = obj.bytecode if isinstance(obj, GraphTraversal) else obj
         out += b"\x15\x00"
         out += _I32(len(code.step_instructions))
@@ -197,11 +198,11 @@ class QuickWriter(GraphBinaryWriter):  # type: ignore[misc]
                 self.to_dict(arg, out)
         out += self._source(code.source_instructions)
 
-    def _source(self, instructions: list[Any]) -> bytes:
+    def _source(self, instructions: list[list[object]]) -> bytes:
         """The source instructions' bytes as the driver writes them (strategies as their
         classes' names), kept for the few a store's sources have."""
         try:
-            key: Any = tuple(tuple(step) for step in instructions)
+            key: object = tuple(tuple(step) for step in instructions)
             known = self._sources.get(key)
         except TypeError:  # an unhashable argument: written each time
             key, known = None, None
@@ -226,13 +227,13 @@ class QuickGraphSON(GraphSONWriter):  # type: ignore[misc]
 
     def __init__(self) -> None:
         super().__init__()
-        self._quick: dict[type, Any] = {
+        self._quick: dict[type, Callable[..., object]] = {
             str: _same, bool: _same, type(None): _same, int: self._int, long: self._long,
             list: self._list, dict: self._map, Bytecode: self._bytecode,
             GraphTraversal: self._bytecode}
-        self._enums: dict[Any, Any] = {}
+        self._enums: dict[object, object] = {}
 
-    def to_dict(self, obj: Any) -> Any:
+    def to_dict(self, obj: object) -> Any:
         quick = self._quick.get(obj.__class__)
         if quick is not None:
             return quick(obj)
@@ -243,28 +244,28 @@ class QuickGraphSON(GraphSONWriter):  # type: ignore[misc]
             return known
         return super().to_dict(obj)
 
-    def _int(self, obj: int) -> Any:
+    def _int(self, obj: int) -> object:
         if -2 ** 31 <= obj < 2 ** 31:
             return {"@type": "g:Int32", "@value": obj}
         return super().to_dict(obj)
 
-    def _long(self, obj: int) -> Any:
+    def _long(self, obj: int) -> object:
         if -2 ** 63 <= obj < 2 ** 63:
             return {"@type": "g:Int64", "@value": obj}
         return super().to_dict(obj)
 
-    def _list(self, obj: list[Any]) -> Any:
+    def _list(self, obj: list[object]) -> object:
         return {"@type": "g:List", "@value": [self.to_dict(item) for item in obj]}
 
-    def _map(self, obj: dict[Any, Any]) -> Any:
-        flat: list[Any] = []
+    def _map(self, obj: dict[object, object]) -> object:
+        flat: list[object] = []
         for key, value in obj.items():
             flat += (self.to_dict(key), self.to_dict(value))
         return {"@type": "g:Map", "@value": flat}
 
-    def _bytecode(self, obj: Any) -> Any:
+    def _bytecode(self, obj: Bytecode | GraphTraversal) -> object:
         code = obj.bytecode if isinstance(obj, GraphTraversal) else obj
-        out: dict[str, Any] = {}
+        out: dict[str, object] = {}
         to_dict = self.to_dict
         if code.source_instructions:
             out["source"] = [[step[0], *map(to_dict, step[1:])]
@@ -275,6 +276,6 @@ class QuickGraphSON(GraphSONWriter):  # type: ignore[misc]
         return {"@type": "g:Bytecode", "@value": out}
 
 
-def _same(obj: Any) -> Any:
+def _same(obj: object) -> object:
     """A value GraphSON writes as itself (a string, a boolean, null)."""
     return obj
