@@ -21,14 +21,10 @@ from coord.errors import (
 from coord.exactly_once import ExactlyOnceHandler, QueueOutput
 from coord.leader import LeaderLatch, read_leader
 from coord.lock import (
-    Acquiring,
-    HeldLock,
     TaskLock,
-    force_release,
-    held_locks,
-    lock_owner,
-    stamp_path,
 )
+from coord.lockbatch import Acquiring, LockBatch, stamp_path
+from coord.lockview import HeldLock, force_release, held_locks, lock_owner
 from coord.mailbox import Mailbox
 from coord.membership import MemberInfo, Membership, live_member_ids, read_members
 from coord.queue import LockFreeQueue, QueueConflict, QueueElementTooLarge, QueueIndexExpired
@@ -40,7 +36,7 @@ from coord.stream_input import BadInput, HandlerFailed
 __all__ = [
     "BadInput", "ExactlyOnceHandler", "HandlerFailed", "LockFreeQueue", "QueueConflict",
     "QueueElementTooLarge", "QueueIndexExpired", "QueueOutput",
-    "Acquiring", "Booking", "ConnectionLost", "CoordError", "HeldLock", "LeaderLatch",
+    "Acquiring", "Booking", "LockBatch", "ConnectionLost", "CoordError", "HeldLock", "LeaderLatch",
     "LifecycleError",
     "LockNotHeld", "Mailbox", "MemberIdTaken", "MemberInfo", "Membership", "NotAuthorised",
     "NotLeader",

@@ -24,9 +24,12 @@ Failure behaviour:
 * SUSPENDED: the lock is in doubt, not lost: ``verify()`` waits for RECONNECTED (held) or LOST
   (not), bounded by the session's deadline; the Session turns a long suspension into LOST.
 
-Why one module: the lock and the master's view of held locks (``held_locks``, ``lock_owner``,
-``force_release``) read and write the same znode layout; keeping them together keeps that
-layout in one place.
+Several locks of one session are taken and released in one transaction by
+:class:`coord.lockbatch.LockBatch`; the master's view of held locks (``held_locks``,
+``lock_owner``, ``force_release``) is in :mod:`coord.lockview`.
+
+Why one module: a lock's acquire, verify, release and loss act on one node under one mutex,
+and each case of the failure list above is a branch of more than one of them.
 """
 
 from __future__ import annotations
@@ -35,8 +38,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 from kazoo.exceptions import (
@@ -44,7 +46,6 @@ from kazoo.exceptions import (
     NodeExistsError,
     NoNodeError,
     NotEmptyError,
-    RolledBackError,
 )
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import EventType, WatchedEvent
@@ -61,100 +62,10 @@ STAMPS = "/locks/stamps"
 LockLostListener = Callable[[str], None]
 
 
-def stamp_path(session: Session) -> str:
-    """The session's stamp node (ephemeral, made at its first batch): written in every batch
-    transaction of :meth:`TaskLock.try_acquire_all`, its mzxid is that transaction's zxid."""
-    return f"{STAMPS}/{session.session_id:x}"
-
-
-def _refused(results: Sequence[object]) -> int | None:
-    """The index of the operation that refused a transaction (the ones before it come back
-    RolledBackError, the ones after RuntimeInconsistency), None when it committed."""
-    for n, result in enumerate(results):
-        if isinstance(result, Exception) and not isinstance(result, RolledBackError):
-            return n
-    return None
-
-
-def _send_locks(locks: Sequence[TaskLock], batch: list[int], prefixes: list[str]) -> Any:
-    """Send the transaction that creates the ``batch`` locks' parents and nodes and writes the
-    session's stamp (:func:`stamp_path`); its async result."""
-    session = locks[batch[0]].session
-    tx = session.client.transaction()
-    for i in batch:
-        tx.create(locks[i].parent, b"")
-        tx.create(f"{locks[i].parent}/{prefixes[i]}", locks[i].owner.encode(),
-                  ephemeral=True, sequence=True)
-    tx.set_data(stamp_path(session), b"")
-    return tx.commit_async()
-
-
-class Acquiring:
-    """A :meth:`TaskLock.acquire_all_sent` under way: :meth:`tokens` awaits it (once)."""
-
-    def __init__(self, locks: list[TaskLock], prefixes: list[str], watch: bool, sent: Any,
-                 below: int = 0) -> None:
-        self.locks, self.prefixes, self.watch, self.below = locks, prefixes, watch, below
-        self._sent = sent
-
-    def tokens(self) -> list[int | None]:
-        """Each lock's token in order (None: held by someone else); see
-        :meth:`TaskLock.try_acquire_all`."""
-        locks, prefixes, watch = self.locks, self.prefixes, self.watch
-        if not locks:
-            return []
-        session = locks[0].session
-        client = session.client
-        tokens: list[int | None] = [None] * len(locks)
-        alone: list[tuple[int, bool]] = []  # (index, maybe sent)
-        batch = list(range(len(locks)))
-        sent, self._sent = self._sent, None
-        with zk_errors("task locks"):
-            while batch:
-                if sent is None:
-                    sent = _send_locks(locks, batch, prefixes)
-                try:
-                    results = sent.get(timeout=max(0.001, session.deadline - time.monotonic()))
-                except Exception:  # lost, or no answer in time: it may have been applied
-                    alone += [(i, True) for i in batch]
-                    break
-                sent = None
-                failed = _refused(results)
-                if failed is None:
-                    token = int(results[-1].mzxid)
-                    for n, i in enumerate(batch):
-                        tokens[i] = locks[i]._won(str(results[2 * n + 1]), token, watch)
-                    break
-                if failed == len(results) - 1:  # no stamp of this session yet
-                    client.retry(client.create, stamp_path(session), b"", ephemeral=True,
-                                 makepath=True)
-                    continue
-                if failed % 2 == 0 and isinstance(results[failed], NoNodeError):
-                    client.ensure_path(TASK_LOCKS)  # the first locks ever in this cluster
-                    continue
-                i = batch.pop(failed // 2)  # its parent exists: that lock alone
-                alone.append((i, False))
-        for i, maybe_sent in sorted(alone):
-            lock = locks[i]
-            with lock._mutex, zk_errors(f"task lock {lock.task_id}"):
-                if not maybe_sent and lock._held_elsewhere():
-                    continue  # refused: its parent has a holder (one read)
-                tokens[i] = lock._try_acquire_or_none(prefixes[i], maybe_sent)
-        return tokens
-
-
 def lock_path(task_id: str) -> str:
     if not task_id or "/" in task_id:
         raise ValueError(f"invalid task id {task_id!r}")
     return f"{TASK_LOCKS}/{task_id}"
-
-
-@dataclass(frozen=True)
-class HeldLock:
-    task_id: str
-    owner: str
-    token: int
-    since: float  # epoch seconds when the holder's node was created
 
 
 class TaskLock:
@@ -336,47 +247,6 @@ class TaskLock:
         self.session.add_listener(self._on_session)
         return int(stat.czxid)
 
-    @staticmethod
-    def try_acquire_all(locks: Sequence[TaskLock], *, watch: bool = True) -> list[int | None]:
-        """:meth:`try_acquire` of several new locks of one session in one ZooKeeper
-        transaction (``multi``): every lock's parent and node created, and the session's stamp
-        node written (:func:`stamp_path`), whose ``mzxid`` is the transaction's zxid and so
-        every created node's czxid: each lock's token without a request of its own (a batch
-        shares its token; per task it still only grows). The tokens in order (None: held by
-        someone else).
-
-        A transaction refused by one lock (its parent exists: held, or left empty by a holder
-        whose session expired) names that operation: the others are sent again, so a batch
-        that partly loses keeps what it won, and that lock is held elsewhere when its parent
-        has a node (one read), else it goes the way of :meth:`try_acquire` alone. An answer
-        lost or late (the transaction may have been applied): each lock goes the single way,
-        which looks for its own node first, so none is left behind.
-
-        ``watch``: set a watch on each node won (its deletion tells the lost listeners), one
-        request each; without it a lock is known lost only with its session (the caller has
-        another way to hear of a force-release: the runner's mailbox)."""
-        return TaskLock.acquire_all_sent(locks, watch=watch).tokens()
-
-    @staticmethod
-    def acquire_all_sent(locks: Sequence[TaskLock], *, watch: bool = True) -> Acquiring:
-        """:meth:`try_acquire_all` with its transaction sent now and its outcome awaited by
-        :meth:`Acquiring.tokens`, so that the caller can do something else meanwhile (the
-        runner writes a new task's claim while its lock is being taken). ``Acquiring.below``
-        is the last zxid this session saw before the transaction was sent: every node the
-        transaction (or a try after it) creates has a greater czxid, and so has every later
-        owner's, so it fences like a token of these locks (0 when the session saw none)."""
-        if not locks:
-            return Acquiring([], [], True, None)
-        session = locks[0].session
-        if any(lock.session is not session or lock.is_held for lock in locks):
-            raise ValueError("try_acquire_all takes new locks of one session")
-        session.require_connected()
-        prefixes = [f"{uuid.uuid4().hex}-lock-" for _ in locks]
-        below = int(session.client.last_zxid or 0)
-        with zk_errors("task locks"):
-            sent = _send_locks(locks, list(range(len(locks))), prefixes)
-        return Acquiring(list(locks), prefixes, watch, sent, below)
-
     def _held_elsewhere(self) -> bool:
         """Whether this lock's parent, which refused a batch's create, has a holder (one read):
         then the lock is someone else's; False when it is gone or empty (its holder's session
@@ -395,48 +265,6 @@ class TaskLock:
             self.session.client.exists_async(node, watch=self._on_node_event)
         self.session.add_listener(self._on_session)
         return token
-
-    @staticmethod
-    def release_all(locks: Sequence[TaskLock]) -> None:
-        """:meth:`release` of several locks of one session in one transaction: each lock's
-        node and its parent deleted (deleting our own, uniquely named node is the ownership
-        check: a lock taken away since is not ours to delete, and then that operation fails).
-        A transaction refused by one lock (its node gone, a contender's node in its parent)
-        releases that lock alone (:meth:`release`'s way: our node, then the parent if empty)
-        and sends the others again. Locks already lost are skipped. A delete that fails while
-        the session lives is tried again later (see :meth:`_remove_or_later`); the first such
-        failure is raised once every lock was tried."""
-        held = []
-        for lock in locks:
-            with lock._mutex:
-                node, lock._node, lock._token = lock._node, None, None
-            if node is None:
-                continue
-            lock.session.remove_listener(lock._on_session)
-            if lock.session.state is not SessionState.LOST:
-                held.append((lock, node))
-        if not held:
-            return
-        session = held[0][0].session
-        client = session.client
-        alone: list[tuple[TaskLock, str]] = []
-        with zk_errors("task locks: release"):
-            while held:
-                tx = client.transaction()
-                for lock, node in held:
-                    tx.delete(node)
-                    tx.delete(lock.parent)
-                try:
-                    results = tx.commit_async().get(
-                        timeout=max(0.001, session.deadline - time.monotonic()))
-                except Exception:  # lost or late: each alone (a retried delete is harmless)
-                    alone += held
-                    break
-                failed = _refused(results)
-                if failed is None:
-                    break
-                alone.append(held.pop(failed // 2))
-            _remove_each(alone)
 
     # -- release ---------------------------------------------------------------------------
 
@@ -528,93 +356,3 @@ class TaskLock:
                 listener(self.task_id)
             except Exception:
                 log.exception("lock-lost listener %r failed for task %s", listener, self.task_id)
-
-
-# -- anyone's view of the locks -----------------------------------------------------------------
-
-
-def _holder(session: Session, task_id: str) -> tuple[str, bytes, float, int] | None:
-    client = session.client
-    parent = lock_path(task_id)
-    try:
-        children = sort_by_seq(client.get_children(parent))
-    except NoNodeError:
-        return None
-    for child in children:
-        try:
-            data, stat = client.get(f"{parent}/{child}")
-        except NoNodeError:
-            continue
-        return f"{parent}/{child}", data, stat.ctime / 1000.0, stat.czxid
-    return None
-
-
-def _remove_each(held: Sequence[tuple[TaskLock, str]]) -> None:
-    """:meth:`TaskLock._remove_or_later` of each (lock, node), every one tried though one
-    fails; the first failure raised once all were."""
-    failure: Exception | None = None
-    for lock, node in held:
-        try:
-            lock._remove_or_later(node)
-        except Exception as exc:
-            failure = failure or exc
-    if failure is not None:
-        raise failure
-
-
-def lock_owner(session: Session, task_id: str) -> str | None:
-    """The member id holding the task's lock, or None."""
-    with zk_errors(f"cannot read the lock of {task_id}"):
-        holder = _holder(session, task_id)
-    return None if holder is None else bytes(holder[1]).decode()
-
-
-def held_locks(session: Session, prune_empty: bool = False) -> list[HeldLock]:
-    """Every held task lock with owner, token and age (for the master and ``cluster status``).
-
-    ``prune_empty``: also delete lock parents that have no child (their holder's session
-    expired, so its node went without the release that deletes the parent). A contender
-    creating its node in a parent deleted meanwhile starts over (see ``try_acquire``).
-    """
-    client = session.client
-    held = []
-    with zk_errors("cannot list task locks"):
-        try:
-            tasks = client.get_children(TASK_LOCKS)
-        except NoNodeError:
-            return []
-        for task_id in sorted(tasks):
-            holder = _holder(session, task_id)
-            if holder is not None:
-                _, data, since, token = holder
-                held.append(HeldLock(task_id, bytes(data).decode(), token, since))
-            elif prune_empty:
-                try:
-                    client.delete(lock_path(task_id))
-                except (NoNodeError, NotEmptyError):
-                    pass
-    return held
-
-
-def force_release(session: Session, task_id: str) -> str | None:
-    """Delete the holder's node (the master frees a dead member's lock); returns its owner.
-
-    The holder, if it is somehow alive, is told through its lost listeners.
-    """
-    client = session.client
-    with zk_errors(f"cannot force-release {task_id}"):
-        holder = _holder(session, task_id)
-        if holder is None:
-            return None
-        path, data, _, _ = holder
-        try:
-            client.retry(client.delete, path)
-        except NoNodeError:
-            pass
-        try:
-            client.delete(lock_path(task_id))
-        except (NoNodeError, NotEmptyError):
-            pass
-    log.warning("task %s: lock of %s force-released", task_id, bytes(data).decode())
-    return bytes(data).decode()
-

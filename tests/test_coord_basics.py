@@ -13,6 +13,7 @@ from kazoo.client import KazooClient
 from coord import (
     LeaderLatch,
     LifecycleError,
+    LockBatch,
     LockNotHeld,
     MemberIdTaken,
     Membership,
@@ -240,7 +241,7 @@ def test_task_lock_owner_tokens_release_and_no_leftovers(zk_namespace: ZkNamespa
 
 def test_locks_tried_together_win_what_is_free_and_hold_like_single_ones(
         zk_namespace: ZkNamespace, session: Session) -> None:
-    """``TaskLock.try_acquire_all``: the free locks won (tokens that grow, watched: a force
+    """``LockBatch.try_acquire``: the free locks won (tokens that grow, watched: a force
     release still reaches the listener), one held elsewhere refused with no node left behind,
     one whose parent an expired holder left empty taken (the single path), and the first lock
     ever in the namespace too (no /locks/tasks yet)."""
@@ -248,7 +249,7 @@ def test_locks_tried_together_win_what_is_free_and_hold_like_single_ones(
     lost: list[str] = []
     try:
         assert session.client.exists("/locks/tasks") is None
-        first = TaskLock.try_acquire_all([TaskLock(session, "t0", "a")])
+        first = LockBatch([TaskLock(session, "t0", "a")]).try_acquire()
         assert first[0] is not None
         held = TaskLock(other, "held", "b")
         assert held.try_acquire() is not None
@@ -257,7 +258,7 @@ def test_locks_tried_together_win_what_is_free_and_hold_like_single_ones(
         locks = [TaskLock(session, name, "a") for name in names]
         for lock in locks:
             lock.add_lost_listener(lost.append)
-        tokens = TaskLock.try_acquire_all(locks)
+        tokens = LockBatch(locks).try_acquire()
         won = dict(zip(names, tokens, strict=True))
         assert won["held"] is None and not locks[1].is_held
         assert all(won[n] is not None for n in ("free-1", "free-2", "empty", "free-3"))
@@ -274,18 +275,18 @@ def test_locks_tried_together_win_what_is_free_and_hold_like_single_ones(
         held.release()
         assert sorted(session.client.get_children("/locks/tasks")) == ["t0"]
         with pytest.raises(ValueError):
-            TaskLock.try_acquire_all([TaskLock(session, "x", "a"), TaskLock(other, "y", "a")])
+            LockBatch([TaskLock(session, "x", "a"), TaskLock(other, "y", "a")]).try_acquire()
     finally:
         other.close()
 
 
 def test_a_batch_of_locks_is_one_transaction_whose_stamp_is_every_token(
         zk_namespace: ZkNamespace, session: Session) -> None:
-    """``try_acquire_all(watch=False)``: the free locks are created in one transaction (one
+    """``LockBatch.try_acquire(watch=False)``: the free locks are created in one transaction (one
     czxid for all, read from the session's stamp node written in it: no request per lock);
     one held elsewhere and one whose parent an expired holder left empty, in the middle of
     the batch, drop out of it (the first refused, the second taken the single way) and the
-    rest are sent again together. ``release_all``: the nodes and parents go in one
+    rest are sent again together. ``LockBatch.release``: the nodes and parents go in one
     transaction; a lock whose parent holds a contender's node too is released alone (ours
     deleted, the contender's and its parent kept); a lock lost meanwhile is skipped."""
     other = other_session(zk_namespace)
@@ -295,7 +296,7 @@ def test_a_batch_of_locks_is_one_transaction_whose_stamp_is_every_token(
         other.client.create("/locks/tasks/empty", makepath=True)
         names = ["f1", "held", "f2", "empty", "f3", "f4"]
         locks = [TaskLock(session, name, "a") for name in names]
-        tokens = TaskLock.try_acquire_all(locks, watch=False)
+        tokens = LockBatch(locks).try_acquire(watch=False)
         won = dict(zip(names, tokens, strict=True))
         assert won["held"] is None and not locks[1].is_held
         together = {won[n] for n in ("f1", "f2", "f3", "f4")}
@@ -311,7 +312,7 @@ def test_a_batch_of_locks_is_one_transaction_whose_stamp_is_every_token(
         # a contender raced into f2's parent; f3 was taken away (an operator's cancel)
         other.client.create("/locks/tasks/f2/zzz-lock-", b"c", ephemeral=True, sequence=True)
         assert force_release(other, "f3") == "a"
-        TaskLock.release_all(locks)
+        LockBatch(locks).release()
         assert not any(lock.is_held for lock in locks)
         assert sorted(other.client.get_children("/locks/tasks")) == ["f2", "held"]
         assert [c.startswith("zzz-lock-") for c in
@@ -328,7 +329,7 @@ def test_a_release_that_fails_while_its_session_lives_is_done_later(
     was held by a live member for ever (the chaos suite's ``lock_znodes_left``: the master
     reaps only the locks of members that are gone). The release still raises, and the delete
     is tried again until done: alone (``release``), and in a batch whose transaction a
-    contender's node refused (``release_all``: that lock alone); a slot booking's leases too.
+    contender's node refused (``LockBatch.release``: that lock alone); a slot booking's leases too.
     Each delete here fails twice (the release and the first try again) before it goes."""
     from kazoo.exceptions import ConnectionLoss
 
@@ -349,7 +350,7 @@ def test_a_release_that_fails_while_its_session_lives_is_done_later(
         alone = TaskLock(session, "alone", "a")
         batch = [TaskLock(session, name, "a") for name in ("b1", "b2", "b3")]
         assert alone.try_acquire() is not None
-        assert all(TaskLock.try_acquire_all(batch, watch=False))
+        assert all(LockBatch(batch).try_acquire(watch=False))
         other.client.create("/locks/tasks/b2/zzz-lock-", b"c", ephemeral=True, sequence=True)
         booking = Slots(session, "a").try_book([], ["resource/r1"])
         assert booking is not None
@@ -358,7 +359,7 @@ def test_a_release_that_fails_while_its_session_lives_is_done_later(
         with pytest.raises(ConnectionLost):
             alone.release()
         with pytest.raises(ConnectionLost):  # b2 refused the transaction: alone, and fails
-            TaskLock.release_all(batch)
+            LockBatch(batch).release()
         monkeypatch.setattr("coord.slots.retry_policy", lambda: _failing_retry)
         with pytest.raises(ConnectionLost):
             booking.release()

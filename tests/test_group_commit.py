@@ -17,11 +17,12 @@ from coord import Session, TaskLock, lock_owner
 from coord.testing import wait_until
 from coord.testing.plugin import ZkNamespace
 from runner.errors import StoreUnavailable
-from runner.store import AttemptStatus, Conclusion, Store, Task, TaskStatus, open_store
+from runner.store import AttemptStatus, Store, Task, TaskStatus, open_store
 from runner.store.server.graph import SERIAL
 from runner.tasks.context import CancelToken
 from runner.tasks.outcomes import AttemptResult, Outcome
 from runner.tasks.worker.commit import GroupCommit
+from runner.tasks.worker.ends import Succeeded, Written
 from runner.tasks.worker.running import Claimed, Ending, Slot
 from runner.testing.gremlinserver import GremlinServer
 
@@ -47,14 +48,18 @@ def zk(zk_namespace: ZkNamespace) -> Iterator[Session]:
 
 
 class Told:
-    """What the group commit tells (its ``on_ended``), by task id."""
+    """What the group commit tells (its reporter), by task id."""
 
     def __init__(self) -> None:
         self.ends: dict[str, tuple[Outcome, Task | None, tuple[AttemptStatus, str | None]]] = {}
+        self.observed: list[str] = []
 
-    def __call__(self, ending: Ending, outcome: Outcome, task: Task | None,
-                 ended: tuple[AttemptStatus, str | None]) -> None:
-        self.ends[ending.claim.task.id] = (outcome, task, ended)
+    def written(self, ending: Ending, written: Written) -> None:
+        self.observed.append(ending.claim.task.id)
+
+    def ended(self, ending: Ending, written: Written) -> None:
+        self.ends[ending.claim.task.id] = (written.outcome, written.task,
+                                           (written.status, written.error))
 
 
 def claimed(store: Store, session: Session, n: int) -> list[Ending]:
@@ -69,10 +74,7 @@ def claimed(store: Store, session: Session, n: int) -> list[Ending]:
         task, attempt = store.claim(task, token, "m1")
         slot = Slot(task, lock, None, CancelToken())
         claim = slot.claim = Claimed(task, attempt, token)
-        out.append(Ending(slot, claim, Outcome.FINISHED, AttemptResult.succeeded(),
-                          lambda status, error: None,
-                          conclusion=Conclusion.of(attempt, AttemptStatus.SUCCEEDED, task,
-                                                   FINISHED)))
+        out.append(Ending.of(slot, claim, Succeeded(AttemptResult.succeeded())))
     return out
 
 

@@ -405,8 +405,8 @@ STORE_INSIDES = ("runner.store.gremlin", "runner.store.embedded", "runner.store.
 #: the port: what the runner may import of the store (with migrations, for `store migrate`,
 #: and opening, which picks a driver from a location)
 STORE_PORT = ("runner.store.api", "runner.store.model", "runner.store.ends",
-              "runner.store.effects", "runner.store.codec", "runner.store.due",
-              "runner.store.calls", "runner.store.format")
+              "runner.store.traversal", "runner.store.effects", "runner.store.codec",
+              "runner.store.due", "runner.store.calls", "runner.store.format")
 
 
 def test_the_runner_sees_the_store_only_through_its_port() -> None:
@@ -451,8 +451,8 @@ def test_runner_store_exports_the_port_only() -> None:
     for name in store.__all__:
         value = getattr(store, name)
         home = getattr(value, "__module__", None)
-        if home is not None and home not in homes and not home.startswith(("typing", "builtins",
-                                                                           "collections")):
+        if home is not None and home not in homes and not home.startswith(
+                ("typing", "builtins", "types", "collections")):
             foreign[name] = home
     assert foreign == {}
 
@@ -481,3 +481,14 @@ def test_the_stores_subpackages_form_no_cycle() -> None:
     for node in sorted(graph):
         visit(node, [])
     assert cycles == []
+
+
+def test_every_package_directory_has_an_init() -> None:
+    """A directory of modules without ``__init__.py`` imports from files (a namespace package)
+    but not from the zip a Spark job ships (``--py-files``: zipimport has no namespace
+    packages): the job failed so when the store's drivers moved into folders."""
+    missing = sorted(str(d.relative_to(ROOT)) for package in PACKAGES
+                     for d in [ROOT / package, *(ROOT / package).rglob("*")]
+                     if d.is_dir() and d.name != "__pycache__" and any(d.glob("*.py"))
+                     and not (d / "__init__.py").exists())
+    assert missing == []

@@ -20,7 +20,16 @@ import pytest
 from coord import Session, TaskLock, lock_owner
 from coord.testing import wait_until
 from coord.testing.plugin import ZkNamespace
-from runner.store import Attempt, AttemptStatus, Store, Task, TaskStatus, codec, open_store
+from runner.store import (
+    Attempt,
+    AttemptStatus,
+    Conclusion,
+    Store,
+    Task,
+    TaskStatus,
+    codec,
+    open_store,
+)
 from runner.tasks import TaskContext, TaskRegistry
 from runner.tasks.observer import Hooks
 from runner.tasks.worker.backlog import Backlog, candidates, preferred_index
@@ -677,8 +686,8 @@ class HolderAndNext:
                 hand: Callable[[Ending], Any]) -> Callable[[Ending], Any]:
         """``hand`` (the group commit's way in), with ``before_end`` called first."""
         def handed(ending: Ending) -> Any:
-            if ending.conclusion is not None:
-                before_end(ending.claim.attempt, ending.conclusion.status)
+            if isinstance(ending.write, Conclusion):
+                before_end(ending.claim.attempt, ending.write.status)
             return hand(ending)
         return handed
 

@@ -28,7 +28,6 @@ from runner.store.api import (
     CheckpointStore,
     Graph,
     IncidentStore,
-    LastEffect,
     OntologyStore,
     RetentionStore,
     ScheduleStore,
@@ -36,10 +35,20 @@ from runner.store.api import (
     Store,
     TaskClaim,
     TaskStore,
-    Traversal,
     location,
 )
-from runner.store.ends import AttemptEnd, Conclusion
+from runner.store.ends import (
+    AttemptClose,
+    AttemptEnd,
+    Completion,
+    Conclusion,
+    EndWrite,
+    EndWritten,
+    FenceOff,
+    LastEffect,
+    Release,
+    attempt_end,
+)
 from runner.store.model import (
     CHECKPOINT_LIMIT,
     LIST_STATES,
@@ -66,16 +75,19 @@ from runner.store.model import (
     Tombstone,
 )
 from runner.store.opening import is_server, open_graph, open_store, store_on
+from runner.store.traversal import Traversal
 
 __all__ = [
-    "CHECKPOINT_LIMIT", "LIST_STATES", "Attempt", "AttemptAlreadyFinished", "AttemptEnd",
-    "AttemptLog", "AttemptStatus", "Avatar", "AvatarStore", "Checkpoint", "CheckpointInfo",
-    "CheckpointStore", "TaskClaim", "CommitConflict", "Conclusion", "LastEffect", "Fence", "Graph",
-    "GraphNotTransactional", "Incident", "IncidentStore", "InvalidValue", "LoadResult",
-    "Ontology", "OntologyClass", "OntologyNotFound", "OntologyRecord", "OntologyStore",
-    "Progress", "ResourceTaken", "RetentionStore", "Schedule", "ScheduleStore", "ServerOptions",
+    "Attempt", "AttemptAlreadyFinished", "AttemptClose", "AttemptEnd", "AttemptLog",
+    "AttemptStatus", "Avatar", "AvatarStore", "CHECKPOINT_LIMIT", "Checkpoint", "CheckpointInfo",
+    "CheckpointStore", "CommitConflict", "Completion", "Conclusion", "EndWrite", "EndWritten",
+    "Fence", "FenceOff", "Graph", "GraphNotTransactional", "Incident", "IncidentStore",
+    "InvalidValue", "LIST_STATES", "LastEffect", "LoadResult", "Ontology", "OntologyClass",
+    "OntologyNotFound", "OntologyRecord", "OntologyStore", "Progress", "Release", "ResourceTaken",
+    "RetentionStore", "Schedule", "ScheduleStore", "SearchStore", "ServerOptions",
     "StaleFencingToken", "StopCause", "Store", "StoreError", "StoreSchemaUnknown",
-    "StoreUnavailable", "Task", "TaskArchived", "TaskFilter", "TaskNotFound", "TaskPage",
-    "SearchStore", "TaskState", "TaskStatus", "TaskStore", "Tombstone", "Traversal",
-    "UnknownStoreFormat", "is_server", "location", "open_graph", "open_store", "store_on",
+    "StoreUnavailable", "Task", "TaskArchived", "TaskClaim", "TaskFilter", "TaskNotFound",
+    "TaskPage", "TaskState", "TaskStatus", "TaskStore", "Tombstone", "Traversal",
+    "UnknownStoreFormat", "attempt_end", "is_server", "location", "open_graph", "open_store",
+    "store_on",
 ]

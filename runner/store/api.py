@@ -28,11 +28,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from runner.errors import StoreError
 from runner.store.calls import CallStats
-from runner.store.ends import Conclusion
+from runner.store.ends import Conclusion, EndWrite, EndWritten, LastEffect
 from runner.store.model import (
     Attempt,
     AttemptStatus,
@@ -51,42 +51,9 @@ from runner.store.model import (
     TaskPage,
     Tombstone,
 )
+from runner.store.traversal import Traversal
 
 T = TypeVar("T")
-
-
-class Traversal(Protocol):
-    """A gremlinpython traversal, or its source ``g``: every step an attribute that builds the
-    next (``g.V().has(k, v).property(...)``), and the steps that run it. gremlinpython ships no
-    type hints: what a run answers (element maps, counts, values) is untyped, and this names
-    where such values cross."""
-
-    #: the steps as data (gremlinpython's ``Bytecode``): what a traversal sends
-    bytecode: Any
-
-    def __getattr__(self, name: str) -> Callable[..., Traversal]: ...
-
-    def to_list(self) -> list[Any]: ...
-
-    def to_set(self) -> set[Any]: ...
-
-    def next(self) -> Any: ...
-
-    def has_next(self) -> bool: ...
-
-    def iterate(self) -> Traversal: ...
-
-
-#: a property's value as the store writes it (a string, a number, a flag, or none)
-PropValue = str | int | float | bool | None
-#: the properties a write sets on a vertex
-Props = Mapping[str, PropValue]
-#: an element map as a traversal answers it: property names (and ``T.id``, ``T.label``) to
-#: values (gremlinpython's untyped answer, as :class:`Traversal`'s)
-Row = Mapping[Any, Any]
-
-#: a handler's last effect built on ``g`` (not run): :meth:`Store.complete`
-LastEffect = Callable[[Traversal], Traversal]
 
 
 class Graph(Protocol):
@@ -380,6 +347,14 @@ class Store(Protocol):
     def conclude_many(self, conclusions: Sequence[Conclusion]) -> list[Task | StoreError]:
         """The ends of several attempts in one write; each task as written or the store's
         refusal of that end, in order. The graph out of reach raises for the whole batch."""
+        ...
+
+    def write_ends(self, writes: Sequence[EndWrite]) -> list[EndWritten | StoreError]:
+        """The worker's one way to write what its attempts came to: each write as its kind
+        says (conclusions together in one write; the others each in its own), answered in
+        order with what it left or the store's refusal of it. The graph out of reach raises
+        for the whole call (:class:`~runner.errors.StoreUnavailable`): what was written of it
+        is recognised as its own when it is written again."""
         ...
 
     def release(self, task_id: str, fence_token: int, changes: Mapping[str, object]) -> Task:

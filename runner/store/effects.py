@@ -13,7 +13,7 @@ from gremlin_python.process.graph_traversal import GraphTraversal
 from gremlin_python.process.traversal import Bytecode
 
 from runner.errors import InvalidValue
-from runner.store.api import Traversal
+from runner.store.traversal import Traversal
 
 NOT_RUN = ("ctx.complete(write): write(g) must build the effect on g and return it, not run "
             "it (no .iterate(), .to_list(), .next()): the store runs it with the success, as "

@@ -1,17 +1,22 @@
-"""An attempt's end as one value: :class:`Conclusion` (what the owner writes), with its write
-plan :class:`AttemptEnd` made outside the write slot by :func:`attempt_end`. Part of the
-store's port (:mod:`runner.store.api`); a driver turns the plan into its guarded write."""
+"""An attempt's end as the store takes it: :class:`Conclusion` (what the owner writes: the
+attempt's end and the task's change), with its write plan :class:`AttemptEnd` made outside the
+write slot by :func:`attempt_end`, and the other writes an end may be made of
+(:data:`EndWrite`: an attempt closed alone, a task let go, a last effect, an attempt fenced off
+by its own limit watch). Part of the store's port (:mod:`runner.store.api`): the worker writes
+every one of them through :meth:`~runner.store.api.Store.write_ends`, and a driver turns each
+into its guarded write."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
 from runner.errors import AttemptAlreadyFinished, InvalidValue
 from runner.store import codec
 from runner.store.model import Attempt, AttemptStatus, Progress, Task
+from runner.store.traversal import Traversal
 
 
 @dataclass(frozen=True)
@@ -94,3 +99,59 @@ class Conclusion:
     def needs(self) -> tuple[str, ...]:
         """The resources the write is guarded by: a success needs them still held."""
         return self.task.resources if self.status is AttemptStatus.SUCCEEDED else ()
+
+
+#: a handler's last effect, built on ``g`` and not run (``ctx.complete(write)``)
+LastEffect = Callable[[Traversal], Traversal]
+
+
+@dataclass(frozen=True)
+class AttemptClose:
+    """An attempt ended by its owner with nothing changed on its task (the attempt of a commit
+    conflict before the next one; a fault of the task loop): guarded by the attempt being
+    RUNNING only."""
+    end: AttemptEnd
+
+
+@dataclass(frozen=True)
+class Release:
+    """The task changed by its owner with no attempt ended (a retry not made: the task goes
+    back as it stands); refused once ``token`` is not the task's."""
+    task_id: str
+    token: int
+    changes: Mapping[str, object]
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A handler's last effect, its attempt SUCCEEDED and its task finished, as one guarded
+    write (``ctx.complete()``)."""
+    attempt: Attempt
+    task: Task
+    token: int
+    effect: LastEffect
+
+
+@dataclass(frozen=True)
+class FenceOff:
+    """The owner's own limit watch closing a RUNNING attempt whose handler ran past its time
+    limit and grace (``status``, ``error``), the task's fence moved in the same write so that
+    nothing the handler writes afterwards is accepted, the task changed as ``changes`` say."""
+    task_id: str
+    executor: str
+    status: AttemptStatus
+    error: str
+    changes: Mapping[str, object]
+
+
+#: every write an attempt's end is made of, from the worker: one entry point,
+#: :meth:`~runner.store.api.Store.write_ends`
+EndWrite = Conclusion | AttemptClose | Release | Completion | FenceOff
+
+
+@dataclass(frozen=True)
+class EndWritten:
+    """What an end's write left: the task as written (None when the write changed no task)
+    and the attempts it ended."""
+    task: Task | None
+    attempts: tuple[Attempt, ...] = ()

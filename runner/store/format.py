@@ -14,7 +14,8 @@ from gremlin_python.process.traversal import Cardinality
 
 from runner import __version__
 from runner.store import codec
-from runner.store.api import Graph, Traversal
+from runner.store.api import Graph
+from runner.store.traversal import Traversal
 
 FORMAT_LABEL = "latchwork_format"
 FORMAT_KEY = "format_key"

@@ -52,7 +52,8 @@ from runner.tasks.authoring import TaskDeclaration, register_declared
 from runner.tasks.observer import Observer
 from runner.tasks.outcomes import AttemptResult, Outcome
 from runner.tasks.worker.commit import GroupCommit
-from runner.tasks.worker.execution import Execution
+from runner.tasks.worker.ends import Completed, Written
+from runner.tasks.worker.execution import AttemptSupport, Execution
 from runner.tasks.worker.running import Claimed, Ending, Slot
 from runner.testing.command_stub import CommandRun, CommandStub
 
@@ -150,13 +151,18 @@ class TaskStub:
         self.services = services or Services()
         self.store: Store = open_store(str(Path(directory) / "stub-graph.db"))
         self._tokens = 0
-        self._ended: dict[int, tuple[Outcome, Task | None, tuple[AttemptStatus, str | None]]] = {}
-        self._commits = GroupCommit(self.store, member_id, self._told)
+        self._ended: dict[int, Written] = {}
+        #: the loop's one writer of ends; it tells this stub what it wrote (EndReporter)
+        self._commits = GroupCommit(self.store, member_id, self)
         self._executions: dict[str, tuple[Execution, _Recorder]] = {}
 
-    def _told(self, ending: Ending, outcome: Outcome, task: Task | None,
-              ended: tuple[AttemptStatus, str | None]) -> None:
-        self._ended[id(ending)] = (outcome, task, ended)
+    def written(self, ending: Ending, written: Written) -> None:
+        """The group commit wrote ``ending``: its attempt's observers hear it."""
+        self._executions[ending.claim.task.type][0].report(ending.audience, written.status,
+                                                            written.error)
+
+    def ended(self, ending: Ending, written: Written) -> None:
+        self._ended[id(ending)] = written
 
     def _execution(self, kind: TaskType) -> tuple[Execution, _Recorder]:
         """The execution of ``kind``'s attempts (kept: a process-isolated type's handler
@@ -166,8 +172,8 @@ class TaskStub:
             registry.add(kind)
             recorder = _Recorder()
             self._executions[kind.name] = (
-                Execution(_Session(), self.member_id, self.store, registry,
-                          observers=[recorder], services=self.services), recorder)
+                Execution(_Session(), self.member_id, self.store, registry, self._commits,
+                          AttemptSupport([recorder], self.services)), recorder)
         execution, recorder = self._executions[kind.name]
         recorder.progress = []
         return execution, recorder
@@ -202,12 +208,11 @@ class TaskStub:
         finally:
             if timer is not None:
                 timer.cancel()
-        outcome, written, (status, _) = self._ended.pop(id(ending))
-        return StubRun(written or self.store.tasks.get(claimed.id),
-                       self.store.attempts.get(ending.claim.attempt.id), outcome, ending.result,
-                       progress=recorder.progress, checks=lock.checks,
-                       completed=ending.conclusion is None
-                       and status is AttemptStatus.SUCCEEDED)
+        written = self._ended.pop(id(ending))
+        return StubRun(written.task or self.store.tasks.get(claimed.id),
+                       self.store.attempts.get(ending.claim.attempt.id), written.outcome,
+                       ending.result, progress=recorder.progress, checks=lock.checks,
+                       completed=isinstance(ending.end, Completed))
 
     def close(self) -> None:
         for execution, _ in self._executions.values():

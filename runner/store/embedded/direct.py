@@ -45,11 +45,11 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
-from runner.store.api import PropValue
 from runner.store.embedded import schema
 from runner.store.embedded.replace import set_single
 from runner.store.embedded.strings import string_ids
 from runner.store.gremlin.plans import Op
+from runner.store.traversal import PropValue
 
 #: the property values applied here: gremlite's plain encodings (a float is a string's id)
 _PLAIN = (str, bool, int, type(None))

@@ -37,7 +37,6 @@ from typing import Any, TypeVar
 from gremlin_python.process.anonymous_traversal import traversal
 
 from runner.errors import StoreFull, StoreUnavailable
-from runner.store.api import Traversal
 from runner.store.calls import CallStats
 from runner.store.embedded import schema
 from runner.store.embedded.alarm import StorageAlarm, unwritable
@@ -46,6 +45,7 @@ from runner.store.embedded.direct import SqlPlans
 from runner.store.embedded.replace import fresh_props_listed, lean_replace
 from runner.store.embedded.strings import committed, kept_strings
 from runner.store.embedded.wal import WAL_AUTOCHECKPOINT, WalCheckpointer
+from runner.store.traversal import Traversal
 
 log = logging.getLogger("latchwork.store")
 

@@ -15,7 +15,7 @@ from runner.errors import (
     TaskNotFound,
 )
 from runner.store import codec
-from runner.store.api import Graph, Row, Traversal
+from runner.store.api import Graph
 from runner.store.gremlin.guards import under_fence
 from runner.store.gremlin.steps import (
     ASPECT_NAME,
@@ -28,6 +28,7 @@ from runner.store.model import (
     Avatar,
     Fence,
 )
+from runner.store.traversal import Row, Traversal
 
 # -- avatars ----------------------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ from typing import NoReturn, Protocol, TypeVar
 from gremlin_python.process.graph_traversal import __
 
 from runner.errors import StoreError, StoreUnavailable, WriteRaceLost
-from runner.store.api import Graph, Props, Row, Traversal
+from runner.store.api import Graph
 from runner.store.ends import AttemptEnd, Conclusion
 from runner.store.gremlin.guards import Write
 from runner.store.gremlin.plans import Direct, Op, Plans, direct_of
@@ -41,6 +41,7 @@ from runner.store.gremlin.writes import (
     task_change,
 )
 from runner.store.model import Attempt, Task, TaskStatus
+from runner.store.traversal import Props, Row, Traversal
 
 X = TypeVar("X")
 

@@ -18,11 +18,11 @@ from typing import TypeVar, cast
 
 from runner.errors import InvalidValue, ResourceTaken, StaleFencingToken
 from runner.store import codec
-from runner.store.api import Props, Traversal
 from runner.store.effects import NOT_RUN, EffectTraversal
 from runner.store.gremlin.plans import Op
 from runner.store.gremlin.steps import has_all, set_props
 from runner.store.model import Fence
+from runner.store.traversal import Props, Traversal
 
 X = TypeVar("X")
 

@@ -9,7 +9,7 @@ from gremlin_python.process.traversal import P
 
 from runner.errors import WriteRaceLost
 from runner.store import codec
-from runner.store.api import Graph, Traversal
+from runner.store.api import Graph
 from runner.store.ends import AttemptEnd
 from runner.store.gremlin.guards import Write, finder, set_on
 from runner.store.gremlin.steps import get_or_add
@@ -20,6 +20,7 @@ from runner.store.gremlin.writes import (
     attempt_start,
 )
 from runner.store.model import Attempt
+from runner.store.traversal import Traversal
 
 
 def claim_resources(graph: Graph, change: TaskChange, ends: list[AttemptEnd], member_id: str,

@@ -5,10 +5,11 @@ ones; ``incident_delivered`` lists the events hooks have heard (``raised``, ``re
 from __future__ import annotations
 
 from runner.store import codec
-from runner.store.api import Graph, Row, Traversal
+from runner.store.api import Graph
 from runner.store.gremlin.steps import get_or_add, set_props
 from runner.store.gremlin.writes import matched_write
 from runner.store.model import Incident
+from runner.store.traversal import Row, Traversal
 
 
 def _from_row(row: Row) -> Incident:

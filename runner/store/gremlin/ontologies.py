@@ -10,7 +10,7 @@ from gremlin_python.process.graph_traversal import __
 from gremlin_python.process.traversal import P
 
 from runner.store import codec
-from runner.store.api import Graph, Row, Traversal
+from runner.store.api import Graph
 from runner.store.gremlin.guards import under_fence
 from runner.store.gremlin.steps import (
     BATCH,
@@ -26,6 +26,7 @@ from runner.store.model import (
     OntologyClass,
     OntologyRecord,
 )
+from runner.store.traversal import Row, Traversal
 
 # -- ontologies -------------------------------------------------------------------------------
 

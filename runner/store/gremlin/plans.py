@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar, cast
 
-from runner.store.api import Graph, Traversal
+from runner.store.api import Graph
+from runner.store.traversal import Traversal
 
 T = TypeVar("T")
 

@@ -13,12 +13,13 @@ from collections.abc import Iterable, Sequence
 from gremlin_python.process.graph_traversal import __
 
 from runner.store import due
-from runner.store.api import Graph, Row, Traversal
+from runner.store.api import Graph
 from runner.store.format import FORMAT_KEY, FORMAT_KEY_VALUE
 from runner.store.gremlin.plans import direct_of
 from runner.store.gremlin.rows import TASK_ROW, task_from_row
 from runner.store.gremlin.steps import any_of, chunks
 from runner.store.model import Task
+from runner.store.traversal import Row, Traversal
 
 #: ready keys per read where each is its own lookup (a window of an hour is 3,840)
 READY_KEYS = 240

@@ -5,10 +5,11 @@ tombstone saying where they went. A missing tombstone raises nothing: ``tombston
 from __future__ import annotations
 
 from runner.store import codec
-from runner.store.api import Graph, Traversal
+from runner.store.api import Graph
 from runner.store.gremlin.rows import task_from_row
 from runner.store.gremlin.steps import get_or_add
 from runner.store.model import Task, Tombstone
+from runner.store.traversal import Traversal
 
 
 class GremlinRetentionStore:

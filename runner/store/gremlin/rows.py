@@ -8,7 +8,6 @@ from runner.errors import (
     UnknownStoreFormat,
 )
 from runner.store import codec, due
-from runner.store.api import PropValue, Row
 from runner.store.ends import progress_from_json
 from runner.store.model import (
     Attempt,
@@ -19,6 +18,7 @@ from runner.store.model import (
     Task,
     TaskStatus,
 )
+from runner.store.traversal import PropValue, Row
 
 TASK_CHANGES = {"status", "finished", "active", "payload", "owner", "priority", "run_at",
                 "skipped", "stop_reason", "stop"}

@@ -12,10 +12,11 @@ from datetime import datetime
 
 from runner.errors import CommitConflict, ScheduleExists, ScheduleNotFound
 from runner.store import codec
-from runner.store.api import Graph, Props, PropValue, Row, Traversal
+from runner.store.api import Graph
 from runner.store.gremlin.steps import get_or_add, set_props
 from runner.store.gremlin.writes import matched_write
 from runner.store.model import Schedule
+from runner.store.traversal import Props, PropValue, Row, Traversal
 
 
 def _from_row(row: Row) -> Schedule:

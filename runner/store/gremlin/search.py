@@ -31,9 +31,10 @@ from gremlin_python.process.traversal import P
 
 from runner.errors import InvalidValue
 from runner.store import codec
-from runner.store.api import Graph, Traversal
+from runner.store.api import Graph
 from runner.store.gremlin.rows import resource_key, task_from_row
 from runner.store.model import LIST_STATES, Task, TaskFilter, TaskPage, filter_values
+from runner.store.traversal import Traversal
 
 #: a bucket holding at most this many matching tasks is read whole (their creation time and
 #: id); a fuller one is split into its finer buckets

@@ -11,8 +11,9 @@ from gremlin_python.process.graph_traversal import __
 from gremlin_python.process.traversal import Cardinality, P
 from gremlin_python.statics import long
 
-from runner.store.api import Graph, Props, Traversal
+from runner.store.api import Graph
 from runner.store.model import ASPECT_PATTERN
+from runner.store.traversal import Props, Traversal
 
 # gremlite evaluates a traversal recursively, one Python frame per step, so a chained bulk
 # traversal must stay well under the interpreter's recursion limit (1000): at most ~400 steps

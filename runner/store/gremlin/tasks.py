@@ -26,7 +26,7 @@ from runner.errors import (
     TaskNotFound,
 )
 from runner.store import codec, due
-from runner.store.api import Graph, Props, Row, Traversal
+from runner.store.api import Graph
 from runner.store.format import FORMAT_KEY, FORMAT_KEY_VALUE
 from runner.store.gremlin import batch, checkpoints, ready
 from runner.store.gremlin.rows import (
@@ -53,6 +53,7 @@ from runner.store.model import (
     Task,
     TaskStatus,
 )
+from runner.store.traversal import Props, Row, Traversal
 
 #: tasks per traversal of a bulk create: within gremlite's recursion and a server's frame size
 ADD_CHUNK = 40

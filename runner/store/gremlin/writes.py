@@ -34,7 +34,7 @@ from runner.errors import (
     WriteRaceLost,
 )
 from runner.store import codec
-from runner.store.api import Graph, Props, Traversal
+from runner.store.api import Graph
 from runner.store.ends import AttemptEnd, Conclusion
 from runner.store.gremlin.guards import Write, finder, set_on
 from runner.store.gremlin.rows import (
@@ -46,6 +46,7 @@ from runner.store.gremlin.rows import (
 )
 from runner.store.gremlin.steps import X, add_vertex, has_all, set_props
 from runner.store.model import Attempt, AttemptStatus, StopCause, Task, TaskStatus
+from runner.store.traversal import Props, Traversal
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from gremlin_python.process.graph_traversal import __
 from gremlin_python.process.traversal import Cardinality
 
-from runner.store.api import Graph, Row, Traversal
+from runner.store.api import Graph
 from runner.store.format import cursor_traversal
+from runner.store.traversal import Row, Traversal
 
 #: (done, total) of the step running
 StepProgress = Callable[[int, int], None]

@@ -23,8 +23,9 @@ from typing import Any
 
 from gremlin_python.process.traversal import Cardinality, P
 
-from runner.store.api import Graph, Traversal
+from runner.store.api import Graph
 from runner.store.migrations.backfill import StepProgress
+from runner.store.traversal import Traversal
 
 #: the words of format 4 this step rewrites
 OLD = ("finished", "stopped")

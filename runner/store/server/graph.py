@@ -19,10 +19,10 @@ from gremlin_python.process import strategies
 from gremlin_python.process.anonymous_traversal import traversal
 
 from runner.errors import StoreUnavailable, WriteRaceLost
-from runner.store.api import Traversal
 from runner.store.calls import CallStats
 from runner.store.server.driver import check_version, deadline_transports, graphson_reads, lean
 from runner.store.server.wire import GraphSONReader, graphbinary
+from runner.store.traversal import Traversal
 
 log = logging.getLogger("latchwork.store")
 

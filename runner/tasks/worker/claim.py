@@ -39,6 +39,7 @@ from coord import (
     Acquiring,
     Booking,
     CoordError,
+    LockBatch,
     LockNotHeld,
     Session,
     SlotLevel,
@@ -251,7 +252,7 @@ class Claimer:
         can know its id), and write it already claimed, RUNNING with its RUNNING attempt in
         one store write (:meth:`~runner.store.Store.create_claimed`), registered in the
         running set like :meth:`claim`'s. The write goes while its lock is being taken
-        (:meth:`~coord.TaskLock.acquire_all_sent`: nothing to contend with), not after: its
+        (:meth:`~coord.LockBatch.send`: nothing to contend with), not after: its
         token is the last zxid the session saw before the lock's transaction was sent, below
         the lock's own czxid and so below every later owner's token (docs/reliability.md),
         and the handler starts only once both are done.
@@ -274,7 +275,7 @@ class Claimer:
         session_id = self.session.session_id
         slot = self._register(task, None)
         try:
-            taking = TaskLock.acquire_all_sent([slot.lock], watch=False)
+            taking = LockBatch([slot.lock]).send(watch=False)
             if taking.below <= 0:  # no zxid seen yet: the lock's own token, first
                 (token,) = taking.tokens()
                 if token is None or self.session.expired(session_id):
@@ -322,7 +323,7 @@ class Claimer:
 
     def claim_many(self, tasks: Sequence[Task]) -> list[Slot]:
         """Take several plain tasks (:func:`plain`: no slot, hold or ordering key) in one pass:
-        their locks in one ZooKeeper transaction (:meth:`~coord.TaskLock.try_acquire_all`,
+        their locks in one ZooKeeper transaction (:meth:`~coord.LockBatch.try_acquire`,
         no watch: an operator's cancel reaches a handler through the node's mailbox), then the
         claims of those won in one store write (:meth:`~runner.store.Store.claim_many`).
         A batch that partly loses keeps what it won: a lock held elsewhere or a task that
@@ -334,7 +335,7 @@ class Claimer:
         session_id = self.session.session_id
         slots = [self._register(task, None) for task in tasks]
         try:
-            tokens = TaskLock.try_acquire_all([s.lock for s in slots], watch=False)
+            tokens = LockBatch([s.lock for s in slots]).try_acquire(watch=False)
         except BaseException:
             for slot in slots:
                 self._abandon(slot)

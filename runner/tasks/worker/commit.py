@@ -1,23 +1,27 @@
-"""Group commit of attempt ends: the ends of several attempts written in one store write, their
-locks released in one ZooKeeper transaction, then the loop told.
+"""Group commit of attempt ends, the one writer of what attempts come to: the ends of several
+attempts written in one store write, their locks released in one ZooKeeper transaction, then
+the loop told.
 
 A worker whose handler returned hands its :class:`~runner.tasks.worker.running.Ending` to
 :meth:`GroupCommit.submit` and is free at once (or, for a task whose next step needs the end
 written first, an ordering key's chain, waits: :meth:`GroupCommit.conclude`). The commit
-thread writes whatever is queued, up to ``max_items`` at a time, as one write
-(:meth:`~runner.store.Store.conclude_many`: one transaction on the embedded graph, one
-traversal on a Gremlin Server); an idle node writes a single end at once, a busy one writes a
-group of every end that arrived during the last write (the classic group commit: no timer, the
-write itself is the flush period). Then it releases the group's task locks in one ZooKeeper
-transaction (:meth:`~coord.TaskLock.release_all`) and calls ``on_ended`` for each (the slot is
-done). The attempt's observers (its log line, metrics, traces) hear each end as soon as it is
-written or given up, before the release: a release waits for ZooKeeper, which a cut-off link
-can hold back for as long as the cut lasts, and the log would then show the handler running
-long after it stopped. So nothing reports an end the store does not have, no end is reported
-late, and no other node can claim a task before its end is written.
+thread writes whatever is queued, up to ``max_items`` at a time, through the store's one entry
+point for ends (:meth:`~runner.store.Store.write_ends`: the conclusions in one transaction or
+one traversal, the other kinds each alone); an idle node writes a single end at once, a busy
+one a group of every end that arrived during the last write (no timer: the write itself is the
+flush period). Each end's answer, a :class:`~runner.tasks.worker.ends.Written`, goes to the
+reporter's :meth:`~EndReporter.written` (the attempt's observers: log, metrics, traces) as soon
+as it is written or given up, before the release: a release waits for ZooKeeper, which a cut
+link can hold back, and the log would show the handler running long after it stopped. Then
+the group's task locks are released in one transaction (:meth:`~coord.LockBatch.release`) and
+the reporter's :meth:`~EndReporter.ended` settles each slot. So nothing reports an end the store
+does not have, and no other node can claim a task before its end is written.
 
-Each end is guarded on its own: one that is refused (its attempt closed by the master or an
-operator, a stale token, a resource taken) is settled alone, the rest of its group is written.
+A write a worker must see done first (a commit conflict's attempt before the next claim,
+``ctx.complete()``, the limit watch fencing off a handler) goes the same way (:meth:`write_now`).
+
+Each end is guarded on its own: a refused one (its attempt closed by the master or an operator,
+a stale token, a resource taken) is settled alone, the rest of its group is written.
 
 Failure behaviour:
 
@@ -28,9 +32,8 @@ Failure behaviour:
   runs again;
 * a success refused because another attempt took one of its resources meanwhile (its hold was
   lost with its session): written CANCELLED_BY_SYSTEM instead, the task runs again;
-* a node killed -9 with ends queued: their attempts are still RUNNING, closed
-  CANCELLED_BY_SYSTEM by the master's reaper, and the tasks run again, as for any node killed
-  while running a task (docs/reliability.md: the window this queue adds).
+* a node killed -9 with ends queued: their attempts are still RUNNING, closed by the master's
+  reaper, and the tasks run again (docs/reliability.md: the window this queue adds).
 """
 
 from __future__ import annotations
@@ -38,10 +41,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from coord import CoordError, TaskLock
+from coord import CoordError, LockBatch
 from runner.errors import (
     AttemptAlreadyFinished,
     CommitConflict,
@@ -50,24 +53,37 @@ from runner.errors import (
     StoreError,
     StoreUnavailable,
 )
-from runner.store import AttemptStatus, Conclusion, Store, Task
+from runner.store import AttemptStatus, Conclusion, EndWrite, EndWritten, Store
 from runner.tasks.outcomes import Outcome, task_changes
+from runner.tasks.worker.ends import Written, shown
 from runner.tasks.worker.running import Ending
 
 log = logging.getLogger("latchwork.tasks")
 
-#: told for each end once written and its lock released: the ending, the outcome written, the
-#: task as written (None when unknown), and the status and error the attempt shows
-OnEnded = Callable[[Ending, Outcome, Task | None, tuple[AttemptStatus, str | None]], None]
 LOST = AttemptStatus.CANCELLED_BY_SYSTEM
+
+
+class EndReporter(Protocol):
+    """Who hears what the group commit wrote (the task loop; the task stub)."""
+
+    def written(self, ending: Ending, written: Written) -> None:
+        """``ending`` is written (or given up), its lock not yet released: its observers."""
+        ...
+
+    def ended(self, ending: Ending, written: Written) -> None:
+        """``ending``'s lock is released: the loop settles its slot."""
+        ...
 
 
 @dataclass(eq=False)
 class _Queued:
-    ending: Ending
+    """An end to write (``ending``), or a write a worker waits for (``write`` alone)."""
+    ending: Ending | None
+    write: EndWrite | None
     since: float
     done: threading.Event = field(default_factory=threading.Event)
-    outcome: Outcome = Outcome.CANCELLED
+    written: Written | None = None
+    answer: EndWritten | StoreError | None = None
     observed: bool = False  # its attempt's observers heard its end
 
 
@@ -75,11 +91,11 @@ class GroupCommit:
     """The ends of one node's attempts, written in groups (see the module). ``stats``:
     ``groups`` written, ``concluded`` ends in them, the ``largest`` group."""
 
-    def __init__(self, store: Store, member_id: str, on_ended: OnEnded, *,
+    def __init__(self, store: Store, member_id: str, reporter: EndReporter, *,
                  max_items: int = 64, store_retry_for: float = 60.0) -> None:
         self.store = store
         self.member_id = member_id
-        self.on_ended = on_ended
+        self.reporter = reporter
         self.max_items = max_items
         self.store_retry_for = store_retry_for
         self.stats = {"groups": 0, "concluded": 0, "largest": 0}
@@ -92,14 +108,23 @@ class GroupCommit:
 
     def submit(self, ending: Ending) -> None:
         """Queue ``ending`` for the next group; returns at once."""
-        self._put(_Queued(ending, time.monotonic()))
+        self._put(_Queued(ending, ending.write, time.monotonic()))
 
-    def conclude(self, ending: Ending) -> Outcome:
-        """Queue ``ending`` and wait until it is written and told; the outcome written."""
-        item = _Queued(ending, time.monotonic())
-        self._put(item)
+    def conclude(self, ending: Ending) -> Written:
+        """Queue ``ending`` and wait until it is written and told; what was written."""
+        self._put(item := _Queued(ending, ending.write, time.monotonic()))
         item.done.wait()
-        return item.outcome
+        assert item.written is not None
+        return item.written
+
+    def write_now(self, write: EndWrite) -> EndWritten | StoreError:
+        """Write ``write`` in the next group and wait for it: what it left, or the store's
+        refusal (the graph out of reach: :class:`StoreUnavailable`, not tried again: the
+        worker that waits decides)."""
+        self._put(item := _Queued(None, write, time.monotonic()))
+        item.done.wait()
+        assert item.answer is not None
+        return item.answer
 
     def pending(self) -> int:
         with self._cond:
@@ -136,55 +161,66 @@ class GroupCommit:
             except Exception:
                 log.exception("member %s: writing a group of %d attempt ends failed",
                               self.member_id, len(group))
-                self._release([q for q in group if not q.done.is_set()])
-                for item in group:
-                    if not item.done.is_set():
-                        self._told(item, Outcome.CANCELLED, None,
-                                   (LOST, "its end could not be written"))
+                left = [q for q in group if not q.done.is_set()]
+                self._release([q.ending for q in left if q.ending is not None])
+                for item in left:
+                    if item.ending is None:
+                        item.answer = StoreUnavailable("the write of the ends failed")
+                        item.done.set()
+                    else:
+                        self._told(item, Written(Outcome.CANCELLED, None, LOST,
+                                                 "its end could not be written"))
 
     def _settle(self, group: list[_Queued]) -> None:
-        """Write the group's ends, release their locks in one transaction, tell each."""
-        results = self._write([q for q in group if q.ending.conclusion is not None])
+        """Write the group's ends, tell each end's observers, release the locks in one
+        transaction, tell the loop."""
+        answers = self._write([q for q in group if q.write is not None])
+        ends = [q for q in group if q.ending is not None]
         self.stats["groups"] += 1
-        self.stats["concluded"] += len(group)
-        self.stats["largest"] = max(self.stats["largest"], len(group))
-        settled = [(q, *self._settled(q, results.get(id(q)))) for q in group]
-        for q, _, _, ended in settled:  # written (or given up): logged and observed now,
-            self._observed(q, ended)    # not when a lock's release gets through to ZooKeeper
-        self._release(group)
-        for q, outcome, task, ended in settled:
-            self._told(q, outcome, task, ended)
+        self.stats["concluded"] += len(ends)
+        self.stats["largest"] = max(self.stats["largest"], len(ends))
+        for q in group:
+            if q.ending is None:  # a write a worker waits for: answered now
+                q.answer = answers[id(q)]
+                q.done.set()
+        settled = [(q, self._settled(q, answers.get(id(q)))) for q in ends]
+        for q, written in settled:  # written (or given up): logged and observed now,
+            self._observed(q, written)  # not when a lock's release gets through to ZooKeeper
+        self._release([q.ending for q in ends if q.ending is not None])
+        for q, written in settled:
+            self._told(q, written)
 
-    def _observed(self, q: _Queued, ended: tuple[AttemptStatus, str | None]) -> None:
+    def _observed(self, q: _Queued, written: Written) -> None:
         """The observers of ``q``'s attempt hear its end (what the store holds, or that it
         was given up), once."""
-        if q.observed:
+        if q.observed or q.ending is None:
             return
         q.observed = True
         try:
-            q.ending.tell(*ended)
+            self.reporter.written(q.ending, written)
         except Exception:
             log.exception("member %s: telling the end of task %s failed", self.member_id,
                           q.ending.claim.task.id)
 
-    def _release(self, group: list[_Queued]) -> None:
-        """The group's task locks, in one transaction; one that cannot be released now goes
+    def _release(self, endings: list[Ending]) -> None:
+        """The endings' task locks, in one transaction; one that cannot be released now goes
         with its session (logged, not raised)."""
         try:
-            TaskLock.release_all([q.ending.slot.lock for q in group])
+            LockBatch([e.slot.lock for e in endings]).release()
         except CoordError as exc:
-            log.info("member %s: releasing %d task locks: %s", self.member_id, len(group), exc)
+            log.info("member %s: releasing %d task locks: %s", self.member_id, len(endings),
+                     exc)
 
-    def _write(self, items: list[_Queued]) -> dict[int, Task | StoreError]:
-        """``conclude_many`` of the items; the graph out of reach (or any other error of the
-        write): again with backoff, each item for ``store_retry_for`` from its arrival and
-        while its lock is held."""
+    def _write(self, items: list[_Queued]) -> dict[int, EndWritten | StoreError]:
+        """``write_ends`` of the items; the graph out of reach (or any other error of the
+        write): again with backoff, each end for ``store_retry_for`` from its arrival and
+        while its lock is held (a write a worker waits for is answered at once)."""
         delay = 0.1
-        found: dict[int, Task | StoreError] = {}
+        found: dict[int, EndWritten | StoreError] = {}
         while items:
             try:
-                answers = self.store.conclude_many([q.ending.conclusion  # type: ignore[misc]
-                                                    for q in items])
+                answers = self.store.write_ends([q.write for q in items  # type: ignore[misc]
+                                                 ])
             except Exception as error:
                 exc = error if isinstance(error, StoreUnavailable) else None
                 if exc is None:  # a fault of the write itself: tried again like the graph out
@@ -193,7 +229,8 @@ class GroupCommit:
                                   len(items))
                     exc = StoreUnavailable(f"the write of the ends failed: {error!r}")
                 now = time.monotonic()
-                for q in [q for q in items if now + delay > q.since + self.store_retry_for
+                for q in [q for q in items if q.ending is None
+                          or now + delay > q.since + self.store_retry_for
                           or not q.ending.slot.lock.is_held]:
                     found[id(q)] = exc
                     items.remove(q)
@@ -207,22 +244,28 @@ class GroupCommit:
             break
         return found
 
-    def _settled(self, q: _Queued, answer: Task | StoreError | None
-                 ) -> tuple[Outcome, Task | None, tuple[AttemptStatus, str | None]]:
+    def _settled(self, q: _Queued, answer: EndWritten | StoreError | None) -> Written:
         """What a written (or refused) end leaves: the outcome, the task, what the attempt
         shows."""
         ending = q.ending
-        if ending.conclusion is None:  # nothing to write
-            return ending.outcome, None, ending.ended
-        if isinstance(answer, Task):
-            return ending.outcome, answer, (ending.conclusion.status, ending.result.error)
+        assert ending is not None
+        status, error = shown(ending.end)
+        if ending.write is None:  # nothing to write
+            return Written(ending.outcome, None, status, error)
+        if isinstance(answer, EndWritten):
+            return Written(ending.outcome, answer.task, status, error)
         task = ending.claim.task
+        if not isinstance(ending.write, Conclusion):  # a task let go, an attempt closed alone
+            log.warning("member %s: task %s: its end not written (%s); the master takes it "
+                        "back", self.member_id, task.id, answer)
+            return Written(Outcome.CANCELLED, None, status, error)
         if isinstance(answer, StoreUnavailable):
             log.error("member %s: task %s (%s): the end of its attempt could not be written "
                       "for %gs (%s); the task stays open and is run again (its attempt is "
                       "closed as superseded)", self.member_id, task.id, task.type,
                       self.store_retry_for, answer)
-            return Outcome.CANCELLED, None, (LOST, f"its end could not be written: {answer}")
+            return Written(Outcome.CANCELLED, None, LOST,
+                           f"its end could not be written: {answer}")
         if isinstance(answer, ResourceTaken):
             log.warning("member %s: task %s (%s) attempt %d: its success is not recorded: %s",
                         self.member_id, task.id, task.type, ending.claim.attempt.seq, answer)
@@ -230,43 +273,48 @@ class GroupCommit:
         if isinstance(answer, StaleFencingToken):
             log.warning("member %s: task %s was taken over by another owner; leaving it",
                         self.member_id, task.id)
-            return Outcome.CANCELLED, None, (LOST, f"cancelled by system: superseded ({answer})")
+            return Written(Outcome.CANCELLED, None, LOST,
+                           f"cancelled by system: superseded ({answer})")
         if isinstance(answer, AttemptAlreadyFinished):
             log.warning("member %s: the attempt of task %s was closed by the master meanwhile "
                         "(or by an operator); leaving the task to them", self.member_id,
                         task.id)
             try:  # what that close wrote (an operator's CANCELLED, the reaper's reason)
                 current = self.store.attempts.get(ending.claim.attempt.id)
-                return Outcome.CANCELLED, None, (current.status, current.error)
+                return Written(Outcome.CANCELLED, None, current.status, current.error)
             except StoreError:
-                return Outcome.CANCELLED, None, (
-                    LOST, "closed by someone else before its end was written")
+                return Written(Outcome.CANCELLED, None, LOST,
+                               "closed by someone else before its end was written")
         log.error("member %s: could not record the end of task %s: %s", self.member_id,
                   task.id, answer)
         why = "commit conflicts" if isinstance(answer, CommitConflict) else str(answer)
-        return Outcome.CANCELLED, None, (LOST, f"its end could not be written: {why}")
+        return Written(Outcome.CANCELLED, None, LOST, f"its end could not be written: {why}")
 
-    def _written_lost(self, ending: Ending, error: str
-                      ) -> tuple[Outcome, Task | None, tuple[AttemptStatus, str | None]]:
+    def _written_lost(self, ending: Ending, error: str) -> Written:
         """A success that may not be recorded, written CANCELLED_BY_SYSTEM instead (the task
         goes back as it stands)."""
         claim = ending.claim
-        lost = Conclusion.of(claim.attempt, LOST, claim.task,
-                             task_changes(Outcome.CANCELLED), error=error)
+        lost = Conclusion.of(claim.attempt, LOST, claim.task, task_changes(Outcome.CANCELLED),
+                             error=error)
         try:
-            task = self.store.conclude(lost)
+            answer = self.store.write_ends([lost])[0]
         except StoreError as exc:
-            return Outcome.CANCELLED, None, (LOST, f"{error}; and {exc}")
-        return Outcome.CANCELLED, task, (LOST, error)
+            answer = exc
+        if isinstance(answer, StoreError):
+            return Written(Outcome.CANCELLED, None, LOST, f"{error}; and {answer}")
+        return Written(Outcome.CANCELLED, answer.task, LOST, error)
 
-    def _told(self, q: _Queued, outcome: Outcome, task: Task | None,
-              ended: tuple[AttemptStatus, str | None]) -> None:
-        q.outcome = outcome
-        self._observed(q, ended)
+    def _told(self, q: _Queued, written: Written) -> None:
+        q.written = written
+        self._observed(q, written)
+        assert q.ending is not None
         try:
-            self.on_ended(q.ending, outcome, task, ended)
+            self.reporter.ended(q.ending, written)
         except Exception:
             log.exception("member %s: settling the end of task %s failed", self.member_id,
                           q.ending.claim.task.id)
         finally:
             q.done.set()
+
+
+__all__ = ["EndReporter", "GroupCommit"]

@@ -1,13 +1,14 @@
 """Running a claimed task: the handler with its hooks, conflict retries, and what it came to.
 
 :class:`Execution` runs one attempt after another for a claimed task until it has an outcome
-(:mod:`runner.tasks.outcomes`): a commit conflict is retried with a new attempt after an
-exponential backoff with jitter, up to ``max_conflict_retries``; anything else becomes the
-slot's :class:`~runner.tasks.worker.running.Ending`: the attempt's end and the task's new state
-as one :class:`~runner.store.Conclusion`, which the group commit writes
-(:mod:`runner.tasks.worker.commit`) and only then reports. Its observers
+(:mod:`runner.tasks.outcomes`): a commit conflict is retried with a new attempt (a new claim)
+after an exponential backoff with jitter, up to ``max_conflict_retries``; anything else becomes
+the slot's :class:`~runner.tasks.worker.running.Ending`: what the attempt came to, as one
+:data:`~runner.tasks.worker.ends.End`, which the group commit (:mod:`runner.tasks.worker.commit`,
+the one writer of every end: ``writer``) writes and only then reports. Its observers
 (:mod:`runner.tasks.observer`: the attempt log first, then metrics and any other) hear each
-attempt's start in order and its end unwound in reverse, once that end is written.
+attempt's start in order and its end unwound in reverse, once that end is written
+(:meth:`Execution.report`, from what the group commit answers).
 
 When the handler returns, its session is confirmed (a clock read; while SUSPENDED it waits,
 bounded by the session's deadline, for RECONNECTED or LOST): a node frozen or cut off past its
@@ -35,7 +36,6 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from runner import logs
 from runner.errors import (
@@ -46,7 +46,15 @@ from runner.errors import (
     StoreError,
     StoreUnavailable,
 )
-from runner.store import Attempt, AttemptStatus, Conclusion, Store, codec
+from runner.store import (
+    AttemptClose,
+    AttemptStatus,
+    Completion,
+    LastEffect,
+    Store,
+    attempt_end,
+    codec,
+)
 from runner.tasks import due
 from runner.tasks.context import Services, TaskContext
 from runner.tasks.observer import AttemptLogger, Observer
@@ -54,15 +62,26 @@ from runner.tasks.outcomes import (
     AttemptResult,
     Outcome,
     attempt_result,
-    task_changes,
     with_retry_policy,
 )
 from runner.tasks.progress import ProgressReporter, ProgressWriter
 from runner.tasks.registry import TaskRegistry, TaskType
 from runner.tasks.retry import RetryPolicy
+from runner.tasks.worker.ends import (
+    Audience,
+    Broken,
+    Completed,
+    ConflictRetried,
+    End,
+    EndWriter,
+    Failed,
+    LetGo,
+    Succeeded,
+    TimedOut,
+)
 from runner.tasks.worker.isolated import ChildPool
-from runner.tasks.worker.limits import Closed, LimitWatch, close_ignored, persist_beat
-from runner.tasks.worker.running import AttemptSession, Claimed, Ending, Slot, Tell
+from runner.tasks.worker.limits import LimitWatch, close_ignored, persist_beat
+from runner.tasks.worker.running import AttemptSession, Claimed, Ending, Slot
 from runner.tasks.worker.settings import LoopSettings
 
 log = logging.getLogger("latchwork.tasks")
@@ -77,26 +96,37 @@ class _Handling:
     completed: bool = False
     progress: str | None = None
     returned_at: datetime | None = None
-    forced: Closed | None = None
+    forced: TimedOut | None = None
+
+
+@dataclass(frozen=True)
+class AttemptSupport:
+    """What attempts run with beside the store: the observers that hear them, the services
+    their handlers find (``ctx.services``), and ``cursor``, which makes sure the due-time
+    cursor exists before a retry far ahead is written into a bucket
+    (:func:`runner.tasks.due.ensure_cursor` on the node's session)."""
+    observers: Sequence[Observer] = ()
+    services: Services | None = None
+    cursor: Callable[[], None] | None = None
 
 
 class Execution:
     """Runs claimed tasks for one member (the task loop's workers call :meth:`run`)."""
 
     def __init__(self, session: AttemptSession, member_id: str, store: Store,
-                 registry: TaskRegistry, *, observers: Sequence[Observer] = (),
-                 services: Services | None = None, settings: LoopSettings | None = None,
-                 cursor: Callable[[], None] | None = None) -> None:
+                 registry: TaskRegistry, writer: EndWriter,
+                 support: AttemptSupport = AttemptSupport(),
+                 settings: LoopSettings | None = None) -> None:
         self.session = session
-        #: makes sure the due-time cursor exists before a retry far ahead is written into a
-        #: bucket (:func:`runner.tasks.due.ensure_cursor` on the node's session)
-        self.cursor = cursor
+        self.cursor = support.cursor
         self.member_id = member_id
         self.store = store
         self.registry = registry
+        #: the one writer of attempts' ends (the group commit)
+        self.writer = writer
         #: the attempt log, then the given observers (:mod:`runner.tasks.observer`)
-        self.observers: list[Observer] = [AttemptLogger(), *observers]
-        self.services = services or Services()
+        self.observers: list[Observer] = [AttemptLogger(), *support.observers]
+        self.services = support.services or Services()
         settings = settings or LoopSettings()
         #: commit conflicts retried, and their backoff (first delay, cap)
         self.max_conflict_retries = settings.max_conflict_retries
@@ -104,7 +134,8 @@ class Execution:
         #: the thread that writes the handlers' progress reports (:mod:`runner.tasks.progress`)
         self.progress_writer = ProgressWriter()
         #: the attempts' time limits and heartbeats (:mod:`runner.tasks.worker.limits`)
-        self.limits = LimitWatch(member_id, functools.partial(close_ignored, store, member_id),
+        self.limits = LimitWatch(member_id, functools.partial(close_ignored, writer, store,
+                                                              member_id),
                                  functools.partial(persist_beat, store))
         #: the handler processes of the types with ``isolation="process"`` (none: no pool)
         isolated = [k for k in registry.all() if k.isolation is not None]
@@ -122,50 +153,44 @@ class Execution:
 
     def run(self, slot: Slot) -> Ending:
         """Run ``slot``'s task to what it comes to (conflict retries included); never raises.
-        Nothing of the last attempt's end is written yet unless the Ending says so."""
+        Nothing of the last attempt's end is written yet: the Ending says what to write."""
         claim = slot.claim
         assert claim is not None  # claimed
-        task = claim.task
-        tell: Tell | None = None
+        audience: Audience | None = None
         try:
-            kind = self.registry.get(task.type)
+            kind = self.registry.get(claim.task.type)
             retries = 0
             while True:
-                result, handling, tell = self.attempt(slot, claim, kind)
+                result, handling, audience = self.attempt(slot, claim, kind)
                 if handling.forced is not None:  # its end is written already: TIMED_OUT
-                    return self._forced(slot, claim, handling.forced, tell)
+                    return self._forced(slot, claim, handling.forced, audience)
                 outcome = result.outcome
                 if outcome is Outcome.RETRY and retries < self.max_conflict_retries:
-                    self.finish(claim.attempt, result, handling)
-                    tell(result.status, result.error)
+                    self._closed(claim, ConflictRetried(result, handling.progress,
+                                                 handling.returned_at), audience)
                     retries += 1
                     following = self._retry(slot, claim, retries, result)
-                    if following is not None:
-                        claim = slot.claim = following
-                        continue
-                    # cancelled while waiting to retry, or changed: no new attempt, the task
-                    # goes back as it stands
-                    return self._let_go(slot, claim, result, tell)
+                    if following is None:
+                        # cancelled while waiting to retry, or changed: no new attempt, the
+                        # task goes back as it stands
+                        return Ending.of(slot, claim, LetGo(result))
+                    claim = slot.reclaimed(following)
+                    continue
                 if outcome is Outcome.RETRY:  # the retry budget is spent
                     outcome = Outcome.STOPPED
-                return self._decided(slot, claim, kind, outcome, result, handling, tell)
+                return Ending.of(slot, claim, self._decided(claim, kind, outcome, result,
+                                                            handling), audience)
         except Exception as exc:
             log.exception("member %s: task %s: unexpected failure in the task loop",
-                          self.member_id, task.id)
-            error = f"internal error in the task loop: {exc!r}"
-            try:  # leave no RUNNING attempt behind; the task stays open for another try
-                self.store.attempts.finish(claim.attempt.id, AttemptStatus.FAILED, error,
-                                           "".join(traceback.format_exception(exc)))
-            except StoreError:
-                pass  # already finished, or the store is gone: the reaper cannot help here
-            return Ending(slot, claim, Outcome.CANCELLED,
-                          AttemptResult.failed(error, None), tell or _untold,
-                          ended=(AttemptStatus.FAILED, error))
+                          self.member_id, claim.task.id)
+            # no RUNNING attempt is left behind; the task stays open for another try
+            return Ending.of(slot, claim, Broken(f"internal error in the task loop: {exc!r}",
+                                                 "".join(traceback.format_exception(exc))),
+                             audience)
 
-    def _decided(self, slot: Slot, claim: Claimed, kind: TaskType, outcome: Outcome,
-                 result: AttemptResult, handling: _Handling, tell: Tell) -> Ending:
-        """The last attempt's end as the type's retry policy decides it (nothing written
-        yet, unless ``ctx.complete()`` wrote it)."""
+    def _decided(self, claim: Claimed, kind: TaskType, outcome: Outcome,
+                 result: AttemptResult, handling: _Handling) -> End:
+        """The last attempt's end as the type's retry policy decides it."""
         task = claim.task
         outcome, run_at = with_retry_policy(kind, result, outcome, task.attempts,
                                             handling.returned_at)
@@ -182,16 +207,13 @@ class Execution:
                 log.error("member %s: task %s (%s) failed after ctx.complete(): %s; its "
                           "attempt stays SUCCEEDED", self.member_id, task.id, task.type,
                           result.error)
-            return Ending(slot, claim, Outcome.FINISHED, result, tell,
-                          ended=(AttemptStatus.SUCCEEDED, None))  # as it wrote it
-        return Ending(slot, claim, outcome, result, tell, run_at=run_at,
-                      conclusion=Conclusion.of(
-                          claim.attempt, result.status, task,
-                          task_changes(outcome, run_at), error=result.error,
-                          stack=result.stack, progress=handling.progress,
-                          ended=handling.returned_at))
+            return Completed(result)  # as ctx.complete() wrote it
+        if outcome is Outcome.FINISHED and result.status is AttemptStatus.SUCCEEDED:
+            return Succeeded(result, handling.progress, handling.returned_at)
+        return Failed(result, outcome, run_at, handling.progress, handling.returned_at)
 
-    def _forced(self, slot: Slot, claim: Claimed, closed: Closed, tell: Tell) -> Ending:
+    def _forced(self, slot: Slot, claim: Claimed, closed: TimedOut,
+                audience: Audience) -> Ending:
         """The handler returned after the limit watch closed its attempt TIMED_OUT (it ran on
         past its grace): nothing more is written for it; its lock goes now, with the end told,
         and its incident is resolved."""
@@ -204,24 +226,23 @@ class Execution:
             except StoreError as exc:
                 log.warning("member %s: incident %s not resolved: %s", self.member_id,
                             closed.incident.key, exc)
-        return Ending(slot, claim, closed.outcome, AttemptResult.timed_out(closed.error), tell,
-                      run_at=closed.run_at, ended=(AttemptStatus.TIMED_OUT, closed.error))
+        return Ending.of(slot, claim, closed, audience)
 
-    def _let_go(self, slot: Slot, claim: Claimed, result: AttemptResult, tell: Tell) -> Ending:
-        """A retry not made: the task goes back as it stands (its last attempt is written
-        already); the task's owner fields cleared as its owner."""
-        try:
-            self.store.release(claim.task.id, claim.token, task_changes(Outcome.CANCELLED))
-        except StoreError as exc:
-            log.warning("member %s: task %s: not let go (%s); the master takes it back",
-                        self.member_id, claim.task.id, exc)
-        return Ending(slot, claim, Outcome.CANCELLED, result, _untold,
-                      ended=(result.status, result.error))
+    def _closed(self, claim: Claimed, end: ConflictRetried, audience: Audience) -> None:
+        """The attempt of a commit conflict closed by the group commit before the next claim
+        (which would close a RUNNING one as superseded), then its observers told."""
+        write = AttemptClose(attempt_end(claim.attempt, end.result.status, end.result.error,
+                                         end.result.stack, end.progress, end.returned_at))
+        answer = self.writer.write_now(write)
+        if isinstance(answer, StoreError):
+            log.warning("member %s: attempt %s of task %s not closed (%s): the master "
+                        "closes it", self.member_id, claim.attempt.id, claim.task.id, answer)
+        self.report(audience, end.result.status, end.result.error)
 
     def _retry(self, slot: Slot, claim: Claimed, retries: int,
                result: AttemptResult) -> Claimed | None:
-        """Wait the backoff and claim the task again as its owner: the next attempt, or None
-        when cancelled meanwhile or the task changed."""
+        """Wait the backoff and claim the task again as its owner: the next attempt's claim
+        (a new one), or None when cancelled meanwhile or the task changed."""
         first, cap = self.conflict_backoff
         delay = random.uniform(0, min(cap, first * 2 ** retries))
         task = claim.task
@@ -239,12 +260,11 @@ class Execution:
             return None
 
     def attempt(self, slot: Slot, claim: Claimed,
-                kind: TaskType) -> tuple[AttemptResult, _Handling, Tell]:
+                kind: TaskType) -> tuple[AttemptResult, _Handling, Audience]:
         """Run the handler once, with the observers' ``before_attempt``; never raises. Returns
-        its result, the run's state and ``tell(status, error)``, which is called once the
-        attempt's end is written (with the status written): the observers' ``after_attempt``,
-        in reverse order, so that nothing (the log, the metrics) reports an end that is not in
-        the store."""
+        its result, the run's state and its audience: the observers that heard it start,
+        told its end (:meth:`report`) once that end is written, in reverse order, so that
+        nothing (the log, the metrics) reports an end that is not in the store."""
         task, attempt = claim.task, claim.attempt
         handling = _Handling()
         progress = ProgressReporter(self.store, attempt.id, slot.cancel,
@@ -264,17 +284,22 @@ class Execution:
             assert watched is not None
             watched.closed.wait()
             handling.forced = watched.written
+        return result, handling, Audience(ctx, tuple(entered))
 
-        def tell(status: AttemptStatus, error: str | None) -> None:
-            with logs.attempt_context(task.id, attempt.id):
-                for observer in reversed(entered):  # unwound in reverse order
-                    try:
-                        observer.after_attempt(ctx, status, error)
-                    except Exception:
-                        log.exception("observer %r failed after an attempt of task %s",
-                                      observer, task.id)
-
-        return result, handling, tell
+    def report(self, audience: Audience | None, status: AttemptStatus,
+               error: str | None) -> None:
+        """The observers of an attempt hear its end as written (``status``, ``error``),
+        unwound in reverse order; an observer's failure is logged, never raised."""
+        if audience is None:
+            return
+        task, attempt = audience.ctx.task, audience.ctx.attempt
+        with logs.attempt_context(task.id, attempt.id):
+            for observer in reversed(audience.entered):
+                try:
+                    observer.after_attempt(audience.ctx, status, error)
+                except Exception:
+                    log.exception("observer %r failed after an attempt of task %s",
+                                  observer, task.id)
 
     def _attempt(self, slot: Slot, kind: TaskType, ctx: TaskContext,
                  progress: ProgressReporter, handling: _Handling,
@@ -329,38 +354,31 @@ class Execution:
         slot.cancel.raise_if_cancelled()
 
     def complete(self, slot: Slot, claim: Claimed, handling: _Handling,
-                 write: Callable[[Any], Any]) -> None:
+                 write: LastEffect) -> None:
         """``ctx.complete()``: the effect, the attempt's success and the task's finish in one
-        store write, once the task lock is confirmed (one ZooKeeper read); a refusal cancels
-        the token and raises TaskCancelled."""
+        store write by the group commit, once the task lock is confirmed (one ZooKeeper
+        read); a refusal cancels the token and raises TaskCancelled."""
         if not slot.lock.verify():
             slot.cancel.cancel("its task lock could not be confirmed before it completed")
             slot.cancel.raise_if_cancelled()
-        try:
-            self.store.complete(claim.attempt, claim.task, claim.token, write)
-        except AttemptAlreadyFinished:
+        answer = self.writer.write_now(Completion(claim.attempt, claim.task, claim.token,
+                                                  write))
+        if isinstance(answer, AttemptAlreadyFinished):
             slot.cancel.cancel("its attempt was closed by someone else before it completed")
-        except StaleFencingToken as exc:
-            slot.cancel.cancel(f"its fencing token was superseded before it completed ({exc})")
-        except ResourceTaken as exc:
-            slot.cancel.cancel(f"it lost a resource before it completed ({exc})")
-        except StoreUnavailable as exc:
+        elif isinstance(answer, StaleFencingToken):
+            slot.cancel.cancel(f"its fencing token was superseded before it completed "
+                               f"({answer})")
+        elif isinstance(answer, ResourceTaken):
+            slot.cancel.cancel(f"it lost a resource before it completed ({answer})")
+        elif isinstance(answer, StoreUnavailable):
             # written or not cannot be known now, and it is no fault of the handler: the end
             # written later says which (a write that ran left the attempt SUCCEEDED, and this
             # cancellation's end is refused; one that did not: the task runs again)
-            slot.cancel.cancel(f"the graph was out of reach when it completed ({exc})")
+            slot.cancel.cancel(f"the graph was out of reach when it completed ({answer})")
+        elif isinstance(answer, StoreError):
+            raise answer  # InvalidValue (an effect that runs its traversal): the handler's
         slot.cancel.raise_if_cancelled()
         handling.completed = True
-
-    def finish(self, attempt: Attempt, result: AttemptResult, handling: _Handling) -> None:
-        """Close an attempt that will be followed by another (a retry), with its handler's
-        last report not written yet and the time it returned."""
-        try:
-            self.store.attempts.finish(attempt.id, result.status, result.error, result.stack,
-                                       progress=handling.progress, ended=handling.returned_at)
-        except AttemptAlreadyFinished:
-            log.warning("member %s: attempt %s of task %s was closed by the master meanwhile",
-                        self.member_id, attempt.id, attempt.task_id)
 
     def _exhausted(self, policy: RetryPolicy, claim: Claimed, result: AttemptResult) -> None:
         """The policy's ``on_exhausted`` hook, for a failure it does not retry; logged."""
@@ -377,7 +395,3 @@ class Execution:
         except Exception:
             log.exception("member %s: on_exhausted hook of %s failed for task %s",
                           self.member_id, task.type, task.id)
-
-
-def _untold(status: AttemptStatus, error: str | None) -> None:
-    """Nothing to tell: no observer entered the attempt (or it was told already)."""

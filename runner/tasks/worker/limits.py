@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runner.errors import StoreError
-from runner.store import AttemptStatus, Store
+from runner.store import AttemptStatus, FenceOff, Store
 from runner.tasks.outcomes import (
     IGNORED_TIMEOUT,
     AttemptResult,
@@ -46,6 +46,7 @@ from runner.tasks.outcomes import (
     with_retry_policy,
 )
 from runner.tasks.registry import TaskType
+from runner.tasks.worker.ends import EndWriter, TimedOut
 from runner.tasks.worker.running import Claimed, Slot
 
 log = logging.getLogger("latchwork.tasks")
@@ -73,7 +74,7 @@ class Watched:
     closing: bool = False
     closed: threading.Event = field(default_factory=threading.Event)
     #: what the watcher's close wrote, for the loop (None: it wrote nothing)
-    written: Closed | None = None
+    written: TimedOut | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def beat(self, details: Any = None) -> None:
@@ -227,16 +228,8 @@ class LimitWatch:
                         self.member_id, w.claim.task.id, exc)
 
 
-@dataclass(frozen=True)
-class Closed:
-    """What :func:`close_ignored` wrote for an attempt whose handler ignored its limit."""
-    outcome: Outcome
-    error: str
-    run_at: Any  # datetime | None: the retry policy's next attempt
-    incident: Any  # the incident raised (None when it could not be)
-
-
-def close_ignored(store: Store, member_id: str, w: Watched, reason: str) -> None:
+def close_ignored(writer: EndWriter, store: Store, member_id: str, w: Watched,
+                  reason: str) -> None:
     """A thread-run handler still running ``grace`` past its limit (it cannot be killed):
     write its attempt TIMED_OUT and the task's fence moved in one write (nothing it writes
     afterwards is accepted; the retry policy decides the task's next state as for any
@@ -246,9 +239,11 @@ def close_ignored(store: Store, member_id: str, w: Watched, reason: str) -> None
              "closed and the task fenced off, its lock kept until the handler returns")
     outcome, run_at = with_retry_policy(kind, AttemptResult.timed_out(error), Outcome.STOPPED,
                                         claim.task.attempts)
-    _, closed = store.close_attempts(claim.task.id, AttemptStatus.TIMED_OUT, error,
-                                     executor=member_id, changes=task_changes(outcome, run_at))
-    if not any(a.id == claim.attempt.id for a in closed):
+    answer = writer.write_now(FenceOff(claim.task.id, member_id, AttemptStatus.TIMED_OUT, error,
+                                       task_changes(outcome, run_at)))
+    if isinstance(answer, StoreError):
+        raise answer
+    if not any(a.id == claim.attempt.id for a in answer.attempts):
         return  # closed by someone else first (an operator, the reaper): their end stands
     log.error("member %s: task %s (%s) attempt %d: %s", member_id, claim.task.id,
               claim.task.type, claim.attempt.seq, error)
@@ -259,7 +254,7 @@ def close_ignored(store: Store, member_id: str, w: Watched, reason: str) -> None
     except StoreError as exc:
         log.warning("member %s: task %s: incident %s not raised: %s", member_id,
                     claim.task.id, IGNORED_TIMEOUT, exc)
-    w.written = Closed(outcome, error, run_at, incident)
+    w.written = TimedOut(outcome, error, run_at, incident)
 
 
 def persist_beat(store: Store, w: Watched) -> None:

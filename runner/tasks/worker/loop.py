@@ -32,7 +32,7 @@ from datetime import UTC, datetime
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from coord import Booking, Session, SessionState
-from runner.store import AttemptStatus, Store, Task
+from runner.store import Store, Task
 from runner.tasks import due
 from runner.tasks.context import Services
 from runner.tasks.observer import Observer
@@ -41,7 +41,8 @@ from runner.tasks.registry import TaskRegistry
 from runner.tasks.worker.chain import KeyChain
 from runner.tasks.worker.claim import Claimer, key_only, plain, release_booking
 from runner.tasks.worker.commit import GroupCommit
-from runner.tasks.worker.execution import Execution
+from runner.tasks.worker.ends import Written
+from runner.tasks.worker.execution import AttemptSupport, Execution
 from runner.tasks.worker.running import Admission, Admitted, Ending, RunningSet, Slot
 from runner.tasks.worker.scan import Scanner
 from runner.tasks.worker.settings import LoopSettings
@@ -65,12 +66,13 @@ class TaskLoop:
         self.registry = registry
         self.settings = settings = settings or LoopSettings()
         self.observers = list(observers)  # hear attempts and scans (runner.tasks.observer)
-        self.execution = Execution(session, member_id, store, registry,
-                                   observers=self.observers, services=services,
-                                   settings=settings,
-                                   cursor=lambda: due.ensure_cursor(session))
-        self.commits = GroupCommit(store, member_id, self._ended,
+        #: the one writer of attempts' ends; it tells this loop what it wrote (EndReporter)
+        self.commits = GroupCommit(store, member_id, self,
                                    store_retry_for=settings.store_retry_for)
+        self.execution = Execution(session, member_id, store, registry, self.commits,
+                                   AttemptSupport(self.observers, services,
+                                                  lambda: due.ensure_cursor(session)),
+                                   settings)
         self.running = RunningSet(settings.workers, settings.prefetch, settings.short_handler)
         self.claimer = Claimer(session, store, member_id, self.running, settings.limits)
         self.chain = KeyChain(self.claimer, store, registry)
@@ -245,7 +247,7 @@ class TaskLoop:
                 self.commits.submit(ending)
                 outcome, slot = ending.outcome, None
                 continue
-            outcome = self.commits.conclude(replace(ending, waited=True))
+            outcome = self.commits.conclude(replace(ending, waited=True)).outcome
             kept = self._settle_keyed(slot, outcome)
             slot = None
             if not self._stopping.is_set() and outcome is Outcome.FINISHED:
@@ -274,12 +276,16 @@ class TaskLoop:
         slot.done.set()
         return kept
 
-    def _ended(self, ending: Ending, outcome: Outcome, task: Task | None,
-               ended: tuple[AttemptStatus, str | None]) -> None:
-        """The group commit wrote ``ending`` (the ``outcome`` written, the task as written)
-        and released its lock (its observers heard the end before the release): a declined
-        task is left to the others, a retry's time planned; and, unless its worker waits for
-        it, the slot is done."""
+    # -- what the group commit wrote (its EndReporter) -------------------------------------------
+    def written(self, ending: Ending, written: Written) -> None:
+        """``ending`` is written (or given up), its lock still held: its observers hear it."""
+        self.execution.report(ending.audience, written.status, written.error)
+
+    def ended(self, ending: Ending, written: Written) -> None:
+        """The group commit wrote ``ending`` (the outcome written, the task as written) and
+        released its lock: a declined task is left to the others, a retry's time planned;
+        and, unless its worker waits for it, the slot is done."""
+        outcome, task = written.outcome, written.task
         slot = ending.slot
         if outcome is Outcome.DECLINED:  # left to the other nodes for a while
             self.running.decline(slot.task_id, self.decline_for)

@@ -8,9 +8,9 @@ A task goes through three stages on a node, each a value of its own:
   cancels it; it holds the :class:`Claimed` once the claim is written;
 * :class:`Claimed`: the claim written: the task as claimed, its RUNNING attempt and the fencing
   token it was claimed with (its lock's);
-* :class:`Ending`: the handler returned: what its attempt came to (a store
-  :class:`~runner.store.Conclusion` to write, or nothing left to write) and what happens to the
-  task then; the group commit writes it, releases the lock and tells the loop.
+* :class:`Ending`: the handler returned: what its attempt came to (an :data:`~.ends.End`),
+  the store write it is made of and the observers to tell; the group commit writes it, tells
+  them, releases the lock and tells the loop.
 
 :class:`RunningSet` holds one member's slots: those running (each holds a worker) and those
 ending (their end is being written: the worker is free already, the lock still held), and the
@@ -23,18 +23,15 @@ from __future__ import annotations
 import enum
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Protocol
 
 from coord import Booking, SessionState, TaskLock
-from runner.store import Attempt, AttemptStatus, Conclusion, Task
+from runner.store import Attempt, EndWrite, Task
 from runner.tasks.context import CancelToken
 from runner.tasks.outcomes import AttemptResult, Outcome
-
-#: what the observers are told once an end is written: the status and error written
-Tell = Callable[[AttemptStatus, str | None], None]
+from runner.tasks.worker.ends import Audience, End, outcome_of, result_of, write_of
 
 
 class AttemptSession(Protocol):
@@ -79,24 +76,41 @@ class Slot:
     def task_id(self) -> str:
         return self.task.id
 
+    def reclaimed(self, claim: Claimed) -> Claimed:
+        """The slot's task claimed again by its owner (a commit conflict's retry: a new claim
+        with its new attempt, the old one closed); the claim."""
+        self.claim = claim
+        return claim
+
 
 @dataclass(frozen=True)
 class Ending:
-    """What a slot's last attempt came to. ``conclusion`` None: nothing is left to write (its
-    handler concluded through ``ctx.complete()``, or its end was written on the way);
-    ``ended`` is then the status and error as written. ``tell`` reports the end to the
-    observers once it is written."""
+    """What a slot's last attempt came to (``end``: :mod:`.ends`), with the store write it is
+    made of (``write``: built when the handler returned, None when nothing is left to write)
+    and the observers to tell once it is written (``audience``: None when they were told
+    already, or none heard its start)."""
     slot: Slot
     claim: Claimed
-    outcome: Outcome
-    result: AttemptResult
-    tell: Tell
-    conclusion: Conclusion | None = None
-    run_at: datetime | None = None
-    ended: tuple[AttemptStatus, str | None] = (AttemptStatus.RUNNING, None)
+    end: End
+    write: EndWrite | None
+    audience: Audience | None = None
     #: whether the worker waits for it to be written (an ordering key's chain, a booking
     #: kept): otherwise the worker is free when its handler returns
     waited: bool = False
+
+    @classmethod
+    def of(cls, slot: Slot, claim: Claimed, end: End,
+           audience: Audience | None = None) -> Ending:
+        return cls(slot, claim, end, write_of(end, claim.task, claim.attempt, claim.token),
+                   audience)
+
+    @property
+    def outcome(self) -> Outcome:
+        return outcome_of(self.end)
+
+    @property
+    def result(self) -> AttemptResult:
+        return result_of(self.end)
 
 
 class Admission(enum.Enum):
