@@ -27,7 +27,8 @@ from coord.lockbatch import Acquiring, LockBatch, stamp_path
 from coord.lockview import HeldLock, force_release, held_locks, lock_owner
 from coord.mailbox import Mailbox
 from coord.membership import MemberInfo, Membership, live_member_ids, read_members
-from coord.queue import LockFreeQueue, QueueConflict, QueueElementTooLarge, QueueIndexExpired
+from coord.queue import LockFreeQueue
+from coord.queuedata import QueueConflict, QueueElementTooLarge, QueueIndexExpired
 from coord.register import VersionedRegister
 from coord.session import Session, SessionState
 from coord.slots import Booking, SlotLevel, Slots, exclusive_holders, holders

@@ -10,7 +10,7 @@ named in brackets; ``tests/test_layout.py`` checks that this tree equals the cla
     ├── MemberIdTaken             another live session registered the same member id
     ├── VersionConflict           a compare-and-set met a newer version than expected
     ├── LifecycleError            start() twice, or use after close() (every component's)
-    ├── QueueError                [coord.queue] the lock-free queue's own errors
+    ├── QueueError                [coord.queuedata] the lock-free queue's own errors
     │   ├── QueueConflict         push_at found another value at its index
     │   ├── QueueElementTooLarge  an element over the size limit: pass a reference instead
     │   └── QueueIndexExpired     the index was pruned by retention

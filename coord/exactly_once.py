@@ -47,7 +47,8 @@ from typing import Any, Protocol
 
 from coord.errors import CoordError, VersionConflict
 from coord.liveness import Liveness
-from coord.queue import LockFreeQueue, QueueIndexExpired
+from coord.queue import LockFreeQueue
+from coord.queuedata import QueueIndexExpired
 from coord.register import VersionedRegister
 from coord.session import Session
 from coord.stream_input import StreamHandler, dead_letter, dead_queue, run_handler

@@ -37,10 +37,8 @@ together, it can be checked in one place.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
-import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -56,50 +54,22 @@ from kazoo.exceptions import (
 from kazoo.protocol.states import WatchedEvent
 
 from coord._znodes import retry_policy, zk_errors
-from coord.errors import CoordError
+from coord.queuedata import (
+    QueueConflict,
+    QueueIndexExpired,
+    decode_element,
+    encode_element,
+    push_datas,
+)
+from coord.queueprune import prune_head
 from coord.session import Session
 
 DIGITS = 10
 #: read() of an empty start asks whether it was pruned at most this often (a poll of an idle
 #: queue then costs one read, not two); get() always asks
 KEPT_CHECK_EVERY = 1.0
-#: ZooKeeper's default jute.maxbuffer is 1 MiB; the JSON envelope and base64 take a third more
-MAX_ELEMENT_BYTES = 700_000
 #: read() asks for this many slots at once, then twice as many each round: one new element
 READ_AHEAD = 2  # (the usual case) and the empty slot after it come in one round trip
-
-
-class QueueError(CoordError):
-    """Root of the queue's own errors."""
-
-
-class QueueConflict(QueueError):
-    """``push_at`` found another value at its index."""
-
-    def __init__(self, queue: str, index: int) -> None:
-        super().__init__(f"queue {queue}: index {index} holds another value")
-        self.index = index
-
-
-class QueueElementTooLarge(QueueError, ValueError):
-    """An element over :data:`MAX_ELEMENT_BYTES`: pass a reference instead."""
-
-
-class QueueIndexExpired(QueueError, LookupError):
-    """The index is below the queue's first kept index (pruned by retention)."""
-
-
-def _encode(value: bytes, token: str) -> bytes:
-    if len(value) > MAX_ELEMENT_BYTES:
-        raise QueueElementTooLarge(f"an element of {len(value)} bytes is over the limit of "
-                                   f"{MAX_ELEMENT_BYTES}; store it elsewhere and push a "
-                                   "reference")
-    return json.dumps({"v": base64.b64encode(value).decode(), "t": token}).encode()
-
-
-def _decode(data: bytes) -> tuple[bytes, str]:
-    doc = json.loads(data)
-    return base64.b64decode(doc["v"]), str(doc["t"])
 
 
 class LockFreeQueue:
@@ -115,7 +85,7 @@ class LockFreeQueue:
         self._next = 0  # this object's next index to try: at or past its own last push
         self._kept_at = -KEPT_CHECK_EVERY  # when read() last found its start not pruned
 
-    def _slot(self, index: int) -> str:
+    def slot_path(self, index: int) -> str:
         return f"{self.root}/e/{index:0{DIGITS}d}"
 
     @property
@@ -164,7 +134,7 @@ class LockFreeQueue:
     def push(self, value: bytes) -> int:
         """Append ``value``; returns its index."""
         token = uuid.uuid4().hex
-        data = _encode(value, token)
+        data = encode_element(value, token)
         client = self.session.client
 
         def attempt() -> int:
@@ -173,7 +143,7 @@ class LockFreeQueue:
             index = max(self._seen[0], self._next)
             while True:
                 try:
-                    client.create(self._slot(index), data, makepath=True)
+                    client.create(self.slot_path(index), data, makepath=True)
                 except NodeExistsError:
                     held = self._read(index)
                     if held is not None and held[1] == token:
@@ -197,7 +167,7 @@ class LockFreeQueue:
         of the first call, so a push retried after a lost reply, from this process or
         another, pushes once. All or nothing; together the values must fit one element's
         limit. Token records go with :meth:`prune`."""
-        datas = _push_datas(values, token)
+        datas = push_datas(values, token)
         if not datas:
             return []
         client, end = self.session.client, f"{self.root}/end"
@@ -222,7 +192,7 @@ class LockFreeQueue:
                 indexes = list(range(index, index + len(datas)))
                 tx = client.transaction()
                 for at, data in zip(indexes, datas, strict=True):
-                    tx.create(self._slot(at), data)
+                    tx.create(self.slot_path(at), data)
                 if version == -1:
                     tx.create(end, str(indexes[-1] + 1).encode())
                 else:
@@ -255,7 +225,7 @@ class LockFreeQueue:
         if another value is."""
         if index < 0:
             raise ValueError(f"negative index {index}")
-        data = _encode(value, "at")
+        data = encode_element(value, "at")
 
         def attempt() -> None:
             if self._create_raising(index, data):
@@ -263,17 +233,17 @@ class LockFreeQueue:
             # taken, or below the hint: the slot, and the hint (to raise if the slot's creator
             # died first), at once
             client = self.session.client
-            slot, end = (client.get_async(path) for path in (self._slot(index),
+            slot, end = (client.get_async(path) for path in (self.slot_path(index),
                                                              f"{self.root}/end"))
             held: tuple[bytes, str] | None = None
             with contextlib.suppress(NoNodeError):
-                held = _decode(slot.get()[0])
+                held = decode_element(slot.get()[0])
             with contextlib.suppress(NoNodeError):
                 hint, stat = end.get()
                 self._seen = (int(hint or b"0"), int(stat.version))
             if held is None:  # a gap below the hint (a push_at past it): filled now
                 try:
-                    client.create(self._slot(index), data, makepath=True)
+                    client.create(self.slot_path(index), data, makepath=True)
                     held = (value, "at")
                 except NodeExistsError:
                     held = self._read(index)
@@ -293,7 +263,7 @@ class LockFreeQueue:
         hint, version = self._seen if self._seen[1] != -1 else self._hint()
         while hint <= index:
             tx = client.transaction()
-            tx.create(self._slot(index), data)
+            tx.create(self.slot_path(index), data)
             if version == -1:  # the first write: the hint's node is created with it
                 tx.create(end, str(index + 1).encode())
             else:
@@ -315,10 +285,10 @@ class LockFreeQueue:
     # -- reading ----------------------------------------------------------------------------
     def _read(self, index: int) -> tuple[bytes, str] | None:
         try:
-            data, _ = self.session.client.get(self._slot(index))
+            data, _ = self.session.client.get(self.slot_path(index))
         except NoNodeError:
             return None
-        return _decode(data)
+        return decode_element(data)
 
     def first(self) -> int:
         """The first index still kept (0 until :meth:`prune` dropped a head)."""
@@ -352,7 +322,7 @@ class LockFreeQueue:
         with zk_errors(f"cannot read queue {self.name}"):
             hint: tuple[int, int] = retry_policy()(self._hint)
             index = hint[0]
-            while retry_policy()(self.session.client.exists, self._slot(index)) is not None:
+            while retry_policy()(self.session.client.exists, self.slot_path(index)) is not None:
                 index += 1
         return index
 
@@ -361,7 +331,7 @@ class LockFreeQueue:
         once when it is created (a ZooKeeper watch: the same callback on the same index is
         registered once; a session that expires drops it, so wait with a timeout)."""
         with zk_errors(f"cannot read queue {self.name}"):
-            stat = retry_policy()(self.session.client.exists, self._slot(index), watch=callback)
+            stat = retry_policy()(self.session.client.exists, self.slot_path(index), watch=callback)
         return stat is not None
 
     def read(self, start: int, limit: int = 1000) -> Iterator[tuple[int, bytes]]:
@@ -386,11 +356,12 @@ class LockFreeQueue:
 
     def _read_window(self, start: int, count: int) -> list[tuple[bytes, str] | None]:
         """The slots ``start`` .. ``start + count - 1``, asked for at once (one round trip)."""
-        asked = [self.session.client.get_async(self._slot(i)) for i in range(start, start + count)]
+        client = self.session.client
+        asked = [client.get_async(self.slot_path(i)) for i in range(start, start + count)]
         held: list[tuple[bytes, str] | None] = []
         for result in asked:
             try:
-                held.append(_decode(result.get()[0]))
+                held.append(decode_element(result.get()[0]))
             except NoNodeError:
                 held.append(None)
         return held
@@ -399,60 +370,8 @@ class LockFreeQueue:
               below: int | None = None, limit: int | None = None) -> int:
         """Drop elements created more than ``older_than`` seconds ago from the head (never
         past an empty slot, nor to ``below`` when given: a consumer's position; at most
-        ``limit`` of them); returns how many. The first kept index is recorded first, so a
-        reader never sees a hole."""
-        cutoff = (now or time.time()) - older_than
-        client = self.session.client
-        start = self.first()
-        index = start
-        with zk_errors(f"cannot prune queue {self.name}"):
-            while (below is None or index < below) and (limit is None or index < start + limit):
-                stat = retry_policy()(client.exists, self._slot(index))
-                if stat is None or stat.ctime / 1000.0 >= cutoff:
-                    break
-                index += 1
-            if index == start:
-                return 0
-            data = str(index).encode()
-            if retry_policy()(client.exists, f"{self.root}/start") is None:
-                retry_policy()(client.create, f"{self.root}/start", data, makepath=True)
-            else:
-                retry_policy()(client.set, f"{self.root}/start", data)
-            for old in range(start, index):
-                try:
-                    retry_policy()(client.delete, self._slot(old))
-                except NoNodeError:
-                    pass
-            self._prune_tokens(cutoff, limit)
-        return index - start
-
-    def _prune_tokens(self, cutoff: float, limit: int | None) -> None:
-        """Drop the records of :meth:`push_many` tokens older than ``cutoff``."""
-        client = self.session.client
-        try:
-            tokens = retry_policy()(client.get_children, f"{self.root}/pushes")
-        except NoNodeError:
-            return
-        for token in sorted(tokens)[:limit]:
-            path = f"{self.root}/pushes/{token}"
-            with contextlib.suppress(NoNodeError):
-                stat = retry_policy()(client.exists, path)
-                if stat is not None and stat.ctime / 1000.0 < cutoff:
-                    retry_policy()(client.delete, path)
+        ``limit`` of them); returns how many (:func:`coord.queueprune.prune_head`)."""
+        return prune_head(self, older_than, now, below, limit)
 
     def describe(self) -> dict[str, Any]:
         return {"queue": self.name, "first": self.first(), "end": self.end()}
-
-
-def _push_datas(values: list[bytes], token: str) -> list[bytes]:
-    """The elements of one :meth:`LockFreeQueue.push_many` (ValueError for a bad token,
-    :class:`QueueElementTooLarge` for values over one push's limit)."""
-    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$", token):
-        raise ValueError(f"invalid push token {token!r}")
-    datas = [_encode(value, f"{token}.{k}") for k, value in enumerate(values)]
-    total = sum(len(data) for data in datas)
-    if total > MAX_ELEMENT_BYTES:
-        raise QueueElementTooLarge(f"{len(values)} values of {total} bytes in all are over "
-                                   f"the limit of one push, {MAX_ELEMENT_BYTES}; push them "
-                                   "in parts")
-    return datas

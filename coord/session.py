@@ -9,26 +9,24 @@ States (:class:`SessionState`):
   lock's ``verify()``) waits, bounded by the session's deadline, for RECONNECTED or LOST;
 * LOST: the session is gone: ephemeral nodes (members, latch nodes, locks) are gone with it.
 
-kazoo reports LOST only once it reconnects and learns that the session expired; while ZooKeeper
-stays unreachable it stays SUSPENDED forever, and it notices a silent partition (packets
-dropped, socket open) only after its read timeout, two thirds of the session timeout. The server
-expires a session one session timeout after the last message it received from the client, and
-that message came before the last reply the client got. So the Session keeps its own deadline,
-counted from the last bytes it read from the server: at ``last reply + session timeout -
-margin`` (``margin`` a fifth of the timeout by default) it reports LOST, whatever kazoo says,
-which is always before the server can have expired the session. :meth:`Session.expired` reads
-that deadline from the clock alone, so a thread that runs first after a pause knows at once.
-If kazoo still believes the connection is up then, the Session closes that session and opens
-a new one; if the old session
-comes back later (the partition healed, or a whole ensemble restarted and revived it), it is
-replaced too, so nothing keeps running on a session every recipe already treated as lost.
+kazoo reports LOST only once it reconnects and learns that the session expired (while
+ZooKeeper stays unreachable, never), and notices a silent partition only after its read
+timeout, two thirds of the session timeout. The server expires a session one session timeout
+after the last message it received, which came before the last reply the client got. So the
+Session keeps its own deadline, counted from the last bytes it read from the server: at ``last
+reply + session timeout - margin`` (a fifth of the timeout by default) it reports LOST,
+whatever kazoo says, always before the server can have expired the session;
+:meth:`Session.expired` reads it from the clock alone (a thread that runs first after a pause
+knows at once). If kazoo still believes the connection is up then, the Session opens a new
+session; an old one that comes back later (a healed partition, a revived ensemble) is replaced
+too, so nothing runs on a session every recipe already treated as lost.
 
-Listeners are called one at a time on the Session's own dispatch thread, never on kazoo's
-connection thread, so they may do blocking ZooKeeper I/O. A listener that raises is logged and
-the others still run.
+Listeners are called one at a time on the Session's own dispatch thread, never on kazoo's, so
+they may do blocking ZooKeeper I/O; one that raises is logged and the others still run.
 
-Why one module: the state machine, the reply clock that feeds its deadline and the watchdog
-that acts on it are one idea; apart, each would need the others' locks and fields.
+Why one module: the state machine and the watchdog that acts on its deadline are one idea;
+apart, each would need the other's locks and fields (what it changes of kazoo's client is in
+:mod:`coord._kazoo`).
 """
 
 from __future__ import annotations
@@ -36,24 +34,20 @@ from __future__ import annotations
 import enum
 import logging
 import queue
-import selectors
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.handlers.threading import KazooTimeoutError, SequentialThreadingHandler
-from kazoo.handlers.utils import selector_select
-from kazoo.protocol.serialization import Auth
-from kazoo.security import make_digest_acl
+from kazoo.handlers.threading import KazooTimeoutError
 
+from coord._kazoo import KazooLogger, ReplyClock, client_options, run_bounded
 from coord._znodes import zk_errors
 from coord.errors import ConnectionLost, LifecycleError
 
 log = logging.getLogger(__name__)
 ROOT_PREFIX = "/latchwork"
-BLATHER = 5  # kazoo's most verbose level; it logs the negotiated timeout there
 
 
 class SessionState(enum.Enum):
@@ -69,100 +63,6 @@ class _Lifecycle(enum.Enum):
     LATENT = "LATENT"
     STARTED = "STARTED"
     CLOSED = "CLOSED"
-
-
-class _KazooLogger(logging.Logger):
-    """kazoo's logger for one Session; reads the negotiated session timeout on the way.
-
-    kazoo computes the timeout on connect but keeps only the requested value; it logs it at
-    BLATHER in its "Session created" record, which this logger reads (and drops). Everything else
-    goes to kazoo's usual handlers, if the level configured for ``kazoo.client`` lets it
-    through, and is checked before a record is made: kazoo narrates every request at BLATHER
-    or DEBUG, and building those records cost a node more CPU than its task locks' own code.
-    """
-
-    def __init__(self, name: str) -> None:
-        super().__init__(name, BLATHER)
-        self.parent = logging.getLogger("kazoo.client")
-        self.ms: int | None = None
-        #: why kazoo's last connection attempt failed (a refused TLS handshake, a reset), for
-        #: the error a start that cannot connect raises
-        self.last_drop: str | None = None
-
-    def isEnabledFor(self, level: int) -> bool:
-        return self.parent is not None and self.parent.isEnabledFor(level)
-
-    def warning(self, msg: object, *args: object, **kwargs: Any) -> None:
-        if isinstance(msg, str) and msg.startswith("Connection dropped") and args:
-            self.last_drop = str(args[0])
-        super().warning(msg, *args, **kwargs)
-
-    def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
-        if level == BLATHER and isinstance(msg, str) and msg.startswith("Session created") \
-                and len(args) >= 3:
-            try:
-                self.ms = int(str(args[2]))
-            except (TypeError, ValueError):
-                pass
-            return
-        if not self.isEnabledFor(level):  # kazoo narrates every request: nothing made of it
-            return
-        # kazoo narrates the digest credentials it sends ("Sending request: Auth(...)")
-        args = tuple(arg._replace(auth="***") if isinstance(arg, Auth) else arg for arg in args)
-        super().log(level, msg, *args, **kwargs)
-
-
-class _PollSelectors:
-    """The ``selectors`` names kazoo's ``selector_select`` uses, with poll(2) as the selector."""
-
-    EVENT_READ = selectors.EVENT_READ
-    EVENT_WRITE = selectors.EVENT_WRITE
-    DefaultSelector = selectors.PollSelector
-
-
-class _PollHandler(SequentialThreadingHandler):  # type: ignore[misc]
-    """kazoo's threading handler, waiting on its socket with poll(2) instead of a new epoll
-    instance per wait (create, register, wait, close: four system calls where poll needs one).
-    Its connection loop waits dozens of times per task; like epoll, poll has no fd limit."""
-
-    def select(self, *args: Any, **kwargs: Any) -> Any:
-        return selector_select(*args, selectors_module=_PollSelectors, **kwargs)
-
-
-class _ReplyClock:
-    """When the server last sent a message (a reply, a ping answer, a watch event).
-
-    kazoo reads every message from the server through its connection's ``_read_socket``; the
-    clock wraps that method of one client's connection and notes the time after each message
-    read whole (a socket closed by the server, an error, is no message).
-
-    ``lapsed``: a message arrived later than ``span()`` after the one before (the process was
-    paused, or starved, past the session's deadline). A message read after such a gap may have
-    sat in the socket since before it, so it must not make the deadline look fresh: the gap is
-    remembered until the session is replaced or :meth:`reset`."""
-
-    def __init__(self, span: Callable[[], float]) -> None:
-        self.last = time.monotonic()
-        self.lapsed = False
-        self._span = span
-
-    def reset(self) -> None:
-        self.last = time.monotonic()
-        self.lapsed = False
-
-    def attach(self, client: KazooClient) -> None:
-        connection = client._connection
-        read = connection._read_socket
-
-        def read_and_note(*args: Any, **kwargs: Any) -> Any:
-            result = read(*args, **kwargs)
-            now = time.monotonic()
-            if now >= self.last + self._span():
-                self.lapsed = True
-            self.last = now
-            return result
-
-        connection._read_socket = read_and_note
 
 
 def cluster_root(cluster: str) -> str:
@@ -203,34 +103,18 @@ class Session:
         self._events: queue.Queue[tuple[str, Any] | None] = queue.Queue()
         self._dispatcher: threading.Thread | None = None
         self._watchdog: threading.Thread | None = None
-        self._replies = _ReplyClock(self._span)
+        self._replies = ReplyClock(self._span)
         self._lost_locally: int | None = None  # session id we declared LOST ourselves
         # A logger of our own for kazoo, not registered with logging (it goes with the Session);
         # its records still reach kazoo's handlers through the parent.
-        self._logger = _KazooLogger(f"kazoo.client.latchwork.{id(self):x}")
+        self._logger = KazooLogger(f"kazoo.client.latchwork.{id(self):x}")
         self._changed = threading.Condition()
         self._client: KazooClient | None = None
 
     # -- configuration ---------------------------------------------------------------------
 
     def _client_options(self) -> dict[str, Any]:
-        # Reconnect forever (the deadline decides when the session is LOST), and never wait
-        # longer than a tenth of the session between tries: after a ZooKeeper leader election
-        # the survivors serve again within a second, and a backoff grown towards kazoo's usual
-        # cap can sleep past the deadline of a short session the election itself left alive
-        # (seen: tries at +0.0, +0.10, +0.25, +0.62 s, then none until a 2 s session's
-        # deadline at +1.33 s, although the new leader served from about +0.7 s).
-        retry = {"max_tries": -1, "max_delay": min(1.0, self.timeout / 10)}
-        options: dict[str, Any] = {"timeout": self.timeout, "logger": self._logger,
-                                   "handler": _PollHandler(), "connection_retry": retry}
-        if self._auth is not None:
-            user, _, password = self._auth.partition(":")
-            options["auth_data"] = [("digest", self._auth)]
-            options["default_acl"] = [make_digest_acl(user, password, all=True)]
-        ca, cert, key = self._tls
-        if ca is not None:
-            options.update(use_ssl=True, verify_certs=True, ca=ca, certfile=cert, keyfile=key)
-        return options
+        return client_options(self.timeout, self._logger, self._auth, *self._tls)
 
     def _ensure_root(self) -> None:
         """kazoo needs the chroot to exist before it connects to it."""
@@ -313,21 +197,7 @@ class Session:
                 _Lifecycle.STARTED:
             log.info("%s: ZooKeeper not connected (%s): left", what, self._state.value)
             return False
-        done = threading.Event()
-
-        def run() -> None:
-            try:
-                fn()
-                done.set()
-            except Exception as exc:  # kazoo's errors: what is left goes as said above
-                log.warning("%s: %r; left", what, exc)
-
-        thread = threading.Thread(target=run, daemon=True, name="coord-tidy")
-        thread.start()
-        thread.join(self.timeout if timeout is None else timeout)
-        if thread.is_alive():
-            log.warning("%s: no answer from ZooKeeper in time; left", what)
-        return done.is_set()
+        return run_bounded(what, fn, self.timeout if timeout is None else timeout)
 
     # -- accessors -------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from messaging import EnvelopeError, HandlerRegistry, Paradigm, UnknownCommand, decode
 from messaging.envelope import MAX_BODY
 from runner.errors import InvalidPayload, TaskError
-from runner.node.node import default_registry
+from runner.node.registries import default_registry
 
 #: inputs per property: 2,000 in the suite (each property about 15 s); ``make fuzz`` runs
 #: 50,000 (LATCHWORK_FUZZ_EXAMPLES), where a new generator or a changed decoder is tried hard

@@ -14,9 +14,9 @@ import pytest
 
 from coord import Session
 from coord.exactly_once import ExactlyOnceHandler, QueueOutput
-from coord.queue import (
+from coord.queue import LockFreeQueue
+from coord.queuedata import (
     MAX_ELEMENT_BYTES,
-    LockFreeQueue,
     QueueConflict,
     QueueElementTooLarge,
     QueueIndexExpired,

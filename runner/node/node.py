@@ -6,23 +6,20 @@ A node joins membership and the master election, opens the graph store, and runs
 * the MASTER consumer while it is master, plus the master duties
   (:mod:`runner.tasks.master.duties`);
 * the MODEL consumer (TRIGGER_SCAN: scan now; UPDATE_CACHE: reload the ontology cache);
-* the API responder: ``task.submit``, ``task.list``, ``task.get``, ``task.deactivate`` and
-  ``task.cancel`` (both cancel a running attempt cluster-wide), ``task.reactivate``,
-  ``cluster.status``, ``ontology.sync``, ``aspect.create``, ``aspect.delete``, ``aspect.get``,
-  ``aspect.list``.
+* the API responder (:mod:`runner.node.api`); what comes in as tasks goes through
+  :mod:`runner.node.intake`.
 
 SIGTERM or SIGINT: it stops taking tasks, cancels the running ones (their attempts end
 CANCELLED_BY_SYSTEM), releases their locks after the attempts are written, hands over the
 latch, leaves membership and exits 0, within ``shutdown_timeout`` plus a few seconds.
 
-Failure behaviour: killed -9, its member and latch nodes go when the server expires its session
-and the master frees its task locks and closes its RUNNING attempts; a LOST session cancels its
-running tasks, and membership and latch register again on the next session.
+Failure behaviour: killed -9, its member and latch nodes go with its session and the master
+frees its locks and closes its RUNNING attempts; a LOST session cancels its running tasks, and
+membership and latch register again on the next session.
 
 Lifecycle: LATENT, STARTED, CLOSED (:class:`NodeState`); ``start()`` builds every part at once
 (:class:`NodeParts`), registering each one's close as it starts it, so ``close()`` (and a start
-that fails half-way) closes exactly what was started, in reverse. A part read before the start
-raises :class:`~coord.LifecycleError`.
+that fails half-way) closes exactly what was started, in reverse.
 
 Why one module: the node is the composition root: the order its parts are built, started and
 closed in is one piece of knowledge, and its MODEL and MASTER handlers read those parts.
@@ -31,12 +28,12 @@ closed in is one piece of knowledge, and its MODEL and MASTER handlers read thos
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import uuid
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass, replace
-from datetime import datetime
+from dataclasses import dataclass
 
 from coord import (
     LeaderLatch,
@@ -44,35 +41,31 @@ from coord import (
     Mailbox,
     Membership,
     SessionState,
-    force_release,
 )
-from coord.mailbox import post
 from messaging import MessageBus, Topology, ZkProcessedLog
 from runner import __version__, logs
 from runner.config import Settings
 from runner.connect import amqp_connector, graph_store, zk_session
-from runner.errors import TaskError
 from runner.node import commands as builtin_commands
+from runner.node import intake
 from runner.node.api import NodeApi
 from runner.node.metrics import LiveState, NodeMetrics
-from runner.ontology import OntologyCache, OntologySync, register_ontology_tasks
+from runner.node.registries import node_registry
+from runner.ontology import OntologyCache, OntologySync
 from runner.pipeline import extra
 from runner.pipeline.aspects import AspectRegistry
-from runner.pipeline.handlers import Pipeline, register_pipeline_tasks
+from runner.pipeline.handlers import Pipeline
 from runner.pipeline.spark import stop_spark
 from runner.replies import Cancelled
-from runner.requests import TaskSubmit, TaskSubmitMany, page_task_id, submit_task_id
+from runner.requests import TaskSubmit, TaskSubmitMany
 from runner.store import Store, Task, migrations
-from runner.store.due import ready_at
-from runner.tasks import Services, TaskRegistry, due
-from runner.tasks.authoring import load_entry_points, load_modules, register_commands
+from runner.tasks import Services, TaskRegistry
+from runner.tasks.authoring import register_commands
 from runner.tasks.commands import CommandRegistry
-from runner.tasks.features.diag import register_diagnostics
 from runner.tasks.features.streams import (
     StreamLiveness,
     StreamRegistry,
     StreamRetention,
-    register_stream_tasks,
 )
 from runner.tasks.master import layout
 from runner.tasks.master.duties import MasterDuties, Pruning
@@ -80,33 +73,9 @@ from runner.tasks.master.incidents import IncidentWatch, load_hooks
 from runner.tasks.master.retention import Retention
 from runner.tasks.master.schedules import ScheduleFirer
 from runner.tasks.observer import Observer, delivery_hook
-from runner.tasks.worker.loop import Admission, LoopSettings, TaskLoop
+from runner.tasks.worker.loop import LoopSettings, TaskLoop
 
 log = logging.getLogger("latchwork.node")
-
-
-def default_registry() -> TaskRegistry:
-    """The built-in task types: diagnostics, ontology loads, the aspect pipeline."""
-    registry = TaskRegistry()
-    register_diagnostics(registry)
-    register_ontology_tasks(registry)
-    register_pipeline_tasks(registry)
-    register_stream_tasks(registry)
-    return registry
-
-
-def node_registry(settings: Settings, streams: StreamRegistry | None = None,
-                  commands: CommandRegistry | None = None) -> TaskRegistry:
-    """The built-in types, then the entry points of ``latchwork.tasks``, then the modules the
-    settings name (``--tasks``); their ``@stream`` definitions go to ``streams``, their
-    ``@command`` and ``@broadcast`` ones to ``commands`` (after the built-in ones). A bad
-    module or a duplicate name raises TaskLoadError."""
-    registry = default_registry()
-    if commands is not None:
-        register_commands(commands, builtin_commands, builtin=True)
-    load_entry_points(registry, streams=streams, commands=commands)
-    load_modules(registry, settings.tasks, streams, commands)
-    return registry
 
 
 @dataclass(frozen=True)
@@ -133,11 +102,6 @@ class NodeState(enum.Enum):
     LATENT = "LATENT"
     STARTED = "STARTED"
     CLOSED = "CLOSED"
-
-
-def _ready_from(tasks: list[Task]) -> str:
-    """The earliest second ``tasks`` (new, written ready) are ready from, in ISO form."""
-    return min(ready_at(t, t.updated_at) for t in tasks).isoformat()
 
 
 class Node:
@@ -316,7 +280,8 @@ class Node:
         # attempts written, locks freed
         closers.callback(parts.processor.close, s.shutdown_timeout)
         # an operator's cancel (on any node) reaches the handler through this mailbox
-        mailbox = Mailbox(self.session, parts.membership.member_id, self._mail).start()
+        mailbox = Mailbox(self.session, parts.membership.member_id,
+                          functools.partial(intake.mail, self)).start()
         closers.callback(mailbox.close)
         parts.sync.start_watching()
         closers.callback(parts.sync.close)
@@ -366,102 +331,18 @@ class Node:
         self.commands.reconnected(self.services)
 
     def submit(self, req: TaskSubmit, request: uuid.UUID | None = None) -> Task:
-        """Create a task (its payload validated; at its type's default priority, and with its
-        type's resources besides the request's): the API's ``task.submit`` and every task the
-        node makes itself (schedule fires, stream copies, aspect tasks) come through here.
-
-        The task loop takes it (:meth:`TaskLoop.accept`): when a worker of this node is free
-        and the task needs nothing looked up or booked first, it is written already claimed by
-        this node and starts at once (its lock, then one store write); otherwise it is written
-        WAITING, and every node is told to scan (TRIGGER_SCAN) when this one cannot start it
-        now. A task due later than the open queue's horizon waits in a time bucket: the bucket
-        cursor is made sure of first (:mod:`runner.tasks.due`), and no node is told (no scan
-        can find it before the master moves its bucket into the ready lanes).
-
-        ``request``: the API request's message id, which a redelivered copy keeps: the task's
-        id is made from it (:func:`~runner.requests.submit_task_id`), and a task with that id
-        written already by an earlier handling is answered, not written twice."""
-        kind = self.registry.get(req.type)
-        kind.parse(req.payload)
-        run_at = req.when()
-        bucketed = due.needs_cursor(run_at)
-        if bucketed:
-            due.ensure_cursor(self.session)
-        new = self.store.tasks.new(req.type, req.payload, unique_key=req.unique_key,
-                                   priority=kind.priority if req.priority is None
-                                   else req.priority, run_at=run_at,
-                                   ordering_key=req.ordering_key,
-                                   resources=[*kind.resources, *req.resources],
-                                   timeout=req.timeout)
-        if request is not None:
-            new = replace(new, id=submit_task_id(request))
-        admitted = self.processor.accept(new, again=request is not None)
-        if admitted.admission is Admission.ELSEWHERE and not bucketed:
-            self.bus.broadcast("TRIGGER_SCAN", {"task": admitted.task.id,
-                                                "behind": _ready_from([new])})
-        return admitted.task
+        """Create a task: the API's ``task.submit`` and every task the node makes itself
+        (:func:`runner.node.intake.submit`)."""
+        return intake.submit(self, req, request)
 
     def submit_many(self, req: TaskSubmitMany) -> list[Task]:
-        """Create a page of tasks (``task.submit_many``) in one store write, in order: each
-        validated as :meth:`submit` validates one (an invalid one refuses the page, naming its
-        index, before anything is written), then every node told to scan once (unless every
-        task of the page waits in a time bucket, as :meth:`submit` says). A keyed page
-        (``req.page``) gives its tasks the ids its key makes, and creates only those a sending
-        before did not."""
-        news = []
-        ready = False  # a task of the page written into a ready lane
-        for n, item in enumerate(req.tasks):
-            try:
-                kind = self.registry.get(item.type)
-                kind.parse(item.payload)
-            except TaskError as exc:
-                raise type(exc)(f"task {n} of the page: {exc}") from exc
-            run_at = item.when()
-            if due.needs_cursor(run_at):
-                due.ensure_cursor(self.session)
-            else:
-                ready = True
-            news.append(self.store.tasks.new(
-                item.type, item.payload, unique_key=item.unique_key,
-                priority=kind.priority if item.priority is None else item.priority,
-                run_at=run_at, ordering_key=item.ordering_key,
-                resources=[*kind.resources, *item.resources], timeout=item.timeout))
-        if req.page is not None:
-            news = [replace(task, id=page_task_id(req.page, n)) for n, task in enumerate(news)]
-        written = self.store.tasks.add_many(news, again=req.page is not None)
-        if ready:
-            # from when they are ready: a write that landed late (this node paused, or waiting
-            # for the graph, after it stamped them) lies behind the scans' cursors
-            behind = _ready_from(news)
-            self.processor.trigger(datetime.fromisoformat(behind))
-            self.bus.broadcast("TRIGGER_SCAN", {"tasks": len(written), "behind": behind})
-        return written
-
-    def _mail(self, name: str, data: bytes) -> None:
-        """A message in this member's mailbox: ``cancel-<task id>`` (an operator's cancel,
-        written on whichever node took it) stops that task's handler here."""
-        kind, _, task_id = name.partition("-")
-        if kind == "cancel" and task_id:
-            reason = data.decode(errors="replace") or "cancelled by an operator"
-            if self.processor.cancel_running(task_id, reason):
-                log.warning("member %s: task %s: its handler is stopped: %s", self.member_id,
-                            task_id, reason)
+        """Create a page of tasks in one store write (:func:`runner.node.intake.submit_many`)."""
+        return intake.submit_many(self, req)
 
     def cancel(self, task_id: str, by: str, reason: str | None = None) -> Cancelled:
-        """Deactivate a task and cancel its running attempt cluster-wide: the attempt ends
-        CANCELLED and the task's fence moves on in one write (the owner can write nothing
-        more), then the owner's lock node is deleted and a ``cancel-<task id>`` message left
-        in the owner's mailbox, which cancels its handler within a ZooKeeper round trip."""
-        before = self.store.tasks.get(task_id)
-        task, closed = self.store.cancel(task_id, by, reason)
-        if closed:
-            owner = force_release(self.session, task_id)
-            for attempt in closed:  # the owner stops its handler (its mailbox)
-                post(self.session, attempt.executor, f"cancel-{task_id}",
-                     (attempt.error or "cancelled by an operator").encode())
-            log.warning("member %s: task %s (%s) cancelled by operator %s; its attempt on %s "
-                        "was stopped", self.member_id, task_id, task.type, by, owner)
-        return Cancelled.of_cancel(before, task, closed)
+        """Deactivate a task and cancel its running attempt cluster-wide
+        (:func:`runner.node.intake.cancel`)."""
+        return intake.cancel(self, task_id, by, reason)
 
     def register_messages(self, bus: MessageBus) -> None:
         """The declared commands and broadcasts (:mod:`runner.node.commands`, then the

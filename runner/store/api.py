@@ -291,8 +291,6 @@ class SearchStore(Protocol):
 TaskClaim = tuple[Task, Attempt]
 
 
-# -- the store -----------------------------------------------------------------------------
-
 
 class Store(Protocol):
     """Everything the runner may ask of the store: its parts, and the owner's writes that span
@@ -387,7 +385,6 @@ class Store(Protocol):
 
     def clear(self) -> None:
         """Drop every vertex, then stamp the current format (a test's fresh start)."""
-        ...
 
     def close(self) -> None: ...
 

@@ -23,7 +23,6 @@ from runner.errors import (
     InvalidValue,
     StaleFencingToken,
     StoreError,
-    StoreUnavailable,
 )
 from runner.store.api import (
     AttemptLog,
@@ -38,19 +37,15 @@ from runner.store.api import (
     TaskStore,
 )
 from runner.store.ends import (
-    AttemptClose,
     AttemptEnd,
-    Completion,
     Conclusion,
     EndWrite,
     EndWritten,
-    FenceOff,
     LastEffect,
-    Release,
     attempt_end,
 )
 from runner.store.format import stamp
-from runner.store.gremlin import batch
+from runner.store.gremlin import batch, completer
 from runner.store.gremlin.attempts import GremlinAttemptLog
 from runner.store.gremlin.avatars import GremlinAvatarStore
 from runner.store.gremlin.checkpoints import GremlinCheckpointStore
@@ -79,7 +74,6 @@ from runner.store.gremlin.writes import (
     matched_write,
     task_change,
     until_written,
-    write_end,
 )
 from runner.store.model import (
     Attempt,
@@ -258,36 +252,8 @@ class GraphStore:
         return batch.conclude_many(self, conclusions)
 
     def write_ends(self, writes: Sequence[EndWrite]) -> list[EndWritten | StoreError]:
-        """The worker's one way to write its attempts' ends (:class:`~runner.store.api.Store`):
-        the conclusions together (:meth:`conclude_many`: one write), then each other write
-        alone, in order of the call; each answered with what it left or its refusal."""
-        out: list[EndWritten | StoreError | None] = [None] * len(writes)
-        together = [(n, w) for n, w in enumerate(writes) if isinstance(w, Conclusion)]
-        if together:
-            answers = self.conclude_many([w for _, w in together])
-            for (n, _), answer in zip(together, answers, strict=True):
-                out[n] = answer if isinstance(answer, StoreError) else EndWritten(answer)
-        for n, w in enumerate(writes):
-            if not isinstance(w, Conclusion):
-                try:
-                    out[n] = self._write_end(w)
-                except StoreUnavailable:
-                    raise
-                except StoreError as refused:
-                    out[n] = refused
-        return [answer for answer in out if answer is not None]
-
-    def _write_end(self, w: AttemptClose | Release | Completion | FenceOff) -> EndWritten:
-        if isinstance(w, AttemptClose):
-            self.graph.write(write_end(w.end))
-            return EndWritten(None, (w.end.attempt,))
-        if isinstance(w, Release):
-            return EndWritten(self.release(w.task_id, w.token, w.changes))
-        if isinstance(w, Completion):
-            return EndWritten(self.complete(w.attempt, w.task, w.token, w.effect))
-        task, closed = self.close_attempts(w.task_id, w.status, w.error, executor=w.executor,
-                                           changes=w.changes)
-        return EndWritten(task, tuple(closed))
+        """The worker's one way to write its attempts' ends (:mod:`.completer`)."""
+        return completer.write_ends(self, writes)
 
     def _end_superseded(self, attempt: Attempt, fence_token: int) -> None:
         try:

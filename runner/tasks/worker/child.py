@@ -9,6 +9,8 @@ task and attempt as the node claimed them (as plain values, :class:`~runner.task
 channel.Flat`, built again when the handler first reads them). The node keeps the session, the
 lock and every store write; what the handler asks of its context crosses the channel:
 
+(each a frozen value of :mod:`runner.tasks.worker.frames`):
+
 * ``progress``, ``heartbeat``: a message, no answer (the node throttles and writes them);
 * ``check()``, ``checkpoint(state)``, ``resume``: a request the node answers (a refusal comes
   back as the exception the node's context raised, e.g. ``TaskCancelled``);
@@ -57,6 +59,19 @@ from runner.store import Attempt, Fence, Task
 from runner.store.effects import effect_steps
 from runner.tasks.context import TaskCancelled, TaskTimedOut
 from runner.tasks.worker.channel import Channel, Flat
+from runner.tasks.worker.frames import (
+    Beat,
+    Check,
+    ChildRequest,
+    Complete,
+    Progressed,
+    Raised,
+    Refused,
+    Resume,
+    Returned,
+    SaveCheckpoint,
+    ToChild,
+)
 
 #: what a child gets instead of ``ctx.services``
 NOT_ACROSS = ("is not available in a process-isolated handler: the node keeps the ZooKeeper "
@@ -161,32 +176,32 @@ class ChildContext:
             raise InvalidValue(f"ctx.complete(write): the effect cannot be sent to the node "
                                f"({type(exc).__name__}: {exc}); build it from plain values "
                                "and steps (no lambdas)") from exc
-        self._ask("complete", steps)
+        self._ask(Complete(steps))
 
     def progress(self, done: int, total: int | None = None, message: str = "") -> None:
-        self._conn.send(("progress", (done, total, message)))
+        self._conn.send(Progressed(done, total, message))
 
     def heartbeat(self, details: Any = None) -> None:
-        self._conn.send(("beat", details))
+        self._conn.send(Beat(details))
 
     def check(self) -> None:
         self.cancel.raise_if_cancelled()
-        self._ask("check", None)
+        self._ask(Check())
 
     def checkpoint(self, state: Any) -> None:
         self.cancel.raise_if_cancelled()
-        self._ask("checkpoint", state)
+        self._ask(SaveCheckpoint(state))
 
     @property
     def resume(self) -> Any:
-        return self._ask("resume", None)
+        return self._ask(Resume())
 
-    def _ask(self, what: str, value: Any) -> Any:
-        self._conn.send((what, value))
-        kind, answer = self._conn.recv()
-        if kind == "raise":
-            raise answer
-        return answer
+    def _ask(self, request: ChildRequest) -> object:
+        self._conn.send(request)
+        answer: ToChild = self._conn.recv()
+        if isinstance(answer, Refused):
+            raise answer.exception
+        return answer.value
 
 
 def _die_with_parent(parent: int) -> None:
@@ -265,13 +280,13 @@ def main(conn: Connection, flag: Any, deadline: Any, node: int) -> None:
             model = _resolve(job.model) if job.model is not None else None
             payload = model.model_validate(job.payload) if model is not None else job.payload
             handler(ChildContext(job, channel, token), payload)
-            channel.send(("done", None))
+            channel.send(Returned())
         except BaseException as exc:
-            channel.send(("raised", _portable(exc)))
+            channel.send(_portable(exc))
         sys.stdout.flush()
 
 
-def _portable(exc: BaseException) -> tuple[bytes | None, str, str]:
+def _portable(exc: BaseException) -> Raised:
     """``exc`` pickled (None when it cannot be), its ``Type: text``, and its traceback."""
     text = f"{type(exc).__name__}: {exc}"
     stack = "".join(traceback.format_exception(exc))
@@ -281,4 +296,4 @@ def _portable(exc: BaseException) -> tuple[bytes | None, str, str]:
         data: bytes | None = raw
     except Exception:
         data = None
-    return data, text, stack
+    return Raised(data, text, stack)

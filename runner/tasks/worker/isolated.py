@@ -49,13 +49,11 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
-import pickle
 import select
 import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from multiprocessing import forkserver
 from typing import Any
 
@@ -66,6 +64,23 @@ from runner.tasks.registry import TaskType
 from runner.tasks.worker.channel import Channel
 from runner.tasks.worker.child import ATTEMPT, TASK, Job
 from runner.tasks.worker.child import main as child_main
+from runner.tasks.worker.children import Busy, Child
+from runner.tasks.worker.frames import (
+    Answered,
+    Beat,
+    Check,
+    ChildRequest,
+    FromChild,
+    Progressed,
+    Raised,
+    Refused,
+    Resume,
+    Returned,
+    SaveCheckpoint,
+    ToChild,
+    crossing,
+    exception_of,
+)
 from runner.tasks.worker.running import AttemptSession
 
 log = logging.getLogger("latchwork.tasks")
@@ -77,45 +92,6 @@ RSS_EVERY = 0.2
 #: seconds between two turns of the keeper over busy children at most (it also wakes on a
 #: cancellation and when a child's next step is due)
 KEEP_EVERY = 0.1
-PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-@dataclass(eq=False)
-class _Child:
-    proc: Any  # a multiprocessing Process
-    channel: Channel
-    flag: Any  # a shared byte: 0 running, 1 cancelled, 2 cancelled for a time limit
-    deadline: Any  # a shared double: the session's deadline (CLOCK_MONOTONIC)
-    runs: int = 0
-    successor_started: bool = False  # with its last attempt, or when it left
-    ctx: TaskContext | None = None  # the attempt it runs now
-    kind: TaskType | None = None  # and its type
-    # the keeper's marks for the attempt it runs now
-    signalled: float | None = None  # when its attempt was first seen cancelled
-    termed: float | None = None  # when it was sent SIGTERM for ignoring that
-    rss_at: float = 0.0  # when its RSS was last read
-    killed_for: HandlerCrashed | None = None  # why the keeper killed it, when it did
-    forget: Callable[[], None] | None = None  # unregisters the keeper's cancel callback
-
-    def rss_mib(self) -> float:
-        try:
-            with open(f"/proc/{self.proc.pid}/statm") as f:
-                return int(f.read().split()[1]) * PAGE / 2**20
-        except (OSError, IndexError, ValueError):
-            return 0.0
-
-    def signal(self, number: int) -> None:
-        try:
-            os.kill(self.proc.pid, number)
-        except ProcessLookupError:
-            pass
-
-    def kill(self) -> None:
-        """SIGKILL and reap (never from the keeper: only the thread that ran it reads its
-        exit status); none to a child known to have ended (its pid may be another's now)."""
-        if self.proc.exitcode is None:
-            self.signal(signal.SIGKILL)
-        self.proc.join(5)
 
 
 def _where(value: Any) -> tuple[str, str]:
@@ -130,8 +106,8 @@ class ChildPool:
         self.member_id = member_id
         self._mp = multiprocessing.get_context("forkserver")
         self._mp.set_forkserver_preload(["runner.tasks.worker.child", *preload])
-        self._idle: list[_Child] = []
-        self._busy: set[_Child] = set()
+        self._idle: list[Child] = []
+        self._busy: set[Child] = set()
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._keeper: threading.Thread | None = None
@@ -175,7 +151,7 @@ class ChildPool:
         if raised is not None:
             raise raised
 
-    def _take(self, ctx: TaskContext, kind: TaskType, job: Job) -> _Child:
+    def _take(self, ctx: TaskContext, kind: TaskType, job: Job) -> Child:
         """An idle child (or a new one) that has been sent ``job``. An idle child that died
         meanwhile is found by its broken channel, and its successor takes the job."""
         with self._lock:
@@ -185,8 +161,6 @@ class ChildPool:
                 child = self._spawn()
             child.flag.value = 0
             child.deadline.value = self._deadline(ctx)
-            child.signalled = child.termed = child.killed_for = None
-            child.rss_at = 0.0
             try:
                 child.channel.send(tuple(job))
                 break
@@ -195,10 +169,11 @@ class ChildPool:
                 child = None
         if child is None:
             raise HandlerCrashed("no handler process took the attempt (each died at once)")
+        busy = Busy(ctx, kind)
         with self._lock:
-            child.ctx, child.kind = ctx, kind
+            child.busy = busy
             self._busy.add(child)
-        child.forget = ctx.cancel.on_cancel(self._on_cancel(child, ctx))
+        busy.forget = ctx.cancel.on_cancel(self._on_cancel(child, ctx))
         if not self._working.is_set():
             self._working.set()
         isolation = kind.isolation
@@ -211,7 +186,7 @@ class ChildPool:
             self._in_background(self._replace)
         return child
 
-    def _spawn(self) -> _Child:
+    def _spawn(self) -> Child:
         ours, theirs = self._mp.Pipe()
         flag = self._mp.RawValue("b", 0)
         deadline = self._mp.RawValue("d", float("inf"))
@@ -222,19 +197,20 @@ class ChildPool:
         except OSError as exc:
             raise HandlerCrashed(f"the handler process could not be started: {exc}") from exc
         theirs.close()
-        return _Child(proc, Channel(ours), flag, deadline)
+        return Child(proc, Channel(ours), flag, deadline)
 
-    def _give_back(self, child: _Child, kind: TaskType, healthy: bool) -> None:
-        if child.forget is not None:
-            child.forget()
-            child.forget = None
+    def _give_back(self, child: Child, kind: TaskType, healthy: bool) -> None:
+        busy = child.busy
+        killed_for = busy.killed_for if busy is not None else None
+        if busy is not None and busy.forget is not None:
+            busy.forget()
         with self._lock:
             self._busy.discard(child)
-            child.ctx = child.kind = None
+            child.busy = None
         child.runs += 1
         isolation = kind.isolation
         limit = isolation.max_memory_mb if isolation is not None else None
-        keep = (healthy and child.killed_for is None and not self._closed.is_set()
+        keep = (healthy and killed_for is None and not self._closed.is_set()
                 and (isolation is None or child.runs < isolation.max_tasks_per_child)
                 and (limit is None or child.rss_mib() <= limit))
         if keep:
@@ -264,48 +240,46 @@ class ChildPool:
             else:
                 self._idle.append(child)
 
-    def _serve(self, child: _Child, ctx: TaskContext) -> BaseException | None:
+    def _serve(self, child: Child, ctx: TaskContext) -> BaseException | None:
         """Answer the child until its handler ends: None when it returned, what it raised when
         it raised. The worker only waits on the channel (one blocking read per message); a
         crash, or a kill by the keeper, ends the channel and raises here."""
         try:
             while True:
-                what, value = child.channel.recv()
-                if what == "done":
+                frame: FromChild = child.channel.recv()
+                if isinstance(frame, Returned):
                     return None
-                if what == "raised":
-                    return _exception(*value)
-                self._answer(child, ctx, what, value)
+                if isinstance(frame, Raised):
+                    return exception_of(frame)
+                self._answer(child, ctx, frame)
         except (EOFError, OSError):
             raise self._crashed(child, ctx) from None
 
-    def _answer(self, child: _Child, ctx: TaskContext, what: str, value: Any) -> None:
-        if what == "progress":
-            ctx.progress(*value)
+    def _answer(self, child: Child, ctx: TaskContext, frame: Progressed | Beat | ChildRequest
+                ) -> None:
+        if isinstance(frame, Progressed):
+            ctx.progress(frame.done, frame.total, frame.message)
             return
-        if what == "beat":
+        if isinstance(frame, Beat):
             try:
-                ctx.heartbeat(value)
+                ctx.heartbeat(frame.details)
             except Exception as exc:  # details that are not JSON: said, not fatal
                 log.warning("member %s: task %s: heartbeat details refused: %s",
                             self.member_id, ctx.task.id, exc)
             return
-        calls: dict[str, Callable[[], Any]] = {
-            "check": ctx.check, "checkpoint": lambda: ctx.checkpoint(value),
-            "resume": lambda: ctx.resume, "complete": lambda: ctx.complete(replayed(value))}
         try:
-            answer: tuple[str, Any] = ("ok", calls[what]())
+            answer: ToChild = Answered(_served(ctx, frame))
         except Exception as exc:
-            answer = ("raise", _crossing(exc))
+            answer = Refused(crossing(exc))
         child.channel.send(answer)
 
-    def _crashed(self, child: _Child, ctx: TaskContext) -> BaseException:
+    def _crashed(self, child: Child, ctx: TaskContext) -> BaseException:
         """What a child's death (or the keeper's kill) means for its attempt."""
         child.proc.join(2)
         if child.proc.is_alive():
             child.kill()
-        if child.killed_for is not None:
-            return child.killed_for
+        if child.busy is not None and child.busy.killed_for is not None:
+            return child.busy.killed_for
         if ctx.cancel.cancelled:
             return (TaskTimedOut if ctx.cancel.timed_out else TaskCancelled)(ctx.cancel.reason)
         code = child.proc.exitcode
@@ -350,74 +324,65 @@ class ChildPool:
             self._nudge.wait(max(0.001, wait))
             self._nudge.clear()
 
-    def _keep(self, child: _Child, now: float) -> float | None:
+    def _keep(self, child: Child, now: float) -> float | None:
         """One busy child's turn (under the pool's lock, so its attempt is the one read);
         when its next step is due."""
-        ctx, kind = child.ctx, child.kind
-        if ctx is None or kind is None:
+        busy = child.busy
+        if busy is None:
             return None
-        cancel = ctx.cancel
+        ctx, kind, cancel = busy.ctx, busy.kind, busy.ctx.cancel
         due: list[float] = []
         if cancel.cancelled:
             child.flag.value = 2 if cancel.timed_out else 1
             if cancel.session_lost:  # its lock may be another's: never a moment more
                 child.signal(signal.SIGKILL)
                 return None
-            if child.signalled is None:
-                child.signalled = now
-            if child.termed is None and now - child.signalled > kind.limits.grace:
+            if busy.signalled is None:
+                busy.signalled = now
+            if busy.termed is None and now - busy.signalled > kind.limits.grace:
                 log.warning("member %s: task %s: its handler process ignored its cancellation "
                             "(%s); stopping it", self.member_id, ctx.task.id, cancel.reason)
                 child.signal(signal.SIGTERM)
-                child.termed = now
-            elif child.termed is not None and now - child.termed > TERM_WAIT:
+                busy.termed = now
+            elif busy.termed is not None and now - busy.termed > TERM_WAIT:
                 child.signal(signal.SIGKILL)
-            due.append(child.signalled + kind.limits.grace if child.termed is None
-                       else child.termed + TERM_WAIT)
+            due.append(busy.signalled + kind.limits.grace if busy.termed is None
+                       else busy.termed + TERM_WAIT)
         elif not cancel.unbound:
             child.deadline.value = deadline = self.session.deadline
             due.append(deadline)  # past it the session may be lost: look at once
         limit = kind.isolation.max_memory_mb if kind.isolation is not None else None
         if limit is not None:
-            if now - child.rss_at >= RSS_EVERY:
-                child.rss_at = now
+            if now - busy.rss_at >= RSS_EVERY:
+                busy.rss_at = now
                 used = child.rss_mib()
                 if used > limit:
-                    child.killed_for = HandlerCrashed(f"handler used {used:.0f} MiB, "
-                                                      f"limit {limit:g}")
+                    busy.killed_for = HandlerCrashed(f"handler used {used:.0f} MiB, "
+                                                     f"limit {limit:g}")
                     child.signal(signal.SIGKILL)
-            due.append(child.rss_at + RSS_EVERY)
+            due.append(busy.rss_at + RSS_EVERY)
         return min(due, default=None)
 
-    def _on_cancel(self, child: _Child, ctx: TaskContext) -> Callable[[str], None]:
+    def _on_cancel(self, child: Child, ctx: TaskContext) -> Callable[[str], None]:
         """The token's callback: the child's shared flag at once, and the keeper woken (for
         its grace, or a kill when the session is lost)."""
         def cancelled(reason: str) -> None:
-            if child.ctx is ctx:
+            busy = child.busy
+            if busy is not None and busy.ctx is ctx:
                 child.flag.value = 2 if ctx.cancel.timed_out else 1
             self._nudge.set()
         return cancelled
 
 
-def _exception(data: bytes | None, text: str, stack: str) -> BaseException:
-    """The handler's exception as the child sent it, with the child's traceback as a note."""
-    exc: BaseException | None = None
-    if data is not None:
-        try:
-            exc = pickle.loads(data)
-        except Exception:
-            exc = None
-    if not isinstance(exc, BaseException):
-        exc = RuntimeError(text)
-    exc.add_note(f"in the handler process:\n{stack}")
-    return exc
-
-
-def _crossing(exc: BaseException) -> BaseException:
-    """``exc`` if it survives a pickle round trip (the child raises it), else a
-    :class:`TaskCancelled` with its text (what a refused check or checkpoint means)."""
-    try:
-        pickle.loads(pickle.dumps(exc))
-        return exc
-    except Exception:
-        return TaskCancelled(f"{type(exc).__name__}: {exc}")
+def _served(ctx: TaskContext, request: ChildRequest) -> object:
+    """What the node's context answers a child's request (or raises, refusing it)."""
+    if isinstance(request, Check):
+        ctx.check()
+        return None
+    if isinstance(request, SaveCheckpoint):
+        ctx.checkpoint(request.state)
+        return None
+    if isinstance(request, Resume):
+        return ctx.resume
+    ctx.complete(replayed(request.steps))
+    return None

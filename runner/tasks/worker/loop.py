@@ -133,8 +133,7 @@ class TaskLoop:
         self.scanner.wake()
         if self._feeder.is_alive():
             self._feeder.join(timeout)
-        with self.scanner.lock:  # a scan in progress finishes its claims first
-            slots = self.running.snapshot()
+        slots = self.scanner.quiesced()  # a scan in progress finishes its claims first
         for slot in slots:
             slot.cancel.cancel("node shutting down")
         deadline = threading.Event()
@@ -201,19 +200,9 @@ class TaskLoop:
         kind = self.scanner.kind_of(task)
         if kind is None or not plain(task, kind, self.claimer.limits):
             return None
-        if self.running.room([task]) <= 0 or not self.scanner.may_claim():
-            return None
-        # a scan in progress holds the loop: the submit waits for it a little (a listing
-        # takes milliseconds; written WAITING, the task would cost a listing and a claim
-        # more, the paced p99's tail), not for a long pass
-        if not self.scanner.lock.acquire(timeout=ACCEPT_WAIT):
-            return None
-        try:
-            if self.running.room([task]) <= 0 or not self.scanner.may_claim():
-                return None
-            return self.claimer.claim_new(task, again)
-        finally:
-            self.scanner.lock.release()
+        # a scan in progress holds the loop: the submit waits for it a little (the paced
+        # p99's tail), not for a long pass
+        return self.scanner.try_start(task, again, ACCEPT_WAIT)
 
     # -- connection state ----------------------------------------------------------------------
     def _on_session(self, state: SessionState) -> None:

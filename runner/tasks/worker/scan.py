@@ -214,6 +214,28 @@ class Scanner:
         return (self.running.room([task]) > 0 and self.may_claim()
                 and (task.run_at is None or task.run_at <= codec.now()))
 
+    def try_start(self, task: Task, again: bool, wait: float) -> Slot | None:
+        """A task a node has just accepted, claimed here at once (written claimed by
+        :meth:`Claimer.claim_new`) when it may start now, waiting up to ``wait`` seconds for
+        a pass in progress (a listing takes milliseconds; written WAITING, the task would cost
+        a listing and a claim more); None when it may not, or the pass held on."""
+        if self.running.room([task]) <= 0 or not self.may_claim():
+            return None
+        if not self.lock.acquire(timeout=wait):
+            return None
+        try:
+            if self.running.room([task]) <= 0 or not self.may_claim():
+                return None
+            return self.claimer.claim_new(task, again)
+        finally:
+            self.lock.release()
+
+    def quiesced(self) -> list[Slot]:
+        """The slots running once a pass in progress has finished its claims (the loop's
+        close cancels each)."""
+        with self.lock:
+            return self.running.snapshot()
+
     def _live(self) -> set[str] | None:
         """The live member ids: the watched view when the node gave one and it has reported,
         else one read; None when they cannot be read."""
