@@ -110,3 +110,12 @@ def test_the_pins_accept_exactly_what_the_checks_accept() -> None:
             version.startswith(schema.GREMLINPYTHON) == version.startswith(driver.GREMLINPYTHON)
     installed = {name: metadata.version(name) for name in ("gremlite", "gremlinpython")}
     assert all(pins[name].contains(Version(v)) for name, v in installed.items())
+
+
+def test_a_graph_at_a_path_with_a_space_and_a_hash_is_checked_and_opened(tmp_path: Path) -> None:
+    """The check reads the file through a SQLite URI: any path is percent-encoded into it."""
+    path = tmp_path / "a dir #1" / "graph.db"
+    path.parent.mkdir()
+    _graph_with_a_task(path)
+    with open_store(str(path)) as store:
+        assert [t.type for t in store.tasks.all()] == ["t"]

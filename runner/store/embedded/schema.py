@@ -88,11 +88,17 @@ def differences(con: sqlite3.Connection) -> list[str]:
     return found
 
 
+def _read_only(path: Path, timeout: float) -> sqlite3.Connection:
+    """A connection that cannot write to the file (its URI percent-encoded: any path)."""
+    return sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True,
+                           timeout=timeout)
+
+
 def has_tables(path: Path, timeout: float) -> bool:
     """Whether the file at ``path`` holds any table yet (a new or empty file does not)."""
     if not path.exists() or path.stat().st_size == 0:
         return False
-    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=timeout)
+    con = _read_only(path, timeout)
     try:
         return bool(con.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table'")
                     .fetchone()[0])
@@ -106,7 +112,7 @@ def check(path: Path, timeout: float) -> None:
     """Refuse the graph file at ``path`` unless the versions and its schema are what the
     driver relies on (read only; nothing is written)."""
     check_versions()
-    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=timeout)
+    con = _read_only(path, timeout)
     try:
         found = differences(con)
     except sqlite3.DatabaseError as exc:
