@@ -7,7 +7,7 @@ compiled (16%) and interpreted step by step. The task loop's writes are a small 
 (:class:`~runner.store.gremlin.guards.Write`): guards (``V().has(k, v)...``, each standing on
 one vertex), properties set with single cardinality on a guarded vertex, a vertex added with
 its properties and an edge to it from a guarded vertex; and a new task written claimed
-(:meth:`~runner.store.GraphStore.create_claimed`): a vertex of its own, its attempt with an
+(:meth:`~runner.store.Store.create_claimed`): a vertex of its own, its attempt with an
 edge from it, after a guard that no task has its id yet (``absent``, a redelivered
 submit's). Here a write's data form
 (``Write.plan``) is applied with the statements gremlite itself would end up running, in the

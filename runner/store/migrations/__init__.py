@@ -10,7 +10,7 @@ opens it (:func:`open_format`, one upsert). The nodes of a new cluster, started 
 open one new graph at once: a node that reads while another stamps finds the stamp
 (:func:`~runner.store.format.read_state` looks again), never "format 0".
 
-**Opening.** :class:`~runner.store.GraphStore` reads the format when it is built: an older
+**Opening.** :func:`~runner.store.open_store` reads the format before it builds a store: an older
 graph raises :class:`~runner.errors.StoreFormatOutdated` ("run `latchwork store migrate`"), a
 newer one :class:`~runner.errors.StoreFormatTooNew`, each one line, before anything else is
 read or written. ``latchwork store migrate`` opens it without that check.
