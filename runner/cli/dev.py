@@ -23,6 +23,7 @@ from runner.config import (
 from runner.devenv import DevEnvironment, DevPlan
 from runner.devenv.smoke import CheckResult, check_graph, check_rabbitmq, check_zookeeper
 from runner.errors import ConfigError, SmokeCheckFailed
+from runner.store import is_server
 
 # ---------------------------------------------------------------------------------------------
 # dev: local servers
@@ -171,7 +172,7 @@ def dev_check(directory: Path | None) -> None:
     try:
         checks: list[Callable[[], CheckResult]] = [
             lambda: check_zookeeper(zk_hosts), lambda: check_rabbitmq(amqp_url)]
-        if graph.startswith(("ws://", "wss://")):
+        if is_server(graph):
             checks.append(lambda: check_graph(graph))
         for check in checks:
             result = check()

@@ -22,6 +22,7 @@ from types import FrameType, TracebackType
 from runner import logs
 from runner.config import Settings
 from runner.node.node import Node
+from runner.store import is_server
 
 log = logging.getLogger("latchwork.node")
 
@@ -140,6 +141,6 @@ def switch_interval(settings: Settings) -> float:
     default stays there)."""
     if settings.switch_interval is not None:
         return settings.switch_interval
-    if settings.graph.startswith(("ws://", "wss://")):
+    if is_server(settings.graph):
         return 0.005
     return EMBEDDED_SWITCH_INTERVAL

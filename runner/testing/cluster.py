@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from coord.testing import NodeProcess, wait_until
 from runner.client import Client
-from runner.store import AttemptStatus, Store, Task, open_store
+from runner.store import AttemptStatus, Store, Task, is_server, open_store
 
 if TYPE_CHECKING:  # pytest imports the plugin itself (assertion rewriting)
     from messaging.testing.plugin import AmqpNamespace
@@ -53,7 +53,7 @@ class Cluster:
                  spawn: Callable[..., NodeProcess], graph: str | None = None,
                  **settings: str) -> None:
         self.graph = graph or str(directory / "graph.db")
-        self.remote = self.graph.startswith(("ws://", "wss://"))
+        self.remote = is_server(self.graph)
         remote = {"LATCHWORK_GRAPH_SERIAL_SERVER": "true"} if self.remote else {}
         self.env = {**os.environ, "LATCHWORK_CLUSTER": CLUSTER, "LATCHWORK_ZK_HOSTS": zk_hosts,
                     "LATCHWORK_AMQP_URL": amqp.url, "LATCHWORK_GRAPH": self.graph, **remote,

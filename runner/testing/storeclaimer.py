@@ -27,11 +27,11 @@ import time
 from pathlib import Path
 
 from runner.errors import AttemptAlreadyFinished, CommitConflict, StaleFencingToken
-from runner.store import AttemptStatus, Conclusion, Store, TaskStatus, open_store
+from runner.store import AttemptStatus, Conclusion, Store, TaskStatus, is_server, open_store
 
 
 def _open(location: str) -> Store:
-    if location.startswith(("ws://", "wss://")):
+    if is_server(location):
         return open_store(location, atomicity="serial")
     return open_store(location)
 

@@ -7,7 +7,7 @@ whole call; any other refusal is that write's answer."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 from runner.errors import StoreError, StoreUnavailable
 from runner.store.api import Graph
@@ -23,8 +23,6 @@ from runner.store.ends import (
 )
 from runner.store.gremlin.writes import write_end
 from runner.store.model import Attempt, AttemptStatus, Task
-
-T = TypeVar("T")
 
 
 class Owner(Protocol):
@@ -49,21 +47,22 @@ def write_ends(store: Owner, writes: Sequence[EndWrite]) -> list[EndWritten | St
     """The worker's one way to write its attempts' ends (:class:`~runner.store.api.Store`):
     the conclusions together (:meth:`conclude_many`: one write), then each other write
     alone, in order of the call; each answered with what it left or its refusal."""
-    out: list[EndWritten | StoreError | None] = [None] * len(writes)
-    together = [(n, w) for n, w in enumerate(writes) if isinstance(w, Conclusion)]
-    if together:
-        answers = store.conclude_many([w for _, w in together])
-        for (n, _), answer in zip(together, answers, strict=True):
-            out[n] = answer if isinstance(answer, StoreError) else EndWritten(answer)
-    for n, w in enumerate(writes):
-        if not isinstance(w, Conclusion):
-            try:
-                out[n] = _write_end(store, w)
-            except StoreUnavailable:
-                raise
-            except StoreError as refused:
-                out[n] = refused
-    return [answer for answer in out if answer is not None]
+    together = [w for w in writes if isinstance(w, Conclusion)]
+    concluded = iter(store.conclude_many(together) if together else [])
+    out: list[EndWritten | StoreError] = []
+    for w in writes:
+        if isinstance(w, Conclusion):
+            answer = next(concluded)
+            out.append(answer if isinstance(answer, StoreError) else EndWritten(answer))
+            continue
+        try:
+            out.append(_write_end(store, w))
+        except StoreUnavailable:
+            raise
+        except StoreError as refused:
+            out.append(refused)
+    return out
+
 
 def _write_end(store: Owner, w: AttemptClose | Release | Completion | FenceOff) -> EndWritten:
     if isinstance(w, AttemptClose):

@@ -219,8 +219,7 @@ class GroupCommit:
         found: dict[int, EndWritten | StoreError] = {}
         while items:
             try:
-                answers = self.store.write_ends([q.write for q in items  # type: ignore[misc]
-                                                 ])
+                answers = self.store.write_ends([q.write for q in items if q.write is not None])
             except Exception as error:
                 exc = error if isinstance(error, StoreUnavailable) else None
                 if exc is None:  # a fault of the write itself: tried again like the graph out
