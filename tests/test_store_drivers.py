@@ -119,3 +119,24 @@ def test_a_graph_at_a_path_with_a_space_and_a_hash_is_checked_and_opened(tmp_pat
     _graph_with_a_task(path)
     with open_store(str(path)) as store:
         assert [t.type for t in store.tasks.all()] == ["t"]
+
+
+@pytest.mark.parametrize("code", [429, 598])
+def test_a_server_that_cannot_take_a_request_now_is_out_of_reach_not_a_bare_error(
+        gremlin_server: GremlinServer, code: int) -> None:
+    """A Gremlin Server shutting down answered 429 "Rate limiting" to a node's master duties,
+    whose thread died of the bare driver error (the node left with exit 70); such an answer is
+    the graph out of reach for now (``StoreUnavailable``), which every caller handles."""
+    from gremlin_python.driver.protocol import GremlinServerError
+
+    from runner.errors import StoreUnavailable
+
+    def refused(g: object) -> None:
+        raise GremlinServerError({"code": code, "message": "Rate limiting", "attributes": {}})
+
+    with open_store(gremlin_server.url, atomicity="serial") as store:
+        with pytest.raises(StoreUnavailable, match="Rate limiting"):
+            store.graph.read(refused)
+        with pytest.raises(StoreUnavailable, match="Rate limiting"):
+            store.graph.write(refused)
+        assert store.graph.read(lambda g: g.inject(1).to_list()) == [1]

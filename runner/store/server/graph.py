@@ -37,6 +37,8 @@ _RACE_LOST = ("lockingexception", "deadlock", "concurrentmodification", "concurr
 TRANSACTIONS = "transactions"  # every write in a transaction of its own (g.tx())
 SERIAL = "serial"  # the server runs one traversal at a time: each single traversal is atomic
 NONE = "none"  # neither: an operator accepted check-then-act (allow_untransactional_graph)
+#: the server's answers that mean "not now" (too many requests, evaluation timeout)
+TRANSIENT_STATUS = (429, 598)
 ATOMICITY = (TRANSACTIONS, SERIAL, NONE)
 
 #: optimisations the server is asked not to apply (``withoutStrategies``): they only reorder
@@ -175,7 +177,10 @@ class RemoteGraph:
         try:
             return fn(g)
         except GremlinServerError as exc:
-            if exc.status_code in (598,):  # the server's own evaluation timeout
+            # the server cannot take the request now: its own evaluation timeout (598), or
+            # its executor refusing work (429 "Rate limiting": seen while it shuts down):
+            # the graph out of reach for now, as a cut connection is, never a bare error
+            if exc.status_code in TRANSIENT_STATUS:
                 raise StoreUnavailable(f"Gremlin Server {self.url}: {exc.status_message}"
                                        ) from None
             raise
