@@ -244,6 +244,9 @@ def test_a_handler_that_ignores_its_timeout_is_fenced_off_and_keeps_its_lock_unt
     task = cluster.task(task_id)
     assert "ran on 1 s past it" in (first.error or "") and task.fence > first.fence
     assert task.status is TaskStatus.WAITING and lock_held(zk_client, task_id)
+    # the watch raises the incident after the fence-off is written (its own next step)
+    assert wait_until(lambda: [i for i in cluster.store.incidents.for_task(task_id)
+                               if i.kind == "ignored_timeout"], 10, 0.05)
     (incident,) = [i for i in cluster.store.incidents.for_task(task_id)
                    if i.kind == "ignored_timeout"]
     assert incident.open
