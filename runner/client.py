@@ -42,12 +42,13 @@ import getpass
 import logging
 import socket
 import time
+import typing
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import ClassVar, TypeVar, cast
+from typing import ClassVar, TypeVar, cast, overload
 
 from pydantic import BaseModel, JsonValue, ValidationError
 
@@ -76,6 +77,8 @@ from runner.errors import (
     NoAnswer,
     RequestFailed,
     RequestRefused,
+    ResultPending,
+    TaskStopped,
 )
 from runner.replies import (
     Acted,
@@ -87,6 +90,7 @@ from runner.replies import (
     OntologyDetail,
     OntologyView,
     RecentAttempt,
+    ResultValue,
     ScheduleView,
     StreamInfo,
     StreamPage,
@@ -129,6 +133,7 @@ from runner.requests import (
     TaskGet,
     TaskList,
     TaskReactivate,
+    TaskResult,
     TaskSkip,
     TaskSubmit,
     TaskSubmitMany,
@@ -136,12 +141,15 @@ from runner.requests import (
     TaskTypes,
 )
 from runner.requests import TaskSearch as TaskSearchRequest
+from runner.results import ResultRef
 
 T = TypeVar("T")
 #: a request's reply type
 R = TypeVar("R")
 #: a request model, or a part of one
 Q = TypeVar("Q", bound=BaseModel)
+#: what a task's result reads as
+M = TypeVar("M")
 #: sendings of one bulk submit page at most (the first, and again while no answer comes or the
 #: graph is out of reach: 0.5, 1, 2 s apart)
 PAGE_TRIES = 4
@@ -150,7 +158,8 @@ log = logging.getLogger("latchwork.client")
 AnyOf = str | Sequence[str]
 
 __all__ = ["BrokerUnreachable", "Client", "ClientError", "CommandFailed", "CommandRefused",
-           "NoAnswer", "RequestFailed", "RequestRefused", "build", "operator"]
+           "NoAnswer", "RequestFailed", "RequestRefused", "ResultPending", "ResultRef",
+           "TaskStopped", "build", "operator"]
 
 
 
@@ -343,6 +352,63 @@ class Client:
             if left <= 0:
                 raise NoAnswer(f"task {task_id} is still {report.task.status.lower()} after "
                                f"{timeout:g}s")
+            time.sleep(min(self.poll_interval, left))
+
+    def submit_for(self, handler: Callable[..., M], payload: BaseModel | Mapping[str, JsonValue]
+                   | None = None, **fields: object) -> ResultRef[M]:
+        """Submit a task of ``handler``'s ``@task`` type (its name read from the handler,
+        ``payload`` a model or a mapping, the other ``fields`` as :meth:`submit` takes them)
+        and return a typed reference: :meth:`result` of it answers the type the handler's
+        return annotation names. A function without ``@task`` raises ValueError."""
+        declaration = getattr(handler, "latchwork_task", None)
+        name = getattr(declaration, "name", None)
+        if not isinstance(name, str):
+            raise ValueError(f"{getattr(handler, '__qualname__', handler)} is not a @task "
+                             "handler")
+        body = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else payload
+        view = self.submit(name, cast(Mapping[str, JsonValue] | None, body),
+                           **cast(dict[str, typing.Any], fields))
+        return cast(ResultRef[M], ResultRef.returned_by(view.id, handler))
+
+    @overload
+    def result(self, task: ResultRef[M], wait: float | None = None) -> M: ...
+
+    @overload
+    def result(self, task: str, wait: float | None = None) -> JsonValue: ...
+
+    @overload
+    def result(self, task: str, wait: float | None = None, *, model: type[M]) -> M: ...
+
+    def result(self, task: str | ResultRef[M], wait: float | None = None, *,
+               model: type[M] | None = None) -> M | JsonValue:
+        """What the task's handler returned (None: it returned nothing), once it succeeded:
+        read as the reference's type (:class:`~runner.results.ResultRef`, :meth:`submit_for`)
+        or ``model``, else as stored JSON. ``wait``: seconds to wait for it to end (None: not
+        at all). A task that stopped raises :class:`TaskStopped` (``state`` failed, cancelled
+        or skipped; ``error`` its last attempt's); one still open past ``wait``
+        :class:`ResultPending`; an unknown one ``task_not_found``."""
+        ref: ResultRef[M] | ResultRef[JsonValue] = (
+            task if isinstance(task, ResultRef) else
+            ResultRef.of(task, model) if model is not None else ResultRef(task))
+        return ref.read(self.result_value(ref.task_id, wait).value)
+
+    def result_value(self, task_id: str, wait: float | None = None) -> ResultValue:
+        """:meth:`result`'s answer whole (the value as stored JSON, its size and attempt; the
+        same errors): what ``latchwork task result --json`` prints."""
+        deadline = None if wait is None else time.monotonic() + wait
+        while True:
+            answer = self.send(build(TaskResult, id=task_id))
+            if answer.state == "succeeded":
+                return answer
+            if answer.state in ("failed", "cancelled", "skipped"):
+                why = (f": {answer.error}" if answer.error else
+                       ": it has no result" if answer.state == "skipped" else "")
+                raise TaskStopped(f"task {task_id} {answer.state}{why}", task_id=task_id,
+                                  state=answer.state, error=answer.error)
+            left = 0.0 if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                waited = "" if wait is None else f" after {wait:g}s"
+                raise ResultPending(f"task {task_id} is still {answer.state}{waited}")
             time.sleep(min(self.poll_interval, left))
 
     def checkpoint(self, task_id: str) -> CheckpointValue:

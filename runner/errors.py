@@ -27,7 +27,8 @@ The tree (``tests/test_layout.py`` checks that it equals the classes and codes b
     ├── TaskError                   task_error
     │   ├── UnknownTaskType         task_type_unknown         refused
     │   ├── InvalidPayload          payload_invalid           refused
-    │   └── HandlerCrashed          handler_crashed
+    │   ├── HandlerCrashed          handler_crashed
+    │   └── ResultInvalid           result_invalid
     ├── InvalidSchedule             schedule_invalid          refused
     ├── UnknownStream               stream_unknown
     ├── StreamElementTooLarge       stream_element_too_large  refused
@@ -69,7 +70,9 @@ The tree (``tests/test_layout.py`` checks that it equals the classes and codes b
     │   │   │   └── CommandRefused  command_refused           refused
     │   │   └── CommandFailed       command_failed
     │   ├── NoAnswer                no_answer
-    │   └── BrokerUnreachable       broker_unreachable
+    │   ├── BrokerUnreachable       broker_unreachable
+    │   ├── ResultPending           result_pending
+    │   └── TaskStopped             task_stopped
     └── SmokeCheckFailed            smoke_check_failed
 
 Control flow is not an error and stays outside the tree: a handler's
@@ -181,6 +184,14 @@ class HandlerCrashed(TaskError):
     it (:mod:`runner.tasks.worker.isolated`)."""
 
     error_code = "handler_crashed"
+
+
+class ResultInvalid(TaskError, ValueError):
+    """A handler's return value cannot be its task's result: not JSON, not the type its
+    return annotation names, or over :data:`~runner.tasks.results.RESULT_LIMIT` bytes of JSON.
+    Its attempt ends FAILED with it (:mod:`runner.tasks.results`)."""
+
+    error_code = "result_invalid"
 
 
 class InvalidSchedule(RunnerError, ValueError):
@@ -500,6 +511,26 @@ class BrokerUnreachable(ClientError):
     """RabbitMQ could not be reached."""
 
     error_code = "broker_unreachable"
+
+
+class ResultPending(ClientError):
+    """``Client.result``: the task has not ended (yet, or within the time it was given)."""
+
+    error_code = "result_pending"
+
+
+class TaskStopped(ClientError):
+    """``Client.result``: the task stopped without a result (failed, cancelled or skipped);
+    ``state`` says which and ``error`` carries its last attempt's error."""
+
+    error_code = "task_stopped"
+
+    def __init__(self, message: str, *, task_id: str = "", state: str = "",
+                 error: str | None = None) -> None:
+        super().__init__(message)
+        self.task_id = task_id
+        self.state = state
+        self.error = error
 
 # -- the dev servers -----------------------------------------------------------------------------
 

@@ -211,11 +211,29 @@ class SeriesProgress(View):
     failure: list[str] = []
 
 
+class ResultValue(View):
+    """What a task's handler returned, as its SUCCEEDED attempt holds it (``task result``,
+    ``task show``): ``present`` False when there is none (it has not succeeded, it returned
+    None, it was skipped); the value is whole (at most 64 KiB of JSON:
+    :mod:`runner.tasks.results`)."""
+    task_id: str
+    #: the task's state (``task show``'s): what a caller waiting for the result decides by
+    state: str
+    present: bool = False
+    attempt_id: str | None = None
+    size: int = 0  # bytes of JSON
+    value: JsonValue = None
+    #: its last attempt's error, when it stopped (failed or cancelled)
+    error: str | None = None
+
+
 class TaskReport(View):
-    """A task with every attempt, newest last, and its progress when it reports one."""
+    """A task with every attempt, newest last, its progress when it reports one, and its
+    result once it succeeded with one."""
     task: TaskView
     attempts: list[AttemptView]
     progress: SeriesProgress | None = None
+    result: ResultValue | None = None
 
     @property
     def done(self) -> bool:
@@ -265,6 +283,7 @@ class TaskTypeView(View):
     isolation: str = "thread"  # or "process"
     max_tasks_per_child: int | None = None  # process isolation only
     max_memory_mb: float | None = None  # process isolation only
+    result: str = "any JSON"  # what its handler returns (its return annotation)
     payload_schema: JsonObject | None = None  # None: any JSON object
 
 

@@ -34,6 +34,7 @@ from runner.replies import (
     OntologyView,
     Pushed,
     RecentAttempt,
+    ResultValue,
     ScheduleRemoved,
     ScheduleView,
     SearchPage,
@@ -185,6 +186,13 @@ class TaskCheckpoint(TaskById, Request[CheckpointValue]):
     """The task's last checkpoint with its value (``task show ID --checkpoint``)."""
 
     command = "task.checkpoint"
+
+
+class TaskResult(TaskById, Request[ResultValue]):
+    """What the task's handler returned, with the task's state (``task result ID``): the
+    client waits by asking again."""
+
+    command = "task.result"
 
 
 class TaskCancel(TaskById, Request[Cancelled]):

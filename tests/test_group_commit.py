@@ -62,9 +62,10 @@ class Told:
                                            (written.status, written.error))
 
 
-def claimed(store: Store, session: Session, n: int) -> list[Ending]:
+def claimed(store: Store, session: Session, n: int,
+            result: str | None = None) -> list[Ending]:
     """``n`` tasks claimed by ``m1`` with their locks held, each ended SUCCEEDED (not
-    written)."""
+    written), with ``result`` as its handler's result."""
     out = []
     for i in range(n):
         task = store.tasks.create("t", {"n": i})
@@ -74,7 +75,7 @@ def claimed(store: Store, session: Session, n: int) -> list[Ending]:
         task, attempt = store.claim(task, token, "m1")
         slot = Slot(task, lock, None, CancelToken())
         claim = slot.claim = Claimed(task, attempt, token)
-        out.append(Ending.of(slot, claim, Succeeded(AttemptResult.succeeded())))
+        out.append(Ending.of(slot, claim, Succeeded(AttemptResult.succeeded(result))))
     return out
 
 
@@ -121,6 +122,30 @@ def test_ends_that_arrive_during_a_write_go_in_the_next_group(store: Store,
         assert store.attempts.get(ending.claim.attempt.id).status is AttemptStatus.SUCCEEDED
         assert lock_owner(zk, ending.claim.task.id) is None  # released after the write
         assert not ending.slot.lock.is_held
+
+
+def test_a_group_of_ends_with_results_is_capped_by_bytes_under_the_servers_request_limit(
+        store: Store, zk: Session) -> None:
+    """20 ends whose handlers returned 60 KiB each queue behind a held write: one group of all
+    19 would be 1.2 MiB, over the dev Gremlin Server's 1 MiB request limit (and the compose
+    file's). The group commit caps a group by bytes as well as by count (MAX_BYTES, 512 KiB):
+    groups of 8, 8 and 3, each written, every result stored with its attempt."""
+    told = Told()
+    commits = GroupCommit(store, "m1", told)
+    value = '{"rows":"' + "r" * (60 * 1024) + '"}'
+    ends = claimed(store, zk, 20, value)
+    held = HeldFirstWrite(store)
+    commits.submit(ends[0])
+    assert wait_until(lambda: held.calls == 1, 10)
+    for ending in ends[1:]:
+        commits.submit(ending)
+    held.go()
+    assert wait_until(lambda: len(told.ends) == 20, 30)
+    commits.close()
+    assert commits.stats == {"groups": 4, "concluded": 20, "largest": 8}
+    assert {o for o, _, _ in told.ends.values()} == {Outcome.FINISHED}
+    stored = store.attempts.results([e.claim.task.id for e in ends])
+    assert {k: r.text for k, r in stored.items()} == {e.claim.task.id: value for e in ends}
 
 
 def test_a_refused_end_is_its_own_and_the_rest_of_the_group_is_written(

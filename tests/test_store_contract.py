@@ -47,6 +47,7 @@ from runner.store import (
     Store,
     Task,
     TaskStatus,
+    attempt_end,
     codec,
     due,
     open_store,
@@ -452,6 +453,60 @@ def test_a_checkpoint_is_fenced_by_its_attempt_and_read_back_until_dropped(
     with pytest.raises(InvalidValue, match="running on m1"):
         store.tasks.reactivate(task.id, fresh=True)
     assert store.tasks.get(task.id) == running
+
+
+def test_a_result_lands_with_its_succeeded_attempt_only_and_a_stale_owners_never(
+        store: Store) -> None:
+    """A handler's result rides in the end's guarded write (``attempt_result``): written with
+    its SUCCEEDED attempt in the same write (one or several in a batch, each read back by
+    ``results``), never with another attempt's end, never by an owner whose attempt was
+    closed or whose token was superseded; attempt rows never carry it."""
+    big = '{"rows":"' + "x" * (64 * 1024 - 20) + '"}'  # a result at its limit, on both graphs
+    tasks = [store.tasks.create("t") for _ in range(3)]
+    claims = [store.claim(t, 7 + n, "m1") for n, t in enumerate(tasks)]
+    texts = [big, '{"count":3}', '["a","b"]']
+    done = store.conclude_many([
+        Conclusion.success(a, t, FINISHED_CHANGE, result=text)
+        for (t, a), text in zip(claims, texts, strict=True)])
+    assert all(isinstance(d, Task) and d.finished for d in done)
+    found = store.attempts.results([t.id for t in tasks] + ["no-such-task"])
+    assert {k: (v.attempt_id, v.text) for k, v in found.items()} == {
+        t.id: (a.id, text) for (t, a), text in zip(claims, texts, strict=True)}
+    one = store.attempts.result(tasks[1].id)
+    assert one is not None and one.text == '{"count":3}' and one.size == 11
+    assert store.attempts.results([]) == {}
+    # rows are read without it (a listing of attempts stays small whatever handlers return)
+    (row,) = store.attempts.for_task(tasks[0].id)
+    assert row.status is AttemptStatus.SUCCEEDED and not hasattr(row, "result")
+
+    # only a success has one; a failed attempt's end refuses one before anything is written
+    failing = store.tasks.create("t")
+    task, attempt = store.claim(failing, 20, "m1")
+    with pytest.raises(InvalidValue, match="FAILED attempt has no result"):
+        attempt_end(attempt, AttemptStatus.FAILED, "x", result='{"a":1}')
+    store.conclude(Conclusion.of(attempt, AttemptStatus.FAILED, task,
+                                 {"status": TaskStatus.WAITING, "active": False}, error="x"))
+    assert store.attempts.result(failing.id) is None
+
+    # a stale owner (another claimed it with a newer token) writes no result; the new owner's
+    # success does, and a read finds that one alone
+    taken = store.tasks.create("t")
+    task, stale = store.claim(taken, 30, "m1")
+    newer, fresh = store.claim(store.tasks.get(taken.id), 31, "m2")
+    with pytest.raises(AttemptAlreadyFinished):
+        store.conclude(Conclusion.success(stale, task, FINISHED_CHANGE, result='"stale"'))
+    assert store.attempts.result(taken.id) is None
+    store.conclude(Conclusion.success(fresh, newer, FINISHED_CHANGE, result='"fresh"'))
+    kept = store.attempts.result(taken.id)
+    assert kept is not None and (kept.attempt_id, kept.text) == (fresh.id, '"fresh"')
+    # closed by the master meanwhile: its owner's success, result and all, is refused
+    closed = store.tasks.create("t")
+    task, attempt = store.claim(closed, 40, "m1")
+    store.close_attempts(closed.id, AttemptStatus.CANCELLED_BY_SYSTEM, "owner left",
+                         executor="m1")
+    with pytest.raises((AttemptAlreadyFinished, StaleFencingToken)):
+        store.conclude(Conclusion.success(attempt, task, FINISHED_CHANGE, result='"late"'))
+    assert store.attempts.result(closed.id) is None
 
 
 def test_claim_and_conclude_write_together_or_say_why(store: Store) -> None:

@@ -1,4 +1,8 @@
-"""Rich console reports: task lists, attempt reports, cluster status."""
+"""Rich console reports: task lists, attempt reports, results, checkpoints, cluster status.
+
+Why one module: every report the CLI prints shares its few helpers (states, times, bars,
+checkpoint and result text); split per report, each would import the others' helpers.
+"""
 
 from __future__ import annotations
 
@@ -112,6 +116,24 @@ def render_checkpoint(found: dict[str, Any], console: Console | None = None) -> 
                       "shows all of it)")
 
 
+def _shown_result(result: dict[str, Any], limit: int = 200) -> str:
+    """A result in one line of ``task show``: its JSON, cut at ``limit`` characters (said)."""
+    text = json.dumps(result["value"], sort_keys=True)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({result['size']} bytes; `task result ID` shows all of it)"
+
+
+def render_result(found: dict[str, Any], console: Console | None = None) -> None:
+    """``task result ID``: the value as indented JSON (a result is at most 64 KiB), or that
+    the task succeeded with none."""
+    console = console or Console()
+    if not found["present"]:
+        console.print(f"task {found['task_id']} succeeded with no result")
+        return
+    console.print(Text(json.dumps(found["value"], indent=2, sort_keys=True)))
+
+
 def render_task_report(report: dict[str, Any], console: Console | None = None) -> None:
     console = console or Console()
     task, attempts = report["task"], report["attempts"]
@@ -140,6 +162,9 @@ def render_task_report(report: dict[str, Any], console: Console | None = None) -
         head.add_row("series", progress_text(report["progress"]))
     if task.get("checkpoint"):
         head.add_row("checkpoint", checkpoint_text(task["checkpoint"]))
+    result = report.get("result")
+    if result and result.get("present"):
+        head.add_row("result", Text(_shown_result(result)))
     beating = [a for a in attempts if a["status"] == "RUNNING" and a.get("heartbeat")]
     if beating:
         beat = beating[-1]["heartbeat"]

@@ -1,4 +1,5 @@
-"""``latchwork task``: submit, list, show, deactivate, cancel, reactivate, skip, types."""
+"""``latchwork task``: submit, list, show, result, deactivate, cancel, reactivate, skip,
+types."""
 
 from __future__ import annotations
 
@@ -168,6 +169,34 @@ def task_show(task_id: str, follow: bool, with_checkpoint: bool, config: Path | 
             except KeyboardInterrupt:
                 code = 130
         sys.exit(code)
+
+
+@task.command("result")
+@click.argument("task_id")
+@click.option("--wait", "wait", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+              help="wait up to SECONDS for the task to end (default: answer at once)")
+@config_option
+@json_option
+@timeout_option
+def task_result(task_id: str, wait: float | None, config: Path | None, as_json: bool,
+                timeout: float) -> None:
+    """What the task's handler returned, once it succeeded: its JSON (--json: the answer
+    whole, with its size and attempt). Exit 0 when it succeeded (with a result or none), 1
+    when it stopped (failed, cancelled or skipped: the error is printed), 3 while it has not
+    ended (still waiting or running after --wait)."""
+    from runner.cli.console import render_result
+    from runner.errors import ResultPending, TaskStopped
+
+    with connect(config, timeout) as client:
+        try:
+            answer = client.result_value(task_id, wait)
+        except TaskStopped as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(1)
+        except ResultPending as exc:
+            click.echo(str(exc), err=True)
+            sys.exit(3)
+    output(answer.model_dump(mode="json"), as_json, render_result)
 
 
 def _stopped(verb: str, task_id: str, result: Cancelled) -> None:

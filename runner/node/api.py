@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from coord import (
@@ -40,6 +40,7 @@ from runner.replies import (
     OntologyDetail,
     OntologyView,
     RecentAttempt,
+    ResultValue,
     ScheduleRemoved,
     ScheduleView,
     SearchPage,
@@ -74,11 +75,13 @@ from runner.requests import (
     TaskGet,
     TaskList,
     TaskReactivate,
+    TaskResult,
     TaskSkip,
     TaskSubmit,
     TaskSubmitMany,
     TaskTypes,
 )
+from runner.store import Attempt, AttemptStatus, codec
 from runner.tasks.features import streams
 from runner.tasks.master import schedules
 
@@ -260,19 +263,49 @@ class NodeApi(OutsideApi, ConsoleApi):
 
     @api(TaskGet)
     def get_task(self, ctx: HandlerContext, ref: TaskGet) -> TaskReport:
+        task = self._task(ref.id)
+        attempts = self.store.attempts.for_task(ref.id)
+        return TaskReport(task=TaskView.of(task), attempts=[AttemptView.of(a) for a in attempts],
+                          progress=self.pipeline.progress_of(task),
+                          result=self._result(task, attempts) if task.finished else None)
+
+    @api(TaskResult)
+    def task_result(self, ctx: HandlerContext, ref: TaskResult) -> ResultValue:
+        """The task's state and, once it succeeded, what its handler returned; when it
+        stopped, its last attempt's error."""
+        task = self._task(ref.id)
+        if task.finished:
+            return self._result(task, ())
+        state = task.state(codec.now()).value
+        error = None
+        if not task.active:  # stopped: failed or cancelled; why, from its last attempt
+            attempts = self.store.attempts.for_task(ref.id)
+            error = (attempts[-1].error if attempts else None) or task.stop_reason
+        return ResultValue(task_id=task.id, state=state, error=error)
+
+    def _task(self, task_id: str) -> Task:
+        """The task, or TaskNotFound / TaskArchived (removed by the retention policy)."""
         try:
-            task = self.store.tasks.get(ref.id)
+            return self.store.tasks.get(task_id)
         except TaskNotFound:
-            tomb = self.store.retention.tombstone(ref.id)
+            tomb = self.store.retention.tombstone(task_id)
             if tomb is None:
                 raise
             where = f"archived to {tomb.where}" if tomb.where else "removed"
-            raise TaskArchived(f"task {ref.id} finished long ago and was {where} by the "
+            raise TaskArchived(f"task {task_id} finished long ago and was {where} by the "
                                f"retention policy on {tomb.at}") from None
-        return TaskReport(task=TaskView.of(task),
-                          attempts=[AttemptView.of(a)
-                                    for a in self.store.attempts.for_task(ref.id)],
-                          progress=self.pipeline.progress_of(task))
+
+    def _result(self, task: Task, attempts: Sequence[Attempt]) -> ResultValue:
+        """A finished task's result (one read; none when no attempt of it succeeded)."""
+        state = task.state(codec.now()).value
+        if attempts and not any(a.status is AttemptStatus.SUCCEEDED for a in attempts):
+            return ResultValue(task_id=task.id, state=state)  # skipped: nothing to read
+        found = self.store.attempts.result(task.id)
+        if found is None:
+            return ResultValue(task_id=task.id, state=state)
+        return ResultValue(task_id=task.id, state=state, present=True,
+                           attempt_id=found.attempt_id, size=found.size,
+                           value=codec.decode_json(found.text))
 
     @api(AspectCreate)
     def aspect_create(self, ctx: HandlerContext, req: AspectCreate) -> AspectView:

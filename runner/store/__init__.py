@@ -48,6 +48,7 @@ from runner.store.ends import (
     LastEffect,
     Release,
     attempt_end,
+    write_size,
 )
 from runner.store.model import (
     CHECKPOINT_LIMIT,
@@ -67,6 +68,7 @@ from runner.store.model import (
     Schedule,
     ServerOptions,
     StopCause,
+    StoredResult,
     Task,
     TaskFilter,
     TaskPage,
@@ -85,9 +87,9 @@ __all__ = [
     "InvalidValue", "LIST_STATES", "LastEffect", "LoadResult", "Ontology", "OntologyClass",
     "OntologyNotFound", "OntologyRecord", "OntologyStore", "Progress", "Release", "ResourceTaken",
     "RetentionStore", "Schedule", "ScheduleStore", "SearchStore", "ServerOptions",
-    "StaleFencingToken", "StopCause", "Store", "StoreError", "StoreSchemaUnknown",
+    "StaleFencingToken", "StopCause", "Store", "StoredResult", "StoreError", "StoreSchemaUnknown",
     "StoreUnavailable", "Task", "TaskArchived", "TaskClaim", "TaskFilter", "TaskNotFound",
     "TaskPage", "TaskState", "TaskStatus", "TaskStore", "Tombstone", "Traversal",
     "UnknownStoreFormat", "attempt_end", "is_server", "location", "open_graph", "open_store",
-    "store_on",
+    "store_on", "write_size",
 ]

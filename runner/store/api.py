@@ -46,6 +46,7 @@ from runner.store.model import (
     OntologyClass,
     OntologyRecord,
     Schedule,
+    StoredResult,
     Task,
     TaskFilter,
     TaskPage,
@@ -185,6 +186,15 @@ class AttemptLog(Protocol):
 
     def recent(self, limit: int = 10) -> list[Attempt]:
         """The attempts that ended last (today and yesterday), newest first."""
+
+    def result(self, task_id: str) -> StoredResult | None:
+        """What the handler of ``task_id``'s SUCCEEDED attempt returned (one read of that
+        attempt's result, never of its other attempts' rows); None: no attempt of it
+        succeeded with a result (it has not ended, it stopped, it returned None)."""
+
+    def results(self, task_ids: Sequence[str]) -> dict[str, StoredResult]:
+        """The results of several tasks (:meth:`result` of each) in one read, by task id;
+        a task without one is left out. Callers page: a few hundred ids at a time."""
 
 
 class OntologyStore(Protocol):

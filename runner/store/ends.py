@@ -18,6 +18,11 @@ from runner.store import codec
 from runner.store.model import Attempt, AttemptStatus, Progress, Task
 from runner.store.traversal import Traversal
 
+#: the property of a SUCCEEDED attempt that holds its handler's result (JSON text); read only
+#: by what asks for a result (:meth:`~runner.store.api.AttemptLog.result`), never in an
+#: attempt's row
+RESULT = "attempt_result"
+
 
 @dataclass(frozen=True)
 class AttemptEnd:
@@ -30,11 +35,12 @@ class AttemptEnd:
 
 def attempt_end(attempt: Attempt, status: AttemptStatus, error: str | None = None,
                 stack_trace: str | None = None, progress: str | None = None,
-                ended: datetime | None = None) -> AttemptEnd:
+                ended: datetime | None = None, result: str | None = None) -> AttemptEnd:
     """The end of ``attempt`` as it was read, without reading it again: the write is guarded
     by its RUNNING status. ``progress``: the handler's last report not written yet
     (``progress_json``), written with the end; ``ended``: when the attempt ended (its handler
-    returned; now when None), which may be a little before the write."""
+    returned; now when None), which may be a little before the write; ``result``: what its
+    handler returned, as stored (JSON text: :data:`RESULT`), a SUCCEEDED attempt's only."""
     status = AttemptStatus(status)
     if status is AttemptStatus.RUNNING:
         raise InvalidValue("finish() needs a final status")
@@ -54,6 +60,10 @@ def attempt_end(attempt: Attempt, status: AttemptStatus, error: str | None = Non
              "attempt_end_day": ended.strftime("%Y-%m-%d")}
     if progress is not None:
         props["attempt_progress"] = progress
+    if result is not None:
+        if status is not AttemptStatus.SUCCEEDED:
+            raise InvalidValue(f"a {status.value} attempt has no result")
+        props[RESULT] = result
     ended_attempt = dataclasses.replace(
         attempt, status=status, ended_at=codec.decode_time(str(doc["ended"])),
         duration_ms=int(str(doc["duration_ms"])), error=error or None,
@@ -91,9 +101,23 @@ class Conclusion:
         return cls(attempt_end(attempt, status, error, stack, progress, ended), task,
                    attempt.fence, changes)
 
+    @classmethod
+    def success(cls, attempt: Attempt, task: Task, changes: Mapping[str, object], *,
+                result: str | None = None, progress: str | None = None,
+                ended: datetime | None = None) -> Conclusion:
+        """``attempt`` SUCCEEDED with its handler's ``result`` (JSON text; None: none),
+        guarded by its fence."""
+        return cls(attempt_end(attempt, AttemptStatus.SUCCEEDED, None, None, progress, ended,
+                               result), task, attempt.fence, changes)
+
     @property
     def status(self) -> AttemptStatus:
         return self.end.attempt.status
+
+    @property
+    def size(self) -> int:
+        """About how many bytes the write takes on the wire (what a group is capped by)."""
+        return WRITE_OVERHEAD + sum(len(v) for v in self.end.props.values())
 
     @property
     def needs(self) -> tuple[str, ...]:
@@ -144,9 +168,20 @@ class FenceOff:
     changes: Mapping[str, object]
 
 
+#: what a write of an end is counted for besides its properties' text (its guards, the task's
+#: changes, the request's framing): what :func:`write_size` adds
+WRITE_OVERHEAD = 2048
+
+
 #: every write an attempt's end is made of, from the worker: one entry point,
 #: :meth:`~runner.store.api.Store.write_ends`
 EndWrite = Conclusion | AttemptClose | Release | Completion | FenceOff
+
+
+def write_size(write: EndWrite) -> int:
+    """About how many bytes ``write`` takes in a request (a group commit caps its groups by
+    it): a conclusion's properties (a result's text above all) and a fixed overhead."""
+    return write.size if isinstance(write, Conclusion) else WRITE_OVERHEAD
 
 
 @dataclass(frozen=True)

@@ -169,6 +169,20 @@ class Attempt:
 
 
 @dataclass(frozen=True)
+class StoredResult:
+    """What a task's handler returned, as its SUCCEEDED attempt holds it: ``text`` is the
+    JSON (at most 64 KiB: :mod:`runner.tasks.results`)."""
+    task_id: str
+    attempt_id: str
+    text: str
+
+    @property
+    def size(self) -> int:
+        """Bytes of JSON."""
+        return len(self.text.encode())
+
+
+@dataclass(frozen=True)
 class OntologyClass:
     iri: str
     label: str | None = None

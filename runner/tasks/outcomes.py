@@ -71,10 +71,12 @@ class AttemptResult:
     stack: str | None = None
     #: the handler's exception (kept in memory for the retry policy, never stored)
     exception: BaseException | None = field(default=None, compare=False, repr=False)
+    #: what a succeeded handler returned, as stored (JSON text; None: no result)
+    value: str | None = None
 
     @classmethod
-    def succeeded(cls) -> AttemptResult:
-        return cls(AttemptStatus.SUCCEEDED)
+    def succeeded(cls, value: str | None = None) -> AttemptResult:
+        return cls(AttemptStatus.SUCCEEDED, value=value)
 
     @classmethod
     def cancelled(cls, error: str) -> AttemptResult:
@@ -120,14 +122,15 @@ def task_changes(outcome: Outcome, run_at: datetime | None = None) -> dict[str, 
     return changes
 
 
-def attempt_result(body: Callable[[], None], cancel: CancelToken) -> AttemptResult:
-    """Run ``body`` (the hooks and the handler of one attempt) and say what the attempt came
-    to; never raises. Cancelled (the token, or :class:`TaskCancelled`), declined, a commit
+def attempt_result(body: Callable[[], str | None], cancel: CancelToken) -> AttemptResult:
+    """Run ``body`` (the hooks and the handler of one attempt; it answers the handler's
+    result, encoded) and say what the attempt came to; never raises. Cancelled (the token,
+    or :class:`TaskCancelled`), declined, a commit
     conflict, a resource lost to a fenced write (which cancels the token), or failed with the
     error and its stack trace; an error raised once the token was cancelled is a
     cancellation."""
     try:
-        body()
+        value = body()
         if cancel.cancelled:
             raise TaskCancelled(cancel.reason)
     except TaskCancelled:
@@ -148,7 +151,7 @@ def attempt_result(body: Callable[[], None], cancel: CancelToken) -> AttemptResu
             return AttemptResult.cancelled(f"cancelled by system: {cancel.reason} ({exc!r})")
         return AttemptResult.failed(f"{type(exc).__name__}: {exc}",
                                     "".join(traceback.format_exception(exc)), exc)
-    return AttemptResult.succeeded()
+    return AttemptResult.succeeded(value)
 
 
 def with_retry_policy(kind: TaskType, result: AttemptResult, outcome: Outcome,

@@ -4,7 +4,8 @@ A handler is ``handler(ctx, payload)``; ``payload`` is validated into the type's
 first (unknown fields are refused, naming them, unless the model's config says otherwise).
 What the task loop does with the outcome:
 
-* returns: the attempt SUCCEEDED and the task is finished;
+* returns: the attempt SUCCEEDED and the task is finished; the value it returns is the task's
+  result, stored with that attempt (:mod:`runner.tasks.results`);
 * raises :class:`~runner.tasks.context.TaskConflict` (or the store's ``CommitConflict``): the
   attempt FAILED with "commit conflict", and the task is tried again with backoff (a new
   attempt each time);
@@ -31,9 +32,11 @@ from pydantic import BaseModel, ValidationError
 from messaging import summary, validate_payload
 from runner.errors import InvalidPayload, UnknownTaskType
 from runner.tasks.context import TaskContext
+from runner.tasks.results import ANY_RESULT, ResultType
 from runner.tasks.retry import RetryPolicy
 
-TaskHandler = Callable[[TaskContext, Any], None]
+#: ``handler(ctx, payload)``; what it returns is the task's result (:mod:`runner.tasks.results`)
+TaskHandler = Callable[[TaskContext, Any], object]
 
 
 @dataclass(frozen=True)
@@ -139,6 +142,7 @@ class TaskType:
     max_wait: float | None = None  # seconds WAITING (once due) before an incident is raised
     limits: Limits = NO_LIMITS  # time limits and heartbeats
     isolation: Isolation | None = None  # None: the handler runs in a thread of the node
+    result: ResultType = ANY_RESULT  # what its handler returns (its return annotation)
 
     def describe(self) -> dict[str, Any]:
         """What ``latchwork task types`` shows: name, description, default priority, slots,
@@ -150,7 +154,7 @@ class TaskType:
                 "max_duration": self.max_duration, "max_wait": self.max_wait,
                 **self.limits.describe(),
                 **(self.isolation.describe() if self.isolation else {"isolation": "thread"}),
-                "payload_schema": schema}
+                "result": self.result.shown, "payload_schema": schema}
 
     def parse(self, payload: Mapping[str, Any]) -> Any:
         if self.payload_model is None:
@@ -193,7 +197,7 @@ class TaskRegistry:
                 raise ValueError(f"task type {name!r}: {what} must be positive")
         self._types[name] = TaskType(name, handler, payload_model, slot_limit, description,
                                      priority, tuple(resources), retry, max_duration, max_wait,
-                                     limits, isolation)
+                                     limits, isolation, ResultType.of(handler))
 
     def add(self, kind: TaskType) -> None:
         """Register a type as another registry holds it (a stub's registry of one)."""

@@ -8,6 +8,7 @@ no RabbitMQ, no node (dramatiq's stub broker is the model)::
         with TaskStub(tmp_path) as stub:
             run = stub.run(sync, {"account": "acme"})
         assert run.succeeded and run.progress[-1] == (3, 3, "inv-3")
+        assert run.returned == {"invoices": 3}        # what the handler returned, as stored
 
 The stub drives the task loop's own code: the attempt runs in
 :class:`~runner.tasks.worker.execution.Execution` (the handler with its observers, the
@@ -72,6 +73,9 @@ class StubRun:
     progress: list[tuple[int, int | None, str]] = field(default_factory=list)
     checks: int = 0  # how many times the handler's ownership was checked (ctx.check, complete)
     completed: bool = False  # the handler concluded through ctx.complete()
+    #: what the handler returned, as its SUCCEEDED attempt stores it and a client reads it
+    #: back (the model its return annotation names; None: nothing stored)
+    returned: object = None
 
     @property
     def succeeded(self) -> bool:
@@ -209,10 +213,13 @@ class TaskStub:
             if timer is not None:
                 timer.cancel()
         written = self._ended.pop(id(ending))
-        return StubRun(written.task or self.store.tasks.get(claimed.id),
-                       self.store.attempts.get(ending.claim.attempt.id), written.outcome,
-                       ending.result, progress=recorder.progress, checks=lock.checks,
-                       completed=isinstance(ending.end, Completed))
+        attempt = self.store.attempts.get(ending.claim.attempt.id)
+        stored = (self.store.attempts.result(claimed.id)
+                  if attempt.status is AttemptStatus.SUCCEEDED else None)
+        return StubRun(written.task or self.store.tasks.get(claimed.id), attempt,
+                       written.outcome, ending.result, progress=recorder.progress,
+                       checks=lock.checks, completed=isinstance(ending.end, Completed),
+                       returned=kind.result.decode(stored.text if stored else None))
 
     def close(self) -> None:
         for execution, _ in self._executions.values():

@@ -50,6 +50,7 @@ from runner.web.views import (
     pretty,
     schema_fields,
     shown_checkpoint,
+    shown_result,
     task_state,
     timeline,
 )
@@ -211,7 +212,8 @@ def _task(c: Console, request: Request) -> dict[str, Any]:
         if report.task.checkpoint is not None else None
     return {"report": report, "task": report.task, "bars": timeline(report.attempts),
             "incidents": incidents, "state": task_state(report.task),
-            "checkpoint_value": shown_checkpoint(found)}
+            "checkpoint_value": shown_checkpoint(found),
+            "result_value": shown_result(report.result)}
 
 
 def schedules_page(request: Request) -> Response:

@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from runner.errors import WebQueryInvalid
-from runner.replies import SHOWN, AttemptView, CheckpointValue, TaskView
+from runner.replies import SHOWN, AttemptView, CheckpointValue, ResultValue, TaskView
 
 #: the words a ``state:`` term takes (runner.store.model.TaskState; ``finished`` and
 #: ``stopped``, the words before store format 5, too)
@@ -110,6 +110,19 @@ def shown_checkpoint(found: CheckpointValue | None) -> str | None:
     return (text.encode()[:SHOWN].decode(errors="ignore")
             + f"\n... (the first {SHOWN // 1024} KiB of {found.size} bytes; `latchwork task "
             f"show {found.task_id} --checkpoint --json` shows all of it)")
+
+
+def shown_result(found: ResultValue | None) -> str | None:
+    """A task's result as its page shows it: its JSON, the first
+    :data:`~runner.replies.SHOWN` bytes, said so when cut; None without one."""
+    if found is None or not found.present:
+        return None
+    text = json.dumps(found.value, indent=2, sort_keys=True)
+    if len(text.encode()) <= SHOWN:
+        return text
+    return (text.encode()[:SHOWN].decode(errors="ignore")
+            + f"\n... (the first {SHOWN // 1024} KiB of {found.size} bytes; `latchwork task "
+            f"result {found.task_id} --json` shows all of it)")
 
 
 def duration(ms: int | None) -> str:

@@ -4,8 +4,10 @@ before the handler runs (with the claim), finished exactly once (a second finish
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 
+from gremlin_python.process.graph_traversal import __
 from gremlin_python.process.traversal import Cardinality, P
 
 from runner.errors import (
@@ -13,10 +15,12 @@ from runner.errors import (
 )
 from runner.store import codec
 from runner.store.api import Graph
-from runner.store.ends import attempt_end
+from runner.store.ends import RESULT, attempt_end
 from runner.store.gremlin.rows import (
+    ATTEMPT_KEYS,
     attempt_from_row,
 )
+from runner.store.gremlin.steps import any_of
 from runner.store.gremlin.tasks import (
     read_task,
 )
@@ -32,6 +36,7 @@ from runner.store.gremlin.writes import (
 from runner.store.model import (
     Attempt,
     AttemptStatus,
+    StoredResult,
 )
 
 
@@ -83,14 +88,15 @@ class GremlinAttemptLog:
 
     def get(self, attempt_id: str) -> Attempt:
         rows = self.graph.read(
-            lambda g: g.V().has("attempt_id", attempt_id).element_map().to_list())
+            lambda g: g.V().has("attempt_id", attempt_id).element_map(*ATTEMPT_KEYS).to_list())
         if not rows:
             raise TaskNotFound(f"no attempt {attempt_id}")
         return attempt_from_row(rows[0])
 
     def for_task(self, task_id: str) -> list[Attempt]:
         rows = self.graph.read(
-            lambda g: g.V().has("task_id", task_id).out("has_attempt").element_map().to_list())
+            lambda g: g.V().has("task_id", task_id).out("has_attempt")
+            .element_map(*ATTEMPT_KEYS).to_list())
         return sorted((attempt_from_row(r) for r in rows), key=lambda a: a.seq)
 
     def recent(self, limit: int = 10) -> list[Attempt]:
@@ -100,14 +106,32 @@ class GremlinAttemptLog:
         today = codec.now()
         days = [(today - timedelta(days=d)).strftime("%Y-%m-%d") for d in (0, 1)]
         rows = self.graph.read(
-            lambda g: g.V().has("attempt_end_day", P.within(days)).element_map().to_list())
+            lambda g: g.V().has("attempt_end_day", P.within(days))
+            .element_map(*ATTEMPT_KEYS).to_list())
         ended = [attempt_from_row(r) for r in rows]
         ended.sort(key=lambda a: a.ended_at or a.started_at, reverse=True)
         return ended[:limit]
 
     def running(self) -> list[Attempt]:
         rows = self.graph.read(
-            lambda g: g.V().has("attempt_status", "RUNNING").element_map().to_list())
+            lambda g: g.V().has("attempt_status", "RUNNING").element_map(*ATTEMPT_KEYS)
+            .to_list())
         return sorted((attempt_from_row(r) for r in rows), key=lambda a: (a.task_id, a.seq))
 
+    def result(self, task_id: str) -> StoredResult | None:
+        """The result of ``task_id``'s SUCCEEDED attempt (one read), or None."""
+        return self.results([task_id]).get(task_id)
 
+    def results(self, task_ids: Sequence[str]) -> dict[str, StoredResult]:
+        """The results of ``task_ids`` in one read: their SUCCEEDED attempts' ids and
+        results, found from the tasks by index (only a task's attempts are walked)."""
+        if not task_ids:
+            return {}
+        rows = self.graph.read(
+            lambda g: any_of(self.graph, g, "task_id", list(task_ids)).as_("t")
+            .out("has_attempt").has("attempt_status", AttemptStatus.SUCCEEDED.value)
+            .has(RESULT).project("task", "attempt", "result")
+            .by(__.select("t").values("task_id")).by(__.values("attempt_id"))
+            .by(__.values(RESULT)).to_list())
+        return {str(r["task"]): StoredResult(str(r["task"]), str(r["attempt"]),
+                                             str(r["result"])) for r in rows}

@@ -138,6 +138,12 @@ def task_from_row(row: Row) -> Task:
         stop=StopCause(state["stop"]) if state.get("stop") else None)
 
 
+#: what an attempt's row is read with: every property but its result (``attempt_result``, up
+#: to 64 KiB, read only where a result is asked for)
+ATTEMPT_KEYS = ("attempt_id", "attempt_status", "attempt_start", "attempt_end",
+                "attempt_progress", "attempt_beat")
+
+
 def attempt_from_row(row: Row) -> Attempt:
     if "attempt_start" not in row:
         raise UnknownStoreFormat(

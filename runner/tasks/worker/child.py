@@ -58,6 +58,7 @@ from runner.errors import InvalidValue
 from runner.store import Attempt, Fence, Task
 from runner.store.effects import effect_steps
 from runner.tasks.context import TaskCancelled, TaskTimedOut
+from runner.tasks.results import ResultType
 from runner.tasks.worker.channel import Channel, Flat
 from runner.tasks.worker.frames import (
     Beat,
@@ -245,6 +246,15 @@ def _watch_node(node: int) -> None:
 
 
 _RESOLVED: dict[tuple[str, str], Any] = {}
+_RESULTS: dict[tuple[str, str], ResultType] = {}
+
+
+def _result_type(where: tuple[str, str], handler: Callable[..., Any]) -> ResultType:
+    """What the handler at ``where`` returns (its annotation read once per child)."""
+    found = _RESULTS.get(where)
+    if found is None:
+        found = _RESULTS[where] = ResultType.of(handler)
+    return found
 
 
 def _resolve(where: tuple[str, str]) -> Any:
@@ -279,8 +289,11 @@ def main(conn: Connection, flag: Any, deadline: Any, node: int) -> None:
             handler = _resolve(job.handler)
             model = _resolve(job.model) if job.model is not None else None
             payload = model.model_validate(job.payload) if model is not None else job.payload
-            handler(ChildContext(job, channel, token), payload)
-            channel.send(Returned())
+            context = ChildContext(job, channel, token)
+            value = handler(context, payload)
+            # encoded here, where its type is: a model need not cross the channel
+            channel.send(Returned(_result_type(job.handler, handler).encode(
+                context.task.type, value)))
         except BaseException as exc:
             channel.send(_portable(exc))
         sys.stdout.flush()

@@ -5,7 +5,8 @@ the loop told.
 A worker whose handler returned hands its :class:`~runner.tasks.worker.running.Ending` to
 :meth:`GroupCommit.submit` and is free at once (or, for a task whose next step needs the end
 written first, an ordering key's chain, waits: :meth:`GroupCommit.conclude`). The commit
-thread writes whatever is queued, up to ``max_items`` at a time, through the store's one entry
+thread writes whatever is queued, up to ``max_items`` and about ``max_bytes`` at a time
+(ends with results are large: :data:`MAX_BYTES`), through the store's one entry
 point for ends (:meth:`~runner.store.Store.write_ends`: the conclusions in one transaction or
 one traversal, the other kinds each alone); an idle node writes a single end at once, a busy
 one a group of every end that arrived during the last write (no timer: the write itself is the
@@ -34,6 +35,9 @@ Failure behaviour:
   lost with its session): written CANCELLED_BY_SYSTEM instead, the task runs again;
 * a node killed -9 with ends queued: their attempts are still RUNNING, closed by the master's
   reaper, and the tasks run again (docs/reliability.md: the window this queue adds).
+
+Why one module: the queue, the group's write, its failure table and the release are one
+pipeline over one thread; split, each part would reach into the others' queue items.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ from runner.errors import (
     StoreError,
     StoreUnavailable,
 )
-from runner.store import AttemptStatus, Conclusion, EndWrite, EndWritten, Store
+from runner.store import AttemptStatus, Conclusion, EndWrite, EndWritten, Store, write_size
 from runner.tasks.outcomes import Outcome, task_changes
 from runner.tasks.worker.ends import Written, shown
 from runner.tasks.worker.running import Ending
@@ -61,6 +65,10 @@ from runner.tasks.worker.running import Ending
 log = logging.getLogger("latchwork.tasks")
 
 LOST = AttemptStatus.CANCELLED_BY_SYSTEM
+#: the most a group's writes take (about: :func:`~runner.store.write_size`): half the 1 MiB
+#: request limit the dev Gremlin Server and the compose file set, so a group of ends with
+#: results (64 KiB each at most) stays well under it
+MAX_BYTES = 512 * 1024
 
 
 class EndReporter(Protocol):
@@ -92,11 +100,13 @@ class GroupCommit:
     ``groups`` written, ``concluded`` ends in them, the ``largest`` group."""
 
     def __init__(self, store: Store, member_id: str, reporter: EndReporter, *,
-                 max_items: int = 64, store_retry_for: float = 60.0) -> None:
+                 max_items: int = 64, max_bytes: int = MAX_BYTES,
+                 store_retry_for: float = 60.0) -> None:
         self.store = store
         self.member_id = member_id
         self.reporter = reporter
         self.max_items = max_items
+        self.max_bytes = max_bytes
         self.store_retry_for = store_retry_for
         self.stats = {"groups": 0, "concluded": 0, "largest": 0}
         self._queue: list[_Queued] = []
@@ -154,7 +164,7 @@ class GroupCommit:
                     self._cond.wait()
                 if not self._queue:
                     return
-                group = self._queue[:self.max_items]
+                group = self._group()
                 del self._queue[:len(group)]
             try:
                 self._settle(group)
@@ -170,6 +180,19 @@ class GroupCommit:
                     else:
                         self._told(item, Written(Outcome.CANCELLED, None, LOST,
                                                  "its end could not be written"))
+
+    def _group(self) -> list[_Queued]:
+        """The next group: the queue's first ends, at most ``max_items`` of them and at most
+        ``max_bytes`` (:func:`~runner.store.write_size`: a result's text above all), at least
+        one whatever its size."""
+        group: list[_Queued] = []
+        size = 0
+        for q in self._queue[:self.max_items]:
+            size += write_size(q.write) if q.write is not None else 0
+            if group and size > self.max_bytes:
+                break
+            group.append(q)
+        return group
 
     def _settle(self, group: list[_Queued]) -> None:
         """Write the group's ends, tell each end's observers, release the locks in one

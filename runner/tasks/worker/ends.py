@@ -6,7 +6,7 @@ writes what it says (:func:`write_of`: a store :data:`~runner.store.EndWrite`, o
 through the store's one entry point and answers a :class:`Written` value, from which the
 attempt's observers are told and the loop settles the slot. Nothing here does I/O.
 
-* :class:`Succeeded`: written SUCCEEDED, the task finished;
+* :class:`Succeeded`: written SUCCEEDED with the handler's result, the task finished;
 * :class:`Failed`: written with its status (FAILED, CANCELLED_BY_SYSTEM, TIMED_OUT), the task's
   next state as its outcome says (a retry at ``retry_at``, stopped, back as it stands,
   declined);
@@ -164,10 +164,13 @@ def write_of(end: End, task: Task, attempt: Attempt, token: int) -> EndWrite | N
     """The store write ``end`` is made of for the claim of ``task`` (its RUNNING ``attempt``,
     claimed with ``token``): built in the handler's worker, outside the writer's thread; None
     when nothing is left to write."""
-    if isinstance(end, Succeeded | Failed):
-        outcome = outcome_of(end)
+    if isinstance(end, Succeeded):
+        return Conclusion.success(attempt, task, task_changes(Outcome.FINISHED),
+                                  result=end.result.value, progress=end.progress,
+                                  ended=end.returned_at)
+    if isinstance(end, Failed):
         return Conclusion.of(attempt, end.result.status, task,
-                             task_changes(outcome, retry_at(end)), error=end.result.error,
+                             task_changes(end.outcome, end.retry_at), error=end.result.error,
                              stack=end.result.stack, progress=end.progress,
                              ended=end.returned_at)
     if isinstance(end, ConflictRetried):

@@ -304,19 +304,22 @@ class Execution:
     def _attempt(self, slot: Slot, kind: TaskType, ctx: TaskContext,
                  progress: ProgressReporter, handling: _Handling,
                  entered: list[Observer]) -> AttemptResult:
-        def body() -> None:
+        def body() -> str | None:
             for observer in self.observers:
                 observer.before_attempt(ctx)
                 entered.append(observer)
             slot.cancel.raise_if_cancelled()
             if kind.isolation is not None and self.children is not None:
-                self.children.run(ctx, kind)  # in a child process; its context served here
+                # in a child process, its result encoded there; its context served here
+                value = self.children.run(ctx, kind)
             else:
-                kind.handler(ctx, kind.parse(ctx.task.payload))
+                value = kind.result.encode(kind.name, kind.handler(ctx, kind.parse(
+                    ctx.task.payload)))
             if not slot.cancel.cancelled and not handling.completed and not self.owned(slot):
                 # frozen or cut off past its session while the handler ran: its lock and holds
                 # may be someone else's now, so it must not record a success it cannot own
                 slot.cancel.cancel("its session could not be confirmed when its handler ended")
+            return value
 
         result = attempt_result(body, slot.cancel)
         handling.returned_at = codec.now()

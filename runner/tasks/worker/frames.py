@@ -51,7 +51,9 @@ class Complete:
 
 @dataclass(frozen=True, slots=True)
 class Returned:
-    pass
+    """The handler returned: its result as stored (JSON text, encoded and checked in the
+    child: :mod:`runner.tasks.results`), None for none."""
+    result: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

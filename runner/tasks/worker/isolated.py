@@ -133,10 +133,11 @@ class ChildPool:
             child.kill()
 
     # -- running an attempt (the worker's thread) ---------------------------------------------
-    def run(self, ctx: TaskContext, kind: TaskType) -> None:
+    def run(self, ctx: TaskContext, kind: TaskType) -> str | None:
         """Run ``kind``'s handler on ``ctx``'s attempt in a child, serving its context until it
         ends; raises what the handler raised (or :class:`HandlerCrashed`, or the token's
-        cancellation once it had to be killed), returns when it returned."""
+        cancellation once it had to be killed), returns its result (encoded in the child)
+        when it returned."""
         model = kind.payload_model
         job = Job(_where(kind.handler), _where(model) if model else None, ctx.task.payload,
                   TASK.pack(ctx.task), ATTEMPT.pack(ctx.attempt), ctx.member_id,
@@ -144,12 +145,13 @@ class ChildPool:
         child = self._take(ctx, kind, job)
         healthy = False
         try:
-            raised = self._serve(child, ctx)
+            ended = self._serve(child, ctx)
             healthy = True  # it answered: returned or raised, it can run another
         finally:
             self._give_back(child, kind, healthy)
-        if raised is not None:
-            raise raised
+        if isinstance(ended, BaseException):
+            raise ended
+        return ended.result
 
     def _take(self, ctx: TaskContext, kind: TaskType, job: Job) -> Child:
         """An idle child (or a new one) that has been sent ``job``. An idle child that died
@@ -240,15 +242,15 @@ class ChildPool:
             else:
                 self._idle.append(child)
 
-    def _serve(self, child: Child, ctx: TaskContext) -> BaseException | None:
-        """Answer the child until its handler ends: None when it returned, what it raised when
-        it raised. The worker only waits on the channel (one blocking read per message); a
-        crash, or a kill by the keeper, ends the channel and raises here."""
+    def _serve(self, child: Child, ctx: TaskContext) -> Returned | BaseException:
+        """Answer the child until its handler ends: what it returned, or what it raised. The
+        worker only waits on the channel (one blocking read per message); a crash, or a kill
+        by the keeper, ends the channel and raises here."""
         try:
             while True:
                 frame: FromChild = child.channel.recv()
                 if isinstance(frame, Returned):
-                    return None
+                    return frame
                 if isinstance(frame, Raised):
                     return exception_of(frame)
                 self._answer(child, ctx, frame)
