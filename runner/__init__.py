@@ -2,4 +2,4 @@
 
 #: the one place the version is defined (pyproject.toml reads it); a store format change needs a
 #: new one (runner.store.migrations.RELEASES, checked by tests/test_store_format.py)
-__version__ = "0.2.0"
+__version__ = "0.3.0.dev0"

@@ -101,6 +101,9 @@ from runner.replies import (
     TaskReport,
     TaskTypeView,
     TaskView,
+    WorkflowCancelled,
+    WorkflowReport,
+    WorkflowView,
 )
 from runner.requests import (
     SUBMIT_PAGE,
@@ -112,6 +115,7 @@ from runner.requests import (
     AttemptRecent,
     ClusterStatusQuery,
     CommandList,
+    MemberSpec,
     OntologyList,
     OntologyShow,
     OntologySyncRequest,
@@ -139,9 +143,13 @@ from runner.requests import (
     TaskSubmitMany,
     TaskTemplate,
     TaskTypes,
+    WorkflowCancel,
+    WorkflowShow,
+    WorkflowSubmit,
 )
 from runner.requests import TaskSearch as TaskSearchRequest
 from runner.results import ResultRef
+from runner.workflows import Flow, WorkflowRef, digest, member_id, plan, workflow_id
 
 T = TypeVar("T")
 #: a request's reply type
@@ -172,6 +180,24 @@ def build(model: type[Q], **fields: object) -> Q:
     except ValidationError as exc:
         command = getattr(model, "command", model.__name__)
         raise RequestRefused(command, "invalid", f"{command}: {summary(exc)}") from exc
+
+
+def _member_pages(members: builtins.list[MemberSpec]
+                  ) -> builtins.list[tuple[int, builtins.list[MemberSpec]]]:
+    """A workflow's members in pages of at most SUBMIT_PAGE members and SUBMIT_PAGE_BYTES
+    of JSON (a join's page may be larger: it goes alone), each with its first index."""
+    pages: builtins.list[tuple[int, builtins.list[MemberSpec]]] = []
+    page: builtins.list[MemberSpec] = []
+    size, start = 0, 0
+    for n, member in enumerate(members):
+        length = len(member.task.model_dump_json(exclude_none=True)) + 8 * len(member.after) + 20
+        if page and (len(page) >= SUBMIT_PAGE or size + length > SUBMIT_PAGE_BYTES):
+            pages.append((start, page))
+            page, size, start = [], 0, n
+        page.append(member)
+        size += length
+    pages.append((start, page))
+    return pages
 
 
 def _pages(items: builtins.list[TaskTemplate]) -> Iterator[builtins.list[TaskTemplate]]:
@@ -320,6 +346,53 @@ class Client:
                     raise
                 log.warning("bulk submit: page %s not answered (%s); sending it again", key,
                             exc)
+                time.sleep(min(4.0, 0.5 * 2 ** n))
+        raise AssertionError("unreachable")  # the last try raised
+
+    def submit_workflow(self, workflow: Flow, *, key: str) -> WorkflowRef:
+        """Submit ``workflow`` (:mod:`runner.workflows`: ``chain``, ``group``, ``chord``,
+        ``step``) all or nothing: its members in pages (each written waiting, nothing
+        claimable), then the last page commits it and its roots start. ``key`` is the
+        submit's idempotency key: the same call again (an answer lost, a client restarted)
+        writes nothing twice and answers the same ids; another workflow under a key already
+        used is refused (``workflow_refused``), as is a member whose ``unique_key`` a task
+        outside the workflow holds (naming it). A page not answered, or refused while the
+        graph was out of reach, is sent again (:data:`PAGE_TRIES` times in all)."""
+        planned = plan(workflow)
+        wf_id, what = workflow_id(key), digest(planned)
+        members = [MemberSpec(task=p.template, after=list(p.after)) for p in planned]
+        pages = _member_pages(members)
+        answer: WorkflowView | None = None
+        for n, (start, page) in enumerate(pages):
+            request = build(WorkflowSubmit, key=key, digest=what, total=len(members),
+                            start=start, members=page, commit=n == len(pages) - 1)
+            answer = self._again(request, f"workflow {wf_id} page {n}")
+        assert answer is not None
+        return WorkflowRef(wf_id, key, tuple(member_id(wf_id, i) for i in range(len(members))),
+                           answer)
+
+    def workflow(self, workflow_id: str) -> WorkflowReport:
+        """A workflow and its members' states (``latchwork workflow show``)."""
+        return self.send(build(WorkflowShow, id=workflow_id))
+
+    def cancel_workflow(self, workflow_id: str, reason: str | None = None
+                        ) -> WorkflowCancelled:
+        """Cancel every unfinished member of the workflow (each as :meth:`cancel`: a running
+        one is stopped cluster-wide); what succeeded stays."""
+        return self.send(build(WorkflowCancel, id=workflow_id, reason=reason))
+
+    def _again(self, request: Request[R], what: str) -> R:
+        """``request``, sent again while no answer comes or the graph is out of reach (up to
+        :data:`PAGE_TRIES` sendings, 0.5, 1, 2 s apart): for requests that are safe to send
+        twice."""
+        for n in range(PAGE_TRIES):
+            try:
+                return self.send(request)
+            except (NoAnswer, RequestFailed) as exc:
+                transient = isinstance(exc, NoAnswer) or exc.code == "store_unavailable"
+                if not transient or n == PAGE_TRIES - 1:
+                    raise
+                log.warning("%s not answered (%s); sending it again", what, exc)
                 time.sleep(min(4.0, 0.5 * 2 ** n))
         raise AssertionError("unreachable")  # the last try raised
 

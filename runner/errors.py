@@ -28,7 +28,8 @@ The tree (``tests/test_layout.py`` checks that it equals the classes and codes b
     │   ├── UnknownTaskType         task_type_unknown         refused
     │   ├── InvalidPayload          payload_invalid           refused
     │   ├── HandlerCrashed          handler_crashed
-    │   └── ResultInvalid           result_invalid
+    │   ├── ResultInvalid           result_invalid
+    │   └── WorkflowRefused         workflow_refused          refused
     ├── InvalidSchedule             schedule_invalid          refused
     ├── UnknownStream               stream_unknown
     ├── StreamElementTooLarge       stream_element_too_large  refused
@@ -192,6 +193,14 @@ class ResultInvalid(TaskError, ValueError):
     Its attempt ends FAILED with it (:mod:`runner.tasks.results`)."""
 
     error_code = "result_invalid"
+
+
+class WorkflowRefused(TaskError, ValueError):
+    """A workflow's submit cannot be taken: its key names another workflow, or a member's
+    ``unique_key`` is held by a task outside it (named); nothing of it is claimable."""
+
+    error_code = "workflow_refused"
+    refused = True
 
 
 class InvalidSchedule(RunnerError, ValueError):

@@ -227,6 +227,48 @@ class ResultValue(View):
     error: str | None = None
 
 
+class WorkflowView(View):
+    """A workflow (``workflow.submit``'s answer, ``workflow show``'s head): its id, its
+    submit's key, its state (open: being submitted, nothing claimable; running; succeeded),
+    how many members, and whether its roots were all made claimable."""
+    id: str
+    key: str
+    state: str
+    members: int
+    created_at: datetime
+    activated: bool = False
+
+
+class WorkflowMemberView(View):
+    """A workflow member as ``workflow show`` lists it."""
+    id: str
+    type: str
+    #: its task's state, or ``blocked``: waiting for a dependency that stopped (failed or
+    #: cancelled), directly or through another member
+    state: str
+    attempts: int
+    depends_on: list[str] = []
+    #: the last attempt's error (its own when it stopped; the stopped dependency's when
+    #: blocked)
+    error: str | None = None
+    pending: int = 0  # dependencies that have not succeeded
+
+
+class WorkflowReport(View):
+    """A workflow with its members, each after what it depends on (the first
+    :data:`~runner.requests.REPORT_MEMBERS`; ``counts`` has every member's state)."""
+    workflow: WorkflowView
+    members: list[WorkflowMemberView]
+    counts: dict[str, int]
+    more: int = 0  # members not listed
+
+
+class WorkflowCancelled(View):
+    """The members a workflow's cancel stopped (the unfinished ones; what succeeded stays)."""
+    id: str
+    cancelled: list[str]
+
+
 class TaskReport(View):
     """A task with every attempt, newest last, its progress when it reports one, and its
     result once it succeeded with one."""

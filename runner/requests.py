@@ -47,9 +47,13 @@ from runner.replies import (
     TaskReport,
     TaskTypeView,
     TaskView,
+    WorkflowCancelled,
+    WorkflowReport,
+    WorkflowView,
 )
 from runner.store.model import ASPECT_PATTERN
 from runner.templates import JsonObject, ScheduleSpec, TaskTemplate
+from runner.workflows import MAX_MEMBERS
 
 __all__ = ["COMMANDS", "Request", "ScheduleSpec", "TaskTemplate"]
 
@@ -142,6 +146,69 @@ class TaskSubmitMany(Request[Submitted]):
         against :data:`SUBMIT_PAGE_BYTES` (and the broker's body limit), not 500 items' worth
         of nulls more."""
         return [task.model_dump(mode="json", exclude_none=True) for task in tasks]
+
+
+class MemberSpec(BaseModel):
+    """A member of a workflow page: its task and the indices (in the whole workflow, each
+    below its own) of the members it depends on."""
+
+    model_config = {"extra": "forbid"}
+    task: TaskTemplate
+    after: list[int] = Field(default_factory=list, max_length=MAX_MEMBERS)
+
+
+class WorkflowSubmit(Request[WorkflowView]):
+    """A page of a workflow (``Client.submit_workflow``): members ``start`` to ``start +
+    len(members) - 1`` of ``total``, each after what it depends on (:func:`runner.workflows.plan`),
+    written waiting, nothing claimable; the last page (``commit``) then makes the workflow
+    claimable. ``key`` is the submit's idempotency key (the workflow's id and its members' ids
+    come from it: :func:`runner.workflows.workflow_id`), ``digest`` what the workflow is: the
+    same page sent again writes nothing twice, and another workflow under a key already used is
+    refused."""
+
+    command = "workflow.submit"
+    key: str = Field(min_length=1, max_length=200)
+    digest: str = Field(pattern=r"^[0-9a-f]{16}$")
+    total: int = Field(ge=1, le=MAX_MEMBERS)
+    start: int = Field(ge=0, lt=MAX_MEMBERS)
+    members: list[MemberSpec] = Field(default_factory=list, max_length=SUBMIT_PAGE)
+    commit: bool = False
+
+    @model_validator(mode="after")
+    def _in_order(self) -> WorkflowSubmit:
+        if self.start + len(self.members) > self.total:
+            raise ValueError(f"members {self.start}..{self.start + len(self.members) - 1} "
+                             f"are past the workflow's {self.total}")
+        for n, member in enumerate(self.members, self.start):
+            if any(not 0 <= i < n for i in member.after):
+                raise ValueError(f"member {n} depends on a member that is not before it")
+        return self
+
+    @field_serializer("members")
+    def _compact(self, members: list[MemberSpec]) -> list[JsonObject]:
+        return [{"task": m.task.model_dump(mode="json", exclude_none=True),
+                 **({"after": list[JsonValue](m.after)} if m.after else {})} for m in members]
+
+
+class WorkflowById(BaseModel):
+    id: str = Field(min_length=1, max_length=100)
+
+
+#: the most members ``workflow show`` lists (every member is counted)
+REPORT_MEMBERS = 500
+
+
+class WorkflowShow(WorkflowById, Request[WorkflowReport]):
+    """A workflow with its members' states (``latchwork workflow show ID``)."""
+
+    command = "workflow.show"
+
+
+class WorkflowCancel(WorkflowById, Request[WorkflowCancelled]):
+    """Cancel every unfinished member of a workflow (``latchwork workflow cancel ID``)."""
+
+    command = "workflow.cancel"
+    reason: str | None = Field(default=None, max_length=1000)
 
 
 #: the namespace of the ids of a keyed page's tasks (:func:`page_task_id`)

@@ -80,15 +80,15 @@ def claimed(store: Store, session: Session, n: int,
 
 
 class HeldFirstWrite:
-    """The graph's first ``conclude_many`` held until :meth:`go`: the ends handed in meanwhile
-    queue for the next group."""
+    """The graph's first write of conclusions (``conclude_released``) held until :meth:`go`:
+    the ends handed in meanwhile queue for the next group."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
         self.gate = threading.Event()
         self.calls = 0
-        self._original = store.conclude_many
-        store.conclude_many = self._held  # type: ignore[method-assign]
+        self._original = store.conclude_released  # type: ignore[attr-defined]
+        store.conclude_released = self._held  # type: ignore[attr-defined]
 
     def _held(self, conclusions: Any) -> Any:
         self.calls += 1
@@ -169,7 +169,7 @@ def test_a_refused_end_is_its_own_and_the_rest_of_the_group_is_written(
 
 
 def fails(original: Any, left: list[int], error: Exception) -> Any:
-    """``original`` (a store's ``conclude_many``), raising ``error`` while ``left[0]`` is not
+    """``original`` (a store's ``conclude_released``), raising ``error`` while ``left[0]`` is not
     0 (counted down by each call)."""
     def failing(conclusions: Any) -> Any:
         if left[0]:
@@ -186,14 +186,14 @@ def test_a_graph_out_of_reach_is_tried_again_then_given_up(tmp_path: Path, zk: S
     be written", their attempts left RUNNING for the master, their locks released. Any other
     error of the write is tried again the same way."""
     with open_store(str(tmp_path / "graph.db")) as store:
-        original = store.conclude_many
+        original = store.conclude_released  # type: ignore[attr-defined]
         # the graph out of reach, then an error of the write itself (it was an OverflowError
         # in the wait for SQLite's lock), twice each: tried again the same way, not given up
         # at once with the locks let go
         for fault, count in ((StoreUnavailable("the graph went away"), 3),
                              (OverflowError("int too large to convert to float"), 2)):
             left = [2]
-            store.conclude_many = fails(original, left, fault)  # type: ignore[method-assign]
+            store.conclude_released = fails(original, left, fault)  # type: ignore[attr-defined]
             told = Told()
             commits = GroupCommit(store, "m1", told, store_retry_for=30)
             ends = claimed(store, zk, count)
@@ -203,8 +203,8 @@ def test_a_graph_out_of_reach_is_tried_again_then_given_up(tmp_path: Path, zk: S
             assert all(told.ends[e.claim.task.id][0] is Outcome.FINISHED for e in ends)
             assert left == [0]
             commits.close()
-        store.conclude_many = fails(original, [1000],  # type: ignore[method-assign]
-                                    StoreUnavailable("the graph went away"))
+        store.conclude_released = fails(original, [1000],  # type: ignore[attr-defined]
+                                        StoreUnavailable("the graph went away"))
 
         told = Told()
         commits = GroupCommit(store, "m1", told, store_retry_for=0.5)

@@ -41,12 +41,14 @@ from runner.store import (
     Avatar,
     Conclusion,
     Fence,
+    NewMember,
     Ontology,
     OntologyClass,
     StopCause,
     Store,
     Task,
     TaskStatus,
+    WorkflowState,
     attempt_end,
     codec,
     due,
@@ -453,6 +455,78 @@ def test_a_checkpoint_is_fenced_by_its_attempt_and_read_back_until_dropped(
     with pytest.raises(InvalidValue, match="running on m1"):
         store.tasks.reactivate(task.id, fresh=True)
     assert store.tasks.get(task.id) == running
+
+
+def member(store: Store, wf: str, name: str, deps: tuple[str, ...] = ()) -> NewMember:
+    """A member ``name`` of workflow ``wf`` that waits for ``deps`` (a root: for the commit)."""
+    task = dataclasses.replace(store.tasks.new("t", {"name": name}), workflow=wf,
+                               pending=len(deps), awaits_commit=not deps)
+    return NewMember(task, deps)
+
+
+def test_a_workflow_is_claimable_only_once_committed_and_a_join_once_every_member_succeeded(
+        store: Store) -> None:
+    """Issue 72's store: a fan-out of three roots and a join written in two pages, a page sent
+    again (nothing doubled); nothing claimable before the commit; the commit then the roots'
+    activation make the roots claimable and not the join; two successes written together
+    (one group commit) release the join by one change of it from 3 to 1; the third, written
+    alone, releases it (its ready bucket), and a claim of it made from a read taken while it
+    waited is refused."""
+    wf = store.workflows.begin("wf-1", "key-1", 4)
+    assert (wf.state, wf.members, wf.activated) == (WorkflowState.OPEN, 4, False)
+    assert store.workflows.begin("wf-1", "key-1", 4) == wf  # again: as it is
+    roots = [member(store, "wf-1", f"r{n}") for n in range(3)]
+    join = member(store, "wf-1", "join", tuple(m.task.id for m in roots))
+    store.workflows.add("wf-1", roots[:2])
+    store.workflows.add("wf-1", roots)  # a resend of the first page, with the rest
+    store.workflows.add("wf-1", [join])
+    before = counts(store)
+    store.workflows.add("wf-1", [join])  # again: nothing is added twice
+    assert counts(store) == before and before[1] == 3  # three edges
+    assert store.workflows.depends_on([join.task.id]) == {
+        join.task.id: sorted(m.task.id for m in roots)}
+    listed = {t.id: t for t in store.workflows.members("wf-1")}
+    assert len(listed) == 4 and all(not t.open or t.pending or t.awaits_commit
+                                    for t in listed.values())
+    assert store.tasks.claimed() == [] and not ready_ids(store)
+    with pytest.raises(InvalidValue, match="not committed"):
+        store.workflows.activate("wf-1")
+    with pytest.raises(CommitConflict):
+        store.claim(listed[roots[0].task.id], 5, "m1")
+
+    assert store.workflows.commit("wf-1").state is WorkflowState.RUNNING
+    assert store.workflows.commit("wf-1").state is WorkflowState.RUNNING  # again: nothing
+    assert store.workflows.activate("wf-1") == 3
+    assert store.workflows.activate("wf-1") == 0 and store.workflows.get("wf-1").activated
+    assert ready_ids(store) == {m.task.id for m in roots}
+    waiting_join = store.tasks.get(join.task.id)
+    assert waiting_join.pending == 3
+
+    claims = [store.claim(store.tasks.get(m.task.id), 10 + n, "m1")
+              for n, m in enumerate(roots)]
+    done = store.conclude_many([Conclusion.success(a, t, FINISHED_CHANGE, result=f'"{t.id}"')
+                                for t, a in claims[:2]])
+    assert all(isinstance(d, Task) and d.finished for d in done)
+    after_two = store.tasks.get(join.task.id)
+    assert after_two.pending == 1 and after_two.version == waiting_join.version + 1
+    assert join.task.id not in ready_ids(store)
+    last_task, last_attempt = claims[2]
+    store.conclude(Conclusion.success(last_attempt, last_task, FINISHED_CHANGE))
+    ready = store.tasks.get(join.task.id)
+    assert ready.pending == 0 and ready.open and join.task.id in ready_ids(store)
+    with pytest.raises(CommitConflict):  # the read taken while it waited
+        store.claim(waiting_join, 20, "m1")
+    claimed, _ = store.claim(ready, 20, "m1")
+    assert claimed.status is TaskStatus.RUNNING and claimed.pending == 0
+    assert store.attempts.results([m.task.id for m in roots]).keys() == {
+        claims[0][0].id, claims[1][0].id}
+
+
+def ready_ids(store: Store) -> set[str]:
+    """The ids of the tasks in a ready bucket now (any lane)."""
+    rows = store.graph.read(lambda g: g.V().has_label("task").value_map(
+        "task_id", "task_queue").to_list())
+    return {str(r["task_id"][0]) for r in rows if due.is_ready_key(str(r["task_queue"][0]))}
 
 
 def test_a_result_lands_with_its_succeeded_attempt_only_and_a_stale_owners_never(

@@ -33,6 +33,7 @@ from runner.cli import (
     tasks,
     top,
     web,
+    workflows,
 )
 from runner.cli.root import cli
 
@@ -40,7 +41,7 @@ __all__ = ["cli", "main"]
 
 # the command groups register themselves on ``cli`` when imported
 _GROUPS = (aspects, avatars, cluster, commands, dev, dlq, node, ontology, schedules, store,
-           streams, tasks, top, web)
+           streams, tasks, top, web, workflows)
 
 
 def main() -> None:

@@ -53,7 +53,8 @@ def checkpoint_text(checkpoint: dict[str, Any] | None, now: datetime | None = No
 
 #: how a console colours each state
 STATE_STYLE = {"waiting": "cyan", "delayed": "cyan", "running": "yellow", "succeeded": "green",
-               "skipped": "green", "failed": "bold red", "cancelled": "bold magenta"}
+               "skipped": "green", "failed": "bold red", "cancelled": "bold magenta",
+               "blocked": "red"}
 
 
 def _state(task: dict[str, Any]) -> Text:
@@ -132,6 +133,39 @@ def render_result(found: dict[str, Any], console: Console | None = None) -> None
         console.print(f"task {found['task_id']} succeeded with no result")
         return
     console.print(Text(json.dumps(found["value"], indent=2, sort_keys=True)))
+
+
+def render_workflow(report: dict[str, Any], console: Console | None = None) -> None:
+    """``workflow show ID``: the workflow's head, then its members as a tree (each under the
+    member it depends on first; a join under its first dependency, its others named), each
+    with its state, attempts and error; and the counts per state."""
+    console = console or Console()
+    wf, members = report["workflow"], report["members"]
+    counts = ", ".join(f"{n} {state}" for state, n in sorted(report["counts"].items()))
+    console.print(f"workflow {wf['id']} ({wf['key']}): {wf['state']}, {wf['members']} members: "
+                  f"{counts}")
+    tree: dict[str | None, list[dict[str, Any]]] = {}
+    listed = {m["id"] for m in members}
+    for m in members:
+        parent = next((d for d in m["depends_on"] if d in listed), None)
+        tree.setdefault(parent, []).append(m)
+
+    def line(m: dict[str, Any], depth: int) -> None:
+        state = m["state"]
+        text = Text("  " * depth + f"{m['type']} {m['id'][:8]} ")
+        text.append(state, style=STATE_STYLE.get(state, ""))
+        text.append(f" ({m['attempts']} attempts)")
+        if len(m["depends_on"]) > 1:
+            text.append(f" after {len(m['depends_on'])}")
+        if m.get("error"):
+            text.append(f": {m['error']}", style="red")
+        console.print(text)
+        for child in tree.get(m["id"], []):
+            line(child, depth + 1)
+    for root in tree.get(None, []):
+        line(root, 0)
+    if report.get("more"):
+        console.print(f"... and {report['more']} more members (counted above)")
 
 
 def render_task_report(report: dict[str, Any], console: Console | None = None) -> None:

@@ -51,6 +51,9 @@ from runner.replies import (
     TaskReport,
     TaskTypeView,
     TaskView,
+    WorkflowCancelled,
+    WorkflowReport,
+    WorkflowView,
 )
 from runner.requests import (
     AspectCreate,
@@ -80,6 +83,9 @@ from runner.requests import (
     TaskSubmit,
     TaskSubmitMany,
     TaskTypes,
+    WorkflowCancel,
+    WorkflowShow,
+    WorkflowSubmit,
 )
 from runner.store import Attempt, AttemptStatus, codec
 from runner.tasks.features import streams
@@ -139,6 +145,13 @@ class ApiHost(Protocol):
 
     def cancel(self, task_id: str, by: str, reason: str | None = None) -> Cancelled: ...
 
+    def submit_workflow(self, req: WorkflowSubmit) -> WorkflowView: ...
+
+    def workflow_report(self, workflow_id: str) -> WorkflowReport: ...
+
+    def cancel_workflow(self, workflow_id: str, by: str,
+                        reason: str | None = None) -> WorkflowCancelled: ...
+
 
 class NodeApi(OutsideApi, ConsoleApi):
     """The API handlers of one node; they read the node's parts when a request arrives."""
@@ -193,6 +206,19 @@ class NodeApi(OutsideApi, ConsoleApi):
         log.info("member %s: %d tasks submitted by %s", self.node.member_id, len(tasks),
                  ctx.envelope.sender)
         return Submitted(ids=[task.id for task in tasks])
+
+    @api(WorkflowSubmit)
+    def submit_workflow(self, ctx: HandlerContext, req: WorkflowSubmit) -> WorkflowView:
+        """A page of a workflow, written waiting; the last page commits it."""
+        return self.node.submit_workflow(req)
+
+    @api(WorkflowCancel)
+    def cancel_workflow(self, ctx: HandlerContext, req: WorkflowCancel) -> WorkflowCancelled:
+        return self.node.cancel_workflow(req.id, ctx.envelope.sender, req.reason)
+
+    @api(WorkflowShow)
+    def show_workflow(self, ctx: HandlerContext, req: WorkflowShow) -> WorkflowReport:
+        return self.node.workflow_report(req.id)
 
     @api(TaskList)
     def list_tasks(self, ctx: HandlerContext, q: TaskList) -> SearchPage:

@@ -34,6 +34,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
+from datetime import datetime
 
 from coord import (
     LeaderLatch,
@@ -47,7 +48,7 @@ from runner import __version__, logs
 from runner.config import Settings
 from runner.connect import amqp_connector, graph_store, zk_session
 from runner.node import commands as builtin_commands
-from runner.node import intake
+from runner.node import intake, workflows
 from runner.node.api import NodeApi
 from runner.node.metrics import LiveState, NodeMetrics
 from runner.node.registries import node_registry
@@ -56,8 +57,8 @@ from runner.pipeline import extra
 from runner.pipeline.aspects import AspectRegistry
 from runner.pipeline.handlers import Pipeline
 from runner.pipeline.spark import stop_spark
-from runner.replies import Cancelled
-from runner.requests import TaskSubmit, TaskSubmitMany
+from runner.replies import Cancelled, WorkflowCancelled, WorkflowReport, WorkflowView
+from runner.requests import TaskSubmit, TaskSubmitMany, WorkflowSubmit
 from runner.store import Store, Task, migrations
 from runner.tasks import Services, TaskRegistry
 from runner.tasks.authoring import register_commands
@@ -76,6 +77,18 @@ from runner.tasks.observer import Observer, delivery_hook
 from runner.tasks.worker.loop import LoopSettings, TaskLoop
 
 log = logging.getLogger("latchwork.node")
+
+
+class ScanOnRelease(Observer):
+    """Tells every node to scan (TRIGGER_SCAN) when an end of this node made workflow members
+    claimable, so a join does not wait for the next scan interval."""
+
+    def __init__(self, bus: MessageBus) -> None:
+        self.bus = bus
+
+    def on_released(self, tasks: Sequence[Task], behind: datetime) -> None:
+        self.bus.broadcast("TRIGGER_SCAN", {"released": len(tasks),
+                                            "behind": behind.isoformat()})
 
 
 @dataclass(frozen=True)
@@ -250,7 +263,7 @@ class Node:
                          store_retry_for=s.graph_retry_for, prefetch=s.prefetch),
             live_members=membership.live_ids,
             services=self.services,
-            observers=observers)
+            observers=[*observers, ScanOnRelease(bus)])
         for service in (bus, sync, pipeline, self.session, self.streams,
                         StreamLiveness(s.stream_liveness_host or None), self.cache, store,
                         processor):
@@ -343,6 +356,19 @@ class Node:
         """Deactivate a task and cancel its running attempt cluster-wide
         (:func:`runner.node.intake.cancel`)."""
         return intake.cancel(self, task_id, by, reason)
+
+    def submit_workflow(self, req: WorkflowSubmit) -> WorkflowView:
+        """A page of a workflow (:func:`runner.node.workflows.submit`)."""
+        return workflows.submit(self, req)
+
+    def cancel_workflow(self, workflow_id: str, by: str,
+                        reason: str | None = None) -> WorkflowCancelled:
+        """Cancel a workflow's unfinished members (:func:`runner.node.workflows.cancel`)."""
+        return workflows.cancel(self, workflow_id, by, reason)
+
+    def workflow_report(self, workflow_id: str) -> WorkflowReport:
+        """A workflow and its members (:func:`runner.node.workflows.report`)."""
+        return workflows.report(self, workflow_id)
 
     def register_messages(self, bus: MessageBus) -> None:
         """The declared commands and broadcasts (:mod:`runner.node.commands`, then the

@@ -35,6 +35,7 @@ from runner.store.api import (
     Store,
     TaskClaim,
     TaskStore,
+    WorkflowStore,
     location,
 )
 from runner.store.ends import (
@@ -61,6 +62,7 @@ from runner.store.model import (
     Fence,
     Incident,
     LoadResult,
+    NewMember,
     Ontology,
     OntologyClass,
     OntologyRecord,
@@ -75,6 +77,8 @@ from runner.store.model import (
     TaskState,
     TaskStatus,
     Tombstone,
+    Workflow,
+    WorkflowState,
 )
 from runner.store.opening import is_server, open_graph, open_store, store_on
 from runner.store.traversal import Traversal
@@ -90,6 +94,7 @@ __all__ = [
     "StaleFencingToken", "StopCause", "Store", "StoredResult", "StoreError", "StoreSchemaUnknown",
     "StoreUnavailable", "Task", "TaskArchived", "TaskClaim", "TaskFilter", "TaskNotFound",
     "TaskPage", "TaskState", "TaskStatus", "TaskStore", "Tombstone", "Traversal",
+    "NewMember", "Workflow", "WorkflowState", "WorkflowStore",
     "UnknownStoreFormat", "attempt_end", "is_server", "location", "open_graph", "open_store",
     "store_on", "write_size",
 ]

@@ -42,6 +42,7 @@ from runner.store.model import (
     Fence,
     Incident,
     LoadResult,
+    NewMember,
     Ontology,
     OntologyClass,
     OntologyRecord,
@@ -51,6 +52,7 @@ from runner.store.model import (
     TaskFilter,
     TaskPage,
     Tombstone,
+    Workflow,
 )
 from runner.store.traversal import Traversal
 
@@ -197,6 +199,33 @@ class AttemptLog(Protocol):
         a task without one is left out. Callers page: a few hundred ids at a time."""
 
 
+class WorkflowStore(Protocol):
+    """Workflows: a workflow vertex, its members (tasks) and their ``depends_on`` edges
+    (:mod:`runner.store.gremlin.workflows`). A member's success releases its dependants in its
+    own end's write (:meth:`Store.conclude_many`), not here."""
+
+    def begin(self, workflow_id: str, key: str, members: int, digest: str = "") -> Workflow:
+        """The workflow, written ``open`` (nothing of it claimable) unless it exists."""
+
+    def get(self, workflow_id: str) -> Workflow:
+        """TaskNotFound for an unknown workflow."""
+
+    def add(self, workflow_id: str, members: Sequence[NewMember]) -> list[Task]:
+        """Write a page of members (each after what it depends on) and their edges, what is
+        missing only; the members as stored."""
+
+    def commit(self, workflow_id: str) -> Workflow:
+        """``open`` -> ``running`` in one guarded write; the workflow as it is then."""
+
+    def activate(self, workflow_id: str, limit: int = 200) -> int:
+        """Make up to ``limit`` roots of a committed workflow claimable; how many were."""
+
+    def members(self, workflow_id: str) -> list[Task]: ...
+
+    def depends_on(self, task_ids: Sequence[str]) -> dict[str, list[str]]:
+        """What each of ``task_ids`` depends on (task ids)."""
+
+
 class OntologyStore(Protocol):
     def load(self, ontology: Ontology, fence: Fence | None = None) -> LoadResult: ...
 
@@ -324,6 +353,8 @@ class Store(Protocol):
     checkpoints: CheckpointStore
     #: an operator's filtered, paged, newest-first view (the web console's task list)
     search: SearchStore
+    #: workflows: their vertices, members and edges
+    workflows: WorkflowStore
     #: the graph itself, for what no part covers (diagnostics, examples, migrations)
     graph: Graph
 

@@ -10,7 +10,9 @@
   the highest lane with tasks first, and in it the oldest seconds first, a minute's worth at
   a time (:class:`~runner.tasks.worker.ready.ReadyScan`): a scan costs a few index reads,
   whatever number of tasks wait;
-* ``running``: claimed; ``closed``: finished or stopped;
+* ``running``: claimed; ``closed``: finished or stopped; ``deps``: a workflow member whose
+  dependencies have not all succeeded (in no ready bucket: no scan finds it; the end that
+  releases it writes its ready bucket: :mod:`runner.store.gremlin.workflows`);
 * ``at:<n>``: due later, in the bucket of its minute (``n`` = its epoch second //
   :data:`BUCKET`), so no scan reads far-future tasks. The master moves buckets into the ready
   ones as they come within the horizon (a cursor in ZooKeeper records the last bucket moved;
@@ -37,6 +39,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from runner.store.model import Task
 
+#: the queue of a workflow member that still waits for a dependency
+DEPS = "deps"
 #: seconds per bucket
 BUCKET = 60
 #: tasks due within this many seconds (plus two buckets) are in the ``open`` queue
@@ -106,6 +110,8 @@ def queue_of(task: Task, now: datetime) -> str:
         return "closed"
     if task.status.value == "RUNNING":
         return "running"
+    if task.pending > 0 or task.awaits_commit:  # a workflow member that waits
+        return DEPS
     if task.run_at is None or task.run_at <= now + timedelta(seconds=HORIZON + 2 * BUCKET):
         return ready_key(lane_of(task.priority), second(ready_at(task, task.updated_at)))
     return bucket_name(bucket_of(task.run_at))

@@ -186,7 +186,10 @@ def write_size(write: EndWrite) -> int:
 
 @dataclass(frozen=True)
 class EndWritten:
-    """What an end's write left: the task as written (None when the write changed no task)
-    and the attempts it ended."""
+    """What an end's write left: the task as written (None when the write changed no task),
+    the attempts it ended, and the members it released."""
     task: Task | None
     attempts: tuple[Attempt, ...] = ()
+    #: workflow members the write made claimable (their last dependency succeeded): the
+    #: writer wakes the scans for them
+    released: tuple[Task, ...] = ()

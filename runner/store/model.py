@@ -100,6 +100,14 @@ class Task:
     timeout: float | None = None
     #: why it is inactive while unfinished (None otherwise): its state, failed or cancelled
     stop: StopCause | None = None
+    #: the workflow it is a member of (None: a task of its own); fixed when it is made
+    workflow: str | None = None
+    #: what it still waits for before it can start: its dependencies that have not succeeded
+    #: (0: claimable as any task, unless it awaits its workflow's commit)
+    pending: int = 0
+    #: a workflow's root written before its workflow was committed: not claimable until the
+    #: commit activates it (runner.store.gremlin.workflows)
+    awaits_commit: bool = False
 
     @property
     def open(self) -> bool:
@@ -166,6 +174,40 @@ class Attempt:
     stack_trace: str | None = None
     progress: Progress | None = None
     heartbeat: Heartbeat | None = None
+
+
+class WorkflowState(enum.StrEnum):
+    """Where a workflow is: ``open`` while its members are written (nothing of it is
+    claimable), ``running`` once committed (its roots are activated from it), ``succeeded`` once
+    every member has."""
+
+    OPEN = "open"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+
+
+@dataclass(frozen=True)
+class Workflow:
+    """A workflow vertex: its id (from its submit's idempotency ``key``), its state, how many
+    members its submit declared, when it was begun, whether every root was activated after
+    its commit, and its submit's digest."""
+    id: str
+    key: str
+    state: WorkflowState
+    members: int
+    created_at: datetime
+    activated: bool = False
+    #: what its submit declared, in short (a resend has the same; another workflow under the
+    #: same key does not)
+    digest: str = ""
+
+
+@dataclass(frozen=True)
+class NewMember:
+    """A workflow member to write: its task (``tasks.new``, with ``workflow`` and ``pending``
+    set) and the members it depends on (their task ids, written before it)."""
+    task: Task
+    depends_on: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ What handlers and task authors see, here at the top:
 * :mod:`~runner.tasks.outcomes`: what an attempt came to, as a type, and how it is decided;
 * :mod:`~runner.tasks.retry`: retry policies per task type;
 * :mod:`~runner.tasks.observer`: the one observer seam (attempts, scans, deliveries);
-* :mod:`~runner.tasks.progress`, :mod:`~runner.tasks.due`: progress writes, the due-time cursor.
+* :mod:`~runner.tasks.progress`, :mod:`~runner.tasks.due`: progress writes, the due-time cursor;
+* ``chain``, ``group``, ``chord``, ``step``: workflows, declared (:mod:`runner.workflows`).
 
 By role, below:
 
@@ -40,6 +41,7 @@ from runner.tasks.features.streams import stream
 from runner.tasks.observer import Hooks, Observer
 from runner.tasks.registry import Limits, TaskHandler, TaskRegistry, TaskType
 from runner.tasks.retry import RetryPolicy
+from runner.workflows import chain, chord, group, step
 
 __all__ = [
     "BadInput",
@@ -64,7 +66,11 @@ __all__ = [
     "TaskLoadError",
     "UnknownTaskType",
     "broadcast",
+    "chain",
+    "chord",
     "command",
+    "group",
+    "step",
     "stream",
     "task",
 ]

@@ -5,23 +5,36 @@ makes, ``ctx.complete(write)`` for a last graph effect written with the attempt'
 handler that raises :class:`TaskCancelled` (or whose token was cancelled: shutdown, a lost lock
 or session, an operator's cancel) ends its attempt CANCELLED_BY_SYSTEM; one that raises
 :class:`TaskConflict` (or the store's CommitConflict) is retried after a backoff. Both are
-control flow, not errors (see :mod:`runner.errors`).
+control flow, not errors (see :mod:`runner.errors`). A workflow member reads what it depends
+on through ``ctx.inputs`` / ``ctx.results()``.
+
+Why one module: the context is what a handler sees, one class with its token and services;
+split, a handler's one API would be spread over modules that import each other.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from coord import Session
-from runner.errors import AttemptAlreadyFinished, StaleFencingToken, StoreUnavailable
+from runner.errors import (
+    AttemptAlreadyFinished,
+    InvalidValue,
+    StaleFencingToken,
+    StoreUnavailable,
+)
 from runner.store import Attempt, Fence, Task, codec
 
 if TYPE_CHECKING:
     from runner.store import Store
+
+#: the most dependencies ``ctx.inputs`` reads at once (a join over more pages with
+#: ``ctx.results()``)
+INPUTS_LIMIT = 100
 
 
 class TaskConflict(Exception):
@@ -234,6 +247,33 @@ class TaskContext:
             self._resume = None if found is None else found.state
             self._resume_read = True
         return self._resume
+
+    @property
+    def inputs(self) -> dict[str, Any]:
+        """The results of what this workflow member depends on, by their task ids (a chain's
+        step: the one before; a join: its group's members, at most :data:`INPUTS_LIMIT`, else
+        page with :meth:`results`). A dependency that returned nothing, or was skipped
+        (``task skip``), is absent. Read from the store at each look; never part of the
+        payload. Empty for a task of its own."""
+        found: dict[str, Any] = {}
+        for task_id, value in self.results():
+            if len(found) == INPUTS_LIMIT:
+                raise InvalidValue(f"task {self.task.id} depends on more than {INPUTS_LIMIT} "
+                                   "tasks: page through their results with ctx.results()")
+            found[task_id] = value
+        return found
+
+    def results(self, page: int = 200) -> Iterator[tuple[str, Any]]:
+        """``(task id, result)`` of every dependency of this member that succeeded with a
+        result, read ``page`` at a time (a join over 10,000 members holds one page at once);
+        see :attr:`inputs`."""
+        deps = self.store.workflows.depends_on([self.task.id]).get(self.task.id, [])
+        for at in range(0, len(deps), page):
+            chunk = deps[at:at + page]
+            found = self.store.attempts.results(chunk)
+            for task_id in chunk:
+                if task_id in found:
+                    yield task_id, codec.decode_json(found[task_id].text)
 
     def checkpoint(self, state: Any) -> None:
         """Commit ``state`` (JSON, at most 64 KiB: a cursor, an offset, the last key done)

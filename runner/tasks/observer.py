@@ -7,7 +7,8 @@ is gone, the declared commands and broadcasts each run of their handlers (``afte
 and the message bus, through one adapter (:func:`delivery_hook`), what became of each message
 (``on_delivery``). Metrics (:class:`runner.node.metrics.NodeMetrics`) and the attempt log
 (:class:`AttemptLogger`, always first) implement it; so can a user's tracing or audit. Every hook
-is a no-op here: implement the ones you need.
+is a no-op here: implement the ones you need. The task loop also tells them of workflow members
+an end of its made claimable (``on_released``: the node's own observer broadcasts a scan).
 
 Order: ``before_attempt`` runs in the order the observers were given, ``after_attempt``
 unwinds in reverse, and only for the observers whose ``before_attempt`` ran (a raising
@@ -19,10 +20,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from runner import logs
-from runner.store import AttemptStatus
+from runner.store import AttemptStatus, Task
 from runner.tasks.context import TaskContext
 
 if TYPE_CHECKING:
@@ -56,6 +58,10 @@ class Observer:
     def after_command(self, name: str, seconds: float, result: str) -> None:
         """A declared command's or broadcast's handler ran for ``seconds``: ``result`` is
         ``ok``, ``failed`` or ``cancelled`` (what became of its message is ``on_delivery``)."""
+
+    def on_released(self, tasks: Sequence[Task], behind: datetime) -> None:
+        """An end this node wrote made workflow members claimable (their last dependency
+        succeeded), ready from ``behind``: the node tells every node to scan."""
 
 
 class Hooks(Observer):
@@ -130,6 +136,16 @@ def delivery_hook(observers: Sequence[Observer]) -> Callable[..., None]:
             except Exception:
                 log.exception("observer %r failed on a delivery", observer)
     return hook
+
+
+def notify_released(observers: Sequence[Observer], tasks: Sequence[Task],
+                    behind: datetime) -> None:
+    """Tell each observer an end released workflow members; one that raises is logged."""
+    for observer in observers:
+        try:
+            observer.on_released(tasks, behind)
+        except Exception:
+            log.exception("observer %r failed on %d released members", observer, len(tasks))
 
 
 def notify_freed(observers: Sequence[Observer], task_id: str, owner: str) -> None:

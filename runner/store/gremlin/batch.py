@@ -34,13 +34,15 @@ from runner.store.gremlin.plans import Direct, Op, Plans, direct_of
 from runner.store.gremlin.steps import add_vertex
 from runner.store.gremlin.writes import (
     AttemptStart,
+    TaskChange,
+    add_conclusion,
     add_end,
     attempt_start,
     conclusion_write,
     matched_write,
     task_change,
 )
-from runner.store.model import Attempt, Task, TaskStatus
+from runner.store.model import Attempt, AttemptStatus, Task, TaskStatus
 from runner.store.traversal import Props, Row, Traversal
 
 X = TypeVar("X")
@@ -57,6 +59,8 @@ class _Store(Protocol):
     def claim_refused(self, task: Task, fence_token: int) -> NoReturn: ...
 
     def conclude_refused(self, c: Conclusion) -> Task: ...
+
+    def releases(self, successes: Sequence[Conclusion]) -> list[TaskChange]: ...
 
 
 def written(store: _Store, writes: Sequence[Write], anchor: str) -> set[int]:
@@ -192,20 +196,43 @@ def claim_many(store: _Store, claims: Sequence[tuple[Task, int]], member_id: str
 
 
 def conclude_many(store: _Store, conclusions: Sequence[Conclusion]
-                  ) -> list[Task | StoreError]:
+                  ) -> tuple[list[Task | StoreError], tuple[Task, ...]]:
     """Conclusions of several attempts (``GraphStore.conclude`` of each), written together;
-    one refused goes the single way (:meth:`GraphStore.conclude_refused`)."""
+    one refused goes the single way (:meth:`GraphStore.conclude_refused`).
+
+    The successes of workflow members that have dependants go together as one guarded write
+    with the changes they make of their dependants (:meth:`_Store.releases`: one change per
+    dependant, however many of them it depends on), so they are never refused against each
+    other; if any of that write's guards is refused, each of them goes the single way (which
+    reads its dependants again). With the answers, the dependants that write made claimable
+    (none when it went the single way: those are found by the scan)."""
     changes = [task_change(c.task, c.token, c.changes) for c in conclusions]
-    matched = written(store, [conclusion_write(c, change) for c, change in
-                              zip(conclusions, changes, strict=True)],
-                      conclusions[0].task.id if conclusions else "")
+    members = [n for n, c in enumerate(conclusions) if c.task.workflow is not None
+               and c.status is AttemptStatus.SUCCEEDED]
+    releases = store.releases([conclusions[n] for n in members]) if members else []
+    plain = [n for n in range(len(conclusions)) if not releases or n not in members]
+    writes = [conclusion_write(conclusions[n], changes[n]) for n in plain]
+    if releases:
+        together = Write()
+        for n in members:
+            add_conclusion(together, conclusions[n], changes[n])
+        for release in releases:
+            release.add_to(together)
+        writes.append(together)
+    matched_at = written(store, writes, conclusions[0].task.id if conclusions else "")
+    matched = {plain[k] for k in matched_at if k < len(plain)}
+    made_ready: tuple[Task, ...] = ()
+    if releases and len(plain) in matched_at:
+        matched.update(members)
+        made_ready = tuple(r.task for r in releases if r.task.open and r.task.pending == 0
+                           and not r.task.awaits_commit)
     out: list[Task | StoreError] = []
     for n, (c, change) in enumerate(zip(conclusions, changes, strict=True)):
         if n in matched:
             out.append(change.task)
         else:
             out.append(_refusal(store.conclude_refused, c))
-    return out
+    return out, made_ready
 
 
 def _refusal(again: Callable[..., X], *args: object) -> X | StoreError:

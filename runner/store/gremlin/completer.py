@@ -29,7 +29,8 @@ class Owner(Protocol):
     """The owner's writes of the store (:class:`~runner.store.gremlin.store.GraphStore`)."""
     graph: Graph
 
-    def conclude_many(self, conclusions: Sequence[Conclusion]) -> list[Task | StoreError]: ...
+    def conclude_released(self, conclusions: Sequence[Conclusion]
+                          ) -> tuple[list[Task | StoreError], tuple[Task, ...]]: ...
 
     def release(self, task_id: str, fence_token: int, changes: Mapping[str, object]
                 ) -> Task: ...
@@ -48,12 +49,17 @@ def write_ends(store: Owner, writes: Sequence[EndWrite]) -> list[EndWritten | St
     the conclusions together (:meth:`conclude_many`: one write), then each other write
     alone, in order of the call; each answered with what it left or its refusal."""
     together = [w for w in writes if isinstance(w, Conclusion)]
-    concluded = iter(store.conclude_many(together) if together else [])
+    answers, released = store.conclude_released(together) if together else ([], ())
+    concluded = iter(answers)
     out: list[EndWritten | StoreError] = []
     for w in writes:
         if isinstance(w, Conclusion):
             answer = next(concluded)
-            out.append(answer if isinstance(answer, StoreError) else EndWritten(answer))
+            if isinstance(answer, StoreError):
+                out.append(answer)
+            else:  # what the group's write made claimable, told with the first end it wrote
+                out.append(EndWritten(answer, released=released))
+                released = ()
             continue
         try:
             out.append(_write_end(store, w))

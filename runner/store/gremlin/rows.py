@@ -21,7 +21,7 @@ from runner.store.model import (
 from runner.store.traversal import PropValue, Row
 
 TASK_CHANGES = {"status", "finished", "active", "payload", "owner", "priority", "run_at",
-                "skipped", "stop_reason", "stop"}
+                "skipped", "stop_reason", "stop", "pending", "awaits_commit"}
 
 
 TASK_FIXED = ("task_id", "task_type", "task_created", "task_unique", "task_okey")
@@ -55,6 +55,8 @@ def task_props(task: Task, *, payload: bool = True) -> dict[str, PropValue]:
         props["task_unique"] = task.unique_key
     if task.ordering_key is not None:
         props["task_okey"] = task.ordering_key
+    if task.workflow is not None:  # its workflow's members, found from an index
+        props["task_wf"] = task.workflow
     props.update(changing_props(task, payload=payload))
     return props
 
@@ -76,7 +78,10 @@ def changing_props(task: Task, *, payload: bool = True) -> dict[str, PropValue]:
             "resources": list(task.resources), "skipped": task.skipped,
             **({"stop_reason": task.stop_reason} if task.stop_reason else {}),
             **({"stop": task.stop.value} if task.stop is not None else {}),
-            **({"timeout": task.timeout} if task.timeout is not None else {})}),
+            **({"timeout": task.timeout} if task.timeout is not None else {}),
+            # a workflow member's unmet dependencies (none: the key is left out)
+            **({"pending": task.pending} if task.pending else {}),
+            **({"commit": True} if task.awaits_commit else {})}),
         "task_fence": codec.encode_big(task.fence),
         # the unfinished tasks of an ordering key, found from an index ("" once finished)
         "task_okey_open": task.ordering_key if task.ordering_key and not task.finished else "",
@@ -85,6 +90,8 @@ def changing_props(task: Task, *, payload: bool = True) -> dict[str, PropValue]:
         "task_list": list_state(task),
         "task_owner": task.owner or "",
     }
+    if task.workflow is not None:  # its workflow's roots that wait for its commit
+        props["task_wfwait"] = task.workflow if task.awaits_commit else ""
     if payload:
         props["task_payload"] = codec.encode_json(task.payload)
     if task.finished:  # the UTC day it finished: retention walks finished tasks by day
@@ -114,7 +121,7 @@ def checkpoint_from_meta(raw: str | None) -> CheckpointInfo | None:
 #: client's CPU and 3.2 of the server's with every property, 3.1 and 1.8 with seven
 TASK_ROW = ("task_id", "task_type", "task_payload", "task_priority", "task_created",
             "task_version", "task_state", "task_fence", "task_unique", "task_okey",
-            "task_ckpt_meta")
+            "task_ckpt_meta", "task_wf")
 
 
 def task_from_row(row: Row) -> Task:
@@ -135,7 +142,9 @@ def task_from_row(row: Row) -> Task:
         ordering_key=row.get("task_okey"), resources=tuple(state.get("resources", ())),
         skipped=bool(state.get("skipped", False)), stop_reason=state.get("stop_reason"),
         checkpoint=checkpoint_from_meta(row.get("task_ckpt_meta")), timeout=state.get("timeout"),
-        stop=StopCause(state["stop"]) if state.get("stop") else None)
+        stop=StopCause(state["stop"]) if state.get("stop") else None,
+        workflow=row.get("task_wf"), pending=int(state.get("pending", 0)),
+        awaits_commit=bool(state.get("commit", False)))
 
 
 #: what an attempt's row is read with: every property but its result (``attempt_result``, up

@@ -35,6 +35,7 @@ from runner.store.api import (
     ScheduleStore,
     SearchStore,
     TaskStore,
+    WorkflowStore,
 )
 from runner.store.ends import (
     AttemptEnd,
@@ -45,7 +46,7 @@ from runner.store.ends import (
     attempt_end,
 )
 from runner.store.format import stamp
-from runner.store.gremlin import batch, completer
+from runner.store.gremlin import batch, completer, releases
 from runner.store.gremlin.attempts import GremlinAttemptLog
 from runner.store.gremlin.avatars import GremlinAvatarStore
 from runner.store.gremlin.checkpoints import GremlinCheckpointStore
@@ -64,8 +65,10 @@ from runner.store.gremlin.rows import task_props
 from runner.store.gremlin.schedules import GremlinScheduleStore
 from runner.store.gremlin.search import GremlinTaskSearch
 from runner.store.gremlin.tasks import GremlinTaskStore
+from runner.store.gremlin.workflows import GremlinWorkflowStore
 from runner.store.gremlin.writes import (
     AttemptStart,
+    TaskChange,
     add_end,
     attempt_start,
     changed_task,
@@ -108,6 +111,8 @@ class GraphStore:
         self.checkpoints: CheckpointStore = GremlinCheckpointStore(graph)
         #: an operator's filtered, paged, newest-first view (the web console's task list)
         self.search: SearchStore = GremlinTaskSearch(graph)
+        #: workflows: their vertices, members and edges (:mod:`.workflows`)
+        self.workflows: WorkflowStore = GremlinWorkflowStore(graph, self._tasks)
 
     def claim(self, task: Task, fence_token: int, member_id: str) -> tuple[Task, Attempt]:
         """TaskClaim ``task`` as listed (RUNNING, owner, token; guarded by its version and fence)
@@ -208,9 +213,16 @@ class GraphStore:
           and nothing is written; the owner ends the attempt otherwise.
         """
         change = task_change(c.task, c.token, c.changes)
-        if batch.matched(self.graph, conclusion_write(c, change)):
+        if batch.matched(self.graph, conclusion_write(c, change, releases=self.releases([c]))):
             return change.task
         return self.conclude_refused(c)
+
+    def releases(self, successes: Sequence[Conclusion]) -> list[TaskChange]:
+        """The changes the successes of workflow members make of their dependants (none for
+        other conclusions): :func:`~runner.store.gremlin.releases.releases`."""
+        ids = [c.task.id for c in successes if c.task.workflow is not None
+               and c.status is AttemptStatus.SUCCEEDED]
+        return releases.releases(self.graph, ids) if ids else []
 
     def conclude_refused(self, c: Conclusion) -> Task:
         """:meth:`conclude` after its guarded write matched nothing: read what moved, and
@@ -234,7 +246,10 @@ class GraphStore:
             again = task_change(task_now, c.token, c.changes)
             if c.needs:
                 self.graph.read(lambda g: resource_guard(g, task.id, end.attempt_id, c.needs))
-            written = batch.matched(self.graph, conclusion_write(c, again, not ours))
+            # its dependants read again (another end may have changed them); none when the
+            # end was ours already: that write changed them
+            releases = [] if ours else self.releases([c])
+            written = batch.matched(self.graph, conclusion_write(c, again, not ours, releases))
             return again.task if written else None
 
         return until_written(once, task.id)
@@ -249,6 +264,11 @@ class GraphStore:
         """:meth:`conclude` of several attempts in one write (one traversal); each task as
         written or the store's refusal of that conclusion, in order (:mod:`.batch`). The graph
         out of reach raises for the whole batch."""
+        return batch.conclude_many(self, conclusions)[0]
+
+    def conclude_released(self, conclusions: Sequence[Conclusion]
+                          ) -> tuple[list[Task | StoreError], tuple[Task, ...]]:
+        """:meth:`conclude_many`, and the workflow members its write made claimable."""
         return batch.conclude_many(self, conclusions)
 
     def write_ends(self, writes: Sequence[EndWrite]) -> list[EndWritten | StoreError]:
@@ -348,6 +368,9 @@ class GraphStore:
                 w.guard(find)
             add_end(w, end)
             change.add_to(w)
+            if task.workflow is not None:  # a member: its success releases its dependants
+                for release in releases.releases(self.graph, [task.id]):
+                    release.add_to(w)
             if matched_write(self.graph, lambda g: w.traverse(g, effect)):
                 return change.task
             if self._attempts.get(attempt.id).status is not AttemptStatus.RUNNING:

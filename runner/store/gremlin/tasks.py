@@ -29,6 +29,8 @@ from runner.store import codec, due
 from runner.store.api import Graph
 from runner.store.format import FORMAT_KEY, FORMAT_KEY_VALUE
 from runner.store.gremlin import batch, checkpoints, ready
+from runner.store.gremlin.guards import Write
+from runner.store.gremlin.releases import releases
 from runner.store.gremlin.rows import (
     TASK_ROW,
     task_from_row,
@@ -360,7 +362,15 @@ class GremlinTaskStore:
                                    "first")
             change = task_change(task, None, {"finished": True, "skipped": True,
                                               "active": False})
-            return change.task if matched_write(self.graph, change.traverse) else None
+            if task.workflow is None:
+                return change.task if matched_write(self.graph, change.traverse) else None
+            # a workflow member: its dependants go on without it (its result reads as absent),
+            # released in the same write
+            w = Write()
+            change.add_to(w)
+            for release in releases(self.graph, [task_id]):
+                release.add_to(w)
+            return change.task if batch.matched(self.graph, w) else None
         return until_written(once, task_id)
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import random
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC
 from typing import Any
@@ -124,17 +124,27 @@ def write_end(end: AttemptEnd) -> Callable[[Traversal], None]:
     return write
 
 
-def conclusion_write(c: Conclusion, change: TaskChange, with_end: bool = True) -> Write:
+def conclusion_write(c: Conclusion, change: TaskChange, with_end: bool = True,
+                     releases: Sequence[TaskChange] = ()) -> Write:
     """The guarded write of conclusion ``c`` over ``change`` (the task as it is to be
     written): the attempt still RUNNING (``with_end``), the task's version and fence, and for
-    a success each resource still held by the attempt."""
+    a success each resource still held by the attempt; with ``releases``, the changes its
+    success makes of its dependants (a workflow member's: :mod:`.workflows`), each guarded by
+    its own version."""
     w = Write()
+    add_conclusion(w, c, change, with_end)
+    for release in releases:
+        release.add_to(w)
+    return w
+
+
+def add_conclusion(w: Write, c: Conclusion, change: TaskChange, with_end: bool = True) -> None:
+    """Add conclusion ``c`` (its guards and changes, see :func:`conclusion_write`) to ``w``."""
     if with_end:
         add_end(w, c.end)
     change.add_to(w)
     for name in sorted(set(c.needs)):
         w.guard(finder(("resource_name", name), ("resource_holder", c.end.attempt_id)))
-    return w
 
 
 def task_change(task: Task, fence_token: int | None, changes: Mapping[str, object],
@@ -181,6 +191,10 @@ def _changed_fields(task: Task, fence_token: int | None, changes: Mapping[str, o
     unknown = set(changes) - TASK_CHANGES
     if unknown:
         raise InvalidValue(f"cannot change {sorted(unknown)} of a task")
+    if new_attempt and (task.pending > 0 or task.awaits_commit):
+        # a workflow member that waits (its version guards the claim: any change of its count
+        # moves it, so a claim from a read made while it waited is refused in the write too)
+        raise CommitConflict(task.id, task.version, None)
     wanted: dict[str, Any] = dict(changes)  # the task's fields: Task(**fields) checks them
     if "status" in wanted:
         wanted["status"] = TaskStatus(wanted["status"])

@@ -99,7 +99,7 @@ CURRENT = max(STEPS, default=0)
 #: docs/graph.md "Upgrading"); from 0.2.0 a release writes one format, and a new format needs a
 #: new release (tests/test_store_format.py fails otherwise), so ``format_by`` and the members'
 #: versions tell releases apart
-RELEASES = {"0.1.0": 4, "0.2.0": 5}
+RELEASES = {"0.1.0": 4, "0.2.0": 5, "0.3.0.dev0": 6}
 
 
 def describe(version: int) -> str:

@@ -12,8 +12,11 @@ lock and every store write; what the handler asks of its context crosses the cha
 (each a frozen value of :mod:`runner.tasks.worker.frames`):
 
 * ``progress``, ``heartbeat``: a message, no answer (the node throttles and writes them);
-* ``check()``, ``checkpoint(state)``, ``resume``: a request the node answers (a refusal comes
-  back as the exception the node's context raised, e.g. ``TaskCancelled``);
+* ``check()``, ``checkpoint(state)``, ``resume``, ``inputs`` / ``results()`` (a page at a
+  time): a request the node answers (a refusal comes back as the exception the node's
+  context raised, e.g. ``TaskCancelled``);
+* the handler's return value: checked against its annotation and encoded here (a model need
+  not cross), sent with ``Returned``;
 * ``complete(write)``: ``write`` is built here on a traversal of no graph and its steps are the
   request (:func:`~runner.store.effects.effect_steps`); the node adds them to its own
   ``complete`` (lock confirmed, fence guarded, one write) and answers as for ``check``;
@@ -35,6 +38,9 @@ of the node (the child closes the copy ``multiprocessing`` gives it). A channel 
 Failure behaviour: whatever the handler raises is sent back (pickled when it can be, else as
 its type name and text) with its traceback; a child that cannot import the handler sends that
 error. A crash (a signal, an exit) is seen by the node, not here.
+
+Why one module: the child's loop, its token and its context are one process's life over one
+channel; split, each would reach into the others' channel and job.
 """
 
 from __future__ import annotations
@@ -49,7 +55,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from multiprocessing import forkserver
 from multiprocessing.connection import Connection
 from typing import Any, NamedTuple
@@ -57,7 +63,7 @@ from typing import Any, NamedTuple
 from runner.errors import InvalidValue
 from runner.store import Attempt, Fence, Task
 from runner.store.effects import effect_steps
-from runner.tasks.context import TaskCancelled, TaskTimedOut
+from runner.tasks.context import INPUTS_LIMIT, TaskCancelled, TaskTimedOut
 from runner.tasks.results import ResultType
 from runner.tasks.worker.channel import Channel, Flat
 from runner.tasks.worker.frames import (
@@ -67,6 +73,7 @@ from runner.tasks.worker.frames import (
     Complete,
     Progressed,
     Raised,
+    ReadResults,
     Refused,
     Resume,
     Returned,
@@ -196,6 +203,28 @@ class ChildContext:
     @property
     def resume(self) -> Any:
         return self._ask(Resume())
+
+    @property
+    def inputs(self) -> dict[str, Any]:
+        """As the node's ``ctx.inputs`` (:class:`~runner.tasks.context.TaskContext`)."""
+        found: dict[str, Any] = {}
+        for task_id, value in self.results():
+            if len(found) == INPUTS_LIMIT:
+                raise InvalidValue(f"task {self.task.id} depends on more than {INPUTS_LIMIT} "
+                                   "tasks: page through their results with ctx.results()")
+            found[task_id] = value
+        return found
+
+    def results(self, page: int = 200) -> Iterator[tuple[str, Any]]:
+        """As the node's ``ctx.results()``: asked of the node a page at a time."""
+        start = 0
+        while True:
+            got = self._ask(ReadResults(start, page))
+            assert isinstance(got, list)
+            yield from (tuple(item) for item in got)
+            if len(got) < page:
+                return
+            start += len(got)
 
     def _ask(self, request: ChildRequest) -> object:
         self._conn.send(request)

@@ -275,7 +275,7 @@ class GroupCommit:
         if ending.write is None:  # nothing to write
             return Written(ending.outcome, None, status, error)
         if isinstance(answer, EndWritten):
-            return Written(ending.outcome, answer.task, status, error)
+            return Written(ending.outcome, answer.task, status, error, answer.released)
         task = ending.claim.task
         if not isinstance(ending.write, Conclusion):  # a task let go, an attempt closed alone
             log.warning("member %s: task %s: its end not written (%s); the master takes it "

@@ -103,11 +103,14 @@ End = Succeeded | Failed | ConflictRetried | LetGo | TimedOut | Completed | Brok
 @dataclass(frozen=True)
 class Written:
     """What the group commit wrote for an end: the outcome for the task, the task as written
-    (None when unknown or untouched), and what the attempt shows (its status and error)."""
+    (None when unknown or untouched), what the attempt shows (its status and error), and the
+    members its write released."""
     outcome: Outcome
     task: Task | None
     status: AttemptStatus
     error: str | None
+    #: workflow members the write made claimable (the loop wakes the scans for them)
+    released: tuple[Task, ...] = ()
 
 
 class EndWriter(Protocol):

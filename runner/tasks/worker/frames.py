@@ -4,9 +4,9 @@ string tag. A job itself goes as :class:`~runner.tasks.worker.child.Job` (its re
 
 From the child: a report that needs no answer (:class:`Progressed`, :class:`Beat`), a request
 the node answers (:class:`Check`, :class:`SaveCheckpoint`, :class:`Resume`,
-:class:`Complete`), and the handler's end (:class:`Returned`, :class:`Raised`). From the node:
-the answer to a request (:class:`Answered`, or :class:`Refused` with the exception the node's
-context raised, which the child raises)."""
+:class:`ReadResults`, :class:`Complete`), and the handler's end (:class:`Returned`,
+:class:`Raised`). From the node: the answer to a request (:class:`Answered`, or
+:class:`Refused` with the exception the node's context raised, which the child raises)."""
 
 from __future__ import annotations
 
@@ -44,6 +44,14 @@ class Resume:
 
 
 @dataclass(frozen=True, slots=True)
+class ReadResults:
+    """``ctx.results()`` / ``ctx.inputs``: the dependencies' results from ``start`` on, at
+    most ``limit`` (answered as a list of ``(task id, result)``)."""
+    start: int
+    limit: int
+
+
+@dataclass(frozen=True, slots=True)
 class Complete:
     """``ctx.complete(write)``: the steps the effect was built of (gremlinpython bytecode)."""
     steps: list[list[object]]
@@ -76,7 +84,7 @@ class Refused:
 
 
 #: a request the node answers
-ChildRequest = Check | SaveCheckpoint | Resume | Complete
+ChildRequest = Check | SaveCheckpoint | Resume | ReadResults | Complete
 FromChild = Progressed | Beat | ChildRequest | Returned | Raised
 ToChild = Answered | Refused
 

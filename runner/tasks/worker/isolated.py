@@ -46,6 +46,7 @@ reach into the others' child.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import multiprocessing
 import os
@@ -73,6 +74,7 @@ from runner.tasks.worker.frames import (
     FromChild,
     Progressed,
     Raised,
+    ReadResults,
     Refused,
     Resume,
     Returned,
@@ -386,5 +388,8 @@ def _served(ctx: TaskContext, request: ChildRequest) -> object:
         return None
     if isinstance(request, Resume):
         return ctx.resume
+    if isinstance(request, ReadResults):
+        return list(itertools.islice(ctx.results(), request.start,
+                                     request.start + request.limit))
     ctx.complete(replayed(request.steps))
     return None

@@ -33,9 +33,10 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from coord import Booking, Session, SessionState
 from runner.store import Store, Task
+from runner.store import due as queues
 from runner.tasks import due
 from runner.tasks.context import Services
-from runner.tasks.observer import Observer
+from runner.tasks.observer import Observer, notify_released
 from runner.tasks.outcomes import Outcome
 from runner.tasks.registry import TaskRegistry
 from runner.tasks.worker.chain import KeyChain
@@ -270,12 +271,21 @@ class TaskLoop:
         """``ending`` is written (or given up), its lock still held: its observers hear it."""
         self.execution.report(ending.audience, written.status, written.error)
 
+    def _released(self, tasks: Sequence[Task]) -> None:
+        """Scan now for workflow members an end made claimable (from their ready second), and
+        tell the observers (the node's broadcasts TRIGGER_SCAN to the others)."""
+        behind = min(queues.ready_at(t, t.updated_at) for t in tasks)
+        self.trigger(behind)
+        notify_released(self.observers, tasks, behind)
+
     def ended(self, ending: Ending, written: Written) -> None:
         """The group commit wrote ``ending`` (the outcome written, the task as written) and
         released its lock: a declined task is left to the others, a retry's time planned;
         and, unless its worker waits for it, the slot is done."""
         outcome, task = written.outcome, written.task
         slot = ending.slot
+        if written.released:  # workflow members its end made claimable: no scan waits
+            self._released(written.released)
         if outcome is Outcome.DECLINED:  # left to the other nodes for a while
             self.running.decline(slot.task_id, self.decline_for)
         if outcome is Outcome.RETRY_LATER and task is not None and task.run_at is not None:

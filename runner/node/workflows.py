@@ -1,0 +1,170 @@
+"""Workflows coming into a node (``workflow.submit``, ``workflow.show``): a page of members
+written waiting, the last page's commit, and a workflow's report.
+
+A page's members get the ids their workflow's key makes (:func:`runner.workflows.member_id`),
+each validated as a submit is (its type known, its payload its model's), and are written
+waiting (:meth:`~runner.store.api.WorkflowStore.add`: only what a sending before did not
+write); the last page commits the workflow and activates its roots, then every node is told
+to scan. A resend of a committed workflow's pages writes nothing and activates what is left.
+
+Failure behaviour: an unknown type or an invalid payload refuses the page naming the member's
+index, before anything is written; a key already used by another workflow (another digest), or
+a member whose ``unique_key`` a task outside the workflow holds, raises
+:class:`~runner.errors.WorkflowRefused` naming it (nothing of the workflow is claimable: its
+pages are removed by the master once it has been open for :data:`OPEN_FOR`, or adopted by a
+resend with the same key); the store's errors propagate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections import Counter
+
+from runner.errors import TaskError, WorkflowRefused
+from runner.node import intake
+from runner.node.intake import Intake
+from runner.replies import (
+    WorkflowCancelled,
+    WorkflowMemberView,
+    WorkflowReport,
+    WorkflowView,
+)
+from runner.requests import REPORT_MEMBERS, WorkflowSubmit
+from runner.store import NewMember, Task, TaskState, Workflow, WorkflowState, codec
+from runner.workflows import member_id, workflow_id
+
+log = logging.getLogger("latchwork.node")
+
+#: seconds a workflow may stay open (submitted in part, never committed) before the master
+#: removes its members
+OPEN_FOR = 600.0
+
+
+def view(wf: Workflow) -> WorkflowView:
+    return WorkflowView(id=wf.id, key=wf.key, state=wf.state.value, members=wf.members,
+                        created_at=wf.created_at, activated=wf.activated)
+
+
+def submit(node: Intake, req: WorkflowSubmit) -> WorkflowView:
+    """Take one page of a workflow (see the module)."""
+    wf_id = workflow_id(req.key)
+    wf = node.store.workflows.begin(wf_id, req.key, req.total, req.digest)
+    if wf.digest != req.digest or wf.members != req.total:
+        raise WorkflowRefused(f"workflow key {req.key!r} is taken by another workflow ({wf.id}, "
+                              f"{wf.members} members, submitted {wf.created_at.isoformat()}): "
+                              "give this one a key of its own")
+    if wf.state is WorkflowState.OPEN and req.members:
+        _write(node, wf_id, req)
+    if req.commit:
+        wf = node.store.workflows.commit(wf_id)
+        activated = 0
+        while (done := node.store.workflows.activate(wf_id)) > 0:
+            activated += done
+        wf = node.store.workflows.get(wf_id)
+        if activated:
+            now = codec.now()
+            node.processor.trigger(now)
+            node.bus.broadcast("TRIGGER_SCAN", {"workflow": wf_id,
+                                                "behind": now.isoformat()})
+        log.info("member %s: workflow %s (%s) committed: %d members, %d roots started",
+                 node.member_id, wf_id, req.key, wf.members, activated)
+    return view(wf)
+
+
+def _write(node: Intake, wf_id: str, req: WorkflowSubmit) -> None:
+    members: list[NewMember] = []
+    for n, spec in enumerate(req.members, req.start):
+        item = spec.task
+        try:
+            kind = node.registry.get(item.type)
+            kind.parse(item.payload)
+        except TaskError as exc:
+            raise type(exc)(f"member {n} of the workflow: {exc}") from exc
+        task = node.store.tasks.new(
+            item.type, item.payload, unique_key=item.unique_key,
+            priority=kind.priority if item.priority is None else item.priority,
+            run_at=item.when(), ordering_key=item.ordering_key,
+            resources=[*kind.resources, *item.resources], timeout=item.timeout)
+        task = dataclasses.replace(task, id=member_id(wf_id, n), workflow=wf_id,
+                                   pending=len(set(spec.after)), awaits_commit=not spec.after)
+        members.append(NewMember(task, tuple(sorted({member_id(wf_id, i)
+                                                     for i in spec.after}))))
+    stored = node.store.workflows.add(wf_id, members)
+    for n, (mine, found) in enumerate(zip(members, stored, strict=True), req.start):
+        if found.id != mine.task.id:
+            raise WorkflowRefused(f"member {n} of the workflow: its unique key "
+                                  f"{mine.task.unique_key!r} is held by task {found.id} "
+                                  f"({found.type}, {found.stored_state().value}), outside "
+                                  "the workflow")
+
+
+def cancel(node: Intake, wf_id: str, by: str, reason: str | None) -> WorkflowCancelled:
+    """Cancel every unfinished member (:func:`runner.node.intake.cancel` of each: a running
+    one is stopped cluster-wide); what succeeded stays. Members still waiting keep waiting
+    cancelled: nothing of the workflow starts again unless reactivated."""
+    node.store.workflows.get(wf_id)  # task_not_found for an unknown workflow
+    done = []
+    for task in node.store.workflows.members(wf_id):
+        if task.open:
+            intake.cancel(node, task.id, by, reason or f"workflow {wf_id} cancelled")
+            done.append(task.id)
+    log.info("member %s: workflow %s: %d members cancelled by %s", node.member_id, wf_id,
+             len(done), by)
+    return WorkflowCancelled(id=wf_id, cancelled=done)
+
+
+def state_of(task: Task, blocked: bool) -> str:
+    """A member's state: its task's, or ``blocked`` while it waits for a stopped one."""
+    if blocked and task.open:
+        return "blocked"
+    return task.state(codec.now()).value
+
+
+def report(node: Intake, wf_id: str) -> WorkflowReport:
+    """The workflow and its members (see :class:`~runner.replies.WorkflowReport`)."""
+    wf = node.store.workflows.get(wf_id)
+    members = node.store.workflows.members(wf_id)
+    deps = node.store.workflows.depends_on([t.id for t in members])
+    by_id = {t.id: t for t in members}
+    order = {member_id(wf_id, n): n for n in range(wf.members)}
+    members.sort(key=lambda t: order.get(t.id, len(order)))
+    blocked_by: dict[str, str] = {}
+    for task in members:  # each after what it depends on: a dependency is decided first
+        for dep in deps.get(task.id, ()):
+            why = _stopped_error(node, by_id.get(dep), blocked_by)
+            if why is not None and task.pending:
+                blocked_by[task.id] = why
+                break
+    views: list[WorkflowMemberView] = []
+    counts: Counter[str] = Counter()
+    for task in members:
+        state = state_of(task, task.id in blocked_by)
+        counts[state] += 1
+        if len(views) < REPORT_MEMBERS:
+            views.append(WorkflowMemberView(
+                id=task.id, type=task.type, state=state, attempts=task.attempts,
+                depends_on=deps.get(task.id, []), pending=task.pending,
+                error=blocked_by.get(task.id) or _own_error(node, task)))
+    return WorkflowReport(workflow=view(wf), members=views, counts=dict(counts),
+                          more=max(0, len(members) - len(views)))
+
+
+def _stopped_error(node: Intake, dep: Task | None, blocked_by: dict[str, str]) -> str | None:
+    """Why a member waiting for ``dep`` waits for ever: ``dep`` stopped (its error), or it is
+    itself blocked; None while ``dep`` may still succeed."""
+    if dep is None:
+        return None
+    if dep.id in blocked_by:
+        return blocked_by[dep.id]
+    if dep.stored_state() in (TaskState.FAILED, TaskState.CANCELLED):
+        return f"{dep.type} {dep.id} {dep.stored_state().value}: {_own_error(node, dep) or ''}"
+    return None
+
+
+def _own_error(node: Intake, task: Task) -> str | None:
+    if task.stored_state() not in (TaskState.FAILED, TaskState.CANCELLED):
+        return None
+    attempts = node.store.attempts.for_task(task.id)
+    return (attempts[-1].error if attempts else None) or task.stop_reason
+

@@ -1,0 +1,154 @@
+"""Workflows on a real cluster (issue 72): chains, fan-out and a join submitted all or nothing
+under an idempotency key, members released by their dependencies' ends (no scan waits), inputs
+read from what they depend on, a failed member blocking its dependants until it is reactivated
+or skipped, a cancel of what is left. The store's half (pages, commit, counts, the merged
+decrement, the claim's guard) is in the store contract: ``test_store_contract.py``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from coord.testing import wait_until
+from runner.client import TaskStopped
+from runner.errors import RequestRefused
+from runner.tasks import chain, chord, group, step
+from runner.testing.cluster import Cluster
+from runner.workflows import member_id, plan, workflow_id
+
+WORKFLOW_MODULE = '''
+import json
+import os
+from pathlib import Path
+
+from runner.tasks import TaskContext, task
+
+
+@task("wf.split")
+def split(ctx: TaskContext, payload: dict) -> dict:
+    return {"base": payload["base"]}
+
+
+@task("wf.work")
+def work(ctx: TaskContext, payload: dict) -> int:
+    (before,) = ctx.inputs.values()
+    return before["base"] + payload["i"]
+
+
+@task("wf.join")
+def join(ctx: TaskContext, payload: dict) -> dict:
+    values = [value for _, value in ctx.results(page=7)]
+    with open(payload["record"], "a") as f:
+        f.write(json.dumps({"task": ctx.task.id, "n": len(values)}) + "\\n")
+    return {"sum": sum(values), "n": len(values)}
+
+
+@task("wf.flaky")
+def flaky(ctx: TaskContext, payload: dict) -> str:
+    if not Path(payload["flag"]).exists():
+        raise RuntimeError("the flag is not there yet")
+    return "fixed"
+
+
+@task("wf.after", isolation="process")
+def after(ctx: TaskContext, payload: dict) -> dict:
+    return {"inputs": ctx.inputs, "pid": os.getpid()}
+'''
+
+
+def test_a_fan_out_and_its_join_run_once_from_one_submit_and_a_resend_adds_nothing(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """A split, a fan-out of 20 reading its result, a join paging through their 20 results:
+    submitted in pages of one call (the join's page alone), the join runs once with every
+    member's result; the same call again answers the same ids and writes nothing; another
+    workflow under the same key is refused; ``workflow show`` counts every member."""
+    cluster.load_module(tmp_path / "site", "wfjobs", WORKFLOW_MODULE)
+    cluster.start_node()
+    cluster.start_node()
+    record = tmp_path / "joins.jsonl"
+    flow = chain(step("wf.split", {"base": 100}),
+                 chord(group([step("wf.work", {"i": i}) for i in range(20)]),
+                       then=step("wf.join", {"record": str(record)})))
+    with cluster.client() as client:
+        ref = client.submit_workflow(flow, key="fan-out-1")
+        assert ref.id == workflow_id("fan-out-1") and len(ref.members) == 22
+        assert ref.members[0] == member_id(ref.id, 0)
+        joined = client.result(ref.members[-1], wait=90)
+        assert joined == {"sum": sum(100 + i for i in range(20)), "n": 20}
+        assert [client.result(m) for m in ref.members[1:4]] == [100, 101, 102]
+
+        again = client.submit_workflow(flow, key="fan-out-1")
+        assert again.members == ref.members
+        with pytest.raises(RequestRefused) as refused:
+            client.submit_workflow(chain(step("wf.split", {"base": 1})), key="fan-out-1")
+        assert refused.value.code == "workflow_refused" and "taken by another" in str(
+            refused.value)
+        report = client.workflow(ref.id)
+        assert report.counts == {"succeeded": 22} and report.workflow.members == 22
+        assert {m.attempts for m in report.members} == {1}
+    assert len(cluster.store.tasks.all("wf.work")) == 20
+    assert [json.loads(line)["n"] for line in record.read_text().splitlines()] == [20]
+    shown = cluster.cli("workflow", "show", ref.id)
+    assert shown.exit_code == 0 and "22 succeeded" in shown.output, shown.output
+
+
+def test_a_failed_member_blocks_its_dependants_until_reactivated_and_a_skip_lets_them_go(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """A chain whose middle step fails: the step after it never starts and shows ``blocked``
+    with the failure; reactivated once its cause is fixed, the failed step succeeds and the
+    rest runs (what succeeded before is not run again). Another chain's failed step skipped:
+    the step after it starts, its input for it absent, in a handler process. A cancel stops
+    what is left of a third."""
+    cluster.load_module(tmp_path / "site", "wfjobs", WORKFLOW_MODULE)
+    cluster.start_node()
+    flag = tmp_path / "flag"
+    with cluster.client() as client:
+        ref = client.submit_workflow(chain(step("wf.split", {"base": 5}),
+                                           step("wf.flaky", {"flag": str(flag)}),
+                                           step("wf.after")), key="blocked-1")
+        first, middle, last = ref.members
+        with pytest.raises(TaskStopped):
+            client.result(middle, wait=60)
+        report = client.workflow(ref.id)
+        states = {m.id: (m.state, m.error) for m in report.members}
+        assert states[first][0] == "succeeded" and states[middle][0] == "failed"
+        assert states[last][0] == "blocked" and "the flag is not there yet" in (
+            states[last][1] or ""), states
+        assert client.get(last).attempts == []
+        flag.write_text("1")
+        client.reactivate(middle)
+        done = client.result(last, wait=60)
+        assert done["inputs"] == {middle: "fixed"} and done["pid"] != 0
+        assert len(client.get(first).attempts) == 1  # not run again
+
+        skipped = client.submit_workflow(chain(step("wf.flaky", {"flag": str(tmp_path / "no")}),
+                                               step("wf.after")), key="skipped-1")
+        failing, after = skipped.members
+        with pytest.raises(TaskStopped):
+            client.result(failing, wait=60)
+        client.skip(failing)
+        assert client.result(after, wait=60)["inputs"] == {}  # its input reads as absent
+
+        stopped = client.submit_workflow(chain(step("wf.flaky", {"flag": str(tmp_path / "no")}),
+                                               step("wf.after"), step("wf.after")),
+                                         key="cancelled-1")
+        with pytest.raises(TaskStopped):
+            client.result(stopped.members[0], wait=60)
+        cancelled = client.cancel_workflow(stopped.id)
+        assert sorted(cancelled.cancelled) == sorted(stopped.members[1:])
+        assert wait_until(lambda: {m.state for m in client.workflow(stopped.id).members}
+                          == {"failed", "cancelled"}, 30)
+
+
+def test_a_plan_lists_every_member_after_what_it_depends_on() -> None:
+    flow = chain(step("a"), group([chain(step("b"), step("c")), step("d")]),
+                 chord(group([step("e"), step("f")]), then=step("g")))
+    planned = plan(flow)
+    assert [p.template.type for p in planned] == list("abcdefg")
+    assert [p.after for p in planned] == [(), (0,), (1,), (0,), (2, 3), (2, 3), (4, 5)]
+    with pytest.raises(ValueError, match="at least one step"):
+        chain()
+    with pytest.raises(ValueError, match="at least one step"):
+        group([])
