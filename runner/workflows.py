@@ -136,3 +136,8 @@ def workflow_id(key: str) -> str:
 def member_id(workflow: str, index: int) -> str:
     """The task id of member ``index`` of ``workflow``."""
     return str(uuid.uuid5(uuid.UUID(workflow), str(index)))
+
+
+def child_id(parent: str, key: str) -> str:
+    """The task id of the child ``parent`` spawns under ``key`` (``ctx.spawn``)."""
+    return str(uuid.uuid5(NAMESPACE, f"{parent}/child/{key}"))

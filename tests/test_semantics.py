@@ -506,6 +506,49 @@ def test_retention_delete_mode_and_the_default_keep_everything(zk_namespace: ZkN
         assert retention.tick(later, force=True) == 0
 
 
+def test_retention_removes_a_workflow_as_a_unit_once_every_member_finished(
+        zk_namespace: ZkNamespace, tmp_path: Path) -> None:
+    """Issue 72: a workflow's finished members stay while one of its members is unfinished (a
+    pending join may still need their results; a stopped member may be reactivated), and go
+    together, with the workflow's vertex, once the last one finished, whatever day each
+    finished on; a plain task of the same day goes on its own."""
+    import dataclasses
+
+    from runner.store import NewMember
+
+    with open_store(str(tmp_path / "g.db")) as store, \
+            Session(zk_namespace.hosts, "ret", timeout=4.0) as session:
+        store.workflows.begin("wf-r", "r", 3)
+        made = []
+        for n in range(3):
+            task = dataclasses.replace(store.tasks.new("t", {"n": n}), workflow="wf-r",
+                                       pending=1 if n else 0, awaits_commit=n == 0)
+            made.append(NewMember(task, (made[-1].task.id,) if n else ()))
+        store.workflows.add("wf-r", made)
+        for m in made[:2]:
+            current = store.tasks.get(m.task.id)
+            store.tasks.update(m.task.id, current.version, None, finished=True)
+        plain = store.tasks.create("diag.sleep", {"seconds": 0})
+        store.tasks.update(plain.id, plain.version, None, finished=True)
+        retention = Retention(session, store, "me", days=1, mode="delete",
+                              data_dir=str(tmp_path / "data"), batch=10)
+        later = codec.now() + timedelta(days=2)
+        assert retention.tick(later, force=True) == 1  # the plain task alone
+        assert len(store.workflows.members("wf-r")) == 3
+        assert store.retention.tombstone(plain.id) is not None
+
+        last = store.tasks.get(made[2].task.id)
+        store.tasks.update(last.id, last.version, None, finished=True)
+        even_later = codec.now() + timedelta(days=4)
+        retention = Retention(session, store, "me", days=1, mode="delete",
+                              data_dir=str(tmp_path / "data"), batch=2)
+        assert retention.tick(even_later, force=True) == 3  # a unit, over the batch of 2
+        assert store.workflows.members("wf-r") == []
+        with pytest.raises(TaskNotFound):
+            store.workflows.get("wf-r")
+        assert all(store.retention.tombstone(m.task.id) is not None for m in made)
+
+
 def test_two_masters_in_a_failover_move_the_retention_cursor_once(zk_namespace: ZkNamespace,
                                                                   tmp_path: Path) -> None:
     """The cursor is moved by compare-and-set: a master whose view is stale (another moved it

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gremlin_python.process.traversal import Cardinality
 from rdflib import RDFS, Graph, URIRef
 
 from coord import Session, TaskLock, force_release
@@ -520,6 +521,42 @@ def test_a_workflow_is_claimable_only_once_committed_and_a_join_once_every_membe
     assert claimed.status is TaskStatus.RUNNING and claimed.pending == 0
     assert store.attempts.results([m.task.id for m in roots]).keys() == {
         claims[0][0].id, claims[1][0].id}
+
+
+def test_the_masters_round_removes_a_workflow_left_open_and_activates_one_left_half_done(
+        store: Store) -> None:
+    """A submit cut off before its last page leaves its workflow open: the round removes its
+    members and vertex once it is older than OPEN_FOR (not before), and a commit that comes
+    during the removal is refused; a workflow committed whose roots were not activated (its
+    node killed after the commit) has them activated by the round."""
+    from runner.tasks.master.workflows import WorkflowRound
+
+    store.workflows.begin("wf-left", "left", 2)
+    left_root = member(store, "wf-left", "a")
+    store.workflows.add("wf-left", [left_root, member(store, "wf-left", "b",
+                                                      (left_root.task.id,))])
+    store.workflows.begin("wf-half", "half", 1)
+    half_root = member(store, "wf-half", "r")
+    store.workflows.add("wf-half", [half_root])
+    store.workflows.commit("wf-half")  # and no activation: its node was killed here
+    assert half_root.task.id not in ready_ids(store)
+
+    fresh = WorkflowRound(store, "m1", open_for=3600)
+    assert fresh.tick() == (0, 1)  # too young to remove; the half-done one finished
+    assert half_root.task.id in ready_ids(store) and store.workflows.get("wf-half").activated
+    assert store.workflows.stale(codec.now() - timedelta(hours=1)) == ([], [])
+    assert len(store.workflows.members("wf-left")) == 2
+
+    assert WorkflowRound(store, "m1", open_for=0).tick() == (2, 0)
+    assert store.workflows.members("wf-left") == []
+    with pytest.raises(TaskNotFound):
+        store.workflows.get("wf-left")
+    assert store.graph.read(lambda g: g.V().has("task_wf", "wf-left").count().next()) == 0
+    # begun again by a resend: a new open workflow, nothing of the old one
+    assert store.workflows.begin("wf-left", "left", 2).state is WorkflowState.OPEN
+    store.graph.write(lambda g: g.V().has("wf_id", "wf-left").property(
+        Cardinality.single, "wf_open", WorkflowState.REMOVING.value).iterate())
+    assert store.workflows.commit("wf-left").state is WorkflowState.REMOVING  # refused
 
 
 def ready_ids(store: Store) -> set[str]:

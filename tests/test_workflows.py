@@ -23,7 +23,7 @@ import json
 import os
 from pathlib import Path
 
-from runner.tasks import TaskContext, task
+from runner.tasks import RetryPolicy, TaskContext, task
 
 
 @task("wf.split")
@@ -50,6 +50,27 @@ def flaky(ctx: TaskContext, payload: dict) -> str:
     if not Path(payload["flag"]).exists():
         raise RuntimeError("the flag is not there yet")
     return "fixed"
+
+
+@task("wf.spawner", retry=RetryPolicy(max_attempts=2, backoff=0.1, retry_on=(RuntimeError,)))
+def spawner(ctx: TaskContext, payload: dict) -> int:
+    for i in range(payload["n"]):
+        ctx.spawn("wf.child", {"i": i}, key=f"c{i}")
+        if ctx.attempt.seq == 1 and i == payload["n"] // 2:
+            raise RuntimeError("dies half-way through its children")
+    return payload["n"]
+
+
+@task("wf.spawner_iso", isolation="process")
+def spawner_isolated(ctx: TaskContext, payload: dict) -> int:
+    for i in range(payload["n"]):
+        ctx.spawn("wf.child", {"i": 100 + i}, key=f"c{i}")
+    return -1
+
+
+@task("wf.child")
+def child(ctx: TaskContext, payload: dict) -> int:
+    return payload["i"] * 10
 
 
 @task("wf.after", isolation="process")
@@ -140,6 +161,32 @@ def test_a_failed_member_blocks_its_dependants_until_reactivated_and_a_skip_lets
         assert sorted(cancelled.cancelled) == sorted(stopped.members[1:])
         assert wait_until(lambda: {m.state for m in client.workflow(stopped.id).members}
                           == {"failed", "cancelled"}, 30)
+
+
+def test_a_spawner_retried_half_way_finds_its_children_and_its_dependant_waits_for_them(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """A handler spawns 6 children keyed c0..c5 and dies after c3; its retry spawns them again
+    with the same keys: 6 children in all, each run once. The step after it starts once it and
+    every child succeeded, and reads their 7 results; a process-isolated spawner's children
+    cross the channel the same way."""
+    cluster.load_module(tmp_path / "site", "wfjobs", WORKFLOW_MODULE)
+    cluster.start_node()
+    with cluster.client() as client:
+        ref = client.submit_workflow(chain(step("wf.spawner", {"n": 6}), step("wf.after")),
+                                     key="spawner-1")
+        parent, after = ref.members
+        done = client.result(after, wait=90)
+        kids = cluster.store.workflows.children(parent)
+        assert sorted(t.payload["i"] for t in kids) == list(range(6))
+        assert [len(cluster.store.attempts.for_task(t.id)) for t in kids] == [1] * 6
+        assert [a.status.value for a in cluster.store.attempts.for_task(parent)] == [
+            "FAILED", "SUCCEEDED"]
+        assert done["inputs"] == {parent: 6, **{t.id: t.payload["i"] * 10 for t in kids}}
+
+        iso = client.submit_workflow(chain(step("wf.spawner_iso", {"n": 2}), step("wf.after")),
+                                     key="spawner-2")
+        inputs = client.result(iso.members[1], wait=90)["inputs"]
+        assert sorted(inputs.values()) == [-1, 1000, 1010]
 
 
 def test_a_plan_lists_every_member_after_what_it_depends_on() -> None:

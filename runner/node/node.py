@@ -73,6 +73,7 @@ from runner.tasks.master.duties import MasterDuties, Pruning
 from runner.tasks.master.incidents import IncidentWatch, load_hooks
 from runner.tasks.master.retention import Retention
 from runner.tasks.master.schedules import ScheduleFirer
+from runner.tasks.master.workflows import WorkflowRound
 from runner.tasks.observer import Observer, delivery_hook
 from runner.tasks.worker.loop import LoopSettings, TaskLoop
 
@@ -315,7 +316,8 @@ class Node:
             ("schedules", ScheduleFirer(store, self.submit).tick),
             ("incidents", IncidentWatch(store, self.registry, member, self.incident_hooks,
                                         s.incident_webhook).tick),
-            ("store layout", layout.LayoutWatch(self.session, store, member).tick)]
+            ("store layout", layout.LayoutWatch(self.session, store, member).tick),
+            ("workflows", WorkflowRound(store, member).tick)]
         if s.stream_retention > 0:
             duties.append(("stream retention", StreamRetention(
                 self.session, self.streams, member, s.stream_retention,

@@ -11,8 +11,10 @@ Failure behaviour: an unknown type or an invalid payload refuses the page naming
 index, before anything is written; a key already used by another workflow (another digest), or
 a member whose ``unique_key`` a task outside the workflow holds, raises
 :class:`~runner.errors.WorkflowRefused` naming it (nothing of the workflow is claimable: its
-pages are removed by the master once it has been open for :data:`OPEN_FOR`, or adopted by a
-resend with the same key); the store's errors propagate.
+pages are removed by the master once it has been open for
+:data:`~runner.tasks.master.workflows.OPEN_FOR`, or adopted by a resend with the same key); a
+workflow the master is removing (left open too long) is refused until it is gone; the store's
+errors propagate.
 """
 
 from __future__ import annotations
@@ -36,11 +38,6 @@ from runner.workflows import member_id, workflow_id
 
 log = logging.getLogger("latchwork.node")
 
-#: seconds a workflow may stay open (submitted in part, never committed) before the master
-#: removes its members
-OPEN_FOR = 600.0
-
-
 def view(wf: Workflow) -> WorkflowView:
     return WorkflowView(id=wf.id, key=wf.key, state=wf.state.value, members=wf.members,
                         created_at=wf.created_at, activated=wf.activated)
@@ -54,10 +51,16 @@ def submit(node: Intake, req: WorkflowSubmit) -> WorkflowView:
         raise WorkflowRefused(f"workflow key {req.key!r} is taken by another workflow ({wf.id}, "
                               f"{wf.members} members, submitted {wf.created_at.isoformat()}): "
                               "give this one a key of its own")
+    if wf.state is WorkflowState.REMOVING:
+        raise WorkflowRefused(f"workflow {wf_id} (key {req.key!r}) was left open too long and "
+                              "is being removed: send it again in a moment")
     if wf.state is WorkflowState.OPEN and req.members:
         _write(node, wf_id, req)
     if req.commit:
         wf = node.store.workflows.commit(wf_id)
+        if wf.state is not WorkflowState.RUNNING:  # the master's removal came first
+            raise WorkflowRefused(f"workflow {wf_id} (key {req.key!r}) was left open too long "
+                                  "and is being removed: send it again in a moment")
         activated = 0
         while (done := node.store.workflows.activate(wf_id)) > 0:
             activated += done

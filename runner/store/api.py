@@ -222,8 +222,22 @@ class WorkflowStore(Protocol):
 
     def members(self, workflow_id: str) -> list[Task]: ...
 
+    def stale(self, opened_before: datetime) -> tuple[list[Workflow], list[Workflow]]:
+        """The workflows left open since before ``opened_before``, and the committed ones whose
+        roots were not all activated."""
+
+    def remove(self, workflow_id: str) -> int:
+        """Remove a workflow left open (its members and vertex); how many members went."""
+
     def depends_on(self, task_ids: Sequence[str]) -> dict[str, list[str]]:
         """What each of ``task_ids`` depends on (task ids)."""
+
+    def spawn(self, fence: Fence, parent: Task, child: Task) -> Task:
+        """Write ``child`` of ``parent`` (fenced by its running attempt), each of the parent's
+        dependants then depending on it too; a child already there answered as it is."""
+
+    def children(self, parent_id: str) -> list[Task]:
+        """The children ``parent_id`` spawned."""
 
 
 class OntologyStore(Protocol):

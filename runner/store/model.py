@@ -178,12 +178,13 @@ class Attempt:
 
 class WorkflowState(enum.StrEnum):
     """Where a workflow is: ``open`` while its members are written (nothing of it is
-    claimable), ``running`` once committed (its roots are activated from it), ``succeeded`` once
-    every member has."""
+    claimable), ``running`` once committed (its roots are activated from it), ``removing`` when
+    the master removes one left open."""
 
     OPEN = "open"
     RUNNING = "running"
-    SUCCEEDED = "succeeded"
+    #: left open past its time: the master removes its members (a resend begins it again)
+    REMOVING = "removing"
 
 
 @dataclass(frozen=True)

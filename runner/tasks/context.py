@@ -208,6 +208,8 @@ class TaskContext:
     reporter: Callable[[int, int | None, str], None] | None = None
     #: the limit watch's beat of this attempt (None: its type has no limit to watch)
     beater: Callable[[Any], None] | None = None
+    #: ``ctx.spawn``'s writer (the execution's: it validates the child's type and payload)
+    spawner: Callable[[str, dict[str, Any], str, dict[str, Any]], str] | None = None
     completed: bool = False
     #: the task's last checkpoint as this attempt knows it (read at the first look)
     _resume: Any = field(default=None, repr=False)
@@ -247,6 +249,23 @@ class TaskContext:
             self._resume = None if found is None else found.state
             self._resume_read = True
         return self._resume
+
+    def spawn(self, type: str, payload: dict[str, Any] | None = None, *, key: str,
+              **fields: Any) -> str:
+        """Make a child task of ``type`` with ``payload`` (and a submit's ``fields``:
+        ``priority``, ``resources``, ...), which starts at once; its id, made from this task's
+        id and ``key`` (required): a retried attempt that spawns again with the same keys finds
+        the children an earlier attempt made instead of making new ones. This task's dependants
+        (a workflow's next steps) start only once it and every child it spawned succeeded, and
+        read the children's results with its own (``ctx.inputs``). Fenced like the attempt's
+        end: an attempt that lost its task spawns nothing and gets :class:`TaskCancelled`; an
+        unknown type or an invalid payload raises its error, nothing written."""
+        if not key:
+            raise InvalidValue("ctx.spawn needs a key: the child's identity under this task")
+        if self.spawner is None:
+            raise InvalidValue("this context cannot spawn (no task loop runs it)")
+        self.cancel.raise_if_cancelled()
+        return self.spawner(type, dict(payload or {}), key, dict(fields))
 
     @property
     def inputs(self) -> dict[str, Any]:

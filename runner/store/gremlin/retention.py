@@ -29,7 +29,8 @@ class GremlinRetentionStore:
 
     def remove(self, tasks: list[Task], where: str) -> None:
         """Drop the tasks, their attempts and incidents, and leave a tombstone for each, in
-        one write (a task already gone is skipped)."""
+        one write (a task already gone is skipped); a workflow none of whose members is left
+        goes with them."""
         at = codec.encode_time(codec.now())
 
         def write(g: Traversal) -> None:
@@ -39,6 +40,10 @@ class GremlinRetentionStore:
                 g.V().has("task_id", task.id).drop().iterate()
                 get_or_add(g, "tomb_task", task.id, "archived_task", {
                     "tomb_task": task.id, "tomb_where": where, "tomb_at": at}).iterate()
+            # a workflow whose last members went: its vertex too
+            for wf in sorted({t.workflow for t in tasks if t.workflow is not None}):
+                if not g.V().has("task_wf", wf).limit(1).to_list():
+                    g.V().has("wf_id", wf).drop().iterate()
         self.graph.write(write)
 
     def tombstone(self, task_id: str) -> Tombstone | None:

@@ -17,6 +17,10 @@
   share a dependant take one change of it.
   At 0 its queue is its ready bucket (:mod:`runner.store.due`): the scan finds it.
 
+* **Children.** :meth:`~GremlinWorkflowStore.spawn` writes a child a running handler makes
+  (``ctx.spawn``), keyed by its parent and a key of the caller's, with a ``child_of`` edge;
+  each of the parent's dependants then depends on the child too, in the same write.
+
 Failure behaviour: a graph out of reach raises ``StoreUnavailable``; a page cut off half-way
 is written again by a resend (what is there is kept; what is missing added); a commit of a
 workflow that is not ``open`` changes nothing and answers the workflow as it is.
@@ -26,21 +30,33 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from datetime import datetime
 
 from gremlin_python.process.graph_traversal import __
 from gremlin_python.process.traversal import Cardinality
 
-from runner.errors import InvalidValue, TaskNotFound
+from runner.errors import AttemptAlreadyFinished, InvalidValue, TaskNotFound
 from runner.store import codec
 from runner.store.api import Graph
-from runner.store.gremlin.releases import DEPENDS_ON
-from runner.store.gremlin.rows import TASK_ROW, task_from_row
+from runner.store.gremlin import batch
+from runner.store.gremlin.guards import Write, fence_guard, finder
+from runner.store.gremlin.releases import DEPENDS_ON, dependants
+from runner.store.gremlin.rows import TASK_ROW, task_from_row, task_props
 from runner.store.gremlin.steps import add_vertex, any_of
 from runner.store.gremlin.tasks import GremlinTaskStore
-from runner.store.gremlin.writes import matched_write, task_change
-from runner.store.model import NewMember, Task, Workflow, WorkflowState
+from runner.store.gremlin.writes import matched_write, task_change, until_written
+from runner.store.model import (
+    AttemptStatus,
+    Fence,
+    NewMember,
+    Task,
+    Workflow,
+    WorkflowState,
+)
 from runner.store.traversal import Row, Traversal
 
+#: the edge from a spawned child to its parent
+CHILD_OF = "child_of"
 #: members read or activated per page
 PAGE = 200
 
@@ -71,7 +87,9 @@ class GremlinWorkflowStore:
         """The workflow ``workflow_id``, written ``open`` unless it exists (then as it is)."""
         wf = Workflow(workflow_id, key, WorkflowState.OPEN, members, codec.now(),
                       digest=digest)
-        props = {"wf_id": wf.id, "wf_open": wf.state.value, "wf_state": _state(wf)}
+        # ``wf_roots``: "1" until every root was activated (the master finds those left)
+        props = {"wf_id": wf.id, "wf_open": wf.state.value, "wf_state": _state(wf),
+                 "wf_roots": "1"}
 
         def write(g: Traversal) -> list[Row]:
             return list(g.V().has("wf_id", workflow_id).fold().coalesce(
@@ -147,8 +165,46 @@ class GremlinWorkflowStore:
         if not rows and not wf.activated:
             marked = dataclasses.replace(wf, activated=True)
             matched_write(self.graph, lambda g: g.V().has("wf_id", workflow_id)
-                          .property(Cardinality.single, "wf_state", _state(marked)))
+                          .property(Cardinality.single, "wf_state", _state(marked))
+                          .property(Cardinality.single, "wf_roots", ""))
         return done
+
+    def stale(self, opened_before: datetime) -> tuple[list[Workflow], list[Workflow]]:
+        """What the master's round looks at (two index lookups): the workflows still ``open``
+        (or being removed) that were begun before ``opened_before``, and the committed ones
+        whose roots were not all activated."""
+        rows = self.graph.read(lambda g: any_of(self.graph, g, "wf_open", [
+            WorkflowState.OPEN.value, WorkflowState.REMOVING.value]).element_map().to_list())
+        left = [w for w in map(workflow_from_row, rows) if w.created_at < opened_before]
+        rows = self.graph.read(lambda g: g.V().has("wf_roots", "1").element_map().to_list())
+        committed = [w for w in map(workflow_from_row, rows)
+                     if w.state is WorkflowState.RUNNING]
+        return left, committed
+
+    def remove(self, workflow_id: str) -> int:
+        """Remove a workflow left ``open``: first marked ``removing`` (one guarded write, so a
+        commit that comes now is refused), then its members with their edges, then its vertex;
+        how many members went. One committed meanwhile is left alone (0)."""
+        if self.get(workflow_id).state is WorkflowState.OPEN:
+            matched_write(self.graph, lambda g: g.V().has("wf_id", workflow_id)
+                          .has("wf_open", WorkflowState.OPEN.value)
+                          .property(Cardinality.single, "wf_open",
+                                    WorkflowState.REMOVING.value))
+        if self.get(workflow_id).state is not WorkflowState.REMOVING:
+            return 0
+        gone = 0
+        while True:
+            ids = self.graph.read(lambda g: g.V().has("task_wf", workflow_id).limit(PAGE)
+                                  .values("task_id").to_list())
+            if not ids:
+                break
+
+            def drop(g: Traversal, ids: list[str] = ids) -> None:
+                any_of(self.graph, g, "task_id", ids).drop().iterate()
+            self.graph.write(drop)
+            gone += len(ids)
+        self.graph.write(lambda g: g.V().has("wf_id", workflow_id).drop().iterate())
+        return gone
 
     def members(self, workflow_id: str) -> list[Task]:
         """Every member of the workflow (its ``task_wf`` index)."""
@@ -162,3 +218,57 @@ class GremlinWorkflowStore:
         for dependant, dep in self._edges(task_ids):
             out.setdefault(dependant, []).append(dep)
         return out
+
+    def spawn(self, fence: Fence, parent: Task, child: Task) -> Task:
+        """Write ``child`` (``tasks.new``, its id made from the parent's id and the caller's
+        key) as a child of ``parent`` (a ``child_of`` edge), claimable at once, fenced by the
+        parent's running attempt (``fence``): each of the parent's dependants then also depends
+        on the child (an edge, and its count one more, in the same guarded write: it starts
+        only once the parent and every child succeeded). A child already there (spawned by
+        this attempt or an earlier one) is answered as it is, nothing written. The parent's
+        attempt closed or its token superseded: ``AttemptAlreadyFinished`` /
+        ``StaleFencingToken``, nothing written."""
+        if fence.attempt_id is None:
+            raise InvalidValue("a child is spawned by an attempt: its fence names none")
+        child = dataclasses.replace(child, workflow=parent.workflow, pending=0,
+                                    awaits_commit=False)
+        props = task_props(child)
+
+        def once() -> Task | None:
+            found = self.graph.read(lambda g: g.V().has("task_id", child.id)
+                                    .element_map(*TASK_ROW).to_list())
+            if found:
+                return task_from_row(found[0])
+            w = Write()
+            w.guard(finder(("attempt_id", fence.attempt_id),
+                           ("attempt_status", AttemptStatus.RUNNING.value)))
+            at_parent = w.guard(finder(("task_id", parent.id),
+                                       ("task_fence", codec.encode_big(fence.token))))
+            waiting = [task_change(d, None, {"pending": d.pending + 1}).add_to
+                       for d in dependants(self.graph, [parent.id])[0].values()
+                       if not d.finished]
+            labels = [add(w) for add in waiting]
+
+            def made(t: Traversal) -> Traversal:
+                t = add_vertex(t, "task", props).as_("spawned").add_e(CHILD_OF) \
+                    .from_("spawned").to(at_parent)
+                for label in labels:
+                    t = t.add_e(DEPENDS_ON).from_(label).to("spawned")
+                return t
+            w.change(made)
+            if batch.matched(self.graph, w):
+                return child
+            status = self.graph.read(lambda g: g.V().has("attempt_id", fence.attempt_id)
+                                     .values("attempt_status").to_list())
+            if status and status[0] != AttemptStatus.RUNNING.value:
+                raise AttemptAlreadyFinished(f"attempt {fence.attempt_id} is {status[0]}: "
+                                             f"its child {child.id} was not spawned")
+            self.graph.read(lambda g: fence_guard(g, fence))  # StaleFencingToken
+            return None  # a dependant moved (another end, another spawn): again
+        return until_written(once, child.id)
+
+    def children(self, parent_id: str) -> list[Task]:
+        """The children ``parent_id`` spawned (any attempt of it)."""
+        rows = self.graph.read(lambda g: g.V().has("task_id", parent_id).in_(CHILD_OF)
+                               .element_map(*TASK_ROW).to_list())
+        return sorted((task_from_row(r) for r in rows), key=lambda t: t.created_at)

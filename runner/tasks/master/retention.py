@@ -11,7 +11,9 @@ attempts and incidents become one row of ``archive/tasks-<day>-<first task id>.p
 day's oldest ids), and its file name follows from it: a master killed between the file and the
 graph write leaves a file the next master writes again, identically; a master killed after it
 leaves nothing to redo. Days past the cursor are never read again: the scan and listings do
-not grow with history, and the graph shrinks to a tombstone per task.
+not grow with history, and the graph shrinks to a tombstone per task. A workflow goes as a
+unit: its members only together, once every one finished before the cutoff (the day its last
+member finished on removes all of them, and its vertex).
 
 Failure behaviour: a file that cannot be written stops the round before anything is removed
 (logged; tried again next round); store and ZooKeeper errors likewise.
@@ -57,8 +59,8 @@ class Retention:
         last_day = cutoff.strftime("%Y-%m-%d")
         day = self._cursor()
         while day is not None and day <= last_day:
-            tasks = [t for t in self.store.retention.finished_on(day)
-                     if t.updated_at < cutoff][:self.batch]
+            tasks = self._units([t for t in self.store.retention.finished_on(day)
+                                 if t.updated_at < cutoff], cutoff)
             if tasks:
                 self._remove(day, tasks)
                 return len(tasks)
@@ -66,6 +68,28 @@ class Retention:
                 return 0  # the rest of the cutoff's day is not old enough yet
             day = self._advance(day)
         return 0
+
+    def _units(self, tasks: list[Task], cutoff: datetime) -> list[Task]:
+        """A batch of ``tasks`` (at most ``batch``), a workflow's members as a unit: a member
+        goes only with every member of its workflow (whatever day each finished on), and only
+        once all of them finished before ``cutoff``: a pending join may still need the results
+        of the others, and a stopped member may be reactivated (its workflow is kept whole
+        until it ends). A unit may be larger than ``batch``: it goes in one round."""
+        batch: list[Task] = []
+        seen: set[str] = set()
+        for task in tasks:
+            if len(batch) >= self.batch:
+                break
+            if task.workflow is None:
+                batch.append(task)
+                continue
+            if task.workflow in seen:
+                continue
+            seen.add(task.workflow)
+            members = self.store.workflows.members(task.workflow)
+            if all(m.finished and m.updated_at < cutoff for m in members):
+                batch.extend(members)
+        return batch
 
     def _cursor(self) -> str | None:
         """The first day not yet walked past; started at the oldest day present."""

@@ -78,6 +78,7 @@ from runner.tasks.worker.frames import (
     Resume,
     Returned,
     SaveCheckpoint,
+    Spawn,
     ToChild,
 )
 
@@ -203,6 +204,12 @@ class ChildContext:
     @property
     def resume(self) -> Any:
         return self._ask(Resume())
+
+    def spawn(self, type: str, payload: dict[str, Any] | None = None, *, key: str,
+              **fields: Any) -> str:
+        """As the node's ``ctx.spawn``: asked of the node, which writes the child."""
+        self.cancel.raise_if_cancelled()
+        return str(self._ask(Spawn(type, dict(payload or {}), key, dict(fields))))
 
     @property
     def inputs(self) -> dict[str, Any]:

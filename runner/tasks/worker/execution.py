@@ -29,6 +29,7 @@ retry, decide) over one slot; split, each part would reach into the others.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import random
@@ -36,6 +37,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from runner import logs
 from runner.errors import (
@@ -50,6 +52,7 @@ from runner.store import (
     AttemptClose,
     AttemptStatus,
     Completion,
+    Fence,
     LastEffect,
     Store,
     attempt_end,
@@ -57,7 +60,7 @@ from runner.store import (
 )
 from runner.tasks import due
 from runner.tasks.context import Services, TaskContext
-from runner.tasks.observer import AttemptLogger, Observer
+from runner.tasks.observer import AttemptLogger, Observer, notify_released
 from runner.tasks.outcomes import (
     AttemptResult,
     Outcome,
@@ -83,6 +86,8 @@ from runner.tasks.worker.isolated import ChildPool
 from runner.tasks.worker.limits import LimitWatch, close_ignored, persist_beat
 from runner.tasks.worker.running import AttemptSession, Claimed, Ending, Slot
 from runner.tasks.worker.settings import LoopSettings
+from runner.templates import TaskTemplate
+from runner.workflows import child_id
 
 log = logging.getLogger("latchwork.tasks")
 
@@ -273,7 +278,8 @@ class Execution:
                           fence_token=claim.token, cancel=slot.cancel, store=self.store,
                           services=self.services, checker=lambda: self.check(slot, claim),
                           completer=lambda write: self.complete(slot, claim, handling, write),
-                          reporter=progress.report)
+                          reporter=progress.report,
+                          spawner=functools.partial(self.spawn, slot, claim))
         entered: list[Observer] = []
         watched = self.limits.watch(slot, claim, kind)
         if watched is not None:
@@ -382,6 +388,37 @@ class Execution:
             raise answer  # InvalidValue (an effect that runs its traversal): the handler's
         slot.cancel.raise_if_cancelled()
         handling.completed = True
+
+    def spawn(self, slot: Slot, claim: Claimed, kind: str, payload: dict[str, Any],
+              key: str, fields: dict[str, Any]) -> str:
+        """``ctx.spawn``: the child validated as a submit is (:class:`~runner.errors.
+        UnknownTaskType`, :class:`~runner.errors.InvalidPayload` to the handler), written by
+        the store fenced by this attempt (:meth:`~runner.store.api.WorkflowStore.spawn`), the
+        scans woken for it; a refusal cancels the token and raises TaskCancelled."""
+        child_type = self.registry.get(kind)
+        child_type.parse(payload)
+        template = TaskTemplate.model_validate({"type": kind, "payload": payload, **fields})
+        task = claim.task
+        child = dataclasses.replace(self.store.tasks.new(
+            kind, payload, unique_key=template.unique_key,
+            priority=child_type.priority if template.priority is None else template.priority,
+            run_at=template.when(), ordering_key=template.ordering_key,
+            resources=[*child_type.resources, *template.resources], timeout=template.timeout),
+            id=child_id(task.id, key))
+        try:
+            made = self.store.workflows.spawn(Fence(task.id, claim.token, claim.attempt.id,
+                                                    task.resources), task, child)
+        except (StaleFencingToken, AttemptAlreadyFinished) as exc:
+            slot.cancel.cancel(f"its child {key!r} was refused: {exc}")
+            slot.cancel.raise_if_cancelled()
+            raise
+        except StoreUnavailable as exc:
+            slot.cancel.cancel(f"the graph was out of reach when it spawned {key!r} ({exc})")
+            slot.cancel.raise_if_cancelled()
+            raise
+        if made.open:
+            notify_released(self.observers, [made], made.updated_at)
+        return made.id
 
     def _exhausted(self, policy: RetryPolicy, claim: Claimed, result: AttemptResult) -> None:
         """The policy's ``on_exhausted`` hook, for a failure it does not retry; logged."""

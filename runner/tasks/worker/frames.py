@@ -4,7 +4,7 @@ string tag. A job itself goes as :class:`~runner.tasks.worker.child.Job` (its re
 
 From the child: a report that needs no answer (:class:`Progressed`, :class:`Beat`), a request
 the node answers (:class:`Check`, :class:`SaveCheckpoint`, :class:`Resume`,
-:class:`ReadResults`, :class:`Complete`), and the handler's end (:class:`Returned`,
+:class:`ReadResults`, :class:`Spawn`, :class:`Complete`), and the handler's end (:class:`Returned`,
 :class:`Raised`). From the node: the answer to a request (:class:`Answered`, or
 :class:`Refused` with the exception the node's context raised, which the child raises)."""
 
@@ -52,6 +52,15 @@ class ReadResults:
 
 
 @dataclass(frozen=True, slots=True)
+class Spawn:
+    """``ctx.spawn(type, payload, key=..., **fields)``: answered with the child's id."""
+    type: str
+    payload: dict[str, object]
+    key: str
+    fields: dict[str, object]
+
+
+@dataclass(frozen=True, slots=True)
 class Complete:
     """``ctx.complete(write)``: the steps the effect was built of (gremlinpython bytecode)."""
     steps: list[list[object]]
@@ -84,7 +93,7 @@ class Refused:
 
 
 #: a request the node answers
-ChildRequest = Check | SaveCheckpoint | Resume | ReadResults | Complete
+ChildRequest = Check | SaveCheckpoint | Resume | ReadResults | Spawn | Complete
 FromChild = Progressed | Beat | ChildRequest | Returned | Raised
 ToChild = Answered | Refused
 

@@ -79,6 +79,7 @@ from runner.tasks.worker.frames import (
     Resume,
     Returned,
     SaveCheckpoint,
+    Spawn,
     ToChild,
     crossing,
     exception_of,
@@ -388,6 +389,8 @@ def _served(ctx: TaskContext, request: ChildRequest) -> object:
         return None
     if isinstance(request, Resume):
         return ctx.resume
+    if isinstance(request, Spawn):
+        return ctx.spawn(request.type, request.payload, key=request.key, **request.fields)
     if isinstance(request, ReadResults):
         return list(itertools.islice(ctx.results(), request.start,
                                      request.start + request.limit))

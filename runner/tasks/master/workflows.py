@@ -1,0 +1,54 @@
+"""The master's workflow round: what a submit left half-done is finished or removed.
+
+* a workflow committed whose roots were not all made claimable (the submitting node killed
+  between the commit and its last root): its roots are activated here, a page at a time, as
+  the submit would have;
+* a workflow left ``open`` (its submit cut off before its last page, and never sent again) for
+  :data:`OPEN_FOR` seconds: its members (never claimable) and its vertex are removed. A resend
+  with the same key after that begins it again; one that comes while it is being removed is
+  refused and may be sent again.
+
+One round is two index lookups when there is nothing to do. Failure behaviour: a store error
+ends the round (logged by the duties' runner); the next round takes it up again (every step is
+idempotent).
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from runner.store import Store, codec
+
+log = logging.getLogger("latchwork.master")
+
+#: seconds a workflow may stay open (submitted in part, never committed) before the master
+#: removes its members
+OPEN_FOR = 600.0
+
+
+class WorkflowRound:
+    """See the module; ``tick`` is one round."""
+
+    def __init__(self, store: Store, member_id: str, open_for: float = OPEN_FOR) -> None:
+        self.store = store
+        self.member_id = member_id
+        self.open_for = open_for
+
+    def tick(self) -> tuple[int, int]:
+        """(members removed, roots activated) this round."""
+        left, committed = self.store.workflows.stale(
+            codec.now() - timedelta(seconds=self.open_for))
+        removed = activated = 0
+        for wf in left:
+            gone = self.store.workflows.remove(wf.id)
+            removed += gone
+            log.warning("member %s (master): workflow %s (key %r) was left open since %s: "
+                        "%d members removed", self.member_id, wf.id, wf.key,
+                        wf.created_at.isoformat(), gone)
+        for wf in committed:
+            while (done := self.store.workflows.activate(wf.id)) > 0:
+                activated += done
+            log.info("member %s (master): workflow %s: its last roots activated",
+                     self.member_id, wf.id)
+        return removed, activated
