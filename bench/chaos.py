@@ -75,6 +75,11 @@ The figures (all must be 0 but the time to drain):
   (``work_redone_after_checkpoint``, the steps after the last checkpoint run again by design,
   is reported beside it);
 * ``hung_attempts_left``: an attempt still RUNNING once everything ended;
+* ``workflow_members_succeeded_twice``, ``joins_twice``, ``workflow_members_started_early``,
+  ``workflows_stuck``: each round submits a workflow (a chain of 3 ``diag.effect``, a fan-out
+  of 20 with a join, a ``chaos.spawner`` of 5 children and a step after it; issue 72): a
+  member with two SUCCEEDED attempts, a join so, a member whose first attempt started before
+  everything it depends on had succeeded, a workflow with a member unfinished once drained;
 * ``schedule_fires_twice``: a fire of the run's every-second schedule (``chaos-tick``, fired by
   whichever node is master through every fault) with more than one task; the fires with a task
   and the fires missed (expected only where no master existed for over ``GRACE`` seconds:
@@ -117,7 +122,7 @@ import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -151,8 +156,11 @@ from runner.tasks.features.diag import AppendRecord, appended, effects
 from runner.tasks.master import schedules
 from runner.tasks.master.duties import FULL_REAP_INTERVAL
 from runner.tasks.master.schedules import ScheduleSpec
+from runner.templates import TaskTemplate
 from runner.testing.chaoscommands import COMMAND, EFFECTS, RUNS
 from runner.testing.gremlinserver import GremlinServer
+from runner.workflows import chain, chord, group, plan
+from runner.workflows import step as workflow_step
 
 CLUSTER = "chaos"
 ZERO = ("tasks_lost", "finished_without_succeeded_attempt", "effects_applied_twice",
@@ -163,7 +171,11 @@ ZERO = ("tasks_lost", "finished_without_succeeded_attempt", "effects_applied_twi
         "master_messages_handled_twice", "lock_znodes_left", "holds_left",
         "started_before_run_at",
         "ordering_violations", "resource_holders_overlapping", "schedule_fires_twice",
-        "hung_attempts_left", "work_redone_before_checkpoint")
+        "hung_attempts_left", "work_redone_before_checkpoint",
+        "workflow_members_succeeded_twice", "joins_twice", "workflow_members_started_early",
+        "workflows_stuck")
+#: the workflows a run submits, one per round in turn (:meth:`Run.submit_workflow`)
+WORKFLOW_SHAPES = ("chain", "fan-out", "spawner")
 #: the kinds whose retry policy moves their run_at (their first attempt hangs or crashes)
 RETRIED = ("chaos.hang", "chaos.crash")
 #: the run's recurring schedule: every second, through every fault
@@ -248,6 +260,9 @@ class Run:
     burst_tasks: list[str] = field(default_factory=list)
     burst_fault: str = ""
     burst_running: int = 0  # the burst's attempts running on the victim when the fault came
+    #: the run's workflows by key: their shape and their members' task ids (plan order)
+    workflows: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
+    workflow_submits_failed: int = 0
 
     @property
     def appends(self) -> Path:
@@ -330,7 +345,41 @@ class Run:
         with Client(self.rabbit.url, CLUSTER, timeout=5.0, sender="chaos") as client:
             self._submit_tasks(count, client)
 
+    def submit_workflow(self, client: Client) -> None:
+        """One workflow, the shapes in turn: a chain of 3, a fan-out of 20 with a join, a
+        spawner of 5 children and a step after it (its members ``diag.effect`` tasks, their
+        effects counted like any). Sent again with its key while it is not answered (the
+        submit is idempotent); one never answered is told and left out."""
+        n = len(self.workflows) + self.workflow_submits_failed
+        shape = WORKFLOW_SHAPES[n % len(WORKFLOW_SHAPES)]
+        low, high = self.profile.task_seconds
+
+        def effect() -> TaskTemplate:
+            return workflow_step("diag.effect", {"seconds": round(self.rng.uniform(low, high) / 2,
+                                                            2)})
+        if shape == "chain":
+            flow = chain(effect(), effect(), effect())
+        elif shape == "fan-out":
+            flow = chord(group([effect() for _ in range(20)]), then=effect())
+        else:
+            flow = chain(workflow_step("chaos.spawner", {"children": 5, "seconds": 0.1}), effect())
+        key = f"chaos-{uuid.uuid4().hex[:12]}"
+        for attempt in range(3):
+            try:
+                ref = client.submit_workflow(flow, key=key)
+                break
+            except ClientError as exc:
+                self.say(f"workflow {key} ({shape}) not submitted (try {attempt + 1}): {exc}")
+                time.sleep(1.0)
+        else:
+            self.workflow_submits_failed += 1
+            return
+        self.workflows[key] = (shape, ref.members)
+        for task_id, planned in zip(ref.members, plan(flow), strict=True):
+            self.tasks[task_id] = planned.template.type
+
     def _submit_tasks(self, count: int, client: Client) -> None:
+        self.submit_workflow(client)
         low, high = self.profile.task_seconds
         for _ in range(count):
             roll = self.rng.random()
@@ -622,8 +671,58 @@ def fires(run: Run) -> dict[str, int]:
             "schedule_fires_missed": missed}
 
 
+def workflow_figures(run: Run) -> dict[str, Any]:
+    """The workflows' guarantees: a member that succeeded twice (a task succeeds once: a
+    release written twice would show here), a join that did, a member that started before
+    every member it depends on had succeeded, a workflow with a member not finished once the
+    run drained (one waits for ever)."""
+    store = run.store
+    twice = joins = early = stuck = 0
+    members = 0
+    for key, (shape, ids) in run.workflows.items():
+        everyone = list(ids)
+        for task_id in ids:
+            if run.tasks.get(task_id) == "chaos.spawner":
+                everyone += [c.id for c in store.workflows.children(task_id)]
+        members += len(everyone)
+        ends: dict[str, datetime] = {}
+        succeeded: dict[str, int] = {}
+        for task_id in everyone:
+            attempts = store.attempts.for_task(task_id)
+            done = [a for a in attempts if a.status is AttemptStatus.SUCCEEDED]
+            succeeded[task_id] = len(done)
+            if done and done[0].ended_at is not None:
+                ends[task_id] = done[0].ended_at
+            if len(done) > 1:
+                twice += 1
+                joins += shape == "fan-out" and task_id == ids[-1]
+                run.say(f"workflow {key}: member {task_id} succeeded {len(done)} times")
+        deps = store.workflows.depends_on(everyone)
+        for task_id, on in deps.items():
+            attempts = store.attempts.for_task(task_id)
+            first = min((a.started_at for a in attempts), default=None)
+            if first is not None and any(d not in ends or ends[d] > first for d in on):
+                early += 1
+                run.say(f"workflow {key}: member {task_id} started at {first.isoformat()} "
+                        f"before one of {on} had succeeded")
+        left = [t for t in everyone if not store.tasks.get(t).finished]
+        if left:
+            stuck += 1
+            run.say(f"workflow {key} ({shape}) stuck: {len(left)} members not finished: "
+                    + "; ".join(f"{t} {store.tasks.get(t).stored_state().value} pending "
+                                f"{store.tasks.get(t).pending}" for t in left[:5]))
+    return {"workflows": len(run.workflows), "workflow_members": members,
+            "workflow_submits_failed": run.workflow_submits_failed,
+            "workflow_members_succeeded_twice": twice, "joins_twice": joins,
+            "workflow_members_started_early": early, "workflows_stuck": stuck}
+
+
 def figures(run: Run, reader: Session) -> dict[str, Any]:
     store = run.store
+    for _, ids in list(run.workflows.values()):  # spawned children count like any task
+        for task_id in ids:
+            if run.tasks.get(task_id) == "chaos.spawner":
+                run.tasks.update((c.id, c.type) for c in store.workflows.children(task_id))
     lost = without_success = overlapping = interrupted = hung = 0
     attempts_total = 0
     status: dict[str, AttemptStatus] = {}
@@ -733,7 +832,7 @@ def figures(run: Run, reader: Session) -> dict[str, Any]:
         "lock_znodes_left": len(locks), "holds_left": len(holds),
         "started_before_run_at": early, "ordering_violations": ordering,
         "resource_holders_overlapping": resources, **fires(run), "burst": burst_figures(run),
-        "hung_attempts_left": hung, **checkpoint_figures(run),
+        "hung_attempts_left": hung, **checkpoint_figures(run), **workflow_figures(run),
     }
 
 

@@ -3,6 +3,8 @@ declares them (``@command``, ``@task``) and loaded by the node through the ``tas
 
 Task types (issue 44):
 
+* ``chaos.spawner`` (issue 72): spawns keyed ``diag.effect`` children (``ctx.spawn``), pausing
+  between them so that a fault lands half-way; a retry finds the children made;
 * ``chaos.steps``: a job of numbered steps that commits ``{"next": n}`` every few steps
   (``ctx.checkpoint``) and resumes from ``ctx.resume``; each step it starts and each checkpoint
   once committed is a line of its record file, from which the suite counts the work done again
@@ -88,6 +90,23 @@ def chaos_steps(ctx: TaskContext, p: Steps) -> None:
             ctx.checkpoint({"next": i + 1})
             _line(p.record, json.dumps({"task": ctx.task.id, "attempt": ctx.attempt.id,
                                         "committed": i + 1}))
+
+
+class Spawner(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    children: int = Field(5, ge=1, le=100)
+    seconds: float = Field(0.1, ge=0, le=10)
+
+
+@task("chaos.spawner", payload=Spawner, description="spawns keyed diag.effect children")
+def chaos_spawner(ctx: TaskContext, p: Spawner) -> int:
+    """Spawns ``children`` ``diag.effect`` children keyed c0, c1, ..., pausing between them so
+    that a fault can land half-way: a retry spawns them again and finds those made."""
+    for i in range(p.children):
+        ctx.spawn("diag.effect", {"seconds": p.seconds}, key=f"c{i}")
+        if ctx.cancel.wait(p.seconds):
+            ctx.cancel.raise_if_cancelled()
+    return p.children
 
 
 #: retried whatever faults cost them (every attempt started counts against the policy)
