@@ -46,7 +46,7 @@ import typing
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import ClassVar, TypeVar, cast, overload
 
@@ -149,6 +149,7 @@ from runner.requests import (
 )
 from runner.requests import TaskSearch as TaskSearchRequest
 from runner.results import ResultRef
+from runner.store import codec
 from runner.workflows import Flow, WorkflowRef, digest, member_id, plan, workflow_id
 
 T = TypeVar("T")
@@ -349,7 +350,9 @@ class Client:
                 time.sleep(min(4.0, 0.5 * 2 ** n))
         raise AssertionError("unreachable")  # the last try raised
 
-    def submit_workflow(self, workflow: Flow, *, key: str) -> WorkflowRef:
+    def submit_workflow(self, workflow: Flow, *, key: str,
+                        on_failure: TaskTemplate | None = None,
+                        deadline: datetime | float | None = None) -> WorkflowRef:
         """Submit ``workflow`` (:mod:`runner.workflows`: ``chain``, ``group``, ``chord``,
         ``step``) all or nothing: its members in pages (each written waiting, nothing
         claimable), then the last page commits it and its roots start. ``key`` is the
@@ -357,19 +360,27 @@ class Client:
         writes nothing twice and answers the same ids; another workflow under a key already
         used is refused (``workflow_refused``), as is a member whose ``unique_key`` a task
         outside the workflow holds (naming it). A page not answered, or refused while the
-        graph was out of reach, is sent again (:data:`PAGE_TRIES` times in all)."""
+        graph was out of reach, is sent again (:data:`PAGE_TRIES` times in all).
+
+        ``on_failure``: a step (``runner.workflows.step``) that runs once if a member stops
+        (its retries spent) or the deadline passes, never in a workflow that succeeds.
+        ``deadline`` (an aware datetime, or seconds from now): members not started by then
+        are stopped by the master (running ones finish), and ``on_failure`` starts."""
         planned = plan(workflow)
-        wf_id, what = workflow_id(key), digest(planned)
+        wf_id, what = workflow_id(key), digest(planned, on_failure)
+        if isinstance(deadline, int | float):
+            deadline = codec.now() + timedelta(seconds=deadline)
         members = [MemberSpec(task=p.template, after=list(p.after)) for p in planned]
         pages = _member_pages(members)
         answer: WorkflowView | None = None
         for n, (start, page) in enumerate(pages):
             request = build(WorkflowSubmit, key=key, digest=what, total=len(members),
-                            start=start, members=page, commit=n == len(pages) - 1)
+                            start=start, members=page, commit=n == len(pages) - 1,
+                            on_failure=on_failure, deadline=deadline)
             answer = self._again(request, f"workflow {wf_id} page {n}")
         assert answer is not None
         return WorkflowRef(wf_id, key, tuple(member_id(wf_id, i) for i in range(len(members))),
-                           answer)
+                           answer, member_id(wf_id, len(members)) if on_failure else None)
 
     def workflow(self, workflow_id: str) -> WorkflowReport:
         """A workflow and its members' states (``latchwork workflow show``)."""

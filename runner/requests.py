@@ -21,7 +21,15 @@ from __future__ import annotations
 import uuid
 from typing import Annotated, ClassVar, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, Field, JsonValue, TypeAdapter, field_serializer, model_validator
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    Field,
+    JsonValue,
+    TypeAdapter,
+    field_serializer,
+    model_validator,
+)
 
 from runner.replies import (
     Acted,
@@ -173,6 +181,11 @@ class WorkflowSubmit(Request[WorkflowView]):
     start: int = Field(ge=0, lt=MAX_MEMBERS)
     members: list[MemberSpec] = Field(default_factory=list, max_length=SUBMIT_PAGE)
     commit: bool = False
+    #: a step that runs once if a member stops (its retries spent) or the deadline passes;
+    #: written with the first page, as member ``total``
+    on_failure: TaskTemplate | None = None
+    #: members not started by then are stopped (and ``on_failure`` starts)
+    deadline: AwareDatetime | None = None
 
     @model_validator(mode="after")
     def _in_order(self) -> WorkflowSubmit:
@@ -183,6 +196,10 @@ class WorkflowSubmit(Request[WorkflowView]):
             if any(not 0 <= i < n for i in member.after):
                 raise ValueError(f"member {n} depends on a member that is not before it")
         return self
+
+    @field_serializer("on_failure")
+    def _compact_step(self, step: TaskTemplate | None) -> JsonObject | None:
+        return None if step is None else step.model_dump(mode="json", exclude_none=True)
 
     @field_serializer("members")
     def _compact(self, members: list[MemberSpec]) -> list[JsonObject]:

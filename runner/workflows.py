@@ -110,22 +110,26 @@ def plan(workflow: Flow) -> list[Planned]:
     return out
 
 
-def digest(planned: list[Planned]) -> str:
+def digest(planned: list[Planned], on_failure: TaskTemplate | None = None) -> str:
     """What a workflow is, in 16 hex digits: a resend with the same key has the same; another
     workflow under that key does not (the node refuses it)."""
     text = json.dumps([[p.template.model_dump(mode="json", exclude_none=True), list(p.after)]
-                       for p in planned], sort_keys=True)
+                       for p in planned]
+                      + ([on_failure.model_dump(mode="json", exclude_none=True)]
+                         if on_failure is not None else []), sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
 class WorkflowRef:
     """A submitted workflow: its id, its key, its members' task ids (in :func:`plan`'s
-    order), and the node's answer to its last page (its state, how many members)."""
+    order), the node's answer to its last page (its state, how many members), and its
+    ``on_failure`` step's task id."""
     id: str
     key: str
     members: tuple[str, ...]
     view: object = None
+    on_failure: str | None = None  # the task id of its on_failure step
 
 
 def workflow_id(key: str) -> str:

@@ -73,6 +73,19 @@ def child(ctx: TaskContext, payload: dict) -> int:
     return payload["i"] * 10
 
 
+@task("wf.notify")
+def notify(ctx: TaskContext, payload: dict) -> str:
+    with open(payload["record"], "a") as f:
+        f.write(ctx.task.id + "\\n")
+    return "told"
+
+
+@task("wf.slow")
+def slow(ctx: TaskContext, payload: dict) -> str:
+    ctx.cancel.wait(payload["seconds"])
+    return "slept"
+
+
 @task("wf.after", isolation="process")
 def after(ctx: TaskContext, payload: dict) -> dict:
     return {"inputs": ctx.inputs, "pid": os.getpid()}
@@ -187,6 +200,44 @@ def test_a_spawner_retried_half_way_finds_its_children_and_its_dependant_waits_f
                                      key="spawner-2")
         inputs = client.result(iso.members[1], wait=90)["inputs"]
         assert sorted(inputs.values()) == [-1, 1000, 1010]
+
+
+def test_on_failure_runs_once_when_a_member_stops_and_a_deadline_stops_what_has_not_started(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """A workflow with an ``on_failure`` step: two members that fail past their retries start
+    it once; in a workflow that succeeds it never runs (``standby``). A deadline passed while
+    the first step of a chain still runs: the step after it is stopped unstarted (its reason
+    the deadline), the running one finishes, and the on_failure step starts."""
+    cluster.load_module(tmp_path / "site", "wfjobs", WORKFLOW_MODULE)
+    cluster.start_node()
+    told = tmp_path / "told.txt"
+    notify = step("wf.notify", {"record": str(told)})
+    missing = str(tmp_path / "never")
+    with cluster.client() as client:
+        failing = client.submit_workflow(
+            chain(group([step("wf.flaky", {"flag": missing}), step("wf.flaky", {"flag": missing})]),
+                  step("wf.after")), key="onfail-1", on_failure=notify)
+        assert failing.on_failure is not None
+        assert client.result(failing.on_failure, wait=60) == "told"
+        for member in failing.members[:2]:
+            with pytest.raises(TaskStopped):
+                client.result(member, wait=60)
+        assert told.read_text().splitlines() == [failing.on_failure]  # once, for two stops
+
+        fine = client.submit_workflow(chain(step("wf.split", {"base": 1})), key="onfail-2",
+                                      on_failure=notify)
+        assert client.result(fine.members[0], wait=60) == {"base": 1}
+        states = {m.id: m.state for m in client.workflow(fine.id).members}
+        assert states[fine.on_failure] == "standby"
+
+        late = client.submit_workflow(chain(step("wf.slow", {"seconds": 4}), step("wf.after")),
+                                      key="deadline-1", on_failure=notify, deadline=1.0)
+        assert client.result(late.on_failure, wait=60) == "told"
+        assert client.result(late.members[0], wait=60) == "slept"  # it ran on and finished
+        stopped = client.get(late.members[1])
+        assert stopped.attempts == [] and not stopped.task.active
+        assert "its workflow's deadline passed" in (stopped.task.stop_reason or "")
+    assert len(told.read_text().splitlines()) == 2
 
 
 def test_a_plan_lists_every_member_after_what_it_depends_on() -> None:

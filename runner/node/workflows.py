@@ -34,6 +34,7 @@ from runner.replies import (
 )
 from runner.requests import REPORT_MEMBERS, WorkflowSubmit
 from runner.store import NewMember, Task, TaskState, Workflow, WorkflowState, codec
+from runner.templates import TaskTemplate
 from runner.workflows import member_id, workflow_id
 
 log = logging.getLogger("latchwork.node")
@@ -46,7 +47,7 @@ def view(wf: Workflow) -> WorkflowView:
 def submit(node: Intake, req: WorkflowSubmit) -> WorkflowView:
     """Take one page of a workflow (see the module)."""
     wf_id = workflow_id(req.key)
-    wf = node.store.workflows.begin(wf_id, req.key, req.total, req.digest)
+    wf = node.store.workflows.begin(wf_id, req.key, req.total, req.digest, req.deadline)
     if wf.digest != req.digest or wf.members != req.total:
         raise WorkflowRefused(f"workflow key {req.key!r} is taken by another workflow ({wf.id}, "
                               f"{wf.members} members, submitted {wf.created_at.isoformat()}): "
@@ -54,6 +55,10 @@ def submit(node: Intake, req: WorkflowSubmit) -> WorkflowView:
     if wf.state is WorkflowState.REMOVING:
         raise WorkflowRefused(f"workflow {wf_id} (key {req.key!r}) was left open too long and "
                               "is being removed: send it again in a moment")
+    if wf.state is WorkflowState.OPEN and req.start == 0 and req.on_failure is not None:
+        node.store.workflows.add(wf_id, [NewMember(dataclasses.replace(
+            _task(node, req.on_failure, "its on_failure step"), id=member_id(wf_id, req.total),
+            workflow=wf_id, pending=1, on_failure=True))])
     if wf.state is WorkflowState.OPEN and req.members:
         _write(node, wf_id, req)
     if req.commit:
@@ -78,18 +83,8 @@ def submit(node: Intake, req: WorkflowSubmit) -> WorkflowView:
 def _write(node: Intake, wf_id: str, req: WorkflowSubmit) -> None:
     members: list[NewMember] = []
     for n, spec in enumerate(req.members, req.start):
-        item = spec.task
-        try:
-            kind = node.registry.get(item.type)
-            kind.parse(item.payload)
-        except TaskError as exc:
-            raise type(exc)(f"member {n} of the workflow: {exc}") from exc
-        task = node.store.tasks.new(
-            item.type, item.payload, unique_key=item.unique_key,
-            priority=kind.priority if item.priority is None else item.priority,
-            run_at=item.when(), ordering_key=item.ordering_key,
-            resources=[*kind.resources, *item.resources], timeout=item.timeout)
-        task = dataclasses.replace(task, id=member_id(wf_id, n), workflow=wf_id,
+        task = dataclasses.replace(_task(node, spec.task, f"member {n} of the workflow"),
+                                   id=member_id(wf_id, n), workflow=wf_id,
                                    pending=len(set(spec.after)), awaits_commit=not spec.after)
         members.append(NewMember(task, tuple(sorted({member_id(wf_id, i)
                                                      for i in spec.after}))))
@@ -117,8 +112,26 @@ def cancel(node: Intake, wf_id: str, by: str, reason: str | None) -> WorkflowCan
     return WorkflowCancelled(id=wf_id, cancelled=done)
 
 
+def _task(node: Intake, item: TaskTemplate, what: str) -> Task:
+    """The task ``item`` describes, validated as a submit is (``what`` names it in an
+    error)."""
+    try:
+        kind = node.registry.get(item.type)
+        kind.parse(item.payload)
+    except TaskError as exc:
+        raise type(exc)(f"{what}: {exc}") from exc
+    return node.store.tasks.new(
+        item.type, item.payload, unique_key=item.unique_key,
+        priority=kind.priority if item.priority is None else item.priority,
+        run_at=item.when(), ordering_key=item.ordering_key,
+        resources=[*kind.resources, *item.resources], timeout=item.timeout)
+
+
 def state_of(task: Task, blocked: bool) -> str:
-    """A member's state: its task's, or ``blocked`` while it waits for a stopped one."""
+    """A member's state: its task's, ``blocked`` while it waits for a stopped one, or
+    ``standby`` for an ``on_failure`` step that waits for a stop."""
+    if task.on_failure and task.pending and task.open:
+        return "standby"
     if blocked and task.open:
         return "blocked"
     return task.state(codec.now()).value

@@ -204,7 +204,8 @@ class WorkflowStore(Protocol):
     (:mod:`runner.store.gremlin.workflows`). A member's success releases its dependants in its
     own end's write (:meth:`Store.conclude_many`), not here."""
 
-    def begin(self, workflow_id: str, key: str, members: int, digest: str = "") -> Workflow:
+    def begin(self, workflow_id: str, key: str, members: int, digest: str = "",
+              deadline: datetime | None = None) -> Workflow:
         """The workflow, written ``open`` (nothing of it claimable) unless it exists."""
 
     def get(self, workflow_id: str) -> Workflow:
@@ -228,6 +229,15 @@ class WorkflowStore(Protocol):
 
     def remove(self, workflow_id: str) -> int:
         """Remove a workflow left open (its members and vertex); how many members went."""
+
+    def due(self, now: datetime) -> list[Workflow]:
+        """The running workflows whose deadline passed, not yet enforced."""
+
+    def enforced(self, workflow_id: str) -> None:
+        """The workflow's deadline was enforced."""
+
+    def start_on_failure(self, workflow_id: str) -> bool:
+        """Start the workflow's ``on_failure`` step; False when none or started already."""
 
     def depends_on(self, task_ids: Sequence[str]) -> dict[str, list[str]]:
         """What each of ``task_ids`` depends on (task ids)."""

@@ -108,6 +108,9 @@ class Task:
     #: a workflow's root written before its workflow was committed: not claimable until the
     #: commit activates it (runner.store.gremlin.workflows)
     awaits_commit: bool = False
+    #: a workflow's ``on_failure`` step: it waits (``pending`` 1) until a member stops, and
+    #: runs once then; it never runs in a workflow that succeeds
+    on_failure: bool = False
 
     @property
     def open(self) -> bool:
@@ -201,6 +204,9 @@ class Workflow:
     #: what its submit declared, in short (a resend has the same; another workflow under the
     #: same key does not)
     digest: str = ""
+    #: members not started by then are stopped (the master's workflow round); None: no
+    #: deadline
+    deadline: datetime | None = None
 
 
 @dataclass(frozen=True)

@@ -208,7 +208,7 @@ def conclude_many(store: _Store, conclusions: Sequence[Conclusion]
     (none when it went the single way: those are found by the scan)."""
     changes = [task_change(c.task, c.token, c.changes) for c in conclusions]
     members = [n for n, c in enumerate(conclusions) if c.task.workflow is not None
-               and c.status is AttemptStatus.SUCCEEDED]
+               and (c.status is AttemptStatus.SUCCEEDED or c.changes.get("active") is False)]
     releases = store.releases([conclusions[n] for n in members]) if members else []
     plain = [n for n in range(len(conclusions)) if not releases or n not in members]
     writes = [conclusion_write(conclusions[n], changes[n]) for n in plain]

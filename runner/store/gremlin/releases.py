@@ -1,6 +1,7 @@
 """What a workflow member's success (or skip) does to its dependants: each one's ``pending``
 count less the number of them it depends on, as changes guarded by the dependant's version, to
-be written in the same write as the end (:mod:`.workflows`, :mod:`.batch`)."""
+be written in the same write as the end (:mod:`.workflows`, :mod:`.batch`); and what a
+member's stop does: its workflow's ``on_failure`` step starts (:func:`on_failure`)."""
 
 from __future__ import annotations
 
@@ -56,3 +57,15 @@ def released(changes: Sequence[TaskChange]) -> tuple[Task, ...]:
     """The dependants ``changes`` make claimable."""
     return tuple(c.task for c in changes if c.task.open and c.task.pending == 0
                  and not c.task.awaits_commit)
+
+
+def on_failure(graph: Graph, workflows: Sequence[str]) -> list[TaskChange]:
+    """The changes that start the ``on_failure`` steps of ``workflows`` (one of whose members
+    stops now), each guarded by its version: one already started (released by an earlier
+    stop) is not found again, so it runs once."""
+    if not workflows:
+        return []
+    rows = graph.read(lambda g: any_of(graph, g, "task_wfonfail", list(workflows))
+                      .element_map(*TASK_ROW).to_list())
+    return [task_change(t, None, {"pending": 0}) for t in map(task_from_row, rows)
+            if t.open and t.pending]

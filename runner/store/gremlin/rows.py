@@ -81,7 +81,8 @@ def changing_props(task: Task, *, payload: bool = True) -> dict[str, PropValue]:
             **({"timeout": task.timeout} if task.timeout is not None else {}),
             # a workflow member's unmet dependencies (none: the key is left out)
             **({"pending": task.pending} if task.pending else {}),
-            **({"commit": True} if task.awaits_commit else {})}),
+            **({"commit": True} if task.awaits_commit else {}),
+            **({"onfail": True} if task.on_failure else {})}),
         "task_fence": codec.encode_big(task.fence),
         # the unfinished tasks of an ordering key, found from an index ("" once finished)
         "task_okey_open": task.ordering_key if task.ordering_key and not task.finished else "",
@@ -92,6 +93,8 @@ def changing_props(task: Task, *, payload: bool = True) -> dict[str, PropValue]:
     }
     if task.workflow is not None:  # its workflow's roots that wait for its commit
         props["task_wfwait"] = task.workflow if task.awaits_commit else ""
+    if task.on_failure:  # its workflow's on_failure step, while it waits for a stop
+        props["task_wfonfail"] = task.workflow if task.pending else ""
     if payload:
         props["task_payload"] = codec.encode_json(task.payload)
     if task.finished:  # the UTC day it finished: retention walks finished tasks by day
@@ -144,7 +147,8 @@ def task_from_row(row: Row) -> Task:
         checkpoint=checkpoint_from_meta(row.get("task_ckpt_meta")), timeout=state.get("timeout"),
         stop=StopCause(state["stop"]) if state.get("stop") else None,
         workflow=row.get("task_wf"), pending=int(state.get("pending", 0)),
-        awaits_commit=bool(state.get("commit", False)))
+        awaits_commit=bool(state.get("commit", False)),
+        on_failure=bool(state.get("onfail", False)))
 
 
 #: what an attempt's row is read with: every property but its result (``attempt_result``, up

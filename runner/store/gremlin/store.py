@@ -82,12 +82,18 @@ from runner.store.model import (
     Attempt,
     AttemptStatus,
     Fence,
+    StopCause,
     Task,
     TaskStatus,
 )
 from runner.store.traversal import PropValue, Traversal
 
 T = TypeVar("T")
+
+
+def stops(c: Conclusion) -> bool:
+    """Whether conclusion ``c`` stops its task for a failure (its retries spent)."""
+    return c.changes.get("active") is False and c.changes.get("stop") == StopCause.FAILED
 
 
 class GraphStore:
@@ -217,12 +223,17 @@ class GraphStore:
             return change.task
         return self.conclude_refused(c)
 
-    def releases(self, successes: Sequence[Conclusion]) -> list[TaskChange]:
-        """The changes the successes of workflow members make of their dependants (none for
-        other conclusions): :func:`~runner.store.gremlin.releases.releases`."""
-        ids = [c.task.id for c in successes if c.task.workflow is not None
+    def releases(self, conclusions: Sequence[Conclusion]) -> list[TaskChange]:
+        """The changes workflow members' conclusions make of other members: a success
+        releases its dependants (:func:`~runner.store.gremlin.releases.releases`), a stop
+        (failed past its retries) starts its workflow's ``on_failure`` step
+        (:func:`~runner.store.gremlin.releases.on_failure`); none for other conclusions."""
+        ids = [c.task.id for c in conclusions if c.task.workflow is not None
                and c.status is AttemptStatus.SUCCEEDED]
-        return releases.releases(self.graph, ids) if ids else []
+        stopped = sorted({c.task.workflow for c in conclusions
+                          if c.task.workflow is not None and stops(c)})
+        return ((releases.releases(self.graph, ids) if ids else [])
+                + releases.on_failure(self.graph, stopped))
 
     def conclude_refused(self, c: Conclusion) -> Task:
         """:meth:`conclude` after its guarded write matched nothing: read what moved, and

@@ -40,7 +40,7 @@ from runner.store import codec
 from runner.store.api import Graph
 from runner.store.gremlin import batch
 from runner.store.gremlin.guards import Write, fence_guard, finder
-from runner.store.gremlin.releases import DEPENDS_ON, dependants
+from runner.store.gremlin.releases import DEPENDS_ON, dependants, on_failure
 from runner.store.gremlin.rows import TASK_ROW, task_from_row, task_props
 from runner.store.gremlin.steps import add_vertex, any_of
 from runner.store.gremlin.tasks import GremlinTaskStore
@@ -67,13 +67,17 @@ def workflow_from_row(row: Row) -> Workflow:
                     state=WorkflowState(str(row["wf_open"])), members=int(state["members"]),
                     created_at=codec.decode_time(state["created"]),
                     activated=bool(state.get("activated", False)),
-                    digest=str(state.get("digest", "")))
+                    digest=str(state.get("digest", "")),
+                    deadline=codec.decode_time(state["deadline"]) if state.get("deadline")
+                    else None)
 
 
 def _state(wf: Workflow) -> str:
     return codec.encode_json({"key": wf.key, "members": wf.members,
                               "created": codec.encode_time(wf.created_at),
-                              "activated": wf.activated, "digest": wf.digest})
+                              "activated": wf.activated, "digest": wf.digest,
+                              "deadline": codec.encode_time(wf.deadline) if wf.deadline
+                              else ""})
 
 
 class GremlinWorkflowStore:
@@ -83,13 +87,15 @@ class GremlinWorkflowStore:
         self.graph = graph
         self.tasks = tasks
 
-    def begin(self, workflow_id: str, key: str, members: int, digest: str = "") -> Workflow:
+    def begin(self, workflow_id: str, key: str, members: int, digest: str = "",
+              deadline: datetime | None = None) -> Workflow:
         """The workflow ``workflow_id``, written ``open`` unless it exists (then as it is)."""
         wf = Workflow(workflow_id, key, WorkflowState.OPEN, members, codec.now(),
-                      digest=digest)
-        # ``wf_roots``: "1" until every root was activated (the master finds those left)
+                      digest=digest, deadline=deadline)
+        # ``wf_roots``: "1" until every root was activated (the master finds those left);
+        # ``wf_due``: "1" while its deadline is to be enforced
         props = {"wf_id": wf.id, "wf_open": wf.state.value, "wf_state": _state(wf),
-                 "wf_roots": "1"}
+                 "wf_roots": "1", "wf_due": "1" if deadline is not None else ""}
 
         def write(g: Traversal) -> list[Row]:
             return list(g.V().has("wf_id", workflow_id).fold().coalesce(
@@ -110,7 +116,8 @@ class GremlinWorkflowStore:
         task, which the caller refuses)."""
         for m in members:
             if m.task.workflow != workflow_id or (m.task.pending == 0
-                                                  and not m.task.awaits_commit):
+                                                  and not m.task.awaits_commit) or (
+                    m.task.on_failure and (m.task.pending != 1 or m.depends_on)):
                 raise InvalidValue(f"task {m.task.id} is not a waiting member of workflow "
                                    f"{workflow_id}")
         stored = self.tasks.add_many([m.task for m in members], again=True)
@@ -180,6 +187,24 @@ class GremlinWorkflowStore:
         committed = [w for w in map(workflow_from_row, rows)
                      if w.state is WorkflowState.RUNNING]
         return left, committed
+
+    def due(self, now: datetime) -> list[Workflow]:
+        """The committed workflows whose deadline passed and is not yet enforced (one index
+        lookup)."""
+        rows = self.graph.read(lambda g: g.V().has("wf_due", "1").element_map().to_list())
+        return [w for w in map(workflow_from_row, rows) if w.state is WorkflowState.RUNNING
+                and w.deadline is not None and w.deadline <= now]
+
+    def start_on_failure(self, workflow_id: str) -> bool:
+        """Start the workflow's ``on_failure`` step (the master, when its deadline stopped
+        members); False when it has none or it started already."""
+        changes = on_failure(self.graph, [workflow_id])
+        return any(matched_write(self.graph, c.traverse) for c in changes)
+
+    def enforced(self, workflow_id: str) -> None:
+        """The workflow's deadline was enforced: the round looks at it no more."""
+        matched_write(self.graph, lambda g: g.V().has("wf_id", workflow_id)
+                      .property(Cardinality.single, "wf_due", ""))
 
     def remove(self, workflow_id: str) -> int:
         """Remove a workflow left ``open``: first marked ``removing`` (one guarded write, so a

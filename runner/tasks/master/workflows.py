@@ -3,6 +3,8 @@
 * a workflow committed whose roots were not all made claimable (the submitting node killed
   between the commit and its last root): its roots are activated here, a page at a time, as
   the submit would have;
+* a workflow whose deadline passed: every member that has not started is stopped ("its
+  workflow's deadline passed"), running ones finish, and its ``on_failure`` step starts;
 * a workflow left ``open`` (its submit cut off before its last page, and never sent again) for
   :data:`OPEN_FOR` seconds: its members (never claimable) and its vertex are removed. A resend
   with the same key after that begins it again; one that comes while it is being removed is
@@ -51,4 +53,23 @@ class WorkflowRound:
                 activated += done
             log.info("member %s (master): workflow %s: its last roots activated",
                      self.member_id, wf.id)
+        for wf in self.store.workflows.due(codec.now()):
+            self.enforce(wf.id, wf.deadline.isoformat() if wf.deadline else "")
         return removed, activated
+
+    def enforce(self, workflow_id: str, deadline: str) -> int:
+        """Stop what of the workflow has not started (its deadline passed), then start its
+        ``on_failure`` step; how many members were stopped."""
+        stopped = 0
+        for task in self.store.workflows.members(workflow_id):
+            if task.on_failure or not task.open or task.attempts:
+                continue
+            if self.store.tasks.stop_unstarted(
+                    task.id, f"its workflow's deadline passed ({deadline})") is not None:
+                stopped += 1
+        started = self.store.workflows.start_on_failure(workflow_id)
+        self.store.workflows.enforced(workflow_id)
+        log.warning("member %s (master): workflow %s: its deadline %s passed: %d members "
+                    "that had not started stopped%s", self.member_id, workflow_id, deadline,
+                    stopped, ", its on_failure step started" if started else "")
+        return stopped
