@@ -105,6 +105,7 @@ class TaskView(TaskRef):
     #: its one state (docs/runner.md, "A task's state"): waiting, delayed, running, succeeded,
     #: failed, cancelled or skipped; the fields it comes from stay above
     state: str = ""
+    workflow: str | None = None  # the workflow it is a member of
 
     @classmethod
     def fields_of(cls, task: Task, progress: Progress | None = None) -> dict[str, object]:
@@ -118,6 +119,7 @@ class TaskView(TaskRef):
             "ordering_key": task.ordering_key, "resources": list(task.resources),
             "skipped": task.skipped, "stop_reason": task.stop_reason, "timeout": task.timeout,
             "progress": ProgressView.of(progress), "state": task.state(codec.now()).value,
+            "workflow": task.workflow,
             "checkpoint": None if checkpoint is None else CheckpointView(
                 at=checkpoint.at, size=checkpoint.size, seq=checkpoint.seq)}
 
@@ -252,11 +254,16 @@ class WorkflowMemberView(View):
     #: blocked)
     error: str | None = None
     pending: int = 0  # dependencies that have not succeeded
+    #: an entry for a group's members past 50 (state ``group``): how many, by state; ``id`` is
+    #: the first's, and what depends on any of them names that one
+    count: int = 1
+    counts: dict[str, int] = {}
 
 
 class WorkflowReport(View):
     """A workflow with its members, each after what it depends on (the first
-    :data:`~runner.requests.REPORT_MEMBERS`; ``counts`` has every member's state)."""
+    :data:`~runner.requests.REPORT_MEMBERS` entries, a group's members past 50 as one entry;
+    ``counts`` has every member's state)."""
     workflow: WorkflowView
     members: list[WorkflowMemberView]
     counts: dict[str, int]
@@ -479,6 +486,7 @@ class ClusterStatus(View):
     ordering_keys: dict[str, list[str]] = {}  # key -> the member running its task now
     commands: list[CommandInFlight] = []  # MASTER commands being handled, oldest first
     incidents: list[IncidentView] = []  # open ones, oldest first
+    workflows: dict[str, int] = {}  # how many workflows in each state (running, ...)
 
 
 # -- commands and streams from the outside ----------------------------------------------------

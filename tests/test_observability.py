@@ -10,6 +10,7 @@ import pytest
 
 from coord.testing import free_ports, wait_until
 from runner.errors import RequestRefused
+from runner.tasks import chain, step
 from runner.testing.cluster import Cluster
 from runner.testing.metrics import scrape
 
@@ -45,6 +46,14 @@ def test_metrics_and_json_logs_of_a_live_node(cluster: Cluster, tmp_path: Path) 
     model = 'latchwork_messages_total{outcome="handled",paradigm="MODEL"}'
     assert after[model] >= before.get(model, 0) + 1  # the delayed task's TRIGGER_SCAN
     assert after['latchwork_broker_connections_total{consumer="api-consumer"}'] >= 1
+    # the master exports the workflows by state: one submitted, then marked succeeded
+    with cluster.client() as client:
+        flow = client.submit_workflow(chain(step("diag.sleep", {"seconds": 0}),
+                                            step("diag.sleep", {"seconds": 0})), key="metrics")
+        client.result(flow.members[-1], wait=30)
+    assert wait_until(lambda: scrape(port).get('latchwork_workflows{state="succeeded"}')
+                      == 1.0, 30)
+    assert scrape(port)['latchwork_workflows{state="running"}'] == 0.0
 
     records = [json.loads(line) for line in log_file.read_text().splitlines()]
     assert records and all(r["member"] == member for r in records if r["member"])

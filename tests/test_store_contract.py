@@ -981,7 +981,7 @@ def test_the_export_pages_every_eligible_avatar_once_in_bounded_pages(
 # -- the portable subset ------------------------------------------------------------------------
 
 FORBIDDEN = re.compile(r"\.(merge_v|merge_e|has_not|dedup|range_|group|group_count)\(|"
-                       r"P\.(gt|gte|lt|lte|between|inside|outside)\(")
+                       r"P\.(gt|gte|lt|lte|between|inside|outside|neq)\(")
 
 
 def test_the_store_uses_only_the_portable_subset() -> None:

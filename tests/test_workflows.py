@@ -10,12 +10,14 @@ import json
 from pathlib import Path
 
 import pytest
+from starlette.testclient import TestClient
 
 from coord.testing import wait_until
 from runner.client import TaskStopped
 from runner.errors import RequestRefused
 from runner.tasks import chain, chord, group, step
 from runner.testing.cluster import Cluster
+from runner.web.app import create_app
 from runner.workflows import member_id, plan, workflow_id
 
 WORKFLOW_MODULE = '''
@@ -42,7 +44,7 @@ def join(ctx: TaskContext, payload: dict) -> dict:
     values = [value for _, value in ctx.results(page=7)]
     with open(payload["record"], "a") as f:
         f.write(json.dumps({"task": ctx.task.id, "n": len(values)}) + "\\n")
-    return {"sum": sum(values), "n": len(values)}
+    return {"sum": sum(v for v in values if isinstance(v, int)), "n": len(values)}
 
 
 @task("wf.flaky")
@@ -121,11 +123,37 @@ def test_a_fan_out_and_its_join_run_once_from_one_submit_and_a_resend_adds_nothi
             refused.value)
         report = client.workflow(ref.id)
         assert report.counts == {"succeeded": 22} and report.workflow.members == 22
+        # the master's round marks it succeeded; the cluster's status counts it
+        assert wait_until(lambda: client.workflow(ref.id).workflow.state == "succeeded", 30)
+        assert client.cluster_status().workflows["succeeded"] >= 1
         assert {m.attempts for m in report.members} == {1}
     assert len(cluster.store.tasks.all("wf.work")) == 20
     assert [json.loads(line)["n"] for line in record.read_text().splitlines()] == [20]
     shown = cluster.cli("workflow", "show", ref.id)
     assert shown.exit_code == 0 and "22 succeeded" in shown.output, shown.output
+
+    # a group over 50 members is one entry of the report, one box of the drawing
+    with cluster.client() as client:
+        wide = client.submit_workflow(chord(group([step("wf.split", {"base": i})
+                                                   for i in range(60)]),
+                                            then=step("wf.join", {"record": str(record)})),
+                                      key="wide-1")
+        assert client.result(wide.members[-1], wait=90)["n"] == 60
+        report = client.workflow(wide.id)
+        assert [(m.type, m.count) for m in report.members] == [("wf.split", 60),
+                                                                ("wf.join", 1)]
+        assert report.members[0].counts == {"succeeded": 60} and report.more == 0
+        assert report.members[1].depends_on == [report.members[0].id]
+    app = create_app(lambda: cluster.client(timeout=10), None, allow_actions=False)
+    with TestClient(app) as web:
+        page = web.get(f"/workflows/{ref.id}")
+        assert page.status_code == 200 and page.text.count('<g class="member succeeded"') == 22
+        assert page.text.count('<line class="edge"') == 20 + 20  # split -> 20, 20 -> join
+        drawn = web.get(f"/workflows/{wide.id}")
+        assert "60 x wf.split" in drawn.text and drawn.text.count("<g class=\"member") == 2
+        member = web.get(f"/tasks/{ref.members[1]}")
+        assert f'href="/workflows/{ref.id}"' in member.text
+        assert web.get("/workflows/no-such-workflow").status_code == 404
 
 
 def test_a_failed_member_blocks_its_dependants_until_reactivated_and_a_skip_lets_them_go(

@@ -152,8 +152,12 @@ def render_workflow(report: dict[str, Any], console: Console | None = None) -> N
 
     def line(m: dict[str, Any], depth: int) -> None:
         state = m["state"]
-        text = Text("  " * depth + f"{m['type']} {m['id'][:8]} ")
-        text.append(state, style=STATE_STYLE.get(state, ""))
+        if m.get("count", 1) > 1:  # a group's members past 50, as one line
+            text = Text("  " * depth + f"{m['count']} x {m['type']} ")
+            text.append(", ".join(f"{n} {s}" for s, n in sorted(m["counts"].items())))
+        else:
+            text = Text("  " * depth + f"{m['type']} {m['id'][:8]} ")
+            text.append(state, style=STATE_STYLE.get(state, ""))
         text.append(f" ({m['attempts']} attempts)")
         if len(m["depends_on"]) > 1:
             text.append(f" after {len(m['depends_on'])}")

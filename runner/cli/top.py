@@ -128,7 +128,11 @@ def _footer(frame: Frame, tid: Callable[[str], str]) -> list[Text]:
                         f"{inflight.age_s:g} s")
     dead = Text(f"dead-lettered messages: {frame.dead_letters}",
                 style="bold red" if frame.dead_letters else "green")
-    incidents = Text(f"open incidents: {len(status.incidents)}",
+    flows = status.workflows
+    incidents = Text(f"workflows: {flows.get('running', 0)} running, "
+                     f"{flows.get('succeeded', 0)} succeeded, {flows.get('open', 0)} being "
+                     "submitted\n")
+    incidents.append(f"open incidents: {len(status.incidents)}",
                      style="bold red" if status.incidents else "green")
     for incident in status.incidents[:5]:
         incidents.append(f"\n  {incident.kind}: task {tid(incident.task)} "

@@ -56,6 +56,8 @@ class LiveState:
     stats: Mapping[str, int]  # the task loop's counters (claims by result, listings)
     connections: Mapping[str, int]  # RabbitMQ connections opened per consumer
     store: Mapping[str, float] | None  # the graph store's calls (StoreCalls.snapshot)
+    #: the master's count of workflows by state (None on the other nodes: one exporter)
+    workflows: Mapping[str, int] | None = None
 
 
 class _Live(Collector):
@@ -97,6 +99,12 @@ class _Live(Collector):
                 seconds.add_metric([kind], float(store[f"{kind}_seconds"]))
             yield calls
             yield seconds
+        if state.workflows is not None:
+            flows = GaugeMetricFamily("latchwork_workflows", "workflows by state (the master "
+                                      "exports it)", labels=["state"])
+            for name, count in sorted(state.workflows.items()):
+                flows.add_metric([name], float(count))
+            yield flows
 
 
 class NodeMetrics(Observer):

@@ -47,6 +47,7 @@ from messaging import MessageBus, Topology, ZkProcessedLog
 from runner import __version__, logs
 from runner.config import Settings
 from runner.connect import amqp_connector, graph_store, zk_session
+from runner.errors import StoreError
 from runner.node import commands as builtin_commands
 from runner.node import intake, workflows
 from runner.node.api import NodeApi
@@ -336,7 +337,16 @@ class Node:
             master=parts.latch.is_leader,
             stats=dict(parts.processor.stats),
             connections={c.name: c.connections_opened for c in parts.bus.consumers},
-            store=self.store.graph.stats.snapshot())
+            store=self.store.graph.stats.snapshot(),
+            workflows=self._workflow_counts() if parts.latch.is_leader else None)
+
+    def _workflow_counts(self) -> dict[str, int] | None:
+        """The master's count of workflows by state for the metrics (None when the graph
+        does not answer: the scrape goes on without it)."""
+        try:
+            return self.store.workflows.counts()
+        except StoreError:
+            return None
 
     def _model_reconnected(self) -> None:
         """The MODEL connection came back: broadcasts sent meanwhile were missed, so each

@@ -43,4 +43,5 @@ def cluster_status(session: Session, settings: Settings, member_id: str,
         commands=[CommandInFlight.model_validate({**c, "age_s": round(now - c.pop("since"), 1)})
                   for c in ZkProcessedLog(session).handling()],
         incidents=[IncidentView.model_validate(i.view()) for i in store.incidents.open()],
+        workflows=store.workflows.counts(),
     )

@@ -38,6 +38,8 @@ from runner.templates import TaskTemplate
 from runner.workflows import member_id, workflow_id
 
 log = logging.getLogger("latchwork.node")
+#: siblings (a group's members) past this many are one entry of a workflow's report
+COLLAPSE = 50
 
 def view(wf: Workflow) -> WorkflowView:
     return WorkflowView(id=wf.id, key=wf.key, state=wf.state.value, members=wf.members,
@@ -152,18 +154,42 @@ def report(node: Intake, wf_id: str) -> WorkflowReport:
             if why is not None and task.pending:
                 blocked_by[task.id] = why
                 break
-    views: list[WorkflowMemberView] = []
-    counts: Counter[str] = Counter()
+    states = {t.id: state_of(t, t.id in blocked_by) for t in members}
+    counts = Counter(states.values())
+    # siblings (the same type, dependencies and dependants: a group's members) past COLLAPSE
+    # are one entry with counts per state, and what depends on them names their first
+    dependants: dict[str, list[str]] = {}
+    for task_id, on in deps.items():
+        for dep in on:
+            dependants.setdefault(dep, []).append(task_id)
+    siblings: dict[tuple[object, ...], list[Task]] = {}
     for task in members:
-        state = state_of(task, task.id in blocked_by)
-        counts[state] += 1
-        if len(views) < REPORT_MEMBERS:
+        siblings.setdefault((task.type, tuple(sorted(deps.get(task.id, ()))),
+                             tuple(sorted(dependants.get(task.id, ())))), []).append(task)
+    first = {t.id: kin[0].id for kin in siblings.values() if len(kin) > COLLAPSE for t in kin}
+    views: list[WorkflowMemberView] = []
+    listed = 0
+    for task in members:
+        if first.get(task.id, task.id) != task.id:
+            continue
+        listed += 1
+        if len(views) >= REPORT_MEMBERS:
+            continue
+        on = sorted({first.get(d, d) for d in deps.get(task.id, ())})
+        if task.id in first:
+            kin = next(k for k in siblings.values() if k[0].id == task.id)
             views.append(WorkflowMemberView(
-                id=task.id, type=task.type, state=state, attempts=task.attempts,
-                depends_on=deps.get(task.id, []), pending=task.pending,
-                error=blocked_by.get(task.id) or _own_error(node, task)))
+                id=task.id, type=task.type, state="group", attempts=sum(t.attempts for t in kin),
+                depends_on=on, count=len(kin), counts=dict(Counter(states[t.id] for t in kin)),
+                error=next((blocked_by.get(t.id) or _own_error(node, t) for t in kin
+                            if states[t.id] in ("failed", "blocked")), None)))
+            continue
+        views.append(WorkflowMemberView(
+            id=task.id, type=task.type, state=states[task.id], attempts=task.attempts,
+            depends_on=on, pending=task.pending,
+            error=blocked_by.get(task.id) or _own_error(node, task)))
     return WorkflowReport(workflow=view(wf), members=views, counts=dict(counts),
-                          more=max(0, len(members) - len(views)))
+                          more=max(0, listed - len(views)))
 
 
 def _stopped_error(node: Intake, dep: Task | None, blocked_by: dict[str, str]) -> str | None:

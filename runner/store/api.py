@@ -236,6 +236,12 @@ class WorkflowStore(Protocol):
     def enforced(self, workflow_id: str) -> None:
         """The workflow's deadline was enforced."""
 
+    def settle(self, limit: int = 100) -> list[str]:
+        """Mark ``succeeded`` the running workflows every member of which finished."""
+
+    def counts(self) -> dict[str, int]:
+        """How many workflows are in each state."""
+
     def start_on_failure(self, workflow_id: str) -> bool:
         """Start the workflow's ``on_failure`` step; False when none or started already."""
 

@@ -181,11 +181,14 @@ class Attempt:
 
 class WorkflowState(enum.StrEnum):
     """Where a workflow is: ``open`` while its members are written (nothing of it is
-    claimable), ``running`` once committed (its roots are activated from it), ``removing`` when
-    the master removes one left open."""
+    claimable), ``running`` once committed (its roots are activated from it), ``succeeded`` once
+    every member finished (the master's round sees it), ``removing`` when the master removes
+    one left open."""
 
     OPEN = "open"
     RUNNING = "running"
+    #: every member finished (its on_failure step, which never ran, aside): the master marks it
+    SUCCEEDED = "succeeded"
     #: left open past its time: the master removes its members (a resend begins it again)
     REMOVING = "removing"
 

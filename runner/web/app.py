@@ -40,6 +40,7 @@ from runner.errors import (
     StoreUnavailable,
 )
 from runner.web import logins, security
+from runner.web.drawing import svg
 from runner.web.security import Credentials
 from runner.web.views import (
     QueryError,
@@ -216,6 +217,14 @@ def _task(c: Console, request: Request) -> dict[str, Any]:
             "result_value": shown_result(report.result)}
 
 
+def workflow_page(request: Request) -> Response:
+    """A workflow drawn as a graph (:mod:`runner.web.drawing`) with its members' states."""
+    c: Console = request.app.state.console
+    workflow_id = request.path_params["workflow_id"]
+    report = c.call(request, lambda cl: cl.workflow(workflow_id))
+    return c.render(request, "workflow.html", report=report, drawing=svg(report.members))
+
+
 def schedules_page(request: Request) -> Response:
     c: Console = request.app.state.console
     return c.render(request, "schedules.html",
@@ -278,6 +287,7 @@ def create_app(connect: Callable[[], Client], credentials: Credentials | None = 
         Route("/tasks/running", running_live),
         Route("/tasks/{task_id}", _view("task.html", _task)),
         Route("/tasks/{task_id}/live", _view("task_live.html", _task)),
+        Route("/workflows/{workflow_id}", workflow_page),
         Route("/schedules", schedules_page),
         Route("/streams", streams_page),
         Route("/dead-letters", dead_letters_page),

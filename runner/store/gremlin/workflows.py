@@ -24,6 +24,9 @@
 Failure behaviour: a graph out of reach raises ``StoreUnavailable``; a page cut off half-way
 is written again by a resend (what is there is kept; what is missing added); a commit of a
 workflow that is not ``open`` changes nothing and answers the workflow as it is.
+
+Why one module: a workflow's vertex, its members, their edges and the master's rounds over
+them are one layout; split, each part would rebuild the others' lookups.
 """
 
 from __future__ import annotations
@@ -86,6 +89,7 @@ class GremlinWorkflowStore:
     def __init__(self, graph: Graph, tasks: GremlinTaskStore) -> None:
         self.graph = graph
         self.tasks = tasks
+        self._settle_at = 0  # where the next settle() looks (the running ones in turn)
 
     def begin(self, workflow_id: str, key: str, members: int, digest: str = "",
               deadline: datetime | None = None) -> Workflow:
@@ -187,6 +191,43 @@ class GremlinWorkflowStore:
         committed = [w for w in map(workflow_from_row, rows)
                      if w.state is WorkflowState.RUNNING]
         return left, committed
+
+    def settle(self, limit: int = 100) -> list[str]:
+        """Mark ``succeeded`` the running workflows every member of which finished (an
+        ``on_failure`` step that never ran aside): ``limit`` of them a call, taken in turn
+        (a workflow that stays blocked does not keep the others from being looked at), one
+        lookup of a member that has not finished each. The ids marked."""
+        ids = sorted(map(str, self.graph.read(
+            lambda g: g.V().has("wf_open", WorkflowState.RUNNING.value).values("wf_id")
+            .to_list())))
+        start = self._settle_at if self._settle_at < len(ids) else 0
+        window = ids[start:start + limit]
+        self._settle_at = start + len(window)
+        done = []
+        for wf in window:
+            if not self._left(wf) and self._mark(wf, WorkflowState.RUNNING,
+                                                 WorkflowState.SUCCEEDED):
+                done.append(wf)
+        return done
+
+    def _left(self, wf: str) -> bool:
+        """Whether a member of ``wf`` has not finished (its standby on_failure step aside)."""
+        return bool(self.graph.read(
+            lambda g: g.V().has("task_wf", wf).not_(__.has("task_end_day"))
+            .not_(__.has("task_wfonfail", wf)).limit(1).id_().to_list()))
+
+    def _mark(self, wf: str, was: WorkflowState, now: WorkflowState) -> bool:
+        """``wf`` from ``was`` to ``now`` in one guarded write; False when it was not ``was``."""
+        return matched_write(self.graph, lambda g: g.V().has("wf_id", wf)
+                             .has("wf_open", was.value)
+                             .property(Cardinality.single, "wf_open", now.value))
+
+    def counts(self) -> dict[str, int]:
+        """How many workflows are in each state (an index lookup per state)."""
+        return {state.value: self._count(state.value) for state in WorkflowState}
+
+    def _count(self, state: str) -> int:
+        return int(self.graph.read(lambda g: g.V().has("wf_open", state).count().next()))
 
     def due(self, now: datetime) -> list[Workflow]:
         """The committed workflows whose deadline passed and is not yet enforced (one index

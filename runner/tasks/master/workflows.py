@@ -5,6 +5,8 @@
   the submit would have;
 * a workflow whose deadline passed: every member that has not started is stopped ("its
   workflow's deadline passed"), running ones finish, and its ``on_failure`` step starts;
+* a running workflow every member of which finished is marked ``succeeded`` (up to 100 a
+  round: what consoles and metrics count as running);
 * a workflow left ``open`` (its submit cut off before its last page, and never sent again) for
   :data:`OPEN_FOR` seconds: its members (never claimable) and its vertex are removed. A resend
   with the same key after that begins it again; one that comes while it is being removed is
@@ -55,6 +57,8 @@ class WorkflowRound:
                      self.member_id, wf.id)
         for wf in self.store.workflows.due(codec.now()):
             self.enforce(wf.id, wf.deadline.isoformat() if wf.deadline else "")
+        for wf_id in self.store.workflows.settle():
+            log.info("member %s (master): workflow %s succeeded", self.member_id, wf_id)
         return removed, activated
 
     def enforce(self, workflow_id: str, deadline: str) -> int:
