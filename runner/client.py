@@ -115,7 +115,6 @@ from runner.requests import (
     AttemptRecent,
     ClusterStatusQuery,
     CommandList,
-    MemberSpec,
     OntologyList,
     OntologyShow,
     OntologySyncRequest,
@@ -145,12 +144,13 @@ from runner.requests import (
     TaskTypes,
     WorkflowCancel,
     WorkflowShow,
-    WorkflowSubmit,
+    submitted,
+    workflow_pages,
 )
 from runner.requests import TaskSearch as TaskSearchRequest
 from runner.results import ResultRef
 from runner.store import codec
-from runner.workflows import Flow, WorkflowRef, digest, member_id, plan, workflow_id
+from runner.workflows import Flow, WorkflowRef, workflow_id
 
 T = TypeVar("T")
 #: a request's reply type
@@ -181,24 +181,6 @@ def build(model: type[Q], **fields: object) -> Q:
     except ValidationError as exc:
         command = getattr(model, "command", model.__name__)
         raise RequestRefused(command, "invalid", f"{command}: {summary(exc)}") from exc
-
-
-def _member_pages(members: builtins.list[MemberSpec]
-                  ) -> builtins.list[tuple[int, builtins.list[MemberSpec]]]:
-    """A workflow's members in pages of at most SUBMIT_PAGE members and SUBMIT_PAGE_BYTES
-    of JSON (a join's page may be larger: it goes alone), each with its first index."""
-    pages: builtins.list[tuple[int, builtins.list[MemberSpec]]] = []
-    page: builtins.list[MemberSpec] = []
-    size, start = 0, 0
-    for n, member in enumerate(members):
-        length = len(member.task.model_dump_json(exclude_none=True)) + 8 * len(member.after) + 20
-        if page and (len(page) >= SUBMIT_PAGE or size + length > SUBMIT_PAGE_BYTES):
-            pages.append((start, page))
-            page, size, start = [], 0, n
-        page.append(member)
-        size += length
-    pages.append((start, page))
-    return pages
 
 
 def _pages(items: builtins.list[TaskTemplate]) -> Iterator[builtins.list[TaskTemplate]]:
@@ -366,21 +348,18 @@ class Client:
         (its retries spent) or the deadline passes, never in a workflow that succeeds.
         ``deadline`` (an aware datetime, or seconds from now): members not started by then
         are stopped by the master (running ones finish), and ``on_failure`` starts."""
-        planned = plan(workflow)
-        wf_id, what = workflow_id(key), digest(planned, on_failure)
         if isinstance(deadline, int | float):
             deadline = codec.now() + timedelta(seconds=deadline)
-        members = [MemberSpec(task=p.template, after=list(p.after)) for p in planned]
-        pages = _member_pages(members)
+        try:
+            pages = workflow_pages(workflow, key, on_failure, deadline)
+        except ValidationError as exc:  # refused here, as build() refuses a request
+            raise RequestRefused("workflow.submit", "invalid",
+                                 f"workflow.submit: {summary(exc)}") from exc
         answer: WorkflowView | None = None
-        for n, (start, page) in enumerate(pages):
-            request = build(WorkflowSubmit, key=key, digest=what, total=len(members),
-                            start=start, members=page, commit=n == len(pages) - 1,
-                            on_failure=on_failure, deadline=deadline)
-            answer = self._again(request, f"workflow {wf_id} page {n}")
+        for n, request in enumerate(pages):
+            answer = self._again(request, f"workflow {workflow_id(key)} page {n}")
         assert answer is not None
-        return WorkflowRef(wf_id, key, tuple(member_id(wf_id, i) for i in range(len(members))),
-                           answer, member_id(wf_id, len(members)) if on_failure else None)
+        return submitted(pages[0], answer)
 
     def workflow(self, workflow_id: str) -> WorkflowReport:
         """A workflow and its members' states (``latchwork workflow show``)."""

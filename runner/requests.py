@@ -19,6 +19,7 @@ would say it.
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import Annotated, ClassVar, Generic, Literal, TypeVar
 
 from pydantic import (
@@ -61,7 +62,15 @@ from runner.replies import (
 )
 from runner.store.model import ASPECT_PATTERN
 from runner.templates import JsonObject, ScheduleSpec, TaskTemplate
-from runner.workflows import MAX_MEMBERS
+from runner.workflows import (
+    MAX_MEMBERS,
+    Flow,
+    WorkflowRef,
+    digest,
+    member_id,
+    plan,
+    workflow_id,
+)
 
 __all__ = ["COMMANDS", "Request", "ScheduleSpec", "TaskTemplate"]
 
@@ -205,6 +214,39 @@ class WorkflowSubmit(Request[WorkflowView]):
     def _compact(self, members: list[MemberSpec]) -> list[JsonObject]:
         return [{"task": m.task.model_dump(mode="json", exclude_none=True),
                  **({"after": list[JsonValue](m.after)} if m.after else {})} for m in members]
+
+
+def workflow_pages(workflow: Flow, key: str, on_failure: TaskTemplate | None = None,
+                   deadline: datetime | None = None) -> list[WorkflowSubmit]:
+    """The requests that submit ``workflow`` under ``key``: its members (:func:`plan`) in
+    pages of at most :data:`SUBMIT_PAGE` members and :data:`SUBMIT_PAGE_BYTES` of JSON (a
+    join's member may make its page larger: it goes alone), the last one committing."""
+    planned = plan(workflow)
+    what = digest(planned, on_failure)
+    members = [MemberSpec(task=p.template, after=list(p.after)) for p in planned]
+    pages: list[tuple[int, list[MemberSpec]]] = []
+    page: list[MemberSpec] = []
+    size, start = 0, 0
+    for n, member in enumerate(members):
+        length = len(member.task.model_dump_json(exclude_none=True)) + 8 * len(member.after) + 20
+        if page and (len(page) >= SUBMIT_PAGE or size + length > SUBMIT_PAGE_BYTES):
+            pages.append((start, page))
+            page, size, start = [], 0, n
+        page.append(member)
+        size += length
+    pages.append((start, page))
+    return [WorkflowSubmit(key=key, digest=what, total=len(members), start=first,
+                           members=part, commit=n == len(pages) - 1, on_failure=on_failure,
+                           deadline=deadline) for n, (first, part) in enumerate(pages)]
+
+
+def submitted(first: WorkflowSubmit, answer: object) -> WorkflowRef:
+    """What a submit of the workflow whose first page is ``first`` made: its id and its
+    members' ids (made from the key), and the node's answer to its last page."""
+    wf_id = workflow_id(first.key)
+    return WorkflowRef(wf_id, first.key,
+                       tuple(member_id(wf_id, i) for i in range(first.total)), answer,
+                       member_id(wf_id, first.total) if first.on_failure else None)
 
 
 class WorkflowById(BaseModel):

@@ -91,10 +91,14 @@ def test_synchronisation_creates_one_task_per_new_or_changed_ontology(
     with open_store(str(tmp_path / "g.db")) as store:
         bus = RecordingBus()
         sync = OntologySync(ols, store, bus, "m1")  # type: ignore[arg-type]
-        first = sync.synchronize()
-        assert len(first) == 2 and bus.sent[-1][0] == "TRIGGER_SCAN"
-        assert sync.synchronize() == []  # same content: the uniqueness key finds the tasks
+        first = sync.synchronize()  # one workflow: a load per ontology, then the broadcast
+        assert len(first) == 2
+        (broadcast,) = store.tasks.all("ontology.broadcast")
+        assert broadcast.workflow is not None and broadcast.pending == 2
+        assert sorted(store.workflows.depends_on([broadcast.id])[broadcast.id]) == sorted(first)
+        assert sync.synchronize() == []  # same content: the uniqueness keys are held
         assert len(store.tasks.all("ontology.load")) == 2
+        assert len(store.tasks.all("ontology.broadcast")) == 1
 
 
 def test_directory_source_reports_unparseable_files_without_an_iri(tmp_path: Path) -> None:

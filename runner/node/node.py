@@ -59,7 +59,13 @@ from runner.pipeline.aspects import AspectRegistry
 from runner.pipeline.handlers import Pipeline
 from runner.pipeline.spark import stop_spark
 from runner.replies import Cancelled, WorkflowCancelled, WorkflowReport, WorkflowView
-from runner.requests import TaskSubmit, TaskSubmitMany, WorkflowSubmit
+from runner.requests import (
+    TaskSubmit,
+    TaskSubmitMany,
+    WorkflowSubmit,
+    submitted,
+    workflow_pages,
+)
 from runner.store import Store, Task, migrations
 from runner.tasks import Services, TaskRegistry
 from runner.tasks.authoring import register_commands
@@ -77,6 +83,7 @@ from runner.tasks.master.schedules import ScheduleFirer
 from runner.tasks.master.workflows import WorkflowRound
 from runner.tasks.observer import Observer, delivery_hook
 from runner.tasks.worker.loop import LoopSettings, TaskLoop
+from runner.workflows import Flow, WorkflowRef
 
 log = logging.getLogger("latchwork.node")
 
@@ -256,7 +263,7 @@ class Node:
                          member, max_body=s.max_message_bytes,
                          on_outcome=[delivery_hook(observers)])
         sync = OntologySync(s.ontology_source, store, bus, member,
-                            is_master=lambda: latch.is_leader)
+                            is_master=lambda: latch.is_leader, submit_flow=self.submit_flow)
         pipeline = Pipeline(s, self.session, store, self.cache, self.aspects,
                             submit=self.submit, member=member)
         processor = TaskLoop(
@@ -372,6 +379,16 @@ class Node:
     def submit_workflow(self, req: WorkflowSubmit) -> WorkflowView:
         """A page of a workflow (:func:`runner.node.workflows.submit`)."""
         return workflows.submit(self, req)
+
+    def submit_flow(self, flow: Flow, key: str) -> WorkflowRef:
+        """A workflow the node makes itself (the ontology sync's), every page of it taken
+        here as ``workflow.submit`` would take them."""
+        pages = workflow_pages(flow, key)
+        answer = None
+        for req in pages:
+            answer = workflows.submit(self, req)
+        assert answer is not None
+        return submitted(pages[0], answer)
 
     def cancel_workflow(self, workflow_id: str, by: str,
                         reason: str | None = None) -> WorkflowCancelled:

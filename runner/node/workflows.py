@@ -1,29 +1,17 @@
-"""Workflows coming into a node (``workflow.submit``, ``workflow.show``): a page of members
-written waiting, the last page's commit, and a workflow's report.
+"""Workflows at a node (``workflow.submit``, ``workflow.show``, ``workflow.cancel``): a page
+taken into the store (:mod:`runner.tasks.flows`) and the scans woken once its commit activated
+roots; a workflow's report (each member's state, ``blocked`` for one waiting for a stopped
+member, a group's members past :data:`COLLAPSE` as one entry); a cancel of what is left.
 
-A page's members get the ids their workflow's key makes (:func:`runner.workflows.member_id`),
-each validated as a submit is (its type known, its payload its model's), and are written
-waiting (:meth:`~runner.store.api.WorkflowStore.add`: only what a sending before did not
-write); the last page commits the workflow and activates its roots, then every node is told
-to scan. A resend of a committed workflow's pages writes nothing and activates what is left.
-
-Failure behaviour: an unknown type or an invalid payload refuses the page naming the member's
-index, before anything is written; a key already used by another workflow (another digest), or
-a member whose ``unique_key`` a task outside the workflow holds, raises
-:class:`~runner.errors.WorkflowRefused` naming it (nothing of the workflow is claimable: its
-pages are removed by the master once it has been open for
-:data:`~runner.tasks.master.workflows.OPEN_FOR`, or adopted by a resend with the same key); a
-workflow the master is removing (left open too long) is refused until it is gone; the store's
-errors propagate.
+Failure behaviour: as :mod:`runner.tasks.flows` says for a submit; an unknown workflow is
+``task_not_found``; the store's errors propagate.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections import Counter
 
-from runner.errors import TaskError, WorkflowRefused
 from runner.node import intake
 from runner.node.intake import Intake
 from runner.replies import (
@@ -33,9 +21,9 @@ from runner.replies import (
     WorkflowView,
 )
 from runner.requests import REPORT_MEMBERS, WorkflowSubmit
-from runner.store import NewMember, Task, TaskState, Workflow, WorkflowState, codec
-from runner.templates import TaskTemplate
-from runner.workflows import member_id, workflow_id
+from runner.store import Task, TaskState, Workflow, codec
+from runner.tasks.flows import take_page
+from runner.workflows import member_id
 
 log = logging.getLogger("latchwork.node")
 #: siblings (a group's members) past this many are one entry of a workflow's report
@@ -47,56 +35,17 @@ def view(wf: Workflow) -> WorkflowView:
 
 
 def submit(node: Intake, req: WorkflowSubmit) -> WorkflowView:
-    """Take one page of a workflow (see the module)."""
-    wf_id = workflow_id(req.key)
-    wf = node.store.workflows.begin(wf_id, req.key, req.total, req.digest, req.deadline)
-    if wf.digest != req.digest or wf.members != req.total:
-        raise WorkflowRefused(f"workflow key {req.key!r} is taken by another workflow ({wf.id}, "
-                              f"{wf.members} members, submitted {wf.created_at.isoformat()}): "
-                              "give this one a key of its own")
-    if wf.state is WorkflowState.REMOVING:
-        raise WorkflowRefused(f"workflow {wf_id} (key {req.key!r}) was left open too long and "
-                              "is being removed: send it again in a moment")
-    if wf.state is WorkflowState.OPEN and req.start == 0 and req.on_failure is not None:
-        node.store.workflows.add(wf_id, [NewMember(dataclasses.replace(
-            _task(node, req.on_failure, "its on_failure step"), id=member_id(wf_id, req.total),
-            workflow=wf_id, pending=1, on_failure=True))])
-    if wf.state is WorkflowState.OPEN and req.members:
-        _write(node, wf_id, req)
+    """Take one page of a workflow (:func:`runner.tasks.flows.take_page`); once its commit
+    activated roots, every node is told to scan."""
+    wf, activated = take_page(node.store, node.registry, req)
+    if activated:
+        now = codec.now()
+        node.processor.trigger(now)
+        node.bus.broadcast("TRIGGER_SCAN", {"workflow": wf.id, "behind": now.isoformat()})
     if req.commit:
-        wf = node.store.workflows.commit(wf_id)
-        if wf.state is not WorkflowState.RUNNING:  # the master's removal came first
-            raise WorkflowRefused(f"workflow {wf_id} (key {req.key!r}) was left open too long "
-                                  "and is being removed: send it again in a moment")
-        activated = 0
-        while (done := node.store.workflows.activate(wf_id)) > 0:
-            activated += done
-        wf = node.store.workflows.get(wf_id)
-        if activated:
-            now = codec.now()
-            node.processor.trigger(now)
-            node.bus.broadcast("TRIGGER_SCAN", {"workflow": wf_id,
-                                                "behind": now.isoformat()})
         log.info("member %s: workflow %s (%s) committed: %d members, %d roots started",
-                 node.member_id, wf_id, req.key, wf.members, activated)
+                 node.member_id, wf.id, req.key, wf.members, activated)
     return view(wf)
-
-
-def _write(node: Intake, wf_id: str, req: WorkflowSubmit) -> None:
-    members: list[NewMember] = []
-    for n, spec in enumerate(req.members, req.start):
-        task = dataclasses.replace(_task(node, spec.task, f"member {n} of the workflow"),
-                                   id=member_id(wf_id, n), workflow=wf_id,
-                                   pending=len(set(spec.after)), awaits_commit=not spec.after)
-        members.append(NewMember(task, tuple(sorted({member_id(wf_id, i)
-                                                     for i in spec.after}))))
-    stored = node.store.workflows.add(wf_id, members)
-    for n, (mine, found) in enumerate(zip(members, stored, strict=True), req.start):
-        if found.id != mine.task.id:
-            raise WorkflowRefused(f"member {n} of the workflow: its unique key "
-                                  f"{mine.task.unique_key!r} is held by task {found.id} "
-                                  f"({found.type}, {found.stored_state().value}), outside "
-                                  "the workflow")
 
 
 def cancel(node: Intake, wf_id: str, by: str, reason: str | None) -> WorkflowCancelled:
@@ -112,21 +61,6 @@ def cancel(node: Intake, wf_id: str, by: str, reason: str | None) -> WorkflowCan
     log.info("member %s: workflow %s: %d members cancelled by %s", node.member_id, wf_id,
              len(done), by)
     return WorkflowCancelled(id=wf_id, cancelled=done)
-
-
-def _task(node: Intake, item: TaskTemplate, what: str) -> Task:
-    """The task ``item`` describes, validated as a submit is (``what`` names it in an
-    error)."""
-    try:
-        kind = node.registry.get(item.type)
-        kind.parse(item.payload)
-    except TaskError as exc:
-        raise type(exc)(f"{what}: {exc}") from exc
-    return node.store.tasks.new(
-        item.type, item.payload, unique_key=item.unique_key,
-        priority=kind.priority if item.priority is None else item.priority,
-        run_at=item.when(), ordering_key=item.ordering_key,
-        resources=[*kind.resources, *item.resources], timeout=item.timeout)
 
 
 def state_of(task: Task, blocked: bool) -> str:

@@ -6,13 +6,20 @@
   changed files and notifies the master with ONTOLOGY_CHANGED); :class:`OlsSource` reads an
   OLS-compatible HTTP API (``/api/ontologies`` and each ontology's ``config.fileLocation``).
 * **SYNCHRONIZE_MODEL** (on master election, on notification, on ``latchwork ontology sync``)
-  diffs the source against the graph and creates one ``ontology.load`` task per missing or
-  changed ontology, with the uniqueness key ``ontology:<iri or reference>:<checksum>``: a second
-  sync with nothing new creates no task. A file that does not parse still gets its task, which
-  fails with the parser's message; the others load.
+  diffs the source against the graph and submits one **workflow** (issue 72): one
+  ``ontology.load`` task per missing or changed ontology, with the uniqueness key
+  ``ontology:<iri or reference>:<checksum>`` (a checksum with a load task already is left out:
+  a second sync with nothing new submits nothing), then one ``ontology.broadcast`` step once
+  every load succeeded (a join). A file that does not parse still gets its load, which fails
+  with the parser's message: the others load, and the broadcast waits, ``blocked`` with that
+  error, until the failed load is reactivated (a fixed file is a new checksum: a new sync) or
+  skipped. The workflow's key is made from the loads it holds, so two syncs of the same diff
+  (two messages, a failover) submit it once.
 * The **ontology.load** task fetches, checks the checksum, parses with rdflib, validates, loads
-  classes and subClassOf edges (idempotent), then broadcasts MODEL UPDATE_CACHE; every node
-  reloads its :class:`OntologyCache` under a write lock. An ontology of more than
+  classes and subClassOf edges (idempotent), and answers the ontology and its counts (its
+  result); the **ontology.broadcast** step then broadcasts MODEL UPDATE_CACHE once for all of
+  them: a sync of 40 files reloads every node's :class:`OntologyCache` once, under a write
+  lock. An ontology of more than
   :data:`PART` classes is written a part at a time, each part followed by a checkpoint
   (``ctx.checkpoint``), and marked loaded last: a retry after a kill -9 or a failure resumes
   at the first part not committed.
@@ -21,6 +28,8 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import logging
 import threading
 from collections.abc import Callable
@@ -33,7 +42,8 @@ from runner.errors import OntologyError, SourceError
 from runner.ontology.parse import checksum_of, parse_ontology_bytes
 from runner.ontology.sources import DirectorySource, SourceEntry, open_source
 from runner.store import Ontology, Store
-from runner.tasks import TaskContext, TaskRegistry
+from runner.tasks import TaskContext, TaskRegistry, flows
+from runner.workflows import Flow, WorkflowRef, chord, group, step
 
 if TYPE_CHECKING:
     from messaging import MessageBus
@@ -41,6 +51,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("latchwork.ontology")
 
 LOAD_TASK = "ontology.load"
+BROADCAST_TASK = "ontology.broadcast"
 #: classes an ontology.load writes per part (a bigger ontology: a checkpoint after each part)
 PART = 2000
 
@@ -56,8 +67,15 @@ class OntologySync:
 
     def __init__(self, location: str | None, store: Store, bus: MessageBus,
                  member_id: str, is_master: Callable[[], bool] | None = None,
-                 watch_interval: float = 2.0) -> None:
+                 watch_interval: float = 2.0,
+                 submit_flow: Callable[[Flow, str], WorkflowRef] | None = None) -> None:
         self.location = location
+        if submit_flow is None:  # no node: into the store, validated by the ontology types
+            registry = TaskRegistry()
+            register_ontology_tasks(registry)
+            submit_flow = functools.partial(flows.submit_flow, store, registry)
+        #: how the sync submits its workflow (the node's own: it wakes the scans)
+        self.submit_flow = submit_flow
         self.source = open_source(location) if location else None
         self.store = store
         self.bus = bus
@@ -68,7 +86,8 @@ class OntologySync:
         self._watcher: threading.Thread | None = None
 
     def synchronize(self, message_id: str = "") -> list[str]:
-        """Create load tasks for what the graph lacks; returns the ids of new tasks."""
+        """Submit the workflow that loads what the graph lacks (see the module); the ids of
+        its new load tasks."""
         if self.source is None:
             log.info("member %s: no ontology source configured; nothing to synchronise",
                      self.member_id)
@@ -86,26 +105,29 @@ class OntologySync:
                 by_iri[entry.iri] = kept
             else:
                 by_iri[entry.iri] = entry
-        created = []
-        known_tasks = {t.id for t in self.store.tasks.all(LOAD_TASK)}
+        loads = []
         for entry in [*by_iri.values(), *invalid]:
             if entry.iri is not None:
                 record = self.store.ontologies.get(entry.iri)
                 if record is not None and record.checksum == entry.checksum:
                     continue
-            key = f"ontology:{entry.iri or entry.ref}:{entry.checksum}"
-            task = self.store.tasks.create(
-                LOAD_TASK, {"ref": entry.ref, "checksum": entry.checksum, "iri": entry.iri},
-                unique_key=key, priority=10)
-            if task.id not in known_tasks:  # the uniqueness key returned an existing task
-                created.append(task.id)
+            loads.append((f"ontology:{entry.iri or entry.ref}:{entry.checksum}", entry))
+        held = self.store.tasks.with_unique([key for key, _ in loads])
+        loads = [(key, entry) for key, entry in loads if key not in held]
+        created: list[str] = []
+        if loads:
+            flow = chord(group([step(LOAD_TASK, {"ref": e.ref, "checksum": e.checksum,
+                                                 "iri": e.iri}, unique_key=key, priority=10)
+                                for key, e in loads]),
+                         then=step(BROADCAST_TASK, {}, priority=10))
+            diff = hashlib.sha256("\n".join(sorted(k for k, _ in loads)).encode()).hexdigest()
+            ref = self.submit_flow(flow, f"ontology-sync:{diff[:24]}")
+            created = list(ref.members[:-1])
         log.info("member %s: model synchronisation (%s): %d source entries, %d new load tasks",
                  self.member_id, message_id or "direct", len(entries), len(created))
-        if created:
-            self.bus.broadcast("TRIGGER_SCAN", {"tasks": created})
         return created
 
-    def load(self, ctx: TaskContext, payload: LoadPayload) -> None:
+    def load(self, ctx: TaskContext, payload: LoadPayload) -> dict[str, object]:
         if self.source is None:
             raise SourceError("this node has no ontology source configured")
         data = self.source.fetch(payload.ref)
@@ -119,7 +141,18 @@ class OntologySync:
         added, edges = self._write(ctx, ontology)
         log.info("member %s: loaded %s %s from %s: %d classes, %d edges added", self.member_id,
                  ontology.iri, ontology.version, payload.ref, added, edges)
-        self.bus.broadcast("UPDATE_CACHE", {"ontology": ontology.iri})
+        return {"iri": ontology.iri, "version": ontology.version, "classes_added": added,
+                "edges_added": edges}
+
+    def broadcast(self, ctx: TaskContext) -> dict[str, object]:
+        """The sync's last step: every node reloads its cache, once for all the loads (their
+        results are this step's inputs)."""
+        iris = sorted(str(value["iri"]) for _, value in ctx.results()
+                      if isinstance(value, dict) and "iri" in value)
+        self.bus.broadcast("UPDATE_CACHE", {"ontologies": iris})
+        log.info("member %s: %d ontologies loaded: every node reloads its cache",
+                 self.member_id, len(iris))
+        return {"ontologies": iris}
 
     def _write(self, ctx: TaskContext, ontology: Ontology) -> tuple[int, int]:
         """The load, fenced: one write for an ontology of up to :data:`PART` classes; a bigger
@@ -196,13 +229,23 @@ class OntologySync:
             self._watcher.join(5)
 
 
-def _load(ctx: TaskContext, payload: LoadPayload) -> None:
+def _load(ctx: TaskContext, payload: LoadPayload) -> dict[str, object]:
     sync = ctx.services.find(OntologySync)
     if sync is None:
         raise SourceError("no ontology synchroniser on this node")
-    sync.load(ctx, payload)
+    return sync.load(ctx, payload)
+
+
+def _broadcast(ctx: TaskContext, payload: dict[str, object]) -> dict[str, object]:
+    sync = ctx.services.find(OntologySync)
+    if sync is None:
+        raise SourceError("no ontology synchroniser on this node")
+    return sync.broadcast(ctx)
 
 
 def register_ontology_tasks(registry: TaskRegistry) -> None:
     registry.register(LOAD_TASK, _load, LoadPayload,
                       description="load one ontology file into the graph")
+    registry.register(BROADCAST_TASK, _broadcast,
+                      description="after a sync's loads: every node reloads its ontology "
+                                  "cache, once")

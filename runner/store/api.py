@@ -111,6 +111,9 @@ class TaskStore(Protocol):
         """Move the tasks of these time buckets into their ready buckets."""
         ...
 
+    def with_unique(self, keys: Sequence[str]) -> dict[str, Task]:
+        """The tasks holding ``keys`` (uniqueness keys), by key (one read)."""
+
     def get(self, task_id: str) -> Task: ...
 
     def unfinished(self) -> list[Task]:

@@ -152,6 +152,16 @@ class GremlinTaskStore:
             raise StoreUnavailable(f"a bulk create wrote {len(rows)} of {len(tasks)} tasks")
         return [task_from_row(row) for row in rows]
 
+    def with_unique(self, keys: Sequence[str]) -> dict[str, Task]:
+        """The tasks holding ``keys`` (uniqueness keys), by key; a key none holds is left
+        out. One read from the ``task_unique`` index."""
+        if not keys:
+            return {}
+        rows = self.graph.read(lambda g: any_of(self.graph, g, "task_unique", list(keys))
+                               .element_map(*TASK_ROW).to_list())
+        found = [task_from_row(r) for r in rows]
+        return {t.unique_key: t for t in found if t.unique_key is not None}
+
     def get(self, task_id: str) -> Task:
         return read_task(self.graph, task_id)
 
