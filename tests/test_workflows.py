@@ -121,6 +121,18 @@ def test_a_fan_out_and_its_join_run_once_from_one_submit_and_a_resend_adds_nothi
             client.submit_workflow(chain(step("wf.split", {"base": 1})), key="fan-out-1")
         assert refused.value.code == "workflow_refused" and "taken by another" in str(
             refused.value)
+        holder = client.submit("wf.split", {"base": 0}, unique_key="held-key")
+        with pytest.raises(RequestRefused) as taken:
+            client.submit_workflow(chain(step("wf.split", {"base": 2}),
+                                         step("wf.split", {"base": 3}, unique_key="held-key")),
+                                   key="held-1")
+        assert taken.value.code == "workflow_refused"
+        assert f"member 1 of the workflow: its unique key 'held-key' is held by task " \
+            f"{holder.id}" in str(taken.value)
+        # nothing of it is claimable: its first member waits for a commit that never came
+        first = cluster.store.tasks.get(member_id(workflow_id("held-1"), 0))
+        assert first.awaits_commit and cluster.store.workflows.get(
+            workflow_id("held-1")).state.value == "open"
         report = client.workflow(ref.id)
         assert report.counts == {"succeeded": 22} and report.workflow.members == 22
         # the master's round marks it succeeded; the cluster's status counts it
@@ -178,7 +190,9 @@ def test_a_failed_member_blocks_its_dependants_until_reactivated_and_a_skip_lets
         assert states[first][0] == "succeeded" and states[middle][0] == "failed"
         assert states[last][0] == "blocked" and "the flag is not there yet" in (
             states[last][1] or ""), states
-        assert client.get(last).attempts == []
+        shown = client.get(last)  # task show: the member's own state says it too
+        assert shown.attempts == [] and shown.task.state == "blocked"
+        assert "the flag is not there yet" in (shown.task.stop_reason or "")
         flag.write_text("1")
         client.reactivate(middle)
         done = client.result(last, wait=60)

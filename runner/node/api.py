@@ -26,6 +26,7 @@ from coord import (
 )
 from messaging import MAX_BODY, HandlerContext, MessageBus
 from runner.errors import NoOntologySource, OntologyNotFound, TaskArchived, TaskNotFound
+from runner.node import workflows
 from runner.node.api_console import ConsoleApi
 from runner.node.api_outside import OutsideApi, api
 from runner.node.status import cluster_status
@@ -291,7 +292,11 @@ class NodeApi(OutsideApi, ConsoleApi):
     def get_task(self, ctx: HandlerContext, ref: TaskGet) -> TaskReport:
         task = self._task(ref.id)
         attempts = self.store.attempts.for_task(ref.id)
-        return TaskReport(task=TaskView.of(task), attempts=[AttemptView.of(a) for a in attempts],
+        view = TaskView.of(task)
+        why = workflows.blocked(self.store, task) if task.workflow is not None else None
+        if why is not None:  # a member waiting for one that stopped: it waits for ever
+            view = view.model_copy(update={"state": "blocked", "stop_reason": why})
+        return TaskReport(task=view, attempts=[AttemptView.of(a) for a in attempts],
                           progress=self.pipeline.progress_of(task),
                           result=self._result(task, attempts) if task.finished else None)
 

@@ -21,7 +21,7 @@ from runner.replies import (
     WorkflowView,
 )
 from runner.requests import REPORT_MEMBERS, WorkflowSubmit
-from runner.store import Task, TaskState, Workflow, codec
+from runner.store import Store, Task, TaskState, Workflow, codec
 from runner.tasks.flows import take_page
 from runner.workflows import member_id
 
@@ -115,15 +115,32 @@ def report(node: Intake, wf_id: str) -> WorkflowReport:
             views.append(WorkflowMemberView(
                 id=task.id, type=task.type, state="group", attempts=sum(t.attempts for t in kin),
                 depends_on=on, count=len(kin), counts=dict(Counter(states[t.id] for t in kin)),
-                error=next((blocked_by.get(t.id) or _own_error(node, t) for t in kin
+                error=next((blocked_by.get(t.id) or _own_error(node.store, t) for t in kin
                             if states[t.id] in ("failed", "blocked")), None)))
             continue
         views.append(WorkflowMemberView(
             id=task.id, type=task.type, state=states[task.id], attempts=task.attempts,
             depends_on=on, pending=task.pending,
-            error=blocked_by.get(task.id) or _own_error(node, task)))
+            error=blocked_by.get(task.id) or _own_error(node.store, task)))
     return WorkflowReport(workflow=view(wf), members=views, counts=dict(counts),
                           more=max(0, listed - len(views)))
+
+
+def blocked(store: Store, task: Task, depth: int = 50) -> str | None:
+    """Why ``task``, a member that waits for its dependencies, waits for ever: the error of
+    the stopped member it waits for (directly, or through members that wait too, up to
+    ``depth`` steps up); None while it may still start. One read per step."""
+    if task.workflow is None or not task.open or not task.pending or depth == 0:
+        return None
+    deps = store.workflows.depends_on([task.id]).get(task.id, [])
+    for dep_id in deps:
+        dep = store.tasks.get(dep_id)
+        if dep.stored_state() in (TaskState.FAILED, TaskState.CANCELLED):
+            return f"{dep.type} {dep.id} {dep.stored_state().value}: {_own_error(store, dep) or ''}"
+        why = blocked(store, dep, depth - 1)
+        if why is not None:
+            return why
+    return None
 
 
 def _stopped_error(node: Intake, dep: Task | None, blocked_by: dict[str, str]) -> str | None:
@@ -134,13 +151,14 @@ def _stopped_error(node: Intake, dep: Task | None, blocked_by: dict[str, str]) -
     if dep.id in blocked_by:
         return blocked_by[dep.id]
     if dep.stored_state() in (TaskState.FAILED, TaskState.CANCELLED):
-        return f"{dep.type} {dep.id} {dep.stored_state().value}: {_own_error(node, dep) or ''}"
+        why = _own_error(node.store, dep) or ""
+        return f"{dep.type} {dep.id} {dep.stored_state().value}: {why}"
     return None
 
 
-def _own_error(node: Intake, task: Task) -> str | None:
+def _own_error(store: Store, task: Task) -> str | None:
     if task.stored_state() not in (TaskState.FAILED, TaskState.CANCELLED):
         return None
-    attempts = node.store.attempts.for_task(task.id)
+    attempts = store.attempts.for_task(task.id)
     return (attempts[-1].error if attempts else None) or task.stop_reason
 

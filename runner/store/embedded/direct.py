@@ -24,8 +24,9 @@ transaction of the graph's write:
   ``create_vertex_property`` and ``create_edge`` make, in four statements (:func:`_created`).
 
 The ops: ``("guard", name, pairs)``, ``("absent", "", pairs)`` (no vertex may match),
-``("set", name, props)``, ``("add", label, props, edge, from_name)`` and ``("new", label,
-props, name)`` (a vertex with no edge, named for the ops after it).
+``("set", name, props)``, ``("add", label, props, edge, from_name)``, ``("new", label,
+props, name)`` (a vertex with no edge, named for the ops after it) and ``("edge", label, {},
+from_name, to_name)`` (an edge between two guarded vertices: a workflow's ``depends_on``).
 
 What a read gives back afterwards is what the traversal would have left (the contract suite
 runs the store's writes both ways: ``tests/test_store_direct.py``). A write this cannot apply as
@@ -103,6 +104,8 @@ def apply(con: sqlite3.Connection, plan: Sequence[Op]) -> bool | None:
                 _created(cur, con, op[1], op[2], (op[3], at[op[4]]))
             elif op[0] == "new":
                 at[op[3]] = _created(cur, con, op[1], op[2], None)
+            elif op[0] == "edge":
+                _edge(cur, con, op[1], at[op[3]], at[op[4]])
         return True
     finally:
         cur.close()
@@ -145,6 +148,15 @@ def _created(cur: sqlite3.Cursor, con: sqlite3.Connection, label: str, props: An
         rows.append((edge[1], -strings[edge[0]], vertex, -ids[-1]))
     cur.executemany(schema.INSERT_QUAD, rows)
     return int(vertex)
+
+
+def _edge(cur: sqlite3.Cursor, con: sqlite3.Connection, label: str, source: int,
+          target: int) -> None:
+    """An edge ``label`` from vertex ``source`` to vertex ``target``, as gremlite's
+    ``create_edge`` makes it: a new element id, one row (from, -label, to, -element)."""
+    (element,) = [i for (i,) in cur.execute(schema.new_elements(1))]
+    strings = string_ids(con, [label], add=True)
+    cur.execute(schema.INSERT_QUAD, (source, -strings[label], target, -element))
 
 
 def having(con: sqlite3.Connection, key: str, values: Sequence[str], limit: int,

@@ -60,7 +60,8 @@ class _Store(Protocol):
 
     def conclude_refused(self, c: Conclusion) -> Task: ...
 
-    def releases(self, successes: Sequence[Conclusion]) -> list[TaskChange]: ...
+    def releases(self, successes: Sequence[Conclusion],
+                 within: Traversal | None = None) -> list[TaskChange]: ...
 
 
 def written(store: _Store, writes: Sequence[Write], anchor: str) -> set[int]:
@@ -209,6 +210,9 @@ def conclude_many(store: _Store, conclusions: Sequence[Conclusion]
     changes = [task_change(c.task, c.token, c.changes) for c in conclusions]
     members = [n for n, c in enumerate(conclusions) if c.task.workflow is not None
                and (c.status is AttemptStatus.SUCCEEDED or c.changes.get("active") is False)]
+    direct = direct_of(store.graph)
+    if members and direct is not None:
+        return _conclude_within(store, direct, conclusions, changes, members)
     releases = store.releases([conclusions[n] for n in members]) if members else []
     plain = [n for n in range(len(conclusions)) if not releases or n not in members]
     writes = [conclusion_write(conclusions[n], changes[n]) for n in plain]
@@ -233,6 +237,38 @@ def conclude_many(store: _Store, conclusions: Sequence[Conclusion]
         else:
             out.append(_refusal(store.conclude_refused, c))
     return out, made_ready
+
+
+def _conclude_within(store: _Store, direct: Direct, conclusions: Sequence[Conclusion],
+                     changes: Sequence[TaskChange], members: Sequence[int]
+                     ) -> tuple[list[Task | StoreError], tuple[Task, ...]]:
+    """:func:`conclude_many` on the embedded graph, whose write holds its single writer slot:
+    the ends first, then, in the same transaction, the changes the members' ends written make
+    of the members they release (read inside it: nothing else can write meanwhile, so their
+    guards hold and no end is refused for a dependant another end moved)."""
+    writes = [conclusion_write(c, change) for c, change in zip(conclusions, changes,
+                                                                strict=True)]
+
+    def apply(plans: Plans, g: Traversal, w: Write) -> bool:
+        done = None if w.plan is None else plans.apply(w.plan)
+        return bool(w.traverse(g).id_().to_list()) if done is None else done
+
+    def run(plans: Plans, g: Traversal) -> tuple[set[int], list[TaskChange]]:
+        matched = {n for n, w in enumerate(writes) if apply(plans, g, w)}
+        made = store.releases([conclusions[n] for n in members if n in matched], within=g)
+        for release in made:
+            w = Write()
+            release.add_to(w)
+            if not apply(plans, g, w):  # read in this transaction: cannot have moved
+                raise WriteRaceLost(f"task {release.task_id} moved inside its write")
+        return matched, made
+
+    matched, made = direct.run(run, write=True)
+    out: list[Task | StoreError] = [
+        change.task if n in matched else _refusal(store.conclude_refused, c)
+        for n, (c, change) in enumerate(zip(conclusions, changes, strict=True))]
+    return out, tuple(r.task for r in made if r.task.open and r.task.pending == 0
+                      and not r.task.awaits_commit)
 
 
 def _refusal(again: Callable[..., X], *args: object) -> X | StoreError:

@@ -223,17 +223,19 @@ class GraphStore:
             return change.task
         return self.conclude_refused(c)
 
-    def releases(self, conclusions: Sequence[Conclusion]) -> list[TaskChange]:
+    def releases(self, conclusions: Sequence[Conclusion],
+                 within: Traversal | None = None) -> list[TaskChange]:
         """The changes workflow members' conclusions make of other members: a success
         releases its dependants (:func:`~runner.store.gremlin.releases.releases`), a stop
         (failed past its retries) starts its workflow's ``on_failure`` step
-        (:func:`~runner.store.gremlin.releases.on_failure`); none for other conclusions."""
+        (:func:`~runner.store.gremlin.releases.on_failure`); none for other conclusions.
+        ``within``: read inside the write they go in (the embedded graph's transaction)."""
         ids = [c.task.id for c in conclusions if c.task.workflow is not None
                and c.status is AttemptStatus.SUCCEEDED]
         stopped = sorted({c.task.workflow for c in conclusions
                           if c.task.workflow is not None and stops(c)})
-        return ((releases.releases(self.graph, ids) if ids else [])
-                + releases.on_failure(self.graph, stopped))
+        return ((releases.releases(self.graph, ids, within) if ids else [])
+                + releases.on_failure(self.graph, stopped, within))
 
     def conclude_refused(self, c: Conclusion) -> Task:
         """:meth:`conclude` after its guarded write matched nothing: read what moved, and

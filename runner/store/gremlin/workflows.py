@@ -43,6 +43,7 @@ from runner.store import codec
 from runner.store.api import Graph
 from runner.store.gremlin import batch
 from runner.store.gremlin.guards import Write, fence_guard, finder
+from runner.store.gremlin.plans import direct_of
 from runner.store.gremlin.releases import DEPENDS_ON, dependants, on_failure
 from runner.store.gremlin.rows import TASK_ROW, task_from_row, task_props
 from runner.store.gremlin.steps import add_vertex, any_of
@@ -62,6 +63,15 @@ from runner.store.traversal import Row, Traversal
 CHILD_OF = "child_of"
 #: members read or activated per page
 PAGE = 200
+
+
+def edge_write(member: str, dep: str) -> Write:
+    """The ``depends_on`` edge from ``member`` to ``dep`` as a guarded write (both there)."""
+    w = Write()
+    at = w.guard(finder(("task_id", member)))
+    to = w.guard(finder(("task_id", dep)))
+    w.change(lambda t: t.add_e(DEPENDS_ON).from_(at).to(to), ("edge", DEPENDS_ON, {}, at, to))
+    return w
 
 
 def workflow_from_row(row: Row) -> Workflow:
@@ -128,14 +138,13 @@ class GremlinWorkflowStore:
         wanted = {(m.task.id, dep) for m in members for dep in m.depends_on}
         if wanted:
             have = set(self._edges([m.task.id for m in members if m.depends_on]))
-            missing = sorted(wanted - have)
-
-            def write(g: Traversal) -> None:
-                for member, dep in missing:
-                    g.V().has("task_id", member).as_("m").V().has("task_id", dep) \
-                        .add_e(DEPENDS_ON).from_("m").iterate()
-            if missing:
-                self.graph.write(write)
+            missing = [edge_write(member, dep) for member, dep in sorted(wanted - have)]
+            direct = direct_of(self.graph)
+            if direct is not None:  # one transaction, by SQL (a join's 10,000 edges)
+                batch.write_plans(direct, missing)
+            else:
+                for w in missing:
+                    batch.matched(self.graph, w)
         return stored
 
     def _edges(self, dependants: Sequence[str]) -> list[tuple[str, str]]:
@@ -166,13 +175,19 @@ class GremlinWorkflowStore:
         wf = self.get(workflow_id)
         if wf.state is WorkflowState.OPEN:
             raise InvalidValue(f"workflow {workflow_id} is not committed: none of it may start")
-        rows = self.graph.read(lambda g: g.V().has("task_wfwait", workflow_id).limit(limit)
-                               .element_map(*TASK_ROW).to_list())
-        done = 0
+        direct = direct_of(self.graph)
+        rows = (direct.run(lambda plans, g: plans.rows(
+                    plans.having("task_wfwait", [workflow_id], limit), TASK_ROW))
+                if direct is not None else  # the embedded graph: SQL, not a traversal
+                self.graph.read(lambda g: g.V().has("task_wfwait", workflow_id).limit(limit)
+                                .element_map(*TASK_ROW).to_list()))
+        writes = []
         for row in rows:
-            task = task_from_row(row)
-            change = task_change(task, None, {"awaits_commit": False})
-            done += matched_write(self.graph, change.traverse)
+            w = Write()
+            task_change(task_from_row(row), None, {"awaits_commit": False}).add_to(w)
+            writes.append(w)
+        done = (len(batch.write_plans(direct, writes)) if direct is not None and writes
+                else sum(batch.matched(self.graph, w) for w in writes))
         if not rows and not wf.activated:
             marked = dataclasses.replace(wf, activated=True)
             matched_write(self.graph, lambda g: g.V().has("wf_id", workflow_id)
