@@ -36,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from runner.errors import OntologyError, SourceError
 from runner.ontology.parse import checksum_of, parse_ontology_bytes
@@ -54,6 +54,11 @@ LOAD_TASK = "ontology.load"
 BROADCAST_TASK = "ontology.broadcast"
 #: classes an ontology.load writes per part (a bigger ontology: a checkpoint after each part)
 PART = 2000
+
+
+class BroadcastPayload(BaseModel):
+    """``ontology.broadcast`` takes nothing: its inputs are the loads' results."""
+    model_config = ConfigDict(extra="forbid")
 
 
 class LoadPayload(BaseModel):
@@ -236,7 +241,7 @@ def _load(ctx: TaskContext, payload: LoadPayload) -> dict[str, object]:
     return sync.load(ctx, payload)
 
 
-def _broadcast(ctx: TaskContext, payload: dict[str, object]) -> dict[str, object]:
+def _broadcast(ctx: TaskContext, payload: BroadcastPayload) -> dict[str, object]:
     sync = ctx.services.find(OntologySync)
     if sync is None:
         raise SourceError("no ontology synchroniser on this node")
@@ -246,6 +251,6 @@ def _broadcast(ctx: TaskContext, payload: dict[str, object]) -> dict[str, object
 def register_ontology_tasks(registry: TaskRegistry) -> None:
     registry.register(LOAD_TASK, _load, LoadPayload,
                       description="load one ontology file into the graph")
-    registry.register(BROADCAST_TASK, _broadcast,
+    registry.register(BROADCAST_TASK, _broadcast, BroadcastPayload,
                       description="after a sync's loads: every node reloads its ontology "
                                   "cache, once")
