@@ -99,6 +99,61 @@ def test_handlers_ending_during_a_zookeeper_leader_election_succeed_once(
     assert effects == [completing.id]
 
 
+@pytest.mark.slow
+def test_a_join_that_becomes_ready_during_a_zookeeper_leader_election_runs_once(
+        zookeeper_ensemble: ZooKeeperCluster, ensemble_namespace: ZkNamespace,
+        store: Store) -> None:
+    """Issue 72: the two members of a fan-out end while the ensemble's leader is killed -9
+    (made to land there: both handlers wait for the kill). Their ends release the join in the
+    same write; the join then runs once, and each member succeeded once."""
+    from runner.tasks import chord, flows, group, step
+
+    runs: Counter[str] = Counter()
+    suspended = threading.Event()
+    go = threading.Event()
+    session = Session(ensemble_namespace.hosts, "blip", timeout=4.0)
+
+    def member(ctx: TaskContext, payload: dict[str, Any]) -> int:
+        runs[ctx.task.id] += 1
+        assert go.wait(30)
+        assert suspended.wait(10), "the session never saw the leader go"
+        return int(payload["n"])
+
+    def join(ctx: TaskContext, payload: dict[str, Any]) -> int:
+        runs[ctx.task.id] += 1
+        return sum(value for _, value in ctx.results())
+
+    registry = TaskRegistry()
+    registry.register("blip.member", member)
+    registry.register("blip.join", join)
+    session.add_listener(lambda s: suspended.set() if s is SessionState.SUSPENDED else None)
+    with session:
+        ref = flows.submit_flow(store, registry, chord(group([
+            step("blip.member", {"n": 1}), step("blip.member", {"n": 2})]),
+            then=step("blip.join")), "blip-join")
+        loop = TaskLoop(session, "m1", store, registry,
+                        LoopSettings(workers=2, scan_interval=60)).start()
+        victim = None
+        try:
+            assert wait_until(lambda: len(store.attempts.running()) == 2, 15)
+            victim = zookeeper_ensemble.leader()
+            victim.kill()
+            go.set()
+            assert wait_until(lambda: store.tasks.get(ref.members[-1]).finished, 30)
+        finally:
+            go.set()
+            if victim is not None:
+                victim.start()
+                victim.wait_ready()
+            loop.close()
+    assert runs == {task_id: 1 for task_id in ref.members}
+    for task_id in ref.members:
+        assert [a.status for a in store.attempts.for_task(task_id)] == [
+            AttemptStatus.SUCCEEDED]
+    joined = store.attempts.result(ref.members[-1])
+    assert joined is not None and joined.text == "3"
+
+
 PROBE = '''
     """A handler written the way docs/runner.md tells users to: it polls ``ctx.cancel``."""
     import time

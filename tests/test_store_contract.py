@@ -559,6 +559,52 @@ def test_the_masters_round_removes_a_workflow_left_open_and_activates_one_left_h
     assert store.workflows.commit("wf-left").state is WorkflowState.REMOVING  # refused
 
 
+def test_a_spawned_child_is_fenced_counted_in_the_parents_dependants_and_made_once(
+        store: Store) -> None:
+    """``ctx.spawn``'s write on both graphs: the child (claimable at once, a ``child_of``
+    edge), and each of the parent's dependants one more to wait for (an edge to the child),
+    fenced by the parent's attempt; the same key again finds it; a stale parent spawns
+    nothing. A member's stop starts the on_failure step once; settle marks a finished
+    workflow succeeded; counts and with_unique read what is there."""
+    store.workflows.begin("wf-s", "s", 2)
+    parent = member(store, "wf-s", "p")
+    after = member(store, "wf-s", "a", (parent.task.id,))
+    fail_step = dataclasses.replace(store.tasks.new("t", {"step": "on_failure"}),
+                                    workflow="wf-s", pending=1, on_failure=True)
+    store.workflows.add("wf-s", [parent, after, NewMember(fail_step)])
+    store.workflows.commit("wf-s")
+    store.workflows.activate("wf-s")
+    task, attempt = store.claim(store.tasks.get(parent.task.id), 5, "m1")
+    fence = Fence(task.id, 5, attempt.id)
+    child = dataclasses.replace(store.tasks.new("t", {"child": 1}), id="child-1")
+    made = store.workflows.spawn(fence, task, child)
+    assert made.id == "child-1" and made.workflow == "wf-s" and made.open
+    assert "child-1" in ready_ids(store)
+    waiting = store.tasks.get(after.task.id)
+    assert waiting.pending == 2 and sorted(store.workflows.depends_on([after.task.id])[
+        after.task.id]) == sorted([parent.task.id, "child-1"])
+    before = counts(store)
+    assert store.workflows.spawn(fence, task, child).id == "child-1"  # again: found
+    assert counts(store) == before and store.tasks.get(after.task.id).pending == 2
+    assert [c.id for c in store.workflows.children(parent.task.id)] == ["child-1"]
+    store.claim(store.tasks.get(parent.task.id), 6, "m2")  # another owner: fence moved
+    with pytest.raises((StaleFencingToken, AttemptAlreadyFinished)):
+        store.workflows.spawn(fence, task, dataclasses.replace(child, id="child-2"))
+    with pytest.raises(TaskNotFound):  # nothing of it written
+        store.tasks.get("child-2")
+    assert store.tasks.with_unique(["nope"]) == {}
+
+    # the child stops past its retries: the on_failure step starts, once
+    c_task, c_attempt = store.claim(store.tasks.get("child-1"), 9, "m1")
+    store.conclude_many([Conclusion.of(c_attempt, AttemptStatus.FAILED, c_task,
+                                       task_changes(Outcome.STOPPED), error="boom")])
+    started = store.tasks.get(fail_step.id)
+    assert started.pending == 0 and started.open and fail_step.id in ready_ids(store)
+    assert store.workflows.start_on_failure("wf-s") is False  # once
+    assert store.workflows.counts()["running"] >= 1
+    assert store.workflows.settle() == []  # members left: not succeeded
+
+
 def ready_ids(store: Store) -> set[str]:
     """The ids of the tasks in a ready bucket now (any lane)."""
     rows = store.graph.read(lambda g: g.V().has_label("task").value_map(

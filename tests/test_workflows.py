@@ -88,6 +88,15 @@ def slow(ctx: TaskContext, payload: dict) -> str:
     return "slept"
 
 
+@task("wf.gate")
+def gate(ctx: TaskContext, payload: dict) -> int:
+    """Its first attempt marks that it runs and waits (to be killed with its node)."""
+    if ctx.attempt.seq == 1:
+        Path(payload["marker"]).write_text(ctx.member_id)
+        ctx.cancel.wait(120)
+    return payload["n"]
+
+
 @task("wf.after", isolation="process")
 def after(ctx: TaskContext, payload: dict) -> dict:
     return {"inputs": ctx.inputs, "pid": os.getpid()}
@@ -280,6 +289,35 @@ def test_on_failure_runs_once_when_a_member_stops_and_a_deadline_stops_what_has_
         assert stopped.attempts == [] and not stopped.task.active
         assert "its workflow's deadline passed" in (stopped.task.stop_reason or "")
     assert len(told.read_text().splitlines()) == 2
+
+
+def test_kill_9_of_the_node_running_the_last_member_before_a_join_runs_the_join_once(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """A fan-out of 6 and a join; the last member's first attempt waits (made to: it marks
+    that it runs) and its node is killed -9 then. The master closes that attempt, the other
+    node runs the member again, its end releases the join: every member succeeded once, the
+    join ran once with all 6 results, nothing waits."""
+    cluster.load_module(tmp_path / "site", "wfjobs", WORKFLOW_MODULE)
+    first = cluster.start_node()
+    marker = tmp_path / "gate"
+    record = tmp_path / "joins.jsonl"
+    with cluster.client() as client:
+        ref = client.submit_workflow(chord(group(
+            [step("wf.split", {"base": i}) for i in range(5)]
+            + [step("wf.gate", {"marker": str(marker), "n": 7})]),
+            then=step("wf.join", {"record": str(record)})), key="kill-1")
+        assert wait_until(marker.exists, 60)
+        assert marker.read_text() == first
+        cluster.start_node()
+        cluster.nodes[first].kill()
+        joined = client.result(ref.members[-1], wait=120)
+    assert joined == {"sum": 7, "n": 6}
+    assert [json.loads(line)["n"] for line in record.read_text().splitlines()] == [6]
+    for task_id in ref.members:
+        statuses = [a.status.value for a in cluster.store.attempts.for_task(task_id)]
+        assert statuses.count("SUCCEEDED") == 1, (task_id, statuses)
+    gated = [a.status.value for a in cluster.store.attempts.for_task(ref.members[5])]
+    assert gated == ["CANCELLED_BY_SYSTEM", "SUCCEEDED"]
 
 
 def test_a_plan_lists_every_member_after_what_it_depends_on() -> None:

@@ -32,7 +32,7 @@ them are one layout; split, each part would rebuild the others' lookups.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 
 from gremlin_python.process.graph_traversal import __
@@ -72,6 +72,13 @@ def edge_write(member: str, dep: str) -> Write:
     to = w.guard(finder(("task_id", dep)))
     w.change(lambda t: t.add_e(DEPENDS_ON).from_(at).to(to), ("edge", DEPENDS_ON, {}, at, to))
     return w
+
+
+def _edge_from(label: str) -> Callable[[Traversal], Traversal]:
+    """A change: a ``depends_on`` edge from the vertex ``label`` to the one spawned."""
+    def change(t: Traversal) -> Traversal:
+        return t.add_e(DEPENDS_ON).from_(label).to("spawned")
+    return change
 
 
 def workflow_from_row(row: Row) -> Workflow:
@@ -316,8 +323,12 @@ class GremlinWorkflowStore:
         props = task_props(child)
 
         def once() -> Task | None:
-            found = self.graph.read(lambda g: g.V().has("task_id", child.id)
-                                    .element_map(*TASK_ROW).to_list())
+            direct = direct_of(self.graph)
+            found = (direct.run(lambda plans, g: plans.rows(
+                         plans.having("task_id", [child.id], 1), TASK_ROW))
+                     if direct is not None else
+                     self.graph.read(lambda g: g.V().has("task_id", child.id)
+                                     .element_map(*TASK_ROW).to_list()))
             if found:
                 return task_from_row(found[0])
             w = Write()
@@ -329,14 +340,13 @@ class GremlinWorkflowStore:
                        for d in dependants(self.graph, [parent.id])[0].values()
                        if not d.finished]
             labels = [add(w) for add in waiting]
-
-            def made(t: Traversal) -> Traversal:
-                t = add_vertex(t, "task", props).as_("spawned").add_e(CHILD_OF) \
-                    .from_("spawned").to(at_parent)
-                for label in labels:
-                    t = t.add_e(DEPENDS_ON).from_(label).to("spawned")
-                return t
-            w.change(made)
+            # each change with its data form: on the embedded graph the whole spawn is SQL
+            w.change(lambda t: add_vertex(t, "task", props).as_("spawned"),
+                     ("new", "task", props, "spawned"))
+            w.change(lambda t: t.add_e(CHILD_OF).from_("spawned").to(at_parent),
+                     ("edge", CHILD_OF, {}, "spawned", at_parent))
+            for label in labels:
+                w.change(_edge_from(label), ("edge", DEPENDS_ON, {}, label, "spawned"))
             if batch.matched(self.graph, w):
                 return child
             status = self.graph.read(lambda g: g.V().has("attempt_id", fence.attempt_id)
