@@ -235,6 +235,28 @@ def values_of(con: sqlite3.Connection, key: str, value: str, wanted: str) -> set
     return set(_strings(con, {o for (o,) in found if 2 < o <= _MAX_INT}).values())
 
 
+def into(con: sqlite3.Connection, key: str, values: Sequence[str], label: str
+         ) -> list[tuple[str, int]]:
+    """For each vertex whose ``key`` is one of ``values``: the sources of its ``label``
+    edges, as ``(value, source vertex)`` (a workflow member's dependants: ``depends_on``
+    edges point from a dependant to it)."""
+    from gremlite import querytools as qt
+
+    label_id = qt.string_to_id(con, label)
+    if label_id is None:  # no such edge anywhere
+        return []
+    cur = con.cursor()
+    try:
+        out = []
+        for value in dict.fromkeys(values):
+            for target in _vertices(cur, con, qt, [(key, value)]):
+                out += [(value, int(s)) for (s,) in cur.execute(schema.EDGES_INTO,
+                                                                (target, -label_id))]
+        return out
+    finally:
+        cur.close()
+
+
 class SqlPlans:
     """:class:`~runner.store.gremlin.plans.Plans` on one SQLite connection (inside the
     transaction its graph holds)."""
@@ -254,3 +276,6 @@ class SqlPlans:
 
     def values_of(self, key: str, value: str, wanted: str) -> set[str]:
         return values_of(self.con, key, value, wanted)
+
+    def into(self, key: str, values: Sequence[str], label: str) -> list[tuple[str, int]]:
+        return into(self.con, key, values, label)

@@ -132,6 +132,8 @@ def check(path: Path, timeout: float) -> None:
 MAX_ELEMENT_ID = "SELECT max(id) FROM graphelts"
 #: one row per vertex label, property and edge: (subject, predicate, object, graph element)
 INSERT_QUAD = "INSERT INTO quads VALUES (?, ?, ?, ?)"
+#: the sources of the edges of one label into one vertex (planned on ``ops``: o, p)
+EDGES_INTO = "SELECT s FROM quads WHERE o = ? AND p = ?"
 #: a property's value replaced in place on one vertex (+g: not planned on the pg index)
 UPDATE_VALUE = "UPDATE quads SET o = ? WHERE s = ? AND p = ? AND +g > 0"
 #: one new string, its id back

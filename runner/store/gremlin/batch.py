@@ -60,8 +60,8 @@ class _Store(Protocol):
 
     def conclude_refused(self, c: Conclusion) -> Task: ...
 
-    def releases(self, successes: Sequence[Conclusion],
-                 within: Traversal | None = None) -> list[TaskChange]: ...
+    def releases(self, successes: Sequence[Conclusion], within: Traversal | None = None,
+                 plans: Plans | None = None) -> list[TaskChange]: ...
 
 
 def written(store: _Store, writes: Sequence[Write], anchor: str) -> set[int]:
@@ -255,7 +255,8 @@ def _conclude_within(store: _Store, direct: Direct, conclusions: Sequence[Conclu
 
     def run(plans: Plans, g: Traversal) -> tuple[set[int], list[TaskChange]]:
         matched = {n for n, w in enumerate(writes) if apply(plans, g, w)}
-        made = store.releases([conclusions[n] for n in members if n in matched], within=g)
+        made = store.releases([conclusions[n] for n in members if n in matched], within=g,
+                              plans=plans)
         for release in made:
             w = Write()
             release.add_to(w)

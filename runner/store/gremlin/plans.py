@@ -47,6 +47,11 @@ class Plans(Protocol):
         """The ``wanted`` values of the vertices whose ``key`` is ``value``."""
         ...
 
+    def into(self, key: str, values: Sequence[str], label: str) -> list[tuple[str, int]]:
+        """For each vertex whose ``key`` is one of ``values``, the sources of its ``label``
+        edges: ``(value, source vertex)``."""
+        ...
+
 
 class Direct(Protocol):
     def run(self, fn: Callable[[Plans, Traversal], T], *, write: bool = False) -> T:

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from gremlin_python.process.graph_traversal import __
 
 from runner.store.api import Graph
+from runner.store.gremlin.plans import Plans
 from runner.store.gremlin.rows import TASK_ROW, task_from_row
 from runner.store.gremlin.steps import any_of
 from runner.store.gremlin.writes import TaskChange, task_change
@@ -25,6 +26,22 @@ def _read(graph: Graph, fn: Callable[[Traversal], list[Row]],
     """``fn`` as a read of ``graph``, or on ``within`` (a write's own traversal source: what
     it reads is what that write sees)."""
     return fn(within) if within is not None else graph.read(fn)
+
+
+def dependants_sql(plans: Plans, task_ids: Sequence[str]
+                   ) -> tuple[dict[str, Task], dict[str, set[str]]]:
+    """:func:`dependants` on the embedded graph, by SQL inside its write (``plans``): the
+    edges into each of ``task_ids``, then each dependant's row once."""
+    pairs = plans.into("task_id", task_ids, DEPENDS_ON)
+    if not pairs:
+        return {}, {}
+    vertices = sorted({v for _, v in pairs})
+    found_rows = plans.rows(vertices, TASK_ROW)
+    by_vertex = {v: task_from_row(r) for v, r in zip(vertices, found_rows, strict=True)}
+    on: dict[str, set[str]] = {}
+    for value, vertex in pairs:
+        on.setdefault(by_vertex[vertex].id, set()).add(value)
+    return {t.id: t for t in by_vertex.values()}, on
 
 
 def dependants(graph: Graph, task_ids: Sequence[str], within: Traversal | None = None
@@ -47,14 +64,15 @@ def dependants(graph: Graph, task_ids: Sequence[str], within: Traversal | None =
 
 
 def releases(graph: Graph, succeeded: Sequence[str],
-             within: Traversal | None = None) -> list[TaskChange]:
+             within: Traversal | None = None, plans: Plans | None = None) -> list[TaskChange]:
     """The changes of the dependants of ``succeeded`` (members whose successes are written
     together) that those successes make: each dependant's ``pending`` less the number of them
     it depends on (one change per dependant however many of them it shares), guarded by the
     dependant's version. A dependant already stopped or finished is left alone."""
     if not succeeded:
         return []
-    found, on = dependants(graph, succeeded, within)
+    found, on = (dependants_sql(plans, succeeded) if plans is not None
+                 else dependants(graph, succeeded, within))
     changes = []
     for task_id, task in sorted(found.items()):
         if task.finished:

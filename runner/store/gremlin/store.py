@@ -60,6 +60,7 @@ from runner.store.gremlin.guards import (
 from runner.store.gremlin.holders import claim_resources
 from runner.store.gremlin.incidents import GremlinIncidentStore
 from runner.store.gremlin.ontologies import GremlinOntologyStore
+from runner.store.gremlin.plans import Plans
 from runner.store.gremlin.retention import GremlinRetentionStore
 from runner.store.gremlin.rows import task_props
 from runner.store.gremlin.schedules import GremlinScheduleStore
@@ -224,17 +225,19 @@ class GraphStore:
         return self.conclude_refused(c)
 
     def releases(self, conclusions: Sequence[Conclusion],
-                 within: Traversal | None = None) -> list[TaskChange]:
+                 within: Traversal | None = None,
+                 plans: Plans | None = None) -> list[TaskChange]:
         """The changes workflow members' conclusions make of other members: a success
         releases its dependants (:func:`~runner.store.gremlin.releases.releases`), a stop
         (failed past its retries) starts its workflow's ``on_failure`` step
         (:func:`~runner.store.gremlin.releases.on_failure`); none for other conclusions.
-        ``within``: read inside the write they go in (the embedded graph's transaction)."""
+        ``within``: read inside the write they go in (the embedded graph's transaction; with
+        ``plans``, the dependants read there by SQL)."""
         ids = [c.task.id for c in conclusions if c.task.workflow is not None
                and c.status is AttemptStatus.SUCCEEDED]
         stopped = sorted({c.task.workflow for c in conclusions
                           if c.task.workflow is not None and stops(c)})
-        return ((releases.releases(self.graph, ids, within) if ids else [])
+        return ((releases.releases(self.graph, ids, within, plans) if ids else [])
                 + releases.on_failure(self.graph, stopped, within))
 
     def conclude_refused(self, c: Conclusion) -> Task:

@@ -33,6 +33,7 @@ import dataclasses
 import functools
 import logging
 import random
+import threading
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -55,6 +56,7 @@ from runner.store import (
     Fence,
     LastEffect,
     Store,
+    Task,
     attempt_end,
     codec,
 )
@@ -90,6 +92,8 @@ from runner.templates import TaskTemplate
 from runner.workflows import child_id
 
 log = logging.getLogger("latchwork.tasks")
+#: seconds the wakes for spawned children are gathered over (one per this many, at most)
+SPAWN_WAKE = 0.05
 
 
 
@@ -136,6 +140,9 @@ class Execution:
         #: commit conflicts retried, and their backoff (first delay, cap)
         self.max_conflict_retries = settings.max_conflict_retries
         self.conflict_backoff = settings.conflict_backoff
+        #: the first child spawned since the last wake (:meth:`_wake_soon`)
+        self._wake_from: Task | None = None
+        self._wake_lock = threading.Lock()
         #: the thread that writes the handlers' progress reports (:mod:`runner.tasks.progress`)
         self.progress_writer = ProgressWriter()
         #: the attempts' time limits and heartbeats (:mod:`runner.tasks.worker.limits`)
@@ -417,8 +424,26 @@ class Execution:
             slot.cancel.raise_if_cancelled()
             raise
         if made.open:
-            notify_released(self.observers, [made], made.updated_at)
+            self._wake_soon(made)
         return made.id
+
+    def _wake_soon(self, child: Task) -> None:
+        """Tell the observers (the node: a TRIGGER_SCAN) of spawned children once per
+        :data:`SPAWN_WAKE` seconds, not once per child: a handler that spawns 1,000 children
+        wakes the scans a few times, from its first child's ready second."""
+        with self._wake_lock:
+            if self._wake_from is not None:
+                return
+            self._wake_from = child
+
+        def wake() -> None:
+            with self._wake_lock:
+                first, self._wake_from = self._wake_from, None
+            if first is not None:
+                notify_released(self.observers, [first], first.updated_at)
+        timer = threading.Timer(SPAWN_WAKE, wake)
+        timer.daemon = True
+        timer.start()
 
     def _exhausted(self, policy: RetryPolicy, claim: Claimed, result: AttemptResult) -> None:
         """The policy's ``on_exhausted`` hook, for a failure it does not retry; logged."""
