@@ -24,10 +24,14 @@ def index = { name, prop, unique ->
  'attempt_id', 'attempt_status', 'attempt_end_day', 'avatar_id', 'avatar_class',
  'ontology_iri', 'class_iri', 'class_defined_by', 'schedule_name', 'incident_key',
  'incident_open', 'incident_task', 'incident_pending', 'event_key', 'event_kind',
- 'tomb_task', 'task_list', 'task_owner', 'task_h', 'task_s', 'task_okey', 'task_lane'].each {
+ 'tomb_task', 'task_list', 'task_owner', 'task_h', 'task_s', 'task_okey', 'task_lane',
+ // workflows (store format 6): members by workflow, its roots and on_failure step while they
+ // wait, and the master's round (open, unactivated, due)
+ 'wf_open', 'wf_roots', 'wf_due', 'task_wf', 'task_wfwait', 'task_wfonfail'].each {
     index("by_${it}", it, false)
 }
 index('by_task_unique', 'task_unique', true)
+index('by_wf_id', 'wf_id', true)
 // a task's shard (store format 4): a filter after the task_queue lookup, not an index
 key('task_shard')
 // the store format (runner/store/migrations): one vertex, found by its key

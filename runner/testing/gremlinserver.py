@@ -72,7 +72,9 @@ INDEXED_KEYS = (
     "attempt_end_day", "resource_name", "schedule_name", "incident_key", "incident_task",
     "incident_open", "incident_pending", "ontology_iri", "class_iri", "class_defined_by",
     "avatar_id", "avatar_class", "tomb_task", "event_kind", "format_key", "task_list",
-    "task_owner", "task_h", "task_s", "task_lane")
+    "task_owner", "task_h", "task_s", "task_lane",
+    # workflows (store format 6): the master's round looks them up every round
+    "wf_id", "wf_open", "wf_roots", "wf_due", "task_wf", "task_wfwait", "task_wfonfail")
 
 
 class ServerNotInstalled(DevServerError):
