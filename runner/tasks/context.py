@@ -186,6 +186,18 @@ class Services:
         return value
 
 
+def inputs_of(task_id: str, results: Iterator[tuple[str, Any]]) -> dict[str, Any]:
+    """``ctx.inputs`` of task ``task_id`` from its dependencies' ``results`` (the node's
+    context and a handler process's alike): at most :data:`INPUTS_LIMIT` of them."""
+    found: dict[str, Any] = {}
+    for dep, value in results:
+        if len(found) == INPUTS_LIMIT:
+            raise InvalidValue(f"task {task_id} depends on more than {INPUTS_LIMIT} tasks: "
+                               "page through their results with ctx.results()")
+        found[dep] = value
+    return found
+
+
 @dataclass
 class TaskContext:
     """What a handler gets besides its payload.
@@ -274,13 +286,7 @@ class TaskContext:
         page with :meth:`results`). A dependency that returned nothing, or was skipped
         (``task skip``), is absent. Read from the store at each look; never part of the
         payload. Empty for a task of its own."""
-        found: dict[str, Any] = {}
-        for task_id, value in self.results():
-            if len(found) == INPUTS_LIMIT:
-                raise InvalidValue(f"task {self.task.id} depends on more than {INPUTS_LIMIT} "
-                                   "tasks: page through their results with ctx.results()")
-            found[task_id] = value
-        return found
+        return inputs_of(self.task.id, self.results())
 
     def results(self, page: int = 200) -> Iterator[tuple[str, Any]]:
         """``(task id, result)`` of every dependency of this member that succeeded with a

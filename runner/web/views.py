@@ -100,29 +100,28 @@ def checkpoint(task: TaskView, now: datetime | None = None) -> str:
 
 
 def shown_checkpoint(found: CheckpointValue | None) -> str | None:
-    """A checkpoint's value as the task page shows it: its JSON, the first
-    :data:`~runner.replies.SHOWN` bytes, said so when cut; None without one."""
+    """A checkpoint's value as the task page shows it (:func:`shown_json`)."""
     if found is None or not found.present:
         return None
-    text = json.dumps(found.value, indent=2, sort_keys=True)
-    if len(text.encode()) <= SHOWN:
-        return text
-    return (text.encode()[:SHOWN].decode(errors="ignore")
-            + f"\n... (the first {SHOWN // 1024} KiB of {found.size} bytes; `latchwork task "
-            f"show {found.task_id} --checkpoint --json` shows all of it)")
+    return shown_json(found.value, found.size,
+                      f"latchwork task show {found.task_id} --checkpoint --json")
 
 
 def shown_result(found: ResultValue | None) -> str | None:
-    """A task's result as its page shows it: its JSON, the first
-    :data:`~runner.replies.SHOWN` bytes, said so when cut; None without one."""
+    """A task's result as its page shows it (:func:`shown_json`)."""
     if found is None or not found.present:
         return None
-    text = json.dumps(found.value, indent=2, sort_keys=True)
+    return shown_json(found.value, found.size, f"latchwork task result {found.task_id} --json")
+
+
+def shown_json(value: object, size: int, whole: str) -> str:
+    """``value`` as a page shows it: its JSON, the first :data:`~runner.replies.SHOWN` bytes,
+    said so when cut, naming the command (``whole``) that shows all of it."""
+    text = json.dumps(value, indent=2, sort_keys=True)
     if len(text.encode()) <= SHOWN:
         return text
     return (text.encode()[:SHOWN].decode(errors="ignore")
-            + f"\n... (the first {SHOWN // 1024} KiB of {found.size} bytes; `latchwork task "
-            f"result {found.task_id} --json` shows all of it)")
+            + f"\n... (the first {SHOWN // 1024} KiB of {size} bytes; `{whole}` shows all of it)")
 
 
 def duration(ms: int | None) -> str:

@@ -63,7 +63,7 @@ from typing import Any, NamedTuple
 from runner.errors import InvalidValue
 from runner.store import Attempt, Fence, Task
 from runner.store.effects import effect_steps
-from runner.tasks.context import INPUTS_LIMIT, TaskCancelled, TaskTimedOut
+from runner.tasks.context import TaskCancelled, TaskTimedOut, inputs_of
 from runner.tasks.results import ResultType
 from runner.tasks.worker.channel import Channel, Flat
 from runner.tasks.worker.frames import (
@@ -214,13 +214,7 @@ class ChildContext:
     @property
     def inputs(self) -> dict[str, Any]:
         """As the node's ``ctx.inputs`` (:class:`~runner.tasks.context.TaskContext`)."""
-        found: dict[str, Any] = {}
-        for task_id, value in self.results():
-            if len(found) == INPUTS_LIMIT:
-                raise InvalidValue(f"task {self.task.id} depends on more than {INPUTS_LIMIT} "
-                                   "tasks: page through their results with ctx.results()")
-            found[task_id] = value
-        return found
+        return inputs_of(self.task.id, self.results())
 
     def results(self, page: int = 200) -> Iterator[tuple[str, Any]]:
         """As the node's ``ctx.results()``: asked of the node a page at a time."""
